@@ -1,0 +1,140 @@
+"""The one dataset type every benchmark loader returns, and the position vocabulary loaders share."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+THIRDS: tuple[str, ...] = ("begin", "middle", "end")
+"""Position groups of a passage cut into equal thirds: the paper's FineWeb-PosQ segments."""
+
+
+class DatasetUnavailableError(RuntimeError):
+    """A benchmark's data cannot be reached from here (offline, not downloaded); the message says how to get it."""
+
+
+def third_of(relative_position: float) -> str:
+    """The third ("begin", "middle", "end") a relative position in [0, 1] falls in.
+
+    Boundaries belong to the later third (1/3 is "middle", 2/3 is "end"); values outside [0, 1] are clipped,
+    so a span end that overshoots its document by a character still lands in "end".
+    """
+    position = min(max(relative_position, 0.0), 1.0)
+    if position < 1 / 3:
+        return THIRDS[0]
+    if position < 2 / 3:
+        return THIRDS[1]
+    return THIRDS[2]
+
+
+def span_third(start: int, end: int, length: int) -> str:
+    """The third of a document of `length` characters that holds the midpoint of the char span [start, end).
+
+    Every loader places a span by its midpoint, as PosIR's own analysis does: a long span that starts early
+    but mostly sits in the middle is a "middle" fact.
+    """
+    if length <= 0:
+        raise ValueError(f"cannot place span [{start}, {end}) in a document of length {length}: length must be > 0")
+    if end < start:
+        raise ValueError(f"span [{start}, {end}) ends before it starts: write it as [start, end] with start <= end")
+    return third_of((start + end) / 2 / length)
+
+
+@dataclass(frozen=True)
+class PositionalDataset:
+    """A retrieval benchmark whose queries are labelled with where their answer sits in the passage.
+
+    `groups` maps a query to the position groups it belongs to (a query may belong to several, and
+    then counts in each); general-retrieval sets leave it empty. `strata` optionally nests groups in
+    strata (PosIR's length quartiles): HM and PSI are then computed within each stratum.
+
+    Construction validates the cross-references, so a loader bug or a broken file fails here with a
+    message naming the query and document rather than as a silent zero in nDCG later.
+    """
+
+    name: str
+    corpus: dict[str, str]
+    queries: dict[str, str]
+    qrels: dict[str, dict[str, int]]
+    groups: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    group_order: tuple[str, ...] = ()
+    strata: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        where = f"dataset {self.name!r}"
+        if not self.corpus:
+            raise ValueError(f"{where}: the corpus is empty; point the loader at a file or folder that holds documents")
+        if not self.queries:
+            raise ValueError(f"{where}: there are no queries; check the queries file and any sampling or split options")
+        for qid in self.queries:
+            judged = self.qrels.get(qid)
+            if not judged or not any(rel > 0 for rel in judged.values()):
+                raise ValueError(
+                    f"{where}: query {qid!r} has no relevant document in qrels; "
+                    "add a judgement with relevance > 0 for it or drop the query"
+                )
+        for qid, judged in self.qrels.items():
+            if qid not in self.queries:
+                raise ValueError(
+                    f"{where}: qrels judge query {qid!r}, which is not among the queries; "
+                    "add the query text or drop its judgements"
+                )
+            for doc_id in judged:
+                if doc_id not in self.corpus:
+                    raise ValueError(
+                        f"{where}: qrels of query {qid!r} point at doc {doc_id!r}, which is not in the corpus; "
+                        "add the document to the corpus or drop the judgement"
+                    )
+        known = set(self.group_order)
+        if len(known) != len(self.group_order):
+            raise ValueError(f"{where}: group_order {self.group_order!r} repeats a label; list each group once")
+        for qid, labels in self.groups.items():
+            if qid not in self.queries:
+                raise ValueError(f"{where}: groups label query {qid!r}, which is not among the queries; drop the label")
+            for label in labels:
+                if label not in known:
+                    raise ValueError(
+                        f"{where}: query {qid!r} is in group {label!r}, which is not in group_order "
+                        f"{self.group_order!r}; add it to group_order or fix the label"
+                    )
+        for qid in self.strata:
+            if qid not in self.queries:
+                raise ValueError(f"{where}: strata name query {qid!r}, which is not among the queries; drop it")
+
+    @property
+    def is_positional(self) -> bool:
+        """Whether any query carries a position group (general-retrieval sets carry none)."""
+        return any(self.groups.values())
+
+    def group_sizes(self) -> dict[str, int]:
+        """Queries per group, in group_order; a query in several groups counts in each."""
+        counts = Counter(label for labels in self.groups.values() for label in labels)
+        return {label: counts[label] for label in self.group_order}
+
+    def subset(self, qids: Iterable[str], name: str | None = None) -> PositionalDataset:
+        """The same corpus with only the given queries: samples and tune/held-out parts search the full corpus."""
+        keep = list(dict.fromkeys(qids))
+        missing = [qid for qid in keep if qid not in self.queries]
+        if missing:
+            raise ValueError(f"dataset {self.name!r}: cannot take a subset with unknown queries {missing[:5]!r}")
+        return PositionalDataset(
+            name=name or self.name,
+            corpus=self.corpus,
+            queries={qid: self.queries[qid] for qid in keep},
+            qrels={qid: self.qrels[qid] for qid in keep},
+            groups={qid: self.groups[qid] for qid in keep if qid in self.groups},
+            group_order=self.group_order,
+            strata={qid: self.strata[qid] for qid in keep if qid in self.strata},
+        )
+
+    def fingerprint(self) -> str:
+        """A content hash: caches and exported configs use it to tell datasets apart."""
+        payload = json.dumps(
+            [self.corpus, self.queries, self.qrels, self.groups, list(self.group_order), self.strata],
+            sort_keys=True,
+            ensure_ascii=False,
+        )
+        return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]
