@@ -6,3 +6,32 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from pathlib import Path
+
+import pytest
+
+from tests.tiny import save_tiny
+
+POOLING = {"bert-cls": ("bert", "cls"), "bert-mean": ("bert", "mean"), "xlmr-cls": ("xlmr", "cls"), "qwen3-last": ("qwen3", "last")}
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory):
+    """Folder of a tiny model of the given kind, built once per session."""
+    made: dict[str, Path] = {}
+
+    def make(kind: str) -> Path:
+        if kind not in made:
+            made[kind] = save_tiny(kind, tmp_path_factory.mktemp(f"tiny-{kind}"))
+        return made[kind]
+
+    return make
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _quiet_transformers() -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()

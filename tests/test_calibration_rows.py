@@ -63,7 +63,7 @@ def oracle(attn: torch.Tensor, key_valid: torch.Tensor, config: CalibrationConfi
     spec = config.resolve(1)
     rows = torch.ones(attn.shape[0], 1, dtype=torch.bool)
     roles = tuple(r for r, _ in spec.policies)
-    return reference_calibrate(attn[:, :, None, :], key_valid, rows, spec, roles)[:, :, 0, :]
+    return reference_calibrate(attn.double()[:, :, None, :], key_valid, rows, spec, roles)[:, :, 0, :]
 
 
 @settings(max_examples=300, deadline=None)

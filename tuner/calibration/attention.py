@@ -78,6 +78,12 @@ def calibrating(spec: ResolvedCalibration, observer: AttentionObserver | None = 
         _ACTIVE.reset(token)
 
 
+def active_spec() -> ResolvedCalibration | None:
+    """The calibration in force in this context, if any."""
+    active = _ACTIVE.get()
+    return active.spec if active is not None else None
+
+
 def calibrated_attention(
     module: torch.nn.Module,
     query: torch.Tensor,

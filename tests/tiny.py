@@ -1,0 +1,75 @@
+"""Tiny randomly initialised models and tokenizers, saved to a folder and loaded like real ones.
+
+Three architectures cover the pooling schemes: BERT (cls or mean pooling, right padding), XLM-R
+(cls, bge-m3's architecture) and Qwen3 (last-token pooling, grouped-query attention, left padding).
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers, processors
+from transformers import BertConfig, BertModel, PreTrainedTokenizerFast, Qwen3Config, Qwen3Model, XLMRobertaConfig, XLMRobertaModel
+
+WORDS = [f"w{i}" for i in range(200)]
+SPECIALS = {
+    "bert": ("[PAD]", "[UNK]", "[CLS]", "[SEP]"),
+    "xlmr": ("<pad>", "<unk>", "<s>", "</s>"),
+    "qwen3": ("<pad>", "<unk>", "<bos>", "<|endoftext|>"),
+}
+
+
+def build_tokenizer(kind: str, max_length: int) -> PreTrainedTokenizerFast:
+    pad, unk, start, end = SPECIALS[kind]
+    vocab = {token: i for i, token in enumerate([pad, unk, start, end, *WORDS])}
+    if kind == "xlmr":  # XLM-R reserves id 1 for padding
+        vocab = {token: i for i, token in enumerate([start, pad, end, unk, *WORDS])}
+    core = Tokenizer(models.WordLevel(vocab, unk_token=unk))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    if kind == "qwen3":  # last-token pooled: the text ends with the pooled end-of-text token, no start token
+        core.post_processor = processors.TemplateProcessing(single=f"$A {end}", special_tokens=[(end, vocab[end])])
+    else:
+        core.post_processor = processors.TemplateProcessing(
+            single=f"{start} $A {end}", special_tokens=[(start, vocab[start]), (end, vocab[end])]
+        )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        pad_token=pad,
+        unk_token=unk,
+        cls_token=start,
+        sep_token=end,
+        eos_token=end,
+        model_max_length=max_length,
+        padding_side="left" if kind == "qwen3" else "right",
+    )
+
+
+def build_model(kind: str, layers: int = 3, max_length: int = 256):
+    torch.manual_seed(0)
+    vocab = len(WORDS) + 4
+    if kind == "bert":
+        config = BertConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=layers, num_attention_heads=4,
+                            intermediate_size=64, max_position_embeddings=max_length, pad_token_id=0)
+        return BertModel(config, add_pooling_layer=False)
+    if kind == "xlmr":
+        config = XLMRobertaConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=layers, num_attention_heads=4,
+                                  intermediate_size=64, max_position_embeddings=max_length + 2, pad_token_id=1)
+        return XLMRobertaModel(config, add_pooling_layer=False)
+    config = Qwen3Config(vocab_size=vocab, hidden_size=32, num_hidden_layers=layers, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=8, intermediate_size=64, max_position_embeddings=max_length,
+                         pad_token_id=0, eos_token_id=3, bos_token_id=2)
+    return Qwen3Model(config)
+
+
+def save_tiny(kind: str, folder: Path, layers: int = 3, max_length: int = 256) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    build_model(kind, layers, max_length).save_pretrained(folder)
+    build_tokenizer(kind, max_length).save_pretrained(folder)
+    return folder
+
+
+def random_texts(count: int, low: int, high: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(low, high))) for _ in range(count)]

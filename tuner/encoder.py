@@ -1,0 +1,112 @@
+"""Texts → L2-normalised vectors, documents calibrated, queries never.
+
+The interface follows sentence-transformers: `encode_document` / `encode` for what gets indexed,
+`encode_query` for what searches it, both returning float32 numpy arrays.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from .calibration import AttentionObserver, CalibrationConfig, ConfigError, calibrating
+from .models import LoadedModel, load_model
+
+log = logging.getLogger(__name__)
+
+
+class CalibratedEncoder:
+    """Encode documents with a calibration config applied, and queries without it."""
+
+    def __init__(self, model: LoadedModel, config: CalibrationConfig | None = None) -> None:
+        if config is not None and config.pooling != model.spec.pooling:
+            raise ConfigError(
+                f"pooling: the config calibrates {config.pooling!r} pooling but {model.spec.alias} pools with "
+                f"{model.spec.pooling!r}; set pooling: {model.spec.pooling}"
+            )
+        self.model = model
+        self.config = config
+        self.spec = config.resolve(model.num_layers) if config is not None else None
+        self.truncated = 0  # documents cut at the model's maximum length in the last encode call
+
+    @classmethod
+    def from_pretrained(cls, name: str, config: CalibrationConfig | None = None, **load_options: object) -> CalibratedEncoder:
+        return cls(load_model(name, **load_options), config)  # type: ignore[arg-type]
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, **load_options: object) -> CalibratedEncoder:
+        """Load an exported config (validated against its schema) and the model it was made for."""
+        from .export import load_exported
+
+        exported = load_exported(path)
+        model = load_model(exported.model.name, revision=exported.model.load_revision(), **load_options)  # type: ignore[arg-type]
+        exported.check_model(model)
+        return cls(model, exported.calibration)
+
+    def encode_query(self, texts: Sequence[str], **options: object) -> np.ndarray:
+        """Queries: the model's query prompt, never calibrated."""
+        prompt = self.model.spec.query_prompt
+        return self._encode([prompt + t for t in texts], calibrate=False, **options)  # type: ignore[arg-type]
+
+    def encode_document(self, texts: Sequence[str], **options: object) -> np.ndarray:
+        """Documents: calibrated with this encoder's config (plain if it has none)."""
+        return self._encode(list(texts), calibrate=True, **options)  # type: ignore[arg-type]
+
+    encode = encode_document
+
+    def _encode(
+        self,
+        texts: list[str],
+        *,
+        calibrate: bool,
+        batch_size: int = 16,
+        show_progress_bar: bool | None = None,
+        observer: AttentionObserver | None = None,
+    ) -> np.ndarray:
+        if isinstance(texts, str):
+            raise TypeError("encode takes a list of texts, not one string: wrap it as [text]")
+        tokenizer = self.model.tokenizer
+        max_length = self.model.max_length
+        lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=True, truncation=False)["input_ids"]]
+        self.truncated = sum(n > max_length for n in lengths)
+        if self.truncated:
+            log.warning("%d of %d texts exceed %d tokens and are truncated", self.truncated, len(texts), max_length)
+        order = np.argsort([-n for n in lengths], kind="stable")  # long first: little padding per batch
+        vectors = np.empty((len(texts), self._dimension()), dtype=np.float32)
+        show = show_progress_bar if show_progress_bar is not None else sys.stderr.isatty() and len(texts) > batch_size
+        spec = self.spec if calibrate else None
+        with torch.inference_mode():
+            for start in tqdm(range(0, len(texts), batch_size), desc="encode", disable=not show, unit="batch"):
+                index = order[start : start + batch_size]
+                batch = tokenizer(
+                    [texts[i] for i in index], padding=True, truncation=True, max_length=max_length, return_tensors="pt"
+                ).to(self.model.device)
+                if spec is not None:
+                    with calibrating(spec, observer):
+                        hidden = self.model.model(**batch).last_hidden_state
+                else:
+                    hidden = self.model.model(**batch).last_hidden_state
+                vectors[index] = _pool(hidden, batch["attention_mask"], self.model.spec.pooling).cpu().numpy()
+        return vectors
+
+    def _dimension(self) -> int:
+        return int(self.model.model.config.hidden_size)
+
+
+def _pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: str) -> torch.Tensor:
+    """cls: first real token; last: final real token (left or right padding); mean: over real tokens."""
+    mask = mask.bool()
+    positions = torch.arange(mask.shape[1], device=mask.device)
+    if pooling == "mean":
+        weights = mask[..., None].to(hidden.dtype)
+        pooled = (hidden * weights).sum(1) / weights.sum(1).clamp_min(1)
+    else:
+        pick = torch.where(mask, positions, -1).amax(-1) if pooling == "last" else torch.where(mask, positions, mask.shape[1]).amin(-1)
+        pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), pick]
+    return torch.nn.functional.normalize(pooled.float(), dim=-1)

