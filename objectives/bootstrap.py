@@ -1,0 +1,130 @@
+"""Paired bootstrap over queries: is a calibration's change in HM, PSI or nDCG@10 more than noise?
+
+Both runs are scored on the same resampled queries (same indices), so per-query difficulty cancels and
+the intervals are usually much tighter than two independent ones would be. Each resample is a row of
+query counts, aggregated by `objectives.metrics.aggregate` — the same code that builds the report.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from objectives.metrics import PerQuery, aggregate
+
+# Resamples drawn per block, so the (block × queries) count matrix stays around 32 MiB of float64.
+_WEIGHT_CELLS_PER_BLOCK = 1 << 22
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A point estimate with a percentile confidence interval, on the metric's own (0–1) scale."""
+
+    estimate: float
+    low: float
+    high: float
+
+    def format(self, scale: float = 100.0, digits: int = 2) -> str:
+        """Signed, e.g. `+1.23 [+0.40, +2.10]`; scale 100 shows nDCG/HM in points, use 1 for PSI."""
+
+        def signed(value: float) -> str:
+            return f"{value * scale:+.{digits}f}"
+
+        return f"{signed(self.estimate)} [{signed(self.low)}, {signed(self.high)}]"
+
+
+@dataclass(frozen=True)
+class PairedBootstrap:
+    """Candidate − baseline deltas. `hm`/`psi` are None for datasets without position groups.
+
+    `n_undefined` counts resamples that left some (stratum, group) cell without a query. HM and PSI are
+    undefined there (and so is a group's nDCG when the resample misses the group altogether); those
+    resamples are left out of the intervals they would make undefined.
+    """
+
+    ndcg10: Interval
+    hm: Interval | None
+    psi: Interval | None
+    groups: dict[str, Interval]
+    n_resamples: int
+    n_undefined: int
+
+    def summary(self) -> str:
+        """One log line: ΔHM and ΔnDCG@10 in points, ΔPSI raw."""
+        parts = [f"ΔnDCG@10 {self.ndcg10.format()}"]
+        if self.hm is not None and self.psi is not None:
+            parts = [f"ΔHM {self.hm.format()}", f"ΔPSI {self.psi.format(scale=1, digits=3)}", *parts]
+        return ", ".join(parts)
+
+
+def paired_bootstrap(
+    baseline: PerQuery,
+    candidate: PerQuery,
+    n_resamples: int = 1000,
+    seed: int = 0,
+    confidence: float = 0.95,
+) -> PairedBootstrap:
+    """Percentile intervals for candidate − baseline over `n_resamples` query resamples.
+
+    Resampling draws from the whole query set (not within strata); stratified HM/PSI are then the
+    per-stratum means, exactly as in the report. The same seed gives the same intervals.
+    """
+    _check_paired(baseline, candidate)
+    if n_resamples < 1:
+        raise ValueError(f"n_resamples must be at least 1, got {n_resamples}")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+
+    n_queries = len(baseline.query_ids)
+    point = _deltas(baseline, candidate, np.ones((1, n_queries)))
+    rng = np.random.default_rng(seed)
+    block = max(1, _WEIGHT_CELLS_PER_BLOCK // n_queries)
+    blocks = []
+    for start in range(0, n_resamples, block):
+        size = min(block, n_resamples - start)
+        weights = rng.multinomial(n_queries, np.full(n_queries, 1.0 / n_queries), size=size).astype(np.float64)
+        blocks.append(_deltas(baseline, candidate, weights))
+    resampled = {name: np.concatenate([b[name] for b in blocks]) for name in point}
+
+    tail = 50 * (1 - confidence)
+
+    def interval(name: str, column: int | None = None) -> Interval:
+        estimate, samples = point[name], resampled[name]
+        if column is not None:
+            estimate, samples = estimate[:, column], samples[:, column]
+        low, high = np.nanpercentile(samples, [tail, 100 - tail])
+        return Interval(float(estimate[0]), float(low), float(high))
+
+    has_groups = bool(baseline.group_order)
+    return PairedBootstrap(
+        ndcg10=interval("ndcg10"),
+        hm=interval("hm") if has_groups else None,
+        psi=interval("psi") if has_groups else None,
+        groups={group: interval("groups", g) for g, group in enumerate(baseline.group_order)},
+        n_resamples=n_resamples,
+        n_undefined=int(np.isnan(resampled["hm"]).sum()) if has_groups else 0,
+    )
+
+
+def _deltas(baseline: PerQuery, candidate: PerQuery, weights: np.ndarray) -> dict[str, np.ndarray]:
+    """Candidate − baseline for every row of `weights` (NaN where a row leaves a cell empty)."""
+    base, cand = aggregate(baseline, weights), aggregate(candidate, weights)
+    deltas = {"ndcg10": cand.ndcg10 - base.ndcg10, "groups": cand.group_ndcg10 - base.group_ndcg10}
+    if base.hm is not None and cand.hm is not None and base.psi is not None and cand.psi is not None:
+        deltas |= {"hm": cand.hm - base.hm, "psi": cand.psi - base.psi}
+    return deltas
+
+
+def _check_paired(baseline: PerQuery, candidate: PerQuery) -> None:
+    """A paired bootstrap needs both runs scored on the same queries with the same layout."""
+    if baseline.query_ids != candidate.query_ids:
+        raise ValueError("baseline and candidate were scored on different queries; evaluate both on one dataset")
+    same_layout = (
+        baseline.group_order == candidate.group_order
+        and baseline.strata_order == candidate.strata_order
+        and np.array_equal(baseline.membership, candidate.membership)
+        and np.array_equal(baseline.stratum_membership, candidate.stratum_membership)
+    )
+    if not same_layout:
+        raise ValueError("baseline and candidate have different group or stratum layouts; evaluate both on one dataset")

@@ -1,0 +1,272 @@
+"""Position-aware retrieval metrics (paper §4.3): per-group nDCG@10, their harmonic mean (HM) and PSI.
+
+Per-query scores come from ir-measures (pytrec_eval), so nDCG matches the reference implementation
+the literature reports. Everything above the query level is plain numpy over a query-weight matrix,
+which lets the bootstrap reuse exactly the aggregation the report uses (`aggregate`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import ir_measures
+import numpy as np
+
+from tuner.data.dataset import PositionalDataset
+
+NDCG10 = ir_measures.nDCG @ 10
+RECALL10 = ir_measures.R @ 10
+
+
+def harmonic_mean(values: Sequence[float]) -> float:
+    """Harmonic mean of per-group nDCG@10 (the paper's HM): dominated by the worst group, so a
+    calibration cannot buy HM by over-serving one position. Any value 0 gives 0."""
+    return float(_harmonic_mean(_nonnegative(values)))
+
+
+def position_sensitivity(values: Sequence[float]) -> float:
+    """Position Sensitivity Index (Zeng et al., 2025): 1 − min/max over groups, 0 when flat.
+
+    Defined as 0 when every group scores 0 (max 0): nothing varies with position then.
+    """
+    return float(_position_sensitivity(_nonnegative(values)))
+
+
+def _nonnegative(values: Sequence[float]) -> np.ndarray:
+    array = np.asarray(values, dtype=np.float64)
+    if array.ndim != 1 or array.size == 0:
+        raise ValueError(f"expected a non-empty list of per-group scores, got {values!r}")
+    if (array < 0).any():
+        raise ValueError(f"per-group scores must be non-negative, got {values!r}")
+    return array
+
+
+def _harmonic_mean(values: np.ndarray) -> np.ndarray:
+    """HM over the last axis; 1/0 = inf makes any zero give 0, and NaN (an empty group) propagates."""
+    with np.errstate(divide="ignore"):
+        return values.shape[-1] / (1.0 / values).sum(axis=-1)
+
+
+def _position_sensitivity(values: np.ndarray) -> np.ndarray:
+    """PSI over the last axis; NaN (an empty group) propagates."""
+    low, high = values.min(axis=-1), values.max(axis=-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(high == 0, 0.0, 1.0 - low / high)
+
+
+def score_queries(
+    run: Mapping[str, Mapping[str, float]],
+    qrels: Mapping[str, Mapping[str, int]],
+    query_ids: Sequence[str],
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-query nDCG@10 and Recall@10, aligned with `query_ids`, computed by ir-measures.
+
+    Labels are binarised (> 0 is relevant), following Zeng et al. (2025). A query missing from the
+    run scores 0. Scores are cast to `float` because pytrec_eval rejects numpy scalars.
+    """
+    binary_qrels = {qid: {doc: int(label > 0) for doc, label in qrels[qid].items()} for qid in query_ids}
+    scored_run = {qid: {doc: float(s) for doc, s in run[qid].items()} for qid in query_ids if qid in run}
+    row = {qid: i for i, qid in enumerate(query_ids)}
+    values = {NDCG10: np.zeros(len(query_ids)), RECALL10: np.zeros(len(query_ids))}
+    for metric in ir_measures.iter_calc([NDCG10, RECALL10], binary_qrels, scored_run):
+        values[metric.measure][row[metric.query_id]] = metric.value
+    return values[NDCG10], values[RECALL10]
+
+
+@dataclass(frozen=True, eq=False)
+class PerQuery:
+    """Per-query scores and the group/stratum layout needed to aggregate them, in one query order.
+
+    `membership[i, g]` is 1 when query i counts in group g (a query may count in several).
+    `stratum_membership` is one-hot over `strata_order`; an unstratified dataset gets a single
+    all-ones column (and `strata_order == ()`), so one code path serves both.
+    """
+
+    query_ids: tuple[str, ...]
+    ndcg10: np.ndarray
+    recall10: np.ndarray
+    group_order: tuple[str, ...]
+    membership: np.ndarray
+    strata_order: tuple[str, ...]
+    stratum_membership: np.ndarray
+
+    def cell_counts(self) -> np.ndarray:
+        """Queries per (stratum, group) cell, shape (strata, groups)."""
+        return (self.stratum_membership.T @ self.membership).astype(int)
+
+
+@dataclass(frozen=True, eq=False)
+class Aggregates:
+    """Metrics for every row of a query-weight matrix (row r: one bootstrap resample, or the sample).
+
+    Shapes: `ndcg10`, `recall10` (R,); `group_ndcg10` (R, G) pooled over strata; the `stratum_*`
+    arrays (R, S, G) and (R, S), None for a dataset without position groups. A cell that a row leaves
+    empty is NaN, and so is every HM/PSI that depends on it.
+    """
+
+    ndcg10: np.ndarray
+    recall10: np.ndarray
+    group_ndcg10: np.ndarray
+    stratum_group_ndcg10: np.ndarray
+    stratum_hm: np.ndarray | None
+    stratum_psi: np.ndarray | None
+
+    @property
+    def hm(self) -> np.ndarray | None:
+        """HM per row: the mean over strata of the within-stratum HM."""
+        return None if self.stratum_hm is None else self.stratum_hm.mean(axis=1)
+
+    @property
+    def psi(self) -> np.ndarray | None:
+        """PSI per row: the mean over strata of the within-stratum PSI."""
+        return None if self.stratum_psi is None else self.stratum_psi.mean(axis=1)
+
+
+def aggregate(per_query: PerQuery, weights: np.ndarray) -> Aggregates:
+    """Weighted per-group, per-stratum and overall means; `weights` is (R, n_queries) query counts.
+
+    Every mean is one matrix product against a query × (stratum, group) membership matrix, so a
+    query in several groups counts in each and R bootstrap resamples cost R rows, not a loop.
+    """
+    n_strata, n_groups = per_query.stratum_membership.shape[1], len(per_query.group_order)
+    cells = (per_query.stratum_membership[:, :, None] * per_query.membership[:, None, :]).reshape(
+        len(per_query.query_ids), n_strata * n_groups
+    )
+    totals = (weights @ (cells * per_query.ndcg10[:, None])).reshape(len(weights), n_strata, n_groups)
+    counts = (weights @ cells).reshape(len(weights), n_strata, n_groups)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        stratum_group = totals / counts
+        pooled_group = totals.sum(axis=1) / counts.sum(axis=1)
+    n_weighted = weights.sum(axis=1)
+    return Aggregates(
+        ndcg10=weights @ per_query.ndcg10 / n_weighted,
+        recall10=weights @ per_query.recall10 / n_weighted,
+        group_ndcg10=pooled_group,
+        stratum_group_ndcg10=stratum_group,
+        stratum_hm=_harmonic_mean(stratum_group) if n_groups else None,
+        stratum_psi=_position_sensitivity(stratum_group) if n_groups else None,
+    )
+
+
+@dataclass(frozen=True)
+class StratumReport:
+    """Position metrics within one stratum (e.g. a PosIR length quartile)."""
+
+    name: str
+    group_ndcg10: dict[str, float]
+    group_counts: dict[str, int]
+    hm: float
+    psi: float
+
+
+@dataclass(frozen=True)
+class PositionReport:
+    """What one run scores on one dataset; all scores on the 0–1 scale.
+
+    `group_ndcg10` is in the dataset's group_order and pools all strata. `hm`/`psi` are None for
+    general-retrieval sets (no groups). For stratified datasets they are the unweighted mean over
+    `strata` of the within-stratum HM/PSI — comparing positions inside a length quartile keeps
+    document length from masquerading as position — so they are not the HM/PSI of `group_ndcg10`.
+    """
+
+    dataset: str
+    n_queries: int
+    ndcg10: float
+    recall10: float
+    group_ndcg10: dict[str, float]
+    group_counts: dict[str, int]
+    hm: float | None
+    psi: float | None
+    strata: tuple[StratumReport, ...] = ()
+
+    def as_dict(self) -> dict[str, float]:
+        """Flat metrics for logging: `ndcg10`, `recall10`, `n_queries`, `ndcg10_<group>`, `hm`, `psi`,
+        and per stratum `<stratum>/ndcg10_<group>`, `<stratum>/hm`, `<stratum>/psi`."""
+        flat: dict[str, float] = {"ndcg10": self.ndcg10, "recall10": self.recall10, "n_queries": self.n_queries}
+        flat |= {f"ndcg10_{group}": value for group, value in self.group_ndcg10.items()}
+        if self.hm is not None and self.psi is not None:
+            flat |= {"hm": self.hm, "psi": self.psi}
+        for stratum in self.strata:
+            flat |= {f"{stratum.name}/ndcg10_{group}": value for group, value in stratum.group_ndcg10.items()}
+            flat |= {f"{stratum.name}/hm": stratum.hm, f"{stratum.name}/psi": stratum.psi}
+        return flat
+
+
+def evaluate(run: Mapping[str, Mapping[str, float]], dataset: PositionalDataset) -> tuple[PositionReport, PerQuery]:
+    """Score a run on every query of a dataset; the PerQuery lets the bootstrap resample without
+    rescoring. A dataset whose queries carry no group is scored as a general-retrieval set."""
+    per_query = _per_query(run, dataset)
+    point = aggregate(per_query, np.ones((1, len(per_query.query_ids))))
+    counts = per_query.cell_counts()
+    groups = per_query.group_order
+    hm, psi = point.hm, point.psi
+
+    def by_group(values: np.ndarray) -> dict[str, float]:
+        return {group: float(value) for group, value in zip(groups, values)}
+
+    strata: tuple[StratumReport, ...] = ()
+    if point.stratum_hm is not None and point.stratum_psi is not None:
+        strata = tuple(
+            StratumReport(
+                name=name,
+                group_ndcg10=by_group(point.stratum_group_ndcg10[0, s]),
+                group_counts=dict(zip(groups, counts[s].tolist())),
+                hm=float(point.stratum_hm[0, s]),
+                psi=float(point.stratum_psi[0, s]),
+            )
+            for s, name in enumerate(per_query.strata_order)
+        )
+    report = PositionReport(
+        dataset=dataset.name,
+        n_queries=len(per_query.query_ids),
+        ndcg10=float(point.ndcg10[0]),
+        recall10=float(point.recall10[0]),
+        group_ndcg10=by_group(point.group_ndcg10[0]),
+        group_counts=dict(zip(groups, counts.sum(axis=0).tolist())),
+        hm=None if hm is None else float(hm[0]),
+        psi=None if psi is None else float(psi[0]),
+        strata=strata,
+    )
+    return report, per_query
+
+
+def _per_query(run: Mapping[str, Mapping[str, float]], dataset: PositionalDataset) -> PerQuery:
+    """Score the dataset's queries and lay out their group and stratum membership.
+
+    The dataset has already checked that every query is judged and every group label is known.
+    """
+    query_ids = tuple(dataset.queries)
+    group_order = dataset.group_order if dataset.is_positional else ()
+    group_index = {group: g for g, group in enumerate(group_order)}
+    membership = np.zeros((len(query_ids), len(group_order)))
+    for i, qid in enumerate(query_ids):
+        for group in dataset.groups.get(qid, ()):
+            membership[i, group_index[group]] = 1.0
+
+    if dataset.strata:
+        unstratified = [qid for qid in query_ids if qid not in dataset.strata]
+        if unstratified:
+            raise ValueError(
+                f"dataset {dataset.name!r}: {len(unstratified)} queries have no stratum, e.g. {unstratified[0]!r}; "
+                "a stratified dataset needs one for every query"
+            )
+        strata_order = tuple(sorted({dataset.strata[qid] for qid in query_ids}))
+        stratum_index = {name: s for s, name in enumerate(strata_order)}
+        stratum_membership = np.zeros((len(query_ids), len(strata_order)))
+        rows = [stratum_index[dataset.strata[qid]] for qid in query_ids]
+        stratum_membership[np.arange(len(query_ids)), rows] = 1.0
+    else:
+        strata_order = ()
+        stratum_membership = np.ones((len(query_ids), 1))
+
+    ndcg10, recall10 = score_queries(run, dataset.qrels, query_ids)
+    per_query = PerQuery(
+        query_ids, ndcg10, recall10, group_order, membership, strata_order, stratum_membership
+    )
+    empty = np.argwhere(per_query.cell_counts() == 0)
+    if len(empty):
+        s, g = empty[0]
+        where = f" in stratum {strata_order[s]!r}" if strata_order else ""
+        raise ValueError(f"group {group_order[g]!r} has no query{where}: its nDCG@10 is undefined")
+    return per_query
