@@ -1,0 +1,122 @@
+"""WikiPos: the packaged files are what the builder makes, and every passage is a fair position test."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+from tuner.data.build_wikipos import (
+    DEFAULT_SOURCE,
+    MAX_SUMMARIES,
+    MAX_TOKENS,
+    MIN_SUMMARIES,
+    SEPARATOR,
+    build,
+    minilm_token_counter,
+)
+from tuner.data.dataset import THIRDS, span_third
+from tuner.data.wikipos import SPLITS, load_wikipos, read_records, split_filename
+
+PACKAGED = Path(str(resources.files("tuner.data").joinpath("wikipos")))
+needs_source = pytest.mark.skipif(
+    not DEFAULT_SOURCE.is_file(), reason=f"WikiPos source {DEFAULT_SOURCE} is absent (the shared data folder)"
+)
+
+
+def records(split: str) -> list[dict]:
+    return list(read_records((PACKAGED / split_filename(split)).read_bytes()))
+
+
+@pytest.fixture(scope="module")
+def count_tokens():
+    return minilm_token_counter()
+
+
+@pytest.fixture(scope="module")
+def source() -> dict[str, dict]:
+    if not DEFAULT_SOURCE.is_file():
+        pytest.skip(f"WikiPos source {DEFAULT_SOURCE} is absent")
+    with gzip.open(DEFAULT_SOURCE, "rt", encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def test_splits_load_as_positional_datasets_of_the_planned_size():
+    dev, test, general = (load_wikipos(split) for split in SPLITS)
+    assert (dev.name, test.name, general.name) == ("wikipos-dev", "wikipos-test", "wikipos-general")
+    assert (len(dev.corpus), len(test.corpus), len(general.corpus)) == (300, 400, 500)
+    for positional in (dev, test):
+        assert positional.group_order == THIRDS
+        assert set(positional.groups) == set(positional.queries)
+        assert min(positional.group_sizes().values()) >= 300  # enough queries per third for a stable nDCG
+    assert general.groups == {} and general.group_order == () and len(general.queries) == 500
+
+
+def test_an_unknown_split_lists_the_valid_ones():
+    with pytest.raises(ValueError, match="dev, test, general"):
+        load_wikipos("train")
+
+
+def test_every_document_fits_minilm_without_truncation(count_tokens):
+    for split in SPLITS:
+        texts = [r["text"] for r in records(split)]
+        assert max(count_tokens(texts)) + 2 <= MAX_TOKENS, split  # + [CLS] and [SEP]
+
+
+@pytest.mark.parametrize("split", ["dev", "test"])
+def test_passages_join_3_to_5_summaries_of_one_topic_and_groups_follow_the_midpoint(split):
+    for record in records(split):
+        segments = record["segments"]
+        assert MIN_SUMMARIES <= len(segments) <= MAX_SUMMARIES
+        pieces = [record["text"][start:end] for start, end in (s["span"] for s in segments)]
+        assert SEPARATOR.join(pieces) == record["text"]
+        for segment in segments:
+            if segment["query"]:
+                start, end = segment["span"]
+                assert segment["query"]["group"] == span_third(start, end, len(record["text"]))
+
+
+def test_each_query_is_the_description_of_a_summary_in_its_relevant_passage(source):
+    for split in SPLITS:
+        dataset = load_wikipos(split)
+        for record in records(split):
+            for segment in record["segments"]:
+                article = source[segment["title"]]
+                start, end = segment["span"]
+                assert record["text"][start:end] == " ".join(article["extract"].split())
+                assert article["topic"] == record["topic"]
+                if segment["query"]:
+                    qid = segment["query"]["id"]
+                    assert dataset.queries[qid] == " ".join(article["description"].split())
+                    assert dataset.qrels[qid] == {record["id"]: 1}
+
+
+def test_splits_share_no_passage_and_no_summary():
+    titles = {split: {s["title"] for r in records(split) for s in r["segments"]} for split in SPLITS}
+    assert titles["dev"].isdisjoint(titles["test"])
+    assert titles["general"].isdisjoint(titles["dev"] | titles["test"])
+    queries = [q for split in SPLITS for q in load_wikipos(split).queries.values()]
+    assert len(queries) == len(set(q.casefold() for q in queries)), "every query text is unique"
+
+
+def test_packaged_files_are_small_and_reproducible_gzip():
+    total = 0
+    for split in SPLITS:
+        data = (PACKAGED / split_filename(split)).read_bytes()
+        assert data[4:8] == b"\0\0\0\0", "gzip mtime must be 0 so rebuilds are byte-identical"
+        total += len(data)
+    assert total < 1_000_000
+    assert "CC BY-SA 4.0" in (PACKAGED / "ATTRIBUTION.md").read_text(encoding="utf-8")
+
+
+@needs_source
+def test_packaged_files_match_a_fresh_build(tmp_path, count_tokens):
+    build(DEFAULT_SOURCE, tmp_path, count_tokens)
+    for name in [*(split_filename(s) for s in SPLITS), "ATTRIBUTION.md"]:
+        fresh, packaged = (tmp_path / name).read_bytes(), (PACKAGED / name).read_bytes()
+        if name.endswith(".gz"):  # compare content: another zlib may compress the same text differently
+            fresh, packaged = gzip.decompress(fresh), gzip.decompress(packaged)
+        assert fresh == packaged, f"{name} differs from a fresh build; run `python -m tuner.data.build_wikipos`"

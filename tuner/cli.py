@@ -1,0 +1,315 @@
+"""The `tune` command line: run (the default), evaluate, export, encode, ui."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Annotated, Any
+
+import numpy as np
+import typer
+import yaml
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.table import Table
+from typer.core import TyperGroup
+
+from tuner.tune import DEFAULT_TRIALS, TuneOutcome, TuneSettings
+
+console = Console(stderr=True)
+log = logging.getLogger("tuner")
+
+
+class _RunByDefault(TyperGroup):
+    """`tune --model x` means `tune run --model x`: run is the default subcommand."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        if not args or (args[0] not in self.commands and args[0] not in ("--help", "-h")):
+            args = ["run", *args]
+        return super().parse_args(ctx, args)
+
+
+app = typer.Typer(
+    cls=_RunByDefault,
+    help="Tune attention calibration per model for position-fair dense retrieval (posfair).",
+    no_args_is_help=False,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+
+def _options_file(ctx: typer.Context, value: Path | None) -> Path | None:
+    """Values from a YAML options file become the defaults; flags still win."""
+    if value is None:
+        return None
+    try:
+        data = yaml.safe_load(value.read_text(encoding="utf-8")) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
+        raise typer.BadParameter(f"cannot read options file {value}: {error}") from None
+    if not isinstance(data, dict):
+        raise typer.BadParameter(f"{value}: expected a mapping of option: value")
+    names = {p.name for p in ctx.command.params}
+    normalised = {str(k).replace("-", "_"): v for k, v in data.items()}
+    unknown = sorted(set(normalised) - names)
+    if unknown:
+        raise typer.BadParameter(f"{value}: unknown option(s) {unknown}; known: {sorted(names - {'options'})}")
+    ctx.default_map = {**(ctx.default_map or {}), **normalised}
+    return value
+
+
+OptionsFile = Annotated[
+    Path | None,
+    typer.Option("--options", help="YAML file of options (keys as the long flags); flags override it.",
+                 is_eager=True, callback=_options_file, exists=True, dir_okay=False),
+]
+Model = Annotated[str, typer.Option(help="Registry alias (minilm, bge-m3, qwen3-embedding-0.6b, ...) or a local folder.")]
+Dataset = Annotated[str, typer.Option(help="wikipos-dev|wikipos-test|wikipos-general|fineweb-posq, or posir:/jsonl:/beir:PATH.")]
+TrackingUri = Annotated[str | None, typer.Option(help="MLflow tracking server; default: a SQLite store under ./mlruns.")]
+Storage = Annotated[str | None, typer.Option(help="Optuna storage URL; default: sqlite:///mlruns/optuna.db.")]
+BatchSize = Annotated[int, typer.Option(help="Documents per forward pass.")]
+TrustRemoteCode = Annotated[bool, typer.Option(help="Allow a model's own code from its hub repository to run.")]
+
+
+@app.command()
+def run(
+    model: Model = "minilm",
+    dataset: Dataset = "wikipos-dev",
+    trials: Annotated[int, typer.Option(help="Complete trials to reach (failed ones do not count).")] = DEFAULT_TRIALS,
+    hm_floor: Annotated[str, typer.Option(help="'baseline' (uncalibrated HM), a value like 0.52, or relative like -1%.")] = "baseline",
+    heldout: Annotated[str | None, typer.Option(help="Held-out benchmark for the final report; 'auto' picks WikiPos-test / FineWeb-PosQ's held-out part.")] = "auto",
+    general: Annotated[str | None, typer.Option(help="General-retrieval check, e.g. wikipos-general.")] = None,
+    max_general_drop: Annotated[float | None, typer.Option(help="Second constraint: general nDCG@10 may drop at most this much (0–1 scale).")] = None,
+    pareto: Annotated[bool, typer.Option("--pareto", help="Two-objective search (PSI down, HM up); reports the front.")] = False,
+    seed: int = 0,
+    study_name: Annotated[str | None, typer.Option(help="Default: model--dataset--seedN.")] = None,
+    storage: Storage = None,
+    tracking_uri: TrackingUri = None,
+    output: Annotated[Path | None, typer.Option(help="Where to write the winner's YAML; default mlruns/exports/STUDY.yaml.")] = None,
+    space: Annotated[Path | None, typer.Option(help="YAML search space (strength_step, depths, basket_sizes, variants, weight_low/high).")] = None,
+    batch_size: BatchSize = 16,
+    profile_docs: Annotated[int, typer.Option(help="Documents in each trial's attention profile.")] = 16,
+    bootstrap: Annotated[int, typer.Option(help="Bootstrap resamples for the held-out intervals.")] = 1000,
+    revision: Annotated[str | None, typer.Option(help="Hub revision of the model.")] = None,
+    trust_remote_code: TrustRemoteCode = False,
+    options: OptionsFile = None,
+) -> None:
+    """Tune one model (the default command): Optuna search, MLflow tracking, exported YAML."""
+    from tuner.search_space import SearchSpace
+
+    _setup_logging()
+    with _friendly_errors():
+        settings = TuneSettings(
+            model=model, dataset=dataset, heldout=heldout, general=general, max_general_drop=max_general_drop,
+            trials=trials, seed=seed, hm_floor=hm_floor, pareto=pareto, storage=storage, study_name=study_name,
+            tracking_uri=tracking_uri, output=output, batch_size=batch_size, profile_docs=profile_docs,
+            bootstrap=bootstrap, trust_remote_code=trust_remote_code, revision=revision,
+            space=SearchSpace.from_yaml(space) if space else SearchSpace(),
+        )
+        _print_settings(settings)
+        from tuner.tune import tune
+
+        outcome = tune(settings)
+    _print_outcome(outcome)
+
+
+@app.command()
+def evaluate(
+    model: Model = "minilm",
+    dataset: Dataset = "wikipos-test",
+    config: Annotated[list[Path] | None, typer.Option(help="Exported YAML config(s) to compare; repeatable.")] = None,
+    paper_default: Annotated[bool, typer.Option(help="Add the paper's default config row.")] = True,
+    sea: Annotated[bool, typer.Option(help="Add the Segment Embed Average baseline.")] = True,
+    general: Annotated[str | None, typer.Option(help="General-retrieval set for the original/shuffled table.")] = "wikipos-general",
+    shuffled: Annotated[bool, typer.Option(help="Shuffled-sentence robustness check.")] = True,
+    bootstrap: int = 1000,
+    seed: int = 0,
+    batch_size: BatchSize = 16,
+    markdown: Annotated[Path | None, typer.Option(help="Also write the tables as Markdown here.")] = None,
+    trust_remote_code: TrustRemoteCode = False,
+    options: OptionsFile = None,
+) -> None:
+    """Print the paper's Table 1 (and Table 3) for a model: baseline, configs, SEA, with bootstrap intervals."""
+    _setup_logging()
+    with _friendly_errors():
+        from tuner.data import load_benchmark
+        from tuner.export import load_exported
+        from tuner.models import load_model
+        from tuner.report import render, run_evaluation, to_markdown
+
+        loaded = load_model(model, trust_remote_code=trust_remote_code)
+        configs = []
+        if paper_default:
+            configs.append(("Paper default (CLS-Soft, λ 0.5, 50% layers, B 128)", loaded.default_config()))
+        for path in config or []:
+            exported = load_exported(path)
+            exported.check_model(loaded)
+            configs.append((f"{path.name} (trial {exported.provenance.trial})", exported.calibration))
+        table = run_evaluation(
+            loaded, load_benchmark(dataset), configs, sea=sea,
+            general=load_benchmark(general) if general else None, shuffled=shuffled,
+            n_resamples=bootstrap, seed=seed, batch_size=batch_size,
+        )
+    render(table, Console())
+    if markdown:
+        markdown.write_text(to_markdown(table), encoding="utf-8")
+
+
+@app.command()
+def export(
+    study_name: Annotated[str, typer.Option(help="The study to export the winner of.")],
+    storage: Storage = None,
+    output: Annotated[Path | None, typer.Option(help="Default: mlruns/exports/STUDY.yaml.")] = None,
+    tracking_uri: TrackingUri = None,
+    options: OptionsFile = None,
+) -> None:
+    """Re-export a study's current winner (e.g. after more trials), with fresh held-out figures."""
+    _setup_logging()
+    with _friendly_errors():
+        from tuner.tune import reexport
+
+        path = reexport(study_name, storage, output, tracking_uri)
+    console.print(f"exported: [bold]{path}[/bold]")
+
+
+@app.command()
+def encode(
+    config: Annotated[Path, typer.Option(help="Exported YAML config.")],
+    input: Annotated[Path, typer.Option(help="JSONL with a 'text' field per line, or a .txt file with one text per line.")],
+    output: Annotated[Path, typer.Option(help="Where to write the float32 .npy matrix (one row per input line).")],
+    queries: Annotated[bool, typer.Option("--queries", help="Encode as queries (never calibrated).")] = False,
+    batch_size: BatchSize = 16,
+    trust_remote_code: TrustRemoteCode = False,
+) -> None:
+    """Encode documents (calibrated) or queries (plain) with an exported config."""
+    _setup_logging()
+    with _friendly_errors():
+        from tuner.encoder import CalibratedEncoder
+
+        texts = read_texts(input)
+        if not output.parent.is_dir():
+            raise ValueError(f"cannot write {output}: folder {output.parent} does not exist")
+        encoder = CalibratedEncoder.from_yaml(config, trust_remote_code=trust_remote_code)
+        method = encoder.encode_query if queries else encoder.encode_document
+        vectors = method(texts, batch_size=batch_size, show_progress_bar=True)
+        _save_atomically(vectors, output)
+    console.print(f"{len(texts)} {'queries' if queries else 'documents'} → {output} {vectors.shape}"
+                  + (f"; {encoder.truncated} truncated at {encoder.model.max_length} tokens" if encoder.truncated else ""))
+
+
+@app.command()
+def ui(
+    tracking_uri: TrackingUri = None,
+    host: str = "127.0.0.1",
+    port: int = 5000,
+) -> None:
+    """Open the MLflow UI on the project's store (compare trials, profiles, the Pareto front)."""
+    from tuner.tracking import default_artifact_root, default_tracking_uri
+
+    uri = tracking_uri or default_tracking_uri()
+    command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", host, "--port", str(port)]
+    if tracking_uri is None:
+        command += ["--default-artifact-root", default_artifact_root()]
+    console.print(f"MLflow UI on http://{host}:{port} (store: {uri})")
+    raise typer.Exit(subprocess.call(command))
+
+
+def read_texts(path: Path) -> list[str]:
+    """JSONL ({'text': ...} per line) or plain text (one per line); errors name the line."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path} is not UTF-8 (byte {error.start}); re-encode it, e.g. iconv -t UTF-8") from None
+    if path.suffix != ".jsonl":
+        return [line for line in lines if line.strip()]
+    texts = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            texts.append(record["text"] if isinstance(record, dict) else str(record))
+        except (json.JSONDecodeError, KeyError):
+            raise ValueError(f"{path}:{number}: expected a JSON object with a 'text' field") from None
+    if not texts:
+        raise ValueError(f"{path} holds no texts")
+    return texts
+
+
+def _save_atomically(vectors: np.ndarray, path: Path) -> None:
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".npy", dir=path.parent)
+    os.close(handle)
+    try:
+        np.save(temporary, vectors)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+class _friendly_errors:
+    """Expected failures end with one clear line and a non-zero exit, not a traceback."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, traceback: object) -> bool:
+        from tuner.tune import NoFeasibleTrialError
+
+        if error is None or kind is None:
+            return False
+        if isinstance(error, NoFeasibleTrialError):
+            console.print(f"[red]no feasible trial:[/red] {error}")
+            raise typer.Exit(3)
+        if isinstance(error, (ValueError, RuntimeError, FileNotFoundError, PermissionError)):
+            console.print(f"[red]error:[/red] {error}")
+            raise typer.Exit(2)
+        return False
+
+
+def _setup_logging() -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    logging.basicConfig(level=logging.INFO, format="%(message)s", handlers=[RichHandler(console=console, show_path=False)], force=True)
+    for noisy in ("optuna", "mlflow", "alembic", "httpx", "urllib3"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _print_settings(settings: TuneSettings) -> None:
+    table = Table(title="tune: settings", show_header=False, box=None)
+    for name, value in vars(settings).items():
+        table.add_row(name.replace("_", "-"), str(value))
+    console.print(table)
+
+
+def _print_outcome(outcome: TuneOutcome) -> None:
+    table = Table(title=f"study {outcome.study}: floor HM ≥ {100 * outcome.floor:.2f}")
+    groups = list(outcome.rows[0].tuning.group_ndcg10)
+    for column in ["", *groups, "HM", "PSI", "nDCG@10", "R@10", "held-out HM", "held-out PSI", "Δ held-out HM [95% CI]", "Δ held-out PSI [95% CI]"]:
+        table.add_column(column, justify="right" if column else "left")
+    for row in outcome.rows:
+        report, held, delta = row.tuning, row.heldout, row.heldout_delta
+        table.add_row(
+            row.label,
+            *(f"{100 * report.group_ndcg10[g]:.2f}" for g in groups),
+            f"{100 * report.hm:.2f}", f"{report.psi:.3f}", f"{100 * report.ndcg10:.2f}", f"{100 * report.recall10:.2f}",
+            f"{100 * held.hm:.2f}" if held and held.hm is not None else "–",
+            f"{held.psi:.3f}" if held and held.psi is not None else "–",
+            delta.hm.format() if delta and delta.hm else "–",
+            delta.psi.format(scale=1, digits=3) if delta and delta.psi else "–",
+        )
+    Console().print(table)
+    if outcome.pareto:
+        console.print(f"feasible Pareto front (PSI↓, HM↑): trials {outcome.pareto}")
+    console.print(f"exported config: [bold]{outcome.export_path}[/bold]")
+    console.print(f"MLflow: {outcome.tracking_uri}  (browse with `tune ui`)")
+
+
+if __name__ == "__main__":
+    app()

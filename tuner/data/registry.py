@@ -1,0 +1,79 @@
+"""Benchmark names and paths -> loaders: the one place the CLI and the study resolve a `--dataset` value."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from tuner.data.beir import load_beir
+from tuner.data.dataset import PositionalDataset
+from tuner.data.fineweb_posq import load_fineweb_posq
+from tuner.data.jsonl import CORPUS_FILE, QUERIES_FILE, find_file, load_jsonl
+from tuner.data.posir import PosIRLayout, load_posir
+from tuner.data.wikipos import SPLITS, load_wikipos
+
+Loader = Callable[..., PositionalDataset]
+
+
+def _wikipos(split: str, /, **options: Any) -> PositionalDataset:
+    """WikiPos by name: the split is fixed by the name, so options are a mistake worth reporting."""
+    if options:
+        raise ValueError(f"wikipos-{split} takes no options, got {sorted(options)}")
+    return load_wikipos(split)
+
+
+NAMED: dict[str, Loader] = {
+    **{f"wikipos-{split}": partial(_wikipos, split) for split in SPLITS},
+    "fineweb-posq": load_fineweb_posq,
+}
+"""Benchmarks reachable by name alone (FineWeb-PosQ from the Hub or its local cache)."""
+
+PREFIXED: dict[str, Loader] = {
+    "posir": load_posir,
+    "jsonl": load_jsonl,
+    "beir": load_beir,
+    "fineweb-posq": load_fineweb_posq,
+}
+"""Benchmarks read from a path: `prefix:PATH`."""
+
+
+def known_benchmarks() -> list[str]:
+    """Every accepted form, for help texts and error messages."""
+    return [*NAMED, *(f"{prefix}:PATH" for prefix in PREFIXED), "PATH (a BEIR, PosIR or JSONL folder)"]
+
+
+def detect_format(folder: Path) -> str | None:
+    """The loader prefix a folder's files call for, or None when they match no supported layout."""
+    if (folder / "qrels").is_dir() and find_file(folder, "corpus.jsonl"):
+        return "beir"
+    if (folder / PosIRLayout.queries_file).is_file():
+        return "posir"
+    if find_file(folder, CORPUS_FILE) and find_file(folder, QUERIES_FILE):
+        return "jsonl"
+    return None
+
+
+def load_benchmark(name_or_path: str, **options: Any) -> PositionalDataset:
+    """Load a benchmark by name (`wikipos-dev`, `fineweb-posq`, ...), `prefix:PATH`, or a folder to autodetect.
+
+    `options` go to the loader, e.g. `load_benchmark("fineweb-posq", sample_per_group=None, part="tune")`.
+    """
+    if name_or_path in NAMED:
+        return NAMED[name_or_path](**options)
+    prefix, colon, path = name_or_path.partition(":")
+    if colon and prefix in PREFIXED:
+        if not path:
+            raise ValueError(f"{name_or_path!r} names no path; write {prefix}:PATH")
+        return PREFIXED[prefix](path, **options)
+    folder = Path(name_or_path)
+    if folder.is_dir():
+        kind = detect_format(folder)
+        if kind is None:
+            raise ValueError(
+                f"{folder} matches no known layout (BEIR: corpus.jsonl + qrels/; PosIR: queries.parquet; "
+                f"JSONL: corpus.jsonl + queries.jsonl); name the format with a prefix: {', '.join(PREFIXED)}"
+            )
+        return PREFIXED[kind](folder, **options)
+    raise ValueError(f"unknown benchmark {name_or_path!r}; known: {', '.join(known_benchmarks())}")

@@ -1,0 +1,88 @@
+"""WikiPos, the benchmark that ships inside posfair: position-labelled retrieval over Wikipedia summaries.
+
+Why it exists: FineWeb-PosQ and PosIR must be downloaded, while a tuner should be tryable offline on a laptop.
+WikiPos concatenates 3-5 Wikipedia lead summaries of one topic into a passage of at most 512 all-MiniLM-L6-v2
+tokens and asks for one summary by its human-written short description. Which slot a summary lands in is
+random, so every position holds the same kind of content and a drop from first to last slot is position bias.
+`tuner/data/build_wikipos.py` builds the files; this module only reads them.
+
+Splits: `dev` (tune on it), `test` (report on it; passage-disjoint from dev) and `general` (one summary per
+document, the NanoBEIR role: short documents, no position groups).
+
+File layout (`tuner/data/wikipos/{split}.jsonl.gz`, UTF-8 JSON Lines, one document per line):
+
+    {"id": "dev-p000", "topic": "Arts", "text": "<summary>\\n\\n<summary>...",
+     "segments": [{"title": "Protostar", "span": [0, 412],
+                   "query": {"id": "dev-q0000", "text": "Early stage in ...", "group": "begin"}},
+                  {"title": "...", "span": [414, 871], "query": null}, ...]}
+
+`segments` lists the summaries in passage order; `span` is the summary's [start, end) character span in
+`text`; `query` is null for a distractor summary (its description is not a usable query); `group` is absent
+in the general split. Text is Wikipedia's (CC BY-SA 4.0), see `wikipos/ATTRIBUTION.md`.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Iterator
+from importlib import resources
+from typing import Any
+
+from tuner.data.dataset import THIRDS, PositionalDataset
+
+SPLITS: tuple[str, ...] = ("dev", "test", "general")
+DATA_PACKAGE = "tuner.data"
+DATA_FOLDER = "wikipos"
+"""The split files live in tuner/data/wikipos/ beside this module (a data folder, not a package)."""
+
+
+def split_filename(split: str) -> str:
+    """The packaged file name of a split; the builder writes the same names."""
+    return f"{split}.jsonl.gz"
+
+
+def read_records(data: bytes) -> Iterator[dict[str, Any]]:
+    """The document records of one gzipped split file."""
+    for line in gzip.decompress(data).decode("utf-8").splitlines():
+        if line.strip():
+            yield json.loads(line)
+
+
+def dataset_from_records(name: str, records: Iterator[dict[str, Any]]) -> PositionalDataset:
+    """Assemble a dataset from WikiPos records: each query is relevant to the document holding its segment."""
+    corpus: dict[str, str] = {}
+    queries: dict[str, str] = {}
+    qrels: dict[str, dict[str, int]] = {}
+    groups: dict[str, tuple[str, ...]] = {}
+    for record in records:
+        corpus[record["id"]] = record["text"]
+        for segment in record["segments"]:
+            query = segment.get("query")
+            if query is None:
+                continue
+            queries[query["id"]] = query["text"]
+            qrels[query["id"]] = {record["id"]: 1}
+            if "group" in query:
+                groups[query["id"]] = (query["group"],)
+    return PositionalDataset(
+        name=name,
+        corpus=corpus,
+        queries=queries,
+        qrels=qrels,
+        groups=groups,
+        group_order=THIRDS if groups else (),
+    )
+
+
+def load_wikipos(split: str) -> PositionalDataset:
+    """Load a packaged WikiPos split ("dev", "test" or "general") as `wikipos-{split}`."""
+    if split not in SPLITS:
+        raise ValueError(f"unknown WikiPos split {split!r}; valid splits: {', '.join(SPLITS)}")
+    resource = resources.files(DATA_PACKAGE).joinpath(DATA_FOLDER).joinpath(split_filename(split))
+    if not resource.is_file():
+        raise FileNotFoundError(
+            f"WikiPos file {split_filename(split)} is missing from {DATA_PACKAGE}/{DATA_FOLDER}; "
+            "rebuild it with `python -m tuner.data.build_wikipos` or reinstall posfair"
+        )
+    return dataset_from_records(f"wikipos-{split}", read_records(resource.read_bytes()))

@@ -1,0 +1,181 @@
+"""The exported config: a versioned YAML schema that encoders load, written atomically.
+
+Loading uses `yaml.safe_load` (a `!!python/...` tag is refused, never executed) and validates every
+field; a config made for another model is refused before anything is encoded.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from tuner import __version__
+from tuner.calibration import CalibrationConfig, ConfigError
+from tuner.calibration.config import PaddingSide, Pooling
+from tuner.models import LoadedModel
+
+SCHEMA = "posfair/calibration-config"
+SCHEMA_VERSION = 1
+
+
+class ExportError(ValueError):
+    """An exported config cannot be read, is invalid, or does not fit the model; the message says why."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSection(_Strict):
+    name: str = Field(description="registry alias or folder the model loads from")
+    source: str
+    revision: str
+    pooling: Pooling
+    padding_side: PaddingSide
+    num_layers: int = Field(ge=1)
+    max_length: int = Field(ge=1)
+
+    def load_revision(self) -> str | None:
+        """The revision to ask the hub for (package-shipped and local models have none)."""
+        return None if "==" in self.revision or self.revision == "local" else self.revision
+
+
+class Provenance(_Strict):
+    study: str
+    trial: int
+    storage: str
+    dataset: str
+    dataset_fingerprint: str
+    seed: int
+    created: str
+    posfair_version: str
+
+
+class ExportedConfig(_Strict):
+    """Everything needed to encode with the winning calibration, and the evidence it was chosen on."""
+
+    schema_name: Literal["posfair/calibration-config"] = Field(SCHEMA, alias="schema")
+    schema_version: Literal[1] = SCHEMA_VERSION
+    model: ModelSection
+    calibration: CalibrationConfig
+    metrics: dict[str, dict[str, float | None]] = Field(
+        description="split → metric → value: tuning and held-out figures of this config and of the baseline"
+    )
+    provenance: Provenance
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    def check_model(self, loaded: LoadedModel) -> None:
+        """Refuse a config made for another model (other weights, depth or pooling)."""
+        mismatches = [
+            f"{what}: config says {want!r}, model has {got!r}"
+            for what, want, got in (
+                ("model.source", self.model.source, loaded.spec.source),
+                ("model.num_layers", self.model.num_layers, loaded.num_layers),
+                ("model.pooling", self.model.pooling, loaded.spec.pooling),
+            )
+            if want != got
+        ]
+        if mismatches:
+            raise ExportError("this config was made for another model:\n  " + "\n  ".join(mismatches))
+
+
+def model_section(loaded: LoadedModel) -> ModelSection:
+    return ModelSection(
+        name=loaded.spec.alias,
+        source=loaded.spec.source,
+        revision=loaded.revision,
+        pooling=loaded.spec.pooling,
+        padding_side=loaded.spec.padding_side,
+        num_layers=loaded.num_layers,
+        max_length=loaded.max_length,
+    )
+
+
+def explicit(config: CalibrationConfig, num_layers: int) -> CalibrationConfig:
+    """The same config with its layer spec written out as explicit indices."""
+    return config.model_copy(update={"layers": list(config.resolve_layers(num_layers))})
+
+
+def build_export(
+    loaded: LoadedModel,
+    config: CalibrationConfig,
+    metrics: dict[str, dict[str, float | None]],
+    *,
+    study: str,
+    trial: int,
+    storage: str,
+    dataset: str,
+    dataset_fingerprint: str,
+    seed: int,
+) -> ExportedConfig:
+    return ExportedConfig(
+        model=model_section(loaded),
+        calibration=explicit(config, loaded.num_layers),
+        metrics=metrics,
+        provenance=Provenance(
+            study=study,
+            trial=trial,
+            storage=storage,
+            dataset=dataset,
+            dataset_fingerprint=dataset_fingerprint,
+            seed=seed,
+            created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            posfair_version=__version__,
+        ),
+    )
+
+
+def write_exported(exported: ExportedConfig, path: str | Path) -> Path:
+    """Write atomically: a temporary file in the target folder, renamed into place; nothing partial on failure."""
+    path = Path(path)
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise ExportError(f"cannot write {path}: folder {folder} does not exist; create it or choose another --output")
+    if not os.access(folder, os.W_OK):
+        raise ExportError(f"cannot write {path}: folder {folder} is not writable; choose another --output")
+    text = yaml.safe_dump(exported.model_dump(mode="json", by_alias=True), sort_keys=False, allow_unicode=True)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=folder)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load_exported(path: str | Path) -> ExportedConfig:
+    """Read and validate an exported config; errors name the field and the fix."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ExportError(f"{path}: no such file") from None
+    except UnicodeDecodeError:
+        raise ExportError(f"{path}: not UTF-8 text; re-save it as UTF-8") from None
+    except yaml.constructor.ConstructorError:
+        raise ExportError(f"{path}: contains a tag posfair never loads (such as !!python/object); write plain YAML") from None
+    except yaml.YAMLError as error:
+        raise ExportError(f"{path}: not valid YAML: {str(error).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise ExportError(f"{path}: expected a mapping with schema, model, calibration, metrics, provenance")
+    try:
+        return ExportedConfig.model_validate(data)
+    except (ValidationError, ConfigError) as error:
+        raise ExportError(f"{path}: invalid config:\n  {_fields(error)}") from None
+
+
+def _fields(error: ValidationError | ConfigError) -> str:
+    if isinstance(error, ConfigError):
+        return str(error)
+    return "\n  ".join(
+        f"{'.'.join(str(p) for p in item['loc'])}: {item['msg']} (got {item.get('input')!r})" for item in error.errors()
+    )

@@ -1,0 +1,109 @@
+"""One Optuna trial: draw a config, score it, record the constraint and the attention profile, log it."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import optuna
+
+from objectives import PositionReport, constraint_values
+from tuner.encoder import CalibratedEncoder
+from tuner.evaluation import Evaluator
+from tuner.profile import AttentionProfile, plot_profile
+from tuner.search_space import SearchSpace
+from tuner.study import CONSTRAINTS_ATTR
+from tuner.tracking import Tracker, TrialRecord
+
+
+@dataclass(frozen=True)
+class GeneralCheck:
+    """The optional second constraint: general retrieval may drop at most `max_drop` (0–1 scale)."""
+
+    evaluator: Evaluator
+    baseline: PositionReport
+    max_drop: float | None
+
+
+class TrialObjective:
+    """Minimise PSI (and, with `pareto`, maximise HM) subject to HM ≥ floor."""
+
+    def __init__(
+        self,
+        evaluator: Evaluator,
+        space: SearchSpace,
+        floor: float,
+        tracker: Tracker,
+        study_name: str,
+        staging: Path,
+        *,
+        pareto: bool = False,
+        general: GeneralCheck | None = None,
+        profile_docs: int = 16,
+    ) -> None:
+        self.evaluator = evaluator
+        self.space = space
+        self.floor = floor
+        self.tracker = tracker
+        self.study_name = study_name
+        self.staging = staging
+        self.pareto = pareto
+        self.general = general
+        ids = sorted(evaluator.dataset.corpus)
+        random.Random(0).shuffle(ids)
+        self.profile_texts = [evaluator.dataset.corpus[d] for d in ids[:profile_docs]]
+
+    def __call__(self, trial: optuna.Trial) -> float | tuple[float, float]:
+        model = self.evaluator.model
+        config = self.space.suggest(trial, model.spec.pooling, model.spec.padding_side)
+        layers = list(config.resolve_layers(model.num_layers))
+        params = {**trial.params, "layers": layers}
+        try:
+            evaluation = self.evaluator.run(config)
+            report = evaluation.report
+            if report.hm is None or report.psi is None or not (math.isfinite(report.hm) and math.isfinite(report.psi)):
+                raise ValueError(f"metrics are not finite (HM {report.hm}, PSI {report.psi})")
+            general_delta = None
+            if self.general is not None:
+                general_delta = self.general.evaluator.run(config).report.ndcg10 - self.general.baseline.ndcg10
+            constraints = constraint_values(
+                report, self.floor, general_delta, self.general.max_drop if self.general else None
+            )
+            profile = AttentionProfile()
+            CalibratedEncoder(model, config).encode(self.profile_texts, batch_size=self.evaluator.batch_size, observer=profile)
+            artifacts = self._profile_artifacts(trial.number, profile)
+        except Exception as error:
+            reason = f"{error.__class__.__name__}: {error}"
+            trial.set_user_attr("failure_reason", reason)
+            self.tracker.log_trial(
+                self.study_name, TrialRecord(trial.number, "FAIL", params, {}, {"posfair.failure": reason[:4000]})
+            )
+            raise
+        metrics: dict[str, float] = {k: float(v) for k, v in report.as_dict().items() if v is not None}
+        metrics.update(
+            constraint_hm=constraints[0],
+            hm_floor=self.floor,
+            feasible=float(all(c <= 0 for c in constraints)),
+            encode_seconds=evaluation.encode_seconds,
+            truncated_documents=float(evaluation.truncated),
+            **profile.summary(),
+        )
+        if general_delta is not None:
+            metrics["general_ndcg10_delta"] = general_delta
+        for key, value in (("metrics", metrics), ("layers", layers), (CONSTRAINTS_ATTR, list(constraints)),
+                           ("psi", report.psi), ("hm", report.hm)):
+            trial.set_user_attr(key, value)
+        self.tracker.log_trial(self.study_name, TrialRecord(trial.number, "COMPLETE", params, metrics, {}, artifacts))
+        return (report.psi, report.hm) if self.pareto else report.psi
+
+    def _profile_artifacts(self, number: int, profile: AttentionProfile) -> list[Path]:
+        folder = self.staging / f"trial-{number}"
+        folder.mkdir(parents=True, exist_ok=True)
+        data = profile.as_dict()
+        json_path = folder / "attention_profile.json"
+        json_path.write_text(json.dumps(data, indent=1), encoding="utf-8")
+        image = plot_profile(data, folder / "attention_profile.png", f"trial {number}: pooled-row attention by layer")
+        return [json_path, image]

@@ -1,0 +1,175 @@
+"""The Optuna side: a persistent, resumable, seeded study with constraints, and its winner.
+
+The study calls an objective and knows nothing of models, MLflow or YAML. Constraints go through
+the samplers' own `constraints_func` (values ≤ 0 are feasible), read back from each trial's user
+attributes. Trials of a killed worker are failed by the heartbeat check and re-queued once, so the
+study still ends with the requested number of complete trials.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import optuna
+from optuna.storages import RDBStorage, RetryFailedTrialCallback
+from optuna.study import MaxTrialsCallback
+from optuna.trial import FrozenTrial, TrialState
+
+from objectives import Candidate, pick_winner
+
+log = logging.getLogger(__name__)
+
+CONSTRAINTS_ATTR = "constraints"
+HEARTBEAT_SECONDS = 20
+GRACE_SECONDS = 60
+
+
+class StudyMismatchError(ValueError):
+    """A stored study of this name was made for another model, dataset or objective."""
+
+
+def default_storage(store: Path = Path("mlruns")) -> str:
+    store.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{store.resolve() / 'optuna.db'}"
+
+
+def make_storage(url: str) -> RDBStorage:
+    """Database storage with heartbeats, so a killed worker's trial is failed and retried."""
+    try:
+        return RDBStorage(
+            url,
+            heartbeat_interval=HEARTBEAT_SECONDS,
+            grace_period=GRACE_SECONDS,
+            failed_trial_callback=RetryFailedTrialCallback(max_retry=2),
+            engine_kwargs={"pool_pre_ping": True},
+        )
+    except Exception as error:  # noqa: BLE001 - sqlalchemy raises many kinds for a bad URL
+        raise ValueError(
+            f"cannot open study storage {url!r}: {str(error).splitlines()[0]}. "
+            "Use e.g. sqlite:///mlruns/optuna.db, postgresql://user:pass@host/db or mysql://user:pass@host/db"
+        ) from None
+
+
+def constraints_of(trial: FrozenTrial) -> Sequence[float]:
+    return trial.user_attrs[CONSTRAINTS_ATTR]
+
+
+def open_study(name: str, storage: str, *, seed: int, pareto: bool, identity: dict[str, object]) -> optuna.Study:
+    """Create or resume a study; `identity` (model, dataset, floor, space...) must match on resume."""
+    sampler: optuna.samplers.BaseSampler
+    if pareto:
+        sampler = optuna.samplers.NSGAIISampler(seed=seed, constraints_func=constraints_of, population_size=8)
+        directions = ["minimize", "maximize"]  # PSI down, HM up
+    else:
+        sampler = optuna.samplers.TPESampler(
+            seed=seed, constraints_func=constraints_of, multivariate=True, group=True, n_startup_trials=5
+        )
+        directions = ["minimize"]  # PSI, subject to HM >= floor
+    study = optuna.create_study(
+        study_name=name, storage=make_storage(storage), sampler=sampler, directions=directions, load_if_exists=True
+    )
+    stored = {k: study.user_attrs[k] for k in identity if k in study.user_attrs}
+    if not stored:
+        for key, value in identity.items():
+            study.set_user_attr(key, value)
+    elif stored != identity:
+        changed = sorted(k for k in identity if stored.get(k) != identity[k])
+        raise StudyMismatchError(
+            f"study {name!r} in {storage} was created with other settings ({', '.join(changed)}); "
+            "resume it with the same options or choose another --study-name"
+        )
+    return study
+
+
+def enqueue_once(study: optuna.Study, params: dict[str, object]) -> None:
+    """Queue fixed parameters unless a trial with exactly these parameters already exists."""
+    if not any(t.params == params for t in study.get_trials(deepcopy=False)):
+        study.enqueue_trial(params)
+
+
+def complete_trials(study: optuna.Study) -> list[FrozenTrial]:
+    return study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+
+
+def run_trials(study: optuna.Study, objective: Callable[[optuna.Trial], object], n_complete: int) -> None:
+    """Run until `n_complete` trials are complete; failed trials are recorded and do not count.
+
+    Ctrl-C stops after the current trial (a second Ctrl-C aborts at once); rerunning resumes.
+    """
+    remaining = n_complete - len(complete_trials(study))
+    if remaining <= 0:
+        return
+    failures_allowed = max(3, n_complete)
+
+    def stop_on_too_many_failures(study: optuna.Study, trial: FrozenTrial) -> None:
+        if len(study.get_trials(deepcopy=False, states=(TrialState.FAIL,))) >= failures_allowed:
+            log.error("%d trials failed; stopping the study", failures_allowed)
+            study.stop()
+
+    with _stop_after_current_trial(study) as interrupted:
+        study.optimize(
+            objective,
+            n_trials=None,
+            catch=(Exception,),
+            callbacks=[
+                MaxTrialsCallback(n_complete, states=(TrialState.COMPLETE,)),
+                stop_on_too_many_failures,
+                lambda s, t: interrupted() and s.stop(),
+            ],
+            gc_after_trial=False,
+        )
+
+
+@contextmanager
+def _stop_after_current_trial(study: optuna.Study) -> Iterator[Callable[[], bool]]:
+    requested = False
+
+    def handler(signum: int, frame: object) -> None:
+        nonlocal requested
+        if requested:
+            raise KeyboardInterrupt
+        requested = True
+        log.warning("interrupt: finishing the current trial, then stopping (Ctrl-C again to abort now)")
+
+    try:
+        previous = signal.signal(signal.SIGINT, handler)
+    except ValueError:  # not the main thread: leave signals alone
+        yield lambda: False
+        return
+    try:
+        yield lambda: requested
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def candidates(study: optuna.Study) -> list[Candidate]:
+    return [
+        Candidate(t.number, t.user_attrs["psi"], t.user_attrs["hm"], tuple(constraints_of(t)))
+        for t in complete_trials(study)
+    ]
+
+
+def winner(study: optuna.Study) -> FrozenTrial | None:
+    """The feasible complete trial with the lowest PSI, ties to the higher HM."""
+    best = pick_winner(candidates(study))
+    return study.trials[best.trial_number] if best else None
+
+
+def pareto_front(study: optuna.Study) -> list[FrozenTrial]:
+    """Feasible, non-dominated trials in (PSI down, HM up)."""
+    feasible = [t for t in complete_trials(study) if all(c <= 0 for c in constraints_of(t))]
+    return [
+        t
+        for t in feasible
+        if not any(
+            o.user_attrs["psi"] <= t.user_attrs["psi"]
+            and o.user_attrs["hm"] >= t.user_attrs["hm"]
+            and (o.user_attrs["psi"], o.user_attrs["hm"]) != (t.user_attrs["psi"], t.user_attrs["hm"])
+            for o in feasible
+        )
+    ]

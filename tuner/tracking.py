@@ -1,0 +1,155 @@
+"""MLflow logging: one parent run per study, one nested run per trial.
+
+The default store is a SQLite file and an artifact folder under `./mlruns`, so no server is needed;
+`--tracking-uri` points at a server instead. A trial is logged once (its run carries the study and
+trial number, so a resumed study skips what is already there). If the server goes away mid-study the
+trial's payload is kept and retried before the next log call and at the end: finished trials are
+never lost to a logging failure.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.tracking import MlflowClient
+
+log = logging.getLogger(__name__)
+
+STORE = Path("mlruns")
+MAX_PARAM_LENGTH = 6000
+
+
+class TrackingUnavailableError(RuntimeError):
+    """The tracking server cannot be reached before the study starts."""
+
+
+def default_tracking_uri(store: Path = STORE) -> str:
+    store.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{store.resolve() / 'mlflow.db'}"
+
+
+def default_artifact_root(store: Path = STORE) -> str:
+    return (store.resolve() / "artifacts").as_uri()
+
+
+@dataclass
+class TrialRecord:
+    """Everything one trial logs; kept until MLflow has accepted it."""
+
+    number: int
+    state: str
+    params: dict[str, object]
+    metrics: dict[str, float]
+    tags: dict[str, str] = field(default_factory=dict)
+    artifacts: list[Path] = field(default_factory=list)
+
+
+class Tracker:
+    """Logs a study and its trials to MLflow through the client API (no global fluent state)."""
+
+    def __init__(self, tracking_uri: str | None, experiment: str) -> None:
+        self.uri = tracking_uri or default_tracking_uri()
+        self.client = MlflowClient(self.uri)
+        self._pending: list[Callable[[], None]] = []
+        try:
+            found = self.client.get_experiment_by_name(experiment)
+            self.experiment_id = found.experiment_id if found else self._create_experiment(experiment, tracking_uri is None)
+        except Exception as error:  # noqa: BLE001 - any failure here means the store is unusable
+            raise TrackingUnavailableError(
+                f"cannot reach the MLflow tracking store {self.uri!r} ({error.__class__.__name__}: "
+                f"{str(error).splitlines()[0] if str(error) else ''}). Start the server or fix --tracking-uri."
+            ) from None
+        self.parent_id: str | None = None
+
+    def _create_experiment(self, name: str, local: bool) -> str:
+        return self.client.create_experiment(name, artifact_location=default_artifact_root() if local else None)
+
+    def start_study(self, study: str, params: dict[str, object], tags: dict[str, str]) -> str:
+        """Open (or, on resume, reopen) the study's parent run."""
+        existing = self.client.search_runs(
+            [self.experiment_id], f"tags.`posfair.study` = '{study}' and tags.`posfair.role` = 'study'", max_results=1
+        )
+        if existing:
+            self.parent_id = existing[0].info.run_id
+            self.client.update_run(self.parent_id, status="RUNNING")
+        else:
+            run = self.client.create_run(
+                self.experiment_id, run_name=study, tags={"posfair.study": study, "posfair.role": "study", **tags}
+            )
+            self.parent_id = run.info.run_id
+            self.client.log_batch(self.parent_id, params=_params(params))
+        return self.parent_id
+
+    def log_trial(self, study: str, record: TrialRecord) -> None:
+        """Log one trial as a nested run; on failure keep it for a later retry."""
+        self._submit(lambda: self._log_trial(study, record))
+
+    def _log_trial(self, study: str, record: TrialRecord) -> None:
+        """Idempotent: a finished run for this trial is left alone, a half-written one is replaced."""
+        assert self.parent_id is not None
+        query = f"tags.`posfair.study` = '{study}' and tags.`posfair.trial` = '{record.number}'"
+        for existing in self.client.search_runs([self.experiment_id], query):
+            if existing.info.status in ("FINISHED", "FAILED"):
+                return
+            self.client.delete_run(existing.info.run_id)
+        run = self.client.create_run(
+            self.experiment_id,
+            run_name=f"trial-{record.number}",
+            tags={
+                "mlflow.parentRunId": self.parent_id,
+                "posfair.study": study,
+                "posfair.role": "trial",
+                "posfair.trial": str(record.number),
+                "posfair.state": record.state,
+                **record.tags,
+            },
+        )
+        now = int(time.time() * 1000)
+        self.client.log_batch(
+            run.info.run_id,
+            metrics=[Metric(k, float(v), now, 0) for k, v in record.metrics.items()],
+            params=_params(record.params),
+        )
+        for path in record.artifacts:
+            self.client.log_artifact(run.info.run_id, str(path))
+        self.client.set_terminated(run.info.run_id, "FINISHED" if record.state == "COMPLETE" else "FAILED")
+
+    def finish_study(self, metrics: dict[str, float], artifacts: list[Path], tags: dict[str, str], status: str = "FINISHED") -> None:
+        def finish() -> None:
+            assert self.parent_id is not None
+            now = int(time.time() * 1000)
+            self.client.log_batch(
+                self.parent_id,
+                metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()],
+                tags=[RunTag(k, v) for k, v in tags.items()],
+            )
+            for path in artifacts:
+                self.client.log_artifact(self.parent_id, str(path))
+            self.client.set_terminated(self.parent_id, status)
+
+        self._submit(finish)
+        self.flush()
+
+    def flush(self) -> bool:
+        """Retry everything MLflow has not accepted yet; True when nothing is left pending."""
+        while self._pending:
+            try:
+                self._pending[0]()
+            except Exception as error:  # noqa: BLE001 - a dead server must not end the study
+                log.warning("MLflow still unreachable (%s); %d log(s) kept for retry", error.__class__.__name__, len(self._pending))
+                return False
+            self._pending.pop(0)
+        return True
+
+    def _submit(self, action: Callable[[], None]) -> None:
+        self._pending.append(action)
+        self.flush()
+
+
+def _params(values: dict[str, object]) -> list[Param]:
+    return [Param(k, str(v)[:MAX_PARAM_LENGTH]) for k, v in values.items()]

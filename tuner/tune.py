@@ -1,0 +1,282 @@
+"""The tuning run end to end: baseline, study, winner, held-out check, export, MLflow parent run.
+
+This module wires the pieces; each piece (evaluation, study, objective, tracking, export) does its
+own job and is usable alone.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import optuna
+
+from objectives import HmFloor, PairedBootstrap, PositionReport, paired_bootstrap
+from tuner.calibration import CalibrationConfig
+from tuner.data import PositionalDataset, load_benchmark
+from tuner.evaluation import Evaluator
+from tuner.export import build_export, write_exported
+from tuner.models import LoadedModel, load_model
+from tuner.objective import GeneralCheck, TrialObjective
+from tuner.plots import optuna_figures, pareto_scatter
+from tuner.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, SearchSpace
+from tuner.study import default_storage, enqueue_once, make_storage, open_study, pareto_front, run_trials, winner
+from tuner.tracking import Tracker
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TRIALS = 16
+EXPERIMENT = "posfair"
+
+
+class NoFeasibleTrialError(RuntimeError):
+    """No complete trial satisfied the constraints: nothing is exported."""
+
+
+@dataclass(frozen=True)
+class TuneSettings:
+    """Every option of `tune run`; the CLI fills it from flags or an options file."""
+
+    model: str = "minilm"
+    dataset: str = "wikipos-dev"
+    heldout: str | None = "auto"
+    general: str | None = None
+    max_general_drop: float | None = None
+    trials: int = DEFAULT_TRIALS
+    seed: int = 0
+    hm_floor: str = "baseline"
+    pareto: bool = False
+    storage: str | None = None
+    study_name: str | None = None
+    tracking_uri: str | None = None
+    output: Path | None = None
+    batch_size: int = 16
+    profile_docs: int = 16
+    bootstrap: int = 1000
+    trust_remote_code: bool = False
+    revision: str | None = None
+    space: SearchSpace = field(default_factory=SearchSpace)
+
+    def __post_init__(self) -> None:
+        if self.trials < 1:
+            raise ValueError(f"--trials must be at least 1, got {self.trials}")
+        if self.batch_size < 1:
+            raise ValueError(f"--batch-size must be at least 1, got {self.batch_size}")
+        if self.max_general_drop is not None and self.general is None:
+            raise ValueError("--max-general-drop needs --general (e.g. --general wikipos-general)")
+        HmFloor.parse(self.hm_floor)  # fail before any work
+
+    def study_name_for(self, model: LoadedModel) -> str:
+        suffix = "-pareto" if self.pareto else ""
+        return self.study_name or f"{model.spec.alias.replace('/', '_')}--{self.dataset.replace('/', '_')}--seed{self.seed}{suffix}"
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the summary: a config's tuning-split report and, if any, its held-out comparison."""
+
+    label: str
+    trial: int | None
+    config: CalibrationConfig | None
+    tuning: PositionReport
+    heldout: PositionReport | None = None
+    heldout_delta: PairedBootstrap | None = None
+
+
+@dataclass(frozen=True)
+class TuneOutcome:
+    study: str
+    winner_trial: int
+    config: CalibrationConfig
+    export_path: Path
+    rows: list[Row]
+    pareto: list[int]
+    floor: float
+    tracking_uri: str
+
+
+def split_datasets(settings: TuneSettings) -> tuple[PositionalDataset, PositionalDataset | None]:
+    """The tuning set and a held-out set selection never sees."""
+    name = settings.dataset
+    if name.startswith("fineweb-posq"):
+        tuning = load_benchmark(name, part="tune")
+        heldout = load_benchmark(name, part="heldout") if settings.heldout == "auto" else None
+    else:
+        tuning = load_benchmark(name)
+        heldout = load_benchmark("wikipos-test") if settings.heldout == "auto" and name == "wikipos-dev" else None
+    if settings.heldout not in (None, "auto"):
+        heldout = load_benchmark(settings.heldout)
+    return tuning, heldout
+
+
+def tune(settings: TuneSettings) -> TuneOutcome:
+    tracker = Tracker(settings.tracking_uri, EXPERIMENT)  # an unreachable server fails here, before any work
+    storage = settings.storage or default_storage()
+    make_storage(storage)  # a malformed URL fails here too
+    model = load_model(settings.model, revision=settings.revision, trust_remote_code=settings.trust_remote_code)
+    tuning, heldout = split_datasets(settings)
+    evaluator = Evaluator(model, tuning, settings.batch_size, show_progress=True)
+    log.info("baseline: encoding %d documents and %d queries of %s", len(tuning.corpus), len(tuning.queries), tuning.name)
+    baseline = evaluator.run(None)
+    floor = HmFloor.parse(settings.hm_floor).resolve(baseline.report.hm)
+    general = _general_check(model, settings)
+
+    name = settings.study_name_for(model)
+    identity = {
+        "model_name": settings.model,
+        "dataset_name": settings.dataset,
+        "model": model.spec.source,
+        "revision": model.revision,
+        "dataset": tuning.name,
+        "dataset_fingerprint": tuning.fingerprint(),
+        "hm_floor": settings.hm_floor,
+        "space": settings.space.as_dict(),
+        "pareto": settings.pareto,
+        "seed": settings.seed,
+    }
+    study = open_study(name, storage, seed=settings.seed, pareto=settings.pareto, identity=identity)
+    for params in (BASELINE_PARAMS, PAPER_DEFAULT_PARAMS):
+        if settings.space.admits(params):
+            enqueue_once(study, params)
+    tracker.start_study(
+        name,
+        params={**identity, "floor_value": floor, "trials": settings.trials, "storage": storage},
+        tags={"posfair.model": model.spec.alias, "posfair.dataset": tuning.name},
+    )
+    staging = Path(tempfile.mkdtemp(prefix="posfair-"))
+    try:
+        objective = TrialObjective(
+            evaluator, settings.space, floor, tracker, name, staging,
+            pareto=settings.pareto, general=general, profile_docs=settings.profile_docs,
+        )
+        run_trials(study, objective, settings.trials)
+        best = winner(study)
+        reference = _trial_with(study, BASELINE_PARAMS)
+        figures = [pareto_scatter(study, floor, reference, best, staging / "pareto.png"), *optuna_figures(study, staging)]
+        if best is None:
+            tracker.finish_study({"baseline_hm": baseline.report.hm, "hm_floor": floor}, figures, {"posfair.outcome": "no feasible trial"}, "FAILED")
+            top = max((t.user_attrs.get("hm", 0.0) for t in study.trials if t.state.is_finished()), default=0.0)
+            raise NoFeasibleTrialError(
+                f"no trial reached HM >= {100 * floor:.2f} (best HM {100 * top:.2f}); nothing exported. "
+                "Lower --hm-floor (e.g. -1%), widen the search space, or run more --trials."
+            )
+        rows = _summary_rows(study, best, evaluator, heldout, settings)
+        export_path = _export(settings, model, study, best, rows, storage, tuning)
+        summary = staging / "summary.json"
+        summary.write_text(json.dumps([_row_dict(r) for r in rows], indent=1), encoding="utf-8")
+        tracker.finish_study(
+            {**{f"winner_{k}": v for k, v in rows[-1].tuning.as_dict().items() if v is not None},
+             **{f"baseline_{k}": v for k, v in baseline.report.as_dict().items() if v is not None},
+             "hm_floor": floor, "winner_trial": best.number},
+            [*figures, summary, export_path],
+            {"posfair.outcome": "exported", "posfair.export": str(export_path)},
+        )
+        return TuneOutcome(name, best.number, _config_of(best, model), export_path, rows,
+                           [t.number for t in pareto_front(study)], floor, tracker.uri)
+    finally:
+        tracker.flush()
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def reexport(study_name: str, storage: str | None, output: Path | None, tracking_uri: str | None) -> Path:
+    """Export a stored study's current winner again, re-scoring it (and the baseline) on both splits."""
+    storage = storage or default_storage()
+    try:
+        study = optuna.load_study(study_name=study_name, storage=make_storage(storage))
+    except KeyError:
+        raise ValueError(f"no study {study_name!r} in {storage}; see the study names in `tune ui` or the tune output") from None
+    attrs = study.user_attrs
+    settings = TuneSettings(
+        model=attrs["model_name"], dataset=attrs["dataset_name"], seed=attrs["seed"], hm_floor=attrs["hm_floor"],
+        pareto=attrs["pareto"], storage=storage, study_name=study_name, output=output, tracking_uri=tracking_uri,
+    )
+    best = winner(study)
+    if best is None:
+        raise NoFeasibleTrialError(f"study {study_name!r} has no feasible complete trial; nothing to export")
+    model = load_model(settings.model)
+    tuning, heldout = split_datasets(settings)
+    if tuning.fingerprint() != attrs["dataset_fingerprint"]:
+        raise ValueError(f"dataset {settings.dataset!r} changed since study {study_name!r} ran (fingerprint differs)")
+    rows = _summary_rows(study, best, Evaluator(model, tuning, settings.batch_size), heldout, settings)
+    return _export(settings, model, study, best, rows, storage, tuning)
+
+
+def _general_check(model: LoadedModel, settings: TuneSettings) -> GeneralCheck | None:
+    if settings.general is None:
+        return None
+    evaluator = Evaluator(model, load_benchmark(settings.general), settings.batch_size)
+    return GeneralCheck(evaluator, evaluator.run(None).report, settings.max_general_drop)
+
+
+def _config_of(trial: optuna.trial.FrozenTrial, model: LoadedModel) -> CalibrationConfig:
+    params = trial.params
+    extra = {"weight": params["weight"]} if "weight" in params else {}
+    return CalibrationConfig(
+        variant=params["variant"], strength=params["strength"], layers=trial.user_attrs["layers"],
+        basket_size=params["basket_size"], pooling=model.spec.pooling, padding_side=model.spec.padding_side, **extra,
+    )
+
+
+def _trial_with(study: optuna.Study, params: dict[str, object]) -> optuna.trial.FrozenTrial | None:
+    return next((t for t in study.trials if t.params == params and "hm" in t.user_attrs), None)
+
+
+def _summary_rows(
+    study: optuna.Study, best: optuna.trial.FrozenTrial, evaluator: Evaluator,
+    heldout: PositionalDataset | None, settings: TuneSettings,
+) -> list[Row]:
+    """No calibration, the paper's default, and the winner; held-out figures with bootstrap intervals."""
+    model = evaluator.model
+    entries: list[tuple[str, optuna.trial.FrozenTrial | None]] = [("No calibration", None)]
+    default = _trial_with(study, PAPER_DEFAULT_PARAMS)
+    if default is not None and default.number != best.number:
+        entries.append(("Paper default (CLS-Soft, λ 0.5, 50% layers, B 128)", default))
+    entries.append((f"Winner (trial {best.number})", best))
+    held = Evaluator(model, heldout, settings.batch_size, show_progress=True) if heldout is not None else None
+    held_baseline = held.run(None) if held is not None else None
+    rows = []
+    for label, trial in entries:
+        config = _config_of(trial, model) if trial is not None else None
+        tuning = evaluator.run(config)
+        if held is None or held_baseline is None:
+            rows.append(Row(label, trial.number if trial else None, config, tuning.report))
+            continue
+        result = held.run(config) if config is not None else held_baseline
+        delta = paired_bootstrap(held_baseline.per_query, result.per_query, settings.bootstrap, settings.seed) if config is not None else None
+        rows.append(Row(label, trial.number if trial else None, config, tuning.report, result.report, delta))
+    return rows
+
+
+def _export(settings: TuneSettings, model: LoadedModel, study: optuna.Study, best: optuna.trial.FrozenTrial,
+            rows: list[Row], storage: str, tuning: PositionalDataset) -> Path:
+    winner_row, baseline_row = rows[-1], rows[0]
+    metrics: dict[str, dict[str, float | None]] = {
+        "tuning": winner_row.tuning.as_dict(), "tuning_baseline": baseline_row.tuning.as_dict(),
+    }
+    if winner_row.heldout is not None and baseline_row.heldout is not None:
+        metrics.update(heldout=winner_row.heldout.as_dict(), heldout_baseline=baseline_row.heldout.as_dict())
+    exported = build_export(
+        model, _config_of(best, model), {k: {m: (float(v) if v is not None else None) for m, v in d.items()} for k, d in metrics.items()},
+        study=study.study_name, trial=best.number, storage=storage, dataset=tuning.name,
+        dataset_fingerprint=tuning.fingerprint(), seed=settings.seed,
+    )
+    path = settings.output or Path("mlruns") / "exports" / f"{study.study_name}.yaml"
+    if settings.output is None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    return write_exported(exported, path)
+
+
+def _row_dict(row: Row) -> dict[str, object]:
+    return {
+        "label": row.label,
+        "trial": row.trial,
+        "config": row.config.model_dump() if row.config else None,
+        "tuning": row.tuning.as_dict(),
+        "heldout": row.heldout.as_dict() if row.heldout else None,
+        "heldout_delta": row.heldout_delta.summary() if row.heldout_delta else None,
+    }
+
