@@ -78,6 +78,7 @@ TrustRemoteCode = Annotated[bool, typer.Option(help="Allow a model's own code fr
 @app.command()
 def run(
     model: Model = "minilm",
+    pooling: Annotated[str | None, typer.Option(help="cls|last|mean, for a model outside the registry.")] = None,
     dataset: Dataset = "wikipos-dev",
     trials: Annotated[int, typer.Option(help="Complete trials to reach (failed ones do not count).")] = DEFAULT_TRIALS,
     hm_floor: Annotated[str, typer.Option(help="'baseline' (uncalibrated HM), a value like 0.52, or relative like -1%.")] = "baseline",
@@ -104,7 +105,7 @@ def run(
     _setup_logging()
     with _friendly_errors():
         settings = TuneSettings(
-            model=model, dataset=dataset, heldout=heldout, general=general, max_general_drop=max_general_drop,
+            model=model, pooling=pooling, dataset=dataset, heldout=heldout, general=general, max_general_drop=max_general_drop,
             trials=trials, seed=seed, hm_floor=hm_floor, pareto=pareto, storage=storage, study_name=study_name,
             tracking_uri=tracking_uri, output=output, batch_size=batch_size, profile_docs=profile_docs,
             bootstrap=bootstrap, trust_remote_code=trust_remote_code, revision=revision,
@@ -289,22 +290,31 @@ def _print_settings(settings: TuneSettings) -> None:
 
 
 def _print_outcome(outcome: TuneOutcome) -> None:
-    table = Table(title=f"study {outcome.study}: floor HM ≥ {100 * outcome.floor:.2f}")
+    """Two tables: every row on the tuning split, then held-out deltas against no calibration."""
+    out = Console()
     groups = list(outcome.rows[0].tuning.group_ndcg10)
-    for column in ["", *groups, "HM", "PSI", "nDCG@10", "R@10", "held-out HM", "held-out PSI", "Δ held-out HM [95% CI]", "Δ held-out PSI [95% CI]"]:
-        table.add_column(column, justify="right" if column else "left")
+    tuning = Table(title=f"{outcome.study}: tuning split (HM floor {100 * outcome.floor:.2f})")
+    for column in ["", *groups, "HM", "PSI", "nDCG@10", "R@10"]:
+        tuning.add_column(column, justify="right" if column else "left")
     for row in outcome.rows:
-        report, held, delta = row.tuning, row.heldout, row.heldout_delta
-        table.add_row(
-            row.label,
-            *(f"{100 * report.group_ndcg10[g]:.2f}" for g in groups),
-            f"{100 * report.hm:.2f}", f"{report.psi:.3f}", f"{100 * report.ndcg10:.2f}", f"{100 * report.recall10:.2f}",
-            f"{100 * held.hm:.2f}" if held and held.hm is not None else "–",
-            f"{held.psi:.3f}" if held and held.psi is not None else "–",
-            delta.hm.format() if delta and delta.hm else "–",
-            delta.psi.format(scale=1, digits=3) if delta and delta.psi else "–",
-        )
-    Console().print(table)
+        r = row.tuning
+        tuning.add_row(row.label, *(f"{100 * r.group_ndcg10[g]:.2f}" for g in groups), f"{100 * r.hm:.2f}",
+                       f"{r.psi:.3f}", f"{100 * r.ndcg10:.2f}", f"{100 * r.recall10:.2f}")
+    out.print(tuning)
+    if outcome.rows[0].heldout is not None:
+        held = Table(title="held-out split: Δ vs no calibration, 95% paired-bootstrap intervals")
+        for column in ["", "HM", "PSI", "ΔHM", "ΔPSI", "ΔnDCG@10"]:
+            held.add_column(column, justify="right" if column else "left")
+        for row in outcome.rows:
+            r, d = row.heldout, row.heldout_delta
+            assert r is not None
+            held.add_row(row.label, f"{100 * r.hm:.2f}", f"{r.psi:.3f}",
+                         d.hm.format() if d and d.hm else "–", d.psi.format(scale=1, digits=3) if d and d.psi else "–",
+                         d.ndcg10.format() if d else "–")
+        out.print(held)
+    winner = outcome.config
+    console.print(f"winner: trial {outcome.winner_trial}: {winner.variant}, λ {winner.strength}, layers {winner.layers}, "
+                  f"basket {winner.basket_size}" + (f", w {winner.weight}" if winner.variant == "cls_hard" else ""))
     if outcome.pareto:
         console.print(f"feasible Pareto front (PSI↓, HM↑): trials {outcome.pareto}")
     console.print(f"exported config: [bold]{outcome.export_path}[/bold]")

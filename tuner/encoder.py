@@ -45,7 +45,13 @@ class CalibratedEncoder:
         from .export import load_exported
 
         exported = load_exported(path)
-        model = load_model(exported.model.name, revision=exported.model.load_revision(), **load_options)  # type: ignore[arg-type]
+        model = load_model(
+            exported.model.name,
+            revision=exported.model.load_revision(),
+            pooling=exported.model.pooling,
+            padding_side=exported.model.padding_side,
+            **load_options,  # type: ignore[arg-type]
+        )
         exported.check_model(model)
         return cls(model, exported.calibration)
 

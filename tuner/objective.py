@@ -15,7 +15,6 @@ from tuner.encoder import CalibratedEncoder
 from tuner.evaluation import Evaluator
 from tuner.profile import AttentionProfile, plot_profile
 from tuner.search_space import SearchSpace
-from tuner.study import CONSTRAINTS_ATTR
 from tuner.tracking import Tracker, TrialRecord
 
 
@@ -93,9 +92,10 @@ class TrialObjective:
         )
         if general_delta is not None:
             metrics["general_ndcg10_delta"] = general_delta
-        for key, value in (("metrics", metrics), ("layers", layers), (CONSTRAINTS_ATTR, list(constraints)),
-                           ("psi", report.psi), ("hm", report.hm)):
+        for key, value in (("metrics", metrics), ("layers", layers), ("psi", report.psi), ("hm", report.hm)):
             trial.set_user_attr(key, value)
+        for name, value in zip(("hm_floor", "general_drop"), constraints):
+            trial.set_constraint(name, value)
         self.tracker.log_trial(self.study_name, TrialRecord(trial.number, "COMPLETE", params, metrics, {}, artifacts))
         return (report.psi, report.hm) if self.pareto else report.psi
 

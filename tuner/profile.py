@@ -71,19 +71,23 @@ def plot_profile(profile: dict[str, object], path: Path, title: str) -> Path:
     import matplotlib.pyplot as plt
 
     before, after = np.array(profile["before_bins"]), np.array(profile["after_bins"])
-    figure, axes = plt.subplots(1, 3, figsize=(13, 3.8), gridspec_kw={"width_ratios": [4, 4, 3]})
+    layers = profile["layers"]
+    figure, axes = plt.subplots(1, 3, figsize=(14, 4), layout="constrained", gridspec_kw={"width_ratios": [4, 4, 3]})
     vmax = max(before.max(), after.max())
     for axis, data, name in ((axes[0], before, "before"), (axes[1], after, "after")):
         image = axis.imshow(data, aspect="auto", cmap="viridis", vmin=0, vmax=vmax, origin="lower")
-        axis.set(title=f"content mass per position bin, {name}", xlabel="relative position (bin)", ylabel="layer")
-    figure.colorbar(image, ax=axes[:2].tolist(), fraction=0.02)
+        axis.set(title=f"content mass per position bin, {name}", xlabel="relative position (tenths of the content)")
+        axis.set_yticks(range(len(layers)), labels=[str(layer) for layer in layers])
+        axis.set_ylabel("layer")
+    figure.colorbar(image, ax=axes[1], label="attention mass")
     isolated_before, isolated_after = np.array(profile["before_isolated"]), np.array(profile["after_isolated"])
     for column, role in enumerate(profile["isolated_tokens"]):  # type: ignore[arg-type]
         axes[2].plot(isolated_before[:, column], marker="o", label=f"{role} token, before")
         axes[2].plot(isolated_after[:, column], marker="x", linestyle="--", label=f"{role} token, after")
     axes[2].set(title="isolated-token (self/sink) mass", xlabel="layer", ylim=(0, 1))
+    axes[2].set_xticks(range(len(layers)), labels=[str(layer) for layer in layers])
     axes[2].legend(fontsize=7)
     figure.suptitle(title)
-    figure.savefig(path, dpi=90, bbox_inches="tight")
+    figure.savefig(path, dpi=90)
     plt.close(figure)
     return path

@@ -57,13 +57,13 @@ class SearchSpace:
 
     def suggest(self, trial: optuna.Trial, pooling: Pooling, padding_side: PaddingSide) -> CalibrationConfig:
         """Draw one configuration; w is only a parameter when the variant is CLS-Hard."""
-        strength = trial.suggest_float("strength", 0.0, 1.0, step=self.strength_step)
+        strength = round(trial.suggest_float("strength", 0.0, 1.0, step=self.strength_step), 6)
         depth = trial.suggest_categorical("depth", list(self.depths))
         basket = trial.suggest_categorical("basket_size", [int(b) for b in self.basket_sizes])
         variant = trial.suggest_categorical("variant", list(self.variants))
         extra = {}
         if variant == "cls_hard":
-            extra["weight"] = trial.suggest_float("weight", self.weight_low, self.weight_high, step=0.05)
+            extra["weight"] = round(trial.suggest_float("weight", self.weight_low, self.weight_high, step=0.05), 6)
         return CalibrationConfig(
             variant=variant,
             strength=strength,

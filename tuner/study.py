@@ -1,8 +1,8 @@
 """The Optuna side: a persistent, resumable, seeded study with constraints, and its winner.
 
-The study calls an objective and knows nothing of models, MLflow or YAML. Constraints go through
-the samplers' own `constraints_func` (values ≤ 0 are feasible), read back from each trial's user
-attributes. Trials of a killed worker are failed by the heartbeat check and re-queued once, so the
+The study calls an objective and knows nothing of models, MLflow or YAML. Constraints are Optuna's
+own: the objective sets them with `Trial.set_constraint` (values ≤ 0 are feasible) and the samplers
+(TPE, NSGA-II) use them to prefer feasible regions. Trials of a killed worker are failed by the heartbeat check and re-queued once, so the
 study still ends with the requested number of complete trials.
 """
 
@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import logging
 import signal
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import optuna
-from optuna.storages import RDBStorage, RetryFailedTrialCallback
+from optuna.exceptions import ExperimentalWarning
+from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.study import MaxTrialsCallback
 from optuna.trial import FrozenTrial, TrialState
 
@@ -24,7 +26,6 @@ from objectives import Candidate, pick_winner
 
 log = logging.getLogger(__name__)
 
-CONSTRAINTS_ATTR = "constraints"
 HEARTBEAT_SECONDS = 20
 GRACE_SECONDS = 60
 
@@ -45,7 +46,7 @@ def make_storage(url: str) -> RDBStorage:
             url,
             heartbeat_interval=HEARTBEAT_SECONDS,
             grace_period=GRACE_SECONDS,
-            failed_trial_callback=RetryFailedTrialCallback(max_retry=2),
+            heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=2),
             engine_kwargs={"pool_pre_ping": True},
         )
     except Exception as error:  # noqa: BLE001 - sqlalchemy raises many kinds for a bad URL
@@ -56,19 +57,19 @@ def make_storage(url: str) -> RDBStorage:
 
 
 def constraints_of(trial: FrozenTrial) -> Sequence[float]:
-    return trial.user_attrs[CONSTRAINTS_ATTR]
+    return list(trial.constraints.values())
 
 
 def open_study(name: str, storage: str, *, seed: int, pareto: bool, identity: dict[str, object]) -> optuna.Study:
     """Create or resume a study; `identity` (model, dataset, floor, space...) must match on resume."""
     sampler: optuna.samplers.BaseSampler
     if pareto:
-        sampler = optuna.samplers.NSGAIISampler(seed=seed, constraints_func=constraints_of, population_size=8)
+        sampler = optuna.samplers.NSGAIISampler(seed=seed, population_size=8)
         directions = ["minimize", "maximize"]  # PSI down, HM up
     else:
-        sampler = optuna.samplers.TPESampler(
-            seed=seed, constraints_func=constraints_of, multivariate=True, group=True, n_startup_trials=5
-        )
+        with warnings.catch_warnings():  # multivariate/group TPE is "experimental" but long stable
+            warnings.simplefilter("ignore", ExperimentalWarning)
+            sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=5)
         directions = ["minimize"]  # PSI, subject to HM >= floor
     study = optuna.create_study(
         study_name=name, storage=make_storage(storage), sampler=sampler, directions=directions, load_if_exists=True
@@ -96,7 +97,12 @@ def complete_trials(study: optuna.Study) -> list[FrozenTrial]:
     return study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
 
 
-def run_trials(study: optuna.Study, objective: Callable[[optuna.Trial], object], n_complete: int) -> None:
+TrialCallback = Callable[[optuna.Study, FrozenTrial], None]
+
+
+def run_trials(
+    study: optuna.Study, objective: Callable[[optuna.Trial], object], n_complete: int, callbacks: Sequence[TrialCallback] = ()
+) -> None:
     """Run until `n_complete` trials are complete; failed trials are recorded and do not count.
 
     Ctrl-C stops after the current trial (a second Ctrl-C aborts at once); rerunning resumes.
@@ -120,6 +126,7 @@ def run_trials(study: optuna.Study, objective: Callable[[optuna.Trial], object],
                 MaxTrialsCallback(n_complete, states=(TrialState.COMPLETE,)),
                 stop_on_too_many_failures,
                 lambda s, t: interrupted() and s.stop(),
+                *callbacks,
             ],
             gc_after_trial=False,
         )

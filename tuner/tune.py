@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import optuna
+from optuna.trial import TrialState
+from tqdm.auto import tqdm
 
 from objectives import HmFloor, PairedBootstrap, PositionReport, paired_bootstrap
 from tuner.calibration import CalibrationConfig
@@ -24,7 +29,16 @@ from tuner.models import LoadedModel, load_model
 from tuner.objective import GeneralCheck, TrialObjective
 from tuner.plots import optuna_figures, pareto_scatter
 from tuner.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, SearchSpace
-from tuner.study import default_storage, enqueue_once, make_storage, open_study, pareto_front, run_trials, winner
+from tuner.study import (
+    complete_trials,
+    default_storage,
+    enqueue_once,
+    make_storage,
+    open_study,
+    pareto_front,
+    run_trials,
+    winner,
+)
 from tuner.tracking import Tracker
 
 log = logging.getLogger(__name__)
@@ -42,6 +56,7 @@ class TuneSettings:
     """Every option of `tune run`; the CLI fills it from flags or an options file."""
 
     model: str = "minilm"
+    pooling: str | None = None  # only for models outside the registry
     dataset: str = "wikipos-dev"
     heldout: str | None = "auto"
     general: str | None = None
@@ -71,8 +86,12 @@ class TuneSettings:
         HmFloor.parse(self.hm_floor)  # fail before any work
 
     def study_name_for(self, model: LoadedModel) -> str:
+        """Default: model--dataset--seedN, in characters safe for file names and MLflow filters."""
+        if self.study_name:
+            return self.study_name
         suffix = "-pareto" if self.pareto else ""
-        return self.study_name or f"{model.spec.alias.replace('/', '_')}--{self.dataset.replace('/', '_')}--seed{self.seed}{suffix}"
+        plain = f"{Path(model.spec.alias).name}--{self.dataset}--seed{self.seed}{suffix}"
+        return re.sub(r"[^A-Za-z0-9._-]+", "_", plain)
 
 
 @dataclass(frozen=True)
@@ -117,9 +136,10 @@ def tune(settings: TuneSettings) -> TuneOutcome:
     tracker = Tracker(settings.tracking_uri, EXPERIMENT)  # an unreachable server fails here, before any work
     storage = settings.storage or default_storage()
     make_storage(storage)  # a malformed URL fails here too
-    model = load_model(settings.model, revision=settings.revision, trust_remote_code=settings.trust_remote_code)
+    model = load_model(settings.model, revision=settings.revision, trust_remote_code=settings.trust_remote_code,
+                       pooling=settings.pooling)  # type: ignore[arg-type]
     tuning, heldout = split_datasets(settings)
-    evaluator = Evaluator(model, tuning, settings.batch_size, show_progress=True)
+    evaluator = Evaluator(model, tuning, settings.batch_size, show_progress=sys.stderr.isatty())
     log.info("baseline: encoding %d documents and %d queries of %s", len(tuning.corpus), len(tuning.queries), tuning.name)
     baseline = evaluator.run(None)
     floor = HmFloor.parse(settings.hm_floor).resolve(baseline.report.hm)
@@ -128,6 +148,7 @@ def tune(settings: TuneSettings) -> TuneOutcome:
     name = settings.study_name_for(model)
     identity = {
         "model_name": settings.model,
+        "pooling": model.spec.pooling,
         "dataset_name": settings.dataset,
         "model": model.spec.source,
         "revision": model.revision,
@@ -153,7 +174,9 @@ def tune(settings: TuneSettings) -> TuneOutcome:
             evaluator, settings.space, floor, tracker, name, staging,
             pareto=settings.pareto, general=general, profile_docs=settings.profile_docs,
         )
-        run_trials(study, objective, settings.trials)
+        with tqdm(total=settings.trials, initial=len(complete_trials(study)), desc="trials", unit="trial",
+                  disable=not sys.stderr.isatty()) as progress:
+            run_trials(study, objective, settings.trials, [partial(_log_trial, progress=progress)])
         best = winner(study)
         reference = _trial_with(study, BASELINE_PARAMS)
         figures = [pareto_scatter(study, floor, reference, best, staging / "pareto.png"), *optuna_figures(study, staging)]
@@ -191,18 +214,33 @@ def reexport(study_name: str, storage: str | None, output: Path | None, tracking
         raise ValueError(f"no study {study_name!r} in {storage}; see the study names in `tune ui` or the tune output") from None
     attrs = study.user_attrs
     settings = TuneSettings(
-        model=attrs["model_name"], dataset=attrs["dataset_name"], seed=attrs["seed"], hm_floor=attrs["hm_floor"],
+        model=attrs["model_name"], pooling=attrs["pooling"], dataset=attrs["dataset_name"], seed=attrs["seed"], hm_floor=attrs["hm_floor"],
         pareto=attrs["pareto"], storage=storage, study_name=study_name, output=output, tracking_uri=tracking_uri,
     )
     best = winner(study)
     if best is None:
         raise NoFeasibleTrialError(f"study {study_name!r} has no feasible complete trial; nothing to export")
-    model = load_model(settings.model)
+    model = load_model(settings.model, pooling=settings.pooling)  # type: ignore[arg-type]
     tuning, heldout = split_datasets(settings)
     if tuning.fingerprint() != attrs["dataset_fingerprint"]:
         raise ValueError(f"dataset {settings.dataset!r} changed since study {study_name!r} ran (fingerprint differs)")
     rows = _summary_rows(study, best, Evaluator(model, tuning, settings.batch_size), heldout, settings)
     return _export(settings, model, study, best, rows, storage, tuning)
+
+
+def _log_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial, progress: tqdm) -> None:
+    """One readable line per finished trial."""
+    if trial.state == TrialState.COMPLETE:
+        progress.update(1)
+        feasible = all(c <= 0 for c in trial.constraints.values())
+        log.info(
+            "trial %d: PSI %.3f  HM %.2f  %s  (%s)  %.0f s", trial.number, trial.user_attrs["psi"], 100 * trial.user_attrs["hm"],
+            "feasible" if feasible else "below floor",
+            ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in trial.params.items()),
+            trial.duration.total_seconds() if trial.duration else 0.0,
+        )
+    else:
+        log.warning("trial %d %s: %s", trial.number, trial.state.name, trial.user_attrs.get("failure_reason", "interrupted"))
 
 
 def _general_check(model: LoadedModel, settings: TuneSettings) -> GeneralCheck | None:
@@ -214,9 +252,9 @@ def _general_check(model: LoadedModel, settings: TuneSettings) -> GeneralCheck |
 
 def _config_of(trial: optuna.trial.FrozenTrial, model: LoadedModel) -> CalibrationConfig:
     params = trial.params
-    extra = {"weight": params["weight"]} if "weight" in params else {}
+    extra = {"weight": round(params["weight"], 6)} if "weight" in params else {}
     return CalibrationConfig(
-        variant=params["variant"], strength=params["strength"], layers=trial.user_attrs["layers"],
+        variant=params["variant"], strength=round(params["strength"], 6), layers=trial.user_attrs["layers"],
         basket_size=params["basket_size"], pooling=model.spec.pooling, padding_side=model.spec.padding_side, **extra,
     )
 
@@ -234,9 +272,9 @@ def _summary_rows(
     entries: list[tuple[str, optuna.trial.FrozenTrial | None]] = [("No calibration", None)]
     default = _trial_with(study, PAPER_DEFAULT_PARAMS)
     if default is not None and default.number != best.number:
-        entries.append(("Paper default (CLS-Soft, λ 0.5, 50% layers, B 128)", default))
+        entries.append(("Paper default", default))
     entries.append((f"Winner (trial {best.number})", best))
-    held = Evaluator(model, heldout, settings.batch_size, show_progress=True) if heldout is not None else None
+    held = Evaluator(model, heldout, settings.batch_size, show_progress=sys.stderr.isatty()) if heldout is not None else None
     held_baseline = held.run(None) if held is not None else None
     rows = []
     for label, trial in entries:

@@ -1,0 +1,161 @@
+"""The tuner end to end on a tiny model: study, MLflow runs, export, resume, seeds, constraints."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import optuna
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tests.tiny import WORDS
+from tuner.encoder import CalibratedEncoder
+from tuner.evaluation import Evaluator
+from tuner.export import load_exported
+from tuner.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, SearchSpace
+from tuner.study import open_study, run_trials, winner
+from tuner.tune import NoFeasibleTrialError, TuneSettings, _config_of, tune
+
+TRIAL_PARAMS = {"strength", "depth", "basket_size", "variant", "layers"}
+TRIAL_METRICS = {"ndcg10_begin", "ndcg10_middle", "ndcg10_end", "hm", "psi", "ndcg10", "recall10",
+                 "constraint_hm", "feasible", "encode_seconds", "profile_first_bin_mass"}
+
+
+def write_dataset(folder: Path, docs: int = 12, seed: int = 0) -> Path:
+    """Documents of three 20-word parts; each part's first words are a query for its third."""
+    rng = random.Random(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    corpus, queries = [], []
+    for d in range(docs):
+        parts = [" ".join(rng.choice(WORDS) for _ in range(20)) for _ in range(3)]
+        corpus.append({"id": f"d{d}", "text": " ".join(parts)})
+        for group, part in zip(("begin", "middle", "end"), parts):
+            queries.append({"id": f"q{d}-{group}", "text": " ".join(part.split()[:5]), "relevant": [f"d{d}"], "group": group})
+    (folder / "corpus.jsonl").write_text("\n".join(json.dumps(x) for x in corpus), encoding="utf-8")
+    (folder / "queries.jsonl").write_text("\n".join(json.dumps(x) for x in queries), encoding="utf-8")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir) -> dict[str, object]:
+    root = tmp_path_factory.mktemp("study")
+    dataset = write_dataset(root / "data")
+    settings = TuneSettings(
+        model=str(tiny_model_dir("bert")), pooling="cls", dataset=f"jsonl:{dataset}", heldout=f"jsonl:{dataset}",
+        trials=6, hm_floor="-50%", storage=f"sqlite:///{root / 'optuna.db'}", tracking_uri=f"sqlite:///{root / 'mlflow.db'}",
+        output=root / "best.yaml", study_name="tiny", profile_docs=4, bootstrap=50,
+        space=SearchSpace(basket_sizes=(8, 16, 128)),
+    )
+    return {"root": root, "settings": settings, "outcome": tune(settings)}
+
+
+def trial_runs(settings: TuneSettings) -> list:
+    client = MlflowClient(settings.tracking_uri)
+    experiment = client.get_experiment_by_name("posfair")
+    return client.search_runs([experiment.experiment_id], "tags.`posfair.role` = 'trial'", max_results=1000)
+
+
+def test_a_six_trial_study_logs_six_nested_runs_with_params_metrics_and_profiles(workspace: dict) -> None:
+    settings = workspace["settings"]
+    runs = trial_runs(settings)
+    assert sorted(int(r.data.tags["posfair.trial"]) for r in runs) == list(range(6))
+    client = MlflowClient(settings.tracking_uri)
+    parent = {r.data.tags["mlflow.parentRunId"] for r in runs}
+    assert len(parent) == 1
+    for run in runs:
+        assert TRIAL_PARAMS <= set(run.data.params)
+        assert TRIAL_METRICS <= set(run.data.metrics)
+        assert {"attention_profile.json", "attention_profile.png"} <= {a.path for a in client.list_artifacts(run.info.run_id)}
+    parent_artifacts = {a.path for a in client.list_artifacts(parent.pop())}
+    assert {"pareto.png", "summary.json", "best.yaml"} <= parent_artifacts
+
+
+def test_baseline_and_paper_default_are_the_first_trials(workspace: dict) -> None:
+    study = optuna.load_study(study_name="tiny", storage=workspace["settings"].storage)
+    assert study.trials[0].params == BASELINE_PARAMS
+    assert study.trials[1].params == PAPER_DEFAULT_PARAMS
+
+
+def test_the_export_loads_back_and_encodes_like_the_winning_trial(workspace: dict) -> None:
+    settings, outcome = workspace["settings"], workspace["outcome"]
+    exported = load_exported(settings.output)
+    assert exported.provenance.trial == outcome.winner_trial
+    assert exported.calibration.layers == list(exported.calibration.resolve_layers(3))  # explicit indices
+    assert {"tuning", "tuning_baseline", "heldout", "heldout_baseline"} <= set(exported.metrics)
+    encoder = CalibratedEncoder.from_yaml(settings.output)
+    evaluator = Evaluator(encoder.model, encoder.model and __import__("tuner.data", fromlist=["x"]).load_benchmark(settings.dataset))
+    study = optuna.load_study(study_name="tiny", storage=settings.storage)
+    trial_vectors, _ = evaluator.document_vectors(_config_of(study.trials[outcome.winner_trial], encoder.model))
+    texts = [evaluator.dataset.corpus[d] for d in evaluator.doc_ids]
+    assert np.abs(encoder.encode(texts) - trial_vectors).max() < 1e-6
+    winning = study.trials[outcome.winner_trial]
+    assert exported.metrics["tuning"]["psi"] == pytest.approx(winning.user_attrs["psi"])
+
+
+def test_rerunning_resumes_the_study_without_repeating_trials(workspace: dict) -> None:
+    settings = replace(workspace["settings"], trials=8)
+    tune(settings)
+    study = optuna.load_study(study_name="tiny", storage=settings.storage)
+    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(complete) == 8
+    assert sorted(int(r.data.tags["posfair.trial"]) for r in trial_runs(settings)) == list(range(8))
+
+
+def test_same_seed_same_trials(workspace: dict, tmp_path: Path) -> None:
+    settings = replace(workspace["settings"], storage=f"sqlite:///{tmp_path / 'again.db'}",
+                       tracking_uri=f"sqlite:///{tmp_path / 'again-mlflow.db'}", output=tmp_path / "again.yaml")
+    tune(settings)
+    first = optuna.load_study(study_name="tiny", storage=workspace["settings"].storage).trials[:6]
+    again = optuna.load_study(study_name="tiny", storage=settings.storage).trials
+    assert [t.params for t in again] == [t.params for t in first]
+
+
+def test_a_floor_no_trial_reaches_ends_without_an_export(workspace: dict, tmp_path: Path) -> None:
+    settings = replace(workspace["settings"], trials=2, hm_floor="0.999", study_name="unreachable",
+                       storage=f"sqlite:///{tmp_path / 'o.db'}", tracking_uri=f"sqlite:///{tmp_path / 'm.db'}", output=tmp_path / "none.yaml")
+    with pytest.raises(NoFeasibleTrialError, match="no trial reached HM >= 99.90"):
+        tune(settings)
+    assert not (tmp_path / "none.yaml").exists()
+
+
+def add_trial(study: optuna.Study, psi: float, hm: float, floor_gap: float) -> None:
+    trial = optuna.trial.create_trial(params={}, distributions={}, value=psi, user_attrs={"psi": psi, "hm": hm},
+                                      system_attrs={"constraints:hm_floor": floor_gap})
+    study.add_trial(trial)
+
+
+def test_the_winner_is_the_feasible_trial_with_lowest_psi_ties_to_higher_hm() -> None:
+    study = optuna.create_study()
+    add_trial(study, psi=0.05, hm=0.40, floor_gap=0.02)  # lowest PSI but below the floor
+    add_trial(study, psi=0.10, hm=0.50, floor_gap=-0.01)
+    add_trial(study, psi=0.10, hm=0.55, floor_gap=-0.06)  # same PSI, higher HM
+    add_trial(study, psi=0.20, hm=0.60, floor_gap=-0.11)
+    assert winner(study).number == 2
+
+
+def test_ctrl_c_stops_after_the_current_trial_and_a_rerun_completes(tmp_path: Path) -> None:
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    calls = []
+
+    def objective(trial: optuna.Trial) -> float:
+        calls.append(trial.number)
+        if trial.number == 1:
+            os.kill(os.getpid(), signal.SIGINT)  # as if the user pressed Ctrl-C mid-trial
+        x = trial.suggest_float("x", 0, 1)
+        trial.set_user_attr("psi", x)
+        trial.set_user_attr("hm", 1 - x)
+        trial.set_constraint("hm_floor", -1.0)
+        return x
+
+    study = open_study("interrupt", storage, seed=0, pareto=False, identity={"k": 1})
+    run_trials(study, objective, 5)
+    states = [t.state for t in study.trials]
+    assert states == [optuna.trial.TrialState.COMPLETE] * 2  # trial 1 finished, nothing after it
+    run_trials(open_study("interrupt", storage, seed=0, pareto=False, identity={"k": 1}), objective, 5)
+    assert [t.state for t in optuna.load_study(study_name="interrupt", storage=storage).trials] == [optuna.trial.TrialState.COMPLETE] * 5
