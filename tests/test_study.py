@@ -159,3 +159,51 @@ def test_ctrl_c_stops_after_the_current_trial_and_a_rerun_completes(tmp_path: Pa
     assert states == [optuna.trial.TrialState.COMPLETE] * 2  # trial 1 finished, nothing after it
     run_trials(open_study("interrupt", storage, seed=0, pareto=False, identity={"k": 1}), objective, 5)
     assert [t.state for t in optuna.load_study(study_name="interrupt", storage=storage).trials] == [optuna.trial.TrialState.COMPLETE] * 5
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_a_real_mlflow_server_serves_the_trials_for_comparison(workspace: dict) -> None:
+    """Start `mlflow server` on the study's store and read the runs back over its REST API."""
+    import subprocess
+    import sys
+    import time
+
+    import requests
+
+    settings, port = workspace["settings"], free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", settings.tracking_uri,
+         "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    base = f"http://127.0.0.1:{port}/api/2.0/mlflow"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                experiment = requests.get(f"{base}/experiments/get-by-name", params={"experiment_name": "posfair"}, timeout=2)
+                if experiment.ok:
+                    break
+            except requests.ConnectionError:
+                pass
+            assert time.monotonic() < deadline, "mlflow server did not start"
+            time.sleep(0.5)
+        experiment_id = experiment.json()["experiment"]["experiment_id"]
+        found = requests.post(f"{base}/runs/search", json={
+            "experiment_ids": [experiment_id], "filter": "tags.`posfair.role` = 'trial' and tags.`posfair.study` = 'tiny'",
+            "max_results": 100}, timeout=10).json()["runs"]
+        assert len(found) >= 6
+        for run in found:
+            params = {p["key"] for p in run["data"]["params"]}
+            metrics = {m["key"] for m in run["data"]["metrics"]}
+            assert TRIAL_PARAMS <= params and {"hm", "psi"} <= metrics  # what parallel coordinates compare
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

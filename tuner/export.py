@@ -174,8 +174,15 @@ def load_exported(path: str | Path) -> ExportedConfig:
 
 
 def _fields(error: ValidationError | ConfigError) -> str:
+    """One line per bad field, named by its dotted path in the file."""
     if isinstance(error, ConfigError):
         return str(error)
-    return "\n  ".join(
-        f"{'.'.join(str(p) for p in item['loc'])}: {item['msg']} (got {item.get('input')!r})" for item in error.errors()
-    )
+    lines = []
+    for item in error.errors():
+        where = ".".join(str(part) for part in item["loc"])
+        cause = item.get("ctx", {}).get("error")
+        if isinstance(cause, ConfigError):  # the calibration section's own validation
+            lines += [f"{where}.{line.strip()}" for line in str(cause).splitlines()[1:]]
+        else:
+            lines.append(f"{where}: {item['msg']} (got {item.get('input')!r})")
+    return "\n  ".join(lines)
