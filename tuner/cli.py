@@ -82,7 +82,7 @@ def run(
     dataset: Dataset = "wikipos-dev",
     trials: Annotated[int, typer.Option(help="Complete trials to reach (failed ones do not count).")] = DEFAULT_TRIALS,
     hm_floor: Annotated[str, typer.Option(help="'baseline' (uncalibrated HM), a value like 0.52, or relative like -1%.")] = "baseline",
-    heldout: Annotated[str | None, typer.Option(help="Held-out benchmark for the final report; 'auto' picks WikiPos-test / FineWeb-PosQ's held-out part.")] = "auto",
+    heldout: Annotated[str | None, typer.Option(help="Held-out benchmark for the final report; 'auto' picks WikiPos-test / FineWeb-PosQ's held-out part; 'none' for none.")] = "auto",
     general: Annotated[str | None, typer.Option(help="General-retrieval check, e.g. wikipos-general.")] = None,
     max_general_drop: Annotated[float | None, typer.Option(help="Second constraint: general nDCG@10 may drop at most this much (0–1 scale).")] = None,
     pareto: Annotated[bool, typer.Option("--pareto", help="Two-objective search (PSI down, HM up); reports the front.")] = False,
@@ -97,6 +97,9 @@ def run(
     bootstrap: Annotated[int, typer.Option(help="Bootstrap resamples for the held-out intervals.")] = 1000,
     revision: Annotated[str | None, typer.Option(help="Hub revision of the model.")] = None,
     trust_remote_code: TrustRemoteCode = False,
+    workers: Annotated[int, typer.Option(help="Local worker processes on this study (each loads the model).")] = 1,
+    worker: Annotated[bool, typer.Option("--worker", help="Only run trials of a study another `tune` coordinates (other machines).")] = False,
+    heartbeat: Annotated[int, typer.Option(help="Seconds between worker heartbeats; a trial silent for 3 is failed and re-run.")] = 20,
     options: OptionsFile = None,
 ) -> None:
     """Tune one model (the default command): Optuna search, MLflow tracking, exported YAML."""
@@ -109,13 +112,15 @@ def run(
             trials=trials, seed=seed, hm_floor=hm_floor, pareto=pareto, storage=storage, study_name=study_name,
             tracking_uri=tracking_uri, output=output, batch_size=batch_size, profile_docs=profile_docs,
             bootstrap=bootstrap, trust_remote_code=trust_remote_code, revision=revision,
+            workers=workers, worker=worker, heartbeat=heartbeat,
             space=SearchSpace.from_yaml(space) if space else SearchSpace(),
         )
         _print_settings(settings)
         from tuner.tune import tune
 
         outcome = tune(settings)
-    _print_outcome(outcome)
+    if outcome is not None:
+        _print_outcome(outcome)
 
 
 @app.command()
@@ -273,13 +278,10 @@ class _friendly_errors:
 
 
 def _setup_logging() -> None:
-    from transformers.utils import logging as hf_logging
+    from tuner.tune import quiet_libraries
 
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
+    quiet_libraries()
     logging.basicConfig(level=logging.INFO, format="%(message)s", handlers=[RichHandler(console=console, show_path=False)], force=True)
-    for noisy in ("optuna", "mlflow", "alembic", "httpx", "urllib3"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 def _print_settings(settings: TuneSettings) -> None:

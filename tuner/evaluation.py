@@ -1,25 +1,56 @@
 """One model on one benchmark: encode documents with a config, retrieve, score by position.
 
-Queries are never calibrated, so their vectors are computed once per evaluator; so are the
-uncalibrated document vectors, which every λ = 0 trial reuses. The last few configs' document
-vectors are kept too, so re-scoring a study's winner costs nothing.
+What does not change between trials is computed once and reused:
+- query vectors (queries are never calibrated) and the uncalibrated baseline document vectors, kept
+  in memory and on disk (`tuner.cache`), so every study on the same model, revision and dataset
+  reuses them;
+- the hidden states entering the layers where the search space's depths start calibrating
+  (`prefix_layers`), recorded during the baseline pass within `cache_budget` bytes: a trial whose
+  calibration starts at or after a cached layer runs only the layers from there on
+  (`tuner.prefix`);
+- the last few configs' document vectors, so re-scoring a study's winner costs nothing;
+- the tokenised, length-sorted batches.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import tempfile
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from objectives import PerQuery, PositionReport, evaluate, exact_search
+from tuner.cache import (
+    DEFAULT_CACHE_DIR,
+    DiskCache,
+    LayerInputs,
+    LayerInputStore,
+    engine_identity,
+    model_identity,
+    slug,
+    texts_digest,
+)
 from tuner.calibration import CalibrationConfig
 from tuner.data import PositionalDataset
 from tuner.encoder import CalibratedEncoder
 from tuner.models import LoadedModel
+from tuner.prefix import Batches, LayerStack, ResumeUnsupportedError, encode_batches, prefix_layers_for
+
+log = logging.getLogger(__name__)
 
 RECENT_CONFIGS = 8
+CACHE_DIR_ENV = "POSFAIR_CACHE_DIR"
+
+
+def default_cache_dir() -> Path:
+    """`$POSFAIR_CACHE_DIR`, else `mlruns/cache` under the working directory (next to the study store)."""
+    return Path(os.environ.get(CACHE_DIR_ENV) or DEFAULT_CACHE_DIR)
 
 
 @dataclass(frozen=True)
@@ -32,41 +63,240 @@ class Evaluation:
     truncated: int
 
 
-class Evaluator:
-    """Scores calibration configs of one model on one dataset, reusing what does not change."""
+@dataclass
+class PassCounts:
+    """How document vectors were obtained: for tests, logs and the trial-cost benchmark."""
 
-    def __init__(self, model: LoadedModel, dataset: PositionalDataset, batch_size: int = 16, show_progress: bool = False) -> None:
+    full: int = 0  # full forward passes over the corpus
+    resumed: dict[int, int] = field(default_factory=dict)  # layer → passes resumed from it
+    recorded: int = 0  # passes that only recorded layer inputs (stopped early)
+    baseline_from_disk: int = 0
+    queries_from_disk: int = 0
+
+
+class Evaluator:
+    """Scores calibration configs of one model on one dataset, reusing what does not change.
+
+    cache_dir     where query vectors, baseline vectors and layer inputs persist between runs;
+                  None: `default_cache_dir()`
+    disk_cache    False keeps everything in memory (layer inputs then go to a temporary folder)
+    cache_budget  bytes of layer inputs to cache at most (None: `tuner.cache.DEFAULT_BUDGET`, also
+                  capped by free disk space; 0: none, every trial runs the full forward)
+    prefix_layers the layers worth caching (None: those of the default search space,
+                  `prefix_layers_for(SearchSpace(), num_layers)`)
+    ram_limit     bytes of layer inputs held in RAM; the rest are memory-mapped (None: half the
+                  available memory)
+    """
+
+    def __init__(
+        self,
+        model: LoadedModel,
+        dataset: PositionalDataset,
+        batch_size: int = 16,
+        show_progress: bool = False,
+        *,
+        cache_dir: Path | None = None,
+        disk_cache: bool = True,
+        cache_budget: int | None = None,
+        prefix_layers: Sequence[int] | None = None,
+        ram_limit: int | None = None,
+    ) -> None:
         self.model = model
         self.dataset = dataset
         self.batch_size = batch_size
         self.show_progress = show_progress
         self.doc_ids = list(dataset.corpus)
         self.query_ids = list(dataset.queries)
+        self.cache_budget = cache_budget
+        if prefix_layers is None:
+            from tuner.search_space import SearchSpace
+
+            prefix_layers = prefix_layers_for(SearchSpace(), model.num_layers)
+        self.prefix_layers = tuple(sorted({int(x) for x in prefix_layers if 0 < int(x) < model.num_layers}))
+        self.ram_limit = ram_limit
+        self.counts = PassCounts()
         self._queries: np.ndarray | None = None
+        self._baseline: tuple[np.ndarray, int] | None = None
         self._documents: OrderedDict[str, tuple[np.ndarray, int]] = OrderedDict()  # config key → vectors, truncated
+        self._batches: Batches | None = None
+        self._stack: LayerStack | None = None
+        self._store: LayerInputStore | None = None
+        self._inputs: dict[int, LayerInputs] = {}
+        self._missing: list[int] = []
+        self._inputs_planned = False
+        self._temporary: tempfile.TemporaryDirectory[str] | None = None
+
+        self.cache_dir = (cache_dir or default_cache_dir()) if disk_cache else None
+        fingerprint = dataset.fingerprint()
+        if self.cache_dir is not None:
+            # one folder per dataset content: a changed or shuffled copy never evicts the original's entries
+            folder = self.cache_dir / slug(model.spec.source) / f"{slug(dataset.name)}-{fingerprint[:12]}"
+        else:
+            self._temporary = tempfile.TemporaryDirectory(prefix="posfair-layer-inputs-")
+            folder = Path(self._temporary.name)
+        self.disk = DiskCache(folder)
+        self._doc_texts = [dataset.corpus[d] for d in self.doc_ids]
+        base = {"engine": engine_identity(), "model": model_identity(model),
+                "dataset": {"name": dataset.name, "fingerprint": fingerprint}, "batch_size": batch_size}
+        prompt = model.spec.query_prompt
+        self._query_key = {**base, "kind": "queries", "prompt": prompt,
+                           "texts": texts_digest(self.query_ids, [dataset.queries[q] for q in self.query_ids])}
+        self._document_key = {**base, "kind": "documents", "texts": texts_digest(self.doc_ids, self._doc_texts)}
+
+    @property
+    def dimension(self) -> int:
+        return int(self.model.model.config.hidden_size)
+
+    # ------------------------------------------------------------------------------------- queries
 
     def query_vectors(self) -> np.ndarray:
         if self._queries is None:
-            encoder = CalibratedEncoder(self.model)
-            self._queries = encoder.encode_query(
-                [self.dataset.queries[q] for q in self.query_ids], batch_size=self.batch_size, show_progress_bar=self.show_progress
-            )
+            shape = (len(self.query_ids), self.dimension)
+            loaded = self.disk.load_array("queries", self._query_key, shape) if self.cache_dir else None
+            if loaded is not None:
+                self._queries = loaded[0]
+                self.counts.queries_from_disk += 1
+            else:
+                encoder = CalibratedEncoder(self.model)
+                self._queries = encoder.encode_query(
+                    [self.dataset.queries[q] for q in self.query_ids], batch_size=self.batch_size,
+                    show_progress_bar=self.show_progress,
+                )
+                if self.cache_dir:
+                    self.disk.save_array("queries", self._query_key, self._queries)
         return self._queries
+
+    # ----------------------------------------------------------------------------------- documents
+
+    def batches(self) -> Batches:
+        """The corpus tokenised once, in `CalibratedEncoder`'s length-sorted batches."""
+        if self._batches is None:
+            self._batches = Batches.build(self.model, self._doc_texts, self.batch_size)
+        return self._batches
 
     def document_vectors(self, config: CalibrationConfig | None) -> tuple[np.ndarray, int]:
         """Calibrated document vectors and how many documents were truncated; λ = 0 is the baseline."""
-        key = "baseline" if config is None or config.strength == 0.0 else config.model_dump_json()
+        if config is None or config.strength == 0.0:
+            return self.baseline_vectors()
+        key = config.model_dump_json()
         if key in self._documents:
             self._documents.move_to_end(key)
             return self._documents[key]
-        encoder = CalibratedEncoder(self.model, config)
-        vectors = encoder.encode([self.dataset.corpus[d] for d in self.doc_ids], batch_size=self.batch_size,
-                                 show_progress_bar=self.show_progress)
-        self._documents[key] = (vectors, encoder.truncated)
-        while len(self._documents) > RECENT_CONFIGS + 1:
-            oldest = next(k for k in self._documents if k != "baseline")
-            del self._documents[oldest]
-        return vectors, encoder.truncated
+        spec = CalibratedEncoder(self.model, config).spec  # validates pooling and layers
+        assert spec is not None
+        batches = self.batches()
+        start = self.resume_layer(min(spec.layers))
+        if start is None:
+            vectors = encode_batches(self.model, batches, spec, show_progress=self.show_progress)
+            self.counts.full += 1
+        else:
+            inputs = self._inputs[start]
+            vectors = encode_batches(self.model, batches, spec, stack=self._stack, resume=(start, inputs.batch),
+                                     show_progress=self.show_progress)
+            self.counts.resumed[start] = self.counts.resumed.get(start, 0) + 1
+        assert vectors is not None
+        self._documents[key] = (vectors, batches.truncated)
+        while len(self._documents) > RECENT_CONFIGS:
+            self._documents.popitem(last=False)
+        return vectors, batches.truncated
+
+    def baseline_vectors(self) -> tuple[np.ndarray, int]:
+        """Uncalibrated document vectors: from memory, from disk, or one full pass that also records layer inputs."""
+        if self._baseline is None:
+            shape = (len(self.doc_ids), self.dimension)
+            loaded = self.disk.load_array("baseline", self._document_key, shape) if self.cache_dir else None
+            if loaded is not None:
+                self._baseline = (loaded[0], int(loaded[1].get("truncated", 0)))
+                self.counts.baseline_from_disk += 1
+            else:
+                self._plan_layer_inputs()
+                batches = self.batches()
+                vectors = self._recording_pass(record_only=False)
+                assert vectors is not None
+                self._baseline = (vectors, batches.truncated)
+                if self.cache_dir:
+                    self.disk.save_array("baseline", self._document_key, vectors, truncated=batches.truncated)
+        return self._baseline
+
+    def resume_layer(self, first_calibrated: int) -> int | None:
+        """The deepest cached layer at or before the first calibrated one (recording it if needed)."""
+        if first_calibrated <= 0 or not any(layer <= first_calibrated for layer in self.prefix_layers):
+            return None
+        self._plan_layer_inputs()
+        if self._missing:
+            if self._baseline is None and not (self.cache_dir and self._baseline_on_disk()):
+                self.baseline_vectors()  # one full pass: the baseline, recording the inputs on the way
+            else:
+                self._recording_pass(record_only=True)
+        usable = [layer for layer in self._inputs if layer <= first_calibrated]
+        return max(usable) if usable else None
+
+    def cached_layers(self) -> tuple[int, ...]:
+        """The layers whose inputs are cached (or will be recorded by the next pass over the corpus)."""
+        self._plan_layer_inputs()
+        return tuple(sorted({*self._inputs, *self._missing}))
+
+    def _baseline_on_disk(self) -> bool:
+        loaded = self.disk.load_array("baseline", self._document_key, (len(self.doc_ids), self.dimension))
+        if loaded is not None:
+            self._baseline = (loaded[0], int(loaded[1].get("truncated", 0)))
+            self.counts.baseline_from_disk += 1
+        return loaded is not None
+
+    def _plan_layer_inputs(self) -> None:
+        """Once: choose the layers to cache within the budget, check they can be resumed, load valid ones."""
+        if self._inputs_planned:
+            return
+        self._inputs_planned = True
+        if not self.prefix_layers or self.cache_budget == 0:
+            return
+        try:
+            self._stack = LayerStack(self.model)
+        except ResumeUnsupportedError as error:
+            log.warning("%s: %s; every trial runs the full forward pass", self.model.spec.alias, error)
+            return
+        batches = self.batches()
+        dtype = self.model.model.dtype
+        self._store = LayerInputStore(self.disk, self._document_key, batches.shapes, self.dimension, dtype, self.ram_limit)
+        chosen = self._store.budget_layers(self.prefix_layers, self.cache_budget)
+        if len(chosen) < len(self.prefix_layers):
+            log.info("cache budget holds %d of %d layer inputs (%.0f MiB each): caching layers %s",
+                     len(chosen), len(self.prefix_layers), self._store.layer_bytes / 2**20, list(chosen))
+        chosen = self._stack.resumable(chosen) if chosen else []
+        for layer in chosen:
+            if self._store.load(layer) is not None:
+                self._inputs[layer] = self._store.loaded[layer]
+            else:
+                self._missing.append(layer)
+
+    def _recording_pass(self, record_only: bool) -> np.ndarray | None:
+        """A plain pass over the corpus recording the missing layer inputs (stopping early if `record_only`)."""
+        store, missing = self._store, list(self._missing)
+        batches = self.batches()
+        if store is None or not missing:
+            self.counts.full += 1
+            return encode_batches(self.model, batches, None, show_progress=self.show_progress)
+        store.begin(missing)
+        ok = False
+        try:
+            vectors = encode_batches(self.model, batches, None, stack=self._stack, record=(missing, store.record),
+                                     record_only=record_only, show_progress=self.show_progress)
+            ok = True
+        finally:
+            store.finish(ok)
+        if record_only:
+            self.counts.recorded += 1
+        else:
+            self.counts.full += 1
+        self._missing = []
+        for layer in missing:
+            if store.load(layer) is not None:
+                self._inputs[layer] = store.loaded[layer]
+            else:
+                log.warning("layer %d: the recorded inputs did not read back; trials from it run the full pass", layer)
+        return vectors
+
+    # ------------------------------------------------------------------------------------- scoring
 
     def run(self, config: CalibrationConfig | None) -> Evaluation:
         queries = self.query_vectors()

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,6 +62,7 @@ class TrialObjective:
         config = self.space.suggest(trial, model.spec.pooling, model.spec.padding_side)
         layers = list(config.resolve_layers(model.num_layers))
         params = {**trial.params, "layers": layers}
+        trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
         try:
             evaluation = self.evaluator.run(config)
             report = evaluation.report

@@ -21,7 +21,7 @@ from objectives import PairedBootstrap, PositionReport, paired_bootstrap
 from tuner.baselines import segment_embed_average, shuffle_corpus
 from tuner.calibration import CalibrationConfig
 from tuner.data import PositionalDataset
-from tuner.evaluation import Evaluator
+from tuner.evaluation import Evaluation, Evaluator
 from tuner.models import LoadedModel
 
 log = logging.getLogger(__name__)
@@ -97,20 +97,20 @@ def run_evaluation(
     methods: list[tuple[str, CalibrationConfig | None]] = [(BASELINE, None), *configs]
     evaluator = Evaluator(model, dataset, batch_size)
     baseline = evaluator.run(None)
-    rows = [Row(BASELINE, baseline.report, None, baseline.truncated, baseline.encode_seconds)]
-    _log_row(rows[-1])
-    for name, config in configs:
-        evaluation = evaluator.run(config)
-        deltas = paired_bootstrap(baseline.per_query, evaluation.per_query, n_resamples, seed)
+    rows: list[Row] = []
+
+    def add(name: str, evaluation: Evaluation) -> None:
+        deltas = None if not rows else paired_bootstrap(baseline.per_query, evaluation.per_query, n_resamples, seed)
         rows.append(Row(name, evaluation.report, deltas, evaluation.truncated, evaluation.encode_seconds))
         _log_row(rows[-1])
+
+    add(BASELINE, baseline)
+    for name, config in configs:
+        add(name, evaluator.run(config))
     if sea:
         start = time.perf_counter()
         vectors, truncated = segment_embed_average(model, [dataset.corpus[d] for d in evaluator.doc_ids], batch_size=batch_size)
-        evaluation = evaluator.score(vectors, seconds=time.perf_counter() - start, truncated=truncated)
-        deltas = paired_bootstrap(baseline.per_query, evaluation.per_query, n_resamples, seed)
-        rows.append(Row(SEA, evaluation.report, deltas, evaluation.truncated, evaluation.encode_seconds))
-        _log_row(rows[-1])
+        add(SEA, evaluator.score(vectors, seconds=time.perf_counter() - start, truncated=truncated))
 
     general_table = None
     if general is not None:

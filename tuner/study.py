@@ -19,15 +19,13 @@ from pathlib import Path
 import optuna
 from optuna.exceptions import ExperimentalWarning
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
-from optuna.study import MaxTrialsCallback
 from optuna.trial import FrozenTrial, TrialState
 
 from objectives import Candidate, pick_winner
 
 log = logging.getLogger(__name__)
 
-HEARTBEAT_SECONDS = 20
-GRACE_SECONDS = 60
+HEARTBEAT_SECONDS = 20  # a trial whose worker is silent for 3 heartbeats is failed and re-queued
 
 
 class StudyMismatchError(ValueError):
@@ -39,16 +37,18 @@ def default_storage(store: Path = Path("mlruns")) -> str:
     return f"sqlite:///{store.resolve() / 'optuna.db'}"
 
 
-def make_storage(url: str) -> RDBStorage:
+def make_storage(url: str, heartbeat: int = HEARTBEAT_SECONDS) -> RDBStorage:
     """Database storage with heartbeats, so a killed worker's trial is failed and retried."""
     try:
-        return RDBStorage(
-            url,
-            heartbeat_interval=HEARTBEAT_SECONDS,
-            grace_period=GRACE_SECONDS,
-            heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=2),
-            engine_kwargs={"pool_pre_ping": True},
-        )
+        with warnings.catch_warnings():  # heartbeats and the retry callback are marked experimental
+            warnings.simplefilter("ignore", ExperimentalWarning)
+            return RDBStorage(
+                url,
+                heartbeat_interval=heartbeat,
+                grace_period=3 * heartbeat,
+                heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=2),
+                engine_kwargs={"pool_pre_ping": True},
+            )
     except Exception as error:  # noqa: BLE001 - sqlalchemy raises many kinds for a bad URL
         raise ValueError(
             f"cannot open study storage {url!r}: {str(error).splitlines()[0]}. "
@@ -60,7 +60,9 @@ def constraints_of(trial: FrozenTrial) -> Sequence[float]:
     return list(trial.constraints.values())
 
 
-def open_study(name: str, storage: str, *, seed: int, pareto: bool, identity: dict[str, object]) -> optuna.Study:
+def open_study(
+    name: str, storage: str, *, seed: int, pareto: bool, identity: dict[str, object], heartbeat: int = HEARTBEAT_SECONDS
+) -> optuna.Study:
     """Create or resume a study; `identity` (model, dataset, floor, space...) must match on resume."""
     sampler: optuna.samplers.BaseSampler
     if pareto:
@@ -72,7 +74,7 @@ def open_study(name: str, storage: str, *, seed: int, pareto: bool, identity: di
             sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=5)
         directions = ["minimize"]  # PSI, subject to HM >= floor
     study = optuna.create_study(
-        study_name=name, storage=make_storage(storage), sampler=sampler, directions=directions, load_if_exists=True
+        study_name=name, storage=make_storage(storage, heartbeat), sampler=sampler, directions=directions, load_if_exists=True
     )
     stored = {k: study.user_attrs[k] for k in identity if k in study.user_attrs}
     if not stored:
@@ -107,10 +109,23 @@ def run_trials(
 
     Ctrl-C stops after the current trial (a second Ctrl-C aborts at once); rerunning resumes.
     """
-    remaining = n_complete - len(complete_trials(study))
-    if remaining <= 0:
+    if len(complete_trials(study)) >= n_complete:
         return
     failures_allowed = max(3, n_complete)
+    active = (TrialState.COMPLETE, TrialState.RUNNING)
+
+    def enough(study: optuna.Study, trial: FrozenTrial) -> None:
+        """Stop once complete + running trials (of every worker) reach the target."""
+        if len(study.get_trials(deepcopy=False, states=active)) >= n_complete:
+            study.stop()
+
+    def reserved(trial: optuna.Trial) -> object:
+        """A trial started by a worker that lost the race for the last slot is pruned, never run."""
+        ahead = [t for t in study.get_trials(deepcopy=False, states=active) if t.number < trial.number]
+        if len(ahead) >= n_complete:
+            trial.set_user_attr("surplus", True)
+            raise optuna.TrialPruned(f"the study already has {n_complete} trials")
+        return objective(trial)
 
     def stop_on_too_many_failures(study: optuna.Study, trial: FrozenTrial) -> None:
         if len(study.get_trials(deepcopy=False, states=(TrialState.FAIL,))) >= failures_allowed:
@@ -119,11 +134,11 @@ def run_trials(
 
     with _stop_after_current_trial(study) as interrupted:
         study.optimize(
-            objective,
+            reserved,
             n_trials=None,
             catch=(Exception,),
             callbacks=[
-                MaxTrialsCallback(n_complete, states=(TrialState.COMPLETE,)),
+                enough,
                 stop_on_too_many_failures,
                 lambda s, t: interrupted() and s.stop(),
                 *callbacks,

@@ -10,6 +10,7 @@ never lost to a logging failure.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -54,6 +55,11 @@ class Tracker:
 
     def __init__(self, tracking_uri: str | None, experiment: str) -> None:
         self.uri = tracking_uri or default_tracking_uri()
+        if self.uri.startswith(("http://", "https://")):
+            # A lost server must cost a trial seconds, not MLflow's default minutes of retries.
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
+            _check_server(self.uri)
         self.client = MlflowClient(self.uri)
         self._pending: list[Callable[[], None]] = []
         try:
@@ -149,6 +155,19 @@ class Tracker:
     def _submit(self, action: Callable[[], None]) -> None:
         self._pending.append(action)
         self.flush()
+
+
+def _check_server(uri: str) -> None:
+    """Fail fast, before any work, when the tracking server does not answer."""
+    import requests
+
+    try:
+        requests.get(uri.rstrip("/") + "/health", timeout=5).raise_for_status()
+    except requests.RequestException as error:
+        raise TrackingUnavailableError(
+            f"the MLflow tracking server {uri} does not answer ({error.__class__.__name__}). "
+            "Start it (e.g. `mlflow server --host 127.0.0.1 --port 5000`) or fix --tracking-uri."
+        ) from None
 
 
 def _params(values: dict[str, object]) -> list[Param]:

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import json
 import logging
+import multiprocessing
+import multiprocessing.process
 import re
 import shutil
 import sys
 import tempfile
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
@@ -30,6 +33,7 @@ from tuner.objective import GeneralCheck, TrialObjective
 from tuner.plots import optuna_figures, pareto_scatter
 from tuner.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, SearchSpace
 from tuner.study import (
+    HEARTBEAT_SECONDS,
     complete_trials,
     default_storage,
     enqueue_once,
@@ -45,6 +49,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TRIALS = 16
 EXPERIMENT = "posfair"
+FLOOR_ATTR = "floor_value"
 
 
 class NoFeasibleTrialError(RuntimeError):
@@ -75,8 +80,15 @@ class TuneSettings:
     trust_remote_code: bool = False
     revision: str | None = None
     space: SearchSpace = field(default_factory=SearchSpace)
+    workers: int = 1
+    worker: bool = False  # only run trials of a study another `tune` coordinates
+    heartbeat: int = HEARTBEAT_SECONDS
 
     def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise ValueError(f"--workers must be at least 1, got {self.workers}")
+        if self.heartbeat < 1:
+            raise ValueError(f"--heartbeat must be at least 1 second, got {self.heartbeat}")
         if self.trials < 1:
             raise ValueError(f"--trials must be at least 1, got {self.trials}")
         if self.batch_size < 1:
@@ -84,6 +96,8 @@ class TuneSettings:
         if self.max_general_drop is not None and self.general is None:
             raise ValueError("--max-general-drop needs --general (e.g. --general wikipos-general)")
         HmFloor.parse(self.hm_floor)  # fail before any work
+        if self.heldout in ("", "none"):
+            object.__setattr__(self, "heldout", None)
 
     def study_name_for(self, model: LoadedModel) -> str:
         """Default: model--dataset--seedN, in characters safe for file names and MLflow filters."""
@@ -132,19 +146,15 @@ def split_datasets(settings: TuneSettings) -> tuple[PositionalDataset, Positiona
     return tuning, heldout
 
 
-def tune(settings: TuneSettings) -> TuneOutcome:
+def tune(settings: TuneSettings) -> TuneOutcome | None:
+    """Run (or resume) a study and export its winner; a `worker` only runs trials and returns None."""
     tracker = Tracker(settings.tracking_uri, EXPERIMENT)  # an unreachable server fails here, before any work
     storage = settings.storage or default_storage()
-    make_storage(storage)  # a malformed URL fails here too
+    make_storage(storage, settings.heartbeat)  # a malformed URL fails here too
     model = load_model(settings.model, revision=settings.revision, trust_remote_code=settings.trust_remote_code,
                        pooling=settings.pooling)  # type: ignore[arg-type]
     tuning, heldout = split_datasets(settings)
-    evaluator = Evaluator(model, tuning, settings.batch_size, show_progress=sys.stderr.isatty())
-    log.info("baseline: encoding %d documents and %d queries of %s", len(tuning.corpus), len(tuning.queries), tuning.name)
-    baseline = evaluator.run(None)
-    floor = HmFloor.parse(settings.hm_floor).resolve(baseline.report.hm)
-    general = _general_check(model, settings)
-
+    evaluator = Evaluator(model, tuning, settings.batch_size, show_progress=sys.stderr.isatty() and not settings.worker)
     name = settings.study_name_for(model)
     identity = {
         "model_name": settings.model,
@@ -159,10 +169,18 @@ def tune(settings: TuneSettings) -> TuneOutcome:
         "pareto": settings.pareto,
         "seed": settings.seed,
     }
-    study = open_study(name, storage, seed=settings.seed, pareto=settings.pareto, identity=identity)
-    for params in (BASELINE_PARAMS, PAPER_DEFAULT_PARAMS):
-        if settings.space.admits(params):
-            enqueue_once(study, params)
+    study = open_study(name, storage, seed=settings.seed, pareto=settings.pareto, identity=identity, heartbeat=settings.heartbeat)
+    workers = _start_workers(settings, settings.workers - 1)  # they load while the baseline is measured
+    if settings.worker:
+        floor = _floor_set_by_coordinator(name, storage, settings.heartbeat)
+    else:
+        log.info("baseline: encoding %d documents and %d queries of %s", len(tuning.corpus), len(tuning.queries), tuning.name)
+        baseline = evaluator.run(None)
+        floor = HmFloor.parse(settings.hm_floor).resolve(baseline.report.hm)
+        study.set_user_attr(FLOOR_ATTR, floor)
+        for params in (BASELINE_PARAMS, PAPER_DEFAULT_PARAMS):
+            if settings.space.admits(params):
+                enqueue_once(study, params)
     tracker.start_study(
         name,
         params={**identity, "floor_value": floor, "trials": settings.trials, "storage": storage},
@@ -172,44 +190,97 @@ def tune(settings: TuneSettings) -> TuneOutcome:
     try:
         objective = TrialObjective(
             evaluator, settings.space, floor, tracker, name, staging,
-            pareto=settings.pareto, general=general, profile_docs=settings.profile_docs,
+            pareto=settings.pareto, general=_general_check(model, settings), profile_docs=settings.profile_docs,
         )
         with tqdm(total=settings.trials, initial=len(complete_trials(study)), desc="trials", unit="trial",
                   disable=not sys.stderr.isatty()) as progress:
             run_trials(study, objective, settings.trials, [partial(_log_trial, progress=progress)])
-        best = winner(study)
-        reference = _trial_with(study, BASELINE_PARAMS)
-        figures = [pareto_scatter(study, floor, reference, best, staging / "pareto.png"), *optuna_figures(study, staging)]
-        if best is None:
-            tracker.finish_study({"baseline_hm": baseline.report.hm, "hm_floor": floor}, figures, {"posfair.outcome": "no feasible trial"}, "FAILED")
-            top = max((t.user_attrs.get("hm", 0.0) for t in study.trials if t.state.is_finished()), default=0.0)
-            raise NoFeasibleTrialError(
-                f"no trial reached HM >= {100 * floor:.2f} (best HM {100 * top:.2f}); nothing exported. "
-                "Lower --hm-floor (e.g. -1%), widen the search space, or run more --trials."
-            )
-        rows = _summary_rows(study, best, evaluator, heldout, settings)
-        export_path = _export(settings, model, study, best, rows, storage, tuning)
-        summary = staging / "summary.json"
-        summary.write_text(json.dumps([_row_dict(r) for r in rows], indent=1), encoding="utf-8")
-        tracker.finish_study(
-            {**{f"winner_{k}": v for k, v in rows[-1].tuning.as_dict().items() if v is not None},
-             **{f"baseline_{k}": v for k, v in baseline.report.as_dict().items() if v is not None},
-             "hm_floor": floor, "winner_trial": best.number},
-            [*figures, summary, export_path],
-            {"posfair.outcome": "exported", "posfair.export": str(export_path)},
-        )
-        return TuneOutcome(name, best.number, _config_of(best, model), export_path, rows,
-                           [t.number for t in pareto_front(study)], floor, tracker.uri)
+        for worker in workers:
+            worker.join()
+        if settings.worker:
+            return None
+        return _conclude(settings, study, tracker, evaluator, heldout, floor, staging, storage)
     finally:
+        for worker in workers:
+            if worker.is_alive():
+                worker.terminate()
         tracker.flush()
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _conclude(
+    settings: TuneSettings, study: optuna.Study, tracker: Tracker, evaluator: Evaluator,
+    heldout: PositionalDataset | None, floor: float, staging: Path, storage: str,
+) -> TuneOutcome:
+    """Pick the winner, score it on the held-out split, export it, and close the parent run."""
+    model = evaluator.model
+    best = winner(study)
+    baseline = evaluator.run(None)
+    reference = _trial_with(study, BASELINE_PARAMS)
+    figures = [pareto_scatter(study, floor, reference, best, staging / "pareto.png"), *optuna_figures(study, staging)]
+    if best is None:
+        tracker.finish_study({"baseline_hm": baseline.report.hm, "hm_floor": floor}, figures, {"posfair.outcome": "no feasible trial"}, "FAILED")
+        top = max((t.user_attrs.get("hm", 0.0) for t in study.trials if t.state.is_finished()), default=0.0)
+        raise NoFeasibleTrialError(
+            f"no trial reached HM >= {100 * floor:.2f} (best HM {100 * top:.2f}); nothing exported. "
+            "Lower --hm-floor (e.g. -1%), widen the search space, or run more --trials."
+        )
+    rows = _summary_rows(study, best, evaluator, heldout, settings)
+    export_path = _export(settings, model, study, best, rows, storage, evaluator.dataset)
+    summary = staging / "summary.json"
+    summary.write_text(json.dumps([_row_dict(r) for r in rows], indent=1), encoding="utf-8")
+    tracker.finish_study(
+        {**{f"winner_{k}": v for k, v in rows[-1].tuning.as_dict().items() if v is not None},
+         **{f"baseline_{k}": v for k, v in baseline.report.as_dict().items() if v is not None},
+         "hm_floor": floor, "winner_trial": best.number},
+        [*figures, summary, export_path],
+        {"posfair.outcome": "exported", "posfair.export": str(export_path)},
+    )
+    return TuneOutcome(study.study_name, best.number, _config_of(best, model), export_path, rows,
+                       [t.number for t in pareto_front(study)], floor, tracker.uri)
+
+
+def _floor_set_by_coordinator(name: str, storage: str, heartbeat: int, timeout: float = 3600.0) -> float:
+    """A worker waits until the coordinating `tune` has measured the baseline and stored the floor."""
+    deadline = time.monotonic() + timeout
+    while FLOOR_ATTR not in (attrs := optuna.load_study(study_name=name, storage=make_storage(storage, heartbeat)).user_attrs):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no coordinator set the HM floor of study {name!r}; start `tune` without --worker first")
+        time.sleep(2)
+    return float(attrs[FLOOR_ATTR])
+
+
+def _start_workers(settings: TuneSettings, count: int) -> list[multiprocessing.process.BaseProcess]:
+    """Extra local worker processes on the same study (each loads its own model)."""
+    context = multiprocessing.get_context("spawn")
+    workers = [context.Process(target=_work, args=(replace(settings, workers=1, worker=True),), daemon=False) for _ in range(count)]
+    for worker in workers:
+        worker.start()
+    return workers
+
+
+def _work(settings: TuneSettings) -> None:
+    quiet_libraries()
+    logging.basicConfig(level=logging.INFO, format="[worker %(process)d] %(message)s", force=True)
+    tune(settings)
+
+
+def quiet_libraries() -> None:
+    """Keep the log to posfair's own lines: no load reports, progress bars or library chatter."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    for noisy in ("mlflow", "alembic", "httpx", "urllib3"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 def reexport(study_name: str, storage: str | None, output: Path | None, tracking_uri: str | None) -> Path:
     """Export a stored study's current winner again, re-scoring it (and the baseline) on both splits."""
     storage = storage or default_storage()
     try:
-        study = optuna.load_study(study_name=study_name, storage=make_storage(storage))
+        study = optuna.load_study(study_name=study_name, storage=make_storage(storage, HEARTBEAT_SECONDS))
     except KeyError:
         raise ValueError(f"no study {study_name!r} in {storage}; see the study names in `tune ui` or the tune output") from None
     attrs = study.user_attrs
@@ -239,7 +310,7 @@ def _log_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial, progress: t
             ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in trial.params.items()),
             trial.duration.total_seconds() if trial.duration else 0.0,
         )
-    else:
+    elif not trial.user_attrs.get("surplus"):
         log.warning("trial %d %s: %s", trial.number, trial.state.name, trial.user_attrs.get("failure_reason", "interrupted"))
 
 

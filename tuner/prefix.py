@@ -1,0 +1,324 @@
+"""Run a model from a middle layer: the partial forward behind fast trials.
+
+Every layer before the first calibrated one computes the same thing in every trial, so the hidden
+states entering a layer L can be recorded once (during the uncalibrated baseline pass) and a trial
+whose calibration starts at or after L runs only `layers[L:]`.
+
+The partial forward reuses the model's own `forward`, so masks (padding, causal, sliding-window
+layer types), position embeddings and the final norm are built exactly as in a full pass:
+
+- layers before L are given a pass-through `forward` for the duration of the call (their input goes
+  straight out; nothing is computed);
+- a forward pre-hook on layer L swaps the hidden states it receives (the embeddings, passed through)
+  for the recorded ones.
+
+Recording uses forward pre-hooks too, only to read the hidden states entering a layer; they never
+alter the computation. Whether a loaded model can be resumed like this is checked on a probe batch
+(`LayerStack.resumable`): the resumed output must equal the full forward's, otherwise the caller
+falls back to full forwards.
+
+Documents are tokenised once per evaluator (`Batches`) in exactly the order and batches of
+`CalibratedEncoder` (length-sorted, long first), so a vector from a resumed pass is computed from
+the same batch, with the same padding, as one from a full pass.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from .calibration import CalibrationConfig, ResolvedCalibration, calibrating
+from .encoder import _pool
+from .models import LoadedModel
+
+if TYPE_CHECKING:
+    from .search_space import SearchSpace
+
+log = logging.getLogger(__name__)
+
+PROBE_TEXTS = ("posfair probe of a resumed forward pass", "posfair probe " * 12)
+
+
+class ResumeUnsupportedError(RuntimeError):
+    """The model's layers cannot be found or resumed generically; use full forward passes."""
+
+
+def prefix_layers_for(space: SearchSpace, num_layers: int) -> tuple[int, ...]:
+    """The layers worth caching for a search space: where its depths start calibrating (never layer 0)."""
+    from .search_space import DEPTHS
+
+    starts = {min(CalibrationConfig(layers=DEPTHS[d]).resolve_layers(num_layers)) for d in space.depths}
+    return tuple(sorted(s for s in starts if 0 < s < num_layers))
+
+
+def first_calibrated_layer(spec: ResolvedCalibration) -> int:
+    return min(spec.layers)
+
+
+# --------------------------------------------------------------------------------------------- batches
+
+
+@dataclass(frozen=True)
+class Batches:
+    """A corpus tokenised once: length-sorted batches exactly as `CalibratedEncoder` forms them."""
+
+    inputs: tuple[dict[str, torch.Tensor], ...]  # per batch, on CPU
+    rows: tuple[np.ndarray, ...]  # per batch: the document indices of its rows
+    count: int
+    truncated: int
+
+    @classmethod
+    def build(cls, model: LoadedModel, texts: Sequence[str], batch_size: int) -> Batches:
+        tokenizer, max_length = model.tokenizer, model.max_length
+        lengths = [len(ids) for ids in tokenizer(list(texts), add_special_tokens=True, truncation=False)["input_ids"]]
+        truncated = sum(n > max_length for n in lengths)
+        if truncated:
+            log.warning("%d of %d texts exceed %d tokens and are truncated", truncated, len(texts), max_length)
+        order = np.argsort([-n for n in lengths], kind="stable")
+        inputs, rows = [], []
+        for start in range(0, len(texts), batch_size):
+            index = order[start : start + batch_size]
+            batch = tokenizer([texts[i] for i in index], padding=True, truncation=True, max_length=max_length,
+                              return_tensors="pt")
+            inputs.append(dict(batch))
+            rows.append(index)
+        return cls(tuple(inputs), tuple(rows), len(texts), truncated)
+
+    @property
+    def shapes(self) -> list[tuple[int, int]]:
+        """(rows, padded length) of every batch: the layout of a cached layer's hidden states."""
+        return [tuple(b["input_ids"].shape) for b in self.inputs]  # type: ignore[misc]
+
+    def tokens(self) -> int:
+        """Padded tokens over all batches: what one layer's hidden states hold."""
+        return sum(r * t for r, t in self.shapes)
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+
+# ----------------------------------------------------------------------------------------- layer stack
+
+
+class _Stop(Exception):
+    """Raised by a recording hook to end a pass once the deepest wanted layer's input is recorded."""
+
+
+class LayerStack:
+    """The model's list of transformer layers, found generically, and the hooks to record and resume."""
+
+    def __init__(self, model: LoadedModel) -> None:
+        self.loaded = model
+        self.layers = _find_layers(model.model, model.num_layers)
+
+    @contextmanager
+    def recording(self, wanted: Sequence[int], sink: Callable[[int, torch.Tensor], None], stop: bool = False) -> Iterator[None]:
+        """Hand the hidden states entering each wanted layer to `sink(layer, states)`.
+
+        With `stop`, the pass ends (with `_Stop`, caught by the caller) right after the deepest wanted
+        layer's input is recorded: nothing past it is computed.
+        """
+        deepest = max(wanted)
+        handles = []
+
+        def make(layer: int) -> Callable:
+            def hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+                sink(layer, _hidden_of(args, kwargs))
+                if stop and layer == deepest:
+                    raise _Stop
+
+            return hook
+
+        try:
+            for layer in wanted:
+                handles.append(self.layers[layer].register_forward_pre_hook(make(layer), with_kwargs=True))
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    @contextmanager
+    def resuming(self, start: int) -> Iterator[Callable[[torch.Tensor], None]]:
+        """Layers before `start` pass their input through; layer `start` receives the states fed in.
+
+        Yields `feed(states)`, to be called once before each forward pass of the block.
+        """
+        pending: list[torch.Tensor] = []
+
+        def inject(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+            if not pending:
+                raise RuntimeError(f"layer {start} was reached without cached hidden states fed in")
+            states = pending.pop()
+            incoming = _hidden_of(args, kwargs)
+            if states.shape != incoming.shape:
+                raise RuntimeError(f"cached hidden states {tuple(states.shape)} do not fit this batch {tuple(incoming.shape)}")
+            states = states.to(device=incoming.device, dtype=incoming.dtype)
+            if args:
+                return (states, *args[1:]), kwargs
+            return args, {**kwargs, "hidden_states": states}
+
+        def feed(states: torch.Tensor) -> None:
+            pending[:] = [states]
+
+        with ExitStack() as stack:
+            for layer in self.layers[:start]:
+                stack.enter_context(_passing_through(layer))
+            handle = self.layers[start].register_forward_pre_hook(inject, with_kwargs=True)
+            stack.callback(handle.remove)
+            yield feed
+
+    def resumable(self, wanted: Sequence[int]) -> list[int]:
+        """The wanted layers from which a resumed pass reproduces the full forward on a probe batch."""
+        tokenizer = self.loaded.tokenizer
+        batch = tokenizer(list(PROBE_TEXTS), padding=True, truncation=True, max_length=self.loaded.max_length,
+                          return_tensors="pt").to(self.loaded.device)
+        recorded: dict[int, torch.Tensor] = {}
+        model = self.loaded.model
+        good = []
+        with torch.inference_mode():
+            with self.recording(wanted, lambda layer, h: recorded.__setitem__(layer, h.clone())):
+                full = model(**batch).last_hidden_state
+            for layer in wanted:
+                try:
+                    with self.resuming(layer) as feed:
+                        feed(recorded[layer])
+                        resumed = model(**batch).last_hidden_state
+                except Exception as error:  # noqa: BLE001 - any failure means "cannot resume here"
+                    log.warning("layer %d: resuming a pass fails (%s); trials use full forward passes", layer, error)
+                    continue
+                if recorded[layer].dtype != model.dtype:
+                    log.warning("layer %d: its input is %s, not the model's %s; not cached", layer, recorded[layer].dtype, model.dtype)
+                elif resumed.shape == full.shape and torch.equal(resumed, full):
+                    good.append(layer)
+                else:
+                    log.warning("layer %d: a resumed pass does not reproduce the full forward; not cached", layer)
+        return good
+
+
+def _find_layers(model: torch.nn.Module, num_layers: int) -> torch.nn.ModuleList:
+    """The ModuleList of `num_layers` blocks whose i-th block holds an attention module with layer_idx i."""
+    found = []
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) == num_layers and num_layers > 0:
+            indices = [{getattr(m, "layer_idx", None) for m in block.modules()} for block in module]
+            if all(i in found_here for i, found_here in enumerate(indices)):
+                found.append((name, module))
+    if len(found) != 1:
+        raise ResumeUnsupportedError(
+            f"found {len(found)} candidate layer lists ({[n for n, _ in found]}); cannot resume a pass generically"
+        )
+    return found[0][1]
+
+
+def _hidden_of(args: tuple, kwargs: dict) -> torch.Tensor:
+    hidden = args[0] if args else kwargs.get("hidden_states")
+    if not isinstance(hidden, torch.Tensor):
+        raise ResumeUnsupportedError("a layer's first input is not its hidden states")
+    return hidden
+
+
+@contextmanager
+def _passing_through(layer: torch.nn.Module) -> Iterator[None]:
+    """Make a layer return its input unchanged (any instance-level forward, e.g. a device hook, is restored)."""
+    saved = layer.__dict__.get("forward")
+
+    def forward(*args: object, **kwargs: object) -> torch.Tensor:
+        return _hidden_of(args, kwargs)
+
+    layer.forward = forward  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        if saved is None:
+            del layer.forward
+        else:
+            layer.forward = saved  # type: ignore[method-assign]
+
+
+# --------------------------------------------------------------------------------------------- passes
+
+StateSource = Callable[[int], torch.Tensor]  # batch index → hidden states entering the resume layer
+
+
+def encode_batches(
+    model: LoadedModel,
+    batches: Batches,
+    spec: ResolvedCalibration | None,
+    *,
+    stack: LayerStack | None = None,
+    resume: tuple[int, StateSource] | None = None,
+    record: tuple[Sequence[int], Callable[[int, int, torch.Tensor], None]] | None = None,
+    record_only: bool = False,
+    show_progress: bool | None = None,
+) -> np.ndarray | None:
+    """Pooled, L2-normalised float32 vectors of every document, in corpus order.
+
+    spec     the calibration (None: plain forward)
+    resume   (layer, states of batch i): run only the layers from `layer` on, from cached states
+    record   (layers, sink(batch, layer, states)): hand the hidden states entering `layers` to `sink`
+    record_only  stop each pass at the deepest recorded layer; returns None
+    """
+    if (resume or record) and stack is None:
+        stack = LayerStack(model)
+    vectors = None if record_only else np.empty((batches.count, int(model.model.config.hidden_size)), dtype=np.float32)
+    show = show_progress if show_progress is not None else sys.stderr.isatty() and len(batches) > 1
+    current = [0]
+    with ExitStack() as scope:
+        scope.enter_context(torch.inference_mode())
+        if spec is not None:
+            scope.enter_context(calibrating(spec))
+        feed = scope.enter_context(stack.resuming(resume[0])) if resume is not None and stack is not None else None
+        if record is not None and stack is not None:
+            layers, sink = record
+            scope.enter_context(stack.recording(layers, lambda layer, h: sink(current[0], layer, h), stop=record_only))
+        for i in tqdm(range(len(batches)), desc="encode", disable=not show, unit="batch"):
+            current[0] = i
+            batch = {k: v.to(model.device) for k, v in batches.inputs[i].items()}
+            if feed is not None and resume is not None:
+                feed(resume[1](i))
+            try:
+                hidden = model.model(**batch).last_hidden_state
+            except _Stop:
+                continue
+            if vectors is not None:
+                vectors[batches.rows[i]] = _pool(hidden, batch["attention_mask"], model.spec.pooling).cpu().numpy()
+    return vectors
+
+
+# ------------------------------------------------------------------------------------------ batch size
+
+
+def suggest_batch_size(model: LoadedModel, tokens: int | None = None, fraction: float = 0.5, cap: int = 256) -> int:
+    """A batch size whose forward pass fits in `fraction` of the free memory of the model's device.
+
+    Rough per-sequence working set at `tokens` (default: the model's maximum length): the hidden
+    states and the feed-forward intermediate of one layer in the model's dtype, plus one float32
+    attention matrix (heads × tokens × tokens) — the larger of what a layer holds at once.
+    """
+    config = model.model.config
+    tokens = tokens or model.max_length
+    itemsize = torch.finfo(model.model.dtype).bits // 8
+    hidden = int(config.hidden_size)
+    intermediate = int(getattr(config, "intermediate_size", 4 * hidden))
+    heads = int(config.num_attention_heads)
+    per_sequence = tokens * (6 * hidden + 2 * intermediate) * itemsize + heads * tokens * tokens * 4
+    device = model.device
+    if device.type == "cuda":
+        free = torch.cuda.mem_get_info(device)[0]
+    else:
+        import psutil
+
+        free = psutil.virtual_memory().available
+    fit = int(free * fraction // max(per_sequence, 1))
+    size = 1
+    while size * 2 <= min(fit, cap):
+        size *= 2
+    return size
