@@ -59,18 +59,19 @@ def test_two_workers_on_one_study_finish_exactly_the_requested_trials(backend: s
     if backend not in available:
         pytest.skip("PostgreSQL and MLflow server are started by .ci/run (POSFAIR_TEST_POSTGRES / POSFAIR_TEST_MLFLOW)")
     storage, tracking = available[backend]
-    if backend != "sqlite":  # a fresh study name per run on the shared server
-        storage_study = f"shared-{os.getpid()}-{time.time_ns()}"
     base = command(tiny_model_dir("bert"), data, storage, tracking, 12)
-    if backend != "sqlite":
-        base[base.index("shared")] = storage_study
+    if backend != "sqlite":  # a fresh study name per run on the shared server
+        base[base.index("shared")] = f"shared-{os.getpid()}-{time.time_ns()}"
+    logs = {name: (tmp_path / f"{name}.log").open("w") for name in ("coordinator", "other")}
     coordinator = subprocess.Popen([*base, "--workers", "2", "--output", str(tmp_path / "best.yaml")], cwd=tmp_path,
-                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    other_machine = subprocess.Popen([*base, "--worker"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    out, _ = coordinator.communicate(timeout=600)
-    other, _ = other_machine.communicate(timeout=600)
-    assert coordinator.returncode == 0, out[-3000:]
-    assert other_machine.returncode == 0, other[-3000:]
+                                   stdout=logs["coordinator"], stderr=subprocess.STDOUT)
+    other_machine = subprocess.Popen([*base, "--worker"], cwd=tmp_path, stdout=logs["other"], stderr=subprocess.STDOUT)
+    for process in (coordinator, other_machine):
+        process.wait(timeout=600)
+    for name, log in logs.items():
+        log.close()
+    assert coordinator.returncode == 0, (tmp_path / "coordinator.log").read_text()[-3000:]
+    assert other_machine.returncode == 0, (tmp_path / "other.log").read_text()[-3000:]
     name = base[base.index("--study-name") + 1]
     study = optuna.load_study(study_name=name, storage=storage)
     complete = [t for t in study.trials if t.state == COMPLETE]

@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 
 STORE = Path("mlruns")
 MAX_PARAM_LENGTH = 6000
+INIT_ATTEMPTS = 10
 
 
 class TrackingUnavailableError(RuntimeError):
@@ -60,16 +61,21 @@ class Tracker:
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
             _check_server(self.uri)
-        self.client = MlflowClient(self.uri)
         self._pending: list[Callable[[], None]] = []
-        try:
-            found = self.client.get_experiment_by_name(experiment)
-            self.experiment_id = found.experiment_id if found else self._create_experiment(experiment, tracking_uri is None)
-        except Exception as error:  # noqa: BLE001 - any failure here means the store is unusable
-            raise TrackingUnavailableError(
-                f"cannot reach the MLflow tracking store {self.uri!r} ({error.__class__.__name__}: "
-                f"{str(error).splitlines()[0] if str(error) else ''}). Start the server or fix --tracking-uri."
-            ) from None
+        for attempt in range(INIT_ATTEMPTS):  # workers starting together race to create a new store
+            try:
+                self.client = MlflowClient(self.uri)
+                found = self.client.get_experiment_by_name(experiment)
+                self.experiment_id = found.experiment_id if found else self._create_experiment(experiment, tracking_uri is None)
+                break
+            except Exception as error:  # noqa: BLE001 - any failure here means the store is unusable
+                racing = any(word in str(error) for word in ("already exists", "database is locked", "UNIQUE constraint"))
+                if not racing or attempt + 1 == INIT_ATTEMPTS:
+                    raise TrackingUnavailableError(
+                        f"cannot use the MLflow tracking store {self.uri!r} ({error.__class__.__name__}: "
+                        f"{str(error).splitlines()[0] if str(error) else ''}). Start the server or fix --tracking-uri."
+                    ) from None
+                time.sleep(3)
         self.parent_id: str | None = None
 
     def _create_experiment(self, name: str, local: bool) -> str:

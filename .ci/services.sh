@@ -1,0 +1,47 @@
+# Services for the concurrency test: PostgreSQL (Debian's package) on loopback and an MLflow tracking
+# server backed by it. Sourced by .ci/run; exports POSFAIR_TEST_POSTGRES and POSFAIR_TEST_MLFLOW.
+PG_PORT=54329
+MLFLOW_PORT=55001
+
+start_services() {
+  if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+  fi
+  local pg_bin
+  pg_bin=$(dirname "$(ls /usr/lib/postgresql/*/bin/initdb | sort -V | tail -n 1)")
+  SERVICES_DIR=$(mktemp -d /tmp/posfair-services.XXXXXX)
+  mkdir "$SERVICES_DIR/pg" && chown postgres: "$SERVICES_DIR/pg" && chmod 755 "$SERVICES_DIR"
+  runuser -u postgres -- "$pg_bin/initdb" -D "$SERVICES_DIR/pg" -A trust -U posfair >/dev/null
+  runuser -u postgres -- "$pg_bin/pg_ctl" -D "$SERVICES_DIR/pg" -l "$SERVICES_DIR/pg/server.log" -w \
+    -o "-c listen_addresses=127.0.0.1 -p $PG_PORT -k $SERVICES_DIR/pg" start >/dev/null
+  for db in optuna mlflow; do
+    runuser -u postgres -- "$pg_bin/createdb" -h 127.0.0.1 -p "$PG_PORT" -U posfair "$db"
+  done
+  export POSFAIR_TEST_POSTGRES="postgresql://posfair@127.0.0.1:$PG_PORT/optuna"
+
+  make setup >/dev/null
+  .venv/bin/mlflow server --backend-store-uri "postgresql://posfair@127.0.0.1:$PG_PORT/mlflow" \
+    --artifacts-destination "$SERVICES_DIR/artifacts" --host 127.0.0.1 --port "$MLFLOW_PORT" --workers 1 \
+    >"$SERVICES_DIR/mlflow.log" 2>&1 &
+  MLFLOW_PID=$!
+  for _ in $(seq 1 120); do
+    mlflow_healthy && break
+    sleep 1
+  done
+  mlflow_healthy || { cat "$SERVICES_DIR/mlflow.log"; return 1; }
+  export POSFAIR_TEST_MLFLOW="http://127.0.0.1:$MLFLOW_PORT"
+  echo "services: PostgreSQL on 127.0.0.1:$PG_PORT, MLflow on $POSFAIR_TEST_MLFLOW"
+}
+
+mlflow_healthy() {
+  .venv/bin/python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$MLFLOW_PORT/health', timeout=2)" 2>/dev/null
+}
+
+stop_services() {
+  [ -n "${MLFLOW_PID:-}" ] && kill "$MLFLOW_PID" 2>/dev/null || true
+  if [ -n "${SERVICES_DIR:-}" ] && [ -d "$SERVICES_DIR/pg" ]; then
+    runuser -u postgres -- "$(dirname "$(ls /usr/lib/postgresql/*/bin/pg_ctl | sort -V | tail -n 1)")/pg_ctl" \
+      -D "$SERVICES_DIR/pg" -m fast stop >/dev/null 2>&1 || true
+  fi
+}
