@@ -9,10 +9,12 @@ never lost to a logging failure.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,7 +25,6 @@ log = logging.getLogger(__name__)
 
 STORE = Path("mlruns")
 MAX_PARAM_LENGTH = 6000
-INIT_ATTEMPTS = 10
 
 
 class TrackingUnavailableError(RuntimeError):
@@ -62,20 +63,16 @@ class Tracker:
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
             _check_server(self.uri)
         self._pending: list[Callable[[], None]] = []
-        for attempt in range(INIT_ATTEMPTS):  # workers starting together race to create a new store
-            try:
+        try:
+            with _store_lock(self.uri):  # processes starting together must not race to create a new store
                 self.client = MlflowClient(self.uri)
                 found = self.client.get_experiment_by_name(experiment)
                 self.experiment_id = found.experiment_id if found else self._create_experiment(experiment, tracking_uri is None)
-                break
-            except Exception as error:  # noqa: BLE001 - any failure here means the store is unusable
-                racing = any(word in str(error) for word in ("already exists", "database is locked", "UNIQUE constraint"))
-                if not racing or attempt + 1 == INIT_ATTEMPTS:
-                    raise TrackingUnavailableError(
-                        f"cannot use the MLflow tracking store {self.uri!r} ({error.__class__.__name__}: "
-                        f"{str(error).splitlines()[0] if str(error) else ''}). Start the server or fix --tracking-uri."
-                    ) from None
-                time.sleep(3)
+        except Exception as error:  # noqa: BLE001 - any failure here means the store is unusable
+            raise TrackingUnavailableError(
+                f"cannot use the MLflow tracking store {self.uri!r} ({error.__class__.__name__}: "
+                f"{str(error).splitlines()[0] if str(error) else ''}). Start the server or fix --tracking-uri."
+            ) from None
         self.parent_id: str | None = None
 
     def _create_experiment(self, name: str, local: bool) -> str:
@@ -161,6 +158,22 @@ class Tracker:
     def _submit(self, action: Callable[[], None]) -> None:
         self._pending.append(action)
         self.flush()
+
+
+@contextmanager
+def _store_lock(uri: str) -> Iterator[None]:
+    """An exclusive file lock beside a SQLite store while it is opened (and maybe created)."""
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    lock_path = Path(uri.removeprefix("sqlite:///") + ".lock")
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with lock_path.open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _check_server(uri: str) -> None:

@@ -1,0 +1,1 @@
+"""Benchmarks (not shipped with the package): run them from the repository root with `python -m benchmarks.<name>`."""

@@ -1,0 +1,74 @@
+"""Smoke test of benchmarks/overhead.py on a tiny random XLM-R, in this process (no timing assertions)."""
+
+from __future__ import annotations
+
+import io
+import json
+from contextlib import redirect_stdout
+
+import pytest
+
+from benchmarks.overhead import METHODS, Case, Column, child_main, measure, parse, plan, report
+
+
+def tiny_case(method: str, pooling: str, **overrides: object) -> Case:
+    values = {"length": 40, "batch": 2, "layers": 2, "repeats": 1, "basket": 8, "call_repeats": 1, "pad_one": True}
+    return Case(model="tiny", method=method, pooling=pooling, **{**values, **overrides})
+
+
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_measure_and_report_on_a_tiny_model(pooling: str) -> None:
+    column = Column("tiny", pooling, 40, 2, 2, 1, pad_one=True)
+    for method in METHODS:
+        column.results[method] = measure(tiny_case(method, pooling))
+    column.results["sdpa#2"] = measure(tiny_case("sdpa", pooling, run=2))
+
+    for result in column.results.values():
+        assert result["time_s"] > 0 and len(result["times_s"]) == 1
+        assert isinstance(result["extra_kib"], int)
+        assert result["calibrated_layers"] == [1]
+    engine = column.results["engine"]
+    assert engine["paired_ratio"] > 0 and engine["call_engine_s"] > 0 and engine["plain_time_s"] > 0
+
+    def pooled(key: str, name: str = "embedding"):
+        import torch
+
+        return torch.tensor(column.results[key][name][pooling])
+
+    # the processes compute what they claim: the engine agrees with the oracle, eager with SDPA,
+    # and the engine outside a calibration is SDPA (basket 8 < 40 tokens, so calibration does act)
+    assert (pooled("engine") - pooled("oracle")).abs().max() < 1e-4
+    assert (pooled("sdpa") - pooled("eager")).abs().max() < 1e-4
+    assert (pooled("engine", "plain_embedding") - pooled("sdpa")).abs().max() < 1e-5
+    assert (pooled("engine") - pooled("sdpa")).abs().max() > 1e-6
+
+    text = report([column], "python -m benchmarks.overhead --test")
+    assert f"| method | tiny XLM-R {pooling} 40×2 |" in text
+    assert "== Targets ==" in text and "engine vs oracle (calibrated)" in text
+    assert "failed" not in text
+
+
+def test_child_entry_prints_one_result_line() -> None:
+    out = io.StringIO()
+    with redirect_stdout(out):
+        child_main(json.dumps(tiny_case("engine", "cls").__dict__))
+    lines = [line for line in out.getvalue().splitlines() if line.startswith("RESULT ")]
+    assert len(lines) == 1
+    assert json.loads(lines[0][len("RESULT ") :])["case"]["method"] == "engine"
+
+
+def test_plan_reuses_plain_processes_for_the_mean_column() -> None:
+    columns = plan(parse([]))
+    titles = [c.title for c in columns]
+    assert titles == [
+        "XLM-R cls 512×8", "XLM-R cls 1024×8", "XLM-R cls 2048×8", "XLM-R mean 512×8", "MiniLM mean 512×16"
+    ]
+    assert columns[3].plain_from is columns[0]
+    assert [c.title for c in plan(parse(["--quick"]))] == ["XLM-R cls 512×8", "MiniLM mean 512×16"]
+
+
+def test_profile_table_of_one_engine_call() -> None:
+    from benchmarks.overhead import profile_call
+
+    text = profile_call(tiny_case("engine", "mean"), rows=5)
+    assert "engine call" in text and "aten::" in text
