@@ -134,7 +134,10 @@ def _pooled_row(
     items = torch.arange(batch, device=query.device)
     position = geometry.isolated[:, active.roles.index("first" if active.spec.pooling == "cls" else "last")]
     row_query = query[items, :, position].view(batch, kv_heads, heads // kv_heads, dim)
-    scores = (row_query @ key.transpose(-1, -2)).view(batch, heads, keys).float().mul_(scaling)
+    # Per item: key/value are strided views of the (B, K, H, D) projections; a batched matmul over
+    # (B, H) would first copy them whole, item by item BLAS reads them in place.
+    scores = torch.stack([row_query[b] @ key[b].transpose(-1, -2) for b in range(batch)])
+    scores = scores.view(batch, heads, keys).float().mul_(scaling)
     allowed = _allowed(mask)[items, 0, position] if mask is not None else geometry.key_valid
     scores.masked_fill_(~allowed[:, None, :], float("-inf"))
     before = scores.softmax(-1)
@@ -143,7 +146,8 @@ def _pooled_row(
     if active.observer is not None:
         active.observer(layer, before, after, geometry)
     if calibrate:
-        mixed = after.to(value.dtype).view(batch, kv_heads, heads // kv_heads, keys) @ value
+        weights = after.to(value.dtype).view(batch, kv_heads, heads // kv_heads, keys)
+        mixed = torch.stack([weights[b] @ value[b] for b in range(batch)])
         output[items, position] = mixed.view(batch, heads, dim)
 
 
@@ -162,15 +166,18 @@ def _mean_rows(
     batch, heads, rows, dim = query.shape
     keys = key.shape[2]
     groups = heads // key.shape[1]
-    key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+    key_t = repeat_kv(key, groups).transpose(-1, -2).contiguous()  # once per call, not once per tile
+    value = repeat_kv(value, groups).contiguous()
     output = query.new_empty(batch, rows, heads, dim)
     tile = max(1, TILE_BYTES // (batch * heads * keys * 4))
-    allowed = _allowed(mask) if mask is not None else geometry.key_valid[:, None, None, :]  # (B, 1, Q or 1, K)
+    blocked = ~_allowed(mask) if mask is not None else ~geometry.key_valid[:, None, None, :]  # (B, 1, Q or 1, K)
+    needs_mask = bool(blocked.any())
     profile = [query.new_zeros(batch, heads, keys, dtype=torch.float32) for _ in range(2)] if active.observer else None
     for start in range(0, rows, tile):
         stop = min(start + tile, rows)
-        scores = (query[:, :, start:stop] @ key.transpose(-1, -2)).float().mul_(scaling)
-        scores.masked_fill_(~(allowed[:, :, start:stop] if allowed.shape[2] > 1 else allowed), float("-inf"))
+        scores = (query[:, :, start:stop] * scaling @ key_t).float()  # scale the tile's queries, not its scores
+        if needs_mask:
+            scores.masked_fill_(blocked[:, :, start:stop] if blocked.shape[2] > 1 else blocked, float("-inf"))
         attn = scores.softmax(-1)
         del scores
         before = attn.clone() if profile is not None else None

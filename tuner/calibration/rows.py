@@ -3,9 +3,10 @@
 Nothing here knows about transformers. Input rows are post-softmax attention over the key axis;
 `BasketGeometry` says, per batch item, where the content span starts and how it is cut.
 
-Efficiency (Appendix A): baskets are contiguous blocks of `basket_size` keys, so after aligning each
-item's content span to offset 0 (one gather), basket sums are a reshape and a reduction along the
-trailing axis; no per-position basket index is scattered into. The geometry depends only on the
+Efficiency (Appendix A): baskets are contiguous blocks of `basket_size` keys, so once a passage's
+content span is located (per item: left padding shifts it), basket sums are a reshape of a slice and
+a reduction along the trailing axis, and renormalisation is a broadcast multiplication, in place. No
+per-position basket index, no scatter or gather over the key axis. The geometry depends only on the
 padding mask, so it is built once per batch and shared by every calibrated layer.
 """
 
@@ -19,54 +20,59 @@ from .config import Policy, ResolvedCalibration, Role
 
 
 @dataclass(frozen=True)
+class Run:
+    """Consecutive batch items [begin, end) whose content starts at the same key position.
+
+    With right padding the whole batch is one run; with left padding, the encoder's length-sorted
+    batches make equal-length (hence equally shifted) passages neighbours.
+    """
+
+    begin: int
+    end: int
+    start: int
+    n_baskets: int  # the most content baskets of any item in the run
+
+
+@dataclass(frozen=True)
 class BasketGeometry:
     """Per batch item: the isolated positions, the content span and its baskets."""
 
     key_valid: torch.Tensor  # (B, K) bool: real (non-padding) keys
+    key_content: torch.Tensor  # (B, K) bool: the key is content (not padding, not isolated)
     isolated: torch.Tensor  # (B, I) long: positions of isolated tokens, in role order
     roles: tuple[Role, ...]  # the role of each isolated column
-    align_index: torch.Tensor  # (B, N*S) long: key position of aligned content slot j
-    align_valid: torch.Tensor  # (B, N*S) bool: slot j holds a content key
-    key_basket: torch.Tensor  # (B, K) long: basket of each key (0 where not content)
-    key_content: torch.Tensor  # (B, K) bool: the key is content (not padding, not isolated)
     n_baskets: torch.Tensor  # (B,) long: content baskets of each item
     calibrated: torch.Tensor  # (B,) bool: content fills at least one basket
+    runs: tuple[Run, ...]
     basket_size: int
 
     @classmethod
     def from_key_mask(cls, key_valid: torch.Tensor, basket_size: int, roles: tuple[Role, ...]) -> BasketGeometry:
         """Derive the geometry from which keys are real; isolated tokens are the ends of the valid span."""
-        batch, keys = key_valid.shape
-        device = key_valid.device
-        positions = torch.arange(keys, device=device)
-        n_valid = key_valid.sum(-1)
+        keys = key_valid.shape[1]
+        positions = torch.arange(keys, device=key_valid.device)
         first = torch.where(key_valid, positions, keys).amin(-1).clamp_max(keys - 1)
         last = torch.where(key_valid, positions, -1).amax(-1).clamp_min(0)
         ends = {"first": first, "last": last}
         isolated = torch.stack([ends[role] for role in roles], -1) if roles else first[:, :0]
-
-        content_start = first + int("first" in roles)
-        content_len = (n_valid - len(roles)).clamp_min(0)
-        n_baskets = torch.div(content_len + basket_size - 1, basket_size, rounding_mode="floor")
-        slots = max(int(n_baskets.max()), 1) * basket_size
-
-        offsets = torch.arange(slots, device=device)
-        align_valid = offsets < content_len[:, None]
-        align_index = (content_start[:, None] + offsets).clamp_max(keys - 1)
-
-        relative = positions - content_start[:, None]
-        key_content = (relative >= 0) & (relative < content_len[:, None])
-        key_basket = torch.where(key_content, torch.div(relative, basket_size, rounding_mode="floor"), 0)
+        start = first + int("first" in roles)
+        length = (key_valid.sum(-1) - len(roles)).clamp_min(0)
+        n_baskets = torch.div(length + basket_size - 1, basket_size, rounding_mode="floor")
+        relative = positions - start[:, None]
+        runs: list[Run] = []
+        for b, (s, n) in enumerate(zip(start.tolist(), n_baskets.tolist())):
+            if runs and runs[-1].start == s:
+                runs[-1] = Run(runs[-1].begin, b + 1, s, max(runs[-1].n_baskets, n))
+            else:
+                runs.append(Run(b, b + 1, s, n))
         return cls(
             key_valid=key_valid,
+            key_content=(relative >= 0) & (relative < length[:, None]),
             isolated=isolated,
             roles=roles,
-            align_index=align_index,
-            align_valid=align_valid,
-            key_basket=key_basket,
-            key_content=key_content,
             n_baskets=n_baskets,
-            calibrated=content_len >= basket_size,
+            calibrated=length >= basket_size,
+            runs=tuple(runs),
             basket_size=basket_size,
         )
 
@@ -79,17 +85,12 @@ def isolated_targets(
     equal: 1/n_baskets_total, like a content basket; original: the mass it already had (self/sink
     mass, CLS-Soft); fixed: w (CLS-Hard). If the targets add up to more than 1 they are scaled to 1.
     """
-    columns = []
-    for i, policy in enumerate(policies):
-        if policy == "original":
-            columns.append(isolated_mass[..., i])
-        elif policy == "equal":
-            columns.append((1.0 / n_total).to(isolated_mass.dtype)[:, None].expand_as(isolated_mass[..., i]))
-        else:
-            columns.append(torch.full_like(isolated_mass[..., i], weight))
-    if not columns:
+    if not policies:
         return isolated_mass
-    targets = torch.stack(columns, -1)
+    equal = (1.0 / n_total.clamp_min(1)).to(isolated_mass.dtype)[:, None].expand_as(isolated_mass[..., 0])
+    columns = {"equal": lambda i: equal, "original": lambda i: isolated_mass[..., i],
+               "fixed": lambda i: torch.full_like(isolated_mass[..., i], weight)}
+    targets = torch.stack([columns[p](i) for i, p in enumerate(policies)], -1)
     return targets / targets.sum(-1, keepdim=True).clamp_min(1.0)
 
 
@@ -98,30 +99,39 @@ def calibrate_rows(attn: torch.Tensor, geometry: BasketGeometry, spec: ResolvedC
 
     Content baskets split what the isolated tokens leave equally, keeping proportions inside a basket;
     padded keys stay exactly 0 and rows still sum to 1. Items whose content is shorter than one basket
-    come back unchanged, as does everything at λ = 0. `attn` is consumed (updated in place) to keep
-    the working set at two rows' worth of memory.
+    come back unchanged, as does everything at λ = 0.
+
+    A content key's calibrated weight is its own weight times a per-basket factor f_b, so the blend
+    â = λ·a_cal + (1 − λ)·a is one in-place multiplication by λ·f_b + 1 − λ; isolated tokens are then
+    written directly. `attn` is consumed (updated in place): the working set is a few (B, R, baskets) sums.
     """
     attn = attn.float()
-    batch, rows, keys = attn.shape
-    slots = geometry.align_index.shape[1]
+    if spec.strength == 0.0:
+        return attn
+    for run in geometry.runs:
+        _calibrate_run(attn[run.begin : run.end], run, geometry, spec)
+    return attn
+
+
+def _calibrate_run(rows: torch.Tensor, run: Run, geometry: BasketGeometry, spec: ResolvedCalibration) -> None:
+    """One run of items sharing a content start: a window of baskets viewed as (G, R, baskets, size)."""
     size = geometry.basket_size
-
-    aligned = attn.gather(-1, geometry.align_index[:, None, :].expand(batch, rows, slots))
-    aligned.mul_(geometry.align_valid[:, None, :])
-    basket_mass = aligned.view(batch, rows, slots // size, size).sum(-1)
-    del aligned
-
+    items, keys = slice(run.begin, run.end), rows.shape[-1]
     policies = tuple(spec.policy(role) for role in geometry.roles)
-    n_total = geometry.n_baskets + len(policies)
-    iso_index = geometry.isolated[:, None, :].expand(batch, rows, len(policies))
-    targets = isolated_targets(attn.gather(-1, iso_index), policies, n_total, spec.weight)
+    iso_index = geometry.isolated[items, None, :].expand(*rows.shape[:2], len(policies))
+    iso_mass = rows.gather(-1, iso_index)
+    rows.scatter_(-1, iso_index, 0.0)  # isolated tokens inside the window must not count in a basket
+    whole = min(run.n_baskets, (keys - run.start) // size)  # baskets that fit before the last key
+    body = rows[..., run.start : run.start + whole * size].unflatten(-1, (whole, size))
+    tail = rows[..., run.start + whole * size :] if whole < run.n_baskets else None  # a partial last basket
+    mass = body.sum(-1) if tail is None else torch.cat([body.sum(-1), tail.sum(-1, keepdim=True)], -1)
 
-    remaining = (1.0 - targets.sum(-1, keepdim=True)).clamp_min(0.0)
-    share = remaining / geometry.n_baskets.clamp_min(1)[:, None, None]
-    factor = share / basket_mass.clamp_min(torch.finfo(torch.float32).tiny)
-    calibrated = factor.gather(-1, geometry.key_basket[:, None, :].expand(batch, rows, keys))
-    calibrated.mul_(geometry.key_content[:, None, :]).mul_(attn)
-    calibrated.scatter_(-1, iso_index, targets)
-
-    strength = (geometry.calibrated.float() * spec.strength)[:, None, None]
-    return attn.lerp_(calibrated, strength)
+    n_baskets = geometry.n_baskets[items]
+    targets = isolated_targets(iso_mass, policies, n_baskets + len(policies), spec.weight)
+    share = (1.0 - targets.sum(-1, keepdim=True)).clamp_min(0.0) / n_baskets.clamp_min(1)[:, None, None]
+    strength = (geometry.calibrated[items].float() * spec.strength)[:, None, None]
+    multiplier = (share / mass.clamp_min(torch.finfo(torch.float32).tiny)).mul_(strength).add_(1.0 - strength)
+    body.mul_(multiplier[..., :whole, None])
+    if tail is not None:
+        tail.mul_(multiplier[..., whole:])
+    rows.scatter_(-1, iso_index, torch.lerp(iso_mass, targets, strength))
