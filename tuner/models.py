@@ -129,7 +129,7 @@ def load_model(
             f"{spec.alias} ({spec.source}) runs custom code from its hub repository. "
             "Pass --trust-remote-code (trust_remote_code=True) if you trust that code."
         )
-    location = _locate(spec, revision)
+    location = locate(spec, revision)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if dtype is None:
         dtype = torch.bfloat16 if device.startswith("cuda") and torch.cuda.is_bf16_supported() else torch.float32
@@ -149,7 +149,7 @@ def load_model(
     return loaded
 
 
-def _locate(spec: ModelSpec, revision: str | None) -> str:
+def locate(spec: ModelSpec, revision: str | None = None) -> str:
     """A local folder, the local hub cache, or (only if the hub answers) the hub id; else fail fast."""
     folder = spec.local_folder()
     if folder is not None:
