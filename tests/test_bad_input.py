@@ -182,3 +182,7 @@ def test_a_write_that_fails_midway_leaves_neither_the_file_nor_a_temporary(expor
     with pytest.raises(OSError, match="No space left"):
         write_exported(ExportedConfig.model_validate(exported_yaml), in_tmp / "best.yaml")
     assert list(in_tmp.iterdir()) == []
+
+
+def test_a_malformed_cache_budget() -> None:
+    assert "--cache-budget 'lots': write a size like 4GB" in tune("--cache-budget", "lots", "--trials", "1")

@@ -1,7 +1,7 @@
 """Disk caches for what every trial of a study shares: query vectors, baseline vectors, layer inputs.
 
-Layout: `ROOT/<model>/<dataset>-<fingerprint>/<name>.{npy,bin}` plus `<name>.json`, the metadata. ROOT defaults to
-`mlruns/cache` (next to the study and tracking stores). Each entry's metadata holds its full key —
+Layout: `ROOT/<model>/<dataset>-<fingerprint>/<name>.{npy,bin}` plus `<name>.json`, the metadata.
+ROOT defaults to `mlruns/cache` (next to the study and tracking stores). Each entry's metadata holds its full key —
 model (source, revision, weights fingerprint for local folders, dtype, pooling, maximum length),
 dataset (name, fingerprint, digest of the ordered texts), batch size, the engine version
 (`tuner.__version__`, `CACHE_FORMAT`, torch and transformers) — plus the data file's size and
@@ -64,7 +64,10 @@ def _hasher(algorithm: str) -> Any:
 
 def checksum(data: bytes | memoryview | np.ndarray, algorithm: str = CHECKSUM) -> str:
     hasher = _hasher(algorithm)
-    view = memoryview(data).cast("B") if not isinstance(data, np.ndarray) else memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
+    if isinstance(data, np.ndarray):
+        view = memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
+    else:
+        view = memoryview(data).cast("B")
     for start in range(0, len(view), CHUNK):
         hasher.update(view[start : start + CHUNK])
     return hasher.hexdigest()

@@ -97,6 +97,7 @@ def run(
     bootstrap: Annotated[int, typer.Option(help="Bootstrap resamples for the held-out intervals.")] = 1000,
     revision: Annotated[str | None, typer.Option(help="Hub revision of the model.")] = None,
     trust_remote_code: TrustRemoteCode = False,
+    cache_budget: Annotated[str | None, typer.Option(help="Disk/RAM for cached layer inputs, e.g. 4GB or 0 (none); default: tuner.cache's budget.")] = None,
     workers: Annotated[int, typer.Option(help="Local worker processes on this study (each loads the model).")] = 1,
     worker: Annotated[bool, typer.Option("--worker", help="Only run trials of a study another `tune` coordinates (other machines).")] = False,
     heartbeat: Annotated[int, typer.Option(help="Seconds between worker heartbeats; a trial silent for 3 is failed and re-run.")] = 20,
@@ -112,7 +113,7 @@ def run(
             trials=trials, seed=seed, hm_floor=hm_floor, pareto=pareto, storage=storage, study_name=study_name,
             tracking_uri=tracking_uri, output=output, batch_size=batch_size, profile_docs=profile_docs,
             bootstrap=bootstrap, trust_remote_code=trust_remote_code, revision=revision,
-            workers=workers, worker=worker, heartbeat=heartbeat,
+            workers=workers, worker=worker, heartbeat=heartbeat, cache_budget=parse_bytes(cache_budget),
             space=SearchSpace.from_yaml(space) if space else SearchSpace(),
         )
         _print_settings(settings)
@@ -222,6 +223,22 @@ def ui(
         command += ["--default-artifact-root", default_artifact_root()]
     console.print(f"MLflow UI on http://{host}:{port} (store: {uri})")
     raise typer.Exit(subprocess.call(command))
+
+
+def parse_bytes(text: str | None) -> int | None:
+    """'4GB', '512MiB', '0' → bytes; None stays None (the default budget)."""
+    if text is None:
+        return None
+    units = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+    number = text.strip().lower().rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = text.strip().lower()[len(number):]
+    try:
+        value = float(number) * units[unit]
+    except (ValueError, KeyError):
+        raise ValueError(f"--cache-budget {text!r}: write a size like 4GB, 512MiB or 0") from None
+    if value < 0:
+        raise ValueError(f"--cache-budget must not be negative, got {text!r}")
+    return int(value)
 
 
 def read_texts(path: Path) -> list[str]:

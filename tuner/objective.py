@@ -61,7 +61,7 @@ class TrialObjective:
         model = self.evaluator.model
         config = self.space.suggest(trial, model.spec.pooling, model.spec.padding_side)
         layers = list(config.resolve_layers(model.num_layers))
-        params = {**trial.params, "layers": layers}
+        params = {**{k: round(v, 6) if isinstance(v, float) else v for k, v in trial.params.items()}, "layers": layers}
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
         try:
             evaluation = self.evaluator.run(config)

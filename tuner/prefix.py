@@ -183,7 +183,7 @@ class LayerStack:
         recorded: dict[int, torch.Tensor] = {}
         model = self.loaded.model
         good = []
-        with torch.inference_mode():
+        with torch.inference_mode(), _one_thread():
             with self.recording(wanted, lambda layer, h: recorded.__setitem__(layer, h.clone())):
                 full = model(**batch).last_hidden_state
             for layer in wanted:
@@ -201,6 +201,17 @@ class LayerStack:
                 else:
                     log.warning("layer %d: a resumed pass does not reproduce the full forward; not cached", layer)
         return good
+
+
+@contextmanager
+def _one_thread() -> Iterator[None]:
+    """A probe batch is tiny: threads only add synchronisation, which costs a lot on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _find_layers(model: torch.nn.Module, num_layers: int) -> torch.nn.ModuleList:

@@ -31,6 +31,7 @@ from tuner.export import build_export, write_exported
 from tuner.models import LoadedModel, load_model
 from tuner.objective import GeneralCheck, TrialObjective
 from tuner.plots import optuna_figures, pareto_scatter
+from tuner.prefix import prefix_layers_for
 from tuner.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, SearchSpace
 from tuner.study import (
     HEARTBEAT_SECONDS,
@@ -80,6 +81,7 @@ class TuneSettings:
     trust_remote_code: bool = False
     revision: str | None = None
     space: SearchSpace = field(default_factory=SearchSpace)
+    cache_budget: int | None = None  # bytes of cached layer inputs (None: tuner.cache's default; 0: none)
     workers: int = 1
     worker: bool = False  # only run trials of a study another `tune` coordinates
     heartbeat: int = HEARTBEAT_SECONDS
@@ -154,7 +156,10 @@ def tune(settings: TuneSettings) -> TuneOutcome | None:
     model = load_model(settings.model, revision=settings.revision, trust_remote_code=settings.trust_remote_code,
                        pooling=settings.pooling)  # type: ignore[arg-type]
     tuning, heldout = split_datasets(settings)
-    evaluator = Evaluator(model, tuning, settings.batch_size, show_progress=sys.stderr.isatty() and not settings.worker)
+    evaluator = Evaluator(
+        model, tuning, settings.batch_size, show_progress=sys.stderr.isatty() and not settings.worker,
+        cache_budget=settings.cache_budget, prefix_layers=prefix_layers_for(settings.space, model.num_layers),
+    )
     name = settings.study_name_for(model)
     identity = {
         "model_name": settings.model,

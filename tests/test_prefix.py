@@ -1,0 +1,194 @@
+"""Fast trials: a trial resumed from cached layer inputs equals a trial computed from scratch."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import POOLING
+from tests.tiny import WORDS, random_texts
+from tuner.cache import choose_layers
+from tuner.calibration import CalibrationConfig
+from tuner.data import PositionalDataset
+from tuner.encoder import CalibratedEncoder
+from tuner.evaluation import Evaluator
+from tuner.models import LoadedModel, load_model
+from tuner.prefix import Batches, LayerStack, ResumeUnsupportedError, encode_batches, prefix_layers_for, suggest_batch_size
+from tuner.search_space import SearchSpace
+
+BATCH = 4
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models gain nothing from threads, and on a busy machine they lose a lot to contention."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny_dataset(docs: int = 10, seed: int = 0, name: str = "tiny-pos") -> PositionalDataset:
+    """Documents of mixed lengths (some shorter than one 8-token basket); each query is a document's first words."""
+    rng = random.Random(seed)
+    texts = random_texts(docs, 3, 60, seed=seed)
+    corpus = {f"d{i}": text for i, text in enumerate(texts)}
+    queries, qrels, groups = {}, {}, {}
+    for i, text in enumerate(texts):
+        words = text.split()
+        for group, part in zip(("begin", "middle", "end"), (words[:3], words[len(words) // 2 :][:3], words[-3:])):
+            qid = f"q{i}-{group}"
+            queries[qid] = " ".join(part) or rng.choice(WORDS)
+            qrels[qid] = {f"d{i}": 1}
+            groups[qid] = (group,)
+    return PositionalDataset(name, corpus, queries, qrels, groups, ("begin", "middle", "end"))
+
+
+def scratch(model: LoadedModel, dataset: PositionalDataset, config: CalibrationConfig) -> np.ndarray:
+    """The reference: `CalibratedEncoder` runs the whole model, with the same batching."""
+    return CalibratedEncoder(model, config).encode(list(dataset.corpus.values()), batch_size=BATCH)
+
+
+@pytest.fixture(scope="module", params=["bert-cls", "qwen3-last", "bert-mean"])
+def tiny(request: pytest.FixtureRequest, tiny_model_dir) -> LoadedModel:
+    kind, pooling = POOLING[request.param]
+    return load_model(str(tiny_model_dir(kind)), pooling=pooling)
+
+
+def configs(model: LoadedModel) -> list[CalibrationConfig]:
+    """Calibration starting at layer 2 (last), at layer 1 (last:2) and at layer 0 (all), of a 3-layer model."""
+    return [model.default_config(variant=v, strength=0.8, basket_size=8, layers=layers)
+            for v, layers in (("cls_soft", "last"), ("cls_hard", "last:2"), ("uniform", 1.0))]
+
+
+@pytest.mark.parametrize("ram", ["in memory", "memory-mapped"])
+def test_a_resumed_trial_equals_a_trial_from_scratch(tiny: LoadedModel, tmp_path: Path, ram: str) -> None:
+    dataset = tiny_dataset()
+    evaluator = Evaluator(tiny, dataset, BATCH, cache_dir=tmp_path, prefix_layers=(1, 2),
+                          ram_limit=None if ram == "in memory" else 0)
+    baseline, _ = evaluator.run(None), None
+    assert evaluator.cached_layers() == (1, 2)
+    assert all(inputs.in_memory == (ram == "in memory") for inputs in evaluator._inputs.values())
+    for config in configs(tiny):
+        got, _ = evaluator.document_vectors(config)
+        want = scratch(tiny, dataset, config)
+        assert np.abs(got - want).max() <= 1e-6
+        assert np.abs(got - evaluator.baseline_vectors()[0]).max() > 1e-4  # calibration did something
+    # one full pass for the baseline (which recorded the layer inputs), one for the all-layers trial
+    assert evaluator.counts.full == 2 and evaluator.counts.resumed == {2: 1, 1: 1}
+    assert baseline.report.hm is not None
+
+
+def test_a_trial_starting_after_the_deepest_cached_layer_resumes_from_it(tiny: LoadedModel, tmp_path: Path) -> None:
+    dataset = tiny_dataset()
+    evaluator = Evaluator(tiny, dataset, BATCH, cache_dir=tmp_path, prefix_layers=(1,))
+    config = configs(tiny)[0]  # calibrates layer 2 only: layer 1 runs plain from the cached input
+    got, _ = evaluator.document_vectors(config)
+    assert evaluator.counts.resumed == {1: 1}
+    assert np.abs(got - scratch(tiny, dataset, config)).max() <= 1e-6
+
+
+def test_strength_zero_is_the_baseline_and_costs_nothing(tiny: LoadedModel, tmp_path: Path) -> None:
+    evaluator = Evaluator(tiny, tiny_dataset(), BATCH, cache_dir=tmp_path)
+    plain, _ = evaluator.document_vectors(None)
+    zero, _ = evaluator.document_vectors(tiny.default_config(strength=0.0, layers="last"))
+    assert zero is plain and evaluator.counts.full == 1
+
+
+def test_batches_match_the_encoder_and_the_full_pass_is_bitwise_equal(tiny: LoadedModel) -> None:
+    dataset = tiny_dataset()
+    texts = list(dataset.corpus.values())
+    batches = Batches.build(tiny, texts, BATCH)
+    assert [len(r) for r in batches.rows] == [4, 4, 2]
+    lengths = [t for _, t in batches.shapes]
+    assert lengths == sorted(lengths, reverse=True)  # long first: little padding
+    config = configs(tiny)[1]
+    assert np.array_equal(encode_batches(tiny, batches, config.resolve(3)), scratch(tiny, dataset, config))
+
+
+def test_recording_only_stops_at_the_deepest_wanted_layer(tiny: LoadedModel) -> None:
+    batches = Batches.build(tiny, random_texts(5, 3, 30), BATCH)
+    stack = LayerStack(tiny)
+    reached: list[int] = []
+    handles = [layer.register_forward_pre_hook(lambda m, a, i=i: reached.append(i)) for i, layer in enumerate(stack.layers)]
+    try:
+        seen: list[tuple[int, int, tuple[int, ...]]] = []
+        out = encode_batches(tiny, batches, None, stack=stack, record=([1], lambda b, l, h: seen.append((b, l, tuple(h.shape)))),
+                             record_only=True)
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert out is None and set(reached) == {0, 1}  # layer 2 never ran
+    assert [(b, l) for b, l, _ in seen] == [(0, 1), (1, 1)]
+    assert [s[:2] for *_, s in seen] == batches.shapes
+
+
+def test_a_model_whose_layers_share_state_is_not_resumed_there(tiny_model_dir) -> None:
+    """Layer 1 reads a value layer 0 leaves behind: passing layer 0 through changes it, so layer 1 is refused."""
+    model = load_model(str(tiny_model_dir("bert")), pooling="cls")
+    layers = LayerStack(model).layers
+    side: dict[str, torch.Tensor] = {}
+    hooks = [
+        layers[0].register_forward_hook(lambda m, args, out: side.__setitem__("x", out.mean())),
+        layers[1].register_forward_hook(lambda m, args, out: out + side["x"]),
+    ]
+    try:
+        assert LayerStack(model).resumable([1, 2]) == [2]
+        dataset = tiny_dataset()
+        evaluator = Evaluator(model, dataset, BATCH, disk_cache=False, prefix_layers=(1, 2))
+        config = model.default_config(strength=0.8, basket_size=8, layers="last:2")  # starts at layer 1
+        got, _ = evaluator.document_vectors(config)
+        assert evaluator.cached_layers() == (2,) and evaluator.counts.resumed == {}
+        assert np.abs(got - scratch(model, dataset, config)).max() <= 1e-6
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+def test_a_model_without_a_recognisable_layer_list_falls_back_to_full_passes(tiny_model_dir, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = load_model(str(tiny_model_dir("bert")), pooling="cls")
+    monkeypatch.setattr("tuner.prefix._find_layers", lambda *a: (_ for _ in ()).throw(ResumeUnsupportedError("no layer list")))
+    evaluator = Evaluator(model, tiny_dataset(), BATCH, disk_cache=False)
+    config = configs(model)[0]
+    got, _ = evaluator.document_vectors(config)
+    assert evaluator.cached_layers() == () and evaluator.counts.full == 1
+    assert np.abs(got - scratch(model, tiny_dataset(), config)).max() <= 1e-6
+
+
+def test_the_layers_worth_caching_are_where_the_search_space_starts() -> None:
+    assert prefix_layers_for(SearchSpace(), 6) == (1, 3, 4, 5)  # MiniLM: 75%, 50%, 25%, last; never layer 0
+    assert prefix_layers_for(SearchSpace(), 3) == (1, 2)
+    assert prefix_layers_for(SearchSpace(depths=("100%",)), 6) == ()
+    assert prefix_layers_for(SearchSpace(depths=("last", "50%")), 24) == (12, 23)
+
+
+def test_the_budget_picks_the_layers_that_skip_the_most() -> None:
+    candidates = (1, 3, 4, 5)
+    assert choose_layers(candidates, 100, 10_000) == (1, 3, 4, 5)
+    assert choose_layers(candidates, 100, 99) == ()
+    assert choose_layers(candidates, 100, 100) == (3,)  # skips 3 layers in 3 of 4 starts
+    assert choose_layers(candidates, 100, 250) == (3, 4)
+
+
+def test_a_budget_of_one_layer_caches_one_layer(tiny: LoadedModel, tmp_path: Path) -> None:
+    evaluator = Evaluator(tiny, tiny_dataset(), BATCH, cache_dir=tmp_path, prefix_layers=(1, 2))
+    evaluator.batches()
+    probe = Evaluator(tiny, tiny_dataset(), BATCH, cache_dir=tmp_path / "probe", prefix_layers=(1, 2))
+    probe._plan_layer_inputs()
+    layer_bytes = probe._store.layer_bytes
+    assert layer_bytes == sum(r * t for r, t in evaluator.batches().shapes) * 32 * 4
+    one = Evaluator(tiny, tiny_dataset(), BATCH, cache_dir=tmp_path / "one", cache_budget=layer_bytes, prefix_layers=(1, 2))
+    assert one.cached_layers() == (1,)
+    none = Evaluator(tiny, tiny_dataset(), BATCH, cache_dir=tmp_path / "none", cache_budget=0, prefix_layers=(1, 2))
+    none.document_vectors(configs(tiny)[0])
+    assert none.cached_layers() == () and none.counts.full == 1
+    assert not list((tmp_path / "none").rglob("layer-input-*"))
+
+
+def test_suggested_batch_size_is_a_power_of_two_within_the_cap(tiny: LoadedModel) -> None:
+    size = suggest_batch_size(tiny)
+    assert 1 <= size <= 256 and size & (size - 1) == 0
