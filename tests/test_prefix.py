@@ -23,13 +23,7 @@ from tuner.search_space import SearchSpace
 BATCH = 4
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models gain nothing from threads, and on a busy machine they lose a lot to contention."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny_dataset(docs: int = 10, seed: int = 0, name: str = "tiny-pos") -> PositionalDataset:

@@ -188,7 +188,7 @@ def test_a_real_mlflow_server_serves_the_trials_for_comparison(workspace: dict) 
         deadline = time.monotonic() + 90
         while True:
             try:
-                experiment = requests.get(f"{base}/experiments/get-by-name", params={"experiment_name": "posfair"}, timeout=2)
+                experiment = requests.get(f"{base}/experiments/get-by-name", params={"experiment_name": "posfair"}, timeout=10)
                 if experiment.ok:
                     break
             except requests.ConnectionError:

@@ -109,7 +109,8 @@ def test_a_worker_killed_mid_trial_is_detected_and_its_trial_rerun(tiny_model_di
     trials = optuna.load_study(study_name="shared", storage=storage).trials
     assert trials[killed].state == optuna.trial.TrialState.FAIL
     retried = [t for t in trials if t.system_attrs.get("failed_trial") == killed]
-    assert retried and retried[0].state == COMPLETE and retried[0].params == trials[killed].params
+    assert retried and retried[0].state == COMPLETE
+    assert trials[killed].params.items() <= retried[0].params.items()  # re-run with what it had drawn
     complete = sorted(t.number for t in trials if t.state == COMPLETE)
     assert len(complete) == 6
     assert trial_runs(tracking) == complete  # nothing lost, nothing logged twice

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -26,6 +27,7 @@ from objectives import Candidate, pick_winner
 log = logging.getLogger(__name__)
 
 HEARTBEAT_SECONDS = 20  # a trial whose worker is silent for 3 heartbeats is failed and re-queued
+SCHEMA_ATTEMPTS = 5
 
 
 class StudyMismatchError(ValueError):
@@ -38,22 +40,31 @@ def default_storage(store: Path = Path("mlruns")) -> str:
 
 
 def make_storage(url: str, heartbeat: int = HEARTBEAT_SECONDS) -> RDBStorage:
-    """Database storage with heartbeats, so a killed worker's trial is failed and retried."""
-    try:
-        with warnings.catch_warnings():  # heartbeats and the retry callback are marked experimental
-            warnings.simplefilter("ignore", ExperimentalWarning)
-            return RDBStorage(
-                url,
-                heartbeat_interval=heartbeat,
-                grace_period=3 * heartbeat,
-                heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=2),
-                engine_kwargs={"pool_pre_ping": True},
-            )
-    except Exception as error:  # noqa: BLE001 - sqlalchemy raises many kinds for a bad URL
-        raise ValueError(
-            f"cannot open study storage {url!r}: {str(error).splitlines()[0]}. "
-            "Use e.g. sqlite:///mlruns/optuna.db, postgresql://user:pass@host/db or mysql://user:pass@host/db"
-        ) from None
+    """Database storage with heartbeats, so a killed worker's trial is failed and retried.
+
+    Workers starting together on a new database race to create Optuna's tables; the loser retries.
+    """
+    attempt = 0
+    while True:
+        try:
+            with warnings.catch_warnings():  # heartbeats and the retry callback are marked experimental
+                warnings.simplefilter("ignore", ExperimentalWarning)
+                return RDBStorage(
+                    url,
+                    heartbeat_interval=heartbeat,
+                    grace_period=3 * heartbeat,
+                    heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=2),
+                    engine_kwargs={"pool_pre_ping": True},
+                )
+        except Exception as error:  # noqa: BLE001 - sqlalchemy raises many kinds for a bad URL
+            attempt += 1
+            racing = any(sign in str(error) for sign in ("already exists", "duplicate key", "database is locked"))
+            if not racing or attempt == SCHEMA_ATTEMPTS:
+                raise ValueError(
+                    f"cannot open study storage {url!r}: {str(error).splitlines()[0]}. "
+                    "Use e.g. sqlite:///mlruns/optuna.db, postgresql://user:pass@host/db or mysql://user:pass@host/db"
+                ) from None
+            time.sleep(attempt)
 
 
 def constraints_of(trial: FrozenTrial) -> Sequence[float]:

@@ -76,7 +76,14 @@ class Tracker:
         self.parent_id: str | None = None
 
     def _create_experiment(self, name: str, local: bool) -> str:
-        return self.client.create_experiment(name, artifact_location=default_artifact_root() if local else None)
+        """Create the experiment; if another worker just did, use theirs."""
+        try:
+            return self.client.create_experiment(name, artifact_location=default_artifact_root() if local else None)
+        except Exception as error:  # noqa: BLE001 - MlflowException over REST, IntegrityError locally
+            found = self.client.get_experiment_by_name(name)
+            if found is None or "already exists" not in str(error).lower():
+                raise
+            return found.experiment_id
 
     def start_study(self, study: str, params: dict[str, object], tags: dict[str, str]) -> str:
         """Open (or, on resume, reopen) the study's parent run."""

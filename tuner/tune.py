@@ -322,7 +322,7 @@ def _log_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial, progress: t
 def _general_check(model: LoadedModel, settings: TuneSettings) -> GeneralCheck | None:
     if settings.general is None:
         return None
-    evaluator = Evaluator(model, load_benchmark(settings.general), settings.batch_size)
+    evaluator = Evaluator(model, load_benchmark(settings.general), settings.batch_size, cache_budget=0)  # short documents
     return GeneralCheck(evaluator, evaluator.run(None).report, settings.max_general_drop)
 
 
@@ -350,7 +350,9 @@ def _summary_rows(
     if default is not None and default.number != best.number:
         entries.append(("Paper default", default))
     entries.append((f"Winner (trial {best.number})", best))
-    held = Evaluator(model, heldout, settings.batch_size, show_progress=sys.stderr.isatty()) if heldout is not None else None
+    held = None
+    if heldout is not None:  # scored once per config: layer inputs would never be reused
+        held = Evaluator(model, heldout, settings.batch_size, show_progress=sys.stderr.isatty(), cache_budget=0)
     held_baseline = held.run(None) if held is not None else None
     rows = []
     for label, trial in entries:
