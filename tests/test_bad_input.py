@@ -186,3 +186,8 @@ def test_a_write_that_fails_midway_leaves_neither_the_file_nor_a_temporary(expor
 
 def test_a_malformed_cache_budget() -> None:
     assert "--cache-budget 'lots': write a size like 4GB" in tune("--cache-budget", "lots", "--trials", "1")
+
+
+def test_a_malformed_inline_calibration() -> None:
+    assert "write field=value pairs" in tune("evaluate", "--calibration", "strength", "--no-sea", "--general", "")
+    assert "calibration config" in tune("evaluate", "--calibration", "strength=2", "--no-sea", "--general", "")

@@ -129,6 +129,7 @@ def evaluate(
     model: Model = "minilm",
     dataset: Dataset = "wikipos-test",
     config: Annotated[list[Path] | None, typer.Option(help="Exported YAML config(s) to compare; repeatable.")] = None,
+    calibration: Annotated[list[str] | None, typer.Option(help="An inline config row, e.g. strength=0.5,layers=last (over the paper default); repeatable.")] = None,
     paper_default: Annotated[bool, typer.Option(help="Add the paper's default config row.")] = True,
     sea: Annotated[bool, typer.Option(help="Add the Segment Embed Average baseline.")] = True,
     general: Annotated[str | None, typer.Option(help="General-retrieval set for the original/shuffled table.")] = "wikipos-general",
@@ -152,6 +153,8 @@ def evaluate(
         configs = []
         if paper_default:
             configs.append(("Paper default (CLS-Soft, λ 0.5, 50% layers, B 128)", loaded.default_config()))
+        for inline in calibration or []:
+            configs.append((inline, loaded.default_config(**parse_inline(inline))))
         for path in config or []:
             exported = load_exported(path)
             exported.check_model(loaded)
@@ -223,6 +226,14 @@ def ui(
         command += ["--default-artifact-root", default_artifact_root()]
     console.print(f"MLflow UI on http://{host}:{port} (store: {uri})")
     raise typer.Exit(subprocess.call(command))
+
+
+def parse_inline(text: str) -> dict[str, object]:
+    """'strength=0.5,layers=last' → {'strength': 0.5, 'layers': 'last'}; values read as YAML scalars."""
+    pairs = [part.partition("=") for part in text.split(",") if part.strip()]
+    if not pairs or any(not sep or not key.strip() for key, sep, _ in pairs):
+        raise ValueError(f"--calibration {text!r}: write field=value pairs, e.g. strength=0.5,layers=last")
+    return {key.strip(): yaml.safe_load(value) for key, _, value in pairs}
 
 
 def parse_bytes(text: str | None) -> int | None:
