@@ -26,5 +26,5 @@ test: setup
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 benchmarks: setup
-	$(BIN)/python benchmarks/overhead.py
-	$(BIN)/python benchmarks/trial_cost.py
+	$(BIN)/python -m benchmarks.overhead
+	$(BIN)/python -m benchmarks.trial_cost

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Sequence
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -93,10 +94,7 @@ class CalibratedEncoder:
                 batch = tokenizer(
                     [texts[i] for i in index], padding=True, truncation=True, max_length=max_length, return_tensors="pt"
                 ).to(self.model.device)
-                if spec is not None:
-                    with calibrating(spec, observer):
-                        hidden = self.model.model(**batch).last_hidden_state
-                else:
+                with calibrating(spec, observer) if spec is not None else nullcontext():
                     hidden = self.model.model(**batch).last_hidden_state
                 vectors[index] = _pool(hidden, batch["attention_mask"], self.model.spec.pooling).cpu().numpy()
         return vectors
