@@ -10,6 +10,7 @@ import logging
 import sys
 from collections.abc import Sequence
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,46 @@ from .calibration import AttentionObserver, CalibrationConfig, ConfigError, cali
 from .models import LoadedModel, load_model
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Batches:
+    """Texts tokenised once into length-sorted batches: the one batching the encoder and the caches share."""
+
+    inputs: tuple[dict[str, torch.Tensor], ...]  # per batch, on CPU
+    rows: tuple[np.ndarray, ...]  # per batch: the document indices of its rows
+    count: int
+    truncated: int
+
+    @classmethod
+    def build(cls, model: LoadedModel, texts: Sequence[str], batch_size: int) -> Batches:
+        tokenizer, max_length = model.tokenizer, model.max_length
+        lengths = [len(ids) for ids in tokenizer(list(texts), add_special_tokens=True, truncation=False)["input_ids"]]
+        truncated = sum(n > max_length for n in lengths)
+        if truncated:
+            log.warning("%d of %d texts exceed %d tokens and are truncated", truncated, len(texts), max_length)
+        order = np.argsort([-n for n in lengths], kind="stable")  # long first: little padding per batch
+        inputs, rows = [], []
+        for start in range(0, len(texts), batch_size):
+            index = order[start : start + batch_size]
+            batch = tokenizer([texts[i] for i in index], padding=True, truncation=True, max_length=max_length,
+                              return_tensors="pt")
+            inputs.append(dict(batch))
+            rows.append(index)
+        return cls(tuple(inputs), tuple(rows), len(texts), truncated)
+
+    @property
+    def shapes(self) -> list[tuple[int, int]]:
+        """(rows, padded length) of every batch: the layout of a cached layer's hidden states."""
+        return [tuple(b["input_ids"].shape) for b in self.inputs]  # type: ignore[misc]
+
+    def tokens(self) -> int:
+        """Padded tokens over all batches: what one layer's hidden states hold."""
+        return sum(r * t for r, t in self.shapes)
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
 
 
 class CalibratedEncoder:
@@ -78,25 +119,17 @@ class CalibratedEncoder:
     ) -> np.ndarray:
         if isinstance(texts, str):
             raise TypeError("encode takes a list of texts, not one string: wrap it as [text]")
-        tokenizer = self.model.tokenizer
-        max_length = self.model.max_length
-        lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=True, truncation=False)["input_ids"]]
-        self.truncated = sum(n > max_length for n in lengths)
-        if self.truncated:
-            log.warning("%d of %d texts exceed %d tokens and are truncated", self.truncated, len(texts), max_length)
-        order = np.argsort([-n for n in lengths], kind="stable")  # long first: little padding per batch
+        batches = Batches.build(self.model, texts, batch_size)
+        self.truncated = batches.truncated
         vectors = np.empty((len(texts), self._dimension()), dtype=np.float32)
-        show = show_progress_bar if show_progress_bar is not None else sys.stderr.isatty() and len(texts) > batch_size
+        show = show_progress_bar if show_progress_bar is not None else sys.stderr.isatty() and len(batches) > 1
         spec = self.spec if calibrate else None
         with torch.inference_mode():
-            for start in tqdm(range(0, len(texts), batch_size), desc="encode", disable=not show, unit="batch"):
-                index = order[start : start + batch_size]
-                batch = tokenizer(
-                    [texts[i] for i in index], padding=True, truncation=True, max_length=max_length, return_tensors="pt"
-                ).to(self.model.device)
+            for inputs, rows in tqdm(zip(batches.inputs, batches.rows), total=len(batches), desc="encode", disable=not show, unit="batch"):
+                batch = {k: v.to(self.model.device) for k, v in inputs.items()}
                 with calibrating(spec, observer) if spec is not None else nullcontext():
                     hidden = self.model.model(**batch).last_hidden_state
-                vectors[index] = _pool(hidden, batch["attention_mask"], self.model.spec.pooling).cpu().numpy()
+                vectors[rows] = _pool(hidden, batch["attention_mask"], self.model.spec.pooling).cpu().numpy()
         return vectors
 
     def _dimension(self) -> int:

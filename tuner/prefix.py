@@ -28,7 +28,6 @@ import logging
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -36,7 +35,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .calibration import CalibrationConfig, ResolvedCalibration, calibrating
-from .encoder import _pool
+from .encoder import Batches, _pool
 from .models import LoadedModel
 
 if TYPE_CHECKING:
@@ -61,48 +60,6 @@ def prefix_layers_for(space: SearchSpace, num_layers: int) -> tuple[int, ...]:
 
 def first_calibrated_layer(spec: ResolvedCalibration) -> int:
     return min(spec.layers)
-
-
-# --------------------------------------------------------------------------------------------- batches
-
-
-@dataclass(frozen=True)
-class Batches:
-    """A corpus tokenised once: length-sorted batches exactly as `CalibratedEncoder` forms them."""
-
-    inputs: tuple[dict[str, torch.Tensor], ...]  # per batch, on CPU
-    rows: tuple[np.ndarray, ...]  # per batch: the document indices of its rows
-    count: int
-    truncated: int
-
-    @classmethod
-    def build(cls, model: LoadedModel, texts: Sequence[str], batch_size: int) -> Batches:
-        tokenizer, max_length = model.tokenizer, model.max_length
-        lengths = [len(ids) for ids in tokenizer(list(texts), add_special_tokens=True, truncation=False)["input_ids"]]
-        truncated = sum(n > max_length for n in lengths)
-        if truncated:
-            log.warning("%d of %d texts exceed %d tokens and are truncated", truncated, len(texts), max_length)
-        order = np.argsort([-n for n in lengths], kind="stable")
-        inputs, rows = [], []
-        for start in range(0, len(texts), batch_size):
-            index = order[start : start + batch_size]
-            batch = tokenizer([texts[i] for i in index], padding=True, truncation=True, max_length=max_length,
-                              return_tensors="pt")
-            inputs.append(dict(batch))
-            rows.append(index)
-        return cls(tuple(inputs), tuple(rows), len(texts), truncated)
-
-    @property
-    def shapes(self) -> list[tuple[int, int]]:
-        """(rows, padded length) of every batch: the layout of a cached layer's hidden states."""
-        return [tuple(b["input_ids"].shape) for b in self.inputs]  # type: ignore[misc]
-
-    def tokens(self) -> int:
-        """Padded tokens over all batches: what one layer's hidden states hold."""
-        return sum(r * t for r, t in self.shapes)
-
-    def __len__(self) -> int:
-        return len(self.inputs)
 
 
 # ----------------------------------------------------------------------------------------- layer stack
