@@ -137,7 +137,7 @@ def study_walls(model, dataset, args: argparse.Namespace, say: Callable[[str], N
     depths: list[str] = []
     evaluators: dict[str, Evaluator] = {}
     make = {
-        "uncached": lambda: Evaluator(model, dataset, args.batch_size, disk_cache=False, cache_budget=0),
+        "uncached": lambda: Evaluator(model, dataset, args.batch_size, disk_cache=False, cache_budget=0, reuse_baseline=False),
         "cold": lambda: Evaluator(model, dataset, args.batch_size, cache_dir=folder / "cache"),
         "warm": lambda: Evaluator(model, dataset, args.batch_size, cache_dir=folder / "cache"),  # after cold wrote it
     }

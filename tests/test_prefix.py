@@ -13,6 +13,7 @@ from tests.conftest import POOLING
 from tests.tiny import WORDS, random_texts
 from tuner.cache import choose_layers
 from tuner.calibration import CalibrationConfig
+from tuner.calibration.rows import fills_a_basket
 from tuner.data import PositionalDataset
 from tuner.encoder import CalibratedEncoder
 from tuner.evaluation import Evaluator
@@ -91,6 +92,37 @@ def test_strength_zero_is_the_baseline_and_costs_nothing(tiny: LoadedModel, tmp_
     plain, _ = evaluator.document_vectors(None)
     zero, _ = evaluator.document_vectors(tiny.default_config(strength=0.0, layers="last"))
     assert zero is plain and evaluator.counts.full == 1
+
+
+def test_a_batch_the_config_cannot_change_is_copied_from_the_baseline(tiny: LoadedModel, tmp_path: Path) -> None:
+    """Passages shorter than one basket are left uncalibrated (§3), so such batches are never encoded."""
+    dataset = tiny_dataset()
+    evaluator = Evaluator(tiny, dataset, BATCH, cache_dir=tmp_path, prefix_layers=())
+    baseline, _ = evaluator.document_vectors(None)
+    lengths = [int(b["attention_mask"].sum(-1).max()) for b in evaluator.batches().inputs]  # longest first
+    isolated = len(tiny.default_config().isolated_roles())  # [CLS]; also [SEP] or </s> by pooling
+    basket = lengths[1] - isolated + 1  # only the first batch holds a passage whose content fills one
+    config = tiny.default_config(strength=0.8, basket_size=basket, layers=1.0)
+    assert fills_a_basket(torch.tensor(lengths), basket, isolated).tolist() == [True, False, False]
+    forwards: list[int] = []
+    hook = tiny.model.register_forward_pre_hook(lambda *a: forwards.append(1))
+    try:
+        got, _ = evaluator.document_vectors(config)
+    finally:
+        hook.remove()
+    assert len(forwards) == 1
+    rows = evaluator.batches().rows
+    later = np.concatenate(rows[1:])
+    assert np.array_equal(got[later], baseline[later])
+    assert np.abs(got - scratch(tiny, dataset, config)).max() <= 1e-6
+    assert np.abs(got[rows[0]] - baseline[rows[0]]).max() > 1e-4
+
+
+def test_configs_that_resolve_to_the_same_calibration_share_one_pass(tiny: LoadedModel, tmp_path: Path) -> None:
+    evaluator = Evaluator(tiny, tiny_dataset(), BATCH, cache_dir=tmp_path, prefix_layers=())
+    last, _ = evaluator.document_vectors(tiny.default_config(strength=0.8, basket_size=8, layers="last"))
+    explicit, _ = evaluator.document_vectors(tiny.default_config(strength=0.8, basket_size=8, layers=[2]))
+    assert explicit is last and evaluator.counts.full == 1
 
 
 def test_batches_match_the_encoder_and_the_full_pass_is_bitwise_equal(tiny: LoadedModel) -> None:

@@ -15,6 +15,9 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tests.tiny import WORDS
+from tuner.calibration import ConfigError
+from tuner.data import load_benchmark
+from tuner.models import load_model
 from tuner.encoder import CalibratedEncoder
 from tuner.evaluation import Evaluator
 from tuner.export import load_exported
@@ -28,12 +31,12 @@ TRIAL_METRICS = {"ndcg10_begin", "ndcg10_middle", "ndcg10_end", "hm", "psi", "nd
 
 
 def write_dataset(folder: Path, docs: int = 12, seed: int = 0) -> Path:
-    """Documents of three 20-word parts; each part's first words are a query for its third."""
+    """Documents of three 45-word parts (content of ~135 tokens: basket 128 fits); each part's first words are a query for its third."""
     rng = random.Random(seed)
     folder.mkdir(parents=True, exist_ok=True)
     corpus, queries = [], []
     for d in range(docs):
-        parts = [" ".join(rng.choice(WORDS) for _ in range(20)) for _ in range(3)]
+        parts = [" ".join(rng.choice(WORDS) for _ in range(45)) for _ in range(3)]
         corpus.append({"id": f"d{d}", "text": " ".join(parts)})
         for group, part in zip(("begin", "middle", "end"), parts):
             queries.append({"id": f"q{d}-{group}", "text": " ".join(part.split()[:5]), "relevant": [f"d{d}"], "group": group})
@@ -207,3 +210,16 @@ def test_a_real_mlflow_server_serves_the_trials_for_comparison(workspace: dict) 
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_basket_sizes_no_passage_fills_leave_the_search(workspace: dict) -> None:
+    """A basket longer than every passage calibrates nothing (§3): such trials would repeat the baseline."""
+    assert SearchSpace().fitting(300).basket_sizes == (64, 128, 256)
+    with pytest.raises(ConfigError, match="none fits the longest passage .50 content tokens.*<= 50"):
+        SearchSpace().fitting(50)
+    settings = workspace["settings"]
+    model = load_model(settings.model, pooling="cls")
+    longest = Evaluator(model, load_benchmark(settings.dataset), 4, disk_cache=False).batches().longest - 1  # less [CLS]
+    study = optuna.load_study(study_name="tiny", storage=settings.storage)
+    drawn = {t.params["basket_size"] for t in study.trials}
+    assert drawn <= {b for b in (8, 16, 128) if b <= longest} and drawn

@@ -54,6 +54,11 @@ class Batches:
         """(rows, padded length) of every batch: the layout of a cached layer's hidden states."""
         return [tuple(b["input_ids"].shape) for b in self.inputs]  # type: ignore[misc]
 
+    @property
+    def longest(self) -> int:
+        """Tokens in the longest text (after truncation): batches are long first, padded to their longest."""
+        return max((t for _, t in self.shapes), default=0)
+
     def tokens(self) -> int:
         """Padded tokens over all batches: what one layer's hidden states hold."""
         return sum(r * t for r, t in self.shapes)

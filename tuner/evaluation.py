@@ -8,7 +8,10 @@ What does not change between trials is computed once and reused:
   (`prefix_layers`), recorded during the baseline pass within `cache_budget` bytes: a trial whose
   calibration starts at or after a cached layer runs only the layers from there on
   (`tuner.prefix`);
-- the last few configs' document vectors, so re-scoring a study's winner costs nothing;
+- the baseline vectors of the batches a config cannot change (no passage in them fills one basket:
+  calibration leaves such passages alone), copied instead of encoded;
+- the last few configs' document vectors, keyed by the resolved calibration (two configs that mean
+  the same layers and weights share them), so re-scoring a study's winner costs nothing;
 - the tokenised, length-sorted batches.
 """
 
@@ -36,7 +39,7 @@ from tuner.cache import (
     slug,
     texts_digest,
 )
-from tuner.calibration import CalibrationConfig
+from tuner.calibration import CalibrationConfig, ResolvedCalibration
 from tuner.data import PositionalDataset
 from tuner.encoder import CalibratedEncoder
 from tuner.models import LoadedModel
@@ -86,6 +89,7 @@ class Evaluator:
                   `prefix_layers_for(SearchSpace(), num_layers)`)
     ram_limit     bytes of layer inputs held in RAM; the rest are memory-mapped (None: half the
                   available memory)
+    reuse_baseline  copy baseline vectors for batches a config cannot change instead of encoding them
     """
 
     def __init__(
@@ -100,6 +104,7 @@ class Evaluator:
         cache_budget: int | None = None,
         prefix_layers: Sequence[int] | None = None,
         ram_limit: int | None = None,
+        reuse_baseline: bool = True,
     ) -> None:
         self.model = model
         self.dataset = dataset
@@ -114,10 +119,11 @@ class Evaluator:
             prefix_layers = prefix_layers_for(SearchSpace(), model.num_layers)
         self.prefix_layers = tuple(sorted({int(x) for x in prefix_layers if 0 < int(x) < model.num_layers}))
         self.ram_limit = ram_limit
+        self.reuse_baseline = reuse_baseline
         self.counts = PassCounts()
         self._queries: np.ndarray | None = None
         self._baseline: tuple[np.ndarray, int] | None = None
-        self._documents: OrderedDict[str, tuple[np.ndarray, int]] = OrderedDict()  # config key → vectors, truncated
+        self._documents: OrderedDict[ResolvedCalibration, tuple[np.ndarray, int]] = OrderedDict()  # → vectors, truncated
         self._batches: Batches | None = None
         self._stack: LayerStack | None = None
         self._store: LayerInputStore | None = None
@@ -178,24 +184,24 @@ class Evaluator:
         """Calibrated document vectors and how many documents were truncated; λ = 0 is the baseline."""
         if config is None or config.strength == 0.0:
             return self.baseline_vectors()
-        key = config.model_dump_json()
-        if key in self._documents:
-            self._documents.move_to_end(key)
-            return self._documents[key]
         spec = CalibratedEncoder(self.model, config).spec  # validates pooling and layers
         assert spec is not None
+        if spec in self._documents:
+            self._documents.move_to_end(spec)
+            return self._documents[spec]
         batches = self.batches()
+        baseline = self._baseline[0] if self.reuse_baseline and self._baseline is not None else None
         start = self.resume_layer(min(spec.layers))
         if start is None:
-            vectors = encode_batches(self.model, batches, spec, show_progress=self.show_progress)
+            vectors = encode_batches(self.model, batches, spec, baseline=baseline, show_progress=self.show_progress)
             self.counts.full += 1
         else:
             inputs = self._inputs[start]
             vectors = encode_batches(self.model, batches, spec, stack=self._stack, resume=(start, inputs.batch),
-                                     show_progress=self.show_progress)
+                                     baseline=baseline, show_progress=self.show_progress)
             self.counts.resumed[start] = self.counts.resumed.get(start, 0) + 1
         assert vectors is not None
-        self._documents[key] = (vectors, batches.truncated)
+        self._documents[spec] = (vectors, batches.truncated)
         while len(self._documents) > RECENT_CONFIGS:
             self._documents.popitem(last=False)
         return vectors, batches.truncated

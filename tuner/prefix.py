@@ -35,6 +35,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .calibration import CalibrationConfig, ResolvedCalibration, calibrating
+from .calibration.rows import fills_a_basket
 from .encoder import Batches, _pool
 from .models import LoadedModel
 
@@ -225,6 +226,7 @@ def encode_batches(
     resume: tuple[int, StateSource] | None = None,
     record: tuple[Sequence[int], Callable[[int, int, torch.Tensor], None]] | None = None,
     record_only: bool = False,
+    baseline: np.ndarray | None = None,
     show_progress: bool | None = None,
 ) -> np.ndarray | None:
     """Pooled, L2-normalised float32 vectors of every document, in corpus order.
@@ -233,6 +235,8 @@ def encode_batches(
     resume   (layer, states of batch i): run only the layers from `layer` on, from cached states
     record   (layers, sink(batch, layer, states)): hand the hidden states entering `layers` to `sink`
     record_only  stop each pass at the deepest recorded layer; returns None
+    baseline the uncalibrated vectors, in corpus order: a batch that `spec` cannot change (no
+             passage in it fills a basket) is copied from them instead of encoded
     """
     if (resume or record) and stack is None:
         stack = LayerStack(model)
@@ -249,6 +253,10 @@ def encode_batches(
             scope.enter_context(stack.recording(layers, lambda layer, h: sink(current[0], layer, h), stop=record_only))
         for i in tqdm(range(len(batches)), desc="encode", disable=not show, unit="batch"):
             current[0] = i
+            if baseline is not None and record is None and not _changes(spec, batches.inputs[i]["attention_mask"]):
+                if vectors is not None:
+                    vectors[batches.rows[i]] = baseline[batches.rows[i]]
+                continue
             batch = {k: v.to(model.device) for k, v in batches.inputs[i].items()}
             if feed is not None and resume is not None:
                 feed(resume[1](i))
@@ -259,6 +267,13 @@ def encode_batches(
             if vectors is not None:
                 vectors[batches.rows[i]] = _pool(hidden, batch["attention_mask"], model.spec.pooling).cpu().numpy()
     return vectors
+
+
+def _changes(spec: ResolvedCalibration | None, attention_mask: torch.Tensor) -> bool:
+    """Whether calibrating this batch can change any of its vectors."""
+    if spec is None or spec.strength == 0.0:
+        return False
+    return bool(fills_a_basket(attention_mask.sum(-1), spec.basket_size, len(spec.policies)).any())
 
 
 # ------------------------------------------------------------------------------------------ batch size

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import optuna
@@ -73,6 +73,17 @@ class SearchSpace:
             padding_side=padding_side,
             **extra,
         )
+
+    def fitting(self, longest_content: int) -> SearchSpace:
+        """This space without the basket sizes no passage can fill: they would leave every passage
+        uncalibrated (§3), so each such trial would only repeat the baseline."""
+        kept = tuple(b for b in self.basket_sizes if b <= longest_content)
+        if not kept:
+            raise ConfigError(
+                f"basket_sizes {list(self.basket_sizes)}: none fits the longest passage ({longest_content} content "
+                f"tokens), so no trial could calibrate anything; use basket sizes <= {longest_content}"
+            )
+        return replace(self, basket_sizes=kept)
 
     def admits(self, params: dict[str, object]) -> bool:
         """Whether fixed parameters (the enqueued reference trials) lie inside this space."""

@@ -148,6 +148,16 @@ def split_datasets(settings: TuneSettings) -> tuple[PositionalDataset, Positiona
     return tuning, heldout
 
 
+def _fitting_space(space: SearchSpace, model: LoadedModel, evaluator: Evaluator) -> SearchSpace:
+    """Drop basket sizes that no passage of the tuning data fills (trials that could only repeat the baseline)."""
+    longest = evaluator.batches().longest - len(model.default_config().isolated_roles())
+    fitting = space.fitting(longest)
+    if fitting != space:
+        dropped = sorted(set(space.basket_sizes) - set(fitting.basket_sizes))
+        log.info("basket sizes %s dropped from the search: the longest passage has %d content tokens", dropped, longest)
+    return fitting
+
+
 def tune(settings: TuneSettings) -> TuneOutcome | None:
     """Run (or resume) a study and export its winner; a `worker` only runs trials and returns None."""
     tracker = Tracker(settings.tracking_uri, EXPERIMENT)  # an unreachable server fails here, before any work
@@ -160,6 +170,7 @@ def tune(settings: TuneSettings) -> TuneOutcome | None:
         model, tuning, settings.batch_size, show_progress=sys.stderr.isatty() and not settings.worker,
         cache_budget=settings.cache_budget, prefix_layers=prefix_layers_for(settings.space, model.num_layers),
     )
+    space = _fitting_space(settings.space, model, evaluator)
     name = settings.study_name_for(model)
     identity = {
         "model_name": settings.model,
@@ -170,7 +181,7 @@ def tune(settings: TuneSettings) -> TuneOutcome | None:
         "dataset": tuning.name,
         "dataset_fingerprint": tuning.fingerprint(),
         "hm_floor": settings.hm_floor,
-        "space": settings.space.as_dict(),
+        "space": space.as_dict(),
         "pareto": settings.pareto,
         "seed": settings.seed,
     }
@@ -184,7 +195,7 @@ def tune(settings: TuneSettings) -> TuneOutcome | None:
         floor = HmFloor.parse(settings.hm_floor).resolve(baseline.report.hm)
         study.set_user_attr(FLOOR_ATTR, floor)
         for params in (BASELINE_PARAMS, PAPER_DEFAULT_PARAMS):
-            if settings.space.admits(params):
+            if space.admits(params):
                 enqueue_once(study, params)
     tracker.start_study(
         name,
@@ -194,7 +205,7 @@ def tune(settings: TuneSettings) -> TuneOutcome | None:
     staging = Path(tempfile.mkdtemp(prefix="posfair-"))
     try:
         objective = TrialObjective(
-            evaluator, settings.space, floor, tracker, name, staging,
+            evaluator, space, floor, tracker, name, staging,
             pareto=settings.pareto, general=_general_check(model, settings), profile_docs=settings.profile_docs,
         )
         with tqdm(total=settings.trials, initial=len(complete_trials(study)), desc="trials", unit="trial",

@@ -71,10 +71,19 @@ class BasketGeometry:
             isolated=isolated,
             roles=roles,
             n_baskets=n_baskets,
-            calibrated=length >= basket_size,
+            calibrated=fills_a_basket(key_valid.sum(-1), basket_size, len(roles)),
             runs=tuple(runs),
             basket_size=basket_size,
         )
+
+
+def fills_a_basket(valid_tokens: torch.Tensor, basket_size: int, isolated: int) -> torch.Tensor:
+    """Per item: whether its content (real tokens less the isolated ones) fills at least one basket.
+
+    Calibration leaves a passage shorter than one basket alone (as the reference code does), so such a
+    passage's vector is the uncalibrated one whatever the other knobs say.
+    """
+    return valid_tokens - isolated >= basket_size
 
 
 def isolated_targets(
