@@ -26,7 +26,8 @@ How it measures (also printed with the results):
 - time = median over `repeats` forwards (3 up to 512 tokens, 2 above: the oracle at 2048 takes ~40 s a
   forward) after one untimed full-length forward, inference mode, default torch threads. The engine
   process also times the plain (uncalibrated) forward of the same loaded model, interleaved
-  plain/calibrated (ABBA), and reports the median per-pair ratio: on a shared machine this paired
+  plain/calibrated (ABBA), as many pairs as fit in ~40 s (at least `repeats`, at most 16), and
+  reports the median per-pair ratio: on a shared machine this paired
   ratio is less exposed to other load than a ratio across two processes. It also times one calibrated
   layer's attention call alone (SDPA vs engine, synthetic tensors of the model's shape) and scales the
   difference by the number of calibrated layers: a third, shorter and so steadier, estimate;
@@ -41,6 +42,7 @@ import argparse
 import contextlib
 import gc
 import json
+import math
 import os
 import platform
 import resource
@@ -71,6 +73,8 @@ CHILD_ENV = {
 CALIBRATION = {"variant": "cls_soft", "strength": 0.5, "basket_size": 128, "layers": 0.5}
 WARMUP_TOKENS = 32
 CHILD_TIMEOUT_S = 1800
+PAIRED_SECONDS = 40.0
+MAX_PAIRS = 16
 TARGET_POOLED_RATIO = 1.05
 TARGET_MEAN_RATIO = 1.5
 TARGET_EXTRA_MIB = 2.0
@@ -432,9 +436,14 @@ def measure(case: Case) -> dict[str, Any]:
                 run["times"].append(seconds)
             return embedding
 
+        warm_up = time.perf_counter()
         embedding = timed(calibrated, keep=False)  # full-length warm-up; its peak counts
+        warm_up = time.perf_counter() - warm_up
         plain_embedding = None
-        for i in range(case.repeats):
+        # The engine's paired ratio is the verdict: as many ABBA pairs as fit in PAIRED_SECONDS (at least
+        # `repeats`, at most MAX_PAIRS), since one forward's noise here (±5–10%) exceeds what is measured.
+        pairs = max(case.repeats, min(MAX_PAIRS, math.ceil(PAIRED_SECONDS / (2 * warm_up))))
+        for i in range(pairs if case.method == "engine" else case.repeats):
             if case.method == "engine":  # ABBA: plain/calibrated, calibrated/plain, ...
                 for flag in (False, True) if i % 2 == 0 else (True, False):
                     out = timed(flag, keep=True)

@@ -15,11 +15,11 @@ figure is the median over repeats; each ratio is the median of the per-repeat ra
 load that other processes put on a shared machine cancels out as far as it can).
 
 Part 2, a 24-trial study. The study loop of `tuner.study` (TPE, seed 0, the baseline and the
-paper's default enqueued first, as `tune` does) with an objective that scores each config with
+paper's default enqueued first, basket sizes no passage fills left out, as `tune` does) with an objective that scores each config with
 `Evaluator.run` — PSI, subject to HM ≥ the baseline's HM — without MLflow logging and without the
 per-trial attention profile. Three evaluators run side by side: without caching
-(`disk_cache=False, cache_budget=0`: what the evaluator did before, keeping only query and baseline
-vectors in memory); with caching on an empty cache folder ("cold": queries and baseline computed,
+(`disk_cache=False, cache_budget=0, reuse_baseline=False`: what the evaluator did before, keeping
+only query and baseline vectors in memory); with caching on an empty cache folder ("cold": queries and baseline computed,
 layer inputs recorded during the baseline pass, trials resumed); and with caching on the folder the
 cold one filled ("warm": a later study on the same model, revision and dataset). Each trial's config
 runs on all three, back to back, in rotating order, so drifting load from other processes hits them
@@ -129,7 +129,6 @@ def study_walls(model, dataset, args: argparse.Namespace, say: Callable[[str], N
     from tuner.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, SearchSpace
     from tuner.study import enqueue_once, open_study, run_trials
 
-    space = SearchSpace()
     folder = Path(tempfile.mkdtemp(prefix="posfair-study-cost-"))
     modes = ("uncached", "cold", "warm")
     spent = dict.fromkeys(modes, 0.0)
@@ -150,6 +149,7 @@ def study_walls(model, dataset, args: argparse.Namespace, say: Callable[[str], N
         spent[mode] += seconds + more
         evaluators[mode], floor = evaluator, baseline.report.hm
         say(f"  {mode:<8} set-up ({what[mode]}) {seconds + more:6.1f} s")
+    space = SearchSpace().fitting(evaluators["uncached"].longest_content())  # as `tune` does: no basket nothing fills
 
     def objective(trial: optuna.Trial) -> float:
         config = space.suggest(trial, model.spec.pooling, model.spec.padding_side)

@@ -23,12 +23,14 @@ def test_measure_and_report_on_a_tiny_model(pooling: str) -> None:
         column.results[method] = measure(tiny_case(method, pooling))
     column.results["sdpa#2"] = measure(tiny_case("sdpa", pooling, run=2))
 
-    for result in column.results.values():
-        assert result["time_s"] > 0 and len(result["times_s"]) == 1
+    for method, result in column.results.items():
+        assert result["time_s"] > 0 and (len(result["times_s"]) == 1 if method != "engine" else True)
         assert isinstance(result["extra_kib"], int)
         assert result["calibrated_layers"] == [1]
     engine = column.results["engine"]
     assert engine["paired_ratio"] > 0 and engine["call_engine_s"] > 0 and engine["plain_time_s"] > 0
+    # a fast forward gets more ABBA pairs than `repeats` (up to 16), plain and calibrated alike
+    assert 1 < len(engine["times_s"]) == len(engine["plain_times_s"]) <= 16
 
     def pooled(key: str, name: str = "embedding"):
         import torch

@@ -180,6 +180,10 @@ class Evaluator:
             self._batches = Batches.build(self.model, self._doc_texts, self.batch_size)
         return self._batches
 
+    def longest_content(self) -> int:
+        """Content tokens (less the isolated ones) of the longest passage: no larger basket can be filled."""
+        return self.batches().longest - len(self.model.default_config().isolated_roles())
+
     def document_vectors(self, config: CalibrationConfig | None) -> tuple[np.ndarray, int]:
         """Calibrated document vectors and how many documents were truncated; λ = 0 is the baseline."""
         if config is None or config.strength == 0.0:
