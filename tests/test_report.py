@@ -118,3 +118,13 @@ def test_render_and_dict(table: EvaluationTable) -> None:
     assert data["rows"][1]["deltas"]["hm"] == {"estimate": 0.0, "low": 0.0, "high": 0.0}
     assert data["rows"][0]["metrics"]["hm"] == table.rows[0].report.hm
     assert data["general"]["rows"][0]["shuffled"]["ndcg10"] == table.general.rows[0].shuffled.ndcg10
+
+
+def test_redirected_output_gets_tables_wide_enough_to_read(monkeypatch) -> None:
+    """Rich assumes 80 columns off a terminal, which cut `tune evaluate`'s table to '…' in files and logs."""
+    import io
+
+    from tuner.cli import PIPED_WIDTH, _console
+
+    monkeypatch.setattr("sys.stdout", io.StringIO())
+    assert _console().width == PIPED_WIDTH

@@ -21,7 +21,16 @@ from typer.core import TyperGroup
 
 from tuner.tune import DEFAULT_TRIALS, TuneOutcome, TuneSettings
 
-console = Console(stderr=True)
+PIPED_WIDTH = 160  # rich assumes 80 columns when not on a terminal, which truncates the result tables
+
+
+def _console(stderr: bool = False) -> Console:
+    """A rich console; redirected output (a file, a CI log) gets PIPED_WIDTH columns so tables stay whole."""
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(stderr=stderr, width=None if stream.isatty() else PIPED_WIDTH)
+
+
+console = _console(stderr=True)
 log = logging.getLogger("tuner")
 
 
@@ -164,7 +173,7 @@ def evaluate(
             general=load_benchmark(general) if general else None, shuffled=shuffled,
             n_resamples=bootstrap, seed=seed, batch_size=batch_size,
         )
-    render(table, Console())
+    render(table, _console())
     if markdown:
         markdown.write_text(to_markdown(table), encoding="utf-8")
 
@@ -321,7 +330,7 @@ def _print_settings(settings: TuneSettings) -> None:
 
 def _print_outcome(outcome: TuneOutcome) -> None:
     """Two tables: every row on the tuning split, then held-out deltas against no calibration."""
-    out = Console()
+    out = _console()
     groups = list(outcome.rows[0].tuning.group_ndcg10)
     tuning = Table(title=f"{outcome.study}: tuning split (HM floor {100 * outcome.floor:.2f})")
     for column in ["", *groups, "HM", "PSI", "nDCG@10", "R@10"]:
