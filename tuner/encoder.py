@@ -67,7 +67,6 @@ class Batches:
         return len(self.inputs)
 
 
-
 class CalibratedEncoder:
     """Encode documents with a calibration config applied, and queries without it."""
 

@@ -212,20 +212,15 @@ class Evaluator:
 
     def baseline_vectors(self) -> tuple[np.ndarray, int]:
         """Uncalibrated document vectors: from memory, from disk, or one full pass that also records layer inputs."""
-        if self._baseline is None:
-            shape = (len(self.doc_ids), self.dimension)
-            loaded = self.disk.load_array("baseline", self._document_key, shape) if self.cache_dir else None
-            if loaded is not None:
-                self._baseline = (loaded[0], int(loaded[1].get("truncated", 0)))
-                self.counts.baseline_from_disk += 1
-            else:
-                self._plan_layer_inputs()
-                batches = self.batches()
-                vectors = self._recording_pass(record_only=False)
-                assert vectors is not None
-                self._baseline = (vectors, batches.truncated)
-                if self.cache_dir:
-                    self.disk.save_array("baseline", self._document_key, vectors, truncated=batches.truncated)
+        if self._baseline is None and not (self.cache_dir and self._baseline_on_disk()):
+            self._plan_layer_inputs()
+            batches = self.batches()
+            vectors = self._recording_pass(record_only=False)
+            assert vectors is not None
+            self._baseline = (vectors, batches.truncated)
+            if self.cache_dir:
+                self.disk.save_array("baseline", self._document_key, vectors, truncated=batches.truncated)
+        assert self._baseline is not None
         return self._baseline
 
     def resume_layer(self, first_calibrated: int) -> int | None:
@@ -247,6 +242,7 @@ class Evaluator:
         return tuple(sorted({*self._inputs, *self._missing}))
 
     def _baseline_on_disk(self) -> bool:
+        """Load valid baseline vectors from the disk cache, if there are any."""
         loaded = self.disk.load_array("baseline", self._document_key, (len(self.doc_ids), self.dimension))
         if loaded is not None:
             self._baseline = (loaded[0], int(loaded[1].get("truncated", 0)))

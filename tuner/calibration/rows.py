@@ -56,7 +56,8 @@ class BasketGeometry:
         ends = {"first": first, "last": last}
         isolated = torch.stack([ends[role] for role in roles], -1) if roles else first[:, :0]
         start = first + int("first" in roles)
-        length = (key_valid.sum(-1) - len(roles)).clamp_min(0)
+        valid = key_valid.sum(-1)
+        length = (valid - len(roles)).clamp_min(0)
         n_baskets = torch.div(length + basket_size - 1, basket_size, rounding_mode="floor")
         relative = positions - start[:, None]
         runs: list[Run] = []
@@ -71,7 +72,7 @@ class BasketGeometry:
             isolated=isolated,
             roles=roles,
             n_baskets=n_baskets,
-            calibrated=fills_a_basket(key_valid.sum(-1), basket_size, len(roles)),
+            calibrated=fills_a_basket(valid, basket_size, len(roles)),
             runs=tuple(runs),
             basket_size=basket_size,
         )
