@@ -9,8 +9,9 @@ uncalibrated queries and calibrated documents.
 Inside a block, in the calibrated layers:
 - cls / last pooling: SDPA runs for all rows as usual; only the pooled row's attention (B×H×K) is
   recomputed, calibrated and multiplied with V, and that row of the output is replaced;
-- mean pooling: rows are recomputed and calibrated tile by tile over the query axis, so the full
-  B×H×Q×K matrix is never held at once.
+- mean pooling: every row is calibrated; the fused kernel runs once per content basket and its
+  per-basket outputs and log-sum-exps are blended, so the B×H×Q×K matrix is never formed (an
+  observed layer also forms it tile by tile over the query axis, for the profile only).
 """
 
 from __future__ import annotations
@@ -27,10 +28,10 @@ from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_f
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from .config import ResolvedCalibration, Role
-from .rows import BasketGeometry, calibrate_rows
+from .rows import BasketGeometry, Run, calibrate_rows, isolated_targets
 
 ATTENTION_NAME = "posfair"
-TILE_BYTES = 32 * 2**20  # float32 working set of one mean-pooling tile
+TILE_BYTES = 32 * 2**20  # float32 working set of one tile of an observed mean-pooling layer
 
 
 class AttentionObserver(Protocol):
@@ -49,20 +50,41 @@ class _Active:
     _mask: torch.Tensor | None = field(default=None, init=False)
     _shape: tuple[int, int] | None = field(default=None, init=False)
     _geometry: BasketGeometry | None = field(default=None, init=False)
+    _allowed: torch.Tensor | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.roles = tuple(role for role, _ in self.spec.policies)
 
     def geometry(self, mask: torch.Tensor | None, batch: int, keys: int, device: torch.device) -> BasketGeometry:
+        """The baskets of this batch."""
+        self._refresh(mask, batch, keys, device)
+        assert self._geometry is not None
+        return self._geometry
+
+    def allowed(self, mask: torch.Tensor | None, batch: int, keys: int, device: torch.device) -> torch.Tensor:
+        """The boolean mask (B, 1, Q or 1, K): a single row when every query row sees the same keys.
+
+        transformers hands a padding-only mask over as a full (Q, K) matrix per item; one row of it lets
+        the mean path give the fused kernel a key mask, which it applies far faster than a matrix.
+        """
+        self._refresh(mask, batch, keys, device)
+        assert self._allowed is not None
+        return self._allowed
+
+    def _refresh(self, mask: torch.Tensor | None, batch: int, keys: int, device: torch.device) -> None:
         """Build once per batch: every layer of a forward pass receives the same mask object.
 
         The cached mask is kept referenced, so a later batch can never reuse its identity.
         """
         if self._geometry is None or self._mask is not mask or self._shape != (batch, keys):
-            key_valid = _allowed(mask)[:, 0, -1, :] if mask is not None else torch.ones(batch, keys, dtype=torch.bool, device=device)
-            self._geometry = BasketGeometry.from_key_mask(key_valid, self.spec.basket_size, self.roles)
-            self._mask, self._shape = mask, (batch, keys)
-        return self._geometry
+            if mask is None:
+                allowed = torch.ones(batch, 1, 1, keys, dtype=torch.bool, device=device)
+            else:
+                allowed = _allowed(mask)
+                if allowed.shape[2] > 1 and bool((allowed == allowed[:, :, :1]).all()):
+                    allowed = allowed[:, :, :1]
+            self._geometry = BasketGeometry.from_key_mask(allowed[:, 0, -1, :], self.spec.basket_size, self.roles)
+            self._allowed, self._mask, self._shape = allowed, mask, (batch, keys)
 
 
 _ACTIVE: ContextVar[_Active | None] = ContextVar("posfair_calibration", default=None)
@@ -107,7 +129,16 @@ def calibrated_attention(
     scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
     geometry = active.geometry(attention_mask, query.shape[0], key.shape[2], query.device)
     if active.spec.pooling == "mean":
-        output = _mean_rows(query, key, value, attention_mask, scaling, geometry, active, layer, calibrate)
+        if calibrate:
+            allowed = active.allowed(attention_mask, query.shape[0], key.shape[2], query.device)
+            output = _mean_rows(query, key, value, allowed, scaling, geometry, active.spec)
+        else:
+            output, _ = sdpa_attention_forward(
+                module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+            )
+        if active.observer is not None:
+            before, after = _mean_profile(query, key, attention_mask, scaling, geometry, active.spec, calibrate)
+            active.observer(layer, before, after, geometry)
     else:
         output, _ = sdpa_attention_forward(
             module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
@@ -155,44 +186,156 @@ def _mean_rows(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
+    allowed: torch.Tensor,
+    scaling: float,
+    geometry: BasketGeometry,
+    spec: ResolvedCalibration,
+) -> torch.Tensor:
+    """Every row calibrated, one fused attention call per content basket; `allowed` is (B, 1, Q or 1, K).
+
+    A content key's calibrated weight is a_j·(λ·share/mass_b + 1 − λ) (see `calibrate_rows`), so a row's
+    output is Σ_b c_b·O_b + Σ_t w_t·v_t with c_b = λ·share + (1 − λ)·mass_b, where O_b is the row's
+    attention output renormalised inside basket b. SDPA's fused kernel returns exactly O_b and the log
+    of the basket's mass (its log-sum-exp) when given the keys of b alone, so the B×H×Q×K matrix is
+    never formed and the work is about one SDPA's over K keys. The O_b are accumulated online (running
+    maximum of the log-sum-exps), since the blend needs every basket's mass before it can weigh any.
+    """
+    batch, heads, _, dim = query.shape
+    groups = heads // key.shape[1]
+    key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+    iso = geometry.isolated[:, None, :, None].expand(batch, heads, -1, dim)
+    iso_key, iso_value = key.gather(2, iso), value.gather(2, iso)
+    iso_scores = (query @ iso_key.transpose(-1, -2)).float().mul_(scaling)  # (B, H, Q, I)
+    iso_seen = allowed.gather(-1, geometry.isolated[:, None, None, :].expand(*allowed.shape[:3], -1))
+    iso_scores.masked_fill_(~iso_seen, float("-inf"))
+    policies = tuple(spec.policy(role) for role in geometry.roles)
+    parts = []
+    for run in geometry.runs:
+        items = slice(run.begin, run.end)
+        mixed, even, top, masses = _basket_outputs(query[items], key[items], value[items], allowed[items],
+                                                   geometry.key_content[items], run, geometry.basket_size, scaling)
+        # log of the row's total (unnormalised) weight; a row that sees no key at all comes out 0, not NaN
+        total = torch.cat([masses, iso_scores[items]], -1).logsumexp(-1, keepdim=True).clamp_min(-1e30)
+        iso_mass = (iso_scores[items] - total).exp()
+        n_baskets = geometry.n_baskets[items]
+        targets = isolated_targets(iso_mass.flatten(1, 2), policies, n_baskets + len(policies), spec.weight)
+        targets = targets.view_as(iso_mass)
+        share = (1.0 - targets.sum(-1, keepdim=True)).clamp_min(0.0) / n_baskets.clamp_min(1)[:, None, None, None]
+        strength = (geometry.calibrated[items].float() * spec.strength)[:, None, None, None]
+        mixed.mul_((1.0 - strength) * (top - total).exp()).addcmul_(even, strength * share)
+        mixed.add_(torch.lerp(iso_mass, targets, strength) @ iso_value[items].float())
+        parts.append(mixed)
+    # The kernel writes (B, Q, H, D) memory and the updates keep it, so this transpose is a free view.
+    return (parts[0] if len(parts) == 1 else torch.cat(parts)).transpose(1, 2).to(query.dtype)
+
+
+def _basket_outputs(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    allowed: torch.Tensor,
+    content: torch.Tensor,
+    run: Run,
+    size: int,
+    scaling: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For the items of one run, over its baskets: Σ_b e^(m_b − top)·O_b, Σ_b O_b, top and every m_b.
+
+    m_b is the log of the row's (unnormalised) attention mass on basket b, −inf where the row may not
+    see any of its keys (a shorter item's missing baskets, or a causal mask), and such a row's O_b is 0.
+    Both sums are float32 (G, H, Q, D); `top` is the running maximum of the m_b (G, H, Q, 1).
+    """
+    keys = key.shape[2]
+    mixed = even = None
+    top = torch.full((*query.shape[:3], 1), -1e30, device=query.device)
+    masses = [top[..., :0]]  # a run of passages too short for one basket has none
+    for lo in range(run.start, run.start + run.n_baskets * size, size):
+        hi = min(lo + size, keys)
+        visible = allowed[..., lo:hi] & content[:, None, None, lo:hi]
+        bias = None if bool(visible.all()) else (
+            torch.zeros(visible.shape, dtype=query.dtype, device=query.device).masked_fill_(~visible, float("-inf"))
+        )
+        out, mass = _attention_with_lse(query, key[:, :, lo:hi], value[:, :, lo:hi], bias, scaling)
+        out, mass = out.float(), mass[..., None]
+        blind = ~visible.any(-1)[..., None]  # (G, 1, Q or 1, 1): the kernel reports 0 and log-mass 0 there
+        if bool(blind.any()):
+            out, mass = out.masked_fill(blind, 0.0), mass.masked_fill(blind, float("-inf"))
+        masses.append(mass)
+        peak = torch.maximum(top, mass)
+        if mixed is None or even is None:
+            mixed, even = out * (mass - peak).exp_(), out  # the kernel's output is ours to update
+        else:
+            if not bool((peak == top).all()):
+                mixed.mul_((top - peak).exp_())
+            mixed.addcmul_(out, (mass - peak).exp_())
+            even.add_(out)
+        top = peak
+    if mixed is None or even is None:
+        mixed = torch.zeros(query.shape, dtype=torch.float32, device=query.device)
+        even = torch.zeros_like(mixed)
+    return mixed, even, top, torch.cat(masses, -1)
+
+
+def _attention_with_lse(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bias: torch.Tensor | None, scaling: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention output (B, H, Q, D) and the float32 log-sum-exp of each row's scores (B, H, Q).
+
+    On CPU this is SDPA's own fused kernel, which the public function runs but whose log-sum-exp it
+    drops. Elsewhere the two are computed from the (B, H, Q, basket) scores, which one basket's keys
+    keep small (not measured here: this machine has no GPU).
+    """
+    if query.device.type == "cpu":
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            query, key, value, attn_mask=bias, scale=scaling
+        )
+    return _attention_with_lse_unfused(query, key, value, bias, scaling)
+
+
+def _attention_with_lse_unfused(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bias: torch.Tensor | None, scaling: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_attention_with_lse` from the scores, for devices without the fused CPU kernel."""
+    scores = (query @ key.transpose(-1, -2)).float().mul_(scaling)
+    if bias is not None:
+        scores += bias
+    lse = scores.logsumexp(-1)
+    weights = (scores - lse[..., None]).exp_().nan_to_num_(0.0)  # a row that sees no key: all −inf
+    return (weights.to(value.dtype) @ value), lse
+
+
+def _mean_profile(
+    query: torch.Tensor,
+    key: torch.Tensor,
     mask: torch.Tensor | None,
     scaling: float,
     geometry: BasketGeometry,
-    active: _Active,
-    layer: int,
+    spec: ResolvedCalibration,
     calibrate: bool,
-) -> torch.Tensor:
-    """Every valid row is calibrated, tile by tile over the query axis."""
-    batch, heads, rows, dim = query.shape
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The attention an observer sees: averages over valid rows before and after calibration (B, H, K).
+
+    Only the observed (profiled) passages pay for this: rows are formed tile by tile over the query
+    axis, so the full B×H×Q×K matrix is never held at once.
+    """
+    batch, heads, rows, _ = query.shape
     keys = key.shape[2]
-    groups = heads // key.shape[1]
-    key_t = repeat_kv(key, groups).transpose(-1, -2).contiguous()  # once per call, not once per tile
-    value = repeat_kv(value, groups).contiguous()
-    output = query.new_empty(batch, rows, heads, dim)
+    key_t = repeat_kv(key, heads // key.shape[1]).transpose(-1, -2)
     tile = max(1, TILE_BYTES // (batch * heads * keys * 4))
     blocked = ~_allowed(mask) if mask is not None else ~geometry.key_valid[:, None, None, :]  # (B, 1, Q or 1, K)
-    needs_mask = bool(blocked.any())
-    profile = [query.new_zeros(batch, heads, keys, dtype=torch.float32) for _ in range(2)] if active.observer else None
+    before, after = (query.new_zeros(batch, heads, keys, dtype=torch.float32) for _ in range(2))
     for start in range(0, rows, tile):
         stop = min(start + tile, rows)
-        scores = (query[:, :, start:stop] * scaling @ key_t).float()  # scale the tile's queries, not its scores
-        if needs_mask:
-            scores.masked_fill_(blocked[:, :, start:stop] if blocked.shape[2] > 1 else blocked, float("-inf"))
+        scores = (query[:, :, start:stop] @ key_t).float().mul_(scaling)
+        scores.masked_fill_(blocked[:, :, start:stop] if blocked.shape[2] > 1 else blocked, float("-inf"))
         attn = scores.softmax(-1)
-        del scores
-        before = attn.clone() if profile is not None else None
+        valid_rows = geometry.key_valid[:, None, start:stop, None]
+        before += (attn * valid_rows).sum(2)
         if calibrate:
-            attn = calibrate_rows(attn.view(batch, heads * (stop - start), keys), geometry, active.spec)
-            attn = attn.view(batch, heads, stop - start, keys)
-        if profile is not None:
-            valid_rows = geometry.key_valid[:, None, start:stop, None]
-            profile[0] += (before * valid_rows).sum(2)
-            profile[1] += (attn * valid_rows).sum(2)
-        output[:, start:stop] = (attn.to(value.dtype) @ value).transpose(1, 2)
-    if profile is not None and active.observer is not None:
-        counts = geometry.key_valid.sum(-1).clamp_min(1)[:, None, None]
-        active.observer(layer, profile[0] / counts, profile[1] / counts, geometry)
-    return output
+            attn = calibrate_rows(attn.view(batch, heads * (stop - start), keys), geometry, spec)
+        after += (attn.view(batch, heads, stop - start, keys) * valid_rows).sum(2)
+    counts = geometry.key_valid.sum(-1).clamp_min(1)[:, None, None]
+    return before / counts, after / counts
 
 
 def _allowed(mask: torch.Tensor) -> torch.Tensor:
