@@ -15,10 +15,10 @@ from tuner.cache import choose_layers
 from tuner.calibration import CalibrationConfig
 from tuner.calibration.rows import fills_a_basket
 from tuner.data import PositionalDataset
-from tuner.encoder import CalibratedEncoder
+from tuner.encoder import CalibratedEncoder, auto_batch_size
 from tuner.evaluation import Evaluator
 from tuner.models import LoadedModel, load_model
-from tuner.prefix import Batches, LayerStack, ResumeUnsupportedError, encode_batches, prefix_layers_for, suggest_batch_size
+from tuner.prefix import Batches, LayerStack, ResumeUnsupportedError, encode_batches, prefix_layers_for
 from tuner.search_space import SearchSpace
 
 BATCH = 4
@@ -215,6 +215,15 @@ def test_a_budget_of_one_layer_caches_one_layer(tiny: LoadedModel, tmp_path: Pat
     assert not list((tmp_path / "none").rglob("layer-input-*"))
 
 
-def test_suggested_batch_size_is_a_power_of_two_within_the_cap(tiny: LoadedModel) -> None:
-    size = suggest_batch_size(tiny)
-    assert 1 <= size <= 256 and size & (size - 1) == 0
+def test_the_batch_size_is_chosen_from_free_memory_as_a_capped_power_of_two(tiny: LoadedModel, monkeypatch) -> None:
+    import psutil
+
+    from tuner import encoder
+
+    assert auto_batch_size(tiny) == encoder.CPU_BATCH_CAP  # plenty of RAM: the CPU cap, whatever is free
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: type("Memory", (), {"available": 2**20})())
+    small = auto_batch_size(tiny)
+    assert 1 <= small < encoder.CPU_BATCH_CAP and small & (small - 1) == 0
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: type("Memory", (), {"available": 0})())
+    assert auto_batch_size(tiny) == 1  # never 0: one passage at a time is always tried
+    assert Evaluator(tiny, tiny_dataset(), cache_budget=0).batch_size == 1

@@ -36,7 +36,7 @@ from tuner.models import LoadedModel
 class ModelEmbeddings(BaseEmbeddings):
     """A loaded model, uncalibrated, behind Chonkie's embedding interface (for semantic chunking)."""
 
-    def __init__(self, model: LoadedModel, batch_size: int = 16) -> None:
+    def __init__(self, model: LoadedModel, batch_size: int | None = None) -> None:
         super().__init__()
         self._model = model
         self._encoder = CalibratedEncoder(model)
@@ -59,7 +59,7 @@ class ModelEmbeddings(BaseEmbeddings):
 class ModelChunker:
     """Semantic chunks of at most `chunk_tokens` model tokens that, joined, give back the text."""
 
-    def __init__(self, model: LoadedModel, chunk_tokens: int = 128, batch_size: int = 16) -> None:
+    def __init__(self, model: LoadedModel, chunk_tokens: int = 128, batch_size: int | None = None) -> None:
         if chunk_tokens < 1:
             raise ValueError(f"chunk_tokens must be at least 1, got {chunk_tokens}")
         self.chunk_tokens = chunk_tokens
@@ -78,7 +78,7 @@ class ModelChunker:
 
 
 def segment_embed_average(
-    model: LoadedModel, texts: Sequence[str], chunk_tokens: int = 128, batch_size: int = 16
+    model: LoadedModel, texts: Sequence[str], chunk_tokens: int = 128, batch_size: int | None = None
 ) -> tuple[np.ndarray, int]:
     """SEA document vectors (float32, L2-normalised, one row per text) and how many chunks were truncated.
 

@@ -80,7 +80,9 @@ Model = Annotated[str, typer.Option(help="Registry alias (minilm, bge-m3, qwen3-
 Dataset = Annotated[str, typer.Option(help="wikipos-dev|wikipos-test|wikipos-general|fineweb-posq, or posir:/jsonl:/beir:PATH.")]
 TrackingUri = Annotated[str | None, typer.Option(help="MLflow tracking server; default: a SQLite store under ./mlruns.")]
 Storage = Annotated[str | None, typer.Option(help="Optuna storage URL; default: sqlite:///mlruns/optuna.db.")]
-BatchSize = Annotated[int, typer.Option(help="Documents per forward pass.")]
+BatchSize = Annotated[
+    int | None, typer.Option(help="Documents per forward pass; default: chosen from the device's free memory.")
+]
 TrustRemoteCode = Annotated[bool, typer.Option(help="Allow a model's own code from its hub repository to run.")]
 
 
@@ -101,7 +103,7 @@ def run(
     tracking_uri: TrackingUri = None,
     output: Annotated[Path | None, typer.Option(help="Where to write the winner's YAML; default mlruns/exports/STUDY.yaml.")] = None,
     space: Annotated[Path | None, typer.Option(help="YAML search space (strength_step, depths, basket_sizes, variants, weight_low/high).")] = None,
-    batch_size: BatchSize = 16,
+    batch_size: BatchSize = None,
     profile_docs: Annotated[int, typer.Option(help="Documents in each trial's attention profile.")] = 16,
     bootstrap: Annotated[int, typer.Option(help="Bootstrap resamples for the held-out intervals.")] = 1000,
     revision: Annotated[str | None, typer.Option(help="Hub revision of the model.")] = None,
@@ -145,7 +147,7 @@ def evaluate(
     shuffled: Annotated[bool, typer.Option(help="Shuffled-sentence robustness check.")] = True,
     bootstrap: int = 1000,
     seed: int = 0,
-    batch_size: BatchSize = 16,
+    batch_size: BatchSize = None,
     markdown: Annotated[Path | None, typer.Option(help="Also write the tables as Markdown here.")] = None,
     trust_remote_code: TrustRemoteCode = False,
     options: OptionsFile = None,
@@ -201,7 +203,7 @@ def encode(
     input: Annotated[Path, typer.Option(help="JSONL with a 'text' field per line, or a .txt file with one text per line.")],
     output: Annotated[Path, typer.Option(help="Where to write the float32 .npy matrix (one row per input line).")],
     queries: Annotated[bool, typer.Option("--queries", help="Encode as queries (never calibrated).")] = False,
-    batch_size: BatchSize = 16,
+    batch_size: BatchSize = None,
     trust_remote_code: TrustRemoteCode = False,
 ) -> None:
     """Encode documents (calibrated) or queries (plain) with an exported config."""

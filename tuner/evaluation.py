@@ -41,7 +41,7 @@ from tuner.cache import (
 )
 from tuner.calibration import CalibrationConfig, ResolvedCalibration
 from tuner.data import PositionalDataset
-from tuner.encoder import CalibratedEncoder
+from tuner.encoder import CalibratedEncoder, auto_batch_size
 from tuner.models import LoadedModel
 from tuner.prefix import Batches, LayerStack, ResumeUnsupportedError, encode_batches, prefix_layers_for
 
@@ -96,7 +96,7 @@ class Evaluator:
         self,
         model: LoadedModel,
         dataset: PositionalDataset,
-        batch_size: int = 16,
+        batch_size: int | None = None,
         show_progress: bool = False,
         *,
         cache_dir: Path | None = None,
@@ -108,7 +108,9 @@ class Evaluator:
     ) -> None:
         self.model = model
         self.dataset = dataset
-        self.batch_size = batch_size
+        self.batch_size = batch_size or auto_batch_size(model)
+        if batch_size is None:
+            log.info("batch size %d, chosen from the free memory of %s", self.batch_size, model.device)
         self.show_progress = show_progress
         self.doc_ids = list(dataset.corpus)
         self.query_ids = list(dataset.queries)
@@ -143,7 +145,7 @@ class Evaluator:
         self.disk = DiskCache(folder)
         self._doc_texts = [dataset.corpus[d] for d in self.doc_ids]
         base = {"engine": engine_identity(), "model": model_identity(model),
-                "dataset": {"name": dataset.name, "fingerprint": fingerprint}, "batch_size": batch_size}
+                "dataset": {"name": dataset.name, "fingerprint": fingerprint}, "batch_size": self.batch_size}
         prompt = model.spec.query_prompt
         self._query_key = {**base, "kind": "queries", "prompt": prompt,
                            "texts": texts_digest(self.query_ids, [dataset.queries[q] for q in self.query_ids])}

@@ -274,34 +274,3 @@ def _changes(spec: ResolvedCalibration | None, attention_mask: torch.Tensor) -> 
     if spec is None or spec.strength == 0.0:
         return False
     return bool(fills_a_basket(attention_mask.sum(-1), spec.basket_size, len(spec.policies)).any())
-
-
-# ------------------------------------------------------------------------------------------ batch size
-
-
-def suggest_batch_size(model: LoadedModel, tokens: int | None = None, fraction: float = 0.5, cap: int = 256) -> int:
-    """A batch size whose forward pass fits in `fraction` of the free memory of the model's device.
-
-    Rough per-sequence working set at `tokens` (default: the model's maximum length): the hidden
-    states and the feed-forward intermediate of one layer in the model's dtype, plus one float32
-    attention matrix (heads × tokens × tokens) — the larger of what a layer holds at once.
-    """
-    config = model.model.config
-    tokens = tokens or model.max_length
-    itemsize = torch.finfo(model.model.dtype).bits // 8
-    hidden = int(config.hidden_size)
-    intermediate = int(getattr(config, "intermediate_size", 4 * hidden))
-    heads = int(config.num_attention_heads)
-    per_sequence = tokens * (6 * hidden + 2 * intermediate) * itemsize + heads * tokens * tokens * 4
-    device = model.device
-    if device.type == "cuda":
-        free = torch.cuda.mem_get_info(device)[0]
-    else:
-        import psutil
-
-        free = psutil.virtual_memory().available
-    fit = int(free * fraction // max(per_sequence, 1))
-    size = 1
-    while size * 2 <= min(fit, cap):
-        size *= 2
-    return size

@@ -82,7 +82,7 @@ def run_evaluation(
     shuffled: bool = True,
     n_resamples: int = 1000,
     seed: int = 0,
-    batch_size: int = 16,
+    batch_size: int | None = None,
 ) -> EvaluationTable:
     """Score the baseline, each named config and (if `sea`) Segment Embed Average on `dataset`.
 

@@ -75,7 +75,7 @@ class TuneSettings:
     study_name: str | None = None
     tracking_uri: str | None = None
     output: Path | None = None
-    batch_size: int = 16
+    batch_size: int | None = None  # None: chosen from the device's free memory
     profile_docs: int = 16
     bootstrap: int = 1000
     trust_remote_code: bool = False
@@ -93,7 +93,7 @@ class TuneSettings:
             raise ValueError(f"--heartbeat must be at least 1 second, got {self.heartbeat}")
         if self.trials < 1:
             raise ValueError(f"--trials must be at least 1, got {self.trials}")
-        if self.batch_size < 1:
+        if self.batch_size is not None and self.batch_size < 1:
             raise ValueError(f"--batch-size must be at least 1, got {self.batch_size}")
         if self.max_general_drop is not None and self.general is None:
             raise ValueError("--max-general-drop needs --general (e.g. --general wikipos-general)")
