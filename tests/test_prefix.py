@@ -227,3 +227,30 @@ def test_the_batch_size_is_chosen_from_free_memory_as_a_capped_power_of_two(tiny
     monkeypatch.setattr(psutil, "virtual_memory", lambda: type("Memory", (), {"available": 0})())
     assert auto_batch_size(tiny) == 1  # never 0: one passage at a time is always tried
     assert Evaluator(tiny, tiny_dataset(), cache_budget=0).batch_size == 1
+
+
+def test_trials_sharing_first_calibrated_layer_and_basket_size_share_its_sums(tiny_model_dir, tmp_path: Path) -> None:
+    """Mean pooling: λ, the variant and w enter only the blend, so the sums of the first calibrated layer
+    computed for one trial serve the next; another basket size or first layer computes its own."""
+    kind, pooling = POOLING["bert-mean"]
+    model = load_model(str(tiny_model_dir(kind)), pooling=pooling)
+    dataset = tiny_dataset()
+    evaluator = Evaluator(model, dataset, BATCH, cache_dir=tmp_path, prefix_layers=(1, 2))
+    evaluator.run(None)
+    trials = [
+        model.default_config(variant="cls_soft", strength=0.8, basket_size=8, layers="last:2"),  # computes them
+        model.default_config(variant="uniform", strength=0.4, basket_size=8, layers="last:2"),  # reuses them
+        model.default_config(variant="cls_hard", strength=1.0, weight=0.2, basket_size=8, layers="last:2"),  # too
+        model.default_config(variant="cls_soft", strength=0.8, basket_size=4, layers="last:2"),  # other baskets
+        model.default_config(variant="cls_soft", strength=0.8, basket_size=8, layers="last"),  # other first layer
+    ]
+    sums = evaluator._first_layer_sums()
+    assert sums is not None
+    hits = []
+    for config in trials:
+        got, _ = evaluator.document_vectors(config)
+        assert np.abs(got - scratch(model, dataset, config)).max() <= 1e-6
+        hits.append(sums.hits)
+    batches = hits[1]  # the encoded batches (others are copied from the baseline): each reused once per trial
+    assert batches > 0 and hits == [0, batches, 2 * batches, 2 * batches, 2 * batches]
+    assert Evaluator(model, dataset, BATCH, cache_dir=tmp_path / "off", cache_budget=0)._first_layer_sums() is None

@@ -30,7 +30,9 @@ import numpy as np
 
 from objectives import PerQuery, PositionReport, evaluate, exact_search
 from tuner.cache import (
+    DEFAULT_BUDGET,
     DEFAULT_CACHE_DIR,
+    RAM_FRACTION,
     DiskCache,
     LayerInputs,
     LayerInputStore,
@@ -40,6 +42,7 @@ from tuner.cache import (
     texts_digest,
 )
 from tuner.calibration import CalibrationConfig, ResolvedCalibration
+from tuner.calibration.attention import FirstLayerSums
 from tuner.data import PositionalDataset
 from tuner.encoder import CalibratedEncoder, auto_batch_size
 from tuner.models import LoadedModel
@@ -130,6 +133,7 @@ class Evaluator:
         self._stack: LayerStack | None = None
         self._store: LayerInputStore | None = None
         self._inputs: dict[int, LayerInputs] = {}
+        self._sums: FirstLayerSums | None = None
         self._missing: list[int] = []
         self._inputs_planned = False
         self._temporary: tempfile.TemporaryDirectory[str] | None = None
@@ -199,12 +203,14 @@ class Evaluator:
         baseline = self._baseline[0] if self.reuse_baseline and self._baseline is not None else None
         start = self.resume_layer(min(spec.layers))
         if start is None:
-            vectors = encode_batches(self.model, batches, spec, baseline=baseline, show_progress=self.show_progress)
+            vectors = encode_batches(self.model, batches, spec, baseline=baseline, first_layer=self._first_layer_sums(),
+                                     show_progress=self.show_progress)
             self.counts.full += 1
         else:
             inputs = self._inputs[start]
             vectors = encode_batches(self.model, batches, spec, stack=self._stack, resume=(start, inputs.batch),
-                                     baseline=baseline, show_progress=self.show_progress)
+                                     baseline=baseline, first_layer=self._first_layer_sums(),
+                                     show_progress=self.show_progress)
             self.counts.resumed[start] = self.counts.resumed.get(start, 0) + 1
         assert vectors is not None
         self._documents[spec] = (vectors, batches.truncated)
@@ -224,6 +230,24 @@ class Evaluator:
                 self.disk.save_array("baseline", self._document_key, vectors, truncated=batches.truncated)
         assert self._baseline is not None
         return self._baseline
+
+    def _first_layer_sums(self) -> FirstLayerSums | None:
+        """Sums shared by trials with the same first calibrated layer (mean pooling), held in RAM within
+        what the cache budget and the RAM limit leave after the layer inputs; none without caching."""
+        if self.cache_budget == 0:
+            return None
+        if self._sums is None:
+            self._plan_layer_inputs()
+            store = self._store
+            budget = DEFAULT_BUDGET if self.cache_budget is None else self.cache_budget
+            if store is not None:
+                budget, ram = budget - store.layer_bytes * len(self._inputs), store.ram_left
+            else:
+                import psutil
+
+                ram = int(self.ram_limit if self.ram_limit is not None else psutil.virtual_memory().available * RAM_FRACTION)
+            self._sums = FirstLayerSums(max(0, min(budget, ram)))
+        return self._sums
 
     def resume_layer(self, first_calibrated: int) -> int | None:
         """The deepest cached layer at or before the first calibrated one (recording it if needed)."""

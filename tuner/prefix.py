@@ -35,6 +35,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .calibration import CalibrationConfig, ResolvedCalibration, calibrating
+from .calibration.attention import FirstLayerSums
 from .calibration.rows import fills_a_basket
 from .encoder import Batches, _pool
 from .models import LoadedModel
@@ -227,6 +228,7 @@ def encode_batches(
     record: tuple[Sequence[int], Callable[[int, int, torch.Tensor], None]] | None = None,
     record_only: bool = False,
     baseline: np.ndarray | None = None,
+    first_layer: FirstLayerSums | None = None,
     show_progress: bool | None = None,
 ) -> np.ndarray | None:
     """Pooled, L2-normalised float32 vectors of every document, in corpus order.
@@ -237,6 +239,7 @@ def encode_batches(
     record_only  stop each pass at the deepest recorded layer; returns None
     baseline the uncalibrated vectors, in corpus order: a batch that `spec` cannot change (no
              passage in it fills a basket) is copied from them instead of encoded
+    first_layer  sums of the first calibrated layer shared between trials (mean pooling), per batch
     """
     if (resume or record) and stack is None:
         stack = LayerStack(model)
@@ -246,13 +249,15 @@ def encode_batches(
     with ExitStack() as scope:
         scope.enter_context(torch.inference_mode())
         if spec is not None:
-            scope.enter_context(calibrating(spec))
+            scope.enter_context(calibrating(spec, first_layer=first_layer))
         feed = scope.enter_context(stack.resuming(resume[0])) if resume is not None and stack is not None else None
         if record is not None and stack is not None:
             layers, sink = record
             scope.enter_context(stack.recording(layers, lambda layer, h: sink(current[0], layer, h), stop=record_only))
         for i in tqdm(range(len(batches)), desc="encode", disable=not show, unit="batch"):
             current[0] = i
+            if first_layer is not None:
+                first_layer.batch = i
             if baseline is not None and record is None and not _changes(spec, batches.inputs[i]["attention_mask"]):
                 if vectors is not None:
                     vectors[batches.rows[i]] = baseline[batches.rows[i]]

@@ -46,6 +46,7 @@ class _Active:
 
     spec: ResolvedCalibration
     observer: AttentionObserver | None
+    first_layer: FirstLayerSums | None = None
     roles: tuple[Role, ...] = field(init=False)
     _mask: torch.Tensor | None = field(default=None, init=False)
     _shape: tuple[int, int] | None = field(default=None, init=False)
@@ -91,9 +92,14 @@ _ACTIVE: ContextVar[_Active | None] = ContextVar("posfair_calibration", default=
 
 
 @contextmanager
-def calibrating(spec: ResolvedCalibration, observer: AttentionObserver | None = None) -> Iterator[None]:
-    """Calibrate every forward pass run inside this block (and report attention to `observer`)."""
-    token = _ACTIVE.set(_Active(spec, observer))
+def calibrating(
+    spec: ResolvedCalibration, observer: AttentionObserver | None = None, first_layer: FirstLayerSums | None = None
+) -> Iterator[None]:
+    """Calibrate every forward pass run inside this block (and report attention to `observer`).
+
+    With `first_layer`, mean-pooling sums of the first calibrated layer are looked up there and kept.
+    """
+    token = _ACTIVE.set(_Active(spec, observer, first_layer))
     try:
         yield
     finally:
@@ -130,8 +136,17 @@ def calibrated_attention(
     geometry = active.geometry(attention_mask, query.shape[0], key.shape[2], query.device)
     if active.spec.pooling == "mean":
         if calibrate:
-            allowed = active.allowed(attention_mask, query.shape[0], key.shape[2], query.device)
-            output = _mean_rows(query, key, value, allowed, scaling, geometry, active.spec)
+            groups = query.shape[1] // key.shape[1]
+            key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+            reuse = active.first_layer if layer == min(active.spec.layers) else None
+            shared = (layer, geometry.basket_size, geometry.roles)
+            sums = reuse.lookup(shared) if reuse is not None else None
+            if sums is None:
+                allowed = active.allowed(attention_mask, query.shape[0], key.shape[2], query.device)
+                sums = _row_sums(query, key, value, allowed, scaling, geometry)
+                if reuse is not None:
+                    reuse.offer(shared, sums)
+            output = _mean_rows(sums, value, geometry, active.spec, query.dtype)
         else:
             output, _ = sdpa_attention_forward(
                 module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
@@ -182,51 +197,109 @@ def _pooled_row(
         output[items, position] = mixed.view(batch, heads, dim)
 
 
-def _mean_rows(
+@dataclass(frozen=True)
+class RowSums:
+    """What a mean-pooling layer's calibration needs from its attention, before λ, variant or w enter.
+
+    Per run of items (see `Run`): Σ_b e^(m_b − top)·O_b, Σ_b O_b, top and every m_b (`_basket_outputs`);
+    and the isolated tokens' scores (B, H, Q, I). Everything is float32.
+    """
+
+    iso_scores: torch.Tensor
+    runs: tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], ...]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.iso_scores, *(x for run in self.runs for x in run)))
+
+
+@dataclass
+class FirstLayerSums:
+    """`RowSums` of the first calibrated layer, kept in RAM (up to `budget` bytes) for later trials.
+
+    The first calibrated layer's input is the uncalibrated model's whatever the trial, and its `RowSums`
+    depend only on that input and on where baskets are cut: trials that share the first calibrated layer
+    and basket size (a TPE study draws many) reuse them, and that layer's attention costs only the blend.
+    Reused sums are the very tensors a recomputation would give. The caller sets `batch` before each pass.
+    """
+
+    budget: int
+    batch: int = 0
+    used: int = 0
+    hits: int = 0
+    entries: dict[tuple[object, ...], RowSums] = field(default_factory=dict)
+
+    def lookup(self, key: tuple[object, ...]) -> RowSums | None:
+        found = self.entries.get((self.batch, *key))
+        self.hits += found is not None
+        return found
+
+    def offer(self, key: tuple[object, ...], sums: RowSums) -> None:
+        """Keep `sums` if they fit in what is left of the budget (first come, first kept)."""
+        if self.used + sums.nbytes <= self.budget:
+            self.entries[(self.batch, *key)] = sums
+            self.used += sums.nbytes
+
+
+def _row_sums(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
     allowed: torch.Tensor,
     scaling: float,
     geometry: BasketGeometry,
-    spec: ResolvedCalibration,
+) -> RowSums:
+    """The attention half of a mean-pooling layer's calibration, one fused SDPA call per content basket.
+
+    SDPA's fused kernel returns a row's attention output renormalised inside basket b (O_b) and the log of
+    the basket's mass (its log-sum-exp) when given the keys of b alone, so the B×H×Q×K matrix is never
+    formed and the work is about one SDPA's over K keys.
+    """
+    batch, heads, _, dim = query.shape
+    iso = geometry.isolated[:, None, :, None].expand(batch, heads, -1, dim)
+    iso_scores = (query @ key.gather(2, iso).transpose(-1, -2)).float().mul_(scaling)  # (B, H, Q, I)
+    iso_seen = allowed.gather(-1, geometry.isolated[:, None, None, :].expand(*allowed.shape[:3], -1))
+    iso_scores.masked_fill_(~iso_seen, float("-inf"))
+    runs = tuple(
+        _basket_outputs(query[run.begin : run.end], key[run.begin : run.end], value[run.begin : run.end],
+                        allowed[run.begin : run.end], geometry.key_content[run.begin : run.end], run,
+                        geometry.basket_size, scaling)
+        for run in geometry.runs
+    )
+    return RowSums(iso_scores, runs)
+
+
+def _mean_rows(
+    sums: RowSums, value: torch.Tensor, geometry: BasketGeometry, spec: ResolvedCalibration, dtype: torch.dtype
 ) -> torch.Tensor:
-    """Every row calibrated, one fused attention call per content basket; `allowed` is (B, 1, Q or 1, K).
+    """Every row calibrated: the blend of its basket outputs (`_row_sums`) by λ, variant and w → (B, Q, H, D).
 
     A content key's calibrated weight is a_j·(λ·share/mass_b + 1 − λ) (see `calibrate_rows`), so a row's
     output is Σ_b c_b·O_b + Σ_t w_t·v_t with c_b = λ·share + (1 − λ)·mass_b, where O_b is the row's
-    attention output renormalised inside basket b. SDPA's fused kernel returns exactly O_b and the log
-    of the basket's mass (its log-sum-exp) when given the keys of b alone, so the B×H×Q×K matrix is
-    never formed and the work is about one SDPA's over K keys. The O_b are accumulated online (running
-    maximum of the log-sum-exps), since the blend needs every basket's mass before it can weigh any.
+    attention output renormalised inside basket b and mass_b = e^(m_b − total): two sums over baskets,
+    one weighted by e^(m_b − top), one not, carry everything λ, the variant and w need. `sums` is only
+    read: it may be shared with later trials.
     """
-    batch, heads, _, dim = query.shape
-    groups = heads // key.shape[1]
-    key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+    batch, heads, _, dim = value.shape
     iso = geometry.isolated[:, None, :, None].expand(batch, heads, -1, dim)
-    iso_key, iso_value = key.gather(2, iso), value.gather(2, iso)
-    iso_scores = (query @ iso_key.transpose(-1, -2)).float().mul_(scaling)  # (B, H, Q, I)
-    iso_seen = allowed.gather(-1, geometry.isolated[:, None, None, :].expand(*allowed.shape[:3], -1))
-    iso_scores.masked_fill_(~iso_seen, float("-inf"))
+    iso_value = value.gather(2, iso).float()
     policies = tuple(spec.policy(role) for role in geometry.roles)
     parts = []
-    for run in geometry.runs:
+    for run, (mixed, even, top, masses) in zip(geometry.runs, sums.runs):
         items = slice(run.begin, run.end)
-        mixed, even, top, masses = _basket_outputs(query[items], key[items], value[items], allowed[items],
-                                                   geometry.key_content[items], run, geometry.basket_size, scaling)
+        iso_scores = sums.iso_scores[items]
         # log of the row's total (unnormalised) weight; a row that sees no key at all comes out 0, not NaN
-        total = torch.cat([masses, iso_scores[items]], -1).logsumexp(-1, keepdim=True).clamp_min(-1e30)
-        iso_mass = (iso_scores[items] - total).exp()
+        total = torch.cat([masses, iso_scores], -1).logsumexp(-1, keepdim=True).clamp_min(-1e30)
+        iso_mass = (iso_scores - total).exp()
         n_baskets = geometry.n_baskets[items]
         targets = isolated_targets(iso_mass.flatten(1, 2), policies, n_baskets + len(policies), spec.weight)
         targets = targets.view_as(iso_mass)
         share = (1.0 - targets.sum(-1, keepdim=True)).clamp_min(0.0) / n_baskets.clamp_min(1)[:, None, None, None]
         strength = (geometry.calibrated[items].float() * spec.strength)[:, None, None, None]
-        mixed.mul_((1.0 - strength) * (top - total).exp()).addcmul_(even, strength * share)
-        mixed.add_(torch.lerp(iso_mass, targets, strength) @ iso_value[items].float())
-        parts.append(mixed)
+        blended = mixed.mul((1.0 - strength) * (top - total).exp()).addcmul_(even, strength * share)
+        parts.append(blended.add_(torch.lerp(iso_mass, targets, strength) @ iso_value[items]))
     # The kernel writes (B, Q, H, D) memory and the updates keep it, so this transpose is a free view.
-    return (parts[0] if len(parts) == 1 else torch.cat(parts)).transpose(1, 2).to(query.dtype)
+    return (parts[0] if len(parts) == 1 else torch.cat(parts)).transpose(1, 2).to(dtype)
 
 
 def _basket_outputs(
@@ -243,7 +316,8 @@ def _basket_outputs(
 
     m_b is the log of the row's (unnormalised) attention mass on basket b, −inf where the row may not
     see any of its keys (a shorter item's missing baskets, or a causal mask), and such a row's O_b is 0.
-    Both sums are float32 (G, H, Q, D); `top` is the running maximum of the m_b (G, H, Q, 1).
+    Both sums are float32 (G, H, Q, D); `top` is the running maximum of the m_b (G, H, Q, 1), kept online
+    because the blend needs every basket's mass before it can weigh any.
     """
     keys = key.shape[2]
     mixed = even = None
