@@ -201,8 +201,8 @@ def _pooled_row(
 class RowSums:
     """What a mean-pooling layer's calibration needs from its attention, before λ, variant or w enter.
 
-    Per run of items (see `Run`): Σ_b e^(m_b − top)·O_b, Σ_b O_b, top and every m_b (`_basket_outputs`);
-    and the isolated tokens' scores (B, H, Q, I). Everything is float32.
+    Per run of items (see `Run`): Σ_b e^(m_b − top)·O_b, Σ_b O_b, top and the log content mass
+    (`_basket_outputs`); and the isolated tokens' scores (B, H, Q, I). Everything is float32.
     """
 
     iso_scores: torch.Tensor
@@ -285,11 +285,11 @@ def _mean_rows(
     iso_value = value.gather(2, iso).float()
     policies = tuple(spec.policy(role) for role in geometry.roles)
     parts = []
-    for run, (mixed, even, top, masses) in zip(geometry.runs, sums.runs):
+    for run, (mixed, even, top, content) in zip(geometry.runs, sums.runs):
         items = slice(run.begin, run.end)
         iso_scores = sums.iso_scores[items]
         # log of the row's total (unnormalised) weight; a row that sees no key at all comes out 0, not NaN
-        total = torch.cat([masses, iso_scores], -1).logsumexp(-1, keepdim=True).clamp_min(-1e30)
+        total = torch.cat([content, iso_scores], -1).logsumexp(-1, keepdim=True).clamp_min(-1e30)
         iso_mass = (iso_scores - total).exp()
         n_baskets = geometry.n_baskets[items]
         targets = isolated_targets(iso_mass.flatten(1, 2), policies, n_baskets + len(policies), spec.weight)
@@ -297,7 +297,10 @@ def _mean_rows(
         share = (1.0 - targets.sum(-1, keepdim=True)).clamp_min(0.0) / n_baskets.clamp_min(1)[:, None, None, None]
         strength = (geometry.calibrated[items].float() * spec.strength)[:, None, None, None]
         blended = mixed.mul((1.0 - strength) * (top - total).exp()).addcmul_(even, strength * share)
-        parts.append(blended.add_(torch.lerp(iso_mass, targets, strength) @ iso_value[items]))
+        weights = torch.lerp(iso_mass, targets, strength)
+        for t in range(weights.shape[-1]):  # in the output's own memory layout, unlike a matmul's result
+            blended.addcmul_(weights[..., t : t + 1], iso_value[items, :, t : t + 1])
+        parts.append(blended)
     # The kernel writes (B, Q, H, D) memory and the updates keep it, so this transpose is a free view.
     return (parts[0] if len(parts) == 1 else torch.cat(parts)).transpose(1, 2).to(dtype)
 
@@ -312,17 +315,18 @@ def _basket_outputs(
     size: int,
     scaling: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """For the items of one run, over its baskets: Σ_b e^(m_b − top)·O_b, Σ_b O_b, top and every m_b.
+    """For the items of one run, over its baskets: Σ_b e^(m_b − top)·O_b, Σ_b O_b, top and log Σ_b e^(m_b).
 
     m_b is the log of the row's (unnormalised) attention mass on basket b, −inf where the row may not
     see any of its keys (a shorter item's missing baskets, or a causal mask), and such a row's O_b is 0.
-    Both sums are float32 (G, H, Q, D); `top` is the running maximum of the m_b (G, H, Q, 1), kept online
-    because the blend needs every basket's mass before it can weigh any.
+    Both sums are float32 (G, H, Q, D); `top`, the running maximum of the m_b, and the log of the content
+    mass are (G, H, Q, 1). They are kept online because the blend needs every basket's mass before it
+    can weigh any.
     """
     keys = key.shape[2]
     mixed = even = None
     top = torch.full((*query.shape[:3], 1), -1e30, device=query.device)
-    masses = [top[..., :0]]  # a run of passages too short for one basket has none
+    norm = torch.zeros_like(top)  # Σ_b e^(m_b − top)
     for lo in range(run.start, run.start + run.n_baskets * size, size):
         hi = min(lo + size, keys)
         visible = allowed[..., lo:hi] & content[:, None, None, lo:hi]
@@ -334,20 +338,21 @@ def _basket_outputs(
         blind = ~visible.any(-1)[..., None]  # (G, 1, Q or 1, 1): the kernel reports 0 and log-mass 0 there
         if bool(blind.any()):
             out, mass = out.masked_fill(blind, 0.0), mass.masked_fill(blind, float("-inf"))
-        masses.append(mass)
         peak = torch.maximum(top, mass)
+        rescale, weight = (top - peak).exp_(), (mass - peak).exp_()
+        norm.mul_(rescale).add_(weight)
         if mixed is None or even is None:
-            mixed, even = out * (mass - peak).exp_(), out  # the kernel's output is ours to update
+            mixed, even = out * weight, out  # the kernel's output is ours to update
         else:
             if not bool((peak == top).all()):
-                mixed.mul_((top - peak).exp_())
-            mixed.addcmul_(out, (mass - peak).exp_())
+                mixed.mul_(rescale)
+            mixed.addcmul_(out, weight)
             even.add_(out)
         top = peak
-    if mixed is None or even is None:
+    if mixed is None or even is None:  # a run of passages too short for one basket has none
         mixed = torch.zeros(query.shape, dtype=torch.float32, device=query.device)
         even = torch.zeros_like(mixed)
-    return mixed, even, top, torch.cat(masses, -1)
+    return mixed, even, top, top + norm.log()
 
 
 def _attention_with_lse(
