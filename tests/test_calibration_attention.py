@@ -168,3 +168,17 @@ def test_a_row_that_sees_no_key_comes_out_zero_not_nan() -> None:
         got, _ = calibrated_attention(FakeAttention(0, 1, True), q, k, v, allowed, scaling=8**-0.5)
     assert not got.isnan().any()
     assert torch.equal(got[1, :7], torch.zeros_like(got[1, :7]))
+
+
+@given(keys=st.integers(1, 600), data=st.data())
+def test_a_basket_is_handed_to_the_kernel_in_a_window_of_whole_key_blocks(keys: int, data: st.DataObject) -> None:
+    """The fused kernel is fast on multiples of 16 keys: the window covers the basket, stays inside the
+    keys, and is a multiple of 16 wide unless it is all the keys (the extra keys are masked out)."""
+    from tuner.calibration.attention import KERNEL_KEY_MULTIPLE, _kernel_window
+
+    lo = data.draw(st.integers(0, keys - 1))
+    hi = data.draw(st.integers(lo + 1, keys))
+    begin, end = _kernel_window(lo, hi, keys)
+    assert 0 <= begin <= lo < hi <= end <= keys
+    assert (end - begin) % KERNEL_KEY_MULTIPLE == 0 or end - begin == keys
+    assert end - begin < (hi - lo) + KERNEL_KEY_MULTIPLE
