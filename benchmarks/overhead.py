@@ -4,8 +4,8 @@
     eager   plain forward, transformers' eager attention (materialises B×H×Q×K)
     oracle  `tuner.calibration.reference` in float32, calibration applied: the original approach of
             Appendix A (full eager matrix, per-position basket index, scatter_add / gather)
-    engine  attn_implementation "posfair" inside `calibrating(spec)`: only the pooled row (cls/last)
-            or one query tile at a time (mean) is recomputed and calibrated
+    engine  attn_implementation "posfair" inside `calibrating(spec)`: only the pooled row is
+            recomputed and calibrated (cls/last), or every row from one fused call per basket (mean)
 
 Run from the repository root:
 
@@ -381,7 +381,6 @@ def measure(case: Case) -> dict[str, Any]:
     import torch
 
     from tuner.calibration import ATTENTION_NAME, CalibrationConfig, calibrating
-    from tuner.calibration.attention import TILE_BYTES
     from tuner.calibration.reference import register_reference
 
     if case.method not in METHODS:
@@ -470,7 +469,6 @@ def measure(case: Case) -> dict[str, Any]:
         "ru_maxrss_end_kib": ru_maxrss,
         "memory_method": memory.method,
         "embedding": {name: value.float().tolist() for name, value in embedding.items()},
-        "tile_bytes": TILE_BYTES,
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "load_avg": [load_before, os.getloadavg()[0]],
@@ -693,8 +691,8 @@ def verdicts(columns: list[Column]) -> list[str]:
         if column.pooling == "mean":
             lines.append(
                 f"[info] {column.title}: extra peak of engine over SDPA "
-                f"{(engine['extra_kib'] - sdpa['extra_kib']) / KIB:+.2f} MiB (query tiles of "
-                f"{_bytes(engine['tile_bytes'])} fp32 scores each); attention call engine − SDPA "
+                f"{(engine['extra_kib'] - sdpa['extra_kib']) / KIB:+.2f} MiB (two float32 basket sums, "
+                f"B×H×Q×D each, inside the attention call); attention call engine − SDPA "
                 f"{_delta(column, 'engine', 'sdpa', 'attn_extra_kib')}"
             )
         else:

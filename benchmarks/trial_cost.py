@@ -100,13 +100,15 @@ def per_trial(model, dataset, args: argparse.Namespace, say: Callable[[str], Non
         assert start == min(spec.layers), (label, start)
         inputs = evaluator._inputs[start]
         earlier = model.default_config(variant="uniform", strength=0.9, layers=config.layers).resolve(model.num_layers)
-        encode_batches(model, batches, earlier, stack=evaluator._stack, resume=(start, inputs.batch), first_layer=shared)
+        if spec.pooling == "mean":
+            encode_batches(model, batches, earlier, stack=evaluator._stack, resume=(start, inputs.batch), first_layer=shared)
         cases[f"{label}, scratch"] = lambda spec=spec: encode_batches(model, batches, spec)
         cases[f"{label}, resumed from layer {start}"] = lambda spec=spec, start=start, inputs=inputs: encode_batches(
             model, batches, spec, stack=evaluator._stack, resume=(start, inputs.batch))
-        cases[f"{label}, resumed from layer {start}, its sums shared"] = (
-            lambda spec=spec, start=start, inputs=inputs: encode_batches(
-                model, batches, spec, stack=evaluator._stack, resume=(start, inputs.batch), first_layer=shared))
+        if spec.pooling == "mean":  # only mean pooling has first-layer sums to share
+            cases[f"{label}, resumed from layer {start}, its sums shared"] = (
+                lambda spec=spec, start=start, inputs=inputs: encode_batches(
+                    model, batches, spec, stack=evaluator._stack, resume=(start, inputs.batch), first_layer=shared))
     reference = "full uncalibrated encode"
     cases = {reference: lambda: encode_batches(model, batches, None), **cases}
     times: dict[str, list[float]] = {k: [] for k in cases}

@@ -48,7 +48,7 @@ from tuner.tracking import Tracker
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TRIALS = 16  # plain `tune` (MiniLM on WikiPos-dev): 10.0 min on 2 idle CPU cores, measured (README)
+DEFAULT_TRIALS = 16  # plain `tune` (MiniLM on WikiPos-dev): at most 8.4 min on 2 CPU cores, measured (README)
 EXPERIMENT = "posfair"
 FLOOR_ATTR = "floor_value"
 

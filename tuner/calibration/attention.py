@@ -138,17 +138,7 @@ def calibrated_attention(
     geometry = active.geometry(attention_mask, query.shape[0], key.shape[2], query.device)
     if active.spec.pooling == "mean":
         if calibrate:
-            groups = query.shape[1] // key.shape[1]
-            key, value = repeat_kv(key, groups), repeat_kv(value, groups)
-            reuse = active.first_layer if layer == min(active.spec.layers) else None
-            shared = (layer, geometry.basket_size, geometry.roles)
-            sums = reuse.lookup(shared) if reuse is not None else None
-            if sums is None:
-                allowed = active.allowed(attention_mask, query.shape[0], key.shape[2], query.device)
-                sums = _row_sums(query, key, value, allowed, scaling, geometry)
-                if reuse is not None:
-                    reuse.offer(shared, sums)
-            output = _mean_rows(sums, value, geometry, active.spec, query.dtype)
+            output = _mean_layer(query, key, value, attention_mask, scaling, geometry, active, layer)
         else:
             output, _ = sdpa_attention_forward(
                 module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
@@ -241,6 +231,30 @@ class FirstLayerSums:
         if self.used + sums.nbytes <= self.budget:
             self.entries[(self.batch, *key)] = sums
             self.used += sums.nbytes
+
+
+def _mean_layer(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    scaling: float,
+    geometry: BasketGeometry,
+    active: _Active,
+    layer: int,
+) -> torch.Tensor:
+    """A calibrated mean-pooling layer: its `RowSums` (shared ones, in the first calibrated layer), blended."""
+    groups = query.shape[1] // key.shape[1]
+    key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+    reuse = active.first_layer if layer == min(active.spec.layers) else None
+    shared = (layer, geometry.basket_size, geometry.roles)
+    sums = reuse.lookup(shared) if reuse is not None else None
+    if sums is None:
+        allowed = active.allowed(mask, query.shape[0], key.shape[2], query.device)
+        sums = _row_sums(query, key, value, allowed, scaling, geometry)
+        if reuse is not None:
+            reuse.offer(shared, sums)
+    return _mean_rows(sums, value, geometry, active.spec, query.dtype)
 
 
 def _row_sums(
