@@ -99,13 +99,13 @@ def per_trial(model, dataset, args: argparse.Namespace, say: Callable[[str], Non
         start = evaluator.resume_layer(min(spec.layers))
         assert start == min(spec.layers), (label, start)
         inputs = evaluator._inputs[start]
-        earlier = model.default_config(variant="uniform", strength=0.9, layers=config.layers).resolve(model.num_layers)
-        if spec.pooling == "mean":
+        if spec.pooling == "mean":  # an earlier trial at this depth and basket size leaves its first-layer sums
+            earlier = model.default_config(variant="uniform", strength=0.9, layers=config.layers).resolve(model.num_layers)
             encode_batches(model, batches, earlier, stack=evaluator._stack, resume=(start, inputs.batch), first_layer=shared)
         cases[f"{label}, scratch"] = lambda spec=spec: encode_batches(model, batches, spec)
         cases[f"{label}, resumed from layer {start}"] = lambda spec=spec, start=start, inputs=inputs: encode_batches(
             model, batches, spec, stack=evaluator._stack, resume=(start, inputs.batch))
-        if spec.pooling == "mean":  # only mean pooling has first-layer sums to share
+        if spec.pooling == "mean":
             cases[f"{label}, resumed from layer {start}, its sums shared"] = (
                 lambda spec=spec, start=start, inputs=inputs: encode_batches(
                     model, batches, spec, stack=evaluator._stack, resume=(start, inputs.batch), first_layer=shared))
