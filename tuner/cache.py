@@ -367,6 +367,15 @@ class LayerInputs:
         return _from_bytes(self.data[start : start + size], self.dtype, shape)
 
 
+def default_ram_limit(limit: int | None) -> int:
+    """`limit` bytes, or by default RAM_FRACTION of the memory available now."""
+    if limit is not None:
+        return limit
+    import psutil
+
+    return int(psutil.virtual_memory().available * RAM_FRACTION)
+
+
 class LayerInputStore:
     """Cached layer inputs of one (model, dataset, batching): chosen within a budget, verified on load.
 
@@ -381,11 +390,7 @@ class LayerInputStore:
         itemsize = torch.empty((), dtype=dtype).element_size()
         self.offsets = list(np.cumsum([0] + [int(np.prod(s)) * itemsize for s in self.shapes])[:-1].tolist())
         self.layer_bytes = sum(int(np.prod(s)) for s in self.shapes) * itemsize
-        if ram_limit is None:
-            import psutil
-
-            ram_limit = int(psutil.virtual_memory().available * RAM_FRACTION)
-        self.ram_left = ram_limit
+        self.ram_left = default_ram_limit(ram_limit)
         self.loaded: dict[int, LayerInputs] = {}
         self._writers: dict[int, RawWriter] = {}
 

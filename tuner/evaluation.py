@@ -32,10 +32,10 @@ from objectives import PerQuery, PositionReport, evaluate, exact_search
 from tuner.cache import (
     DEFAULT_BUDGET,
     DEFAULT_CACHE_DIR,
-    RAM_FRACTION,
     DiskCache,
     LayerInputs,
     LayerInputStore,
+    default_ram_limit,
     engine_identity,
     model_identity,
     slug,
@@ -243,9 +243,7 @@ class Evaluator:
             if store is not None:
                 budget, ram = budget - store.layer_bytes * len(self._inputs), store.ram_left
             else:
-                import psutil
-
-                ram = int(self.ram_limit if self.ram_limit is not None else psutil.virtual_memory().available * RAM_FRACTION)
+                ram = default_ram_limit(self.ram_limit)
             self._sums = FirstLayerSums(max(0, min(budget, ram)))
         return self._sums
 

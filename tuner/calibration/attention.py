@@ -53,41 +53,36 @@ class _Active:
     _mask: torch.Tensor | None = field(default=None, init=False)
     _shape: tuple[int, int] | None = field(default=None, init=False)
     _geometry: BasketGeometry | None = field(default=None, init=False)
-    _allowed: torch.Tensor | None = field(default=None, init=False)
+    _key_mask: torch.Tensor | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.roles = tuple(role for role, _ in self.spec.policies)
 
     def geometry(self, mask: torch.Tensor | None, batch: int, keys: int, device: torch.device) -> BasketGeometry:
-        """The baskets of this batch."""
-        self._refresh(mask, batch, keys, device)
-        assert self._geometry is not None
+        """The baskets of this batch, built once per batch: every layer of a forward pass receives the
+        same mask object. The cached mask is kept referenced, so a later batch can never reuse its identity."""
+        if self._geometry is None or self._mask is not mask or self._shape != (batch, keys):
+            key_valid = _allowed(mask)[:, 0, -1, :] if mask is not None else torch.ones(batch, keys, dtype=torch.bool, device=device)
+            self._geometry = BasketGeometry.from_key_mask(key_valid, self.spec.basket_size, self.roles)
+            self._mask, self._shape, self._key_mask = mask, (batch, keys), None
         return self._geometry
 
     def allowed(self, mask: torch.Tensor | None, batch: int, keys: int, device: torch.device) -> torch.Tensor:
-        """The boolean mask (B, 1, Q or 1, K): a single row when every query row sees the same keys.
+        """The boolean mask (B, 1, Q or 1, K) of this batch: a single row when every query row sees the same keys.
 
         transformers hands a padding-only mask over as a full (Q, K) matrix per item; one row of it lets
-        the mean path give the fused kernel a key mask, which it applies far faster than a matrix.
+        the mean path give the fused kernel a key mask, which it applies far faster than a matrix. Built
+        on first use per batch, so cls / last pooling never pays for the comparison.
         """
-        self._refresh(mask, batch, keys, device)
-        assert self._allowed is not None
-        return self._allowed
-
-    def _refresh(self, mask: torch.Tensor | None, batch: int, keys: int, device: torch.device) -> None:
-        """Build once per batch: every layer of a forward pass receives the same mask object.
-
-        The cached mask is kept referenced, so a later batch can never reuse its identity.
-        """
-        if self._geometry is None or self._mask is not mask or self._shape != (batch, keys):
+        geometry = self.geometry(mask, batch, keys, device)
+        if self._key_mask is None:
             if mask is None:
-                allowed = torch.ones(batch, 1, 1, keys, dtype=torch.bool, device=device)
+                self._key_mask = geometry.key_valid[:, None, None, :]
             else:
                 allowed = _allowed(mask)
-                if allowed.shape[2] > 1 and bool((allowed == allowed[:, :, :1]).all()):
-                    allowed = allowed[:, :, :1]
-            self._geometry = BasketGeometry.from_key_mask(allowed[:, 0, -1, :], self.spec.basket_size, self.roles)
-            self._allowed, self._mask, self._shape = allowed, mask, (batch, keys)
+                same_rows = allowed.shape[2] > 1 and bool((allowed == allowed[:, :, :1]).all())
+                self._key_mask = allowed[:, :, :1] if same_rows else allowed
+        return self._key_mask
 
 
 _ACTIVE: ContextVar[_Active | None] = ContextVar("posfair_calibration", default=None)
@@ -136,21 +131,18 @@ def calibrated_attention(
     assert active is not None
     scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
     geometry = active.geometry(attention_mask, query.shape[0], key.shape[2], query.device)
-    if active.spec.pooling == "mean":
-        if calibrate:
-            output = _mean_layer(query, key, value, attention_mask, scaling, geometry, active, layer)
-        else:
-            output, _ = sdpa_attention_forward(
-                module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
-            )
-        if active.observer is not None:
-            before, after = _mean_profile(query, key, attention_mask, scaling, geometry, active.spec, calibrate)
-            active.observer(layer, before, after, geometry)
+    mean = active.spec.pooling == "mean"
+    if mean and calibrate:
+        output = _mean_layer(query, key, value, attention_mask, scaling, geometry, active, layer)
     else:
         output, _ = sdpa_attention_forward(
             module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
         )
+    if not mean:
         _pooled_row(output, query, key, value, attention_mask, scaling, geometry, active, layer, calibrate)
+    elif active.observer is not None:
+        before, after = _mean_profile(query, key, attention_mask, scaling, geometry, active.spec, calibrate)
+        active.observer(layer, before, after, geometry)
     return output, None
 
 
