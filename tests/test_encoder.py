@@ -51,6 +51,40 @@ def test_strength_zero_and_short_documents_match_plain_sdpa(tiny: LoadedModel) -
     assert np.abs(CalibratedEncoder(tiny, long_basket).encode(short) - CalibratedEncoder(with_attention(tiny, "sdpa")).encode(short)).max() < 1e-6
 
 
+CAUSAL_TEXTS = random_texts(5, 10, 40, seed=3)  # different lengths: batched together they are left-padded
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls", "last"])
+def test_a_causal_model_without_padding_at_strength_zero_is_plain_sdpa(tiny_model_dir, pooling: str) -> None:
+    """transformers 5 hands an unpadded decoder batch (Qwen3) to the attention function with no mask and
+    is_causal=True: "no mask" must not mean "every key visible"."""
+    loaded = load_model(str(tiny_model_dir("qwen3")), pooling=pooling)
+    plain = CalibratedEncoder(with_attention(loaded, "sdpa"))
+    at_zero = CalibratedEncoder(loaded, loaded.default_config(strength=0.0, basket_size=4, layers=1.0))
+    for text in CAUSAL_TEXTS[:2]:
+        assert np.abs(at_zero.encode([text]) - plain.encode([text])).max() < 1e-6
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls", "last"])
+def test_a_causal_model_calibrates_alike_with_and_without_padding(tiny_model_dir, pooling: str) -> None:
+    """Qwen3 (last-token pooling is the real case; mean and cls exercise every causal row): each text alone
+    (no mask, is_causal) and all together (left padding, a causal padding mask) give the oracle's vectors."""
+    loaded = load_model(str(tiny_model_dir("qwen3")), pooling=pooling)
+    config = loaded.default_config(strength=0.8, basket_size=4, layers=1.0)
+    engine = CalibratedEncoder(loaded, config)
+    oracle = CalibratedEncoder(with_attention(loaded, register_reference()), config)
+    batched = engine.encode(CAUSAL_TEXTS, batch_size=len(CAUSAL_TEXTS))
+    alone = np.concatenate([engine.encode([t]) for t in CAUSAL_TEXTS])
+    assert np.abs(batched - oracle.encode(CAUSAL_TEXTS, batch_size=len(CAUSAL_TEXTS))).max() < 1e-5
+    assert np.abs(alone - np.concatenate([oracle.encode([t]) for t in CAUSAL_TEXTS])).max() < 1e-5
+    assert np.abs(alone - batched).max() < 1e-5
+    moved = np.abs(batched - CalibratedEncoder(loaded).encode(CAUSAL_TEXTS)).max()
+    if pooling == "cls":  # the first row of a causal model sees only itself: no basket, nothing to move
+        assert moved < 1e-6
+    else:
+        assert moved > 1e-4  # calibration did something
+
+
 def test_queries_are_never_calibrated(tiny: LoadedModel) -> None:
     calibrated = CalibratedEncoder(tiny, tiny.default_config(strength=1.0, basket_size=8, layers=1.0))
     assert np.abs(calibrated.encode_query(TEXTS) - CalibratedEncoder(tiny).encode_query(TEXTS)).max() == 0

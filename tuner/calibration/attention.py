@@ -3,23 +3,32 @@
 `register()` adds the function under the name "posfair" to `AttentionInterface` (and the SDPA mask
 maker under the same name to `AttentionMaskInterface`, without which a new name receives no padding
 mask at all). A model loaded with `attn_implementation="posfair"` then calls `calibrated_attention`
-in every layer. Outside a `calibrating(...)` block it is plain SDPA, so one loaded model encodes both
-uncalibrated queries and calibrated documents.
+in every layer, with transformers' SDPA signature. Outside a `calibrating(...)` block it is plain
+SDPA, so one loaded model encodes both uncalibrated queries and calibrated documents; so is a layer
+with nothing to calibrate (λ = 0, or no passage of the batch filling one basket).
+
+Masks: transformers hands an unpadded batch over with no mask; for a decoder (Qwen3) that call is
+causal (`is_causal`, decided as transformers' SDPA function decides it), so the calibrated paths
+apply the causal triangle, and a row is calibrated over the baskets it can see (see `rows.py`).
 
 Inside a block, in the calibrated layers:
 - cls / last pooling: SDPA runs for all rows as usual; only the pooled row's attention (B×H×K) is
   recomputed, calibrated and multiplied with V, and that row of the output is replaced;
 - mean pooling: every row is calibrated; the fused kernel runs once per content basket and its
   per-basket outputs and log-sum-exps are blended, so the B×H×Q×K matrix is never formed (an
-  observed layer also forms it tile by tile over the query axis, for the profile only).
+  observed layer also forms it tile by tile over the query axis, for the profile only). On CPU the
+  fused kernel is torch's private `_scaled_dot_product_flash_attention_for_cpu`, used only after a
+  one-time probe shows it answering as expected; otherwise each basket's scores are formed (small).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import warnings
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Protocol
 
 import torch
@@ -54,9 +63,23 @@ class _Active:
     _shape: tuple[int, int] | None = field(default=None, init=False)
     _geometry: BasketGeometry | None = field(default=None, init=False)
     _key_mask: torch.Tensor | None = field(default=None, init=False)
+    _causal: torch.Tensor | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.roles = tuple(role for role, _ in self.spec.policies)
+
+    def mask(self, attention_mask: torch.Tensor | None, causal: bool, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor | None:
+        """The mask the calibrated paths apply: transformers' own, or for a causal call without one (an
+        unpadded decoder batch) the causal triangle, row i seeing keys 0..i, as SDPA's `is_causal` does.
+        None means every key is visible to every row. The triangle is kept for the batch, so every layer
+        hands the same object to `geometry`."""
+        if attention_mask is not None or not causal:
+            return attention_mask
+        batch, rows, keys = query.shape[0], query.shape[2], key.shape[2]
+        if self._causal is None or self._causal.shape != (batch, 1, rows, keys) or self._causal.device != query.device:
+            triangle = torch.ones(rows, keys, dtype=torch.bool, device=query.device).tril()
+            self._causal = triangle.expand(batch, 1, rows, keys)
+        return self._causal
 
     def geometry(self, mask: torch.Tensor | None, batch: int, keys: int, device: torch.device) -> BasketGeometry:
         """The baskets of this batch, built once per batch: every layer of a forward pass receives the
@@ -115,35 +138,67 @@ def calibrated_attention(
     key: torch.Tensor,
     value: torch.Tensor,
     attention_mask: torch.Tensor | None,
-    scaling: float | None = None,
     dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
     **kwargs: object,
 ) -> tuple[torch.Tensor, None]:
-    """The function transformers calls: query (B, H, Q, D), key/value (B, Hkv, K, D) → (B, Q, H, D)."""
+    """The function transformers calls: query (B, H, Q, D), key/value (B, Hkv, K, D) → (B, Q, H, D).
+
+    The signature is transformers' `sdpa_attention_forward`'s, and so is the rule for causality: with
+    no mask, the call is causal if `is_causal` says so, else if the module's `is_causal` does (True if
+    it has none), for more than one query row. Nothing to calibrate in this layer (outside a
+    `calibrating` block, a layer not calibrated, λ = 0, or no passage of the batch filling a basket)
+    is SDPA's own call, unless an observer wants the profile.
+    """
     active = _ACTIVE.get()
     layer = getattr(module, "layer_idx", None)
-    calibrate = active is not None and layer in active.spec.layers
+    calibrate = active is not None and layer in active.spec.layers and active.spec.strength > 0.0
     observe = active is not None and active.observer is not None
-    if not (calibrate or observe):
-        return sdpa_attention_forward(
-            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
-        )
-    assert active is not None
+    mask = geometry = None
+    if active is not None and (calibrate or observe):
+        causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+        mask = active.mask(attention_mask, bool(causal) and query.shape[2] > 1, query, key)
+        geometry = active.geometry(mask, query.shape[0], key.shape[2], query.device)
+        calibrate = calibrate and geometry.any_calibrated
+    sdpa_kwargs = {"dropout": dropout, "scaling": scaling, "is_causal": is_causal, **kwargs}
+    if active is None or geometry is None or not (calibrate or observe):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **sdpa_kwargs)
+    if calibrate:
+        _refuse_what_cannot_be_honoured(dropout, kwargs)
     scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
-    geometry = active.geometry(attention_mask, query.shape[0], key.shape[2], query.device)
     mean = active.spec.pooling == "mean"
     if mean and calibrate:
-        output = _mean_layer(query, key, value, attention_mask, scaling, geometry, active, layer)
+        output = _mean_layer(query, key, value, mask, scaling, geometry, active, layer)
     else:
-        output, _ = sdpa_attention_forward(
-            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
-        )
+        output, _ = sdpa_attention_forward(module, query, key, value, attention_mask, **sdpa_kwargs)
     if not mean:
-        _pooled_row(output, query, key, value, attention_mask, scaling, geometry, active, layer, calibrate)
+        _pooled_row(output, query, key, value, mask, scaling, geometry, active, layer, calibrate)
     elif active.observer is not None:
-        before, after = _mean_profile(query, key, attention_mask, scaling, geometry, active.spec, calibrate)
+        before, after = _mean_profile(query, key, mask, scaling, geometry, active.spec, calibrate)
         active.observer(layer, before, after, geometry)
     return output, None
+
+
+_WARNED: set[str] = set()
+
+
+def _refuse_what_cannot_be_honoured(dropout: float, kwargs: dict[str, object]) -> None:
+    """A calibrated layer computes its calibrated rows without dropout (warned once per process) and
+    cannot add a position bias (T5-style models; refused)."""
+    if kwargs.get("position_bias") is not None:
+        raise ValueError(
+            "posfair cannot calibrate a layer that adds a position bias to its attention scores (T5-style "
+            "models); calibrate a model whose attention takes no position_bias"
+        )
+    if dropout > 0.0 and "dropout" not in _WARNED:
+        _WARNED.add("dropout")
+        warnings.warn(
+            f"posfair: attention dropout {dropout:g} is not applied to calibrated rows (is the model in train "
+            "mode?); calibration is meant for inference: call model.eval()",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 def _pooled_row(
@@ -162,7 +217,7 @@ def _pooled_row(
     batch, heads, _, dim = query.shape
     kv_heads, keys = key.shape[1], key.shape[2]
     items = torch.arange(batch, device=query.device)
-    position = geometry.isolated[:, active.roles.index("first" if active.spec.pooling == "cls" else "last")]
+    position = geometry.first if active.spec.pooling == "cls" else geometry.last
     row_query = query[items, :, position].view(batch, kv_heads, heads // kv_heads, dim)
     # Per item: key/value are strided views of the (B, K, H, D) projections; a batched matmul over
     # (B, H) would first copy them whole, item by item BLAS reads them in place.
@@ -172,7 +227,10 @@ def _pooled_row(
     scores.masked_fill_(~allowed[:, None, :], float("-inf"))
     before = scores.softmax(-1)
     del scores
-    after = calibrate_rows(before.clone() if active.observer else before, geometry, active.spec) if calibrate else before
+    if calibrate:
+        after = calibrate_rows(before.clone() if active.observer else before, geometry, active.spec, allowed[:, None, :])
+    else:
+        after = before
     if active.observer is not None:
         active.observer(layer, before, after, geometry)
     if calibrate:
@@ -185,12 +243,13 @@ def _pooled_row(
 class RowSums:
     """What a mean-pooling layer's calibration needs from its attention, before λ, variant or w enter.
 
-    Per run of items (see `Run`): Σ_b e^(m_b − top)·O_b, Σ_b O_b, top and the log content mass
-    (`_basket_outputs`); and the isolated tokens' scores (B, H, Q, I). Everything is float32.
+    Per run of items (see `Run`): Σ_b e^(m_b − top)·O_b, Σ_b O_b, top, the log content mass and the
+    number of baskets each row sees (`_basket_outputs`); and the isolated tokens' scores (B, H, Q, I),
+    −inf where a row may not see the token. Everything is float32.
     """
 
     iso_scores: torch.Tensor
-    runs: tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], ...]
+    runs: tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], ...]
 
     @property
     def nbytes(self) -> int:
@@ -293,17 +352,18 @@ def _mean_rows(
     iso_value = value.gather(2, iso).float()
     policies = tuple(spec.policy(role) for role in geometry.roles)
     parts = []
-    for run, (mixed, even, top, content) in zip(geometry.runs, sums.runs):
+    for run, (mixed, even, top, content, n_seen) in zip(geometry.runs, sums.runs):
         items = slice(run.begin, run.end)
         iso_scores = sums.iso_scores[items]
+        iso_seen = iso_scores > float("-inf")
         # log of the row's total (unnormalised) weight; a row that sees no key at all comes out 0, not NaN
         total = torch.cat([content, iso_scores], -1).logsumexp(-1, keepdim=True).clamp_min(-1e30)
         iso_mass = (iso_scores - total).exp()
-        n_baskets = geometry.n_baskets[items]
-        targets = isolated_targets(iso_mass.flatten(1, 2), policies, n_baskets + len(policies), spec.weight)
-        targets = targets.view_as(iso_mass)
-        share = (1.0 - targets.sum(-1, keepdim=True)).clamp_min(0.0) / n_baskets.clamp_min(1)[:, None, None, None]
-        strength = (geometry.calibrated[items].float() * spec.strength)[:, None, None, None]
+        n_total = n_seen + iso_seen.sum(-1, keepdim=True)
+        targets = isolated_targets(iso_mass, policies, n_total, spec.weight, iso_seen)
+        share = (1.0 - targets.sum(-1, keepdim=True)).clamp_min(0.0) / n_seen.clamp_min(1)
+        calibrated = geometry.calibrated[items, None, None, None] & (n_seen > 0)  # (G, 1, Q or 1, 1)
+        strength = calibrated.float() * spec.strength
         blended = mixed.mul((1.0 - strength) * (top - total).exp()).addcmul_(even, strength * share)
         weights = torch.lerp(iso_mass, targets, strength)
         for t in range(weights.shape[-1]):  # in the output's own memory layout, unlike a matmul's result
@@ -322,19 +382,21 @@ def _basket_outputs(
     run: Run,
     size: int,
     scaling: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """For the items of one run, over its baskets: Σ_b e^(m_b − top)·O_b, Σ_b O_b, top and log Σ_b e^(m_b).
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For the items of one run, over its baskets: Σ_b e^(m_b − top)·O_b, Σ_b O_b, top, log Σ_b e^(m_b)
+    and the number of baskets each row sees.
 
     m_b is the log of the row's (unnormalised) attention mass on basket b, −inf where the row may not
-    see any of its keys (a shorter item's missing baskets, or a causal mask), and such a row's O_b is 0.
-    Both sums are float32 (G, H, Q, D); `top`, the running maximum of the m_b, and the log of the content
-    mass are (G, H, Q, 1). They are kept online because the blend needs every basket's mass before it
-    can weigh any.
+    see any of its keys (a shorter item's missing baskets, or a causal mask): such a basket is not one
+    of the row's (not counted), and its O_b is 0. Both sums are float32 (G, H, Q, D); `top`, the running
+    maximum of the m_b, and the log of the content mass are (G, H, Q, 1); the count is (G, 1, Q or 1, 1).
+    They are kept online because the blend needs every basket's mass before it can weigh any.
     """
     keys = key.shape[2]
     mixed = even = None
     top = torch.full((*query.shape[:3], 1), -1e30, device=query.device)
     norm = torch.zeros_like(top)  # Σ_b e^(m_b − top)
+    n_seen = torch.zeros((*allowed.shape[:3], 1), device=query.device)
     positions = torch.arange(keys, device=query.device)
     for lo in range(run.start, run.start + run.n_baskets * size, size):
         hi = min(lo + size, keys)
@@ -347,6 +409,7 @@ def _basket_outputs(
         out, mass = _attention_with_lse(query, key[:, :, begin:end], value[:, :, begin:end], bias, scaling)
         out, mass = out.float(), mass[..., None]
         blind = ~visible.any(-1)[..., None]  # (G, 1, Q or 1, 1): the kernel reports 0 and log-mass 0 there
+        n_seen += ~blind
         if bool(blind.any()):
             out, mass = out.masked_fill(blind, 0.0), mass.masked_fill(blind, float("-inf"))
         peak = torch.maximum(top, mass)
@@ -363,7 +426,7 @@ def _basket_outputs(
     if mixed is None or even is None:  # a run of passages too short for one basket has none
         mixed = torch.zeros(query.shape, dtype=torch.float32, device=query.device)
         even = torch.zeros_like(mixed)
-    return mixed, even, top, top + norm.log()
+    return mixed, even, top, top + norm.log(), n_seen
 
 
 def _kernel_window(lo: int, hi: int, keys: int, multiple: int = KERNEL_KEY_MULTIPLE) -> tuple[int, int]:
@@ -383,14 +446,43 @@ def _attention_with_lse(
     """Attention output (B, H, Q, D) and the float32 log-sum-exp of each row's scores (B, H, Q).
 
     On CPU this is SDPA's own fused kernel, which the public function runs but whose log-sum-exp it
-    drops. Elsewhere the two are computed from the (B, H, Q, basket) scores, which one basket's keys
-    keep small (not measured here: this machine has no GPU).
+    drops: a private op, used only where `_cpu_kernel` found it answering as expected. Elsewhere (or
+    without it) the two are computed from the (B, H, Q, basket) scores, which one basket's keys keep
+    small (not measured on a GPU: this machine has none).
     """
-    if query.device.type == "cpu":
-        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            query, key, value, attn_mask=bias, scale=scaling
-        )
+    kernel = _cpu_kernel() if query.device.type == "cpu" else None
+    if kernel is not None:
+        out, lse = kernel(query, key, value, attn_mask=bias, scale=scaling)[:2]
+        return out, lse
     return _attention_with_lse_unfused(query, key, value, bias, scaling)
+
+
+@cache
+def _cpu_kernel() -> Callable[..., tuple[torch.Tensor, ...]] | None:
+    """The fused CPU kernel behind SDPA, if this torch build has it and it answers our call as expected."""
+    return _probe_cpu_kernel(getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None))
+
+
+def _probe_cpu_kernel(op: Callable[..., tuple[torch.Tensor, ...]] | None) -> Callable[..., tuple[torch.Tensor, ...]] | None:
+    """`op` if, on a small masked call, it returns the attention output (B, H, Q, D) and the natural
+    log-sum-exp (B, H, Q) that the public ops give; else None (the caller falls back to those ops)."""
+    if op is None:
+        return None
+    generator = torch.Generator().manual_seed(0)
+    query, key, value = (torch.randn(2, 3, 5, 8, generator=generator) for _ in range(3))
+    bias = torch.zeros(2, 1, 5, 5).masked_fill_(torch.ones(5, 5, dtype=torch.bool).triu(1), float("-inf"))
+    want_out, want_lse = _attention_with_lse_unfused(query, key, value, bias, 0.35)
+    try:
+        out, lse = op(query, key, value, attn_mask=bias, scale=0.35)[:2]
+        agrees = (
+            out.shape == want_out.shape
+            and lse.shape == want_lse.shape
+            and torch.allclose(out, want_out, atol=1e-5)
+            and torch.allclose(lse.float(), want_lse, atol=1e-5)
+        )
+    except (RuntimeError, TypeError, ValueError, AttributeError):
+        return None
+    return op if agrees else None
 
 
 def _attention_with_lse_unfused(
@@ -428,12 +520,14 @@ def _mean_profile(
     for start in range(0, rows, tile):
         stop = min(start + tile, rows)
         scores = (query[:, :, start:stop] @ key_t).float().mul_(scaling)
-        scores.masked_fill_(blocked[:, :, start:stop] if blocked.shape[2] > 1 else blocked, float("-inf"))
-        attn = scores.softmax(-1)
+        tile_blocked = blocked[:, :, start:stop] if blocked.shape[2] > 1 else blocked
+        scores.masked_fill_(tile_blocked, float("-inf"))
+        attn = scores.softmax(-1).nan_to_num_(0.0)  # a row that sees no key (padding under a causal mask)
         valid_rows = geometry.key_valid[:, None, start:stop, None]
         before += (attn * valid_rows).sum(2)
         if calibrate:
-            attn = calibrate_rows(attn.view(batch, heads * (stop - start), keys), geometry, spec)
+            seen = (~tile_blocked).expand(batch, heads, stop - start, keys).reshape(batch, -1, keys)
+            attn = calibrate_rows(attn.view(batch, heads * (stop - start), keys), geometry, spec, seen)
         after += (attn.view(batch, heads, stop - start, keys) * valid_rows).sum(2)
     counts = geometry.key_valid.sum(-1).clamp_min(1)[:, None, None]
     return before / counts, after / counts

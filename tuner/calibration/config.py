@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -143,6 +143,7 @@ class CalibrationConfig(BaseModel):
             weight=self.weight,
             pooling=self.pooling,
             policies=tuple(sorted(self.role_policies().items())),
+            config=self,
         )
 
 
@@ -161,6 +162,9 @@ class ResolvedCalibration:
     weight: float
     pooling: Pooling
     policies: tuple[tuple[Role, Policy], ...]
+    # What a user wrote, for the test oracle (which derives everything above itself); not part of the
+    # identity: two configs that resolve alike calibrate alike.
+    config: CalibrationConfig | None = field(default=None, compare=False, repr=False)
 
     def policy(self, role: Role) -> Policy | None:
         return dict(self.policies).get(role)

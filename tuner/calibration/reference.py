@@ -4,6 +4,18 @@ Deliberately the way Appendix A describes the original implementation: eager att
 materialises the whole B×H×Q×K matrix, a per-position basket index is built for each item, basket
 sums are accumulated with `scatter_add` and handed back with `gather`. Slow and memory-hungry by
 design; the engine (`rows.py`, `attention.py`) must agree with it. The tests run it in float64.
+
+Independent of the engine: the oracle reads only the fields a user writes in a `CalibrationConfig`
+(variant, strength, layers, basket_size, weight, pooling, isolate, policies) and derives the rest
+itself, from the paper: which tokens are isolated (Table 4), their policies (§3.1, §3.3), the
+baskets, the shares and the calibrated layers. It never calls the config's own resolution
+(`resolve`, `role_policies`, `resolve_layers`, `isolated_roles`), nor anything in `rows.py`.
+
+Rows that cannot see every key (a causal mask): a row is calibrated over what it sees. A content
+basket none of whose keys the row may see is not one of its baskets (it counts in no n_baskets and
+gets no share: there is no mass to renormalise), an isolated token it may not see stays at 0 whatever
+its policy, and a row that sees no content basket at all is left as it is. Under a padding mask every
+real row sees every real key, so this only matters for causal masks.
 """
 
 from __future__ import annotations
@@ -15,46 +27,113 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from .attention import active_spec
-from .config import ResolvedCalibration, Role
+from .config import CalibrationConfig
 
 REFERENCE_ATTENTION_NAME = "posfair_reference"
 
+# Table 4: which special tokens sit in a basket of their own, unless `isolate` says otherwise. The
+# pooled <s> for cls pooling; <s> and the pooled </s> for last-token pooling; for mean pooling
+# (not in the paper) both ends, which are attention sinks like the pooled token.
+DEFAULT_ISOLATED = {"cls": ("first",), "last": ("first", "last"), "mean": ("first", "last")}
+# The token whose self-mass CLS-Hard fixes at w (§3.3): the pooled one; the [CLS] sink for mean pooling.
+POOLED = {"cls": "first", "last": "last", "mean": "first"}
+
+
+def reference_isolated(config: CalibrationConfig) -> tuple[str, ...]:
+    """The isolated tokens, in the order given (`isolate`), or by pooling (Table 4)."""
+    return tuple(config.isolate) if config.isolate is not None else DEFAULT_ISOLATED[config.pooling]
+
+
+def reference_policies(config: CalibrationConfig) -> dict[str, str]:
+    """Each isolated token's policy: the variant's, then the explicit `policies`.
+
+    Uniform (§3.1): every isolated token's basket is one basket among all, 1/n_baskets ("equal").
+    CLS-Soft (§3.3): isolated tokens keep their own mass a_s ("original").
+    CLS-Hard (§3.3): the pooled token's mass is fixed at w ("fixed"); other isolated tokens are baskets
+    like any other ("equal").
+    """
+    policies = {}
+    for role in reference_isolated(config):
+        if config.variant == "uniform":
+            policies[role] = "equal"
+        elif config.variant == "cls_soft":
+            policies[role] = "original"
+        else:
+            policies[role] = "fixed" if role == POOLED[config.pooling] else "equal"
+    policies.update(config.policies or {})
+    return policies
+
+
+def reference_layers(config: CalibrationConfig, num_layers: int) -> set[int]:
+    """The calibrated layers (0-based) of a model `num_layers` deep.
+
+    An explicit list; "last" / "last:k": the final k layers; a fraction f of depth: the final
+    round(f · num_layers) layers, halves rounded up, at least one (the paper's "50% layers").
+    """
+    spec = config.layers
+    if isinstance(spec, list):
+        return set(spec)
+    if isinstance(spec, str):
+        count = int(spec.split(":")[1]) if ":" in spec else 1
+    else:
+        count = max(1, int(spec * num_layers + 0.5))
+    return set(range(num_layers - count, num_layers))
+
 
 def reference_calibrate(
-    attn: torch.Tensor, key_valid: torch.Tensor, rows: torch.Tensor, spec: ResolvedCalibration, roles: tuple[Role, ...]
+    attn: torch.Tensor, key_valid: torch.Tensor, allowed: torch.Tensor, rows: torch.Tensor, config: CalibrationConfig
 ) -> torch.Tensor:
-    """Calibrate the query rows marked in `rows` (B, Q) of the full matrix `attn` (B, H, Q, K)."""
+    """Calibrate the query rows marked in `rows` (B, Q) of the full matrix `attn` (B, H, Q, K).
+
+    `key_valid` (B, K) marks the real (non-padding) tokens; `allowed` (B, 1 or H, Q, K) the keys each
+    row may see.
+    """
     out = attn.clone()
+    allowed = allowed.expand_as(attn)
+    roles = reference_isolated(config)
+    policies = reference_policies(config)
     for b in range(attn.shape[0]):
         valid = torch.nonzero(key_valid[b]).flatten().tolist()
+        if not valid:
+            continue
         ends = {"first": valid[0], "last": valid[-1]}
         isolated = [ends[role] for role in roles]
         content = torch.tensor([k for k in valid if k not in isolated], dtype=torch.long)
-        if len(content) < spec.basket_size:
+        if len(content) < config.basket_size:  # a passage shorter than one basket is left alone
             continue
-        basket_of = torch.arange(len(content)) // spec.basket_size  # per-position basket index
+        basket_of = torch.arange(len(content)) // config.basket_size  # per-position basket index
         n_baskets = int(basket_of.max()) + 1
         query_rows = torch.nonzero(rows[b]).flatten()
         a = out[b][:, query_rows, :]  # (H, R, K)
+        sees = allowed[b][:, query_rows, :]
         index = basket_of.expand(*a.shape[:2], -1)
         sums = a.new_zeros(*a.shape[:2], n_baskets).scatter_add_(-1, index, a[..., content])
+        # the baskets each row sees: those with at least one key it may see
+        seen = a.new_zeros(*a.shape[:2], n_baskets).scatter_add_(-1, index, sees[..., content].to(a.dtype)) > 0
+        n_seen = seen.sum(-1, keepdim=True)  # (H, R, 1)
+        iso_seen = sees[..., isolated]  # (H, R, I)
+        n_total = n_seen + iso_seen.sum(-1, keepdim=True)
         targets = []
-        for role, position in zip(roles, isolated):
-            policy = spec.policy(role)
-            if policy == "equal":
-                targets.append(torch.full_like(a[..., 0], 1.0 / (n_baskets + len(roles))))
-            elif policy == "original":
-                targets.append(a[..., position])
-            else:
-                targets.append(torch.full_like(a[..., 0], spec.weight))
+        for column, (role, position) in enumerate(zip(roles, isolated)):
+            seen_it = iso_seen[..., column]
+            if policies[role] == "equal":  # one basket among all the row sees
+                target = seen_it.to(a.dtype) / n_total[..., 0].to(a.dtype).clamp_min(1)
+            elif policies[role] == "original":  # its own mass a_s
+                target = a[..., position]
+            else:  # fixed: w
+                target = seen_it.to(a.dtype) * config.weight
+            targets.append(target)
         target = torch.stack(targets, -1) if targets else a[..., :0]
-        target = target / target.sum(-1, keepdim=True).clamp_min(1.0)
+        target = target / target.sum(-1, keepdim=True).clamp_min(1.0)  # targets above 1 in all: scaled to 1
         remaining = (1.0 - target.sum(-1, keepdim=True)).clamp_min(0.0)
+        share = torch.where(seen, remaining / n_seen.clamp_min(1), 0.0)  # (H, R, n_baskets)
+        per_key = torch.where(seen, share / sums.where(seen, 1.0), 0.0)  # basket share ÷ basket mass
         calibrated = torch.zeros_like(a)
-        calibrated[..., content] = a[..., content] / sums.gather(-1, index) * (remaining / n_baskets)
+        calibrated[..., content] = a[..., content] * per_key.gather(-1, index)
         for column, position in enumerate(isolated):
             calibrated[..., position] = target[..., column]
-        out[b][:, query_rows, :] = spec.strength * calibrated + (1.0 - spec.strength) * a
+        calibrated = torch.where(n_seen > 0, calibrated, a)  # a row that sees no content basket stays
+        out[b][:, query_rows, :] = config.strength * calibrated + (1.0 - config.strength) * a
     return out
 
 
@@ -78,10 +157,10 @@ def reference_attention(
     value: torch.Tensor,
     allowed: torch.Tensor,
     scaling: float,
-    spec: ResolvedCalibration | None,
+    config: CalibrationConfig | None,
     dtype: torch.dtype = torch.float64,
 ) -> torch.Tensor:
-    """Eager attention with the oracle applied; query (B, H, Q, D), key/value (B, Hkv, K, D).
+    """Eager attention, calibrated by `config` if given; query (B, H, Q, D), key/value (B, Hkv, K, D).
 
     `allowed` is the boolean (B, 1, Q, K) mask. Returns (B, Q, H, D) in `dtype`.
     """
@@ -90,11 +169,26 @@ def reference_attention(
     value = value.to(dtype).repeat_interleave(groups, dim=1)
     scores = query.to(dtype) @ key.transpose(-1, -2) * scaling
     attn = scores.masked_fill(~allowed, float("-inf")).softmax(-1).nan_to_num(0.0)  # fully masked pad rows
-    if spec is not None:
+    if config is not None:
         key_valid = allowed[:, 0].any(-2)
-        roles = tuple(role for role, _ in spec.policies)
-        attn = reference_calibrate(attn, key_valid, calibrated_query_rows(spec.pooling, key_valid), spec, roles)
+        attn = reference_calibrate(attn, key_valid, allowed, calibrated_query_rows(config.pooling, key_valid), config)
     return (attn @ value).transpose(1, 2)
+
+
+def reference_mask(
+    module: torch.nn.Module, attention_mask: torch.Tensor | None, is_causal: bool | None, batch: int, rows: int, keys: int
+) -> torch.Tensor:
+    """The boolean (B, 1, Q, K) mask that transformers' SDPA integration applies.
+
+    A given mask is used as it is. Without one, every key is visible unless the call is causal: the
+    `is_causal` argument, else the module's `is_causal` attribute (True if it has none), and only for
+    more than one query row; a causal row i sees keys 0..i.
+    """
+    if attention_mask is not None:
+        return attention_mask
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    allowed = torch.ones(batch, 1, rows, keys, dtype=torch.bool)
+    return allowed.tril() if causal and rows > 1 else allowed
 
 
 def reference_attention_function(
@@ -103,24 +197,25 @@ def reference_attention_function(
     key: torch.Tensor,
     value: torch.Tensor,
     attention_mask: torch.Tensor | None,
-    scaling: float | None = None,
     dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
     *,
     oracle_dtype: torch.dtype = torch.float64,
     **kwargs: object,
 ) -> tuple[torch.Tensor, None]:
-    """The oracle as a transformers attention function, for end-to-end comparisons and benchmarks."""
+    """The oracle as a transformers attention function, for end-to-end comparisons and benchmarks.
+
+    Inside `calibrating(...)` it applies the user-level config the engine was given, in the layers
+    it derives itself from that config and the model's depth.
+    """
     batch, _, rows, _ = query.shape
-    keys = key.shape[2]
-    if attention_mask is None:
-        attention_mask = torch.ones(batch, 1, rows, keys, dtype=torch.bool, device=query.device)
-        if getattr(module, "is_causal", False):
-            attention_mask = attention_mask.tril()
+    allowed = reference_mask(module, attention_mask, is_causal, batch, rows, key.shape[2]).to(query.device)
     spec = active_spec()
-    layer_spec = spec if spec is not None and getattr(module, "layer_idx", None) in spec.layers else None
-    output = reference_attention(
-        query, key, value, attention_mask, scaling or query.shape[-1] ** -0.5, layer_spec, oracle_dtype
-    )
+    config = spec.config if spec is not None else None
+    if config is not None and module.layer_idx not in reference_layers(config, module.config.num_hidden_layers):
+        config = None
+    output = reference_attention(query, key, value, allowed, scaling or query.shape[-1] ** -0.5, config, oracle_dtype)
     return output.to(query.dtype), None
 
 

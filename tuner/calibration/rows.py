@@ -3,6 +3,11 @@
 Nothing here knows about transformers. Input rows are post-softmax attention over the key axis;
 `BasketGeometry` says, per batch item, where the content span starts and how it is cut.
 
+A row is calibrated over the keys it may see (`seen`): a content basket none of whose keys it sees
+is not one of its baskets (no share: there is no mass to renormalise), an isolated token it does not
+see stays 0 whatever its policy, and a row that sees no content basket is left as it is. Under a
+padding mask every real row sees every real key; a causal mask hides later baskets from earlier rows.
+
 Efficiency (Appendix A): baskets are contiguous blocks of `basket_size` keys, so once a passage's
 content span is located (per item: left padding shifts it), basket sums are a reshape of a slice and
 a reduction along the trailing axis, and renormalisation is a broadcast multiplication, in place. No
@@ -39,10 +44,12 @@ class BasketGeometry:
 
     key_valid: torch.Tensor  # (B, K) bool: real (non-padding) keys
     key_content: torch.Tensor  # (B, K) bool: the key is content (not padding, not isolated)
+    first: torch.Tensor  # (B,) long: position of the first real token ([CLS] / <s>)
+    last: torch.Tensor  # (B,) long: position of the last real token ([SEP] / </s>)
     isolated: torch.Tensor  # (B, I) long: positions of isolated tokens, in role order
     roles: tuple[Role, ...]  # the role of each isolated column
-    n_baskets: torch.Tensor  # (B,) long: content baskets of each item
     calibrated: torch.Tensor  # (B,) bool: content fills at least one basket
+    any_calibrated: bool  # some item of the batch is calibrated (else calibration is a no-op)
     runs: tuple[Run, ...]
     basket_size: int
 
@@ -54,7 +61,7 @@ class BasketGeometry:
         first = torch.where(key_valid, positions, keys).amin(-1).clamp_max(keys - 1)
         last = torch.where(key_valid, positions, -1).amax(-1).clamp_min(0)
         ends = {"first": first, "last": last}
-        isolated = torch.stack([ends[role] for role in roles], -1) if roles else first[:, :0]
+        isolated = torch.stack([ends[role] for role in roles], -1) if roles else first[:, None][:, :0]
         start = first + int("first" in roles)
         valid = key_valid.sum(-1)
         length = (valid - len(roles)).clamp_min(0)
@@ -66,13 +73,16 @@ class BasketGeometry:
                 runs[-1] = Run(runs[-1].begin, b + 1, s, max(runs[-1].n_baskets, n))
             else:
                 runs.append(Run(b, b + 1, s, n))
+        calibrated = fills_a_basket(valid, basket_size, len(roles))
         return cls(
             key_valid=key_valid,
             key_content=(relative >= 0) & (relative < length[:, None]),
+            first=first,
+            last=last,
             isolated=isolated,
             roles=roles,
-            n_baskets=n_baskets,
-            calibrated=fills_a_basket(valid, basket_size, len(roles)),
+            calibrated=calibrated,
+            any_calibrated=bool(calibrated.any()),
             runs=tuple(runs),
             basket_size=basket_size,
         )
@@ -88,28 +98,43 @@ def fills_a_basket(valid_tokens: torch.Tensor, basket_size: int, isolated: int) 
 
 
 def isolated_targets(
-    isolated_mass: torch.Tensor, policies: tuple[Policy, ...], n_total: torch.Tensor, weight: float
+    isolated_mass: torch.Tensor,
+    policies: tuple[Policy, ...],
+    n_total: torch.Tensor,
+    weight: float,
+    seen: torch.Tensor,
 ) -> torch.Tensor:
-    """The calibrated mass of each isolated token, by its policy; shape like `isolated_mass` (B, R, I).
+    """The calibrated mass of each isolated token, by its policy; shape like `isolated_mass` (..., I).
 
-    equal: 1/n_baskets_total, like a content basket; original: the mass it already had (self/sink
-    mass, CLS-Soft); fixed: w (CLS-Hard). If the targets add up to more than 1 they are scaled to 1.
+    equal: 1/n_total, like a content basket (n_total: the baskets the row sees, isolated ones included,
+    shaped (..., 1)); original: the mass it already had (self/sink mass, CLS-Soft); fixed: w
+    (CLS-Hard). A token the row does not see (`seen`, like `isolated_mass`) gets 0. If the targets add
+    up to more than 1 they are scaled to 1.
     """
     if not policies:
         return isolated_mass
-    equal = (1.0 / n_total.clamp_min(1)).to(isolated_mass.dtype)[:, None].expand_as(isolated_mass[..., 0])
-    columns = {"equal": lambda i: equal, "original": lambda i: isolated_mass[..., i],
-               "fixed": lambda i: torch.full_like(isolated_mass[..., i], weight)}
-    targets = torch.stack([columns[p](i) for i, p in enumerate(policies)], -1)
+    equal = 1.0 / n_total.to(isolated_mass.dtype).clamp_min(1.0)
+    columns = []
+    for i, policy in enumerate(policies):
+        mass, sees = isolated_mass[..., i : i + 1], seen[..., i : i + 1]
+        if policy == "original":
+            columns.append(mass)
+        else:
+            value = equal if policy == "equal" else torch.full_like(mass, weight)
+            columns.append(torch.where(sees, value, 0.0).expand_as(mass))
+    targets = torch.cat(columns, -1)
     return targets / targets.sum(-1, keepdim=True).clamp_min(1.0)
 
 
-def calibrate_rows(attn: torch.Tensor, geometry: BasketGeometry, spec: ResolvedCalibration) -> torch.Tensor:
+def calibrate_rows(
+    attn: torch.Tensor, geometry: BasketGeometry, spec: ResolvedCalibration, seen: torch.Tensor
+) -> torch.Tensor:
     """Calibrate attention rows `attn` (B, R, K) in float32 and blend with strength λ.
 
-    Content baskets split what the isolated tokens leave equally, keeping proportions inside a basket;
-    padded keys stay exactly 0 and rows still sum to 1. Items whose content is shorter than one basket
-    come back unchanged, as does everything at λ = 0.
+    `seen` (B, R or 1, K) marks the keys each row may see. Content baskets split what the isolated
+    tokens leave equally, keeping proportions inside a basket; keys a row does not see stay exactly 0
+    and rows still sum to 1. Items whose content is shorter than one basket come back unchanged, as
+    does everything at λ = 0.
 
     A content key's calibrated weight is its own weight times a per-basket factor f_b, so the blend
     â = λ·a_cal + (1 − λ)·a is one in-place multiplication by λ·f_b + 1 − λ; isolated tokens are then
@@ -119,27 +144,38 @@ def calibrate_rows(attn: torch.Tensor, geometry: BasketGeometry, spec: ResolvedC
     if spec.strength == 0.0:
         return attn
     for run in geometry.runs:
-        _calibrate_run(attn[run.begin : run.end], run, geometry, spec)
+        _calibrate_run(attn[run.begin : run.end], seen[run.begin : run.end], run, geometry, spec)
     return attn
 
 
-def _calibrate_run(rows: torch.Tensor, run: Run, geometry: BasketGeometry, spec: ResolvedCalibration) -> None:
+def _calibrate_run(
+    rows: torch.Tensor, seen: torch.Tensor, run: Run, geometry: BasketGeometry, spec: ResolvedCalibration
+) -> None:
     """One run of items sharing a content start: a window of baskets viewed as (G, R, baskets, size)."""
     size = geometry.basket_size
     items, keys = slice(run.begin, run.end), rows.shape[-1]
     policies = tuple(spec.policy(role) for role in geometry.roles)
     iso_index = geometry.isolated[items, None, :].expand(*rows.shape[:2], len(policies))
     iso_mass = rows.gather(-1, iso_index)
+    iso_seen = seen.gather(-1, iso_index[:, : seen.shape[1]])
     rows.scatter_(-1, iso_index, 0.0)  # isolated tokens inside the window must not count in a basket
     whole = min(run.n_baskets, (keys - run.start) // size)  # baskets that fit before the last key
-    body = rows[..., run.start : run.start + whole * size].unflatten(-1, (whole, size))
-    tail = rows[..., run.start + whole * size :] if whole < run.n_baskets else None  # a partial last basket
+    window = slice(run.start, run.start + whole * size)
+    partial = whole < run.n_baskets  # a partial last basket
+    body = rows[..., window].unflatten(-1, (whole, size))
+    tail = rows[..., run.start + whole * size :] if partial else None
     mass = body.sum(-1) if tail is None else torch.cat([body.sum(-1), tail.sum(-1, keepdim=True)], -1)
+    # the baskets each row sees: at least one of their content keys is visible to it
+    content_seen = seen & geometry.key_content[items, None, :]
+    baskets_seen = content_seen[..., window].unflatten(-1, (whole, size)).any(-1)
+    if partial:
+        baskets_seen = torch.cat([baskets_seen, content_seen[..., run.start + whole * size :].any(-1, keepdim=True)], -1)
+    n_seen = baskets_seen.sum(-1, keepdim=True)  # (G, R or 1, 1)
 
-    n_baskets = geometry.n_baskets[items]
-    targets = isolated_targets(iso_mass, policies, n_baskets + len(policies), spec.weight)
-    share = (1.0 - targets.sum(-1, keepdim=True)).clamp_min(0.0) / n_baskets.clamp_min(1)[:, None, None]
-    strength = (geometry.calibrated[items].float() * spec.strength)[:, None, None]
+    n_total = n_seen + iso_seen.sum(-1, keepdim=True)
+    targets = isolated_targets(iso_mass, policies, n_total, spec.weight, iso_seen)
+    share = (1.0 - targets.sum(-1, keepdim=True)).clamp_min(0.0) / n_seen.clamp_min(1)
+    strength = (geometry.calibrated[items, None, None] & (n_seen > 0)).float() * spec.strength
     multiplier = (share / mass.clamp_min(torch.finfo(torch.float32).tiny)).mul_(strength).add_(1.0 - strength)
     body.mul_(multiplier[..., :whole, None])
     if tail is not None:
