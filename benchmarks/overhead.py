@@ -12,6 +12,7 @@ Run from the repository root:
     .venv/bin/python -m benchmarks.overhead             # full run, ~23 min on 2 busy CPU cores
     .venv/bin/python -m benchmarks.overhead --quick     # 512 tokens + MiniLM, one timed forward each
     .venv/bin/python -m benchmarks.overhead --profile   # torch.profiler table of one engine attention call
+    .venv/bin/python -m benchmarks.overhead --noop      # only: λ = 0 and short passages vs SDPA (~3 min)
 
 How it measures (also printed with the results):
 - every (model, pooling, length, method) runs in a fresh process (`python -m benchmarks.overhead
@@ -34,6 +35,13 @@ How it measures (also printed with the results):
 - SDPA runs twice per column, first and last, to show the noise floor of both figures; every process
   also records the load average and the latency of one small parallel op (a contention probe);
 - every process returns its pooled embeddings: engine vs oracle and sdpa vs eager must agree.
+
+`--noop` measures instead what the engine costs when it has nothing to calibrate: at λ = 0, and on
+passages shorter than one basket (basket = the passage length). One process per column times the
+uncalibrated forward (SDPA) and both of those calibrated forwards interleaved (the order rotates
+every round, as many rounds as fit in ~60 s, 3 to 16), and reports the median per-round ratio to
+SDPA, whether the embeddings are SDPA's, and, steadier, one calibrated layer's attention call timed
+against SDPA's (as for the engine column), scaled to the forward.
 """
 
 from __future__ import annotations
@@ -78,6 +86,10 @@ MAX_PAIRS = 16
 TARGET_POOLED_RATIO = 1.05
 TARGET_MEAN_RATIO = 1.5
 TARGET_EXTRA_MIB = 2.0
+TARGET_NOOP_RATIO = 1.03  # nothing to calibrate: SDPA's cost, within the paired ratio's noise here
+NOOP_SECONDS = 60.0
+NOOP_CALL_REPEATS = 20
+NOOP_CONDITIONS = ("sdpa", "strength 0", "short passages")
 KIB = 1024
 MIB = 2**20
 
@@ -497,12 +509,99 @@ def measure(case: Case) -> dict[str, Any]:
     return result
 
 
+def measure_noop(case: Case) -> dict[str, Any]:
+    """Nothing to calibrate: the engine at λ = 0 and on passages shorter than one basket, each against the
+    uncalibrated forward (SDPA) of the same loaded model, in rounds of all three in a rotating order."""
+    import torch
+
+    from tuner.calibration import ATTENTION_NAME, CalibrationConfig, calibrating
+
+    if case.threads > 0:
+        torch.set_num_threads(case.threads)
+    load_before, latency_before = os.getloadavg()[0], small_op_latency_us()
+    model, ids, mask, info = build(case)
+    model.set_attn_implementation(ATTENTION_NAME)
+    config = CalibrationConfig(**{**CALIBRATION, "basket_size": case.basket, "pooling": case.pooling})
+    specs = {
+        "sdpa": None,
+        "strength 0": config.model_copy(update={"strength": 0.0}).resolve(info["num_layers"]),
+        "short passages": config.model_copy(update={"basket_size": case.length}).resolve(info["num_layers"]),
+    }
+    times: dict[str, list[float]] = {name: [] for name in NOOP_CONDITIONS}
+    embeddings: dict[str, Any] = {}
+
+    def forward(name: str) -> float:
+        spec = specs[name]
+        began = time.perf_counter()
+        with calibrating(spec) if spec is not None else contextlib.nullcontext():
+            embeddings[name] = encode(model, ids, mask)[case.pooling]
+        return time.perf_counter() - began
+
+    with torch.inference_mode():
+        warm_up = sum(forward(name) for name in NOOP_CONDITIONS)  # untimed
+        rounds = max(case.repeats, min(MAX_PAIRS, math.ceil(NOOP_SECONDS / warm_up)))
+        for i in range(rounds):
+            order = NOOP_CONDITIONS[i % 3 :] + NOOP_CONDITIONS[: i % 3]
+            for name in order if i % 2 == 0 else order[::-1]:
+                times[name].append(forward(name))
+    ratios = {
+        name: statistics.median(t / p for t, p in zip(times[name], times["sdpa"], strict=True))
+        for name in NOOP_CONDITIONS[1:]
+    }
+    spec = specs["strength 0"]
+    module = next(m for m in model.modules() if getattr(m, "layer_idx", None) in spec.layers and hasattr(m, "scaling"))
+    forward_s = statistics.median(times["sdpa"])
+    calls = {}
+    for name in NOOP_CONDITIONS[1:]:
+        call = time_attention_call(module, case, specs[name], mask, info["heads"], info["head_dim"], case.call_repeats)
+        calls[name] = {**call, "estimated_ratio": 1.0 + len(spec.layers) * call["call_extra_s"] / forward_s}
+    return {
+        "case": asdict(case),
+        **info,
+        "calibrated_layers": sorted(spec.layers),
+        "rounds": rounds,
+        "times_s": times,
+        "paired_ratio": ratios,
+        "calls": calls,
+        "max_abs_diff": {name: float((embeddings[name] - embeddings["sdpa"]).abs().max()) for name in NOOP_CONDITIONS[1:]},
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "load_avg": [load_before, os.getloadavg()[0]],
+        "small_op_us": [latency_before, small_op_latency_us()],
+    }
+
+
+def noop_report(titles: list[str], results: list[dict[str, Any]], command: str) -> str:
+    """One verdict line per column: the paired ratios to SDPA and whether the embeddings are SDPA's."""
+    out = [f"== Nothing to calibrate: engine ÷ SDPA, same process, interleaved (target ≤ {TARGET_NOOP_RATIO}×) ==",
+           f"Command: {command}"]
+    for title, result in zip(titles, results, strict=True):
+        ratios, diffs, calls = result["paired_ratio"], result["max_abs_diff"], result["calls"]
+        sdpa = statistics.median(result["times_s"]["sdpa"])
+        for name, ratio in ratios.items():
+            call, estimate = calls[name], calls[name]["estimated_ratio"]
+            out.append(
+                f"[{'PASS' if ratio <= TARGET_NOOP_RATIO else 'FAIL'}] {title}, {name}: paired {ratio:.3f}× "
+                f"(median of {result['rounds']} rounds, SDPA {sdpa:.3f} s/fwd); from the attention call {estimate:.3f}× "
+                f"[{'PASS' if estimate <= TARGET_NOOP_RATIO else 'FAIL'}] (engine call {call['call_engine_s'] * 1e3:.1f} ms "
+                f"vs SDPA {call['call_sdpa_s'] * 1e3:.1f} ms, median difference {call['call_extra_s'] * 1e3:+.2f} ms × "
+                f"{len(result['calibrated_layers'])} layer(s), {call['call_repeats']} pairs); embedding max |Δ| vs SDPA "
+                f"{diffs[name]:.1e}"
+            )
+        out.append(
+            f"[info] {title}: torch threads {result['threads']}, load average {result['load_avg'][0]:.1f}→"
+            f"{result['load_avg'][1]:.1f}, small-op latency {result['small_op_us'][0]:.0f}/{result['small_op_us'][1]:.0f} µs"
+        )
+    return "\n".join(out)
+
+
 def child_main(encoded: str) -> None:
     """Entry of a measuring process: one case as JSON in, one `RESULT {json}` line out."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
-    result = measure(Case(**json.loads(encoded)))
+    case = Case(**json.loads(encoded))
+    result = measure_noop(case) if case.method == "noop" else measure(case)
     print("RESULT " + json.dumps(result), flush=True)
 
 
@@ -858,11 +957,39 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
         "--profile", action="store_true",
         help="instead of measuring, print a torch.profiler table of one engine attention call per column",
     )
+    parser.add_argument(
+        "--noop", action="store_true",
+        help="instead, time the engine with nothing to calibrate (λ = 0; passages shorter than a basket) against "
+        "SDPA: XLM-R cls and mean at --mean-lengths, and MiniLM",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:
         args.lengths, args.mean_lengths, args.repeats = [512], [], args.repeats or 1
     return args
+
+
+def plan_noop(args: argparse.Namespace) -> list[Column]:
+    columns = [
+        Column("xlmr", pooling, length, args.batch, args.layers, args.repeats or default_repeats(length), args.pad_one, args.threads)
+        for length in args.mean_lengths
+        for pooling in ("cls", "mean")
+    ]
+    if args.minilm_batch > 0:
+        columns.append(Column("minilm", "mean", 512, args.minilm_batch, 6, args.repeats or 3, args.pad_one, args.threads))
+    return columns
+
+
+def run_noop(args: argparse.Namespace, command: str) -> None:
+    env = {**os.environ, **CHILD_ENV}
+    columns, results = plan_noop(args), []
+    for column in columns:
+        result = run_child(replace(column.case("noop"), call_repeats=NOOP_CALL_REPEATS), env)
+        results.append(result)
+        ratios = ", ".join(f"{name} {ratio:.3f}×" for name, ratio in result["paired_ratio"].items())
+        print(f"{column.title}: {ratios} ({result['rounds']} rounds)", flush=True)
+    print()
+    print(noop_report([c.title for c in columns], results, command), flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -873,6 +1000,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     began = time.perf_counter()
     command = " ".join([".venv/bin/python -m benchmarks.overhead", *argv])
+    if args.noop:
+        run_noop(args, command)
+        return
     columns = plan(args)
     if args.profile:
         for column in columns:

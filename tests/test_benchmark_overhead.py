@@ -8,7 +8,7 @@ from contextlib import redirect_stdout
 
 import pytest
 
-from benchmarks.overhead import METHODS, Case, Column, child_main, measure, parse, plan, report
+from benchmarks.overhead import METHODS, Case, Column, child_main, measure, measure_noop, noop_report, parse, plan, plan_noop, report
 
 
 def tiny_case(method: str, pooling: str, **overrides: object) -> Case:
@@ -74,3 +74,22 @@ def test_profile_table_of_one_engine_call() -> None:
 
     text = profile_call(tiny_case("engine", "mean"), rows=5)
     assert "engine call" in text and "aten::" in text
+
+
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_nothing_to_calibrate_is_timed_against_sdpa_and_gives_sdpas_embeddings(pooling: str) -> None:
+    """--noop: λ = 0 and passages shorter than a basket, interleaved with the uncalibrated forward; both take
+    SDPA's own path, so their embeddings are SDPA's to the bit (basket 8 < 40 tokens would calibrate at λ > 0)."""
+    result = measure_noop(tiny_case("noop", pooling, call_repeats=2))
+    assert set(result["paired_ratio"]) == set(result["calls"]) == {"strength 0", "short passages"}
+    assert all(ratio > 0 for ratio in result["paired_ratio"].values())
+    assert all(call["estimated_ratio"] > 0 and call["call_repeats"] == 2 for call in result["calls"].values())
+    assert result["max_abs_diff"] == {"strength 0": 0.0, "short passages": 0.0}
+    assert 1 <= result["rounds"] <= 16 and all(len(t) == result["rounds"] for t in result["times_s"].values())
+    text = noop_report([f"tiny XLM-R {pooling} 40×2"], [result], "python -m benchmarks.overhead --noop")
+    assert f"tiny XLM-R {pooling} 40×2, strength 0: paired " in text
+    assert f"tiny XLM-R {pooling} 40×2, short passages: paired " in text and "from the attention call" in text
+
+
+def test_noop_plan_covers_pooled_and_mean_columns() -> None:
+    assert [c.title for c in plan_noop(parse(["--noop"]))] == ["XLM-R cls 512×8", "XLM-R mean 512×8", "MiniLM mean 512×16"]
