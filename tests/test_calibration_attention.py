@@ -258,6 +258,15 @@ def test_dropout_in_a_calibrated_layer_warns_once(monkeypatch: pytest.MonkeyPatc
     assert "dropout" in str(caught[0].message) and "eval()" in str(caught[0].message)
 
 
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_a_position_bias_in_a_calibrated_layer_is_refused(pooling: str) -> None:
+    """T5-style additive position biases would be silently dropped from calibrated rows: refuse them."""
+    q, k, v, _ = build_inputs([10, 10], False, 4, 4, torch.float32, 3)
+    config = CalibrationConfig(pooling=pooling, strength=1.0, basket_size=3, layers=[0])
+    with pytest.raises(ValueError, match="position bias"):
+        engine(config, FakeAttention(0, 1, False), q, k, v, None, position_bias=torch.zeros(1, 4, 10, 10))
+
+
 def test_mean_pooling_under_any_mask_is_calibrate_rows_applied_to_the_masked_softmax() -> None:
     """The mean path (per-basket kernel) and the row path (rows.py) compute the same thing under a causal mask."""
     from tuner.calibration.attention import _Active
