@@ -42,6 +42,15 @@ def test_embeddings_match_the_oracle_calibrated_forward(tiny: LoadedModel, varia
     assert np.abs(got - CalibratedEncoder(tiny).encode(TEXTS)).max() > 1e-4  # calibration did something
 
 
+def test_isolating_no_token_matches_the_oracle(tiny: LoadedModel) -> None:
+    """isolate: [] (the reference code's mean-pooling default) through the encoder, for every pooling."""
+    config = tiny.default_config(isolate=[], variant="cls_hard", strength=0.8, basket_size=8, layers="last:2")
+    got = CalibratedEncoder(tiny, config).encode(TEXTS, batch_size=4)
+    want = CalibratedEncoder(with_attention(tiny, register_reference()), config).encode(TEXTS, batch_size=4)
+    assert np.abs(got - want).max() < 1e-5
+    assert np.abs(got - CalibratedEncoder(tiny, tiny.default_config(strength=0.8, basket_size=8, layers="last:2")).encode(TEXTS, batch_size=4)).max() > 1e-4
+
+
 def test_strength_zero_and_short_documents_match_plain_sdpa(tiny: LoadedModel) -> None:
     plain = CalibratedEncoder(with_attention(tiny, "sdpa")).encode(TEXTS, batch_size=4)
     at_zero = CalibratedEncoder(tiny, tiny.default_config(strength=0.0, basket_size=8, layers=1.0)).encode(TEXTS, batch_size=4)
