@@ -184,6 +184,7 @@ def test_as_dict_flattens_the_report_for_logging() -> None:
             "ndcg10_end": 0.5,
             "hm": report.hm,
             "psi": 0.5,
+            "tilt": -12 / 11,  # begin 1, middle .5, end 0 and 1 at third centres: tests/test_position_profile.py
         }
     )
 

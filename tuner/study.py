@@ -22,7 +22,7 @@ from optuna.exceptions import ExperimentalWarning
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, TrialState
 
-from objectives import Candidate, pick_winner
+from objectives import Candidate, Selection, select
 
 log = logging.getLogger(__name__)
 
@@ -181,16 +181,19 @@ def _stop_after_current_trial(study: optuna.Study) -> Iterator[Callable[[], bool
 
 
 def candidates(study: optuna.Study) -> list[Candidate]:
+    """Complete trials as selection sees them: PSI, its standard error, drift and constraint values."""
     return [
-        Candidate(t.number, t.user_attrs["psi"], t.user_attrs["hm"], tuple(constraints_of(t)))
+        Candidate(t.number, t.user_attrs["psi"], t.user_attrs.get("psi_se", 0.0), t.user_attrs.get("drift", 0.0),
+                  tuple(constraints_of(t)))
         for t in complete_trials(study)
     ]
 
 
-def winner(study: optuna.Study) -> FrozenTrial | None:
-    """The feasible complete trial with the lowest PSI, ties to the higher HM."""
-    best = pick_winner(candidates(study))
-    return study.trials[best.trial_number] if best else None
+def winner(study: optuna.Study, rule: str = "one-se") -> tuple[FrozenTrial, Selection] | None:
+    """The winning trial under the selection rule (`objectives.selection`), with the reasoning; None when
+    no complete trial is feasible."""
+    selection = select(candidates(study), rule)  # type: ignore[arg-type]
+    return (study.trials[selection.winner.trial_number], selection) if selection else None
 
 
 def pareto_front(study: optuna.Study) -> list[FrozenTrial]:

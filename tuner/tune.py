@@ -23,9 +23,10 @@ import optuna
 from optuna.trial import TrialState
 from tqdm.auto import tqdm
 
-from objectives import HmFloor, PairedBootstrap, PositionReport, paired_bootstrap
+from objectives import RULES, Constraints, HmFloor, PairedBootstrap, PositionReport, Selection, paired_bootstrap
 from tuner.calibration import CalibrationConfig
 from tuner.data import PositionalDataset, load_benchmark
+from tuner.data.wikipos import TRANSFER_SPLITS
 from tuner.evaluation import Evaluator
 from tuner.export import build_export, write_exported
 from tuner.models import LoadedModel, load_model
@@ -69,7 +70,9 @@ class TuneSettings:
     max_general_drop: float | None = None
     trials: int = DEFAULT_TRIALS
     seed: int = 0
-    hm_floor: str = "baseline"
+    hm_floor: str = "significant"
+    max_ndcg_drop: float | None = 0.0  # aggregate nDCG@10 may fall this much below the uncalibrated (None: any)
+    selection: str = "one-se"
     pareto: bool = False
     storage: str | None = None
     study_name: str | None = None
@@ -98,8 +101,16 @@ class TuneSettings:
         if self.max_general_drop is not None and self.general is None:
             raise ValueError("--max-general-drop needs --general (e.g. --general wikipos-general)")
         HmFloor.parse(self.hm_floor)  # fail before any work
+        self.constraints(0.0)
+        if self.selection not in RULES:
+            raise ValueError(f"--selection must be one of {', '.join(RULES)}, got {self.selection!r}")
         if self.heldout in ("", "none"):
             object.__setattr__(self, "heldout", None)
+
+    def constraints(self, baseline_hm: float) -> Constraints:
+        """What a trial must respect, given the uncalibrated HM on the tuning split."""
+        floor = HmFloor.parse(self.hm_floor)
+        return Constraints(floor.resolve(baseline_hm), floor.conservative, self.max_ndcg_drop, self.max_general_drop)
 
     def study_name_for(self, model: LoadedModel) -> str:
         """Default: model--dataset--seedN, in characters safe for file names and MLflow filters."""
@@ -111,15 +122,22 @@ class TuneSettings:
 
 
 @dataclass(frozen=True)
+class HeldOut:
+    """A config on one held-out set, and its change against no calibration there (None for the baseline)."""
+
+    report: PositionReport
+    delta: PairedBootstrap | None
+
+
+@dataclass(frozen=True)
 class Row:
-    """One line of the summary: a config's tuning-split report and, if any, its held-out comparison."""
+    """One line of the summary: a config's tuning-split report and its comparison on each held-out set."""
 
     label: str
     trial: int | None
     config: CalibrationConfig | None
     tuning: PositionReport
-    heldout: PositionReport | None = None
-    heldout_delta: PairedBootstrap | None = None
+    heldout: dict[str, HeldOut] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -132,19 +150,24 @@ class TuneOutcome:
     pareto: list[int]
     floor: float
     tracking_uri: str
+    selection: Selection
 
 
-def split_datasets(settings: TuneSettings) -> tuple[PositionalDataset, PositionalDataset | None]:
-    """The tuning set and a held-out set selection never sees."""
+WIKIPOS_HELDOUT = ("wikipos-test", *(f"wikipos-{split}" for split in TRANSFER_SPLITS))
+"""What `--heldout auto` checks a WikiPos-dev winner on: the test split and the transfer sets."""
+
+
+def split_datasets(settings: TuneSettings) -> tuple[PositionalDataset, list[PositionalDataset]]:
+    """The tuning set and the held-out sets selection never sees."""
     name = settings.dataset
     if name.startswith("fineweb-posq"):
         tuning = load_benchmark(name, part="tune")
-        heldout = load_benchmark(name, part="heldout") if settings.heldout == "auto" else None
+        heldout = [load_benchmark(name, part="heldout")] if settings.heldout == "auto" else []
     else:
         tuning = load_benchmark(name)
-        heldout = load_benchmark("wikipos-test") if settings.heldout == "auto" and name == "wikipos-dev" else None
+        heldout = [load_benchmark(h) for h in WIKIPOS_HELDOUT] if settings.heldout == "auto" and name == "wikipos-dev" else []
     if settings.heldout not in (None, "auto"):
-        heldout = load_benchmark(settings.heldout)
+        heldout = [load_benchmark(h.strip()) for h in settings.heldout.split(",") if h.strip()]
     return tuning, heldout
 
 
@@ -181,6 +204,7 @@ def tune(settings: TuneSettings) -> TuneOutcome | None:
         "dataset": tuning.name,
         "dataset_fingerprint": tuning.fingerprint(),
         "hm_floor": settings.hm_floor,
+        "max_ndcg_drop": settings.max_ndcg_drop,
         "space": space.as_dict(),
         "pareto": settings.pareto,
         "seed": settings.seed,
@@ -205,7 +229,7 @@ def tune(settings: TuneSettings) -> TuneOutcome | None:
     staging = Path(tempfile.mkdtemp(prefix="posfair-"))
     try:
         objective = TrialObjective(
-            evaluator, space, floor, tracker, name, staging,
+            evaluator, space, replace(settings.constraints(0.0), hm_floor=floor), tracker, name, staging,
             pareto=settings.pareto, general=_general_check(model, settings), profile_docs=settings.profile_docs,
         )
         with tqdm(total=settings.trials, initial=len(complete_trials(study)), desc="trials", unit="trial",
@@ -226,23 +250,22 @@ def tune(settings: TuneSettings) -> TuneOutcome | None:
 
 def _conclude(
     settings: TuneSettings, study: optuna.Study, tracker: Tracker, evaluator: Evaluator,
-    heldout: PositionalDataset | None, floor: float, staging: Path, storage: str,
+    heldout: list[PositionalDataset], floor: float, staging: Path, storage: str,
 ) -> TuneOutcome:
-    """Pick the winner, score it on the held-out split, export it, and close the parent run."""
+    """Pick the winner, score it on the held-out sets, export it, and close the parent run."""
     model = evaluator.model
-    best = winner(study)
+    picked = winner(study, settings.selection)
     baseline = evaluator.run(None)
     reference = _trial_with(study, BASELINE_PARAMS)
+    best = picked[0] if picked else None
     figures = [pareto_scatter(study, floor, reference, best, staging / "pareto.png"), *optuna_figures(study, staging)]
-    if best is None:
+    if picked is None:
         tracker.finish_study({"baseline_hm": baseline.report.hm, "hm_floor": floor}, figures, {"posfair.outcome": "no feasible trial"}, "FAILED")
-        top = max((t.user_attrs.get("hm", 0.0) for t in study.trials if t.state.is_finished()), default=0.0)
-        raise NoFeasibleTrialError(
-            f"no trial reached HM >= {100 * floor:.2f} (best HM {100 * top:.2f}); nothing exported. "
-            "Lower --hm-floor (e.g. -1%), widen the search space, or run more --trials."
-        )
+        raise NoFeasibleTrialError(_nothing_feasible(study, settings, floor))
+    best, selection = picked
+    log.info("winner: %s", selection.describe())
     rows = _summary_rows(study, best, evaluator, heldout, settings)
-    export_path = _export(settings, model, study, best, rows, storage, evaluator.dataset)
+    export_path = _export(settings, model, study, best, rows, storage, evaluator.dataset, selection)
     summary = staging / "summary.json"
     summary.write_text(json.dumps([_row_dict(r) for r in rows], indent=1), encoding="utf-8")
     tracker.finish_study(
@@ -250,10 +273,28 @@ def _conclude(
          **{f"baseline_{k}": v for k, v in baseline.report.as_dict().items() if v is not None},
          "hm_floor": floor, "winner_trial": best.number},
         [*figures, summary, export_path],
-        {"posfair.outcome": "exported", "posfair.export": str(export_path)},
+        {"posfair.outcome": "exported", "posfair.export": str(export_path),
+         "posfair.selection_rule": selection.rule, "posfair.selection": selection.describe()},
     )
     return TuneOutcome(study.study_name, best.number, _config_of(best, model), export_path, rows,
-                       [t.number for t in pareto_front(study)], floor, tracker.uri)
+                       [t.number for t in pareto_front(study)], floor, tracker.uri, selection)
+
+
+def _nothing_feasible(study: optuna.Study, settings: TuneSettings, floor: float) -> str:
+    """Why no trial won: the best each constraint saw, and what to relax."""
+    complete = complete_trials(study)
+    worst = {name: min((t.constraints.get(name, 0.0) for t in complete), default=float("nan"))
+             for name in ("hm_floor", "ndcg_drop", "general_drop")}
+    parts = [f"no trial met the constraints; nothing exported. HM floor {100 * floor:.2f} ({settings.hm_floor})"
+             f", missed by at least {100 * worst['hm_floor']:.2f} points" if worst["hm_floor"] > 0 else ""]
+    if worst["ndcg_drop"] > 0:
+        parts.append(f"every trial lost aggregate nDCG@10 (the smallest loss beyond the allowance: {100 * worst['ndcg_drop']:.2f} points)")
+    if worst["general_drop"] > 0:
+        parts.append(f"every trial dropped general nDCG@10 beyond --max-general-drop (by at least {100 * worst['general_drop']:.2f} points)")
+    return "; ".join(p for p in parts if p) + (
+        ". Relax --hm-floor (e.g. baseline or -1%) or --max-ndcg-drop (e.g. 0.005), widen the search space, "
+        "or run more --trials."
+    )
 
 
 def _floor_set_by_coordinator(name: str, storage: str, heartbeat: int, timeout: float = 3600.0) -> float:
@@ -292,7 +333,9 @@ def quiet_libraries() -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-def reexport(study_name: str, storage: str | None, output: Path | None, tracking_uri: str | None) -> Path:
+def reexport(
+    study_name: str, storage: str | None, output: Path | None, tracking_uri: str | None, selection: str = "one-se"
+) -> Path:
     """Export a stored study's current winner again, re-scoring it (and the baseline) on both splits."""
     storage = storage or default_storage()
     try:
@@ -302,27 +345,31 @@ def reexport(study_name: str, storage: str | None, output: Path | None, tracking
     attrs = study.user_attrs
     settings = TuneSettings(
         model=attrs["model_name"], pooling=attrs["pooling"], dataset=attrs["dataset_name"], seed=attrs["seed"], hm_floor=attrs["hm_floor"],
+        max_ndcg_drop=attrs.get("max_ndcg_drop"), selection=selection,
         pareto=attrs["pareto"], storage=storage, study_name=study_name, output=output, tracking_uri=tracking_uri,
     )
-    best = winner(study)
-    if best is None:
+    picked = winner(study, selection)
+    if picked is None:
         raise NoFeasibleTrialError(f"study {study_name!r} has no feasible complete trial; nothing to export")
+    best, chosen = picked
     model = load_model(settings.model, pooling=settings.pooling)  # type: ignore[arg-type]
     tuning, heldout = split_datasets(settings)
     if tuning.fingerprint() != attrs["dataset_fingerprint"]:
         raise ValueError(f"dataset {settings.dataset!r} changed since study {study_name!r} ran (fingerprint differs)")
     rows = _summary_rows(study, best, Evaluator(model, tuning, settings.batch_size), heldout, settings)
-    return _export(settings, model, study, best, rows, storage, tuning)
+    return _export(settings, model, study, best, rows, storage, tuning, chosen)
 
 
 def _log_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial, progress: tqdm) -> None:
     """One readable line per finished trial."""
     if trial.state == TrialState.COMPLETE:
         progress.update(1)
-        feasible = all(c <= 0 for c in trial.constraints.values())
+        broken = [name for name, value in trial.constraints.items() if not value <= 0]
+        attrs = trial.user_attrs
         log.info(
-            "trial %d: PSI %.3f  HM %.2f  %s  (%s)  %.0f s", trial.number, trial.user_attrs["psi"], 100 * trial.user_attrs["hm"],
-            "feasible" if feasible else "below floor",
+            "trial %d: PSI %.3f ± %.3f  HM %.2f  ΔnDCG@10 %+.2f  drift %.4f  %s  (%s)  %.0f s", trial.number,
+            attrs["psi"], attrs.get("psi_se", 0.0), 100 * attrs["hm"], 100 * attrs["metrics"].get("ndcg10_delta", 0.0),
+            attrs.get("drift", 0.0), "feasible" if not broken else "misses " + ", ".join(broken),
             ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in trial.params.items()),
             trial.duration.total_seconds() if trial.duration else 0.0,
         )
@@ -334,7 +381,7 @@ def _general_check(model: LoadedModel, settings: TuneSettings) -> GeneralCheck |
     if settings.general is None:
         return None
     evaluator = Evaluator(model, load_benchmark(settings.general), settings.batch_size, cache_budget=0)  # short documents
-    return GeneralCheck(evaluator, evaluator.run(None).report, settings.max_general_drop)
+    return GeneralCheck(evaluator, evaluator.run(None).report)
 
 
 def _config_of(trial: optuna.trial.FrozenTrial, model: LoadedModel) -> CalibrationConfig:
@@ -352,7 +399,7 @@ def _trial_with(study: optuna.Study, params: dict[str, object]) -> optuna.trial.
 
 def _summary_rows(
     study: optuna.Study, best: optuna.trial.FrozenTrial, evaluator: Evaluator,
-    heldout: PositionalDataset | None, settings: TuneSettings,
+    heldout: list[PositionalDataset], settings: TuneSettings,
 ) -> list[Row]:
     """No calibration, the paper's default, and the winner; held-out figures with bootstrap intervals."""
     model = evaluator.model
@@ -361,35 +408,39 @@ def _summary_rows(
     if default is not None and default.number != best.number:
         entries.append(("Paper default", default))
     entries.append((f"Winner (trial {best.number})", best))
-    held = None
-    if heldout is not None:  # scored once per config: layer inputs would never be reused
-        held = Evaluator(model, heldout, settings.batch_size, show_progress=sys.stderr.isatty(), cache_budget=0)
-    held_baseline = held.run(None) if held is not None else None
-    rows = []
-    for label, trial in entries:
-        config = _config_of(trial, model) if trial is not None else None
-        tuning = evaluator.run(config)
-        if held is None or held_baseline is None:
-            rows.append(Row(label, trial.number if trial else None, config, tuning.report))
-            continue
-        result = held.run(config) if config is not None else held_baseline
-        delta = paired_bootstrap(held_baseline.per_query, result.per_query, settings.bootstrap, settings.seed) if config is not None else None
-        rows.append(Row(label, trial.number if trial else None, config, tuning.report, result.report, delta))
-    return rows
+    configs = [(label, trial, _config_of(trial, model) if trial is not None else None) for label, trial in entries]
+    starts = [min(c.resolve_layers(model.num_layers)) for _, _, c in configs if c is not None]
+    held: dict[str, dict[str, HeldOut]] = {label: {} for label, _, _ in configs}
+    for dataset in heldout:
+        log.info("held-out: scoring %d configs on %s (%d documents, %d queries)",
+                 len(configs), dataset.name, len(dataset.corpus), len(dataset.queries))
+        # the baseline pass records the inputs of the layers where the configs start calibrating
+        scorer = Evaluator(model, dataset, settings.batch_size, show_progress=sys.stderr.isatty(), prefix_layers=starts)
+        baseline = scorer.run(None)
+        for label, _, config in configs:
+            result = scorer.run(config) if config is not None else baseline
+            delta = paired_bootstrap(baseline.per_query, result.per_query, settings.bootstrap, settings.seed) if config else None
+            held[label][dataset.name] = HeldOut(result.report, delta)
+    return [
+        Row(label, trial.number if trial else None, config, evaluator.run(config).report, held[label])
+        for label, trial, config in configs
+    ]
 
 
 def _export(settings: TuneSettings, model: LoadedModel, study: optuna.Study, best: optuna.trial.FrozenTrial,
-            rows: list[Row], storage: str, tuning: PositionalDataset) -> Path:
+            rows: list[Row], storage: str, tuning: PositionalDataset, selection: Selection) -> Path:
     winner_row, baseline_row = rows[-1], rows[0]
     metrics: dict[str, dict[str, float | None]] = {
         "tuning": winner_row.tuning.as_dict(), "tuning_baseline": baseline_row.tuning.as_dict(),
     }
-    if winner_row.heldout is not None and baseline_row.heldout is not None:
-        metrics.update(heldout=winner_row.heldout.as_dict(), heldout_baseline=baseline_row.heldout.as_dict())
+    for name, held in winner_row.heldout.items():
+        metrics[f"heldout/{name}"] = held.report.as_dict()
+        metrics[f"heldout_baseline/{name}"] = baseline_row.heldout[name].report.as_dict()
     exported = build_export(
         model, _config_of(best, model), {k: {m: (float(v) if v is not None else None) for m, v in d.items()} for k, d in metrics.items()},
         study=study.study_name, trial=best.number, storage=storage, dataset=tuning.name,
         dataset_fingerprint=tuning.fingerprint(), seed=settings.seed,
+        selection_rule=selection.rule, selection=selection.describe(),
     )
     path = settings.output or Path("mlruns") / "exports" / f"{study.study_name}.yaml"
     if settings.output is None:
@@ -403,7 +454,7 @@ def _row_dict(row: Row) -> dict[str, object]:
         "trial": row.trial,
         "config": row.config.model_dump() if row.config else None,
         "tuning": row.tuning.as_dict(),
-        "heldout": row.heldout.as_dict() if row.heldout else None,
-        "heldout_delta": row.heldout_delta.summary() if row.heldout_delta else None,
+        "heldout": {name: {"metrics": h.report.as_dict(), "delta": h.delta.summary() if h.delta else None}
+                    for name, h in row.heldout.items()},
     }
 
