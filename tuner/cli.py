@@ -94,7 +94,7 @@ def run(
     trials: Annotated[int, typer.Option(help="Complete trials to reach (failed ones do not count).")] = DEFAULT_TRIALS,
     hm_floor: Annotated[str, typer.Option(help="'baseline' (uncalibrated HM), a value like 0.52, or relative like -1%.")] = "baseline",
     heldout: Annotated[str | None, typer.Option(help="Held-out benchmark for the final report; 'auto' picks WikiPos-test / FineWeb-PosQ's held-out part; 'none' for none.")] = "auto",
-    general: Annotated[str | None, typer.Option(help="General-retrieval check, e.g. wikipos-general.")] = None,
+    general: Annotated[str | None, typer.Option(help="General-retrieval check, e.g. wikipos-general: its nDCG@10 change is logged every trial; a constraint only with --max-general-drop.")] = None,
     max_general_drop: Annotated[float | None, typer.Option(help="Second constraint: general nDCG@10 may drop at most this much (0–1 scale).")] = None,
     pareto: Annotated[bool, typer.Option("--pareto", help="Two-objective search (PSI down, HM up); reports the front.")] = False,
     seed: int = 0,
@@ -149,6 +149,7 @@ def evaluate(
     seed: int = 0,
     batch_size: BatchSize = None,
     markdown: Annotated[Path | None, typer.Option(help="Also write the tables as Markdown here.")] = None,
+    json_output: Annotated[Path | None, typer.Option("--json", help="Also write every figure (0–1 scale, per group and stratum, with counts) as JSON here.")] = None,
     trust_remote_code: TrustRemoteCode = False,
     options: OptionsFile = None,
 ) -> None:
@@ -158,7 +159,7 @@ def evaluate(
         from tuner.data import load_benchmark
         from tuner.export import load_exported
         from tuner.models import load_model
-        from tuner.report import render, run_evaluation, to_markdown
+        from tuner.report import render, run_evaluation, to_dict, to_markdown
 
         loaded = load_model(model, trust_remote_code=trust_remote_code)
         configs = []
@@ -178,6 +179,8 @@ def evaluate(
     render(table, _console())
     if markdown:
         markdown.write_text(to_markdown(table), encoding="utf-8")
+    if json_output:
+        json_output.write_text(json.dumps(to_dict(table), indent=1), encoding="utf-8")
 
 
 @app.command()
@@ -185,15 +188,18 @@ def export(
     study_name: Annotated[str, typer.Option(help="The study to export the winner of.")],
     storage: Storage = None,
     output: Annotated[Path | None, typer.Option(help="Default: mlruns/exports/STUDY.yaml.")] = None,
-    tracking_uri: TrackingUri = None,
+    tracking_uri: Annotated[str | None, typer.Option(help="MLflow store to log the export to; default: the one the study logged to.")] = None,
+    trust_remote_code: Annotated[bool, typer.Option(help="Allow the model's own code (restored anyway if the study was tuned with it).")] = False,
     options: OptionsFile = None,
 ) -> None:
-    """Re-export a study's current winner (e.g. after more trials), with fresh held-out figures."""
+    """Re-export a study's current winner (e.g. after more trials), with fresh held-out figures.
+
+    The model is loaded at the revision the study tuned, with remote code if the study allowed it."""
     _setup_logging()
     with _friendly_errors():
         from tuner.tune import reexport
 
-        path = reexport(study_name, storage, output, tracking_uri)
+        path = reexport(study_name, storage, output, tracking_uri, trust_remote_code)
     console.print(f"exported: [bold]{path}[/bold]")
 
 

@@ -21,6 +21,8 @@ from .calibration.config import CalibrationConfig, PaddingSide, Pooling
 
 log = logging.getLogger(__name__)
 
+OFFSET_POSITIONS = frozenset({"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert"})
+"""Model types whose position ids start at padding index + 1, so the table holds that many fewer tokens."""
 QWEN3_QUERY_PROMPT = "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:"
 
 
@@ -99,7 +101,14 @@ class LoadedModel:
 
     @property
     def max_length(self) -> int:
-        limits = [self.spec.max_length, getattr(self.model.config, "max_position_embeddings", 0)]
+        """Tokens per text: the registry's cap, the tokenizer's own limit and the position table, whichever is
+        least (RoBERTa-style models such as bge-m3 number positions from after the padding index)."""
+        config = self.model.config
+        positions = int(getattr(config, "max_position_embeddings", 0) or 0)
+        if positions and config.model_type in OFFSET_POSITIONS:
+            positions -= int(config.pad_token_id) + 1
+        tokenizer = int(getattr(self.tokenizer, "model_max_length", 0) or 0)
+        limits = [self.spec.max_length, positions, tokenizer if tokenizer < 10**9 else 0]  # 1e30: "no limit set"
         return min(x for x in limits if x > 0)
 
     @property
@@ -144,7 +153,7 @@ def load_model(
         trust_remote_code=trust_remote_code,
     )
     model.to(device).eval()
-    loaded = LoadedModel(spec, model, tokenizer, _revision_of(spec, model, revision))
+    loaded = LoadedModel(spec, model, tokenizer, _revision_of(spec, model, revision, location))
     _probe_attention(loaded)
     return loaded
 
@@ -178,12 +187,22 @@ def _reachable(host: str, port: int, timeout: float = 3.0) -> bool:
         return False
 
 
-def _revision_of(spec: ModelSpec, model: PreTrainedModel, requested: str | None) -> str:
-    """What exactly was loaded: the shipping package's version, the hub commit, or the request."""
+def hub_revision(recorded: str) -> str | None:
+    """The revision to ask the hub for to load again what `LoadedModel.revision` recorded: the commit or the
+    requested revision; None for a package's weights (`package==version`) and a local folder (`local`)."""
+    return None if "==" in recorded or recorded == "local" else recorded
+
+
+def _revision_of(spec: ModelSpec, model: PreTrainedModel, requested: str | None, location: str) -> str:
+    """What exactly was loaded: the shipping package's version, the hub commit (a cache snapshot's folder is
+    named by it), or the request."""
     if spec.package:
         from importlib.metadata import version
 
         return f"{spec.package}=={version(spec.package)}"
+    snapshot = Path(location)
+    if snapshot.parent.name == "snapshots":
+        return snapshot.name
     return getattr(model.config, "_commit_hash", None) or requested or "local"
 
 

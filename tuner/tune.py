@@ -28,7 +28,7 @@ from tuner.calibration import CalibrationConfig
 from tuner.data import PositionalDataset, load_benchmark
 from tuner.evaluation import Evaluator
 from tuner.export import build_export, write_exported
-from tuner.models import LoadedModel, load_model
+from tuner.models import LoadedModel, hub_revision, load_model
 from tuner.objective import GeneralCheck, TrialObjective
 from tuner.plots import optuna_figures, pareto_scatter
 from tuner.prefix import prefix_layers_for
@@ -190,6 +190,8 @@ def tune(settings: TuneSettings) -> TuneOutcome | None:
     if settings.worker:
         floor = _floor_set_by_coordinator(name, storage, settings.heartbeat)
     else:
+        for key, value in _reload_attrs(settings, tracker).items():  # what `tune export` needs to load it all again
+            study.set_user_attr(key, value)
         log.info("baseline: encoding %d documents and %d queries of %s", len(tuning.corpus), len(tuning.queries), tuning.name)
         baseline = evaluator.run(None)
         floor = HmFloor.parse(settings.hm_floor).resolve(baseline.report.hm)
@@ -292,27 +294,53 @@ def quiet_libraries() -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-def reexport(study_name: str, storage: str | None, output: Path | None, tracking_uri: str | None) -> Path:
-    """Export a stored study's current winner again, re-scoring it (and the baseline) on both splits."""
+def _reload_attrs(settings: TuneSettings, tracker: Tracker) -> dict[str, object]:
+    """Study attributes beyond its identity: how to load the model again, where its runs are logged."""
+    return {"trust_remote_code": settings.trust_remote_code, "tracking_uri": tracker.uri, "heldout": settings.heldout}
+
+
+def reexport(
+    study_name: str, storage: str | None, output: Path | None, tracking_uri: str | None, trust_remote_code: bool = False,
+) -> Path:
+    """Export a stored study's current winner again, re-scoring it (and the baseline) on both splits.
+
+    The model is loaded exactly as the study loaded it: the recorded revision (a hub commit), and remote
+    code if the study was run with `--trust-remote-code`. The export is logged to the study's MLflow
+    parent run, in `tracking_uri` (default: the store the study logged to).
+    """
     storage = storage or default_storage()
     try:
         study = optuna.load_study(study_name=study_name, storage=make_storage(storage, HEARTBEAT_SECONDS))
     except KeyError:
         raise ValueError(f"no study {study_name!r} in {storage}; see the study names in `tune ui` or the tune output") from None
     attrs = study.user_attrs
+    tracker = Tracker(tracking_uri or attrs.get("tracking_uri"), EXPERIMENT)  # an unreachable server fails here
     settings = TuneSettings(
         model=attrs["model_name"], pooling=attrs["pooling"], dataset=attrs["dataset_name"], seed=attrs["seed"], hm_floor=attrs["hm_floor"],
-        pareto=attrs["pareto"], storage=storage, study_name=study_name, output=output, tracking_uri=tracking_uri,
+        pareto=attrs["pareto"], storage=storage, study_name=study_name, output=output, tracking_uri=tracker.uri,
+        heldout=attrs.get("heldout", "auto"), trust_remote_code=trust_remote_code or bool(attrs.get("trust_remote_code")),
+        revision=hub_revision(attrs["revision"]),
     )
     best = winner(study)
     if best is None:
         raise NoFeasibleTrialError(f"study {study_name!r} has no feasible complete trial; nothing to export")
-    model = load_model(settings.model, pooling=settings.pooling)  # type: ignore[arg-type]
+    model = load_model(settings.model, revision=settings.revision, trust_remote_code=settings.trust_remote_code,
+                       pooling=settings.pooling)  # type: ignore[arg-type]
+    if model.revision != attrs["revision"]:
+        raise ValueError(f"study {study_name!r} tuned {attrs['model']} at revision {attrs['revision']}, "
+                         f"but {model.revision} loaded; restore that revision locally to re-export")
     tuning, heldout = split_datasets(settings)
     if tuning.fingerprint() != attrs["dataset_fingerprint"]:
         raise ValueError(f"dataset {settings.dataset!r} changed since study {study_name!r} ran (fingerprint differs)")
     rows = _summary_rows(study, best, Evaluator(model, tuning, settings.batch_size), heldout, settings)
-    return _export(settings, model, study, best, rows, storage, tuning)
+    path = _export(settings, model, study, best, rows, storage, tuning)
+    tracker.start_study(study_name, params=dict(attrs),
+                        tags={"posfair.model": model.spec.alias, "posfair.dataset": tuning.name})
+    tracker.finish_study(
+        {**{f"winner_{k}": v for k, v in rows[-1].tuning.as_dict().items() if v is not None}, "winner_trial": best.number},
+        [path], {"posfair.outcome": "re-exported", "posfair.export": str(path)},
+    )
+    return path
 
 
 def _log_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial, progress: tqdm) -> None:
