@@ -282,3 +282,31 @@ def run_tune(hub: FakeHub, *args: str, cwd: Path, timeout: float = 600, **env: s
     cwd.mkdir(parents=True, exist_ok=True)
     return subprocess.run([*tune_command(), *args], cwd=cwd, env=hub.env(**env), capture_output=True, text=True,
                           timeout=timeout, check=False)
+
+
+def use_in_this_process(hub: FakeHub, monkeypatch) -> FakeHub:
+    """Point this (already started) process at the fake hub, as HF_HUB_CACHE and HF_HOME do for a new one.
+
+    Commands that need no fresh process then run here through typer's CliRunner with their real argv
+    (`tune_here`), which saves a Python start (~10 s of imports) per command.
+    """
+    import huggingface_hub.constants
+    import transformers.dynamic_module_utils
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub.cache))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(transformers.dynamic_module_utils, "HF_MODULES_CACHE", str(hub.home / "modules"))  # remote code
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("POSFAIR_CACHE_DIR", str(hub.root / "posfair-cache"))
+    return hub
+
+
+def tune_here(*args: str, expect: int = 0) -> str:
+    """`tune ARGS...` in this process (see `use_in_this_process`); its output, whitespace-folded."""
+    from typer.testing import CliRunner
+
+    from tuner.cli import app
+
+    result = CliRunner().invoke(app, list(args))
+    assert result.exit_code == expect, f"exit {result.exit_code}\n{result.output[-6000:]}\n{result.exception!r}"
+    return " ".join(result.output.split())

@@ -34,6 +34,8 @@ from tests.hub import (
     fineweb_posq_rows,
     passages,
     run_tune,
+    tune_here,
+    use_in_this_process,
     write_beir,
     write_fineweb_posq,
     write_posir,
@@ -159,32 +161,7 @@ def general_set(hub: FakeHub) -> tuple[Path, dict[str, str], dict[str, tuple[str
 
 @pytest.fixture()
 def this_process_on_the_hub(hub: FakeHub, monkeypatch: pytest.MonkeyPatch) -> FakeHub:
-    """Point this (already started) process's hub client at the fake hub, as HF_HUB_CACHE does for a new one.
-
-    Commands that need no fresh process (encode, evaluate) then run here through typer's CliRunner with their
-    real argv, which saves a Python start (~10 s of imports) per command.
-    """
-    import huggingface_hub.constants
-
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub.cache))
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("POSFAIR_CACHE_DIR", str(hub.root / "posfair-cache"))
-    import transformers.dynamic_module_utils  # remote code is copied under HF_HOME, not the user's cache
-
-    monkeypatch.setattr(transformers.dynamic_module_utils, "HF_MODULES_CACHE", str(hub.home / "modules"))
-    return hub
-
-
-def tune_here(*args: str) -> str:
-    """`tune ARGS...` in this process (see `this_process_on_the_hub`); returns its output, whitespace-folded."""
-    from typer.testing import CliRunner
-
-    from tuner.cli import app
-
-    result = CliRunner().invoke(app, list(args))
-    assert result.exit_code == 0, f"exit {result.exit_code}\n{result.output[-6000:]}\n{result.exception!r}"
-    return " ".join(result.output.split())
+    return use_in_this_process(hub, monkeypatch)
 
 
 def test_a_hub_model_records_its_commit_and_truncates_at_its_own_positions(this_process_on_the_hub: FakeHub) -> None:

@@ -83,6 +83,9 @@ Storage = Annotated[str | None, typer.Option(help="Optuna storage URL; default: 
 BatchSize = Annotated[
     int | None, typer.Option(help="Documents per forward pass; default: chosen from the device's free memory.")
 ]
+BatchTokens = Annotated[
+    int | None, typer.Option(help="Padded tokens per forward pass (rows × longest text); default for long-passage models: chosen from the device's free memory.")
+]
 TrustRemoteCode = Annotated[bool, typer.Option(help="Allow a model's own code from its hub repository to run.")]
 
 
@@ -90,7 +93,7 @@ TrustRemoteCode = Annotated[bool, typer.Option(help="Allow a model's own code fr
 def run(
     model: Model = "minilm",
     pooling: Annotated[str | None, typer.Option(help="cls|last|mean, for a model outside the registry.")] = None,
-    dataset: Dataset = "wikipos-dev",
+    dataset: Annotated[str | None, typer.Option(help="Benchmark to tune on (see `tune evaluate --help`); default: fineweb-posq for bge-m3, qwen3-embedding-* and gte-multilingual-base, wikipos-dev otherwise.")] = None,
     trials: Annotated[int, typer.Option(help="Complete trials to reach (failed ones do not count).")] = DEFAULT_TRIALS,
     hm_floor: Annotated[str, typer.Option(help="'baseline' (uncalibrated HM), a value like 0.52, or relative like -1%.")] = "baseline",
     heldout: Annotated[str | None, typer.Option(help="Held-out benchmark for the final report; 'auto' picks WikiPos-test / FineWeb-PosQ's held-out part; 'none' for none.")] = "auto",
@@ -104,6 +107,7 @@ def run(
     output: Annotated[Path | None, typer.Option(help="Where to write the winner's YAML; default mlruns/exports/STUDY.yaml.")] = None,
     space: Annotated[Path | None, typer.Option(help="YAML search space (strength_step, depths, basket_sizes, variants, weight_low/high).")] = None,
     batch_size: BatchSize = None,
+    batch_tokens: BatchTokens = None,
     profile_docs: Annotated[int, typer.Option(help="Documents in each trial's attention profile.")] = 16,
     bootstrap: Annotated[int, typer.Option(help="Bootstrap resamples for the held-out intervals.")] = 1000,
     revision: Annotated[str | None, typer.Option(help="Hub revision of the model.")] = None,
@@ -122,7 +126,7 @@ def run(
         settings = TuneSettings(
             model=model, pooling=pooling, dataset=dataset, heldout=heldout, general=general, max_general_drop=max_general_drop,
             trials=trials, seed=seed, hm_floor=hm_floor, pareto=pareto, storage=storage, study_name=study_name,
-            tracking_uri=tracking_uri, output=output, batch_size=batch_size, profile_docs=profile_docs,
+            tracking_uri=tracking_uri, output=output, batch_size=batch_size, batch_tokens=batch_tokens, profile_docs=profile_docs,
             bootstrap=bootstrap, trust_remote_code=trust_remote_code, revision=revision,
             workers=workers, worker=worker, heartbeat=heartbeat, cache_budget=parse_bytes(cache_budget),
             space=SearchSpace.from_yaml(space) if space else SearchSpace(),
@@ -330,9 +334,14 @@ def _setup_logging() -> None:
 
 
 def _print_settings(settings: TuneSettings) -> None:
+    from tuner.tune import dataset_reason
+
     table = Table(title="tune: settings", show_header=False, box=None)
     for name, value in vars(settings).items():
-        table.add_row(name.replace("_", "-"), str(value))
+        if name == "dataset_defaulted":
+            continue
+        shown = f"{value}  ({dataset_reason(settings)})" if name == "dataset" else str(value)
+        table.add_row(name.replace("_", "-"), shown)
     console.print(table)
 
 

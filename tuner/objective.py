@@ -75,7 +75,8 @@ class TrialObjective:
             max_drop = self.general.max_drop if self.general else None
             constraints = constraint_values(report, self.floor, general_delta if max_drop is not None else None, max_drop)
             profile = AttentionProfile()
-            CalibratedEncoder(model, config).encode(self.profile_texts, batch_size=self.evaluator.batch_size, observer=profile)
+            CalibratedEncoder(model, config).encode(self.profile_texts, batch_size=self.evaluator.batch_size,
+                                                    batch_tokens=self.evaluator.batch_tokens, observer=profile)
             artifacts = self._profile_artifacts(trial.number, profile)
         except Exception as error:
             reason = f"{error.__class__.__name__}: {error}"
