@@ -115,8 +115,10 @@ def figures(gains: dict[str, float], groups: dict[str, str], strata: dict[str, s
     hms, psis = [], []
     for stratum in sorted(set((strata or {}).values())) or [None]:
         means, counts = within([q for q in placed if strata is None or strata.get(q) == stratum])
-        hm, psi = 3 / sum(1 / v if v else math.inf for v in means.values()), 1 - min(means.values()) / max(means.values())
-        hms.append(hm), psis.append(psi)
+        hm = 3 / sum(1 / v if v else math.inf for v in means.values())
+        psi = 1 - min(means.values()) / max(means.values())
+        hms.append(hm)
+        psis.append(psi)
         if stratum is not None:
             out |= {f"{stratum}/hm": hm, f"{stratum}/psi": psi} | {f"{stratum}/n_{g}": counts[g] for g in THIRDS}
     return out | {"hm": sum(hms) / len(hms), "psi": sum(psis) / len(psis)}
