@@ -22,7 +22,8 @@ from tuner.tracking import Tracker, TrialRecord
 
 @dataclass(frozen=True)
 class GeneralCheck:
-    """The optional second constraint: general retrieval may drop at most `max_drop` (0–1 scale)."""
+    """General retrieval, scored every trial: a second constraint when `max_drop` (0–1 scale) is given,
+    otherwise only a reported figure (`general_ndcg10_delta`) that constrains nothing."""
 
     evaluator: Evaluator
     baseline: PositionReport
@@ -71,11 +72,11 @@ class TrialObjective:
             general_delta = None
             if self.general is not None:
                 general_delta = self.general.evaluator.run(config).report.ndcg10 - self.general.baseline.ndcg10
-            constraints = constraint_values(
-                report, self.floor, general_delta, self.general.max_drop if self.general else None
-            )
+            max_drop = self.general.max_drop if self.general else None
+            constraints = constraint_values(report, self.floor, general_delta if max_drop is not None else None, max_drop)
             profile = AttentionProfile()
-            CalibratedEncoder(model, config).encode(self.profile_texts, batch_size=self.evaluator.batch_size, observer=profile)
+            CalibratedEncoder(model, config).encode(self.profile_texts, batch_size=self.evaluator.batch_size,
+                                                    batch_tokens=self.evaluator.batch_tokens, observer=profile)
             artifacts = self._profile_artifacts(trial.number, profile)
         except Exception as error:
             reason = f"{error.__class__.__name__}: {error}"
