@@ -83,10 +83,11 @@ class PerQuery:
     """Per-query scores and the group/stratum layout needed to aggregate them, in one query order.
 
     `membership[i, g]` is 1 when query i counts in group g (a query may count in several).
-    `stratum_membership` is one-hot over `strata_order`; an unstratified dataset gets a single
-    all-ones column (and `strata_order == ()`), so one code path serves both. `positions` holds each
-    query's relative answer position in [0, 1] (NaN where unknown); `placed` says where it is the span's
-    own midpoint rather than the centre of the query's third.
+    `stratum_membership` is one-hot over `strata_order` (all zeros for a query without a position, which
+    counts for aggregate nDCG only); an unstratified dataset gets a single all-ones column (and
+    `strata_order == ()`), so one code path serves both. `positions` holds each query's relative answer
+    position in [0, 1] (NaN where unknown); `placed` says where it is the span's own midpoint rather than
+    the centre of the query's third.
     """
 
     query_ids: tuple[str, ...]
@@ -229,11 +230,12 @@ class PositionReport:
     tilt: float | None = None
 
     def as_dict(self) -> dict[str, float]:
-        """Flat metrics for logging: `ndcg10`, `recall10`, `n_queries`, `ndcg10_<group>`, `hm`, `psi`,
-        `ndcg10_fifth-k`, `psi_fifths`, `tilt`, and per stratum `<stratum>/ndcg10_<group>`, `<stratum>/hm`,
-        `<stratum>/psi`."""
+        """Flat metrics for logging: `ndcg10`, `recall10`, `n_queries`, `ndcg10_<group>`, `n_<group>` (queries
+        in the group), `hm`, `psi`, `ndcg10_fifth-k`, `psi_fifths`, `tilt`, and per stratum
+        `<stratum>/ndcg10_<group>`, `<stratum>/n_<group>`, `<stratum>/hm`, `<stratum>/psi`."""
         flat: dict[str, float] = {"ndcg10": self.ndcg10, "recall10": self.recall10, "n_queries": self.n_queries}
         flat |= {f"ndcg10_{group}": value for group, value in self.group_ndcg10.items()}
+        flat |= {f"n_{group}": count for group, count in self.group_counts.items()}
         if self.hm is not None and self.psi is not None:
             flat |= {"hm": self.hm, "psi": self.psi}
         flat |= {f"ndcg10_{name}": value for name, value in self.position_ndcg10.items()}
@@ -243,6 +245,7 @@ class PositionReport:
             flat["tilt"] = self.tilt
         for stratum in self.strata:
             flat |= {f"{stratum.name}/ndcg10_{group}": value for group, value in stratum.group_ndcg10.items()}
+            flat |= {f"{stratum.name}/n_{group}": count for group, count in stratum.group_counts.items()}
             flat |= {f"{stratum.name}/hm": stratum.hm, f"{stratum.name}/psi": stratum.psi}
         return flat
 
@@ -302,17 +305,19 @@ def _per_query(run: Mapping[str, Mapping[str, float]], dataset: PositionalDatase
             membership[i, group_index[group]] = 1.0
 
     if dataset.strata:
-        unstratified = [qid for qid in query_ids if qid not in dataset.strata]
+        # A query without a position (no group) needs no stratum: it counts for aggregate nDCG only.
+        unstratified = [qid for qid in query_ids if qid not in dataset.strata and dataset.groups.get(qid)]
         if unstratified:
             raise ValueError(
-                f"dataset {dataset.name!r}: {len(unstratified)} queries have no stratum, e.g. {unstratified[0]!r}; "
-                "a stratified dataset needs one for every query"
+                f"dataset {dataset.name!r}: {len(unstratified)} queries have a position group but no stratum, "
+                f"e.g. {unstratified[0]!r}; in a stratified dataset every grouped query needs one"
             )
-        strata_order = tuple(sorted({dataset.strata[qid] for qid in query_ids}))
+        strata_order = tuple(sorted({dataset.strata[qid] for qid in query_ids if qid in dataset.strata}))
         stratum_index = {name: s for s, name in enumerate(strata_order)}
         stratum_membership = np.zeros((len(query_ids), len(strata_order)))
-        rows = [stratum_index[dataset.strata[qid]] for qid in query_ids]
-        stratum_membership[np.arange(len(query_ids)), rows] = 1.0
+        for i, qid in enumerate(query_ids):
+            if qid in dataset.strata:
+                stratum_membership[i, stratum_index[dataset.strata[qid]]] = 1.0
     else:
         strata_order = ()
         stratum_membership = np.ones((len(query_ids), 1))

@@ -182,6 +182,9 @@ def test_as_dict_flattens_the_report_for_logging() -> None:
             "ndcg10_begin": 1.0,
             "ndcg10_middle": 0.5,
             "ndcg10_end": 0.5,
+            "n_begin": 1,
+            "n_middle": 1,
+            "n_end": 2,
             "hm": report.hm,
             "psi": 0.5,
             "tilt": -12 / 11,  # begin 1, middle .5, end 0 and 1 at third centres: tests/test_position_profile.py
@@ -209,7 +212,7 @@ def test_stratified_hm_and_psi_are_means_of_the_within_stratum_values() -> None:
     # Pooled over strata, per group: begin (1.0 + 0.5) / 2, end (0.5 + 0.0) / 2.
     assert report.group_ndcg10 == pytest.approx({"begin": 0.75, "end": 0.25})
     assert report.as_dict()["short/ndcg10_end"] == pytest.approx(0.5)
-    assert report.as_dict()["long/psi"] == 1.0
+    assert report.as_dict()["long/psi"] == 1.0 and report.as_dict()["long/n_end"] == 1
 
 
 def test_group_without_queries_is_an_error() -> None:
@@ -218,10 +221,20 @@ def test_group_without_queries_is_an_error() -> None:
         evaluate(RUN, make_dataset(QRELS, groups))
 
 
-def test_stratified_dataset_needs_a_stratum_for_every_query() -> None:
+def test_a_grouped_query_of_a_stratified_dataset_needs_a_stratum() -> None:
     groups = {q: ("begin",) for q in QRELS}
-    with pytest.raises(ValueError, match="no stratum"):
+    with pytest.raises(ValueError, match="position group but no stratum"):
         evaluate(RUN, make_dataset(QRELS, groups, ("begin",), {"q1": "short"}))
+
+
+def test_a_query_without_a_position_needs_no_stratum_and_counts_for_aggregate_ndcg_only() -> None:
+    qrels = {f"q{i}": {f"d{i}": 1} for i in range(3)}
+    run = {"q0": ranked("d0"), "q1": ranked("x0", "d1"), "q2": ranked("x0", "x1", "d2")}  # 1, 1/log2(3), 0.5
+    report, _ = evaluate(run, make_dataset(qrels, {"q0": ("begin",), "q1": ("end",)}, ("begin", "end"),
+                                           {"q0": "short", "q1": "short"}))
+    assert report.group_counts == {"begin": 1, "end": 1} and report.strata[0].group_counts == {"begin": 1, "end": 1}
+    assert report.psi == pytest.approx(1 - 1 / math.log2(3))
+    assert report.ndcg10 == pytest.approx((1 + 1 / math.log2(3) + 0.5) / 3), "q2 counts in the aggregate"
 
 
 # --- exact search -------------------------------------------------------------------------------

@@ -83,6 +83,9 @@ Storage = Annotated[str | None, typer.Option(help="Optuna storage URL; default: 
 BatchSize = Annotated[
     int | None, typer.Option(help="Documents per forward pass; default: chosen from the device's free memory.")
 ]
+BatchTokens = Annotated[
+    int | None, typer.Option(help="Padded tokens per forward pass (rows × longest text); default for long-passage models: chosen from the device's free memory.")
+]
 TrustRemoteCode = Annotated[bool, typer.Option(help="Allow a model's own code from its hub repository to run.")]
 
 
@@ -90,13 +93,13 @@ TrustRemoteCode = Annotated[bool, typer.Option(help="Allow a model's own code fr
 def run(
     model: Model = "minilm",
     pooling: Annotated[str | None, typer.Option(help="cls|last|mean, for a model outside the registry.")] = None,
-    dataset: Dataset = "wikipos-dev",
+    dataset: Annotated[str | None, typer.Option(help="Benchmark to tune on (see `tune evaluate --help`); default: fineweb-posq for bge-m3, qwen3-embedding-* and gte-multilingual-base, wikipos-dev otherwise.")] = None,
     trials: Annotated[int, typer.Option(help="Complete trials to reach (failed ones do not count).")] = DEFAULT_TRIALS,
     hm_floor: Annotated[str, typer.Option(help="'significant' (HM's 95% lower bound above the uncalibrated HM), 'baseline' (HM at least the uncalibrated HM), a value like 0.52, or relative like -1%.")] = "significant",
     max_ndcg_drop: Annotated[str, typer.Option(help="How far aggregate nDCG@10 may fall below the uncalibrated model's (0–1 scale, e.g. 0.005); 'none' lifts the constraint.")] = "0",
     selection: Annotated[str, typer.Option(help="How the winner is named: 'one-se' (the mildest trial within one standard error of the lowest PSI) or 'lowest' (the lowest PSI).")] = "one-se",
-    heldout: Annotated[str | None, typer.Option(help="Held-out benchmark(s) for the final report, comma-separated; 'auto': WikiPos-test and the WikiPos transfer sets (sentences, lengths) for WikiPos-dev, FineWeb-PosQ's held-out part for FineWeb-PosQ; 'none' for none.")] = "auto",
-    general: Annotated[str | None, typer.Option(help="General-retrieval check, e.g. wikipos-general.")] = None,
+    heldout: Annotated[str | None, typer.Option(help="Held-out benchmark(s) for the final report, comma-separated; 'auto': WikiPos-test and the WikiPos transfer sets for WikiPos-dev, FineWeb-PosQ's held-out part for FineWeb-PosQ; 'none' for none.")] = "auto",
+    general: Annotated[str | None, typer.Option(help="General-retrieval check, e.g. wikipos-general: its nDCG@10 change is logged every trial; a constraint only with --max-general-drop.")] = None,
     max_general_drop: Annotated[float | None, typer.Option(help="Second constraint: general nDCG@10 may drop at most this much (0–1 scale).")] = None,
     pareto: Annotated[bool, typer.Option("--pareto", help="Two-objective search (PSI down, HM up); reports the front.")] = False,
     seed: int = 0,
@@ -106,6 +109,7 @@ def run(
     output: Annotated[Path | None, typer.Option(help="Where to write the winner's YAML; default mlruns/exports/STUDY.yaml.")] = None,
     space: Annotated[Path | None, typer.Option(help="YAML search space (strength_step, depths, basket_sizes, variants, weight_low/high).")] = None,
     batch_size: BatchSize = None,
+    batch_tokens: BatchTokens = None,
     profile_docs: Annotated[int, typer.Option(help="Documents in each trial's attention profile.")] = 16,
     bootstrap: Annotated[int, typer.Option(help="Bootstrap resamples for the held-out intervals.")] = 1000,
     revision: Annotated[str | None, typer.Option(help="Hub revision of the model.")] = None,
@@ -125,7 +129,7 @@ def run(
             model=model, pooling=pooling, dataset=dataset, heldout=heldout, general=general, max_general_drop=max_general_drop,
             trials=trials, seed=seed, hm_floor=hm_floor, max_ndcg_drop=parse_allowance(max_ndcg_drop, "--max-ndcg-drop"),
             selection=selection, pareto=pareto, storage=storage, study_name=study_name,
-            tracking_uri=tracking_uri, output=output, batch_size=batch_size, profile_docs=profile_docs,
+            tracking_uri=tracking_uri, output=output, batch_size=batch_size, batch_tokens=batch_tokens, profile_docs=profile_docs,
             bootstrap=bootstrap, trust_remote_code=trust_remote_code, revision=revision,
             workers=workers, worker=worker, heartbeat=heartbeat, cache_budget=parse_bytes(cache_budget),
             space=SearchSpace.from_yaml(space) if space else SearchSpace(),
@@ -152,6 +156,7 @@ def evaluate(
     seed: int = 0,
     batch_size: BatchSize = None,
     markdown: Annotated[Path | None, typer.Option(help="Also write the tables as Markdown here.")] = None,
+    json_output: Annotated[Path | None, typer.Option("--json", help="Also write every figure (0–1 scale, per group and stratum, with counts) as JSON here.")] = None,
     trust_remote_code: TrustRemoteCode = False,
     options: OptionsFile = None,
 ) -> None:
@@ -161,7 +166,7 @@ def evaluate(
         from tuner.data import load_benchmark
         from tuner.export import load_exported
         from tuner.models import load_model
-        from tuner.report import render, run_evaluation, to_markdown
+        from tuner.report import render, run_evaluation, to_dict, to_markdown
 
         loaded = load_model(model, trust_remote_code=trust_remote_code)
         configs = []
@@ -181,6 +186,8 @@ def evaluate(
     render(table, _console())
     if markdown:
         markdown.write_text(to_markdown(table), encoding="utf-8")
+    if json_output:
+        json_output.write_text(json.dumps(to_dict(table), indent=1), encoding="utf-8")
 
 
 @app.command()
@@ -188,16 +195,19 @@ def export(
     study_name: Annotated[str, typer.Option(help="The study to export the winner of.")],
     storage: Storage = None,
     output: Annotated[Path | None, typer.Option(help="Default: mlruns/exports/STUDY.yaml.")] = None,
-    tracking_uri: TrackingUri = None,
+    tracking_uri: Annotated[str | None, typer.Option(help="MLflow store to log the export to; default: the one the study logged to.")] = None,
+    trust_remote_code: Annotated[bool, typer.Option(help="Allow the model's own code (restored anyway if the study was tuned with it).")] = False,
     selection: Annotated[str, typer.Option(help="'one-se' or 'lowest' (see `tune run --help`).")] = "one-se",
     options: OptionsFile = None,
 ) -> None:
-    """Re-export a study's current winner (e.g. after more trials), with fresh held-out figures."""
+    """Re-export a study's current winner (e.g. after more trials), with fresh held-out figures.
+
+    The model is loaded at the revision the study tuned, with remote code if the study allowed it."""
     _setup_logging()
     with _friendly_errors():
         from tuner.tune import reexport
 
-        path = reexport(study_name, storage, output, tracking_uri, selection)
+        path = reexport(study_name, storage, output, tracking_uri, trust_remote_code, selection)
     console.print(f"exported: [bold]{path}[/bold]")
 
 
@@ -341,9 +351,14 @@ def _setup_logging() -> None:
 
 
 def _print_settings(settings: TuneSettings) -> None:
+    from tuner.tune import dataset_reason
+
     table = Table(title="tune: settings", show_header=False, box=None)
     for name, value in vars(settings).items():
-        table.add_row(name.replace("_", "-"), str(value))
+        if name == "dataset_defaulted":
+            continue
+        shown = f"{value}  ({dataset_reason(settings)})" if name == "dataset" else str(value)
+        table.add_row(name.replace("_", "-"), shown)
     console.print(table)
 
 

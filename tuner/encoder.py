@@ -38,7 +38,10 @@ class Batches:
     truncated: int
 
     @classmethod
-    def build(cls, model: LoadedModel, texts: Sequence[str], batch_size: int) -> Batches:
+    def build(cls, model: LoadedModel, texts: Sequence[str], batch_size: int, max_tokens: int | None = None) -> Batches:
+        """At most `batch_size` texts per batch and, with `max_tokens`, at most that many padded tokens (rows ×
+        the batch's longest text): batches of short passages then hold more of them than batches of long ones,
+        and memory stays bounded by tokens. A text longer than the budget gets a batch of its own."""
         tokenizer, max_length = model.tokenizer, model.max_length
         lengths = [len(ids) for ids in tokenizer(list(texts), add_special_tokens=True, truncation=False)["input_ids"]]
         truncated = sum(n > max_length for n in lengths)
@@ -46,12 +49,17 @@ class Batches:
             log.warning("%d of %d texts exceed %d tokens and are truncated", truncated, len(texts), max_length)
         order = np.argsort([-n for n in lengths], kind="stable")  # long first: little padding per batch
         inputs, rows = [], []
-        for start in range(0, len(texts), batch_size):
-            index = order[start : start + batch_size]
+        start = 0
+        while start < len(texts):
+            size = batch_size
+            if max_tokens is not None:  # the first text is the batch's longest: it sets the padded length
+                size = min(size, max(1, max_tokens // min(lengths[order[start]], max_length)))
+            index = order[start : start + size]
             batch = tokenizer([texts[i] for i in index], padding=True, truncation=True, max_length=max_length,
                               return_tensors="pt")
             inputs.append(dict(batch))
             rows.append(index)
+            start += size
         return cls(tuple(inputs), tuple(rows), len(texts), truncated)
 
     @property
@@ -70,6 +78,25 @@ class Batches:
 
     def __len__(self) -> int:
         return len(self.inputs)
+
+
+def choose_batching(model: LoadedModel, batch_size: int | None = None, batch_tokens: int | None = None) -> tuple[int, int | None]:
+    """(texts per batch, padded tokens per batch or None). Given values win. By default a long-passage model
+    (`ModelSpec.long_passages`) is batched by tokens, within the memory `auto_batch_size` allows at its
+    maximum length, so FineWeb-PosQ's ~1,300-token passages fill a batch six times as full as 8K ones would;
+    other models get `auto_batch_size` texts (MiniLM: 16 on CPU, as always)."""
+    if batch_tokens is None and batch_size is None and model.spec.long_passages:
+        batch_tokens = auto_batch_tokens(model)
+    if batch_size is None:
+        batch_size = GPU_BATCH_CAP if batch_tokens is not None else auto_batch_size(model)
+    return batch_size, batch_tokens
+
+
+def auto_batch_tokens(model: LoadedModel, fraction: float = 0.5) -> int:
+    """Padded tokens per batch: as many as `auto_batch_size` texts of the model's maximum length. Memory per
+    batch is then bounded as before: hidden states grow with tokens, and a batch's attention scores with
+    tokens × its longest text, which is at most the maximum length."""
+    return auto_batch_size(model, fraction) * model.max_length
 
 
 def auto_batch_size(model: LoadedModel, fraction: float = 0.5) -> int:
@@ -150,12 +177,13 @@ class CalibratedEncoder:
         *,
         calibrate: bool,
         batch_size: int | None = None,
+        batch_tokens: int | None = None,
         show_progress_bar: bool | None = None,
         observer: AttentionObserver | None = None,
     ) -> np.ndarray:
         if isinstance(texts, str):
             raise TypeError("encode takes a list of texts, not one string: wrap it as [text]")
-        batches = Batches.build(self.model, texts, batch_size or auto_batch_size(self.model))
+        batches = Batches.build(self.model, texts, *choose_batching(self.model, batch_size, batch_tokens))
         self.truncated = batches.truncated
         vectors = np.empty((len(texts), self._dimension()), dtype=np.float32)
         show = show_progress_bar if show_progress_bar is not None else sys.stderr.isatty() and len(batches) > 1

@@ -44,7 +44,7 @@ from tuner.cache import (
 from tuner.calibration import CalibrationConfig, ResolvedCalibration
 from tuner.calibration.attention import FirstLayerSums
 from tuner.data import PositionalDataset
-from tuner.encoder import CalibratedEncoder, auto_batch_size
+from tuner.encoder import CalibratedEncoder, choose_batching
 from tuner.models import LoadedModel
 from tuner.prefix import Batches, LayerStack, ResumeUnsupportedError, encode_batches, prefix_layers_for
 
@@ -85,6 +85,7 @@ class PassCounts:
 class Evaluator:
     """Scores calibration configs of one model on one dataset, reusing what does not change.
 
+    batch_size, batch_tokens  passages and padded tokens per batch (None: `encoder.choose_batching`)
     cache_dir     where query vectors, baseline vectors and layer inputs persist between runs;
                   None: `default_cache_dir()`
     disk_cache    False keeps everything in memory (layer inputs then go to a temporary folder)
@@ -104,6 +105,7 @@ class Evaluator:
         batch_size: int | None = None,
         show_progress: bool = False,
         *,
+        batch_tokens: int | None = None,
         cache_dir: Path | None = None,
         disk_cache: bool = True,
         cache_budget: int | None = None,
@@ -113,8 +115,12 @@ class Evaluator:
     ) -> None:
         self.model = model
         self.dataset = dataset
-        self.batch_size = batch_size or auto_batch_size(model)
-        if batch_size is None:
+        self.batch_size, self.batch_tokens = choose_batching(model, batch_size, batch_tokens)
+        if batch_tokens is None and self.batch_tokens is not None:
+            log.info("batches of up to %d tokens (%d passages of %s's %d), chosen from the free memory of %s",
+                     self.batch_tokens, self.batch_tokens // model.max_length, model.spec.alias, model.max_length,
+                     model.device)
+        elif batch_size is None and self.batch_tokens is None:
             log.info("batch size %d, chosen from the free memory of %s", self.batch_size, model.device)
         self.show_progress = show_progress
         self.doc_ids = list(dataset.corpus)
@@ -151,7 +157,8 @@ class Evaluator:
         self.disk = DiskCache(folder)
         self._doc_texts = [dataset.corpus[d] for d in self.doc_ids]
         base = {"engine": engine_identity(), "model": model_identity(model),
-                "dataset": {"name": dataset.name, "fingerprint": fingerprint}, "batch_size": self.batch_size}
+                "dataset": {"name": dataset.name, "fingerprint": fingerprint}, "batch_size": self.batch_size,
+                **({"batch_tokens": self.batch_tokens} if self.batch_tokens is not None else {})}
         prompt = model.spec.query_prompt
         self._query_key = {**base, "kind": "queries", "prompt": prompt,
                            "texts": texts_digest(self.query_ids, [dataset.queries[q] for q in self.query_ids])}
@@ -174,6 +181,7 @@ class Evaluator:
                 encoder = CalibratedEncoder(self.model)
                 self._queries = encoder.encode_query(
                     [self.dataset.queries[q] for q in self.query_ids], batch_size=self.batch_size,
+                    batch_tokens=self.batch_tokens,
                     show_progress_bar=self.show_progress,
                 )
                 if self.cache_dir:
@@ -185,7 +193,11 @@ class Evaluator:
     def batches(self) -> Batches:
         """The corpus tokenised once, in `CalibratedEncoder`'s length-sorted batches."""
         if self._batches is None:
-            self._batches = Batches.build(self.model, self._doc_texts, self.batch_size)
+            self._batches = Batches.build(self.model, self._doc_texts, self.batch_size, self.batch_tokens)
+            if self.batch_tokens is not None:
+                sizes = [rows for rows, _ in self._batches.shapes]
+                log.info("%s: %d passages in %d batch(es) of <= %d padded tokens (%d-%d passages each)", self.dataset.name,
+                         self._batches.count, len(sizes), self.batch_tokens, min(sizes, default=0), max(sizes, default=0))
         return self._batches
 
     def longest_content(self) -> int:

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tuner import __version__
 from tuner.calibration import CalibrationConfig, ConfigError
 from tuner.calibration.config import PaddingSide, Pooling
-from tuner.models import LoadedModel
+from tuner.models import LoadedModel, hub_revision
 
 SCHEMA = "posfair/calibration-config"
 SCHEMA_VERSION = 1
@@ -43,7 +43,7 @@ class ModelSection(_Strict):
 
     def load_revision(self) -> str | None:
         """The revision to ask the hub for (package-shipped and local models have none)."""
-        return None if "==" in self.revision or self.revision == "local" else self.revision
+        return hub_revision(self.revision)
 
 
 class Provenance(_Strict):

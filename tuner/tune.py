@@ -15,6 +15,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -25,11 +26,15 @@ from tqdm.auto import tqdm
 
 from objectives import RULES, Constraints, HmFloor, PairedBootstrap, PositionReport, Selection, paired_bootstrap
 from tuner.calibration import CalibrationConfig
-from tuner.data import PositionalDataset, load_benchmark
+from tuner.cost import StudyCost, padded_tokens, probe
+from tuner.data import DatasetUnavailableError, PositionalDataset, load_benchmark
+from tuner.data import check_available as check_benchmark
 from tuner.data.wikipos import TRANSFER_SPLITS
-from tuner.evaluation import Evaluator
+from tuner.evaluation import Evaluation, Evaluator
 from tuner.export import build_export, write_exported
-from tuner.models import LoadedModel, load_model
+from tuner.models import (
+    REGISTRY, LoadedModel, ModelUnavailableError, check_consent, hub_revision, load_model, locate, resolve_spec,
+)
 from tuner.objective import GeneralCheck, TrialObjective
 from tuner.plots import optuna_figures, pareto_scatter
 from tuner.prefix import prefix_layers_for
@@ -64,7 +69,7 @@ class TuneSettings:
 
     model: str = "minilm"
     pooling: str | None = None  # only for models outside the registry
-    dataset: str = "wikipos-dev"
+    dataset: str | None = None  # None: the model's default (`default_dataset`)
     heldout: str | None = "auto"
     general: str | None = None
     max_general_drop: float | None = None
@@ -78,7 +83,8 @@ class TuneSettings:
     study_name: str | None = None
     tracking_uri: str | None = None
     output: Path | None = None
-    batch_size: int | None = None  # None: chosen from the device's free memory
+    batch_size: int | None = None  # None: chosen from the device's free memory (`encoder.choose_batching`)
+    batch_tokens: int | None = None  # None: long-passage models get a token budget from the free memory
     profile_docs: int = 16
     bootstrap: int = 1000
     trust_remote_code: bool = False
@@ -88,8 +94,12 @@ class TuneSettings:
     workers: int = 1
     worker: bool = False  # only run trials of a study another `tune` coordinates
     heartbeat: int = HEARTBEAT_SECONDS
+    dataset_defaulted: bool = field(default=False, init=False)  # whether `dataset` is the model's default
 
     def __post_init__(self) -> None:
+        if self.dataset is None:
+            object.__setattr__(self, "dataset", default_dataset(self.model))
+            object.__setattr__(self, "dataset_defaulted", True)
         if self.workers < 1:
             raise ValueError(f"--workers must be at least 1, got {self.workers}")
         if self.heartbeat < 1:
@@ -98,6 +108,8 @@ class TuneSettings:
             raise ValueError(f"--trials must be at least 1, got {self.trials}")
         if self.batch_size is not None and self.batch_size < 1:
             raise ValueError(f"--batch-size must be at least 1, got {self.batch_size}")
+        if self.batch_tokens is not None and self.batch_tokens < 1:
+            raise ValueError(f"--batch-tokens must be at least 1, got {self.batch_tokens}")
         if self.max_general_drop is not None and self.general is None:
             raise ValueError("--max-general-drop needs --general (e.g. --general wikipos-general)")
         HmFloor.parse(self.hm_floor)  # fail before any work
@@ -119,6 +131,52 @@ class TuneSettings:
         suffix = "-pareto" if self.pareto else ""
         plain = f"{Path(model.spec.alias).name}--{self.dataset}--seed{self.seed}{suffix}"
         return re.sub(r"[^A-Za-z0-9._-]+", "_", plain)
+
+
+def default_dataset(model: str) -> str:
+    """FineWeb-PosQ for the registry's long-passage models (as the paper tunes them), else WikiPos-dev."""
+    spec = REGISTRY.get(model)
+    return "fineweb-posq" if spec is not None and spec.long_passages else "wikipos-dev"
+
+
+def dataset_reason(settings: TuneSettings) -> str:
+    """Why the study tunes on `settings.dataset`, for the settings table."""
+    if not settings.dataset_defaulted:
+        return "given with --dataset"
+    if settings.dataset == "fineweb-posq":
+        return (f"default for {settings.model}, a long-passage model: FineWeb-PosQ's web passages of 500-1,024 words, "
+                "as the paper tunes; the authors' sampling (1,000 questions per position group, seed 42), tuned on "
+                "half the passages, reported on the other half. Offline alternative: --dataset wikipos-dev")
+    return "default: WikiPos-dev, embedded in posfair (passages of <= 512 tokens); reported on WikiPos-test"
+
+
+class UnavailableError(RuntimeError):
+    """What the run needs is neither here nor downloadable from here; the message lists every download."""
+
+
+def check_available(settings: TuneSettings) -> None:
+    """Before any work: the model and every benchmark the run reads must be here (or the hub reachable).
+
+    One error names everything missing, each with its `hf download` command, so a user fetches all at once.
+    """
+    spec = resolve_spec(settings.model, settings.pooling)  # type: ignore[arg-type]
+    check_consent(spec, settings.trust_remote_code)
+    problems = []
+    try:
+        locate(spec, settings.revision)
+    except ModelUnavailableError as error:
+        problems.append(str(error))
+    names = [settings.dataset, settings.heldout if settings.heldout != "auto" else None, settings.general]
+    for name in dict.fromkeys(n for n in names if n):
+        try:
+            check_benchmark(name)
+        except DatasetUnavailableError as error:
+            problems.append(str(error))
+            if name == settings.dataset and settings.dataset_defaulted:
+                problems.append(f"{name} is {settings.model}'s default dataset; to tune offline on the embedded "
+                                "WikiPos instead, add --dataset wikipos-dev")
+    if problems:
+        raise UnavailableError("\n".join(problems))
 
 
 @dataclass(frozen=True)
@@ -171,6 +229,26 @@ def split_datasets(settings: TuneSettings) -> tuple[PositionalDataset, list[Posi
     return tuning, heldout
 
 
+def estimate_cost(
+    evaluator: Evaluator, heldout: list[PositionalDataset], general: PositionalDataset | None, profile_docs: int,
+) -> StudyCost:
+    """What this run will encode, priced by a probe on this device (see `tuner.cost`)."""
+    model, batches = evaluator.model, evaluator.batches()
+    tuning = evaluator.dataset
+    queries = [*tuning.queries.values(), *(q for held in heldout for q in held.queries.values())]
+    once = padded_tokens(model, queries)
+    for held in heldout:  # baseline, paper default and winner on each held-out corpus of its own
+        if held.corpus != tuning.corpus:
+            once += 3 * padded_tokens(model, list(held.corpus.values()))
+    per_trial = batches.tokens() * min(profile_docs, batches.count) // max(batches.count, 1)
+    if general is not None:
+        general_tokens = padded_tokens(model, list(general.corpus.values()))
+        once += general_tokens + padded_tokens(model, list(general.queries.values()))
+        per_trial += general_tokens
+    return StudyCost(probe(model, batches), batches.count, batches.tokens(), batches.truncated, model.max_length,
+                     per_trial, once)
+
+
 def _fitting_space(space: SearchSpace, evaluator: Evaluator) -> SearchSpace:
     """Drop basket sizes that no passage of the tuning data fills (trials that could only repeat the baseline)."""
     longest = evaluator.longest_content()
@@ -183,6 +261,7 @@ def _fitting_space(space: SearchSpace, evaluator: Evaluator) -> SearchSpace:
 
 def tune(settings: TuneSettings) -> TuneOutcome | None:
     """Run (or resume) a study and export its winner; a `worker` only runs trials and returns None."""
+    check_available(settings)  # a missing model or dataset fails here, before anything is loaded or written
     tracker = Tracker(settings.tracking_uri, EXPERIMENT)  # an unreachable server fails here, before any work
     storage = settings.storage or default_storage()
     make_storage(storage, settings.heartbeat)  # a malformed URL fails here too
@@ -190,10 +269,14 @@ def tune(settings: TuneSettings) -> TuneOutcome | None:
                        pooling=settings.pooling)  # type: ignore[arg-type]
     tuning, heldout = split_datasets(settings)
     evaluator = Evaluator(
-        model, tuning, settings.batch_size, show_progress=sys.stderr.isatty() and not settings.worker,
+        model, tuning, settings.batch_size, show_progress=sys.stderr.isatty() and not settings.worker, batch_tokens=settings.batch_tokens,
         cache_budget=settings.cache_budget, prefix_layers=prefix_layers_for(settings.space, model.num_layers),
     )
     space = _fitting_space(settings.space, evaluator)
+    general = load_benchmark(settings.general) if settings.general else None
+    if not settings.worker:
+        for line in estimate_cost(evaluator, heldout, general, settings.profile_docs).describe(settings.trials, DEFAULT_TRIALS):
+            log.info(line)
     name = settings.study_name_for(model)
     identity = {
         "model_name": settings.model,
@@ -214,6 +297,8 @@ def tune(settings: TuneSettings) -> TuneOutcome | None:
     if settings.worker:
         floor = _floor_set_by_coordinator(name, storage, settings.heartbeat)
     else:
+        for key, value in _reload_attrs(settings, tracker).items():  # what `tune export` needs to load it all again
+            study.set_user_attr(key, value)
         log.info("baseline: encoding %d documents and %d queries of %s", len(tuning.corpus), len(tuning.queries), tuning.name)
         baseline = evaluator.run(None)
         floor = HmFloor.parse(settings.hm_floor).resolve(baseline.report.hm)
@@ -230,7 +315,7 @@ def tune(settings: TuneSettings) -> TuneOutcome | None:
     try:
         objective = TrialObjective(
             evaluator, space, replace(settings.constraints(0.0), hm_floor=floor), tracker, name, staging,
-            pareto=settings.pareto, general=_general_check(model, settings), profile_docs=settings.profile_docs,
+            pareto=settings.pareto, general=_general_check(model, settings, general), profile_docs=settings.profile_docs,
         )
         with tqdm(total=settings.trials, initial=len(complete_trials(study)), desc="trials", unit="trial",
                   disable=not sys.stderr.isatty()) as progress:
@@ -333,31 +418,58 @@ def quiet_libraries() -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
+def _reload_attrs(settings: TuneSettings, tracker: Tracker) -> dict[str, object]:
+    """Study attributes beyond its identity: how to load the model again, where its runs are logged."""
+    return {"trust_remote_code": settings.trust_remote_code, "tracking_uri": tracker.uri, "heldout": settings.heldout}
+
+
 def reexport(
-    study_name: str, storage: str | None, output: Path | None, tracking_uri: str | None, selection: str = "one-se"
+    study_name: str, storage: str | None, output: Path | None, tracking_uri: str | None, trust_remote_code: bool = False,
+    selection: str = "one-se",
 ) -> Path:
-    """Export a stored study's current winner again, re-scoring it (and the baseline) on both splits."""
+    """Export a stored study's current winner again, re-scoring it (and the baseline) on every split.
+
+    The model is loaded exactly as the study loaded it: the recorded revision (a hub commit), and remote
+    code if the study was run with `--trust-remote-code`. The export is logged to the study's MLflow
+    parent run, in `tracking_uri` (default: the store the study logged to).
+    """
     storage = storage or default_storage()
     try:
         study = optuna.load_study(study_name=study_name, storage=make_storage(storage, HEARTBEAT_SECONDS))
     except KeyError:
         raise ValueError(f"no study {study_name!r} in {storage}; see the study names in `tune ui` or the tune output") from None
     attrs = study.user_attrs
+    tracker = Tracker(tracking_uri or attrs.get("tracking_uri"), EXPERIMENT)  # an unreachable server fails here
     settings = TuneSettings(
         model=attrs["model_name"], pooling=attrs["pooling"], dataset=attrs["dataset_name"], seed=attrs["seed"], hm_floor=attrs["hm_floor"],
         max_ndcg_drop=attrs.get("max_ndcg_drop"), selection=selection,
-        pareto=attrs["pareto"], storage=storage, study_name=study_name, output=output, tracking_uri=tracking_uri,
+        pareto=attrs["pareto"], storage=storage, study_name=study_name, output=output, tracking_uri=tracker.uri,
+        heldout=attrs.get("heldout", "auto"), trust_remote_code=trust_remote_code or bool(attrs.get("trust_remote_code")),
+        revision=hub_revision(attrs["revision"]),
     )
     picked = winner(study, selection)
     if picked is None:
         raise NoFeasibleTrialError(f"study {study_name!r} has no feasible complete trial; nothing to export")
     best, chosen = picked
-    model = load_model(settings.model, pooling=settings.pooling)  # type: ignore[arg-type]
+    model = load_model(settings.model, revision=settings.revision, trust_remote_code=settings.trust_remote_code,
+                       pooling=settings.pooling)  # type: ignore[arg-type]
+    if model.revision != attrs["revision"]:
+        raise ValueError(f"study {study_name!r} tuned {attrs['model']} at revision {attrs['revision']}, "
+                         f"but {model.revision} loaded; restore that revision locally to re-export")
     tuning, heldout = split_datasets(settings)
     if tuning.fingerprint() != attrs["dataset_fingerprint"]:
         raise ValueError(f"dataset {settings.dataset!r} changed since study {study_name!r} ran (fingerprint differs)")
-    rows = _summary_rows(study, best, Evaluator(model, tuning, settings.batch_size), heldout, settings)
-    return _export(settings, model, study, best, rows, storage, tuning, chosen)
+    rows = _summary_rows(study, best, Evaluator(model, tuning, settings.batch_size, batch_tokens=settings.batch_tokens),
+                         heldout, settings)
+    path = _export(settings, model, study, best, rows, storage, tuning, chosen)
+    tracker.start_study(study_name, params=dict(attrs),
+                        tags={"posfair.model": model.spec.alias, "posfair.dataset": tuning.name})
+    tracker.finish_study(
+        {**{f"winner_{k}": v for k, v in rows[-1].tuning.as_dict().items() if v is not None}, "winner_trial": best.number},
+        [path], {"posfair.outcome": "re-exported", "posfair.export": str(path),
+                 "posfair.selection_rule": chosen.rule, "posfair.selection": chosen.describe()},
+    )
+    return path
 
 
 def _log_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial, progress: tqdm) -> None:
@@ -366,21 +478,24 @@ def _log_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial, progress: t
         progress.update(1)
         broken = [name for name, value in trial.constraints.items() if not value <= 0]
         attrs = trial.user_attrs
+        truncated = int(attrs.get("metrics", {}).get("truncated_documents", 0))
         log.info(
-            "trial %d: PSI %.3f ± %.3f  HM %.2f  ΔnDCG@10 %+.2f  drift %.4f  %s  (%s)  %.0f s", trial.number,
+            "trial %d: PSI %.3f ± %.3f  HM %.2f  ΔnDCG@10 %+.2f  drift %.4f  %s  (%s)  %.0f s%s", trial.number,
             attrs["psi"], attrs.get("psi_se", 0.0), 100 * attrs["hm"], 100 * attrs["metrics"].get("ndcg10_delta", 0.0),
             attrs.get("drift", 0.0), "feasible" if not broken else "misses " + ", ".join(broken),
             ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in trial.params.items()),
             trial.duration.total_seconds() if trial.duration else 0.0,
+            f"  {truncated} passages truncated" if truncated else "",
         )
     elif not trial.user_attrs.get("surplus"):
         log.warning("trial %d %s: %s", trial.number, trial.state.name, trial.user_attrs.get("failure_reason", "interrupted"))
 
 
-def _general_check(model: LoadedModel, settings: TuneSettings) -> GeneralCheck | None:
-    if settings.general is None:
+def _general_check(model: LoadedModel, settings: TuneSettings, general: PositionalDataset | None) -> GeneralCheck | None:
+    if general is None:
         return None
-    evaluator = Evaluator(model, load_benchmark(settings.general), settings.batch_size, cache_budget=0)  # short documents
+    evaluator = Evaluator(model, general, settings.batch_size, batch_tokens=settings.batch_tokens,
+                          cache_budget=0)  # short documents
     return GeneralCheck(evaluator, evaluator.run(None).report)
 
 
@@ -414,17 +529,35 @@ def _summary_rows(
     for dataset in heldout:
         log.info("held-out: scoring %d configs on %s (%d documents, %d queries)",
                  len(configs), dataset.name, len(dataset.corpus), len(dataset.queries))
-        # the baseline pass records the inputs of the layers where the configs start calibrating
-        scorer = Evaluator(model, dataset, settings.batch_size, show_progress=sys.stderr.isatty(), prefix_layers=starts)
-        baseline = scorer.run(None)
+        scorer = _held_out_scorer(evaluator, dataset, starts, settings)
+        baseline = scorer(None)
         for label, _, config in configs:
-            result = scorer.run(config) if config is not None else baseline
+            result = scorer(config) if config is not None else baseline
             delta = paired_bootstrap(baseline.per_query, result.per_query, settings.bootstrap, settings.seed) if config else None
             held[label][dataset.name] = HeldOut(result.report, delta)
     return [
         Row(label, trial.number if trial else None, config, evaluator.run(config).report, held[label])
         for label, trial, config in configs
     ]
+
+
+def _held_out_scorer(
+    evaluator: Evaluator, dataset: PositionalDataset, starts: list[int], settings: TuneSettings
+) -> Callable[[CalibrationConfig | None], Evaluation]:
+    """Scores on a held-out set. A held-out part of the tuning corpus (FineWeb-PosQ's) reuses the tuning
+    vectors; another corpus gets its own evaluator, whose baseline pass records the inputs of the layers
+    where the configs start calibrating, so each config resumes there."""
+    if dataset.corpus == evaluator.dataset.corpus:
+        scorer = Evaluator(evaluator.model, dataset, evaluator.batch_size, batch_tokens=settings.batch_tokens, cache_budget=0)
+
+        def shared(config: CalibrationConfig | None) -> Evaluation:
+            documents, truncated = evaluator.document_vectors(config)
+            return scorer.score(documents, truncated=truncated)
+
+        return shared
+    own = Evaluator(evaluator.model, dataset, settings.batch_size, show_progress=sys.stderr.isatty(),
+                    batch_tokens=settings.batch_tokens, prefix_layers=starts)
+    return own.run
 
 
 def _export(settings: TuneSettings, model: LoadedModel, study: optuna.Study, best: optuna.trial.FrozenTrial,

@@ -50,9 +50,11 @@ BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "c
 
 DOWNLOAD_HINT = (
     "Download it where the Hub is reachable:\n"
+    "    hf download NovaSearch/FineWeb-PosQ --repo-type dataset\n"
+    "into the Hugging Face cache (copy ~/.cache/huggingface/hub here; `fineweb-posq` then finds it), or\n"
     "    hf download NovaSearch/FineWeb-PosQ --repo-type dataset --local-dir ./FineWeb-PosQ\n"
-    "(older huggingface_hub: `huggingface-cli download ...` with the same arguments), copy the folder here "
-    "and pass its path: load_benchmark('fineweb-posq:./FineWeb-PosQ') or load_fineweb_posq(source=...)."
+    "and pass the folder: --dataset fineweb-posq:./FineWeb-PosQ (load_benchmark('fineweb-posq:./FineWeb-PosQ')). "
+    "Older huggingface_hub: `huggingface-cli download` with the same arguments."
 )
 
 
@@ -148,6 +150,19 @@ def split_by_passage(dataset: PositionalDataset, part: str, holdout_fraction: fl
     heldout = set(passages[: round(holdout_fraction * len(passages))])
     qids = [qid for qid, judged in dataset.qrels.items() if (not heldout.isdisjoint(judged)) == (part == "heldout")]
     return dataset.subset(qids, name=f"{dataset.name}-{part}")
+
+
+def check_available(source: str | Path | None = None) -> None:
+    """Fail at once, reading nothing, when FineWeb-PosQ cannot be had from here (a local copy, the local Hugging
+    Face cache, or a reachable Hub), so a run that needs it stops before any other work."""
+    if source is not None and str(source) != HUB_ID:
+        if not Path(source).exists():
+            raise FileNotFoundError(f"FineWeb-PosQ source {source} does not exist; pass a local file or folder, or no source for the Hub")
+        return
+    if cached_snapshot(HUB_ID) is None and (offline_mode() or not hub_reachable()):
+        raise DatasetUnavailableError(
+            f"dataset {HUB_ID!r} is not in the local Hugging Face cache and the hub cannot be reached from here. {DOWNLOAD_HINT}"
+        )
 
 
 def read_rows(source: str | Path | None, cache_dir: str | None) -> datasets.Dataset:

@@ -2,10 +2,15 @@
 
 Why the buckets: PosIR separates position bias from length-induced degradation by comparing positions only
 among documents of similar length. Each query is put in a length quartile by its positive document's token
-length, Q1 <= 512 < Q2 <= 1024 < Q3 <= 1536 < Q4, and within it in a third by where its reference span sits:
-the span's character midpoint over the document's character length (`tuner.data.dataset.span_third`), the
-same relative position PosIR's own analysis uses. Groups are labelled "Q1/begin" ... "Q4/end" and
-`strata[qid]` is the quartile, so HM and PSI are computed within each quartile.
+length, Q1 <= 512 < Q2 <= 1024 < Q3 <= 1536 < Q4, and in a third by where its reference span sits: the
+span's character midpoint over the document's character length (`tuner.data.dataset.span_third`), the same
+relative position PosIR's own analysis (ndcg_PSI_analysis.py) uses. The third is the query's group
+("begin" / "middle" / "end") and the quartile its stratum (`strata[qid]`), so HM and PSI compare the thirds
+within each quartile and are then averaged over quartiles (`objectives.metrics`).
+
+A quartile whose queries do not cover all three thirds has no defined HM or PSI; its queries are left out
+of the position statistics (no group, no stratum; a warning names the quartile) and still count for
+aggregate nDCG@10 and Recall@10.
 
 Expected layout of one dataset folder (the benchmark's `<language>/<domain>/`), all parquet:
 
@@ -69,11 +74,6 @@ def length_quartile(token_length: int) -> str:
     return QUARTILES[-1]
 
 
-def group_label(quartile: str, third: str) -> str:
-    """The group name of a third within a quartile, e.g. "Q2/end"."""
-    return f"{quartile}/{third}"
-
-
 def read_columns(path: Path, columns: dict[str, str | None]) -> dict[str, list[Any]]:
     """Layout field -> column values of a parquet file; a missing column names the file and the override."""
     import pyarrow.parquet as pq
@@ -93,14 +93,13 @@ def read_columns(path: Path, columns: dict[str, str | None]) -> dict[str, list[A
 
 
 def position_group(span: Any, char_length: Any, token_length: Any) -> tuple[str, str] | None:
-    """(quartile, group label) of one query, or None when its span or lengths cannot place it."""
+    """(quartile, third) of one query, or None when its span or lengths cannot place it."""
     if span is None or char_length is None or token_length is None or len(span) != 2:
         return None
     start, end = span
     if start is None or end is None or char_length <= 0 or token_length <= 0 or start < 0 or end < start:
         return None
-    quartile = length_quartile(int(token_length))
-    return quartile, group_label(quartile, span_third(int(start), int(end), int(char_length)))
+    return length_quartile(int(token_length)), span_third(int(start), int(end), int(char_length))
 
 
 def _read_qrels(path: Path, layout: PosIRLayout) -> dict[str, dict[str, int]]:
@@ -147,8 +146,7 @@ def load_posir(
         judged = {qid: {str(doc): 1} for qid, doc in zip(qids, rows["relevant_doc"], strict=True) if doc is not None}
     queries: dict[str, str] = {}
     qrels: dict[str, dict[str, int]] = {}
-    groups: dict[str, tuple[str, ...]] = {}
-    strata: dict[str, str] = {}
+    placed: dict[str, tuple[str, str]] = {}  # qid -> (quartile, third)
     dropped = 0
     for index, qid in enumerate(qids):
         relevant = judged.get(qid, {})
@@ -158,24 +156,42 @@ def load_posir(
         queries[qid] = str(rows["query_text"][index])
         qrels[qid] = relevant
         char_length = rows["char_length"][index] if layout.char_length else _relevant_length(relevant, corpus)
-        placed = position_group(rows["span"][index], char_length, rows["token_length"][index])
-        if placed is not None:
-            strata[qid], label = placed
-            groups[qid] = (label,)
+        position = position_group(rows["span"][index], char_length, rows["token_length"][index])
+        if position is not None:
+            placed[qid] = position
     if dropped:
         warnings.warn(f"PosIR {folder}: dropped {dropped} queries without a relevant document in qrels", stacklevel=2)
-
-    present = {label for labels in groups.values() for label in labels}
-    order = tuple(group_label(q, t) for q in QUARTILES for t in THIRDS if group_label(q, t) in present)
+    groups, strata = comparable_positions(placed, folder)
     return PositionalDataset(
         name=name or f"posir:{folder.resolve().parent.name}/{folder.resolve().name}",
         corpus=corpus,
         queries=queries,
         qrels=qrels,
         groups=groups,
-        group_order=order,
+        group_order=THIRDS if groups else (),  # a kept quartile holds all three thirds
         strata=strata,
     )
+
+
+def comparable_positions(
+    placed: dict[str, tuple[str, str]], where: Path | str
+) -> tuple[dict[str, tuple[str, ...]], dict[str, str]]:
+    """Groups (thirds) and strata (quartiles) of the placed queries whose quartile covers all three thirds."""
+    thirds_of: dict[str, set[str]] = {}
+    for quartile, third in placed.values():
+        thirds_of.setdefault(quartile, set()).add(third)
+    incomplete = {q: sorted(set(THIRDS) - found, key=THIRDS.index) for q, found in thirds_of.items() if found != set(THIRDS)}
+    if incomplete:
+        counts = {q: sum(1 for quartile, _ in placed.values() if quartile == q) for q in incomplete}
+        detail = "; ".join(f"{q}: {counts[q]} queries, none in {'/'.join(missing)}" for q, missing in sorted(incomplete.items()))
+        left = sorted(set(thirds_of) - set(incomplete))
+        warnings.warn(
+            f"PosIR {where}: length quartile(s) without a query in every third ({detail}) are left out of HM and PSI; "
+            + (f"position metrics use {', '.join(left)}" if left else "no quartile is complete, so HM and PSI are undefined"),
+            stacklevel=3,
+        )
+    kept = {qid: position for qid, position in placed.items() if position[0] not in incomplete}
+    return {qid: (third,) for qid, (_, third) in kept.items()}, {qid: quartile for qid, (quartile, _) in kept.items()}
 
 
 def _relevant_length(relevant: dict[str, int], corpus: dict[str, str]) -> int | None:

@@ -9,6 +9,7 @@ from typing import Any
 
 from tuner.data.beir import load_beir
 from tuner.data.dataset import PositionalDataset
+from tuner.data.fineweb_posq import check_available as check_fineweb_posq
 from tuner.data.fineweb_posq import load_fineweb_posq
 from tuner.data.jsonl import CORPUS_FILE, QUERIES_FILE, find_file, load_jsonl
 from tuner.data.posir import PosIRLayout, load_posir
@@ -53,6 +54,16 @@ def detect_format(folder: Path) -> str | None:
     if find_file(folder, CORPUS_FILE) and find_file(folder, QUERIES_FILE):
         return "jsonl"
     return None
+
+
+def check_available(name_or_path: str) -> None:
+    """Raise at once if a benchmark that lives outside posfair (FineWeb-PosQ) cannot be had from here.
+
+    The other benchmarks are embedded or read from a local path, and their loaders fail fast on their own.
+    """
+    prefix, colon, path = name_or_path.partition(":")
+    if prefix == "fineweb-posq":
+        check_fineweb_posq(path if colon else None)
 
 
 def load_benchmark(name_or_path: str, **options: Any) -> PositionalDataset:

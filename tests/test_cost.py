@@ -1,0 +1,51 @@
+"""The cost estimate printed before a study: tokens to encode, priced by a timed probe."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.tiny import WORDS, save_tiny
+from tuner.cost import Probe, StudyCost, duration
+from tuner.data import PositionalDataset
+from tuner.evaluation import Evaluator
+from tuner.models import load_model
+from tuner.tune import estimate_cost
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_the_study_is_the_baseline_the_trials_and_what_is_encoded_once() -> None:
+    cost = StudyCost(Probe("cpu", rows=4, length=1000, seconds=2.0), passages=100, corpus_tokens=100_000, truncated=3,
+                     max_length=1000, per_trial_tokens=10_000, once_tokens=20_000)
+    assert cost.probe.seconds_per_token == 2.0 / 4000
+    assert cost.trial_seconds == pytest.approx(110_000 / 2000)  # 55 s
+    assert cost.study_seconds(3) == pytest.approx((20_000 + 100_000) / 2000 + 3 * 55)  # 225 s
+    lines = cost.describe(trials=3, default_trials=16)
+    assert "a probe of 4 passages × 1,000 tokens took 2.00 s (500 µs per token)" in lines[0]
+    assert lines[1] == "corpus: 100 passages, 100,000 padded tokens (3 truncated at 1,000 tokens); one encode ≈ 50 s"
+    assert lines[2] == ("one trial ≈ 55 s; this study (3 trials, with the baseline and the final scoring) ≈ 4 min; "
+                        f"the default 16 trials ≈ {duration(60 + 16 * 55)}")
+    assert len(lines) == 3, "under an hour: no advice"
+    slow = StudyCost(Probe("cpu", 4, 1000, 200.0), 100, 100_000, 0, 1000, 0, 0)
+    assert "run it on a GPU, with fewer --trials, or on --dataset wikipos-dev" in slow.describe(16, 16)[-1]
+
+
+def test_the_estimate_counts_the_corpus_batches_queries_and_a_held_out_corpus(tmp_path) -> None:
+    model = load_model(str(save_tiny("bert", tmp_path / "bert")), pooling="cls")
+
+    def dataset(name: str, lengths: list[int], queries: int) -> PositionalDataset:
+        corpus = {f"{name}{i}": " ".join(WORDS[:n]) for i, n in enumerate(lengths)}
+        return PositionalDataset(name, corpus, {f"q{name}{i}": "w1 w2 w3" for i in range(queries)},
+                                 {f"q{name}{i}": {f"{name}0": 1} for i in range(queries)})
+
+    tuning, heldout = dataset("t", [40, 30, 10], 2), dataset("h", [20, 20], 3)
+    evaluator = Evaluator(model, tuning, batch_size=2, disk_cache=False)
+    cost = estimate_cost(evaluator, heldout, None, profile_docs=1)
+    # Batches, long first, two a batch, [CLS] and [SEP] added: (42, 32) padded to 42, then (12): 2·42 + 12.
+    assert cost.corpus_tokens == 96 and cost.passages == 3 and cost.truncated == 0
+    assert cost.per_trial_tokens == 96 * 1 // 3, "one profile passage of the average padded length"
+    # Queries of both parts (5 × 5 tokens) and the held-out corpus's three scorings (3 × 2 × 22).
+    assert cost.once_tokens == 5 * 5 + 3 * 44
+    assert cost.probe.rows == 2 and cost.probe.length == 42 and cost.probe.seconds > 0
+    same_corpus = PositionalDataset("h", tuning.corpus, heldout.queries, {q: {"t0": 1} for q in heldout.queries})
+    assert estimate_cost(evaluator, same_corpus, None, profile_docs=1).once_tokens == 25, "FineWeb-PosQ's parts share it"

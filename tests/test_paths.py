@@ -1,0 +1,423 @@
+"""Every real path end to end, as users run it: the `tune` command line, the registry's aliases, a Hugging Face
+cache in the hub's own layout, and benchmarks in their real layouts (all built by tests/hub.py, offline).
+
+Each run's figures are checked against numbers computed here without posfair's encoder, retrieval or
+metrics: vectors from transformers' own SDPA one text at a time (and, for calibrated documents, from the
+plain full-matrix oracle `tuner/calibration/reference.py`), ranks from a dot product, nDCG@10 = 1/log2(rank+1)
+for the one relevant document, groups and strata as the fixtures were built. The tiny models are random,
+so the ranking is whatever they give, and these computations make it known.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import random
+from pathlib import Path
+
+import numpy as np
+import optuna
+import pytest
+import torch
+import yaml
+from mlflow.tracking import MlflowClient
+from transformers import AutoModel, AutoTokenizer
+
+from tests.hub import (
+    BGE_M3,
+    GTE_MULTILINGUAL,
+    QWEN3_EMBEDDING,
+    FakeHub,
+    Passage,
+    add_repo,
+    fineweb_posq_rows,
+    passages,
+    run_tune,
+    tune_here,
+    use_in_this_process,
+    write_beir,
+    write_fineweb_posq,
+    write_posir,
+)
+from tests.tiny import WORDS, save_tiny
+from tuner.calibration import CalibrationConfig, calibrating
+from tuner.calibration.reference import register_reference
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]  # tiny models: threads only contend
+
+# Qwen3-Embedding's model card: queries carry this instruction, documents nothing.
+QWEN3_QUERY = "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:"
+THIRDS = ("begin", "middle", "end")
+
+
+# ------------------------------------------------------------------------------------- reference figures
+
+
+@functools.cache
+def reference(snapshot: Path, pooling: str) -> Reference:
+    return Reference(snapshot, pooling)
+
+
+class Reference:
+    """One model's vectors without posfair: plain SDPA (or the oracle, for a calibration), one text at a time."""
+
+    def __init__(self, snapshot: Path, pooling: str) -> None:
+        self.tokenizer = AutoTokenizer.from_pretrained(snapshot)
+        self.plain = AutoModel.from_pretrained(snapshot, attn_implementation="sdpa").eval()
+        self.oracle = AutoModel.from_pretrained(snapshot, attn_implementation=register_reference()).eval()
+        self.pooling = pooling
+
+    def encode(self, texts: list[str], config: CalibrationConfig | None = None, prompt: str = "") -> np.ndarray:
+        return np.stack([self.vector(text, config.model_dump_json() if config else None, prompt) for text in texts])
+
+    @functools.lru_cache(maxsize=None)
+    def vector(self, text: str, config_json: str | None, prompt: str) -> np.ndarray:
+        batch = self.tokenizer([prompt + text], return_tensors="pt")
+        with torch.inference_mode():
+            if config_json is None:
+                hidden = self.plain(**batch).last_hidden_state[0]
+            else:
+                config = CalibrationConfig.model_validate_json(config_json)
+                with calibrating(config.resolve(self.plain.config.num_hidden_layers)):
+                    hidden = self.oracle(**batch).last_hidden_state[0]
+        pooled = hidden[0] if self.pooling == "cls" else hidden[-1]  # no padding: the last token is the last row
+        return torch.nn.functional.normalize(pooled.double(), dim=-1).numpy()
+
+
+def ndcg10(queries: np.ndarray, documents: np.ndarray, doc_ids: list[str], relevant: list[str]) -> list[float]:
+    """nDCG@10 of each query's one relevant document: 1/log2(rank + 1) within the top 10, else 0.
+
+    The relevant document's score must stand clear of every other (1e-5, far above the 1e-6 the engine may
+    differ from the oracle by), so that the rank is a fact of the fixture and not of rounding.
+    """
+    scores = queries @ documents.T
+    gains = []
+    for row, doc in zip(scores, relevant):
+        target = row[doc_ids.index(doc)]
+        others = np.delete(row, doc_ids.index(doc))
+        assert np.abs(others - target).min() > 1e-5, "a near-tie in the fixture: change its seed"
+        rank = 1 + int((others > target).sum())
+        gains.append(1 / math.log2(rank + 1) if rank <= 10 else 0.0)
+    return gains
+
+
+def figures(gains: dict[str, float], groups: dict[str, str], strata: dict[str, str] | None = None) -> dict[str, float]:
+    """What PositionReport.as_dict should say: per-group nDCG@10 and counts, HM and PSI (means over strata)."""
+    def within(qids: list[str]) -> tuple[dict[str, float], dict[str, int]]:
+        members = {g: [gains[q] for q in qids if groups.get(q) == g] for g in THIRDS}
+        return {g: sum(v) / len(v) for g, v in members.items()}, {g: len(v) for g, v in members.items()}
+
+    placed = [q for q in gains if q in groups]
+    pooled, counts = within(placed)
+    out = {"ndcg10": sum(gains.values()) / len(gains), "n_queries": len(gains)}
+    out |= {f"ndcg10_{g}": pooled[g] for g in THIRDS} | {f"n_{g}": counts[g] for g in THIRDS}
+    hms, psis = [], []
+    for stratum in sorted(set((strata or {}).values())) or [None]:
+        means, counts = within([q for q in placed if strata is None or strata.get(q) == stratum])
+        hm = 3 / sum(1 / v if v else math.inf for v in means.values())
+        psi = 1 - min(means.values()) / max(means.values())
+        hms.append(hm)
+        psis.append(psi)
+        if stratum is not None:
+            out |= {f"{stratum}/hm": hm, f"{stratum}/psi": psi} | {f"{stratum}/n_{g}": counts[g] for g in THIRDS}
+    return out | {"hm": sum(hms) / len(hms), "psi": sum(psis) / len(psis)}
+
+
+def assert_figures(logged: dict[str, float], expected: dict[str, float], what: str) -> None:
+    wrong = {k: (logged.get(k), v) for k, v in expected.items() if logged.get(k) is None or abs(logged[k] - v) > 1e-6}
+    assert not wrong, f"{what}: logged vs expected {wrong}"
+
+
+def succeeded(result) -> str:
+    assert result.returncode == 0, f"exit {result.returncode}\nstdout:\n{result.stdout[-3000:]}\nstderr:\n{result.stderr[-6000:]}"
+    return " ".join((result.stdout + result.stderr).split())
+
+
+def space_file(folder: Path, name: str, **values: object) -> Path:
+    path = folder / name
+    path.write_text(yaml.safe_dump(values), encoding="utf-8")
+    return path
+
+
+# ------------------------------------------------------------------------------------------------ the hub
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory: pytest.TempPathFactory) -> FakeHub:
+    hub = FakeHub(tmp_path_factory.mktemp("paths"))
+    hub.add_model(BGE_M3, "xlmr")
+    hub.add_model(QWEN3_EMBEDDING, "qwen3")
+    hub.add_model(GTE_MULTILINGUAL, "xlmr", remote_code=True)
+    return hub
+
+
+@pytest.fixture(scope="module")
+def general_set(hub: FakeHub) -> tuple[Path, dict[str, str], dict[str, tuple[str, str]]]:
+    """A small BEIR folder: short documents, each asked for by its first words."""
+    rng = random.Random(5)
+    corpus = {f"g{i}": " ".join(rng.choice(WORDS) for _ in range(rng.randint(12, 20))) for i in range(8)}
+    queries = {f"gq{i}": (" ".join(text.split()[:4]), doc) for i, (doc, text) in enumerate(corpus.items())}
+    return write_beir(hub.root / "beir-general", corpus, queries), corpus, queries
+
+
+@pytest.fixture()
+def this_process_on_the_hub(hub: FakeHub, monkeypatch: pytest.MonkeyPatch) -> FakeHub:
+    return use_in_this_process(hub, monkeypatch)
+
+
+def test_a_hub_model_records_its_commit_and_truncates_at_its_own_positions(this_process_on_the_hub: FakeHub) -> None:
+    from tuner.encoder import CalibratedEncoder
+    from tuner.models import load_model
+
+    loaded = load_model("bge-m3")
+    assert loaded.revision == this_process_on_the_hub.revisions[BGE_M3], "the snapshot's commit, not 'local'"
+    assert loaded.max_length == 256, "a table of 258 positions, of which XLM-R's numbering skips the first two"
+    encoder = CalibratedEncoder(loaded)
+    encoder.encode([" ".join(WORDS[:40] * 10)])  # 400 words: would index past the table without truncation
+    assert encoder.truncated == 1
+
+
+# --------------------------------------------------------------------- bge-m3 on FineWeb-PosQ, then encode
+
+
+@pytest.fixture(scope="module")
+def bge_m3_run(hub: FakeHub, general_set) -> dict:
+    """`tune --model bge-m3 --dataset fineweb-posq:<local copy> --trials 3`, with --general and no drop limit."""
+    corpus = passages(16, 90, 150, seed=1)
+    distractors = [p.text for p in passages(3, 90, 150, seed=2)]
+    local = write_fineweb_posq(hub.root / "FineWeb-PosQ", fineweb_posq_rows(corpus, distractors))
+    work = hub.root / "bge-m3"
+    space = space_file(hub.root, "bge-space.yaml", basket_sizes=[32, 64])
+    result = run_tune(
+        hub, "--model", "bge-m3", "--dataset", f"fineweb-posq:{local}", "--trials", "3",
+        "--general", f"beir:{general_set[0]}", "--hm-floor=-50%", "--space", str(space), "--bootstrap", "50",
+        "--output", str(work / "best.yaml"), "--tracking-uri", hub.tracking_uri, cwd=work,
+    )
+    return {"result": result, "work": work, "corpus": corpus, "distractors": distractors, "local": local}
+
+
+def test_tune_bge_m3_on_fineweb_posq_scores_as_computed_independently(hub: FakeHub, bge_m3_run: dict) -> None:
+    from tuner.data import load_benchmark
+
+    output = succeeded(bge_m3_run["result"])
+    exported = yaml.safe_load((bge_m3_run["work"] / "best.yaml").read_text(encoding="utf-8"))
+    assert exported["model"]["source"] == BGE_M3 and exported["model"]["revision"] == hub.revisions[BGE_M3]
+    assert exported["provenance"]["dataset"] == "fineweb-posq-tune" and "exported config" in output
+
+    model = reference(hub.snapshot(BGE_M3), "cls")
+    corpus = bge_m3_run["corpus"]
+    texts = sorted({p.text for p in corpus} | set(bge_m3_run["distractors"]))  # the authors' passage ids: sorted text
+    doc_ids = [f"d{i:02d}" for i in range(len(texts))]
+    of_question = {q: (p.text, third) for p in corpus for q, third in zip(p.questions, THIRDS)}
+    calibration = CalibrationConfig(**exported["calibration"])
+    assert calibration.strength > 0, "the fixture should make a calibrated config win; else the oracle check is void"
+    documents = {None: model.encode(texts), "winner": model.encode(texts, calibration)}
+    for part, prefix in (("tune", "tuning"), ("heldout", "heldout")):
+        dataset = load_benchmark(f"fineweb-posq:{bge_m3_run['local']}", part=part,  # which passages: the loader's split
+                                 cache_dir=str(hub.root / "datasets-cache"))
+        questions = list(dataset.queries.values())
+        assert len(questions) == 24, "8 of 16 passages per part, 3 questions each"
+        queries = model.encode(questions)
+        relevant = [doc_ids[texts.index(of_question[q][0])] for q in questions]
+        groups = {q: of_question[q][1] for q in questions}
+        for key, docs in documents.items():
+            gains = dict(zip(questions, ndcg10(queries, docs, doc_ids, relevant)))
+            expected = figures(gains, groups) | {"n_begin": 8, "n_middle": 8, "n_end": 8}
+            assert_figures(exported["metrics"][prefix if key else f"{prefix}_baseline"], expected, f"{prefix} {key}")
+
+
+def test_general_alone_is_a_reported_check_not_a_constraint(hub: FakeHub, bge_m3_run: dict, general_set) -> None:
+    """`--general X` without `--max-general-drop`: trials log the general nDCG@10 change; only the HM floor constrains."""
+    succeeded(bge_m3_run["result"])
+    work = bge_m3_run["work"]
+    study = optuna.load_study(study_name=optuna.get_all_study_names(f"sqlite:///{work / 'mlruns/optuna.db'}")[0],
+                              storage=f"sqlite:///{work / 'mlruns/optuna.db'}")
+    trials = study.trials
+    assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE] * 3
+    assert all(list(t.constraints) == ["hm_floor"] for t in trials)
+    client = MlflowClient(hub.tracking_uri)
+    runs = client.search_runs([client.get_experiment_by_name("posfair").experiment_id],
+                              f"tags.`posfair.role` = 'trial' and tags.`posfair.study` = '{study.study_name}'")
+    assert len(runs) == 3 and all(math.isfinite(r.data.metrics["general_ndcg10_delta"]) for r in runs)
+
+
+def test_tune_encode_and_from_yaml_give_the_oracle_calibrated_vectors(this_process_on_the_hub: FakeHub, bge_m3_run: dict) -> None:
+    from tuner.encoder import CalibratedEncoder
+
+    hub = this_process_on_the_hub
+    succeeded(bge_m3_run["result"])
+    work, texts = bge_m3_run["work"], [p.text for p in bge_m3_run["corpus"]]
+    (work / "docs.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
+    tune_here("encode", "--config", str(work / "best.yaml"), "--input", str(work / "docs.jsonl"), "--output", str(work / "docs.npy"))
+    from_cli = np.load(work / "docs.npy")
+
+    encoder = CalibratedEncoder.from_yaml(work / "best.yaml")
+    assert encoder.model.revision == hub.revisions[BGE_M3]
+    assert np.array_equal(encoder.encode(texts), from_cli)
+    exported = yaml.safe_load((work / "best.yaml").read_text(encoding="utf-8"))
+    oracle = reference(hub.snapshot(BGE_M3), "cls").encode(texts, CalibrationConfig(**exported["calibration"]))
+    assert np.abs(from_cli - oracle).max() < 1e-5
+    assert np.abs(from_cli - reference(hub.snapshot(BGE_M3), "cls").encode(texts)).max() > 1e-4, "calibration acted"
+
+
+# ----------------------------------------------------------------------------- Qwen3-Embedding on PosIR
+
+
+def posir_fixture(folder: Path) -> tuple[Path, dict[str, str], list[dict]]:
+    """Twelve documents whose lengths make batches of two both unpadded (equal lengths) and padded.
+
+    Word counts (one token each, plus Qwen3's end-of-text) sorted long first, in pairs: (60, 60) (54, 48)
+    (48, 42) (36, 36) (30, 27) (24, 24). The first six documents are declared 300 tokens long (PosIR
+    quartile Q1), the others 800 (Q2); every document gets a question for each third but one, so both
+    quartiles hold all three thirds; one query has no span (aggregate nDCG only).
+    """
+    rng = random.Random(7)
+    sizes = [60, 60, 54, 48, 48, 42, 36, 36, 30, 27, 24, 24]
+    corpus, queries = {}, []
+    for d, size in enumerate(sizes):
+        third = size // 3
+        parts = [" ".join(rng.choice(WORDS) for _ in range(third + (size - 3 * third if i == 2 else 0))) for i in range(3)]
+        passage = Passage(" ".join(parts), tuple(parts), tuple(" ".join(p.split()[:5]) for p in parts))  # type: ignore[arg-type]
+        doc = f"doc{d}"
+        corpus[doc] = passage.text
+        for t, label in enumerate(THIRDS):
+            if (d + t) % 4 == 3:
+                continue
+            queries.append({"_id": f"{doc}-{label}", "text": passage.questions[t], "doc": doc, "span": passage.span(t),
+                            "token_length": 300 if d < 6 else 800, "group": label})
+    queries.append({"_id": "nospan", "text": " ".join(corpus["doc5"].split()[3:8]), "doc": "doc5", "span": None,
+                    "token_length": 300, "group": None})
+    return write_posir(folder, corpus, queries), corpus, queries
+
+
+@pytest.fixture(scope="module")
+def qwen3_run(hub: FakeHub) -> dict:
+    folder, corpus, queries = posir_fixture(hub.root / "PosIR-Benchmark-v1" / "eng-Latn" / "demo")
+    work = hub.root / "qwen3"
+    space = space_file(hub.root, "qwen-space.yaml", basket_sizes=[8, 16])
+    result = run_tune(hub, "--model", "qwen3-embedding-0.6b", "--dataset", f"posir:{folder}", "--trials", "3",
+                      "--batch-size", "2", "--hm-floor=-50%", "--space", str(space), "--output", str(work / "best.yaml"),
+                      "--tracking-uri", hub.tracking_uri, cwd=work)
+    return {"result": result, "work": work, "folder": folder, "corpus": corpus, "queries": queries}
+
+
+def qwen3_expected(hub: FakeHub, run: dict, config: CalibrationConfig | None) -> dict[str, float]:
+    model = reference(hub.snapshot(QWEN3_EMBEDDING), "last")
+    doc_ids = list(run["corpus"])
+    documents = model.encode(list(run["corpus"].values()), config)
+    queries = run["queries"]
+    vectors = model.encode([q["text"] for q in queries], prompt=QWEN3_QUERY)
+    gains = dict(zip([q["_id"] for q in queries], ndcg10(vectors, documents, doc_ids, [q["doc"] for q in queries])))
+    groups = {q["_id"]: q["group"] for q in queries if q["group"]}
+    strata = {q["_id"]: "Q1" if q["token_length"] == 300 else "Q2" for q in queries if q["group"]}
+    return figures(gains, groups, strata)
+
+
+def test_tune_qwen3_on_posir_with_padded_and_unpadded_batches(hub: FakeHub, qwen3_run: dict) -> None:
+    succeeded(qwen3_run["result"])
+    exported = yaml.safe_load((qwen3_run["work"] / "best.yaml").read_text(encoding="utf-8"))
+    assert exported["model"]["source"] == QWEN3_EMBEDDING and exported["model"]["padding_side"] == "left"
+    winner = CalibrationConfig(**exported["calibration"])
+    assert winner.strength > 0 and winner.pooling == "last"
+    baseline = qwen3_expected(hub, qwen3_run, None)
+    assert {k: baseline[k] for k in ("n_begin", "n_middle", "n_end", "Q1/n_begin", "Q2/n_end")} == \
+        {"n_begin": 9, "n_middle": 9, "n_end": 9, "Q1/n_begin": 5, "Q2/n_end": 5}
+    assert baseline["n_queries"] == 28, "27 placed queries and one without a span"
+    assert_figures(exported["metrics"]["tuning_baseline"], baseline, "baseline")
+    assert_figures(exported["metrics"]["tuning"], qwen3_expected(hub, qwen3_run, winner), "winner (oracle)")
+
+
+def test_tune_evaluate_qwen3_on_posir(this_process_on_the_hub: FakeHub, qwen3_run: dict) -> None:
+    hub = this_process_on_the_hub
+    succeeded(qwen3_run["result"])
+    work = qwen3_run["work"]
+    output = tune_here(
+        "evaluate", "--model", "qwen3-embedding-0.6b", "--dataset", f"posir:{qwen3_run['folder']}",
+        "--config", str(work / "best.yaml"), "--no-sea", "--general", "", "--no-shuffled", "--bootstrap", "20",
+        "--json", str(work / "evaluate.json"),
+    )
+    assert "No calibration" in output
+    table = json.loads((work / "evaluate.json").read_text(encoding="utf-8"))
+    rows = {row["name"]: row["metrics"] for row in table["rows"]}
+    assert table["group_order"] == list(THIRDS)
+    assert_figures(rows["No calibration"], qwen3_expected(hub, qwen3_run, None), "evaluate: no calibration")
+    winner = CalibrationConfig(**yaml.safe_load((work / "best.yaml").read_text(encoding="utf-8"))["calibration"])
+    exported_row = next(name for name in rows if name.startswith("best.yaml"))
+    assert_figures(rows[exported_row], qwen3_expected(hub, qwen3_run, winner), "evaluate: exported config")
+
+
+# ------------------------------------------------------------------------------- tune evaluate: beir, jsonl
+
+
+def test_tune_evaluate_on_a_jsonl_folder_and_a_beir_general_set(this_process_on_the_hub: FakeHub, general_set) -> None:
+    """Positions from character spans (jsonl) and general retrieval (BEIR), with bge-m3."""
+    hub = this_process_on_the_hub
+    rng = random.Random(11)
+    folder = hub.root / "own-jsonl"
+    folder.mkdir()
+    corpus, queries = {}, []
+    for d in range(6):
+        made = passages(1, 30, 45, seed=100 + d)[0]
+        corpus[f"p{d}"] = made.text
+        for t, label in enumerate(THIRDS):
+            queries.append({"id": f"p{d}-{label}", "text": made.questions[t], "relevant": [f"p{d}"], "span": list(made.span(t))})
+    rng.shuffle(queries)
+    (folder / "corpus.jsonl").write_text("".join(json.dumps({"id": k, "text": v}) + "\n" for k, v in corpus.items()))
+    (folder / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries))
+    work = hub.root / "evaluate"
+    work.mkdir()
+    tune_here("evaluate", "--model", "bge-m3", "--dataset", f"jsonl:{folder}", "--general", f"beir:{general_set[0]}",
+              "--no-sea", "--no-shuffled", "--bootstrap", "20", "--json", str(work / "evaluate.json"))
+    table = json.loads((work / "evaluate.json").read_text(encoding="utf-8"))
+    model = reference(hub.snapshot(BGE_M3), "cls")
+    documents = model.encode(list(corpus.values()))
+    vectors = model.encode([q["text"] for q in queries])
+    gains = dict(zip([q["id"] for q in queries], ndcg10(vectors, documents, list(corpus), [q["relevant"][0] for q in queries])))
+    expected = figures(gains, {q["id"]: q["id"].split("-")[1] for q in queries}) | {"n_begin": 6, "n_middle": 6, "n_end": 6}
+    assert_figures(table["rows"][0]["metrics"], expected, "jsonl: no calibration")
+
+    _, general_corpus, general_queries = general_set
+    general_docs = model.encode(list(general_corpus.values()))
+    general_gains = ndcg10(model.encode([t for t, _ in general_queries.values()]), general_docs, list(general_corpus),
+                           [d for _, d in general_queries.values()])
+    assert table["general"]["dataset"] == "beir:beir-general"
+    assert table["general"]["rows"][0]["original"]["ndcg10"] == pytest.approx(sum(general_gains) / 8, abs=1e-6)
+
+
+# ------------------------------------------------------------------ tune export: revision, remote code, MLflow
+
+
+def test_tune_export_restores_revision_and_remote_code_and_logs_where_asked(this_process_on_the_hub: FakeHub) -> None:
+    """A study of a remote-code model (under gte-multilingual-base's id) re-exported after the hub moved on."""
+    hub = this_process_on_the_hub
+    from tests.test_study import write_dataset
+
+    data = write_dataset(hub.root / "gte-data", docs=8)
+    work = hub.root / "gte"
+    tuned_revision = hub.revisions[GTE_MULTILINGUAL]
+    storage = f"sqlite:///{work / 'optuna.db'}"
+    succeeded(run_tune(
+        hub, "--model", "gte-multilingual-base", "--trust-remote-code", "--dataset", f"jsonl:{data}", "--trials", "2",
+        "--hm-floor=-50%", "--space", str(space_file(hub.root, "gte-space.yaml", basket_sizes=[16, 32])),
+        "--storage", storage, "--tracking-uri", hub.tracking_uri, "--study-name", "gte",
+        "--output", str(work / "tuned.yaml"), cwd=work,
+    ))
+    # The hub moves on: a new commit on main, which a re-export must not pick up.
+    moved = save_tiny("xlmr", hub.root / "gte-next", layers=3, initializer_range=0.5)
+    (moved / "README.md").write_text("a newer revision\n", encoding="utf-8")
+    add_repo(hub.cache, GTE_MULTILINGUAL, moved)
+
+    output = tune_here("export", "--study-name", "gte", "--storage", storage, "--tracking-uri",
+                       f"sqlite:///{work / 'exports.db'}", "--output", str(work / "again.yaml"))
+    again = yaml.safe_load((work / "again.yaml").read_text(encoding="utf-8"))
+    tuned = yaml.safe_load((work / "tuned.yaml").read_text(encoding="utf-8"))
+    assert again["model"]["revision"] == tuned_revision and again["calibration"] == tuned["calibration"]
+    assert again["metrics"]["tuning"] == pytest.approx(tuned["metrics"]["tuning"]), "the same weights, re-scored"
+    assert str(work / "again.yaml") in output
+    client = MlflowClient(f"sqlite:///{work / 'exports.db'}")
+    experiment = client.get_experiment_by_name("posfair")
+    assert experiment is not None, "the export is logged to the store given by --tracking-uri"
+    [run] = client.search_runs([experiment.experiment_id], "tags.`posfair.study` = 'gte'")
+    assert run.data.tags["posfair.export"] == str(work / "again.yaml")
+    assert "again.yaml" in {a.path for a in client.list_artifacts(run.info.run_id)}
