@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tuner.data.build_wikipos import MAX_TOKENS, MIN_SEGMENTS, SEPARATOR, opening_sentence
-from tuner.data.dataset import FIFTHS, SLOT_THIRDS, slot_third, span_midpoint
+from tuner.data.dataset import FIFTHS, SLOT_THIRDS, THIRDS, slot_third, span_midpoint
 from tuner.data.wikipos import TRANSFER_SPLITS, load_wikipos, read_records, split_filename
 
 PACKAGED = Path(str(resources.files("tuner.data").joinpath("wikipos")))
@@ -56,9 +56,9 @@ def test_slot_third_by_hand():
 
 
 def test_transfer_sets_load_with_their_groups_and_positions():
-    sentences, mixed = (load_wikipos(split) for split in TRANSFER_SPLITS)
-    assert sentences.group_order == FIFTHS and mixed.group_order == SLOT_THIRDS
-    for dataset in (sentences, mixed):
+    sentences, mixed, lengths = (load_wikipos(split) for split in TRANSFER_SPLITS)
+    assert (sentences.group_order, mixed.group_order, lengths.group_order) == (FIFTHS, SLOT_THIRDS, THIRDS)
+    for dataset in (sentences, mixed, lengths):
         assert set(dataset.positions) == set(dataset.queries) == set(dataset.groups)
         assert min(dataset.group_sizes().values()) >= 250, "enough queries per group for a stable nDCG"
     record = records("sentences")[0]
@@ -66,23 +66,26 @@ def test_transfer_sets_load_with_their_groups_and_positions():
     assert sentences.positions[segment["query"]["id"]] == span_midpoint(*segment["span"], len(record["text"]))
 
 
-def test_passages_fill_the_same_budget_as_dev():
+def test_sentences_and_mixed_fill_dev_s_budget_and_lengths_spread_over_it():
     import statistics
 
-    from tuner.data.build_wikipos import minilm_token_counter
+    from tuner.data.build_wikipos import LENGTH_RANGE, minilm_token_counter
 
     count = minilm_token_counter()
-    for split in TRANSFER_SPLITS:
-        tokens = [n + 2 for n in count([r["text"] for r in records(split)])]
-        assert max(tokens) <= MAX_TOKENS
-        assert statistics.median(tokens) >= 480, f"{split}: as long as dev's passages, so as position-biased"
+    tokens = {split: [n + 2 for n in count([r["text"] for r in records(split)])] for split in TRANSFER_SPLITS}
+    assert max(max(t) for t in tokens.values()) <= MAX_TOKENS
+    for split in ("sentences", "mixed"):
+        assert statistics.median(tokens[split]) >= 480, f"{split}: as long as dev's passages, so as position-biased"
+    quartiles = statistics.quantiles(tokens["lengths"], n=4)
+    assert LENGTH_RANGE[0] <= min(tokens["lengths"])
+    assert quartiles[0] < 260 and quartiles[2] > 380, "a quarter of the passages below 260 tokens, a quarter above 380"
 
 
 @pytest.mark.skipif(not SOURCE.is_file(), reason=f"the WikiPos source {SOURCE} is absent")
 def test_segments_are_whole_summaries_or_their_opening_sentence_of_unused_articles():
     with gzip.open(SOURCE, "rt", encoding="utf-8") as handle:
         source = json.load(handle)
-    dev_titles = {s["title"] for r in records("dev") for s in r["segments"]}
+    dev_titles = {s["title"] for split in ("dev", "test", "general") for r in records(split) for s in r["segments"]}
     kinds = Counter()
     for split in TRANSFER_SPLITS:
         for record in records(split):
@@ -95,6 +98,7 @@ def test_segments_are_whole_summaries_or_their_opening_sentence_of_unused_articl
                 kinds[split, piece == summary] += 1
     assert kinds["sentences", True] < kinds["sentences", False] / 5  # opening sentences (a one-sentence summary is both)
     assert kinds["mixed", True] > 200 and kinds["mixed", False] > 200
+    assert kinds["lengths", False] == 0, "lengths keeps whole summaries"
 
 
 @pytest.mark.parametrize(

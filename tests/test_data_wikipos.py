@@ -101,8 +101,10 @@ def test_splits_share_no_passage_and_no_summary():
     assert titles["dev"].isdisjoint(titles["test"])
     assert titles["general"].isdisjoint(titles["dev"] | titles["test"])
     for one, other in itertools.combinations(SPLITS, 2):
+        if {one, other} <= set(TRANSFER_SPLITS) and "lengths" in (one, other):
+            continue  # lengths is drawn again from every unused summary (build_wikipos, step 8)
         assert titles[one].isdisjoint(titles[other]), f"{one} and {other} share a summary"
-    queries = [q for split in SPLITS for q in load_wikipos(split).queries.values()]
+    queries = [q for split in SPLITS if split != "lengths" for q in load_wikipos(split).queries.values()]
     assert len(queries) == len(set(q.casefold() for q in queries)), "every query text is unique"
 
 
@@ -112,7 +114,7 @@ def test_packaged_files_are_small_and_reproducible_gzip():
         data = (PACKAGED / split_filename(split)).read_bytes()
         assert data[4:8] == b"\0\0\0\0", "gzip mtime must be 0 so rebuilds are byte-identical"
         total += len(data)
-    assert total < 1_000_000
+    assert total < 2_000_000  # the package stays small: dev, test, general and the three transfer sets
     assert "CC BY-SA 4.0" in (PACKAGED / "ATTRIBUTION.md").read_text(encoding="utf-8")
 
 
