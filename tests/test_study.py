@@ -14,6 +14,7 @@ import optuna
 import pytest
 from mlflow.tracking import MlflowClient
 
+from tests.services import running_mlflow_server
 from tests.tiny import WORDS
 from tuner.calibration import CalibrationConfig, ConfigError
 from tuner.data import load_benchmark
@@ -205,52 +206,22 @@ def test_ctrl_c_stops_after_the_current_trial_and_a_rerun_completes(tmp_path: Pa
     assert [t.state for t in optuna.load_study(study_name="interrupt", storage=storage).trials] == [optuna.trial.TrialState.COMPLETE] * 5
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def test_a_real_mlflow_server_serves_the_trials_for_comparison(workspace: dict) -> None:
+def test_a_real_mlflow_server_serves_the_trials_for_comparison(workspace: dict, tmp_path: Path) -> None:
     """Start `mlflow server` on the study's store and read the runs back over its REST API."""
-    import subprocess
-    import sys
-    import time
-
     import requests
 
-    settings, port = workspace["settings"], free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", settings.tracking_uri,
-         "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    base = f"http://127.0.0.1:{port}/api/2.0/mlflow"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                experiment = requests.get(f"{base}/experiments/get-by-name", params={"experiment_name": "posfair"}, timeout=10)
-                if experiment.ok:
-                    break
-            except requests.ConnectionError:
-                pass
-            assert time.monotonic() < deadline, "mlflow server did not start"
-            time.sleep(0.5)
+    with running_mlflow_server(workspace["settings"].tracking_uri, tmp_path) as server:
+        base = f"{server.uri}/api/2.0/mlflow"
+        experiment = requests.get(f"{base}/experiments/get-by-name", params={"experiment_name": "posfair"}, timeout=10)
         experiment_id = experiment.json()["experiment"]["experiment_id"]
         found = requests.post(f"{base}/runs/search", json={
             "experiment_ids": [experiment_id], "filter": "tags.`posfair.role` = 'trial' and tags.`posfair.study` = 'tiny'",
             "max_results": 100}, timeout=10).json()["runs"]
-        assert len(found) >= 6
-        for run in found:
-            params = {p["key"] for p in run["data"]["params"]}
-            metrics = {m["key"] for m in run["data"]["metrics"]}
-            assert TRIAL_PARAMS <= params and {"hm", "psi"} <= metrics  # what parallel coordinates compare
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+    assert len(found) >= 6
+    for run in found:
+        params = {p["key"] for p in run["data"]["params"]}
+        metrics = {m["key"] for m in run["data"]["metrics"]}
+        assert TRIAL_PARAMS <= params and {"hm", "psi"} <= metrics  # what parallel coordinates compare
 
 
 def test_basket_sizes_no_passage_fills_leave_the_search(workspace: dict) -> None:
