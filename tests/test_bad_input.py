@@ -66,6 +66,7 @@ def encode_with(config: Path, folder: Path) -> str:
         ("calibration__layers", [99], "layers: [99] beyond the model's depth; allowed indices are 0..2"),
         ("calibration__variant", "cls_medium", "calibration.variant: Input should be 'uniform', 'cls_soft' or 'cls_hard'"),
         ("calibration__weight", 1.0, "calibration.weight: Input should be less than 1"),
+        ("calibration__basket_shares", "by_chance", "calibration.basket_shares: Input should be 'equal' or 'by_size'"),
         ("calibration__colour", "red", "calibration.colour: Extra inputs are not permitted"),
         ("calibration__strength", "strong", "calibration.strength: Input should be a valid number"),
         ("model__source", "BAAI/bge-m3", "this config was made for another model"),

@@ -22,11 +22,11 @@ from tuner.models import load_model
 from tuner.encoder import CalibratedEncoder
 from tuner.evaluation import Evaluator
 from tuner.export import load_exported
-from tuner.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, SearchSpace
+from tuner.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, SearchSpace, trial_basket_shares
 from tuner.study import open_study, run_trials, winner
 from tuner.tune import NoFeasibleTrialError, TuneSettings, tune
 
-TRIAL_PARAMS = {"strength", "depth", "basket_size", "variant", "layers"}
+TRIAL_PARAMS = {"strength", "depth", "basket_size", "variant", "layers", "basket_shares"}
 TRIAL_METRICS = {"ndcg10_begin", "ndcg10_middle", "ndcg10_end", "hm", "psi", "ndcg10", "recall10",
                  "constraint_hm", "feasible", "encode_seconds", "profile_first_bin_mass"}
 
@@ -111,7 +111,12 @@ def test_a_six_trial_study_logs_six_nested_runs_with_params_metrics_and_profiles
 def test_baseline_and_paper_default_are_the_first_trials(workspace: dict) -> None:
     study = optuna.load_study(study_name="tiny", storage=workspace["settings"].storage)
     assert study.trials[0].params == BASELINE_PARAMS
-    assert study.trials[1].params == PAPER_DEFAULT_PARAMS
+    assert study.trials[1].params == {"strength": 0.5, "depth": "50%", "basket_size": 128, "variant": "cls_soft"}
+    # the default space fixes by_size (no parameter); the paper's default calibrates as the paper does
+    assert PAPER_DEFAULT_PARAMS["basket_shares"] == trial_basket_shares(study.trials[1]) == "equal"
+    assert {trial_basket_shares(t) for t in study.trials[2:]} == {"by_size"}
+    runs = {int(r.data.tags["posfair.trial"]): r.data.params["basket_shares"] for r in trial_runs(workspace["settings"])}
+    assert runs[1] == "equal" and set(runs.values()) == {"equal", "by_size"}
 
 
 def test_the_export_loads_back_and_encodes_like_the_winning_trial(workspace: dict) -> None:
