@@ -1,4 +1,4 @@
-# Services for the concurrency test: PostgreSQL (Debian's package) on loopback and an MLflow tracking
+# Services for the concurrency and fault tests: PostgreSQL (Debian's package) on loopback and an MLflow tracking
 # server backed by it. Sourced by .ci/run; exports POSFAIR_TEST_POSTGRES and POSFAIR_TEST_MLFLOW.
 PG_PORT=54329
 MLFLOW_PORT=55001

@@ -9,7 +9,7 @@
 
 Run from the repository root:
 
-    .venv/bin/python -m benchmarks.overhead             # full run, ~23 min on 2 busy CPU cores
+    .venv/bin/python -m benchmarks.overhead             # full run, ~11 min on 2 idle CPU cores
     .venv/bin/python -m benchmarks.overhead --quick     # 512 tokens + MiniLM, one timed forward each
     .venv/bin/python -m benchmarks.overhead --profile   # torch.profiler table of one engine attention call
     .venv/bin/python -m benchmarks.overhead --noop      # only: λ = 0 and short passages vs SDPA (~3 min)

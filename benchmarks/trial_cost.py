@@ -183,8 +183,8 @@ def study_walls(model, dataset, args: argparse.Namespace, say: Callable[[str], N
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         study = open_study("trial-cost", f"sqlite:///{folder / 'optuna.db'}", seed=args.seed, pareto=False, identity={"k": 1})
-        for params in (BASELINE_PARAMS, PAPER_DEFAULT_PARAMS):
-            enqueue_once(study, params)
+        for reference in (BASELINE_PARAMS, PAPER_DEFAULT_PARAMS):
+            enqueue_once(study, *space.reference_trial(reference))
         run_trials(study, objective, args.trials)
     in_trials = sum(spent.values()) - sum(set_up.values())
     sampler = max(0.0, time.perf_counter() - began - in_trials)  # Optuna's own time (sampling, storage): both pay it

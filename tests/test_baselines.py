@@ -46,12 +46,32 @@ def test_chunks_cover_the_whole_text_within_the_cap(tiny: LoadedModel, text: str
     assert len(chunks) >= (token_count(tiny, text) + CHUNK_TOKENS - 1) // CHUNK_TOKENS
 
 
-def test_sea_is_the_normalised_mean_of_chunk_vectors(tiny: LoadedModel) -> None:
-    vectors, truncated = segment_embed_average(tiny, [LONG, SHORT], chunk_tokens=CHUNK_TOKENS, batch_size=4)
-    chunks = ModelChunker(tiny, chunk_tokens=CHUNK_TOKENS).chunk(LONG)
-    mean = CalibratedEncoder(tiny).encode(chunks).mean(axis=0)
+def plain_mean_pooled(model: LoadedModel, text: str) -> np.ndarray:
+    """The text's embedding straight from the transformer (no posfair encoder): mean over its tokens, L2-normalised."""
+    import torch
+
+    with torch.no_grad():
+        hidden = model.model(**model.tokenizer(text, return_tensors="pt")).last_hidden_state[0].double()
+    mean = hidden.mean(dim=0).numpy()
+    return mean / np.linalg.norm(mean)
+
+
+def words(first: int, count: int) -> str:
+    return " ".join(f"w{i}" for i in range(first, first + count))
+
+
+# Three sentences of 12, 12 and 7 tokens (the full stop is one token): no two fit one 12-token chunk,
+# so whatever the semantic chunker decides, the chunks are exactly the sentences.
+SENTENCES = [words(1, 11) + ". ", words(20, 11) + ". ", words(40, 6) + "."]
+
+
+def test_sea_is_the_normalised_mean_of_the_plain_chunk_vectors(tiny: LoadedModel) -> None:
+    assert [token_count(tiny, s) for s in SENTENCES] == [12, 12, 7]
+    vectors, truncated = segment_embed_average(tiny, ["".join(SENTENCES), SHORT], chunk_tokens=CHUNK_TOKENS, batch_size=4)
+    mean = np.mean([plain_mean_pooled(tiny, sentence) for sentence in SENTENCES], axis=0)
     assert truncated == 0
     assert np.abs(vectors[0] - mean / np.linalg.norm(mean)).max() < 1e-5
+    assert np.abs(vectors[1] - plain_mean_pooled(tiny, SHORT)).max() < 1e-5  # one chunk: the text's own vector
 
 
 def test_sea_vectors_are_normalised_aligned_and_differ_for_long_documents(tiny: LoadedModel) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import math
+import re
 from contextlib import redirect_stdout
 
 import pytest
@@ -69,11 +71,16 @@ def test_plan_reuses_plain_processes_for_the_mean_column() -> None:
     assert [c.title for c in plan(parse(["--quick"]))] == ["XLM-R cls 512×8", "MiniLM mean 512×16"]
 
 
-def test_profile_table_of_one_engine_call() -> None:
+def test_profile_table_is_of_one_calibrated_engine_call() -> None:
+    """Mean pooling calls SDPA's kernel once per content basket: 40 tokens less [CLS] and [SEP] in baskets of 8 is 5."""
     from benchmarks.overhead import profile_call
 
-    text = profile_call(tiny_case("engine", "mean"), rows=5)
-    assert "engine call" in text and "aten::" in text
+    case = tiny_case("engine", "mean")
+    text = profile_call(case, rows=100)
+    header = re.search(r"SDPA call ([0-9.]+) ms, engine call ([0-9.]+) ms", text)
+    assert header and float(header[2]) > 0
+    kernel_calls = [int(row[1]) for row in re.finditer(r"^\s*aten::_scaled_dot_product\S*\s.*?\s(\d+)\s+\[\[", text, re.M)]
+    assert sum(kernel_calls) == math.ceil((case.length - 2) / case.basket) == 5
 
 
 @pytest.mark.parametrize("pooling", ["cls", "mean"])

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
-from objectives.bootstrap import Interval, paired_bootstrap
+from objectives.bootstrap import Interval, PairedBootstrap, paired_bootstrap
 from objectives.metrics import PerQuery, evaluate
 from tuner.data.dataset import THIRDS, PositionalDataset
 
@@ -141,8 +143,21 @@ def test_interval_formats_signed_points_or_raw_values() -> None:
 
 
 def test_summary_reports_hm_and_ndcg_in_points_and_psi_raw() -> None:
+    # The README's "paper default" row: ΔHM +2.27 points, ΔPSI −0.107, ΔnDCG@10 +1.04 points.
+    result = PairedBootstrap(
+        ndcg10=Interval(0.0104, 0.0040, 0.0173), hm=Interval(0.0227, 0.0146, 0.0308),
+        psi=Interval(-0.107, -0.137, -0.082), groups={}, n_resamples=1000, n_undefined=0,
+    )
+    assert result.summary() == "ΔHM +2.27 [+1.46, +3.08], ΔPSI -0.107 [-0.137, -0.082], ΔnDCG@10 +1.04 [+0.40, +1.73]"
+
+
+def test_summary_of_a_real_bootstrap_carries_its_intervals() -> None:
     result = paired_bootstrap(per_query(BASELINE_RANKS), per_query(BETTER_RANKS), n_resamples=100)
     assert result.hm is not None and result.psi is not None
-    assert result.summary() == (
-        f"ΔHM {result.hm.format()}, ΔPSI {result.psi.format(scale=1, digits=3)}, ΔnDCG@10 {result.ndcg10.format()}"
-    )
+    printed = [float(number) for number in re.findall(r"[+-]\d+\.\d+", result.summary())]
+    expected = [
+        *(round(100 * v, 2) for v in (result.hm.estimate, result.hm.low, result.hm.high)),  # points
+        *(round(v, 3) for v in (result.psi.estimate, result.psi.low, result.psi.high)),  # raw
+        *(round(100 * v, 2) for v in (result.ndcg10.estimate, result.ndcg10.low, result.ndcg10.high)),
+    ]
+    assert printed == pytest.approx(expected, abs=1e-9)

@@ -80,8 +80,9 @@ POLICIES = ("equal", "original", "fixed")
 
 @st.composite
 def attention_cases(draw: st.DrawFn) -> tuple:
-    """Every variant and explicit policies, any isolation (none included), causal or not, padded (left or
-    right) or not, any λ, basket size and batch size; an unpadded batch comes with or without a mask."""
+    """Every variant and explicit policies, any isolation (none included), either basket_shares, causal or
+    not, padded (left or right) or not, any λ, basket size and batch size; an unpadded batch comes with or
+    without a mask."""
     pooling = draw(st.sampled_from(["cls", "last", "mean"]))
     isolate = draw(st.none() | st.lists(st.sampled_from(["first", "last"]), unique=True, max_size=2))
     config = CalibrationConfig(
@@ -91,6 +92,7 @@ def attention_cases(draw: st.DrawFn) -> tuple:
         basket_size=draw(st.integers(1, 6)),
         weight=draw(st.floats(0.05, 0.95)),
         isolate=isolate,
+        basket_shares=draw(st.sampled_from(["equal", "by_size"])),
         layers=[0],
     )
     if draw(st.booleans()):
@@ -267,14 +269,16 @@ def test_a_position_bias_in_a_calibrated_layer_is_refused(pooling: str) -> None:
         engine(config, FakeAttention(0, 1, False), q, k, v, None, position_bias=torch.zeros(1, 4, 10, 10))
 
 
-def test_mean_pooling_under_any_mask_is_calibrate_rows_applied_to_the_masked_softmax() -> None:
+@pytest.mark.parametrize("shares", ["equal", "by_size"])
+def test_mean_pooling_under_any_mask_is_calibrate_rows_applied_to_the_masked_softmax(shares: str) -> None:
     """The mean path (per-basket kernel) and the row path (rows.py) compute the same thing under a causal mask."""
     from tuner.calibration.attention import _Active
     from tuner.calibration.rows import calibrate_rows
 
     q, k, v, key_valid = build_inputs([23, 30, 11], False, 4, 2, torch.float32, 5)
     allowed = mask_of(key_valid, True)
-    spec = CalibrationConfig(pooling="mean", strength=0.8, basket_size=4, layers=[0], variant="cls_soft").resolve(1)
+    spec = CalibrationConfig(pooling="mean", strength=0.8, basket_size=4, layers=[0], variant="cls_soft",
+                             basket_shares=shares).resolve(1)
     with calibrating(spec):
         got, _ = calibrated_attention(FakeAttention(0, 2, True), q, k, v, allowed, scaling=SCALE)
     keys = k.repeat_interleave(2, dim=1)
@@ -342,13 +346,27 @@ def test_the_kernel_probe_refuses_an_op_that_is_missing_or_answers_otherwise() -
         assert _probe_cpu_kernel(op) is None
 
 
-def test_an_observer_sees_the_average_row_before_and_after_calibration() -> None:
+@pytest.mark.parametrize("shares", ["equal", "by_size"])
+def test_an_observer_sees_the_average_row_before_and_after_calibration(shares: str) -> None:
     """Mean pooling: averages over the real query rows of the oracle's weights, per head."""
     q, k, v, key_valid = build_inputs([26, 19], False, 4, 4, torch.float32, 7)
     allowed = mask_of(key_valid, False)
-    config = CalibrationConfig(pooling="mean", strength=0.6, basket_size=5, layers=[0], variant="uniform")
+    config = CalibrationConfig(pooling="mean", strength=0.6, basket_size=5, layers=[0], variant="uniform", basket_shares=shares)
     seen = observe(config, q, k, v, allowed, FakeAttention(0, 1, False))
     assert_profile(seen, q, k, allowed, key_valid, config)
+
+
+@pytest.mark.parametrize("pooling", ["cls", "last"])
+def test_an_observer_of_the_pooled_row_sees_by_size_calibration(pooling: str) -> None:
+    """cls / last pooling: the observed pooled row is the oracle's, by_size shares included."""
+    q, k, v, key_valid = build_inputs([26, 19], pooling == "last", 4, 4, torch.float32, 8)
+    allowed = mask_of(key_valid, pooling == "last")
+    config = CalibrationConfig(pooling=pooling, strength=0.9, basket_size=5, layers=[0], basket_shares="by_size")
+    seen = observe(config, q, k, v, allowed, FakeAttention(0, 1, pooling == "last"))
+    attn = (q.double() @ k.double().transpose(-1, -2) * SCALE).masked_fill(~allowed, float("-inf")).softmax(-1).nan_to_num(0.0)
+    rows = calibrated_query_rows(pooling, key_valid)
+    after = reference_calibrate(attn, key_valid, allowed, rows, config)
+    assert torch.allclose(seen["after"].double(), after.transpose(1, 2)[rows], atol=1e-6)
 
 
 def test_an_observer_of_an_unpadded_causal_batch_sees_the_causal_rows() -> None:
@@ -398,3 +416,42 @@ def test_a_basket_is_handed_to_the_kernel_in_a_window_of_whole_key_blocks(keys: 
     assert 0 <= begin <= lo < hi <= end <= keys
     assert (end - begin) % KERNEL_KEY_MULTIPLE == 0 or end - begin == keys
     assert end - begin < (hi - lo) + KERNEL_KEY_MULTIPLE
+
+
+def test_by_size_moves_a_partial_last_basket_and_not_full_ones() -> None:
+    """At the interface, for every pooling: by_size differs from equal on passages whose last basket is
+    partial, and agrees with it (to rounding) where every basket is full."""
+    for pooling in ("cls", "last", "mean"):
+        causal = pooling == "last"
+        module = FakeAttention(0, 2, causal)
+        config = CalibrationConfig(pooling=pooling, strength=1.0, basket_size=4, layers=[0], isolate=["first", "last"])
+        by_size = config.model_copy(update={"basket_shares": "by_size"})
+        q, k, v, key_valid = build_inputs([14, 14], False, 4, 2, torch.float32, 11)  # 12 content: 3 full baskets
+        full = mask_of(key_valid, False) if not causal else None  # mean: every row sees every basket whole
+        assert torch.allclose(engine(by_size, module, q, k, v, full), engine(config, module, q, k, v, full), atol=1e-6)
+        q, k, v, key_valid = build_inputs([15, 15], False, 4, 2, torch.float32, 11)  # 13 content: 4, 4, 4, 1
+        partial = mask_of(key_valid, causal)
+        got, want = engine(by_size, module, q, k, v, partial), engine(config, module, q, k, v, partial)
+        assert not torch.allclose(got, want, atol=1e-3), pooling
+        assert torch.allclose(got.double(), reference_attention(q, k, v, partial, SCALE, by_size), atol=2e-6, rtol=1e-6)
+
+
+def test_shared_first_layer_sums_never_serve_the_other_basket_shares() -> None:
+    """The mean path's first-layer sums differ by basket_shares (Σ O_b against Σ cnt_b·O_b), so a trial with
+    the other mode computes its own; a trial with the same mode reuses them. Each agrees with the oracle."""
+    from tuner.calibration.attention import FirstLayerSums
+
+    q, k, v, key_valid = build_inputs([22, 15, 9], False, 4, 2, torch.float32, 12)
+    allowed = mask_of(key_valid, False)
+    shared = FirstLayerSums(budget=2**30)
+    module = FakeAttention(0, 2, False)
+    hits = []
+    for shares, variant in (("equal", "cls_soft"), ("by_size", "cls_soft"), ("by_size", "uniform"), ("equal", "uniform")):
+        config = CalibrationConfig(pooling="mean", variant=variant, strength=0.9, basket_size=4, layers=[0], basket_shares=shares)
+        with calibrating(config.resolve(1), first_layer=shared):
+            got, _ = calibrated_attention(module, q, k, v, allowed, scaling=SCALE)
+        want = reference_attention(q, k, v, allowed, SCALE, config)
+        assert torch.allclose(got[key_valid].double(), want[key_valid], atol=2e-6, rtol=1e-6), (shares, variant)
+        hits.append(shared.hits)
+    assert hits == [0, 0, 1, 2]
+    assert len(shared.entries) == 2

@@ -133,3 +133,51 @@ def test_the_oracle_does_not_use_the_engines_resolution(monkeypatch: pytest.Monk
     allowed = torch.ones(2, 1, 9, 9, dtype=torch.bool).tril()
     allowed[1, ..., :3] = False  # left padding
     assert not reference_attention(q, k, v, allowed, 0.5, config).isnan().any()
+
+
+def test_by_size_shares_by_hand() -> None:
+    """basket_shares: by_size. [CLS] + 7 content keys, basket 3 → baskets of 3, 3 and 1 tokens, which split
+    what [CLS] leaves 3/7, 3/7, 1/7 (equal: 1/3 each), proportions kept inside each. λ = 1, w = 0.3."""
+    a = one_row([0.3, 0.1, 0.05, 0.05, 0.2, 0.1, 0.1, 0.1])  # basket masses 0.2, 0.4, 0.1
+    every = torch.ones(1, 1, 1, 8, dtype=torch.bool)
+    rows = torch.tensor([[True] + [False] * 7])
+
+    def calibrated(variant: str, shares: str = "by_size") -> list[float]:
+        config = CalibrationConfig(pooling="cls", variant=variant, basket_size=3, strength=1.0, weight=0.3, layers=[0],
+                                   basket_shares=shares)
+        return reference_calibrate(a, every[:, 0, 0], every, rows, config)[0, 0, 0].tolist()
+
+    def spread(cls: float, baskets: list[float]) -> list[float]:
+        inside = [0.5, 0.25, 0.25, 0.5, 0.25, 0.25, 1.0]  # each key's part of its basket's mass
+        return [cls, *(baskets[i // 3] * inside[i] for i in range(7))]
+
+    # uniform: [CLS] keeps its equal policy, 1/n_baskets = 1/4 (three content baskets and itself)
+    assert calibrated("uniform") == pytest.approx(spread(1 / 4, [3 / 4 * 3 / 7, 3 / 4 * 3 / 7, 3 / 4 * 1 / 7]))
+    assert calibrated("cls_soft") == pytest.approx(spread(0.3, [0.7 * 3 / 7, 0.7 * 3 / 7, 0.7 * 1 / 7]))
+    assert calibrated("cls_hard") == pytest.approx(spread(0.3, [0.3, 0.3, 0.1]))
+    assert calibrated("cls_soft", "equal") == pytest.approx(spread(0.3, [0.7 / 3] * 3))  # the paper's
+
+
+def test_by_size_shares_a_causal_row_by_what_it_sees_by_hand() -> None:
+    """[CLS] c1..c5 [SEP], basket 2 → baskets {c1, c2}, {c3, c4}, {c5}; uniform, λ = 1, causal, by_size.
+
+    Row 3 sees [CLS], c1, c2, c3: two tokens of the first basket, one of the second. [CLS] keeps the equal
+    policy, 1/3 (two baskets seen and itself); the baskets split 2/3 as 2:1, so c3 alone holds 2/9.
+    Row 6 sees everything: [CLS] and [SEP] get 1/5 each (three baskets and both), the baskets split 3/5
+    as 2:2:1.
+    """
+    generator = torch.Generator().manual_seed(2)
+    attn = torch.rand(1, 1, 7, 7, generator=generator, dtype=torch.float64)
+    allowed = torch.ones(1, 1, 7, 7, dtype=torch.bool).tril()
+    attn = attn.masked_fill(~allowed, 0.0)
+    attn = attn / attn.sum(-1, keepdim=True)
+    config = CalibrationConfig(pooling="mean", variant="uniform", basket_size=2, strength=1.0, layers=[0], basket_shares="by_size")
+    got = reference_calibrate(attn, allowed[:, 0, -1], allowed, torch.ones(1, 7, dtype=torch.bool), config)[0, 0]
+    row = got[3].tolist()
+    assert row[0] == pytest.approx(1 / 3)
+    assert row[1] + row[2] == pytest.approx(4 / 9)
+    assert row[3] == pytest.approx(2 / 9)
+    assert row[4:] == [0.0, 0.0, 0.0]
+    last = got[6].tolist()
+    assert [last[0], last[6]] == pytest.approx([1 / 5, 1 / 5])
+    assert [last[1] + last[2], last[3] + last[4], last[5]] == pytest.approx([0.6 * 2 / 5, 0.6 * 2 / 5, 0.6 / 5])

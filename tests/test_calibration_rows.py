@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -26,6 +27,7 @@ def cases(draw: st.DrawFn) -> tuple:
         weight=draw(st.floats(0.05, 0.95)),
         pooling=pooling,
         isolate=draw(st.none() | st.lists(st.sampled_from(["first", "last"]), unique=True, max_size=2)),
+        basket_shares=draw(st.sampled_from(["equal", "by_size"])),
         layers=[0],
     )
     if draw(st.booleans()):  # explicit per-token policies instead of the preset
@@ -163,3 +165,61 @@ def test_last_token_pooling_isolates_both_ends_under_left_padding() -> None:
     assert torch.equal(got[2], attn[0, 0, 2])
     assert torch.allclose(got[11], torch.tensor(1 / 4))  # equal: 1/n_total, 2 content baskets + 2 isolated
     assert torch.allclose(basket_masses(got, 3, 8, 4), ((1 - attn[0, 0, 2] - 1 / 4) / 2).expand(2))
+
+
+# by_size: each content basket's share of what the isolated tokens leave is in proportion to the content
+# tokens it holds (those the row sees). [CLS] + 7 content keys, baskets of 3 → baskets of 3, 3 and 1 tokens:
+# shares 3/7, 3/7 and 1/7 of the remainder, where `equal` (§3) gives each 1/3.
+SEVEN = torch.ones(1, 8, dtype=torch.bool)
+BY_SIZE = torch.tensor([3 / 7, 3 / 7, 1 / 7])
+
+
+@pytest.mark.parametrize(
+    ("variant", "isolated", "remainder"),
+    [
+        ("uniform", lambda a_s: 1 / 4, lambda a_s: 3 / 4),  # equal policy: 1/n_baskets, 3 content + [CLS]
+        ("cls_soft", lambda a_s: a_s, lambda a_s: 1 - a_s),  # [CLS] keeps its mass
+        ("cls_hard", lambda a_s: 0.3, lambda a_s: 0.7),  # [CLS] fixed at w
+    ],
+)
+def test_by_size_shares_the_remainder_by_basket_content(variant: str, isolated, remainder) -> None:
+    attn = softmax_rows(SEVEN[:, None, :], 5)
+    config = CalibrationConfig(variant=variant, weight=0.3, strength=1.0, basket_size=3, pooling="cls", layers=[0],
+                               basket_shares="by_size")
+    got = engine(attn, SEVEN, config)[0, 0]
+    a_s = attn[0, 0, 0]
+    assert torch.allclose(got[0], torch.as_tensor(isolated(a_s)))
+    assert torch.allclose(basket_masses(got, 1, 7, 3), remainder(a_s) * BY_SIZE)
+    for lo, hi in ((1, 4), (4, 7)):  # proportions kept inside a basket
+        assert torch.allclose(got[lo:hi] / got[lo:hi].sum(), attn[0, 0, lo:hi] / attn[0, 0, lo:hi].sum())
+    equal = engine(attn, SEVEN, config.model_copy(update={"basket_shares": "equal"}))[0, 0]
+    assert torch.allclose(basket_masses(equal, 1, 7, 3), torch.as_tensor(remainder(a_s) / 3).expand(3))  # the paper's, for contrast
+
+
+def test_by_size_shares_a_causal_row_by_the_tokens_it_sees() -> None:
+    """[CLS] c1..c7, baskets {c1..c3} {c4..c6} {c7}; a row that sees [CLS] and c1..c5 sees 3 and 2 tokens of the
+    first two baskets and none of the third: uniform gives [CLS] 1/3 (two baskets seen + [CLS]), the baskets
+    2/3 · 3/5 and 2/3 · 2/5, and c6, c7 nothing."""
+    seen = (torch.arange(8) <= 5)[None, None, :]
+    attn = softmax_rows(seen, 6)
+    config = CalibrationConfig(variant="uniform", strength=1.0, basket_size=3, pooling="cls", layers=[0], basket_shares="by_size")
+    got = engine(attn, SEVEN, config, seen)[0, 0]
+    assert torch.allclose(got[0], torch.tensor(1 / 3))
+    assert torch.allclose(torch.stack([got[1:4].sum(), got[4:6].sum()]), torch.tensor([2 / 3 * 3 / 5, 2 / 3 * 2 / 5]))
+    assert torch.equal(got[6:], torch.zeros(2))
+
+
+@settings(max_examples=100, deadline=None)
+@given(cases())
+def test_by_size_is_equal_when_every_basket_is_full(case: tuple) -> None:
+    """Content that fills its baskets exactly, every key seen: each basket holds B tokens, so by_size's shares
+    are equal's (to float32 rounding: remainder / (n · B) · B against remainder / n)."""
+    config, _, _, seed = case
+    n = seed % 5 + 1
+    roles = reference_isolated(config)
+    key_valid = torch.ones(2, n * config.basket_size + len(roles), dtype=torch.bool)
+    seen = key_valid[:, None, :].expand(-1, 3, -1)
+    attn = softmax_rows(seen, seed)
+    equal = engine(attn, key_valid, config.model_copy(update={"basket_shares": "equal"}), seen)
+    by_size = engine(attn, key_valid, config.model_copy(update={"basket_shares": "by_size"}), seen)
+    assert (by_size - equal).abs().max() <= 1e-6

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.ci import require
 from tuner.data.build_wikipos import (
     DEFAULT_SOURCE,
     MAX_SUMMARIES,
@@ -23,9 +24,16 @@ from tuner.data.dataset import THIRDS, span_third
 from tuner.data.wikipos import SPLITS, TRANSFER_SPLITS, load_wikipos, read_records, split_filename
 
 PACKAGED = Path(str(resources.files("tuner.data").joinpath("wikipos")))
-needs_source = pytest.mark.skipif(
-    not DEFAULT_SOURCE.is_file(), reason=f"WikiPos source {DEFAULT_SOURCE} is absent (the shared data folder)"
-)
+
+
+def require_source() -> Path:
+    """The raw summaries sit in ../shared beside the checkout: CI has them there, a bare clone may not."""
+    require(DEFAULT_SOURCE.is_file(), f"WikiPos source {DEFAULT_SOURCE} is absent (the shared data folder beside the checkout)")
+    return DEFAULT_SOURCE
+
+
+def files_under(folder: Path) -> set[Path]:
+    return {path.relative_to(folder) for path in folder.rglob("*") if path.is_file() and "__pycache__" not in path.parts}
 
 
 def records(split: str) -> list[dict]:
@@ -39,9 +47,7 @@ def count_tokens():
 
 @pytest.fixture(scope="module")
 def source() -> dict[str, dict]:
-    if not DEFAULT_SOURCE.is_file():
-        pytest.skip(f"WikiPos source {DEFAULT_SOURCE} is absent")
-    with gzip.open(DEFAULT_SOURCE, "rt", encoding="utf-8") as handle:
+    with gzip.open(require_source(), "rt", encoding="utf-8") as handle:
         return json.load(handle)
 
 
@@ -118,11 +124,15 @@ def test_packaged_files_are_small_and_reproducible_gzip():
     assert "CC BY-SA 4.0" in (PACKAGED / "ATTRIBUTION.md").read_text(encoding="utf-8")
 
 
-@needs_source
 def test_packaged_files_match_a_fresh_build(tmp_path, count_tokens):
-    build(DEFAULT_SOURCE, tmp_path, count_tokens)
-    for name in [*(split_filename(s) for s in SPLITS), "ATTRIBUTION.md"]:
+    """Every file the builder writes is packaged with the same content, and nothing packaged is left over."""
+    build(require_source(), tmp_path, count_tokens)
+    built = files_under(tmp_path)
+    assert {Path(split_filename(s)) for s in SPLITS} | {Path("ATTRIBUTION.md")} <= built
+    for name in sorted(built):
+        assert (PACKAGED / name).is_file(), f"{name} is built but not packaged; run `python -m tuner.data.build_wikipos`"
         fresh, packaged = (tmp_path / name).read_bytes(), (PACKAGED / name).read_bytes()
-        if name.endswith(".gz"):  # compare content: another zlib may compress the same text differently
+        if name.suffix == ".gz":  # compare content: another zlib may compress the same text differently
             fresh, packaged = gzip.decompress(fresh), gzip.decompress(packaged)
         assert fresh == packaged, f"{name} differs from a fresh build; run `python -m tuner.data.build_wikipos`"
+    assert files_under(PACKAGED) - {Path("__init__.py")} == built, "packaged files the builder no longer makes"

@@ -42,6 +42,18 @@ def test_embeddings_match_the_oracle_calibrated_forward(tiny: LoadedModel, varia
     assert np.abs(got - CalibratedEncoder(tiny).encode(TEXTS)).max() > 1e-4  # calibration did something
 
 
+@pytest.mark.parametrize("variant", ["uniform", "cls_soft"])
+def test_by_size_embeddings_match_the_oracle_calibrated_forward(tiny: LoadedModel, variant: str) -> None:
+    """basket_shares: by_size through the encoder, for every pooling; it moves vectors that equal leaves
+    elsewhere (most TEXTS end in a partial basket)."""
+    config = tiny.default_config(variant=variant, strength=0.8, basket_size=8, layers="last:2", basket_shares="by_size")
+    got = CalibratedEncoder(tiny, config).encode(TEXTS, batch_size=4)
+    want = CalibratedEncoder(with_attention(tiny, register_reference()), config).encode(TEXTS, batch_size=4)
+    assert np.abs(got - want).max() < 1e-5
+    equal = CalibratedEncoder(tiny, config.model_copy(update={"basket_shares": "equal"})).encode(TEXTS, batch_size=4)
+    assert np.abs(got - equal).max() > 1e-4
+
+
 def test_isolating_no_token_matches_the_oracle(tiny: LoadedModel) -> None:
     """isolate: [] (the reference code's mean-pooling default) through the encoder, for every pooling."""
     config = tiny.default_config(isolate=[], variant="cls_hard", strength=0.8, basket_size=8, layers="last:2")
@@ -74,12 +86,14 @@ def test_a_causal_model_without_padding_at_strength_zero_is_plain_sdpa(tiny_mode
         assert np.abs(at_zero.encode([text]) - plain.encode([text])).max() < 1e-6
 
 
+@pytest.mark.parametrize("shares", ["equal", "by_size"])
 @pytest.mark.parametrize("pooling", ["mean", "cls", "last"])
-def test_a_causal_model_calibrates_alike_with_and_without_padding(tiny_model_dir, pooling: str) -> None:
+def test_a_causal_model_calibrates_alike_with_and_without_padding(tiny_model_dir, pooling: str, shares: str) -> None:
     """Qwen3 (last-token pooling is the real case; mean and cls exercise every causal row): each text alone
-    (no mask, is_causal) and all together (left padding, a causal padding mask) give the oracle's vectors."""
+    (no mask, is_causal) and all together (left padding, a causal padding mask) give the oracle's vectors,
+    with either basket_shares (by_size: causal rows see part of a basket)."""
     loaded = load_model(str(tiny_model_dir("qwen3")), pooling=pooling)
-    config = loaded.default_config(strength=0.8, basket_size=4, layers=1.0)
+    config = loaded.default_config(strength=0.8, basket_size=4, layers=1.0, basket_shares=shares)
     engine = CalibratedEncoder(loaded, config)
     oracle = CalibratedEncoder(with_attention(loaded, register_reference()), config)
     batched = engine.encode(CAUSAL_TEXTS, batch_size=len(CAUSAL_TEXTS))

@@ -151,8 +151,8 @@ def test_group_ndcg_is_the_mean_over_the_group_in_group_order() -> None:
     assert list(report.group_ndcg10) == ["begin", "middle", "end"]
     assert report.group_ndcg10 == pytest.approx({"begin": 1.0, "middle": 0.5, "end": 0.5})
     assert report.group_counts == {"begin": 1, "middle": 1, "end": 2}
-    assert report.hm == pytest.approx(harmonic_mean([1.0, 0.5, 0.5]))
-    assert report.psi == pytest.approx(0.5)
+    assert report.hm == pytest.approx(3 / (1 / 1.0 + 1 / 0.5 + 1 / 0.5))  # 0.6
+    assert report.psi == pytest.approx(1 - 0.5 / 1.0)
 
 
 def test_query_in_two_groups_counts_in_both_but_once_in_the_aggregate() -> None:
@@ -185,8 +185,8 @@ def test_as_dict_flattens_the_report_for_logging() -> None:
             "n_begin": 1,
             "n_middle": 1,
             "n_end": 2,
-            "hm": report.hm,
-            "psi": 0.5,
+            "hm": 0.6,  # 3 / (1/1.0 + 1/0.5 + 1/0.5), worked by hand
+            "psi": 0.5,  # 1 - 0.5/1.0
             "tilt": -12 / 11,  # begin 1, middle .5, end 0 and 1 at third centres: tests/test_position_profile.py
         }
     )

@@ -123,6 +123,8 @@ def test_configs_that_resolve_to_the_same_calibration_share_one_pass(tiny: Loade
     last, _ = evaluator.document_vectors(tiny.default_config(strength=0.8, basket_size=8, layers="last"))
     explicit, _ = evaluator.document_vectors(tiny.default_config(strength=0.8, basket_size=8, layers=[2]))
     assert explicit is last and evaluator.counts.full == 1
+    by_size, _ = evaluator.document_vectors(tiny.default_config(strength=0.8, basket_size=8, layers=[2], basket_shares="by_size"))
+    assert by_size is not last and evaluator.counts.full == 2  # another calibration: its own pass
 
 
 def test_batches_match_the_encoder_and_the_full_pass_is_bitwise_equal(tiny: LoadedModel) -> None:
@@ -231,7 +233,7 @@ def test_the_batch_size_is_chosen_from_free_memory_as_a_capped_power_of_two(tiny
 
 def test_trials_sharing_first_calibrated_layer_and_basket_size_share_its_sums(tiny_model_dir, tmp_path: Path) -> None:
     """Mean pooling: λ, the variant and w enter only the blend, so the sums of the first calibrated layer
-    computed for one trial serve the next; another basket size or first layer computes its own."""
+    computed for one trial serve the next; another basket size, first layer or basket_shares computes its own."""
     kind, pooling = POOLING["bert-mean"]
     model = load_model(str(tiny_model_dir(kind)), pooling=pooling)
     dataset = tiny_dataset()
@@ -243,6 +245,8 @@ def test_trials_sharing_first_calibrated_layer_and_basket_size_share_its_sums(ti
         model.default_config(variant="cls_hard", strength=1.0, weight=0.2, basket_size=8, layers="last:2"),  # too
         model.default_config(variant="cls_soft", strength=0.8, basket_size=4, layers="last:2"),  # other baskets
         model.default_config(variant="cls_soft", strength=0.8, basket_size=8, layers="last"),  # other first layer
+        model.default_config(variant="cls_soft", strength=0.8, basket_size=8, layers="last:2", basket_shares="by_size"),  # other sums
+        model.default_config(variant="uniform", strength=0.4, basket_size=8, layers="last:2", basket_shares="by_size"),  # reuses those
     ]
     sums = evaluator._first_layer_sums()
     assert sums is not None
@@ -252,5 +256,5 @@ def test_trials_sharing_first_calibrated_layer_and_basket_size_share_its_sums(ti
         assert np.abs(got - scratch(model, dataset, config)).max() <= 1e-6
         hits.append(sums.hits)
     batches = hits[1]  # the encoded batches (others are copied from the baseline): each reused once per trial
-    assert batches > 0 and hits == [0, batches, 2 * batches, 2 * batches, 2 * batches]
+    assert batches > 0 and hits == [0, batches, 2 * batches, 2 * batches, 2 * batches, 2 * batches, 3 * batches]
     assert Evaluator(model, dataset, BATCH, cache_dir=tmp_path / "off", cache_budget=0)._first_layer_sums() is None

@@ -14,18 +14,19 @@ import optuna
 import pytest
 from mlflow.tracking import MlflowClient
 
+from tests.services import running_mlflow_server
 from tests.tiny import WORDS
-from tuner.calibration import ConfigError
+from tuner.calibration import CalibrationConfig, ConfigError
 from tuner.data import load_benchmark
 from tuner.models import load_model
 from tuner.encoder import CalibratedEncoder
 from tuner.evaluation import Evaluator
 from tuner.export import load_exported
-from tuner.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, SearchSpace
+from tuner.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, SearchSpace, trial_basket_shares
 from tuner.study import open_study, run_trials, winner
-from tuner.tune import NoFeasibleTrialError, TuneSettings, _config_of, tune
+from tuner.tune import NoFeasibleTrialError, TuneSettings, tune
 
-TRIAL_PARAMS = {"strength", "depth", "basket_size", "variant", "layers"}
+TRIAL_PARAMS = {"strength", "depth", "basket_size", "variant", "layers", "basket_shares"}
 TRIAL_METRICS = {"ndcg10_begin", "ndcg10_middle", "ndcg10_end", "hm", "psi", "ndcg10", "recall10",
                  "constraint_hm", "feasible", "encode_seconds", "profile_first_bin_mass"}
 
@@ -64,41 +65,87 @@ def trial_runs(settings: TuneSettings) -> list:
     return client.search_runs([experiment.experiment_id], "tags.`posfair.role` = 'trial'", max_results=1000)
 
 
-def test_a_six_trial_study_logs_six_nested_runs_with_params_metrics_and_profiles(workspace: dict) -> None:
-    settings = workspace["settings"]
+def test_a_six_trial_study_logs_six_nested_runs_with_params_metrics_and_profiles(workspace: dict, tmp_path: Path) -> None:
+    """Each trial's run holds what Optuna recorded for it, and its metrics obey the paper's definitions."""
+    settings, outcome = workspace["settings"], workspace["outcome"]
     runs = trial_runs(settings)
     assert sorted(int(r.data.tags["posfair.trial"]) for r in runs) == list(range(6))
     client = MlflowClient(settings.tracking_uri)
-    parent = {r.data.tags["mlflow.parentRunId"] for r in runs}
-    assert len(parent) == 1
+    study = optuna.load_study(study_name="tiny", storage=settings.storage)
+    floor = study.user_attrs["floor_value"]
+    parents = {r.data.tags["mlflow.parentRunId"] for r in runs}
+    assert len(parents) == 1
     for run in runs:
-        assert TRIAL_PARAMS <= set(run.data.params)
-        assert TRIAL_METRICS <= set(run.data.metrics)
-        assert {"attention_profile.json", "attention_profile.png"} <= {a.path for a in client.list_artifacts(run.info.run_id)}
-    parent_artifacts = {a.path for a in client.list_artifacts(parent.pop())}
-    assert {"pareto.png", "summary.json", "best.yaml"} <= parent_artifacts
+        trial = study.trials[int(run.data.tags["posfair.trial"])]
+        params, metrics = run.data.params, run.data.metrics
+        assert run.info.status == "FINISHED" and trial.state == optuna.trial.TrialState.COMPLETE
+        assert TRIAL_PARAMS <= set(params) and TRIAL_METRICS <= set(metrics)
+        assert (params["variant"], params["depth"], int(params["basket_size"])) == (
+            trial.params["variant"], trial.params["depth"], trial.params["basket_size"])
+        assert float(params["strength"]) == pytest.approx(trial.params["strength"])
+        assert json.loads(params["layers"]) == trial.user_attrs["layers"]
+        begin, middle, end = (metrics[f"ndcg10_{g}"] for g in ("begin", "middle", "end"))
+        assert metrics["hm"] == pytest.approx(3 / (1 / begin + 1 / middle + 1 / end)) == pytest.approx(trial.user_attrs["hm"])
+        assert metrics["psi"] == pytest.approx(1 - min(begin, middle, end) / max(begin, middle, end))
+        assert metrics["psi"] == pytest.approx(trial.value)
+        assert metrics["constraint_hm"] == pytest.approx(floor - metrics["hm"])  # Optuna's convention: <= 0 is feasible
+        assert metrics["feasible"] == float(metrics["hm"] >= floor)
+        folder = Path(client.download_artifacts(run.info.run_id, "", str(tmp_path / run.info.run_id)))
+        assert (folder / "attention_profile.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        profile = json.loads((folder / "attention_profile.json").read_text(encoding="utf-8"))
+        for stage in ("before", "after"):  # the pooled row's attention: content bins + isolated tokens = 1
+            for bins, isolated in zip(profile[f"{stage}_bins"], profile[f"{stage}_isolated"]):
+                assert sum(bins) + sum(isolated) == pytest.approx(1, abs=1e-4)
+        assert metrics["profile_first_bin_mass"] == pytest.approx(profile["after_bins"][-1][0])
+    parent = client.get_run(parents.pop())
+    assert parent.data.tags["posfair.role"] == "study" and parent.data.tags["posfair.study"] == "tiny"
+    assert parent.data.metrics["winner_trial"] == outcome.winner_trial
+    folder = Path(client.download_artifacts(parent.info.run_id, "", str(tmp_path / "parent")))
+    assert (folder / "best.yaml").read_text(encoding="utf-8") == settings.output.read_text(encoding="utf-8")
+    summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
+    assert summary[0]["trial"] is None and summary[-1]["trial"] == outcome.winner_trial
+    assert summary[-1]["tuning"]["psi"] == pytest.approx(study.trials[outcome.winner_trial].user_attrs["psi"])
+    assert (folder / "pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_baseline_and_paper_default_are_the_first_trials(workspace: dict) -> None:
     study = optuna.load_study(study_name="tiny", storage=workspace["settings"].storage)
     assert study.trials[0].params == BASELINE_PARAMS
-    assert study.trials[1].params == PAPER_DEFAULT_PARAMS
+    assert study.trials[1].params == {"strength": 0.5, "depth": "50%", "basket_size": 128, "variant": "cls_soft"}
+    # the default space fixes by_size (no parameter); the paper's default calibrates as the paper does
+    assert PAPER_DEFAULT_PARAMS["basket_shares"] == trial_basket_shares(study.trials[1]) == "equal"
+    assert {trial_basket_shares(t) for t in study.trials[2:]} == {"by_size"}
+    runs = {int(r.data.tags["posfair.trial"]): r.data.params["basket_shares"] for r in trial_runs(workspace["settings"])}
+    assert runs[1] == "equal" and set(runs.values()) == {"equal", "by_size"}
 
 
 def test_the_export_loads_back_and_encodes_like_the_winning_trial(workspace: dict) -> None:
+    """The YAML holds the winning trial's own draws, and encodes exactly as that trial's documents were scored."""
     settings, outcome = workspace["settings"], workspace["outcome"]
+    winning = optuna.load_study(study_name="tiny", storage=settings.storage).trials[outcome.winner_trial]
     exported = load_exported(settings.output)
-    assert exported.provenance.trial == outcome.winner_trial
-    assert exported.calibration.layers == list(exported.calibration.resolve_layers(3))  # explicit indices
+    assert exported.provenance.trial == winning.number
     assert {"tuning", "tuning_baseline", "heldout", "heldout_baseline"} <= set(exported.metrics)
-    encoder = CalibratedEncoder.from_yaml(settings.output)
-    evaluator = Evaluator(encoder.model, encoder.model and __import__("tuner.data", fromlist=["x"]).load_benchmark(settings.dataset))
-    study = optuna.load_study(study_name="tiny", storage=settings.storage)
-    trial_vectors, _ = evaluator.document_vectors(_config_of(study.trials[outcome.winner_trial], encoder.model))
-    texts = [evaluator.dataset.corpus[d] for d in evaluator.doc_ids]
-    assert np.abs(encoder.encode(texts) - trial_vectors).max() < 1e-6
-    winning = study.trials[outcome.winner_trial]
     assert exported.metrics["tuning"]["psi"] == pytest.approx(winning.user_attrs["psi"])
+    calibration = exported.calibration
+    assert (calibration.variant, calibration.basket_size) == (winning.params["variant"], winning.params["basket_size"])
+    assert calibration.strength == pytest.approx(winning.params["strength"])
+    assert calibration.layers == winning.user_attrs["layers"]  # explicit indices, as the trial resolved them
+    if "weight" in winning.params:  # CLS-Hard's w
+        assert calibration.weight == pytest.approx(winning.params["weight"])
+    # The trial's config, built here from what Optuna stored (not through tune's own conversion).
+    model = load_model(settings.model, pooling="cls")
+    drawn = CalibrationConfig(
+        variant=winning.params["variant"], strength=winning.params["strength"], layers=winning.user_attrs["layers"],
+        basket_size=winning.params["basket_size"], pooling="cls",
+        **({"weight": winning.params["weight"]} if "weight" in winning.params else {}),
+    )
+    evaluator = Evaluator(model, load_benchmark(settings.dataset), disk_cache=False)
+    trial_vectors, _ = evaluator.document_vectors(drawn)
+    baseline_vectors, _ = evaluator.document_vectors(None)
+    assert np.abs(trial_vectors - baseline_vectors).max() > 1e-4  # the winner does calibrate: the check below means something
+    texts = [evaluator.dataset.corpus[d] for d in evaluator.doc_ids]
+    assert np.abs(CalibratedEncoder.from_yaml(settings.output).encode(texts) - trial_vectors).max() < 1e-6
 
 
 def test_rerunning_resumes_the_study_without_repeating_trials(workspace: dict) -> None:
@@ -164,52 +211,22 @@ def test_ctrl_c_stops_after_the_current_trial_and_a_rerun_completes(tmp_path: Pa
     assert [t.state for t in optuna.load_study(study_name="interrupt", storage=storage).trials] == [optuna.trial.TrialState.COMPLETE] * 5
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def test_a_real_mlflow_server_serves_the_trials_for_comparison(workspace: dict) -> None:
+def test_a_real_mlflow_server_serves_the_trials_for_comparison(workspace: dict, tmp_path: Path) -> None:
     """Start `mlflow server` on the study's store and read the runs back over its REST API."""
-    import subprocess
-    import sys
-    import time
-
     import requests
 
-    settings, port = workspace["settings"], free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", settings.tracking_uri,
-         "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    base = f"http://127.0.0.1:{port}/api/2.0/mlflow"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                experiment = requests.get(f"{base}/experiments/get-by-name", params={"experiment_name": "posfair"}, timeout=10)
-                if experiment.ok:
-                    break
-            except requests.ConnectionError:
-                pass
-            assert time.monotonic() < deadline, "mlflow server did not start"
-            time.sleep(0.5)
+    with running_mlflow_server(workspace["settings"].tracking_uri, tmp_path) as server:
+        base = f"{server.uri}/api/2.0/mlflow"
+        experiment = requests.get(f"{base}/experiments/get-by-name", params={"experiment_name": "posfair"}, timeout=10)
         experiment_id = experiment.json()["experiment"]["experiment_id"]
         found = requests.post(f"{base}/runs/search", json={
             "experiment_ids": [experiment_id], "filter": "tags.`posfair.role` = 'trial' and tags.`posfair.study` = 'tiny'",
             "max_results": 100}, timeout=10).json()["runs"]
-        assert len(found) >= 6
-        for run in found:
-            params = {p["key"] for p in run["data"]["params"]}
-            metrics = {m["key"] for m in run["data"]["metrics"]}
-            assert TRIAL_PARAMS <= params and {"hm", "psi"} <= metrics  # what parallel coordinates compare
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+    assert len(found) >= 6
+    for run in found:
+        params = {p["key"] for p in run["data"]["params"]}
+        metrics = {m["key"] for m in run["data"]["metrics"]}
+        assert TRIAL_PARAMS <= params and {"hm", "psi"} <= metrics  # what parallel coordinates compare
 
 
 def test_basket_sizes_no_passage_fills_leave_the_search(workspace: dict) -> None:

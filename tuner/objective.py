@@ -66,7 +66,8 @@ class TrialObjective:
         model = self.evaluator.model
         config = self.space.suggest(trial, model.spec.pooling, model.spec.padding_side)
         layers = list(config.resolve_layers(model.num_layers))
-        params = {**{k: round(v, 6) if isinstance(v, float) else v for k, v in trial.params.items()}, "layers": layers}
+        params = {**{k: round(v, 6) if isinstance(v, float) else v for k, v in trial.params.items()}, "layers": layers,
+                  "basket_shares": config.basket_shares}  # a parameter or fixed by the space: logged either way
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
         try:
             evaluation = self.evaluator.run(config)

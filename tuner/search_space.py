@@ -2,25 +2,38 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import optuna
 import yaml
+from optuna.trial import FrozenTrial
 
 from tuner.calibration import CalibrationConfig, ConfigError
-from tuner.calibration.config import VARIANTS, PaddingSide, Pooling
+from tuner.calibration.config import BASKET_SHARES, VARIANTS, PaddingSide, Pooling
 
 DEPTHS: dict[str, str | float] = {"last": "last", "25%": 0.25, "50%": 0.5, "75%": 0.75, "100%": 1.0}
 
-# Enqueued first in every study so the uncalibrated model and the paper's default stand side by side.
+# Enqueued first in every study so the uncalibrated model and the paper's default stand side by side
+# (`SearchSpace.reference_trial` turns them into Optuna parameters). The paper gives every content basket
+# an equal share (§3), so its default pins `basket_shares: equal` whatever the space draws for other
+# trials; the baseline (λ 0) calibrates nothing and needs no shares.
 BASELINE_PARAMS: dict[str, object] = {"strength": 0.0, "depth": "last", "basket_size": 128, "variant": "cls_soft"}
-PAPER_DEFAULT_PARAMS: dict[str, object] = {"strength": 0.5, "depth": "50%", "basket_size": 128, "variant": "cls_soft"}
+PAPER_DEFAULT_PARAMS: dict[str, object] = {
+    "strength": 0.5, "depth": "50%", "basket_size": 128, "variant": "cls_soft", "basket_shares": "equal",
+}
+# The trial user attribute that records (or, on an enqueued trial, pins) a basket_shares the space fixes.
+SHARES_ATTR = "basket_shares"
 
 
 @dataclass(frozen=True)
 class SearchSpace:
-    """λ on a grid, calibrated depth, basket size, variant, and w for CLS-Hard only."""
+    """λ on a grid, calibrated depth, basket size, variant, w for CLS-Hard only, and basket shares.
+
+    `basket_shares` defaults to by_size alone: a fixed setting, not an Optuna parameter (trials keep the
+    parameter names they always had); with several values it is suggested like the variant.
+    """
 
     strength_step: float = 0.05
     depths: tuple[str, ...] = tuple(DEPTHS)
@@ -28,6 +41,7 @@ class SearchSpace:
     variants: tuple[str, ...] = VARIANTS
     weight_low: float = 0.1
     weight_high: float = 0.5
+    basket_shares: tuple[str, ...] = ("by_size",)
 
     def __post_init__(self) -> None:
         problems = []
@@ -39,6 +53,9 @@ class SearchSpace:
             problems.append(f"basket_sizes must be integers >= 1, got {list(self.basket_sizes)}")
         if not self.variants or set(self.variants) - set(VARIANTS):
             problems.append(f"variants must be a non-empty subset of {list(VARIANTS)}, got {list(self.variants)}")
+        shares = self.basket_shares
+        if not shares or set(shares) - set(BASKET_SHARES) or len(set(shares)) != len(shares):
+            problems.append(f"basket_shares must be distinct values of {list(BASKET_SHARES)}, got {list(shares)}")
         if not 0 < self.weight_low <= self.weight_high < 1:
             problems.append(f"need 0 < weight_low <= weight_high < 1, got {self.weight_low}, {self.weight_high}")
         if problems:
@@ -71,8 +88,38 @@ class SearchSpace:
             basket_size=basket,
             pooling=pooling,
             padding_side=padding_side,
+            basket_shares=self._basket_shares(trial),
             **extra,
         )
+
+    def _basket_shares(self, trial: optuna.Trial) -> str:
+        """A parameter when the space offers several values. Otherwise fixed and no parameter: recorded
+        as the trial's user attribute (`trial_basket_shares` reads it back), unless the trial was enqueued
+        with a value pinned there (the paper's default: `equal`), which wins over the space's value."""
+        if len(self.basket_shares) > 1:
+            return str(trial.suggest_categorical(SHARES_ATTR, list(self.basket_shares)))
+        shares = str(trial.user_attrs.get(SHARES_ATTR, self.basket_shares[0]))
+        trial.set_user_attr(SHARES_ATTR, shares)
+        return shares
+
+    def reference_trial(self, reference: Mapping[str, object]) -> tuple[dict[str, object], dict[str, object]]:
+        """A reference config (`BASELINE_PARAMS`, `PAPER_DEFAULT_PARAMS`) as an enqueued trial: its
+        Optuna parameters and user attributes, for `study.enqueue_trial`.
+
+        The parameters are the dimensions this space suggests, so the reference trials carry the same
+        parameter names as every other trial (the four knobs, as ever, in the default space). A
+        basket_shares the space fixes is no parameter: the reference's own value is pinned as a user
+        attribute instead, which `suggest` honours; so the paper's default calibrates with `equal` even
+        where every drawn trial uses by_size. (The sampler sees that one trial under its four parameters
+        only: one observation among many, and the paper's default is worth having as a trial and a
+        candidate.) Where the space suggests basket_shares, a reference without one (the baseline: λ 0
+        calibrates nothing) takes the space's first value.
+        """
+        params = {k: v for k, v in reference.items() if k != SHARES_ATTR}
+        shares = reference.get(SHARES_ATTR)
+        if len(self.basket_shares) > 1:
+            return {**params, SHARES_ATTR: shares if shares is not None else self.basket_shares[0]}, {}
+        return params, ({SHARES_ATTR: shares} if shares is not None else {})
 
     def fitting(self, longest_content: int) -> SearchSpace:
         """This space without the basket sizes no passage can fill: they would leave every passage
@@ -86,9 +133,27 @@ class SearchSpace:
         return replace(self, basket_sizes=kept)
 
     def admits(self, params: dict[str, object]) -> bool:
-        """Whether fixed parameters (the enqueued reference trials) lie inside this space."""
+        """Whether fixed parameters (the enqueued reference trials) lie inside this space. basket_shares
+        never rules one out: a space offering several values offers both, and a fixed one lets the
+        reference pin its own (`reference_trial`)."""
         return (
             params["depth"] in self.depths
             and params["basket_size"] in self.basket_sizes
             and params["variant"] in self.variants
         )
+
+
+def trial_basket_shares(trial: FrozenTrial) -> str:
+    """The basket_shares a trial calibrated with: its parameter, else its user attribute; `equal` for
+    trials recorded before the option existed (they calibrated as the paper does)."""
+    return str(trial.params.get(SHARES_ATTR, trial.user_attrs.get(SHARES_ATTR, "equal")))
+
+
+def is_reference_trial(trial: FrozenTrial, reference: Mapping[str, object]) -> bool:
+    """Whether `trial` ran `reference`: the same knobs, and the reference's basket_shares if it names one
+    (whether the space made it a parameter or pinned it). Needs no search space, so a study's reference
+    trials are found whatever space it ran with."""
+    knobs = {k: v for k, v in trial.params.items() if k != SHARES_ATTR}
+    wanted = {k: v for k, v in reference.items() if k != SHARES_ATTR}
+    shares = trial_basket_shares(trial)
+    return knobs == wanted and reference.get(SHARES_ATTR, shares) == shares

@@ -100,10 +100,14 @@ def open_study(
     return study
 
 
-def enqueue_once(study: optuna.Study, params: dict[str, object]) -> None:
-    """Queue fixed parameters unless a trial with exactly these parameters already exists."""
-    if not any(t.params == params for t in study.get_trials(deepcopy=False)):
-        study.enqueue_trial(params)
+def enqueue_once(study: optuna.Study, params: dict[str, object], user_attrs: dict[str, object] | None = None) -> None:
+    """Queue fixed parameters (and user attributes) unless a trial with exactly these already exists."""
+    attrs = user_attrs or {}
+    if not any(
+        t.params == params and all(t.user_attrs.get(k) == v for k, v in attrs.items())
+        for t in study.get_trials(deepcopy=False)
+    ):
+        study.enqueue_trial(params, user_attrs=attrs or None)
 
 
 def complete_trials(study: optuna.Study) -> list[FrozenTrial]:

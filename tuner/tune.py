@@ -38,7 +38,7 @@ from tuner.models import (
 from tuner.objective import GeneralCheck, TrialObjective
 from tuner.plots import optuna_figures, pareto_scatter
 from tuner.prefix import prefix_layers_for
-from tuner.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, SearchSpace
+from tuner.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, SearchSpace, is_reference_trial, trial_basket_shares
 from tuner.study import (
     HEARTBEAT_SECONDS,
     complete_trials,
@@ -303,9 +303,9 @@ def tune(settings: TuneSettings) -> TuneOutcome | None:
         baseline = evaluator.run(None)
         floor = HmFloor.parse(settings.hm_floor).resolve(baseline.report.hm)
         study.set_user_attr(FLOOR_ATTR, floor)
-        for params in (BASELINE_PARAMS, PAPER_DEFAULT_PARAMS):
-            if space.admits(params):
-                enqueue_once(study, params)
+        for reference in (BASELINE_PARAMS, PAPER_DEFAULT_PARAMS):
+            if space.admits(reference):
+                enqueue_once(study, *space.reference_trial(reference))
     tracker.start_study(
         name,
         params={**identity, "floor_value": floor, "trials": settings.trials, "storage": storage},
@@ -483,7 +483,8 @@ def _log_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial, progress: t
             "trial %d: PSI %.3f ± %.3f  HM %.2f  ΔnDCG@10 %+.2f  drift %.4f  %s  (%s)  %.0f s%s", trial.number,
             attrs["psi"], attrs.get("psi_se", 0.0), 100 * attrs["hm"], 100 * attrs["metrics"].get("ndcg10_delta", 0.0),
             attrs.get("drift", 0.0), "feasible" if not broken else "misses " + ", ".join(broken),
-            ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in trial.params.items()),
+            ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                      for k, v in {**trial.params, "basket_shares": trial_basket_shares(trial)}.items()),
             trial.duration.total_seconds() if trial.duration else 0.0,
             f"  {truncated} passages truncated" if truncated else "",
         )
@@ -504,12 +505,13 @@ def _config_of(trial: optuna.trial.FrozenTrial, model: LoadedModel) -> Calibrati
     extra = {"weight": round(params["weight"], 6)} if "weight" in params else {}
     return CalibrationConfig(
         variant=params["variant"], strength=round(params["strength"], 6), layers=trial.user_attrs["layers"],
-        basket_size=params["basket_size"], pooling=model.spec.pooling, padding_side=model.spec.padding_side, **extra,
+        basket_size=params["basket_size"], pooling=model.spec.pooling, padding_side=model.spec.padding_side,
+        basket_shares=trial_basket_shares(trial), **extra,
     )
 
 
-def _trial_with(study: optuna.Study, params: dict[str, object]) -> optuna.trial.FrozenTrial | None:
-    return next((t for t in study.trials if t.params == params and "hm" in t.user_attrs), None)
+def _trial_with(study: optuna.Study, reference: dict[str, object]) -> optuna.trial.FrozenTrial | None:
+    return next((t for t in study.trials if is_reference_trial(t, reference) and "hm" in t.user_attrs), None)
 
 
 def _summary_rows(

@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 from transformers import AttentionInterface
@@ -239,21 +239,36 @@ def _pooled_row(
         output[items, position] = mixed.view(batch, heads, dim)
 
 
+class RunSums(NamedTuple):
+    """One run's sums over its content baskets b (see `_basket_outputs`); float32.
+
+    w_b is what basket b's share is proportional to: 1 for a basket the row sees (equal) or the number of
+    its content keys the row sees (by_size); 0 for a basket it does not see.
+    """
+
+    mixed: torch.Tensor  # Σ_b e^(m_b − top)·O_b  (G, H, Q, D)
+    even: torch.Tensor  # Σ_b w_b·O_b  (G, H, Q, D)
+    top: torch.Tensor  # max_b m_b  (G, H, Q, 1)
+    content: torch.Tensor  # log Σ_b e^(m_b), the log content mass  (G, H, Q, 1)
+    baskets: torch.Tensor  # the number of baskets the row sees  (G, 1, Q or 1, 1)
+    weights: torch.Tensor  # Σ_b w_b (equal: `baskets` itself)  (G, 1, Q or 1, 1)
+
+
 @dataclass(frozen=True)
 class RowSums:
     """What a mean-pooling layer's calibration needs from its attention, before λ, variant or w enter.
 
-    Per run of items (see `Run`): Σ_b e^(m_b − top)·O_b, Σ_b O_b, top, the log content mass and the
-    number of baskets each row sees (`_basket_outputs`); and the isolated tokens' scores (B, H, Q, I),
-    −inf where a row may not see the token. Everything is float32.
+    Per run of items (see `Run`): its `RunSums`; and the isolated tokens' scores (B, H, Q, I), −inf where
+    a row may not see the token. They depend on `basket_shares` (through w_b), not on λ, variant or w.
     """
 
     iso_scores: torch.Tensor
-    runs: tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], ...]
+    runs: tuple[RunSums, ...]
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.iso_scores, *(x for run in self.runs for x in run)))
+        tensors = {id(t): t for t in (self.iso_scores, *(x for run in self.runs for x in run))}
+        return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
 @dataclass
@@ -261,8 +276,9 @@ class FirstLayerSums:
     """`RowSums` of the first calibrated layer, kept in RAM (up to `budget` bytes) for later trials.
 
     The first calibrated layer's input is the uncalibrated model's whatever the trial, and its `RowSums`
-    depend only on that input and on where baskets are cut: trials that share the first calibrated layer
-    and basket size (a TPE study draws many) reuse them, and that layer's attention costs only the blend.
+    depend only on that input, on where baskets are cut and on `basket_shares`: trials that share the first
+    calibrated layer, basket size and basket_shares (a TPE study draws many) reuse them, and that layer's
+    attention costs only the blend.
     Reused sums are the very tensors a recomputation would give. The caller sets `batch` before each pass.
     """
 
@@ -298,11 +314,12 @@ def _mean_layer(
     groups = query.shape[1] // key.shape[1]
     key, value = repeat_kv(key, groups), repeat_kv(value, groups)
     reuse = active.first_layer if layer == min(active.spec.layers) else None
-    shared = (layer, geometry.basket_size, geometry.roles)
+    by_size = active.spec.basket_shares == "by_size"
+    shared = (layer, geometry.basket_size, geometry.roles, active.spec.basket_shares)
     sums = reuse.lookup(shared) if reuse is not None else None
     if sums is None:
         allowed = active.allowed(mask, query.shape[0], key.shape[2], query.device)
-        sums = _row_sums(query, key, value, allowed, scaling, geometry)
+        sums = _row_sums(query, key, value, allowed, scaling, geometry, by_size)
         if reuse is not None:
             reuse.offer(shared, sums)
     return _mean_rows(sums, value, geometry, active.spec, query.dtype)
@@ -315,6 +332,7 @@ def _row_sums(
     allowed: torch.Tensor,
     scaling: float,
     geometry: BasketGeometry,
+    by_size: bool,
 ) -> RowSums:
     """The attention half of a mean-pooling layer's calibration, one fused SDPA call per content basket.
 
@@ -330,7 +348,7 @@ def _row_sums(
     runs = tuple(
         _basket_outputs(query[run.begin : run.end], key[run.begin : run.end], value[run.begin : run.end],
                         allowed[run.begin : run.end], geometry.key_content[run.begin : run.end], run,
-                        geometry.basket_size, scaling)
+                        geometry.basket_size, scaling, by_size)
         for run in geometry.runs
     )
     return RowSums(iso_scores, runs)
@@ -341,18 +359,19 @@ def _mean_rows(
 ) -> torch.Tensor:
     """Every row calibrated: the blend of its basket outputs (`_row_sums`) by λ, variant and w → (B, Q, H, D).
 
-    A content key's calibrated weight is a_j·(λ·share/mass_b + 1 − λ) (see `calibrate_rows`), so a row's
-    output is Σ_b c_b·O_b + Σ_t w_t·v_t with c_b = λ·share + (1 − λ)·mass_b, where O_b is the row's
-    attention output renormalised inside basket b and mass_b = e^(m_b − total): two sums over baskets,
-    one weighted by e^(m_b − top), one not, carry everything λ, the variant and w need. `sums` is only
-    read: it may be shared with later trials.
+    A content key's calibrated weight is a_j·(λ·share_b/mass_b + 1 − λ) (see `calibrate_rows`), so a row's
+    output is Σ_b c_b·O_b + Σ_t w_t·v_t with c_b = λ·share_b + (1 − λ)·mass_b, where O_b is the row's
+    attention output renormalised inside basket b and mass_b = e^(m_b − total). share_b is the remainder
+    the isolated tokens leave times w_b / Σ w (w_b: 1 per basket seen, or its seen content keys for
+    by_size), so two sums over baskets, Σ e^(m_b − top)·O_b and Σ w_b·O_b, and Σ w carry everything λ,
+    the variant and w need. `sums` is only read: it may be shared with later trials.
     """
     batch, heads, _, dim = value.shape
     iso = geometry.isolated[:, None, :, None].expand(batch, heads, -1, dim)
     iso_value = value.gather(2, iso).float()
     policies = tuple(spec.policy(role) for role in geometry.roles)
     parts = []
-    for run, (mixed, even, top, content, n_seen) in zip(geometry.runs, sums.runs):
+    for run, (mixed, even, top, content, n_seen, weights_seen) in zip(geometry.runs, sums.runs):
         items = slice(run.begin, run.end)
         iso_scores = sums.iso_scores[items]
         iso_seen = iso_scores > float("-inf")
@@ -361,7 +380,7 @@ def _mean_rows(
         iso_mass = (iso_scores - total).exp()
         n_total = n_seen + iso_seen.sum(-1, keepdim=True)
         targets = isolated_targets(iso_mass, policies, n_total, spec.weight, iso_seen)
-        share = (1.0 - targets.sum(-1, keepdim=True)).clamp_min(0.0) / n_seen.clamp_min(1)
+        share = (1.0 - targets.sum(-1, keepdim=True)).clamp_min(0.0) / weights_seen.clamp_min(1)  # per unit of w
         calibrated = geometry.calibrated[items, None, None, None] & (n_seen > 0)  # (G, 1, Q or 1, 1)
         strength = calibrated.float() * spec.strength
         blended = mixed.mul((1.0 - strength) * (top - total).exp()).addcmul_(even, strength * share)
@@ -382,21 +401,25 @@ def _basket_outputs(
     run: Run,
     size: int,
     scaling: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """For the items of one run, over its baskets: Σ_b e^(m_b − top)·O_b, Σ_b O_b, top, log Σ_b e^(m_b)
-    and the number of baskets each row sees.
+    by_size: bool,
+) -> RunSums:
+    """For the items of one run, over its baskets: Σ_b e^(m_b − top)·O_b, Σ_b w_b·O_b, top, log Σ_b e^(m_b),
+    the number of baskets each row sees and Σ_b w_b (`RunSums`).
 
     m_b is the log of the row's (unnormalised) attention mass on basket b, −inf where the row may not
     see any of its keys (a shorter item's missing baskets, or a causal mask): such a basket is not one
-    of the row's (not counted), and its O_b is 0. Both sums are float32 (G, H, Q, D); `top`, the running
-    maximum of the m_b, and the log of the content mass are (G, H, Q, 1); the count is (G, 1, Q or 1, 1).
-    They are kept online because the blend needs every basket's mass before it can weigh any.
+    of the row's (not counted, w_b = 0), and its O_b is 0. w_b is 1 for a basket the row sees, or with
+    `by_size` the number of its content keys the row sees. Both sums are float32 (G, H, Q, D); `top`, the
+    running maximum of the m_b, and the log of the content mass are (G, H, Q, 1); the counts are
+    (G, 1, Q or 1, 1). They are kept online because the blend needs every basket's mass before it can
+    weigh any.
     """
     keys = key.shape[2]
     mixed = even = None
     top = torch.full((*query.shape[:3], 1), -1e30, device=query.device)
     norm = torch.zeros_like(top)  # Σ_b e^(m_b − top)
     n_seen = torch.zeros((*allowed.shape[:3], 1), device=query.device)
+    weights = torch.zeros_like(n_seen) if by_size else n_seen  # Σ_b w_b: for equal, the basket count itself
     positions = torch.arange(keys, device=query.device)
     for lo in range(run.start, run.start + run.n_baskets * size, size):
         hi = min(lo + size, keys)
@@ -410,23 +433,30 @@ def _basket_outputs(
         out, mass = out.float(), mass[..., None]
         blind = ~visible.any(-1)[..., None]  # (G, 1, Q or 1, 1): the kernel reports 0 and log-mass 0 there
         n_seen += ~blind
+        count = visible.sum(-1, keepdim=True, dtype=torch.float32) if by_size else None  # w_b
+        if count is not None:
+            weights += count
         if bool(blind.any()):
             out, mass = out.masked_fill(blind, 0.0), mass.masked_fill(blind, float("-inf"))
         peak = torch.maximum(top, mass)
         rescale, weight = (top - peak).exp_(), (mass - peak).exp_()
         norm.mul_(rescale).add_(weight)
         if mixed is None or even is None:
-            mixed, even = out * weight, out  # the kernel's output is ours to update
+            mixed = out * weight
+            even = out if count is None else out.mul_(count)  # the kernel's output is ours to update
         else:
             if not bool((peak == top).all()):
                 mixed.mul_(rescale)
             mixed.addcmul_(out, weight)
-            even.add_(out)
+            if count is None:
+                even.add_(out)
+            else:
+                even.addcmul_(out, count)
         top = peak
     if mixed is None or even is None:  # a run of passages too short for one basket has none
         mixed = torch.zeros(query.shape, dtype=torch.float32, device=query.device)
         even = torch.zeros_like(mixed)
-    return mixed, even, top, top + norm.log(), n_seen
+    return RunSums(mixed, even, top, top + norm.log(), n_seen, weights)
 
 
 def _kernel_window(lo: int, hi: int, keys: int, multiple: int = KERNEL_KEY_MULTIPLE) -> tuple[int, int]:

@@ -19,8 +19,10 @@ PaddingSide = Literal["left", "right"]
 Variant = Literal["uniform", "cls_soft", "cls_hard"]
 Policy = Literal["equal", "original", "fixed"]
 Role = Literal["first", "last"]
+BasketShares = Literal["equal", "by_size"]
 
 VARIANTS: tuple[str, ...] = ("uniform", "cls_soft", "cls_hard")
+BASKET_SHARES: tuple[str, ...] = ("equal", "by_size")
 
 # Which special positions sit in baskets of their own (paper Table 4; for mean pooling both ends are sinks).
 DEFAULT_ISOLATION: dict[str, tuple[Role, ...]] = {
@@ -49,7 +51,8 @@ LayerSpec = Annotated[
 
 
 class CalibrationConfig(BaseModel):
-    """The calibration knobs of §3: variant, strength λ, calibrated layers, basket size, isolation."""
+    """The calibration knobs of §3: variant, strength λ, calibrated layers, basket size, isolation, and
+    how content baskets share the mass (`basket_shares`; `by_size` is posfair's, `equal` the paper's)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -62,6 +65,12 @@ class CalibrationConfig(BaseModel):
     padding_side: PaddingSide = "right"
     isolate: tuple[Role, ...] | None = Field(None, description="isolated tokens; default by pooling")
     policies: dict[Role, Policy] | None = Field(None, description="per-token policies overriding the variant")
+    basket_shares: BasketShares = Field(
+        "equal",
+        description="how content baskets split what the isolated tokens leave: 'equal' (the paper, §3: one share "
+        "per basket, a partial last basket included) or 'by_size' (in proportion to the content tokens of each "
+        "basket the row sees, so a partial basket gets a partial share)",
+    )
 
     @field_validator("layers")
     @classmethod
@@ -143,6 +152,7 @@ class CalibrationConfig(BaseModel):
             weight=self.weight,
             pooling=self.pooling,
             policies=tuple(sorted(self.role_policies().items())),
+            basket_shares=self.basket_shares,
             config=self,
         )
 
@@ -162,6 +172,7 @@ class ResolvedCalibration:
     weight: float
     pooling: Pooling
     policies: tuple[tuple[Role, Policy], ...]
+    basket_shares: BasketShares = "equal"
     # What a user wrote, for the test oracle (which derives everything above itself); not part of the
     # identity: two configs that resolve alike calibrate alike.
     config: CalibrationConfig | None = field(default=None, compare=False, repr=False)
@@ -182,6 +193,7 @@ _ALLOWED = {
     "weight": "w in (0, 1)",
     "layers": "[i, j, ...], 'last', 'last:k' or a fraction in (0, 1]",
     "variant": "one of " + ", ".join(VARIANTS),
+    "basket_shares": "one of " + ", ".join(BASKET_SHARES),
 }
 
 

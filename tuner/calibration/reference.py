@@ -6,9 +6,9 @@ sums are accumulated with `scatter_add` and handed back with `gather`. Slow and 
 design; the engine (`rows.py`, `attention.py`) must agree with it. The tests run it in float64.
 
 Independent of the engine: the oracle reads only the fields a user writes in a `CalibrationConfig`
-(variant, strength, layers, basket_size, weight, pooling, isolate, policies) and derives the rest
-itself, from the paper: which tokens are isolated (Table 4), their policies (§3.1, §3.3), the
-baskets, the shares and the calibrated layers. It never calls the config's own resolution
+(variant, strength, layers, basket_size, weight, pooling, isolate, policies, basket_shares) and
+derives the rest itself, from the paper: which tokens are isolated (Table 4), their policies (§3.1,
+§3.3), the baskets, the shares and the calibrated layers. It never calls the config's own resolution
 (`resolve`, `role_policies`, `resolve_layers`, `isolated_roles`), nor anything in `rows.py`.
 
 Rows that cannot see every key (a causal mask): a row is calibrated over what it sees. A content
@@ -16,6 +16,9 @@ basket none of whose keys the row may see is not one of its baskets (it counts i
 gets no share: there is no mass to renormalise), an isolated token it may not see stays at 0 whatever
 its policy, and a row that sees no content basket at all is left as it is. Under a padding mask every
 real row sees every real key, so this only matters for causal masks.
+
+Content baskets split what the isolated tokens leave: equally (§3, `basket_shares: equal`), or in
+proportion to the number of their content keys the row sees (`by_size`).
 """
 
 from __future__ import annotations
@@ -108,8 +111,9 @@ def reference_calibrate(
         sees = allowed[b][:, query_rows, :]
         index = basket_of.expand(*a.shape[:2], -1)
         sums = a.new_zeros(*a.shape[:2], n_baskets).scatter_add_(-1, index, a[..., content])
-        # the baskets each row sees: those with at least one key it may see
-        seen = a.new_zeros(*a.shape[:2], n_baskets).scatter_add_(-1, index, sees[..., content].to(a.dtype)) > 0
+        # per basket, how many of its keys each row may see; the baskets it sees: those with at least one
+        sizes = a.new_zeros(*a.shape[:2], n_baskets).scatter_add_(-1, index, sees[..., content].to(a.dtype))
+        seen = sizes > 0
         n_seen = seen.sum(-1, keepdim=True)  # (H, R, 1)
         iso_seen = sees[..., isolated]  # (H, R, I)
         n_total = n_seen + iso_seen.sum(-1, keepdim=True)
@@ -126,7 +130,10 @@ def reference_calibrate(
         target = torch.stack(targets, -1) if targets else a[..., :0]
         target = target / target.sum(-1, keepdim=True).clamp_min(1.0)  # targets above 1 in all: scaled to 1
         remaining = (1.0 - target.sum(-1, keepdim=True)).clamp_min(0.0)
-        share = torch.where(seen, remaining / n_seen.clamp_min(1), 0.0)  # (H, R, n_baskets)
+        if config.basket_shares == "by_size":  # in proportion to the keys of each basket the row sees
+            share = remaining * sizes / sizes.sum(-1, keepdim=True).clamp_min(1)
+        else:  # equal: one share per basket the row sees
+            share = torch.where(seen, remaining / n_seen.clamp_min(1), 0.0)  # (H, R, n_baskets)
         per_key = torch.where(seen, share / sums.where(seen, 1.0), 0.0)  # basket share ÷ basket mass
         calibrated = torch.zeros_like(a)
         calibrated[..., content] = a[..., content] * per_key.gather(-1, index)

@@ -8,6 +8,10 @@ is not one of its baskets (no share: there is no mass to renormalise), an isolat
 see stays 0 whatever its policy, and a row that sees no content basket is left as it is. Under a
 padding mask every real row sees every real key; a causal mask hides later baskets from earlier rows.
 
+Content baskets split what the isolated tokens leave (`basket_shares`): equally (§3: a partial last
+basket gets as much as a full one), or `by_size`, in proportion to the content keys of each basket the
+row sees (share_b = remainder · cnt_b / Σ cnt), so a partial basket gets a partial share.
+
 Efficiency (Appendix A): baskets are contiguous blocks of `basket_size` keys, so once a passage's
 content span is located (per item: left padding shifts it), basket sums are a reshape of a slice and
 a reduction along the trailing axis, and renormalisation is a broadcast multiplication, in place. No
@@ -132,9 +136,9 @@ def calibrate_rows(
     """Calibrate attention rows `attn` (B, R, K) in float32 and blend with strength λ.
 
     `seen` (B, R or 1, K) marks the keys each row may see. Content baskets split what the isolated
-    tokens leave equally, keeping proportions inside a basket; keys a row does not see stay exactly 0
-    and rows still sum to 1. Items whose content is shorter than one basket come back unchanged, as
-    does everything at λ = 0.
+    tokens leave equally or by size (`spec.basket_shares`), keeping proportions inside a basket; keys a
+    row does not see stay exactly 0 and rows still sum to 1. Items whose content is shorter than one
+    basket come back unchanged, as does everything at λ = 0.
 
     A content key's calibrated weight is its own weight times a per-basket factor f_b, so the blend
     â = λ·a_cal + (1 − λ)·a is one in-place multiplication by λ·f_b + 1 − λ; isolated tokens are then
@@ -165,16 +169,20 @@ def _calibrate_run(
     body = rows[..., window].unflatten(-1, (whole, size))
     tail = rows[..., run.start + whole * size :] if partial else None
     mass = body.sum(-1) if tail is None else torch.cat([body.sum(-1), tail.sum(-1, keepdim=True)], -1)
-    # the baskets each row sees: at least one of their content keys is visible to it
+    # per basket, the content keys each row sees (G, R or 1, baskets); a basket is the row's if it sees one
     content_seen = seen & geometry.key_content[items, None, :]
-    baskets_seen = content_seen[..., window].unflatten(-1, (whole, size)).any(-1)
+    visible = content_seen[..., window].unflatten(-1, (whole, size)).sum(-1)
     if partial:
-        baskets_seen = torch.cat([baskets_seen, content_seen[..., run.start + whole * size :].any(-1, keepdim=True)], -1)
-    n_seen = baskets_seen.sum(-1, keepdim=True)  # (G, R or 1, 1)
+        visible = torch.cat([visible, content_seen[..., run.start + whole * size :].sum(-1, keepdim=True)], -1)
+    n_seen = (visible > 0).sum(-1, keepdim=True)  # (G, R or 1, 1)
 
     n_total = n_seen + iso_seen.sum(-1, keepdim=True)
     targets = isolated_targets(iso_mass, policies, n_total, spec.weight, iso_seen)
-    share = (1.0 - targets.sum(-1, keepdim=True)).clamp_min(0.0) / n_seen.clamp_min(1)
+    remaining = (1.0 - targets.sum(-1, keepdim=True)).clamp_min(0.0)
+    if spec.basket_shares == "by_size":  # share_b = remaining · cnt_b / Σ cnt (baskets it does not see: 0)
+        share = remaining / visible.sum(-1, keepdim=True).clamp_min(1) * visible
+    else:  # equal (§3): one share per basket it sees
+        share = remaining / n_seen.clamp_min(1)
     strength = (geometry.calibrated[items, None, None] & (n_seen > 0)).float() * spec.strength
     multiplier = (share / mass.clamp_min(torch.finfo(torch.float32).tiny)).mul_(strength).add_(1.0 - strength)
     body.mul_(multiplier[..., :whole, None])
