@@ -26,7 +26,8 @@ class Candidate:
 
     `objective` is what the study minimises and `objective_se` its bootstrap standard error over the
     tuning queries; `drift` is the mean 1 − cosine between the trial's document vectors and the
-    uncalibrated ones (0 for no calibration); `constraints` follow Optuna's convention (≤ 0 satisfied).
+    uncalibrated ones (0 for no calibration); `constraints` follow Optuna's convention (≤ 0 satisfied);
+    `hm` breaks what ties remain.
     """
 
     trial_number: int
@@ -34,6 +35,7 @@ class Candidate:
     objective_se: float
     drift: float
     constraints: tuple[float, ...]
+    hm: float = 0.0
 
     @property
     def feasible(self) -> bool:
@@ -64,20 +66,20 @@ class Selection:
 def select(candidates: Iterable[Candidate], rule: Rule = "one-se") -> Selection | None:
     """The winning candidate under `rule`; None when no candidate is feasible (keep the model uncalibrated).
 
-    `lowest`: the lowest objective (ties: lower drift, then the earlier trial). `one-se`: the lowest
-    drift among the candidates within one standard error of the lowest objective (ties: lower
-    objective, then the earlier trial). A candidate with a non-finite objective is never feasible.
+    `lowest`: the lowest objective (ties: lower drift, higher HM, then the earlier trial). `one-se`: the
+    lowest drift among the candidates within one standard error of the lowest objective (ties: lower
+    objective, higher HM, then the earlier trial). A candidate with a non-finite objective never wins.
     """
     if rule not in RULES:
         raise ValueError(f"unknown selection rule {rule!r}; choose one of {', '.join(RULES)}")
     feasible = [c for c in candidates if c.feasible and math.isfinite(c.objective)]
     if not feasible:
         return None
-    best = min(feasible, key=lambda c: (c.objective, c.drift, c.trial_number))
+    best = min(feasible, key=lambda c: (c.objective, c.drift, -c.hm, c.trial_number))
     if rule == "lowest":
         return Selection(rule, best, best, best.objective, (best.trial_number,))
     se = best.objective_se if math.isfinite(best.objective_se) else 0.0
     threshold = best.objective + se
     eligible = sorted((c for c in feasible if c.objective <= threshold), key=lambda c: c.trial_number)
-    winner = min(eligible, key=lambda c: (c.drift, c.objective, c.trial_number))
+    winner = min(eligible, key=lambda c: (c.drift, c.objective, -c.hm, c.trial_number))
     return Selection(rule, winner, best, threshold, tuple(c.trial_number for c in eligible))

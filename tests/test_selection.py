@@ -49,9 +49,11 @@ def test_infeasible_trials_never_win_and_none_feasible_means_no_winner():
     assert not trial(9, 0.1, 0.0, 0.0, float("nan")).feasible
 
 
-def test_ties_go_to_the_lower_objective_then_the_earlier_trial():
+def test_ties_go_to_the_lower_objective_then_the_higher_hm_then_the_earlier_trial():
     a, b, c = trial(3, 0.05, 0.02, 0.010), trial(1, 0.06, 0.02, 0.010), trial(2, 0.05, 0.02, 0.010)
     assert select([a, b, c]).winner == c
+    higher_hm = Candidate(5, 0.05, 0.02, 0.010, (-0.01,), hm=0.6)
+    assert select([a, b, c, higher_hm]).winner == higher_hm
 
 
 def test_an_unknown_rule_is_refused_by_name():

@@ -349,6 +349,9 @@ def _conclude(
         raise NoFeasibleTrialError(_nothing_feasible(study, settings, floor))
     best, selection = picked
     log.info("winner: %s", selection.describe())
+    if best.params.get("strength") == 0:
+        log.warning("no calibration is fairer than the uncalibrated model by more than the tuning split's noise: "
+                    "the export keeps the model uncalibrated (strength 0); `--selection lowest` takes the lowest PSI")
     rows = _summary_rows(study, best, evaluator, heldout, settings)
     export_path = _export(settings, model, study, best, rows, storage, evaluator.dataset, selection)
     summary = staging / "summary.json"
