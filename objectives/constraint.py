@@ -106,25 +106,33 @@ class Constraints:
     max_ndcg_drop   how far aggregate nDCG@10 may fall below the uncalibrated model's (0–1 scale; 0: not at
                     all, the default; None: unconstrained)
     max_general_drop  the same for a general-retrieval set, when one is checked (None: not constrained)
+    max_crops_psi   PSI on the tuning set's crops (its passages re-cut shorter) may be at most this multiple
+                    of the uncalibrated model's PSI there (1: no less fair than no calibration, the default;
+                    None: unconstrained). A config that flattens full passages by over-weighting their end
+                    reverses the bias on shorter ones; this is where that shows.
     """
 
     hm_floor: float
     conservative: bool = True
     max_ndcg_drop: float | None = 0.0
     max_general_drop: float | None = None
+    max_crops_psi: float | None = 1.0
 
     def __post_init__(self) -> None:
+        if self.max_crops_psi is not None and not (math.isfinite(self.max_crops_psi) and self.max_crops_psi >= 0):
+            raise ValueError(f"max_crops_psi must be a multiple >= 0 of the uncalibrated crops PSI (1 = no worse), got {self.max_crops_psi}")
         for name in ("max_ndcg_drop", "max_general_drop"):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a drop allowance >= 0 on the 0–1 scale (0.005 = half a point), got {value}")
 
     def values(
-        self, hm: float, hm_low: float, ndcg_delta: float, general_delta: float | None = None
+        self, hm: float, hm_low: float, ndcg_delta: float, general_delta: float | None = None,
+        crops_psi: tuple[float, float] | None = None,
     ) -> dict[str, float]:
         """Named constraint values for one trial: `hm` and `hm_low` (the lower end of its 95% interval) on the
         tuning split, `ndcg_delta` its aggregate nDCG@10 minus the uncalibrated one, `general_delta` the same
-        on the general set."""
+        on the general set, `crops_psi` (trial, uncalibrated) PSI on the crops when they are scored."""
         values = {"hm_floor": self.hm_floor - (hm_low if self.conservative else hm)}
         if self.max_ndcg_drop is not None:
             values["ndcg_drop"] = -ndcg_delta - self.max_ndcg_drop
@@ -132,4 +140,7 @@ class Constraints:
             if general_delta is None:
                 raise ValueError("a general-retrieval allowance needs the trial's general nDCG@10 change")
             values["general_drop"] = -general_delta - self.max_general_drop
+        if self.max_crops_psi is not None and crops_psi is not None:
+            trial_psi, baseline_psi = crops_psi
+            values["crops_psi"] = trial_psi - self.max_crops_psi * baseline_psi
         return values

@@ -105,3 +105,19 @@ def test_a_general_retrieval_allowance_adds_a_third_constraint() -> None:
 def test_a_negative_or_nan_allowance_is_rejected(field: str, bad: float) -> None:
     with pytest.raises(ValueError, match=f"{field} must be a drop allowance >= 0"):
         Constraints(0.79, **{field: bad})
+
+
+def test_the_crops_may_not_end_less_fair_than_uncalibrated_by_default() -> None:
+    """Crops PSI 0.30 against 0.25 uncalibrated: 0.05 beyond the default multiple 1, infeasible."""
+    assert Constraints(0.79).values(0.80, 0.80, 0.0, crops_psi=(0.30, 0.25))["crops_psi"] == pytest.approx(0.05)
+    assert Constraints(0.79).values(0.80, 0.80, 0.0, crops_psi=(0.20, 0.25))["crops_psi"] == pytest.approx(-0.05)
+    strict = Constraints(0.79, max_crops_psi=0.5).values(0.80, 0.80, 0.0, crops_psi=(0.20, 0.25))
+    assert strict["crops_psi"] == pytest.approx(0.075), "half the uncalibrated PSI is 0.125; 0.20 misses it by 0.075"
+    assert "crops_psi" not in Constraints(0.79, max_crops_psi=None).values(0.80, 0.80, 0.0, crops_psi=(0.9, 0.1))
+    assert "crops_psi" not in Constraints(0.79).values(0.80, 0.80, 0.0), "no crops scored (no segment structure): no constraint"
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf")])
+def test_a_negative_or_non_finite_crops_multiple_is_rejected(bad: float) -> None:
+    with pytest.raises(ValueError, match="max_crops_psi must be a multiple >= 0"):
+        Constraints(0.79, max_crops_psi=bad)

@@ -116,3 +116,46 @@ def test_segments_are_whole_summaries_or_their_opening_sentence_of_unused_articl
 )
 def test_opening_sentence_skips_initials_abbreviations_and_too_short_openings(text, first):
     assert opening_sentence(text) == first
+
+
+def test_crops_are_windows_of_consecutive_dev_segments_regrouped_by_thirds():
+    """Each crop is 2..n-1 consecutive segments of one dev passage, joined as the builder joins them; each
+    query keeps its text and summary and is grouped by the thirds of its new midpoint."""
+    from tuner.data.wikipos import crop_records
+
+    dev = {r["id"]: r for r in records("dev")}
+    crops = list(crop_records(iter(dev.values()), seed=0))
+    assert len(crops) >= 0.9 * sum(len(r["segments"]) >= 3 for r in dev.values())
+    sizes = Counter()
+    for crop in crops:
+        source = dev[crop["id"].removesuffix("-crop")]
+        titles = [s["title"] for s in source["segments"]]
+        window = [s["title"] for s in crop["segments"]]
+        start = titles.index(window[0])
+        assert titles[start:start + len(window)] == window and 2 <= len(window) <= len(titles) - 1
+        sizes[len(window) == len(titles) - 1] += 1
+        pieces = [source["text"][a:b] for a, b in (s["span"] for s in source["segments"][start:start + len(window)])]
+        assert crop["text"] == SEPARATOR.join(pieces)
+        for segment, piece, original in zip(crop["segments"], pieces, source["segments"][start:]):
+            a, b = segment["span"]
+            assert crop["text"][a:b] == piece
+            if original["query"]:
+                midpoint = (a + b) / 2 / len(crop["text"])
+                assert segment["query"]["id"] == original["query"]["id"] + "-crop"
+                assert segment["query"]["text"] == original["query"]["text"]
+                assert segment["query"]["group"] == THIRDS[min(int(midpoint * 3), 2)]
+    assert sizes[True] and sizes[False], "both the longest and shorter windows occur"
+    again = list(crop_records(iter(dev.values()), seed=0))
+    assert again == crops, "deterministic for a seed"
+    other = list(crop_records(iter(dev.values()), seed=1))
+    assert other != crops
+
+
+def test_crops_load_by_name_for_the_thirds_splits_and_not_for_general_retrieval():
+    from tuner.data import load_benchmark, load_crops
+
+    crops = load_benchmark("wikipos-dev-crops")
+    assert crops.group_order == THIRDS and crops.name == "wikipos-dev-crops"
+    assert set(crops.queries) <= {q + "-crop" for q in load_wikipos("dev").queries}, "tuning data: dev's own queries"
+    assert load_crops("wikipos-dev").fingerprint() == crops.fingerprint()
+    assert load_crops("fineweb-posq") is None and load_crops("jsonl:/some/folder") is None

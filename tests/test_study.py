@@ -266,3 +266,32 @@ def test_basket_sizes_no_passage_fills_leave_the_search(workspace: dict) -> None
     study = optuna.load_study(study_name="tiny", storage=settings.storage)
     drawn = {t.params["basket_size"] for t in study.trials}
     assert drawn <= {b for b in (8, 16, 128) if b <= longest} and drawn
+
+
+def test_each_trial_is_constrained_by_its_psi_on_the_crops_against_the_uncalibrated_one(
+    tiny_model_dir, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a crops view, every trial records crops_psi = PSI_crops(config) − 1 × PSI_crops(uncalibrated),
+    recomputed here with a separate Evaluator from the configs Optuna stored."""
+    import tuner.tune
+
+    crops = load_benchmark(f"jsonl:{write_dataset(tmp_path / 'crops', docs=8, seed=5)}")
+    monkeypatch.setattr(tuner.tune, "load_crops", lambda name: crops)
+    settings = TuneSettings(
+        model=str(tiny_model_dir("bert")), pooling="cls", dataset=f"jsonl:{write_dataset(tmp_path / 'data')}", heldout=None,
+        trials=3, hm_floor="-90%", max_ndcg_drop=None, storage=f"sqlite:///{tmp_path / 'o.db'}",
+        tracking_uri=f"sqlite:///{tmp_path / 'm.db'}", output=tmp_path / "best.yaml", study_name="crops", profile_docs=2,
+        bootstrap=20, space=SearchSpace(basket_sizes=(8, 16)), selection="lowest",
+    )
+    tune(settings)
+    model = load_model(settings.model, pooling="cls")
+    evaluator = Evaluator(model, crops, disk_cache=False)
+    uncalibrated = evaluator.run(None).report.psi
+    study = optuna.load_study(study_name="crops", storage=settings.storage)
+    for trial in study.trials[1:]:  # trial 0 is the uncalibrated model itself
+        config = CalibrationConfig(variant=trial.params["variant"], strength=trial.params["strength"],
+                                   layers=trial.user_attrs["layers"], basket_size=trial.params["basket_size"], pooling="cls",
+                                   **({"weight": trial.params["weight"]} if "weight" in trial.params else {}))
+        psi = evaluator.run(config).report.psi
+        assert trial.user_attrs["metrics"]["crops_psi"] == pytest.approx(psi, abs=1e-9)
+        assert trial.constraints["crops_psi"] == pytest.approx(psi - uncalibrated, abs=1e-9)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import subprocess
 import sys
@@ -97,6 +98,7 @@ def run(
     trials: Annotated[int, typer.Option(help="Complete trials to reach (failed ones do not count).")] = DEFAULT_TRIALS,
     hm_floor: Annotated[str, typer.Option(help="'significant' (HM's 95% lower bound above the uncalibrated HM), 'baseline' (HM at least the uncalibrated HM), a value like 0.52, or relative like -1%.")] = "significant",
     max_ndcg_drop: Annotated[str, typer.Option(help="How far aggregate nDCG@10 may fall below the uncalibrated model's (0–1 scale, e.g. 0.005); 'none' lifts the constraint.")] = "0",
+    max_crops_psi: Annotated[str, typer.Option(help="PSI on the tuning passages re-cut shorter (WikiPos sets) may be at most this multiple of the uncalibrated PSI there (1: no less fair than no calibration); 'none' lifts the constraint.")] = "1",
     selection: Annotated[str, typer.Option(help="How the winner is named: 'one-se' (the mildest trial within one standard error of the lowest PSI) or 'lowest' (the lowest PSI).")] = "one-se",
     heldout: Annotated[str | None, typer.Option(help="Held-out benchmark(s) for the final report, comma-separated; 'auto': WikiPos-test and the WikiPos transfer sets for WikiPos-dev, FineWeb-PosQ's held-out part for FineWeb-PosQ; 'none' for none.")] = "auto",
     general: Annotated[str | None, typer.Option(help="General-retrieval check, e.g. wikipos-general: its nDCG@10 change is logged every trial; a constraint only with --max-general-drop.")] = None,
@@ -128,6 +130,7 @@ def run(
         settings = TuneSettings(
             model=model, pooling=pooling, dataset=dataset, heldout=heldout, general=general, max_general_drop=max_general_drop,
             trials=trials, seed=seed, hm_floor=hm_floor, max_ndcg_drop=parse_allowance(max_ndcg_drop, "--max-ndcg-drop"),
+            max_crops_psi=parse_multiple(max_crops_psi, "--max-crops-psi"),
             selection=selection, pareto=pareto, storage=storage, study_name=study_name,
             tracking_uri=tracking_uri, output=output, batch_size=batch_size, batch_tokens=batch_tokens, profile_docs=profile_docs,
             bootstrap=bootstrap, trust_remote_code=trust_remote_code, revision=revision,
@@ -271,6 +274,19 @@ def parse_allowance(text: str, flag: str) -> float | None:
         raise ValueError(f"{flag} {text!r}: write a drop on the 0–1 scale such as 0.005 (half a point), or none") from None
     if not 0 <= value <= 1:
         raise ValueError(f"{flag} must be between 0 and 1 (0.005 is half a point of nDCG@10), got {text!r}")
+    return value
+
+
+def parse_multiple(text: str, flag: str) -> float | None:
+    """'1' → 1.0 (a multiple of the uncalibrated value, >= 0); 'none' → None (no constraint)."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{flag} {text!r}: write a multiple of the uncalibrated PSI such as 1 or 0.8, or none") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{flag} must be a finite multiple >= 0 (1 = no less fair than uncalibrated), got {text!r}")
     return value
 
 

@@ -22,9 +22,10 @@ from tuner.tracking import Tracker, TrialRecord
 
 
 @dataclass(frozen=True)
-class GeneralCheck:
-    """General retrieval, scored every trial: a constraint when `Constraints.max_general_drop` is set,
-    otherwise only a reported figure (`general_ndcg10_delta`) that constrains nothing."""
+class SideSet:
+    """A second set scored with every trial's config beside the tuning split, with its uncalibrated report:
+    general retrieval (a constraint with `Constraints.max_general_drop`, otherwise a reported figure) or the
+    tuning split's crops (`Constraints.max_crops_psi`)."""
 
     evaluator: Evaluator
     baseline: PositionReport
@@ -47,7 +48,8 @@ class TrialObjective:
         staging: Path,
         *,
         pareto: bool = False,
-        general: GeneralCheck | None = None,
+        general: SideSet | None = None,
+        crops: SideSet | None = None,
         profile_docs: int = 16,
     ) -> None:
         self.evaluator = evaluator
@@ -58,6 +60,7 @@ class TrialObjective:
         self.staging = staging
         self.pareto = pareto
         self.general = general
+        self.crops = crops
         ids = sorted(evaluator.dataset.corpus)
         random.Random(0).shuffle(ids)
         self.profile_texts = [evaluator.dataset.corpus[d] for d in ids[:profile_docs]]
@@ -78,7 +81,11 @@ class TrialObjective:
             general_delta = None
             if self.general is not None:
                 general_delta = self.general.evaluator.run(config).report.ndcg10 - self.general.baseline.ndcg10
-            constraints = self.constraints.values(evidence.hm, evidence.hm_low, evidence.ndcg_delta, general_delta)
+            crops, crops_psi = None, None
+            if self.crops is not None:
+                crops = self.crops.evaluator.run(config).report
+                crops_psi = (crops.psi, self.crops.baseline.psi)
+            constraints = self.constraints.values(evidence.hm, evidence.hm_low, evidence.ndcg_delta, general_delta, crops_psi)
             profile = AttentionProfile()
             CalibratedEncoder(model, config).encode(self.profile_texts, batch_size=self.evaluator.batch_size,
                                                     batch_tokens=self.evaluator.batch_tokens, observer=profile)
@@ -105,6 +112,8 @@ class TrialObjective:
         )
         if general_delta is not None:
             metrics["general_ndcg10_delta"] = general_delta
+        if crops is not None:
+            metrics.update(crops_psi=crops.psi, crops_hm=crops.hm, crops_ndcg10=crops.ndcg10)
         attributes = {"metrics": metrics, "layers": layers, "psi": report.psi, "hm": report.hm,
                       "psi_se": evidence.objective_se, "drift": evaluation.drift}
         for key, value in attributes.items():

@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from typing import Any
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -27,7 +28,7 @@ from tqdm.auto import tqdm
 from objectives import RULES, Constraints, HmFloor, PairedBootstrap, PositionReport, Selection, paired_bootstrap
 from tuner.calibration import CalibrationConfig
 from tuner.cost import StudyCost, padded_tokens, probe
-from tuner.data import DatasetUnavailableError, PositionalDataset, load_benchmark
+from tuner.data import DatasetUnavailableError, PositionalDataset, load_benchmark, load_crops
 from tuner.data import check_available as check_benchmark
 from tuner.data.wikipos import TRANSFER_SPLITS
 from tuner.evaluation import Evaluation, Evaluator
@@ -35,7 +36,7 @@ from tuner.export import build_export, write_exported
 from tuner.models import (
     REGISTRY, LoadedModel, ModelUnavailableError, check_consent, hub_revision, load_model, locate, resolve_spec,
 )
-from tuner.objective import GeneralCheck, TrialObjective
+from tuner.objective import SideSet, TrialObjective
 from tuner.plots import optuna_figures, pareto_scatter
 from tuner.prefix import prefix_layers_for
 from tuner.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, SearchSpace, is_reference_trial, trial_basket_shares
@@ -77,6 +78,7 @@ class TuneSettings:
     seed: int = 0
     hm_floor: str = "significant"
     max_ndcg_drop: float | None = 0.0  # aggregate nDCG@10 may fall this much below the uncalibrated (None: any)
+    max_crops_psi: float | None = 1.0  # PSI on the tuning set's crops, as a multiple of the uncalibrated (None: off)
     selection: str = "one-se"
     pareto: bool = False
     storage: str | None = None
@@ -122,7 +124,8 @@ class TuneSettings:
     def constraints(self, baseline_hm: float) -> Constraints:
         """What a trial must respect, given the uncalibrated HM on the tuning split."""
         floor = HmFloor.parse(self.hm_floor)
-        return Constraints(floor.resolve(baseline_hm), floor.conservative, self.max_ndcg_drop, self.max_general_drop)
+        return Constraints(floor.resolve(baseline_hm), floor.conservative, self.max_ndcg_drop, self.max_general_drop,
+                           self.max_crops_psi)
 
     def study_name_for(self, model: LoadedModel) -> str:
         """Default: model--dataset--seedN, in characters safe for file names and MLflow filters."""
@@ -230,7 +233,7 @@ def split_datasets(settings: TuneSettings) -> tuple[PositionalDataset, list[Posi
 
 
 def estimate_cost(
-    evaluator: Evaluator, heldout: list[PositionalDataset], general: PositionalDataset | None, profile_docs: int,
+    evaluator: Evaluator, heldout: list[PositionalDataset], side: list[PositionalDataset], profile_docs: int,
 ) -> StudyCost:
     """What this run will encode, priced by a probe on this device (see `tuner.cost`)."""
     model, batches = evaluator.model, evaluator.batches()
@@ -241,10 +244,10 @@ def estimate_cost(
         if held.corpus != tuning.corpus:
             once += 3 * padded_tokens(model, list(held.corpus.values()))
     per_trial = batches.tokens() * min(profile_docs, batches.count) // max(batches.count, 1)
-    if general is not None:
-        general_tokens = padded_tokens(model, list(general.corpus.values()))
-        once += general_tokens + padded_tokens(model, list(general.queries.values()))
-        per_trial += general_tokens
+    for extra in side:  # scored every trial beside the tuning split (general retrieval, crops)
+        extra_tokens = padded_tokens(model, list(extra.corpus.values()))
+        once += extra_tokens + padded_tokens(model, list(extra.queries.values()))
+        per_trial += extra_tokens
     return StudyCost(probe(model, batches), batches.count, batches.tokens(), batches.truncated, model.max_length,
                      per_trial, once)
 
@@ -274,8 +277,11 @@ def tune(settings: TuneSettings) -> TuneOutcome | None:
     )
     space = _fitting_space(settings.space, evaluator)
     general = load_benchmark(settings.general) if settings.general else None
+    crops = load_crops(settings.dataset) if settings.max_crops_psi is not None else None
+    if settings.max_crops_psi is not None and crops is None and not settings.worker:
+        log.info("%s has no crops view (its passages' segments are unknown): --max-crops-psi does not apply", tuning.name)
     if not settings.worker:
-        for line in estimate_cost(evaluator, heldout, general, settings.profile_docs).describe(settings.trials, DEFAULT_TRIALS):
+        for line in estimate_cost(evaluator, heldout, [d for d in (general, crops) if d], settings.profile_docs).describe(settings.trials, DEFAULT_TRIALS):
             log.info(line)
     name = settings.study_name_for(model)
     identity = {
@@ -288,6 +294,7 @@ def tune(settings: TuneSettings) -> TuneOutcome | None:
         "dataset_fingerprint": tuning.fingerprint(),
         "hm_floor": settings.hm_floor,
         "max_ndcg_drop": settings.max_ndcg_drop,
+        "max_crops_psi": settings.max_crops_psi,
         "space": space.as_dict(),
         "pareto": settings.pareto,
         "seed": settings.seed,
@@ -315,7 +322,9 @@ def tune(settings: TuneSettings) -> TuneOutcome | None:
     try:
         objective = TrialObjective(
             evaluator, space, replace(settings.constraints(0.0), hm_floor=floor), tracker, name, staging,
-            pareto=settings.pareto, general=_general_check(model, settings, general), profile_docs=settings.profile_docs,
+            pareto=settings.pareto, general=_side_set(model, settings, general, cache_budget=0),  # short documents
+            crops=_side_set(model, settings, crops, prefix_layers=evaluator.prefix_layers, cache_budget=settings.cache_budget),
+            profile_docs=settings.profile_docs,
         )
         with tqdm(total=settings.trials, initial=len(complete_trials(study)), desc="trials", unit="trial",
                   disable=not sys.stderr.isatty()) as progress:
@@ -372,11 +381,13 @@ def _nothing_feasible(study: optuna.Study, settings: TuneSettings, floor: float)
     """Why no trial won: the best each constraint saw, and what to relax."""
     complete = complete_trials(study)
     worst = {name: min((t.constraints.get(name, 0.0) for t in complete), default=float("nan"))
-             for name in ("hm_floor", "ndcg_drop", "general_drop")}
+             for name in ("hm_floor", "ndcg_drop", "general_drop", "crops_psi")}
     parts = [f"no trial met the constraints; nothing exported. HM floor {100 * floor:.2f} ({settings.hm_floor})"
              f", missed by at least {100 * worst['hm_floor']:.2f} points" if worst["hm_floor"] > 0 else ""]
     if worst["ndcg_drop"] > 0:
         parts.append(f"every trial lost aggregate nDCG@10 (the smallest loss beyond the allowance: {100 * worst['ndcg_drop']:.2f} points)")
+    if worst["crops_psi"] > 0:
+        parts.append("every trial made the crops (the tuning passages re-cut shorter) less fair than --max-crops-psi allows")
     if worst["general_drop"] > 0:
         parts.append(f"every trial dropped general nDCG@10 beyond --max-general-drop (by at least {100 * worst['general_drop']:.2f} points)")
     return "; ".join(p for p in parts if p) + (
@@ -445,7 +456,7 @@ def reexport(
     tracker = Tracker(tracking_uri or attrs.get("tracking_uri"), EXPERIMENT)  # an unreachable server fails here
     settings = TuneSettings(
         model=attrs["model_name"], pooling=attrs["pooling"], dataset=attrs["dataset_name"], seed=attrs["seed"], hm_floor=attrs["hm_floor"],
-        max_ndcg_drop=attrs.get("max_ndcg_drop"), selection=selection,
+        max_ndcg_drop=attrs.get("max_ndcg_drop"), max_crops_psi=attrs.get("max_crops_psi"), selection=selection,
         pareto=attrs["pareto"], storage=storage, study_name=study_name, output=output, tracking_uri=tracker.uri,
         heldout=attrs.get("heldout", "auto"), trust_remote_code=trust_remote_code or bool(attrs.get("trust_remote_code")),
         revision=hub_revision(attrs["revision"]),
@@ -495,12 +506,12 @@ def _log_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial, progress: t
         log.warning("trial %d %s: %s", trial.number, trial.state.name, trial.user_attrs.get("failure_reason", "interrupted"))
 
 
-def _general_check(model: LoadedModel, settings: TuneSettings, general: PositionalDataset | None) -> GeneralCheck | None:
-    if general is None:
+def _side_set(model: LoadedModel, settings: TuneSettings, dataset: PositionalDataset | None, **cache: Any) -> SideSet | None:
+    """A set scored beside the tuning split every trial, with its uncalibrated report measured once."""
+    if dataset is None:
         return None
-    evaluator = Evaluator(model, general, settings.batch_size, batch_tokens=settings.batch_tokens,
-                          cache_budget=0)  # short documents
-    return GeneralCheck(evaluator, evaluator.run(None).report)
+    evaluator = Evaluator(model, dataset, settings.batch_size, batch_tokens=settings.batch_tokens, **cache)
+    return SideSet(evaluator, evaluator.run(None).report)
 
 
 def _config_of(trial: optuna.trial.FrozenTrial, model: LoadedModel) -> CalibrationConfig:

@@ -31,11 +31,12 @@ from __future__ import annotations
 
 import gzip
 import json
+import random
 from collections.abc import Iterator
 from importlib import resources
 from typing import Any
 
-from tuner.data.dataset import FIFTHS, SLOT_THIRDS, THIRDS, PositionalDataset, span_midpoint
+from tuner.data.dataset import FIFTHS, SLOT_THIRDS, THIRDS, PositionalDataset, span_midpoint, span_third
 
 SPLITS: tuple[str, ...] = ("dev", "test", "general", "sentences", "mixed", "lengths")
 TRANSFER_SPLITS: tuple[str, ...] = ("sentences", "mixed", "lengths")
@@ -90,8 +91,45 @@ def dataset_from_records(
     )
 
 
-def load_wikipos(split: str) -> PositionalDataset:
-    """Load a packaged WikiPos split ("dev", "test" or "general") as `wikipos-{split}`."""
+def crop_records(records: Iterator[dict[str, Any]], seed: int = 0) -> Iterator[dict[str, Any]]:
+    """Each passage of three or more segments cut to a random window of 2..n-1 consecutive segments.
+
+    Why: a calibration tuned on full 512-token passages can over-correct on shorter ones (the last basket
+    is then partly filled, so each remaining token gets a larger share), which is how a dev winner reverses
+    the bias on passages built differently. The crops hold the same summaries and queries as the passages
+    they come from, so they are tuning data, never held-out data; each query's group is re-labelled by the
+    thirds of its new position. Deterministic for a given `seed`.
+    """
+    rng = random.Random(seed)
+    for record in records:
+        segments = record["segments"]
+        if len(segments) < 3:
+            continue
+        size = rng.randint(2, len(segments) - 1)
+        start = rng.randint(0, len(segments) - size)
+        window = segments[start:start + size]
+        texts = [record["text"][a:b] for a, b in (segment["span"] for segment in window)]
+        text = "\n\n".join(texts)
+        cropped, offset = [], 0
+        for segment, piece in zip(window, texts):
+            span = [offset, offset + len(piece)]
+            query = segment.get("query")
+            if query is not None and "group" in query:
+                query = {**query, "id": f"{query['id']}-crop", "group": span_third(*span, len(text))}
+            cropped.append({**segment, "span": span, "query": query})
+            offset += len(piece) + 2
+        if any(segment["query"] for segment in cropped):
+            yield {**record, "id": f"{record['id']}-crop", "text": text, "segments": cropped}
+
+
+def load_wikipos_crops(split: str, seed: int = 0) -> PositionalDataset:
+    """A WikiPos split with every passage cut short (`crop_records`), as `wikipos-{split}-crops`."""
+    if GROUP_ORDER.get(split) != THIRDS:
+        raise ValueError(f"crops are defined for the splits grouped by thirds (dev, test, lengths), not {split!r}")
+    return dataset_from_records(f"wikipos-{split}-crops", crop_records(_split_records(split), seed), THIRDS)
+
+
+def _split_records(split: str) -> Iterator[dict[str, Any]]:
     if split not in SPLITS:
         raise ValueError(f"unknown WikiPos split {split!r}; valid splits: {', '.join(SPLITS)}")
     resource = resources.files(DATA_PACKAGE).joinpath(DATA_FOLDER).joinpath(split_filename(split))
@@ -100,4 +138,9 @@ def load_wikipos(split: str) -> PositionalDataset:
             f"WikiPos file {split_filename(split)} is missing from {DATA_PACKAGE}/{DATA_FOLDER}; "
             "rebuild it with `python -m tuner.data.build_wikipos` or reinstall posfair"
         )
-    return dataset_from_records(f"wikipos-{split}", read_records(resource.read_bytes()), GROUP_ORDER[split])
+    return read_records(resource.read_bytes())
+
+
+def load_wikipos(split: str) -> PositionalDataset:
+    """Load a packaged WikiPos split ("dev", "test" or "general") as `wikipos-{split}`."""
+    return dataset_from_records(f"wikipos-{split}", _split_records(split), GROUP_ORDER[split])
