@@ -1,7 +1,7 @@
 """Position-aware retrieval metrics and the constrained tuning objective (no model code here)."""
 
 from objectives.bootstrap import Interval, PairedBootstrap, paired_bootstrap
-from objectives.constraint import Candidate, HmFloor, constraint_value, constraint_values, pick_winner
+from objectives.constraint import Constraints, HmFloor
 from objectives.metrics import (
     Aggregates,
     PerQuery,
@@ -14,10 +14,12 @@ from objectives.metrics import (
     score_queries,
 )
 from objectives.retrieval import Run, exact_search
+from objectives.selection import RULES, Candidate, Selection, select
 
 __all__ = [
     "Aggregates",
     "Candidate",
+    "Constraints",
     "HmFloor",
     "Interval",
     "PairedBootstrap",
@@ -26,13 +28,13 @@ __all__ = [
     "Run",
     "StratumReport",
     "aggregate",
-    "constraint_value",
-    "constraint_values",
     "evaluate",
     "exact_search",
     "harmonic_mean",
     "paired_bootstrap",
-    "pick_winner",
     "position_sensitivity",
+    "RULES",
+    "Selection",
+    "select",
     "score_queries",
 ]

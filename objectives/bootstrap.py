@@ -49,6 +49,8 @@ class PairedBootstrap:
     groups: dict[str, Interval]
     n_resamples: int
     n_undefined: int
+    tilt: Interval | None = None
+    position_psi: Interval | None = None
 
     def summary(self) -> str:
         """One log line: ΔHM and ΔnDCG@10 in points, ΔPSI raw."""
@@ -104,6 +106,8 @@ def paired_bootstrap(
         groups={group: interval("groups", g) for g, group in enumerate(baseline.group_order)},
         n_resamples=n_resamples,
         n_undefined=int(np.isnan(resampled["hm"]).sum()) if has_groups else 0,
+        tilt=interval("tilt") if "tilt" in point else None,
+        position_psi=interval("position_psi") if "position_psi" in point else None,
     )
 
 
@@ -113,6 +117,10 @@ def _deltas(baseline: PerQuery, candidate: PerQuery, weights: np.ndarray) -> dic
     deltas = {"ndcg10": cand.ndcg10 - base.ndcg10, "groups": cand.group_ndcg10 - base.group_ndcg10}
     if base.hm is not None and cand.hm is not None and base.psi is not None and cand.psi is not None:
         deltas |= {"hm": cand.hm - base.hm, "psi": cand.psi - base.psi}
+    if base.tilt is not None and cand.tilt is not None:
+        deltas["tilt"] = cand.tilt - base.tilt
+    if base.position_psi is not None and cand.position_psi is not None:
+        deltas["position_psi"] = cand.position_psi - base.position_psi
     return deltas
 
 

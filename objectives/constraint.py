@@ -1,22 +1,29 @@
-"""The constrained objective: minimise PSI while HM stays above a floor.
+"""The constraints a calibration must respect to win: HM above a floor, aggregate nDCG@10 not below the
+uncalibrated model's, and optionally general retrieval kept.
 
 PSI alone rewards flattening every group down to the worst one (paper, Ethics statement), so the
-study treats HM as a hard constraint. Constraint values follow Optuna's `constraints_func`
-convention: a value ≤ 0 is satisfied.
+study constrains HM; and a calibration that buys fairness with aggregate effectiveness has not helped
+the user, so aggregate nDCG@10 is constrained too. Constraint values follow Optuna's convention: a
+value ≤ 0 is satisfied.
+
+The default HM floor is `significant`: the lower end of the 95% paired-bootstrap interval of the
+trial's HM must reach the uncalibrated HM, i.e. calibration must raise HM by more than the tuning
+split's noise. The plain `baseline` floor (point estimate ≥ uncalibrated HM) is cleared by almost any
+calibration and therefore selects nothing.
 """
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from objectives.metrics import PositionReport
 
 _ACCEPTED = (
-    "'baseline' (the uncalibrated HM), an absolute HM on the 0–1 scale such as '0.52', "
-    "or a signed change relative to the baseline HM such as '-1%' or '+0.5%'"
+    "'significant' (HM significantly above the uncalibrated HM: the default), 'baseline' (HM at least the "
+    "uncalibrated HM), an absolute HM on the 0–1 scale such as '0.52', or a signed change relative to the "
+    "baseline HM such as '-1%' or '+0.5%'"
 )
 _PERCENT = re.compile(r"^([+-]?)\s*(\d+(?:\.\d*)?|\.\d+)\s*%$")
 
@@ -25,33 +32,35 @@ _PERCENT = re.compile(r"^([+-]?)\s*(\d+(?:\.\d*)?|\.\d+)\s*%$")
 class HmFloor:
     """The lowest HM a calibration may reach and still win.
 
-    `kind` 'absolute': `value` is the floor on the 0–1 scale. 'relative': `value` is a fraction of the
-    baseline HM (-0.01 for '-1%'), so the floor is baseline × (1 + value). 'baseline': the floor is the
-    uncalibrated HM itself (the default: calibrate only if HM does not get worse).
+    `kind` 'significant' (the default): the floor is the uncalibrated HM, and a trial clears it only with
+    the lower end of its HM's 95% paired-bootstrap interval (`conservative`). 'baseline': the floor is the
+    uncalibrated HM, cleared by the point estimate. 'absolute': `value` is the floor on the 0–1 scale.
+    'relative': `value` is a fraction of the baseline HM (-0.01 for '-1%'), so the floor is
+    baseline × (1 + value).
 
     Absolute floors are always on the 0–1 scale: '52' is rejected rather than guessed to mean 0.52.
     """
 
-    kind: Literal["baseline", "absolute", "relative"] = "baseline"
+    kind: Literal["significant", "baseline", "absolute", "relative"] = "significant"
     value: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.kind not in ("baseline", "absolute", "relative"):
+        if self.kind not in ("significant", "baseline", "absolute", "relative"):
             raise ValueError(f"unknown HM floor kind {self.kind!r}; accepted: {_ACCEPTED}")
         if self.kind == "absolute" and not 0 <= self.value <= 1:
             hint = f" (for {self.value:g} points write {self.value / 100:g})" if 1 < self.value <= 100 else ""
             raise ValueError(f"HM floor {self.value:g} is not on the 0–1 scale{hint}; accepted: {_ACCEPTED}")
         if self.kind == "relative" and not self.value > -1:
             raise ValueError(f"a relative HM floor of {self.value:+.0%} would allow HM to drop to 0 or below")
-        if self.kind == "baseline" and self.value != 0:
-            raise ValueError("a 'baseline' HM floor takes no value")
+        if self.kind in ("significant", "baseline") and self.value != 0:
+            raise ValueError(f"a {self.kind!r} HM floor takes no value")
 
     @classmethod
     def parse(cls, text: str) -> HmFloor:
         """Parse a CLI value; raises ValueError naming the accepted forms."""
         cleaned = text.strip().lower()
-        if cleaned == "baseline":
-            return cls()
+        if cleaned in ("significant", "baseline"):
+            return cls(cleaned)  # type: ignore[arg-type]
         percent = _PERCENT.match(cleaned)
         if percent:
             sign, magnitude = percent.groups()
@@ -74,62 +83,64 @@ class HmFloor:
             return baseline_hm * (1 + self.value)
         return baseline_hm
 
+    @property
+    def conservative(self) -> bool:
+        """Whether the floor is cleared by the lower end of the HM's interval rather than its point estimate."""
+        return self.kind == "significant"
+
     def __str__(self) -> str:
         """The CLI form, so a logged floor can be passed back to `parse`."""
         if self.kind == "absolute":
             return f"{self.value:g}"
         if self.kind == "relative":
             return f"{self.value * 100:+g}%"
-        return "baseline"
-
-
-def constraint_value(hm: float, floor: float) -> float:
-    """floor − HM: ≤ 0 when HM reaches the floor."""
-    return floor - hm
-
-
-def constraint_values(
-    report: PositionReport,
-    floor: float,
-    general_delta: float | None = None,
-    max_general_drop: float | None = None,
-) -> tuple[float, ...]:
-    """Optuna constraint values for one trial (each ≤ 0 when satisfied).
-
-    The HM floor always applies. With `max_general_drop` (0–1 scale: 0.005 is half a point) a second
-    constraint keeps general-retrieval nDCG@10 from dropping by more than that; `general_delta` is the
-    candidate − baseline change in that nDCG@10, and the constraint is its drop minus the allowance.
-    """
-    if report.hm is None:
-        raise ValueError(f"dataset {report.dataset!r} has no position groups, so it has no HM to constrain")
-    if (general_delta is None) != (max_general_drop is None):
-        raise ValueError("general_delta and max_general_drop go together: give both or neither")
-    values = [constraint_value(report.hm, floor)]
-    if general_delta is not None and max_general_drop is not None:
-        if max_general_drop < 0:
-            raise ValueError(f"max_general_drop must be ≥ 0 (a drop allowance), got {max_general_drop}")
-        values.append(-general_delta - max_general_drop)
-    return tuple(values)
+        return self.kind
 
 
 @dataclass(frozen=True)
-class Candidate:
-    """One finished trial as the winner selection sees it."""
+class Constraints:
+    """What a trial must respect to win, as named Optuna constraint values (≤ 0 satisfied).
 
-    trial_number: int
-    psi: float
-    hm: float
-    constraints: tuple[float, ...]
-
-    @property
-    def feasible(self) -> bool:
-        return all(value <= 0 for value in self.constraints)
-
-
-def pick_winner(candidates: Iterable[Candidate]) -> Candidate | None:
-    """The feasible candidate with the lowest PSI, ties to the higher HM, then the earlier trial.
-
-    None when no candidate is feasible: the caller should then keep the model uncalibrated.
+    hm_floor        the HM floor on the 0–1 scale (`HmFloor.resolve`); `conservative`: compare the lower
+                    end of the trial's HM interval with it, not its point estimate
+    max_ndcg_drop   how far aggregate nDCG@10 may fall below the uncalibrated model's (0–1 scale; 0: not at
+                    all, the default; None: unconstrained)
+    max_general_drop  the same for a general-retrieval set, when one is checked (None: not constrained)
+    max_crops_psi   PSI on the tuning set's crops (its passages re-cut shorter) may be at most this multiple
+                    of the uncalibrated model's PSI there (1: no less fair than no calibration, the default;
+                    None: unconstrained). A config that flattens full passages by over-weighting their end
+                    reverses the bias on shorter ones; this is where that shows.
     """
-    feasible = [c for c in candidates if c.feasible]
-    return min(feasible, key=lambda c: (c.psi, -c.hm, c.trial_number), default=None)
+
+    hm_floor: float
+    conservative: bool = True
+    max_ndcg_drop: float | None = 0.0
+    max_general_drop: float | None = None
+    max_crops_psi: float | None = 1.0
+
+    def __post_init__(self) -> None:
+        if self.max_crops_psi is not None and not (math.isfinite(self.max_crops_psi) and self.max_crops_psi >= 0):
+            raise ValueError(f"max_crops_psi must be a multiple >= 0 of the uncalibrated crops PSI (1 = no worse), got {self.max_crops_psi}")
+        for name in ("max_ndcg_drop", "max_general_drop"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a drop allowance >= 0 on the 0–1 scale (0.005 = half a point), got {value}")
+
+    def values(
+        self, hm: float, hm_low: float, ndcg_delta: float, general_delta: float | None = None,
+        crops_psi: tuple[float, float] | None = None,
+    ) -> dict[str, float]:
+        """Named constraint values for one trial: `hm` and `hm_low` (the lower end of its 95% interval) on the
+        tuning split, `ndcg_delta` its aggregate nDCG@10 minus the uncalibrated one, `general_delta` the same
+        on the general set, `crops_psi` (trial, uncalibrated) PSI on the crops when they are scored."""
+        values = {"hm_floor": self.hm_floor - (hm_low if self.conservative else hm)}
+        if self.max_ndcg_drop is not None:
+            values["ndcg_drop"] = -ndcg_delta - self.max_ndcg_drop
+        if self.max_general_drop is not None:
+            if general_delta is None:
+                raise ValueError("a general-retrieval allowance needs the trial's general nDCG@10 change")
+            values["general_drop"] = -general_delta - self.max_general_drop
+        if self.max_crops_psi is not None and crops_psi is not None:
+            trial_psi, baseline_psi = crops_psi
+            values["crops_psi"] = trial_psi - self.max_crops_psi * baseline_psi
+        return values

@@ -8,7 +8,7 @@ which lets the bootstrap reuse exactly the aggregation the report uses (`aggrega
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import ir_measures
 import numpy as np
@@ -17,6 +17,10 @@ from tuner.data.dataset import PositionalDataset
 
 NDCG10 = ir_measures.nDCG @ 10
 RECALL10 = ir_measures.R @ 10
+POSITION_BINS = tuple(f"fifth-{i}" for i in range(1, 6))
+"""Bins of the finer position profile: fifths of the relative position of a query's answer."""
+THIRD_CENTRES = {"begin": 1 / 6, "middle": 1 / 2, "end": 5 / 6}
+"""Where a thirds group sits, for the tilt of a dataset that knows groups but not spans (FineWeb-PosQ)."""
 
 
 def harmonic_mean(values: Sequence[float]) -> float:
@@ -80,8 +84,10 @@ class PerQuery:
 
     `membership[i, g]` is 1 when query i counts in group g (a query may count in several).
     `stratum_membership` is one-hot over `strata_order` (all zeros for a query without a position, which
-    counts for aggregate nDCG only); an unstratified dataset gets a single
-    all-ones column (and `strata_order == ()`), so one code path serves both.
+    counts for aggregate nDCG only); an unstratified dataset gets a single all-ones column (and
+    `strata_order == ()`), so one code path serves both. `positions` holds each query's relative answer
+    position in [0, 1] (NaN where unknown); `placed` says where it is the span's own midpoint rather than
+    the centre of the query's third.
     """
 
     query_ids: tuple[str, ...]
@@ -91,6 +97,8 @@ class PerQuery:
     membership: np.ndarray
     strata_order: tuple[str, ...]
     stratum_membership: np.ndarray
+    positions: np.ndarray | None = None
+    placed: np.ndarray | None = None
 
     def cell_counts(self) -> np.ndarray:
         """Queries per (stratum, group) cell, shape (strata, groups)."""
@@ -103,7 +111,9 @@ class Aggregates:
 
     Shapes: `ndcg10`, `recall10` (R,); `group_ndcg10` (R, G) pooled over strata; the `stratum_*`
     arrays (R, S, G) and (R, S), None for a dataset without position groups. A cell that a row leaves
-    empty is NaN, and so is every HM/PSI that depends on it.
+    empty is NaN, and so is every HM/PSI that depends on it. `position_ndcg10` (R, 5) is the profile
+    over fifths of the answer position and `tilt` (R,) the signed trend along the passage (see
+    `tilt`); both None where the dataset cannot place its queries.
     """
 
     ndcg10: np.ndarray
@@ -112,6 +122,13 @@ class Aggregates:
     stratum_group_ndcg10: np.ndarray
     stratum_hm: np.ndarray | None
     stratum_psi: np.ndarray | None
+    position_ndcg10: np.ndarray | None = None
+    tilt: np.ndarray | None = None
+
+    @property
+    def position_psi(self) -> np.ndarray | None:
+        """PSI over the fifths of the position profile: position sensitivity at a finer granularity."""
+        return None if self.position_ndcg10 is None else _position_sensitivity(self.position_ndcg10)
 
     @property
     def hm(self) -> np.ndarray | None:
@@ -140,6 +157,16 @@ def aggregate(per_query: PerQuery, weights: np.ndarray) -> Aggregates:
         stratum_group = totals / counts
         pooled_group = totals.sum(axis=1) / counts.sum(axis=1)
     n_weighted = weights.sum(axis=1)
+    profile = trend = None
+    if per_query.positions is not None:
+        known = ~np.isnan(per_query.positions)
+        if known.any():
+            trend = _tilt(weights[:, known], per_query.positions[known], per_query.ndcg10[known])
+        if per_query.placed is not None and per_query.placed.all():
+            bins = np.minimum((per_query.positions * len(POSITION_BINS)).astype(int), len(POSITION_BINS) - 1)
+            onehot = np.eye(len(POSITION_BINS))[bins]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                profile = (weights @ (onehot * per_query.ndcg10[:, None])) / (weights @ onehot)
     return Aggregates(
         ndcg10=weights @ per_query.ndcg10 / n_weighted,
         recall10=weights @ per_query.recall10 / n_weighted,
@@ -147,7 +174,23 @@ def aggregate(per_query: PerQuery, weights: np.ndarray) -> Aggregates:
         stratum_group_ndcg10=stratum_group,
         stratum_hm=_harmonic_mean(stratum_group) if n_groups else None,
         stratum_psi=_position_sensitivity(stratum_group) if n_groups else None,
+        position_ndcg10=profile,
+        tilt=trend,
     )
+
+
+def _tilt(weights: np.ndarray, positions: np.ndarray, scores: np.ndarray) -> np.ndarray:
+    """Signed trend of nDCG@10 along the passage, relative to its mean, for every row of `weights`.
+
+    The weighted least-squares slope of per-query nDCG@10 against the answer's relative position
+    (0 = start, 1 = end), divided by the mean nDCG@10: the fitted change from the first to the last
+    character as a fraction of the mean. Negative: the beginning is favoured (the bias calibration
+    corrects); positive: the end is favoured (over-correction). NaN when a row's positions do not vary.
+    """
+    n, sx, sy = weights.sum(axis=1), weights @ positions, weights @ scores
+    sxx, sxy = weights @ positions**2, weights @ (positions * scores)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return (n * sxy - sx * sy) / (n * sxx - sx**2) / (sy / n)
 
 
 @dataclass(frozen=True)
@@ -169,6 +212,8 @@ class PositionReport:
     general-retrieval sets (no groups). For stratified datasets they are the unweighted mean over
     `strata` of the within-stratum HM/PSI — comparing positions inside a length quartile keeps
     document length from masquerading as position — so they are not the HM/PSI of `group_ndcg10`.
+    `position_ndcg10`/`position_psi` profile the passage by fifths where the dataset knows its spans;
+    `tilt` says which end is favoured (negative: the beginning; positive: the end), see `_tilt`.
     """
 
     dataset: str
@@ -180,16 +225,24 @@ class PositionReport:
     hm: float | None
     psi: float | None
     strata: tuple[StratumReport, ...] = ()
+    position_ndcg10: dict[str, float] = field(default_factory=dict)
+    position_psi: float | None = None
+    tilt: float | None = None
 
     def as_dict(self) -> dict[str, float]:
         """Flat metrics for logging: `ndcg10`, `recall10`, `n_queries`, `ndcg10_<group>`, `n_<group>` (queries
-        in the group), `hm`, `psi`, and per stratum `<stratum>/ndcg10_<group>`, `<stratum>/n_<group>`,
-        `<stratum>/hm`, `<stratum>/psi`."""
+        in the group), `hm`, `psi`, `ndcg10_fifth-k`, `psi_fifths`, `tilt`, and per stratum
+        `<stratum>/ndcg10_<group>`, `<stratum>/n_<group>`, `<stratum>/hm`, `<stratum>/psi`."""
         flat: dict[str, float] = {"ndcg10": self.ndcg10, "recall10": self.recall10, "n_queries": self.n_queries}
         flat |= {f"ndcg10_{group}": value for group, value in self.group_ndcg10.items()}
         flat |= {f"n_{group}": count for group, count in self.group_counts.items()}
         if self.hm is not None and self.psi is not None:
             flat |= {"hm": self.hm, "psi": self.psi}
+        flat |= {f"ndcg10_{name}": value for name, value in self.position_ndcg10.items()}
+        if self.position_psi is not None:
+            flat["psi_fifths"] = self.position_psi
+        if self.tilt is not None:
+            flat["tilt"] = self.tilt
         for stratum in self.strata:
             flat |= {f"{stratum.name}/ndcg10_{group}": value for group, value in stratum.group_ndcg10.items()}
             flat |= {f"{stratum.name}/n_{group}": count for group, count in stratum.group_counts.items()}
@@ -231,6 +284,9 @@ def evaluate(run: Mapping[str, Mapping[str, float]], dataset: PositionalDataset)
         hm=None if hm is None else float(hm[0]),
         psi=None if psi is None else float(psi[0]),
         strata=strata,
+        position_ndcg10={} if point.position_ndcg10 is None else dict(zip(POSITION_BINS, point.position_ndcg10[0].tolist())),
+        position_psi=None if point.position_psi is None else float(point.position_psi[0]),
+        tilt=None if point.tilt is None else float(point.tilt[0]),
     )
     return report, per_query
 
@@ -267,8 +323,9 @@ def _per_query(run: Mapping[str, Mapping[str, float]], dataset: PositionalDatase
         stratum_membership = np.ones((len(query_ids), 1))
 
     ndcg10, recall10 = score_queries(run, dataset.qrels, query_ids)
+    positions, placed = _positions(dataset, query_ids) if group_order else (None, None)
     per_query = PerQuery(
-        query_ids, ndcg10, recall10, group_order, membership, strata_order, stratum_membership
+        query_ids, ndcg10, recall10, group_order, membership, strata_order, stratum_membership, positions, placed
     )
     empty = np.argwhere(per_query.cell_counts() == 0)
     if len(empty):
@@ -276,3 +333,16 @@ def _per_query(run: Mapping[str, Mapping[str, float]], dataset: PositionalDatase
         where = f" in stratum {strata_order[s]!r}" if strata_order else ""
         raise ValueError(f"group {group_order[g]!r} has no query{where}: its nDCG@10 is undefined")
     return per_query
+
+
+def _positions(dataset: PositionalDataset, query_ids: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Each query's relative answer position: its span midpoint where the dataset knows it, else the centre of
+    its begin/middle/end third(s) (NaN for other groups); and which positions are span midpoints."""
+    placed = np.array([qid in dataset.positions for qid in query_ids], dtype=bool)
+    positions = np.full(len(query_ids), np.nan)
+    for i, qid in enumerate(query_ids):
+        if placed[i]:
+            positions[i] = dataset.positions[qid]
+        elif (labels := dataset.groups.get(qid, ())) and all(label in THIRD_CENTRES for label in labels):
+            positions[i] = float(np.mean([THIRD_CENTRES[label] for label in labels]))
+    return positions, placed

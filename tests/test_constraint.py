@@ -1,38 +1,27 @@
-"""Specification of the HM floor, the Optuna constraint values and the winner selection."""
+"""Specification of the HM floor and the Optuna constraint values (selection: tests/test_selection.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from objectives.constraint import Candidate, HmFloor, constraint_value, constraint_values, pick_winner
-from objectives.metrics import PositionReport
-
-
-def report(hm: float | None = 0.80) -> PositionReport:
-    return PositionReport(
-        dataset="toy",
-        n_queries=3,
-        ndcg10=0.81,
-        recall10=0.9,
-        group_ndcg10={} if hm is None else {"begin": 0.85, "middle": 0.80, "end": 0.76},
-        group_counts={} if hm is None else {"begin": 1, "middle": 1, "end": 1},
-        hm=hm,
-        psi=None if hm is None else 0.106,
-    )
+from objectives.constraint import Constraints, HmFloor
 
 
 # --- HmFloor ------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("text", ["baseline", " Baseline "])
-def test_baseline_floor_is_the_uncalibrated_hm(text: str) -> None:
+def test_baseline_floor_is_the_uncalibrated_hm_cleared_by_the_point_estimate(text: str) -> None:
     floor = HmFloor.parse(text)
-    assert floor == HmFloor()
+    assert floor == HmFloor("baseline")
     assert floor.resolve(0.7866) == 0.7866
+    assert not floor.conservative
 
 
-def test_the_default_floor_is_baseline() -> None:
+def test_the_default_floor_is_significant_the_uncalibrated_hm_cleared_by_the_lower_bound() -> None:
+    assert HmFloor() == HmFloor.parse("significant")
     assert HmFloor().resolve(0.5) == 0.5
+    assert HmFloor().conservative
 
 
 @pytest.mark.parametrize(("text", "expected"), [("0.52", 0.52), ("0", 0.0), ("1", 1.0), (".7", 0.7)])
@@ -45,7 +34,7 @@ def test_relative_floor_scales_the_baseline_hm(text: str, expected: float) -> No
     assert HmFloor.parse(text).resolve(0.8) == pytest.approx(expected)
 
 
-@pytest.mark.parametrize("text", ["baseline", "0.52", "-1%", "+0.5%"])
+@pytest.mark.parametrize("text", ["significant", "baseline", "0.52", "-1%", "+0.5%"])
 def test_a_floor_prints_as_text_that_parses_back_to_it(text: str) -> None:
     floor = HmFloor.parse(text)
     assert str(floor) == text
@@ -73,7 +62,7 @@ def test_bad_floor_text_is_rejected_with_a_helpful_message(text: str, message: s
 
 
 def test_rejections_of_unreadable_floors_name_the_accepted_forms() -> None:
-    with pytest.raises(ValueError, match=r"accepted: 'baseline'.*'0\.52'.*'-1%'"):
+    with pytest.raises(ValueError, match=r"accepted: 'significant'.*'baseline'.*'0\.52'.*'-1%'"):
         HmFloor.parse("auto")
 
 
@@ -87,65 +76,48 @@ def test_a_floor_built_directly_is_validated_too() -> None:
 # --- constraint values --------------------------------------------------------------------------
 
 
-def test_constraint_value_is_floor_minus_hm_so_non_positive_means_feasible() -> None:
-    assert constraint_value(hm=0.80, floor=0.79) == pytest.approx(-0.01)
-    assert constraint_value(hm=0.79, floor=0.79) == 0.0
-    assert constraint_value(hm=0.78, floor=0.79) == pytest.approx(0.01)
+def test_the_hm_constraint_is_floor_minus_the_lower_bound_when_conservative() -> None:
+    # HM 0.80 with its interval down to 0.785, floor 0.79: the point clears it, the lower bound does not.
+    assert Constraints(0.79).values(hm=0.80, hm_low=0.785, ndcg_delta=0.0)["hm_floor"] == pytest.approx(0.005)
+    assert Constraints(0.79, conservative=False).values(0.80, 0.785, 0.0)["hm_floor"] == pytest.approx(-0.01)
 
 
-def test_constraint_values_hold_the_hm_floor_alone_by_default() -> None:
-    assert constraint_values(report(hm=0.80), floor=0.79) == pytest.approx((-0.01,))
+def test_aggregate_ndcg_may_not_fall_below_the_uncalibrated_model_by_default() -> None:
+    values = Constraints(0.79).values(hm=0.80, hm_low=0.80, ndcg_delta=-0.0004)
+    assert values == pytest.approx({"hm_floor": -0.01, "ndcg_drop": 0.0004})
+    assert Constraints(0.79).values(0.80, 0.80, ndcg_delta=0.0)["ndcg_drop"] == 0.0, "no change is allowed"
+    relaxed = Constraints(0.79, max_ndcg_drop=0.005).values(0.80, 0.80, ndcg_delta=-0.003)
+    assert relaxed["ndcg_drop"] == pytest.approx(-0.002), "half a point allowed, 0.3 lost: feasible by 0.2"
+    assert "ndcg_drop" not in Constraints(0.79, max_ndcg_drop=None).values(0.80, 0.80, -0.5)
 
 
-def test_a_general_retrieval_allowance_adds_a_second_constraint() -> None:
+def test_a_general_retrieval_allowance_adds_a_third_constraint() -> None:
+    constraints = Constraints(0.79, max_general_drop=0.005)
     # General nDCG@10 dropped 0.3 points with 0.5 allowed: feasible by 0.2 points.
-    values = constraint_values(report(), floor=0.79, general_delta=-0.003, max_general_drop=0.005)
-    assert values == pytest.approx((-0.01, -0.002))
-    # A 0.7-point drop breaks it by 0.2 points; a gain is always fine.
-    assert constraint_values(report(), 0.79, -0.007, 0.005)[1] == pytest.approx(0.002)
-    assert constraint_values(report(), 0.79, +0.01, 0.0)[1] == pytest.approx(-0.01)
+    assert constraints.values(0.80, 0.80, 0.0, general_delta=-0.003)["general_drop"] == pytest.approx(-0.002)
+    assert constraints.values(0.80, 0.80, 0.0, general_delta=-0.007)["general_drop"] == pytest.approx(0.002)
+    with pytest.raises(ValueError, match="general nDCG@10 change"):
+        constraints.values(0.80, 0.80, 0.0)
 
 
-@pytest.mark.parametrize(("delta", "allowance"), [(-0.003, None), (None, 0.005)])
-def test_the_general_delta_and_its_allowance_come_together(delta: float | None, allowance: float | None) -> None:
-    with pytest.raises(ValueError, match="give both or neither"):
-        constraint_values(report(), 0.79, general_delta=delta, max_general_drop=allowance)
+@pytest.mark.parametrize("field", ["max_ndcg_drop", "max_general_drop"])
+@pytest.mark.parametrize("bad", [-0.005, float("nan")])
+def test_a_negative_or_nan_allowance_is_rejected(field: str, bad: float) -> None:
+    with pytest.raises(ValueError, match=f"{field} must be a drop allowance >= 0"):
+        Constraints(0.79, **{field: bad})
 
 
-def test_a_negative_allowance_is_rejected() -> None:
-    with pytest.raises(ValueError, match="max_general_drop"):
-        constraint_values(report(), 0.79, general_delta=0.0, max_general_drop=-0.005)
+def test_the_crops_may_not_end_less_fair_than_uncalibrated_by_default() -> None:
+    """Crops PSI 0.30 against 0.25 uncalibrated: 0.05 beyond the default multiple 1, infeasible."""
+    assert Constraints(0.79).values(0.80, 0.80, 0.0, crops_psi=(0.30, 0.25))["crops_psi"] == pytest.approx(0.05)
+    assert Constraints(0.79).values(0.80, 0.80, 0.0, crops_psi=(0.20, 0.25))["crops_psi"] == pytest.approx(-0.05)
+    strict = Constraints(0.79, max_crops_psi=0.5).values(0.80, 0.80, 0.0, crops_psi=(0.20, 0.25))
+    assert strict["crops_psi"] == pytest.approx(0.075), "half the uncalibrated PSI is 0.125; 0.20 misses it by 0.075"
+    assert "crops_psi" not in Constraints(0.79, max_crops_psi=None).values(0.80, 0.80, 0.0, crops_psi=(0.9, 0.1))
+    assert "crops_psi" not in Constraints(0.79).values(0.80, 0.80, 0.0), "no crops scored (no segment structure): no constraint"
 
 
-def test_a_report_without_position_groups_cannot_be_constrained_on_hm() -> None:
-    with pytest.raises(ValueError, match="no position groups"):
-        constraint_values(report(hm=None), floor=0.79)
-
-
-# --- winner -------------------------------------------------------------------------------------
-
-
-def test_the_winner_is_the_feasible_candidate_with_the_lowest_psi() -> None:
-    candidates = [
-        Candidate(trial_number=0, psi=0.15, hm=0.80, constraints=(-0.01,)),
-        Candidate(trial_number=1, psi=0.05, hm=0.70, constraints=(0.09,)),  # lowest PSI, but below the floor
-        Candidate(trial_number=2, psi=0.12, hm=0.79, constraints=(0.0,)),  # exactly on the floor counts
-        Candidate(trial_number=3, psi=0.10, hm=0.81, constraints=(-0.02, 0.001)),  # breaks the general check
-    ]
-    assert pick_winner(candidates) == candidates[2]
-
-
-def test_a_psi_tie_goes_to_the_higher_hm_then_to_the_earlier_trial() -> None:
-    low_hm = Candidate(trial_number=0, psi=0.1, hm=0.80, constraints=(-0.01,))
-    high_hm = Candidate(trial_number=1, psi=0.1, hm=0.82, constraints=(-0.03,))
-    twin = Candidate(trial_number=2, psi=0.1, hm=0.82, constraints=(-0.03,))
-    assert pick_winner([low_hm, twin, high_hm]) == high_hm
-
-
-def test_no_feasible_candidate_means_no_winner() -> None:
-    assert pick_winner([Candidate(0, psi=0.1, hm=0.7, constraints=(0.05,))]) is None
-    assert pick_winner([]) is None
-
-
-def test_a_nan_constraint_is_not_feasible() -> None:
-    assert not Candidate(0, psi=0.1, hm=0.8, constraints=(float("nan"),)).feasible
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf")])
+def test_a_negative_or_non_finite_crops_multiple_is_rejected(bad: float) -> None:
+    with pytest.raises(ValueError, match="max_crops_psi must be a multiple >= 0"):
+        Constraints(0.79, max_crops_psi=bad)

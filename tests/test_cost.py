@@ -40,7 +40,7 @@ def test_the_estimate_counts_the_corpus_batches_queries_and_a_held_out_corpus(tm
 
     tuning, heldout = dataset("t", [40, 30, 10], 2), dataset("h", [20, 20], 3)
     evaluator = Evaluator(model, tuning, batch_size=2, disk_cache=False)
-    cost = estimate_cost(evaluator, heldout, None, profile_docs=1)
+    cost = estimate_cost(evaluator, [heldout], [], profile_docs=1)
     # Batches, long first, two a batch, [CLS] and [SEP] added: (42, 32) padded to 42, then (12): 2·42 + 12.
     assert cost.corpus_tokens == 96 and cost.passages == 3 and cost.truncated == 0
     assert cost.per_trial_tokens == 96 * 1 // 3, "one profile passage of the average padded length"
@@ -48,4 +48,4 @@ def test_the_estimate_counts_the_corpus_batches_queries_and_a_held_out_corpus(tm
     assert cost.once_tokens == 5 * 5 + 3 * 44
     assert cost.probe.rows == 2 and cost.probe.length == 42 and cost.probe.seconds > 0
     same_corpus = PositionalDataset("h", tuning.corpus, heldout.queries, {q: {"t0": 1} for q in heldout.queries})
-    assert estimate_cost(evaluator, same_corpus, None, profile_docs=1).once_tokens == 25, "FineWeb-PosQ's parts share it"
+    assert estimate_cost(evaluator, [same_corpus], [], profile_docs=1).once_tokens == 25, "FineWeb-PosQ's parts share it"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 from importlib import resources
 from pathlib import Path
@@ -20,7 +21,7 @@ from tuner.data.build_wikipos import (
     minilm_token_counter,
 )
 from tuner.data.dataset import THIRDS, span_third
-from tuner.data.wikipos import SPLITS, load_wikipos, read_records, split_filename
+from tuner.data.wikipos import SPLITS, TRANSFER_SPLITS, load_wikipos, read_records, split_filename
 
 PACKAGED = Path(str(resources.files("tuner.data").joinpath("wikipos")))
 
@@ -51,7 +52,7 @@ def source() -> dict[str, dict]:
 
 
 def test_splits_load_as_positional_datasets_of_the_planned_size():
-    dev, test, general = (load_wikipos(split) for split in SPLITS)
+    dev, test, general = (load_wikipos(split) for split in ("dev", "test", "general"))
     assert (dev.name, test.name, general.name) == ("wikipos-dev", "wikipos-test", "wikipos-general")
     assert (len(dev.corpus), len(test.corpus), len(general.corpus)) == (300, 400, 500)
     for positional in (dev, test):
@@ -86,13 +87,14 @@ def test_passages_join_3_to_5_summaries_of_one_topic_and_groups_follow_the_midpo
 
 
 def test_each_query_is_the_description_of_a_summary_in_its_relevant_passage(source):
-    for split in SPLITS:
+    for split in SPLITS:  # (the transfer sets' segments may be a summary's opening sentence: test_data_transfer)
         dataset = load_wikipos(split)
         for record in records(split):
             for segment in record["segments"]:
                 article = source[segment["title"]]
                 start, end = segment["span"]
-                assert record["text"][start:end] == " ".join(article["extract"].split())
+                summary, piece = " ".join(article["extract"].split()), record["text"][start:end]
+                assert piece == summary if split not in TRANSFER_SPLITS else summary.startswith(piece)
                 assert article["topic"] == record["topic"]
                 if segment["query"]:
                     qid = segment["query"]["id"]
@@ -104,7 +106,11 @@ def test_splits_share_no_passage_and_no_summary():
     titles = {split: {s["title"] for r in records(split) for s in r["segments"]} for split in SPLITS}
     assert titles["dev"].isdisjoint(titles["test"])
     assert titles["general"].isdisjoint(titles["dev"] | titles["test"])
-    queries = [q for split in SPLITS for q in load_wikipos(split).queries.values()]
+    for one, other in itertools.combinations(SPLITS, 2):
+        if {one, other} <= set(TRANSFER_SPLITS) and "lengths" in (one, other):
+            continue  # lengths is drawn again from every unused summary (build_wikipos, step 8)
+        assert titles[one].isdisjoint(titles[other]), f"{one} and {other} share a summary"
+    queries = [q for split in SPLITS if split != "lengths" for q in load_wikipos(split).queries.values()]
     assert len(queries) == len(set(q.casefold() for q in queries)), "every query text is unique"
 
 
@@ -114,7 +120,7 @@ def test_packaged_files_are_small_and_reproducible_gzip():
         data = (PACKAGED / split_filename(split)).read_bytes()
         assert data[4:8] == b"\0\0\0\0", "gzip mtime must be 0 so rebuilds are byte-identical"
         total += len(data)
-    assert total < 1_000_000
+    assert total < 2_000_000  # the package stays small: dev, test, general and the three transfer sets
     assert "CC BY-SA 4.0" in (PACKAGED / "ATTRIBUTION.md").read_text(encoding="utf-8")
 
 

@@ -45,7 +45,7 @@ def test_plain_tune_bge_m3_tunes_on_fineweb_posq_from_the_cache_and_exports(head
     assert exported["model"]["max_length"] == MAX_LENGTH
     assert exported["provenance"]["dataset"] == "fineweb-posq-tune"
     # The authors' sampling keeps all 30 × 3 questions here (fewer than 1,000 per group); passages split in halves.
-    for part in ("tuning", "heldout"):
+    for part in ("tuning", "heldout/fineweb-posq-heldout"):
         assert {k: exported["metrics"][part][k] for k in ("n_begin", "n_middle", "n_end", "n_queries")} == \
             {"n_begin": 15, "n_middle": 15, "n_end": 15, "n_queries": 45}
 

@@ -187,6 +187,7 @@ def test_as_dict_flattens_the_report_for_logging() -> None:
             "n_end": 2,
             "hm": 0.6,  # 3 / (1/1.0 + 1/0.5 + 1/0.5), worked by hand
             "psi": 0.5,  # 1 - 0.5/1.0
+            "tilt": -12 / 11,  # begin 1, middle .5, end 0 and 1 at third centres: tests/test_position_profile.py
         }
     )
 

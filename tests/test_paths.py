@@ -213,7 +213,8 @@ def test_tune_bge_m3_on_fineweb_posq_scores_as_computed_independently(hub: FakeH
     calibration = CalibrationConfig(**exported["calibration"])
     assert calibration.strength > 0, "the fixture should make a calibrated config win; else the oracle check is void"
     documents = {None: model.encode(texts), "winner": model.encode(texts, calibration)}
-    for part, prefix in (("tune", "tuning"), ("heldout", "heldout")):
+    for part, metrics, baseline in (("tune", "tuning", "tuning_baseline"),
+                                    ("heldout", "heldout/fineweb-posq-heldout", "heldout_baseline/fineweb-posq-heldout")):
         dataset = load_benchmark(f"fineweb-posq:{bge_m3_run['local']}", part=part,  # which passages: the loader's split
                                  cache_dir=str(hub.root / "datasets-cache"))
         questions = list(dataset.queries.values())
@@ -224,7 +225,7 @@ def test_tune_bge_m3_on_fineweb_posq_scores_as_computed_independently(hub: FakeH
         for key, docs in documents.items():
             gains = dict(zip(questions, ndcg10(queries, docs, doc_ids, relevant)))
             expected = figures(gains, groups) | {"n_begin": 8, "n_middle": 8, "n_end": 8}
-            assert_figures(exported["metrics"][prefix if key else f"{prefix}_baseline"], expected, f"{prefix} {key}")
+            assert_figures(exported["metrics"][metrics if key else baseline], expected, f"{metrics} {key}")
 
 
 def test_general_alone_is_a_reported_check_not_a_constraint(hub: FakeHub, bge_m3_run: dict, general_set) -> None:
@@ -235,7 +236,7 @@ def test_general_alone_is_a_reported_check_not_a_constraint(hub: FakeHub, bge_m3
                               storage=f"sqlite:///{work / 'mlruns/optuna.db'}")
     trials = study.trials
     assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE] * 3
-    assert all(list(t.constraints) == ["hm_floor"] for t in trials)
+    assert all(list(t.constraints) == ["hm_floor", "ndcg_drop"] for t in trials)
     client = MlflowClient(hub.tracking_uri)
     runs = client.search_runs([client.get_experiment_by_name("posfair").experiment_id],
                               f"tags.`posfair.role` = 'trial' and tags.`posfair.study` = '{study.study_name}'")

@@ -1,6 +1,6 @@
 """The search space's `basket_shares` dimension, and the reference trials enqueued beside it.
 
-The default space fixes `by_size` without making it an Optuna parameter; a space with several values
+The default space fixes the paper's `equal` without making it an Optuna parameter; a space with several values
 suggests it. Either way the paper's default trial calibrates with the paper's `equal`, and the baseline
 and paper-default trials keep the parameters they always had.
 """
@@ -39,13 +39,14 @@ def run(space: SearchSpace, trials: int, references: tuple[dict, ...] = (BASELIN
     return study, configs
 
 
-def test_the_default_space_fixes_by_size_without_a_parameter() -> None:
-    space = SearchSpace()
-    assert space.basket_shares == ("by_size",)
+@pytest.mark.parametrize("shares", ["equal", "by_size"])
+def test_a_single_value_is_fixed_without_a_parameter(shares: str) -> None:
+    space = SearchSpace() if shares == "equal" else SearchSpace(basket_shares=(shares,))
+    assert space.basket_shares == (shares,), "the default space fixes the paper's equal"
     study, configs = run(space, 6, references=())
-    assert all(c.basket_shares == "by_size" for c in configs)
+    assert all(c.basket_shares == shares for c in configs)
     assert all(set(t.params) <= FOUR_KNOBS | {"weight"} for t in study.trials)  # parameter names unchanged
-    assert all(trial_basket_shares(t) == "by_size" for t in study.trials)  # recorded, so the config can be rebuilt
+    assert all(trial_basket_shares(t) == shares for t in study.trials)  # recorded, so the config can be rebuilt
 
 
 def test_several_values_are_a_categorical_parameter() -> None:
@@ -78,9 +79,9 @@ def test_the_paper_default_calibrates_with_equal_and_keeps_its_parameters(shares
 
 
 def test_a_drawn_trial_with_the_paper_default_knobs_is_not_the_paper_default() -> None:
-    """In the default space a TPE trial may draw λ 0.5, 50%, B 128, CLS-Soft: it calibrates with by_size,
+    """In a by_size space a TPE trial may draw λ 0.5, 50%, B 128, CLS-Soft: it calibrates with by_size,
     so it is neither found as the paper default nor keeps the paper default from being enqueued."""
-    space = SearchSpace()
+    space = SearchSpace(basket_shares=("by_size",))
     study = optuna.create_study()
     study.enqueue_trial({k: v for k, v in PAPER_DEFAULT_PARAMS.items() if k != "basket_shares"})  # no pin
     trial = study.ask()

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from functools import cache
 from dataclasses import replace
 from pathlib import Path
 
@@ -64,9 +65,16 @@ def study_backend(backend: str, tmp_path: Path) -> tuple[str, str, str]:
     return require_postgres(), require_mlflow_server(), f"shared-{os.getpid()}-{time.time_ns()}"
 
 
+@cache
+def polled(url: str) -> optuna.storages.RDBStorage:
+    """One storage (one connection pool) per URL for the polling loops: a fresh `load_study(storage=url)` every
+    50 ms opens a new pool each time and exhausts PostgreSQL's connection limit."""
+    return optuna.storages.RDBStorage(url)
+
+
 def complete_count(storage: str, name: str = "shared") -> int:
     try:
-        return len(optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False, states=(COMPLETE,)))
+        return len(optuna.load_study(study_name=name, storage=polled(storage)).get_trials(deepcopy=False, states=(COMPLETE,)))
     except KeyError:  # the study does not exist yet
         return 0
 
@@ -117,7 +125,7 @@ def test_a_worker_killed_mid_trial_is_detected_and_its_trial_rerun(backend: str,
     while killed is None and time.monotonic() < deadline and victim.poll() is None:
         time.sleep(0.05)
         try:
-            running = optuna.load_study(study_name=name, storage=storage).get_trials(states=(optuna.trial.TrialState.RUNNING,))
+            running = optuna.load_study(study_name=name, storage=polled(storage)).get_trials(states=(optuna.trial.TrialState.RUNNING,))
         except KeyError:
             continue
         if running and running[0].number >= 2:

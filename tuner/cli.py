@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import subprocess
 import sys
@@ -95,8 +96,11 @@ def run(
     pooling: Annotated[str | None, typer.Option(help="cls|last|mean, for a model outside the registry.")] = None,
     dataset: Annotated[str | None, typer.Option(help="Benchmark to tune on (see `tune evaluate --help`); default: fineweb-posq for bge-m3, qwen3-embedding-* and gte-multilingual-base, wikipos-dev otherwise.")] = None,
     trials: Annotated[int, typer.Option(help="Complete trials to reach (failed ones do not count).")] = DEFAULT_TRIALS,
-    hm_floor: Annotated[str, typer.Option(help="'baseline' (uncalibrated HM), a value like 0.52, or relative like -1%.")] = "baseline",
-    heldout: Annotated[str | None, typer.Option(help="Held-out benchmark for the final report; 'auto' picks WikiPos-test / FineWeb-PosQ's held-out part; 'none' for none.")] = "auto",
+    hm_floor: Annotated[str, typer.Option(help="'significant' (HM's 95% lower bound above the uncalibrated HM), 'baseline' (HM at least the uncalibrated HM), a value like 0.52, or relative like -1%.")] = "significant",
+    max_ndcg_drop: Annotated[str, typer.Option(help="How far aggregate nDCG@10 may fall below the uncalibrated model's (0–1 scale, e.g. 0.005); 'none' lifts the constraint.")] = "0",
+    max_crops_psi: Annotated[str, typer.Option(help="PSI on the tuning passages re-cut shorter (WikiPos sets) may be at most this multiple of the uncalibrated PSI there (1: no less fair than no calibration); 'none' lifts the constraint.")] = "1",
+    selection: Annotated[str, typer.Option(help="How the winner is named: 'one-se' (the mildest trial within one standard error of the lowest PSI) or 'lowest' (the lowest PSI).")] = "one-se",
+    heldout: Annotated[str | None, typer.Option(help="Held-out benchmark(s) for the final report, comma-separated; 'auto': WikiPos-test and the WikiPos transfer sets for WikiPos-dev, FineWeb-PosQ's held-out part for FineWeb-PosQ; 'none' for none.")] = "auto",
     general: Annotated[str | None, typer.Option(help="General-retrieval check, e.g. wikipos-general: its nDCG@10 change is logged every trial; a constraint only with --max-general-drop.")] = None,
     max_general_drop: Annotated[float | None, typer.Option(help="Second constraint: general nDCG@10 may drop at most this much (0–1 scale).")] = None,
     pareto: Annotated[bool, typer.Option("--pareto", help="Two-objective search (PSI down, HM up); reports the front.")] = False,
@@ -125,7 +129,9 @@ def run(
     with _friendly_errors():
         settings = TuneSettings(
             model=model, pooling=pooling, dataset=dataset, heldout=heldout, general=general, max_general_drop=max_general_drop,
-            trials=trials, seed=seed, hm_floor=hm_floor, pareto=pareto, storage=storage, study_name=study_name,
+            trials=trials, seed=seed, hm_floor=hm_floor, max_ndcg_drop=parse_allowance(max_ndcg_drop, "--max-ndcg-drop"),
+            max_crops_psi=parse_multiple(max_crops_psi, "--max-crops-psi"),
+            selection=selection, pareto=pareto, storage=storage, study_name=study_name,
             tracking_uri=tracking_uri, output=output, batch_size=batch_size, batch_tokens=batch_tokens, profile_docs=profile_docs,
             bootstrap=bootstrap, trust_remote_code=trust_remote_code, revision=revision,
             workers=workers, worker=worker, heartbeat=heartbeat, cache_budget=parse_bytes(cache_budget),
@@ -194,6 +200,7 @@ def export(
     output: Annotated[Path | None, typer.Option(help="Default: mlruns/exports/STUDY.yaml.")] = None,
     tracking_uri: Annotated[str | None, typer.Option(help="MLflow store to log the export to; default: the one the study logged to.")] = None,
     trust_remote_code: Annotated[bool, typer.Option(help="Allow the model's own code (restored anyway if the study was tuned with it).")] = False,
+    selection: Annotated[str, typer.Option(help="'one-se' or 'lowest' (see `tune run --help`).")] = "one-se",
     options: OptionsFile = None,
 ) -> None:
     """Re-export a study's current winner (e.g. after more trials), with fresh held-out figures.
@@ -203,7 +210,7 @@ def export(
     with _friendly_errors():
         from tuner.tune import reexport
 
-        path = reexport(study_name, storage, output, tracking_uri, trust_remote_code)
+        path = reexport(study_name, storage, output, tracking_uri, trust_remote_code, selection)
     console.print(f"exported: [bold]{path}[/bold]")
 
 
@@ -255,6 +262,32 @@ def parse_inline(text: str) -> dict[str, object]:
     if not pairs or any(not sep or not key.strip() for key, sep, _ in pairs):
         raise ValueError(f"--calibration {text!r}: write field=value pairs, e.g. strength=0.5,layers=last")
     return {key.strip(): yaml.safe_load(value) for key, _, value in pairs}
+
+
+def parse_allowance(text: str, flag: str) -> float | None:
+    """'0.005' → 0.005 (a drop allowance on the 0–1 scale); 'none' → None (no constraint)."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{flag} {text!r}: write a drop on the 0–1 scale such as 0.005 (half a point), or none") from None
+    if not 0 <= value <= 1:
+        raise ValueError(f"{flag} must be between 0 and 1 (0.005 is half a point of nDCG@10), got {text!r}")
+    return value
+
+
+def parse_multiple(text: str, flag: str) -> float | None:
+    """'1' → 1.0 (a multiple of the uncalibrated value, >= 0); 'none' → None (no constraint)."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{flag} {text!r}: write a multiple of the uncalibrated PSI such as 1 or 0.8, or none") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{flag} must be a finite multiple >= 0 (1 = no less fair than uncalibrated), got {text!r}")
+    return value
 
 
 def parse_bytes(text: str | None) -> int | None:
@@ -357,20 +390,20 @@ def _print_outcome(outcome: TuneOutcome) -> None:
         tuning.add_row(row.label, *(f"{100 * r.group_ndcg10[g]:.2f}" for g in groups), f"{100 * r.hm:.2f}",
                        f"{r.psi:.3f}", f"{100 * r.ndcg10:.2f}", f"{100 * r.recall10:.2f}")
     out.print(tuning)
-    if outcome.rows[0].heldout is not None:
-        held = Table(title="held-out split: Δ vs no calibration, 95% paired-bootstrap intervals")
-        for column in ["", "HM", "PSI", "ΔHM", "ΔPSI", "ΔnDCG@10"]:
+    for name in outcome.rows[0].heldout:
+        held = Table(title=f"held out, {name}: Δ vs no calibration, 95% paired-bootstrap intervals")
+        for column in ["", "HM", "PSI", "nDCG@10", "ΔHM", "ΔPSI", "ΔnDCG@10"]:
             held.add_column(column, justify="right" if column else "left")
         for row in outcome.rows:
-            r, d = row.heldout, row.heldout_delta
-            assert r is not None
-            held.add_row(row.label, f"{100 * r.hm:.2f}", f"{r.psi:.3f}",
+            r, d = row.heldout[name].report, row.heldout[name].delta
+            held.add_row(row.label, f"{100 * r.hm:.2f}", f"{r.psi:.3f}", f"{100 * r.ndcg10:.2f}",
                          d.hm.format() if d and d.hm else "–", d.psi.format(scale=1, digits=3) if d and d.psi else "–",
                          d.ndcg10.format() if d else "–")
         out.print(held)
     winner = outcome.config
     console.print(f"winner: trial {outcome.winner_trial}: {winner.variant}, λ {winner.strength}, layers {winner.layers}, "
                   f"basket {winner.basket_size}" + (f", w {winner.weight}" if winner.variant == "cls_hard" else ""))
+    console.print(f"chosen by the {outcome.selection.rule} rule: {outcome.selection.describe()}", markup=False)
     if outcome.pareto:
         console.print(f"feasible Pareto front (PSI↓, HM↑): trials {outcome.pareto}")
     console.print(f"exported config: [bold]{outcome.export_path}[/bold]")

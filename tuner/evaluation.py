@@ -23,7 +23,7 @@ import tempfile
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -61,12 +61,14 @@ def default_cache_dir() -> Path:
 
 @dataclass(frozen=True)
 class Evaluation:
-    """What one configuration scored, and what it cost."""
+    """What one configuration scored, what it cost, and how far it moved the document vectors (`drift`:
+    the mean 1 − cosine to the uncalibrated vectors; 0 for no calibration)."""
 
     report: PositionReport
     per_query: PerQuery
     encode_seconds: float
     truncated: int
+    drift: float = 0.0
 
 
 @dataclass
@@ -345,7 +347,12 @@ class Evaluator:
         start = time.perf_counter()
         documents, truncated = self.document_vectors(config)
         seconds = time.perf_counter() - start
-        return self.score(documents, queries, seconds, truncated)
+        evaluation = self.score(documents, queries, seconds, truncated)
+        baseline = self.baseline_vectors()[0]
+        if documents is baseline:
+            return evaluation
+        drift = float(np.mean(1.0 - np.einsum("ij,ij->i", documents, baseline, dtype=np.float64)))
+        return replace(evaluation, drift=max(drift, 0.0))
 
     def score(self, documents: np.ndarray, queries: np.ndarray | None = None, seconds: float = 0.0, truncated: int = 0) -> Evaluation:
         """Exact top-100 by inner product, then per-position nDCG@10 / Recall@10 with ir-measures."""

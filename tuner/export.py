@@ -55,6 +55,8 @@ class Provenance(_Strict):
     seed: int
     created: str
     posfair_version: str
+    selection_rule: str = Field("lowest", description="the rule that named the winner (objectives.selection)")
+    selection: str = Field("", description="why this trial won, in one sentence")
 
 
 class ExportedConfig(_Strict):
@@ -114,6 +116,8 @@ def build_export(
     dataset: str,
     dataset_fingerprint: str,
     seed: int,
+    selection_rule: str = "lowest",
+    selection: str = "",
 ) -> ExportedConfig:
     return ExportedConfig(
         model=model_section(loaded),
@@ -128,6 +132,8 @@ def build_export(
             seed=seed,
             created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
             posfair_version=__version__,
+            selection_rule=selection_rule,
+            selection=selection,
         ),
     )
 

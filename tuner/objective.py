@@ -12,7 +12,8 @@ from pathlib import Path
 
 import optuna
 
-from objectives import PositionReport, constraint_values
+from objectives import Constraints, PositionReport
+from objectives.evidence import trial_evidence
 from tuner.encoder import CalibratedEncoder
 from tuner.evaluation import Evaluator
 from tuner.profile import AttentionProfile, plot_profile
@@ -21,39 +22,45 @@ from tuner.tracking import Tracker, TrialRecord
 
 
 @dataclass(frozen=True)
-class GeneralCheck:
-    """General retrieval, scored every trial: a second constraint when `max_drop` (0–1 scale) is given,
-    otherwise only a reported figure (`general_ndcg10_delta`) that constrains nothing."""
+class SideSet:
+    """A second set scored with every trial's config beside the tuning split, with its uncalibrated report:
+    general retrieval (a constraint with `Constraints.max_general_drop`, otherwise a reported figure) or the
+    tuning split's crops (`Constraints.max_crops_psi`)."""
 
     evaluator: Evaluator
     baseline: PositionReport
-    max_drop: float | None
 
 
 class TrialObjective:
-    """Minimise PSI (and, with `pareto`, maximise HM) subject to HM ≥ floor."""
+    """Minimise PSI (and, with `pareto`, maximise HM) subject to `constraints` (HM floor, aggregate nDCG@10).
+
+    Each trial also records what selection needs (`objectives.selection`): PSI's bootstrap standard error
+    and the trial's drift from the uncalibrated document vectors.
+    """
 
     def __init__(
         self,
         evaluator: Evaluator,
         space: SearchSpace,
-        floor: float,
+        constraints: Constraints,
         tracker: Tracker,
         study_name: str,
         staging: Path,
         *,
         pareto: bool = False,
-        general: GeneralCheck | None = None,
+        general: SideSet | None = None,
+        crops: SideSet | None = None,
         profile_docs: int = 16,
     ) -> None:
         self.evaluator = evaluator
         self.space = space
-        self.floor = floor
+        self.constraints = constraints
         self.tracker = tracker
         self.study_name = study_name
         self.staging = staging
         self.pareto = pareto
         self.general = general
+        self.crops = crops
         ids = sorted(evaluator.dataset.corpus)
         random.Random(0).shuffle(ids)
         self.profile_texts = [evaluator.dataset.corpus[d] for d in ids[:profile_docs]]
@@ -70,11 +77,15 @@ class TrialObjective:
             report = evaluation.report
             if report.hm is None or report.psi is None or not (math.isfinite(report.hm) and math.isfinite(report.psi)):
                 raise ValueError(f"metrics are not finite (HM {report.hm}, PSI {report.psi})")
+            evidence = trial_evidence(self.evaluator.run(None).per_query, evaluation.per_query, seed=trial.number)
             general_delta = None
             if self.general is not None:
                 general_delta = self.general.evaluator.run(config).report.ndcg10 - self.general.baseline.ndcg10
-            max_drop = self.general.max_drop if self.general else None
-            constraints = constraint_values(report, self.floor, general_delta if max_drop is not None else None, max_drop)
+            crops, crops_psi = None, None
+            if self.crops is not None:
+                crops = self.crops.evaluator.run(config).report
+                crops_psi = (crops.psi, self.crops.baseline.psi)
+            constraints = self.constraints.values(evidence.hm, evidence.hm_low, evidence.ndcg_delta, general_delta, crops_psi)
             profile = AttentionProfile()
             CalibratedEncoder(model, config).encode(self.profile_texts, batch_size=self.evaluator.batch_size,
                                                     batch_tokens=self.evaluator.batch_tokens, observer=profile)
@@ -88,18 +99,26 @@ class TrialObjective:
             raise
         metrics: dict[str, float] = {k: float(v) for k, v in report.as_dict().items() if v is not None}
         metrics.update(
-            constraint_hm=constraints[0],
-            hm_floor=self.floor,
-            feasible=float(all(c <= 0 for c in constraints)),
+            {f"constraint_{name}": value for name, value in constraints.items()},
+            hm_floor=self.constraints.hm_floor,
+            hm_low=evidence.hm_low,
+            psi_se=evidence.objective_se,
+            ndcg10_delta=evidence.ndcg_delta,
+            drift=evaluation.drift,
+            feasible=float(all(c <= 0 for c in constraints.values())),
             encode_seconds=evaluation.encode_seconds,
             truncated_documents=float(evaluation.truncated),
             **profile.summary(),
         )
         if general_delta is not None:
             metrics["general_ndcg10_delta"] = general_delta
-        for key, value in (("metrics", metrics), ("layers", layers), ("psi", report.psi), ("hm", report.hm)):
+        if crops is not None:
+            metrics.update(crops_psi=crops.psi, crops_hm=crops.hm, crops_ndcg10=crops.ndcg10)
+        attributes = {"metrics": metrics, "layers": layers, "psi": report.psi, "hm": report.hm,
+                      "psi_se": evidence.objective_se, "drift": evaluation.drift}
+        for key, value in attributes.items():
             trial.set_user_attr(key, value)
-        for name, value in zip(("hm_floor", "general_drop"), constraints):
+        for name, value in constraints.items():
             trial.set_constraint(name, value)
         self.tracker.log_trial(self.study_name, TrialRecord(trial.number, "COMPLETE", params, metrics, {}, artifacts))
         return (report.psi, report.hm) if self.pareto else report.psi

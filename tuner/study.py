@@ -22,7 +22,7 @@ from optuna.exceptions import ExperimentalWarning
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, TrialState
 
-from objectives import Candidate, pick_winner
+from objectives import Candidate, Selection, select
 
 log = logging.getLogger(__name__)
 
@@ -134,8 +134,11 @@ def run_trials(
         if len(study.get_trials(deepcopy=False, states=active)) >= n_complete:
             study.stop()
 
+    current: list[optuna.Trial] = []
+
     def reserved(trial: optuna.Trial) -> object:
         """A trial started by a worker that lost the race for the last slot is pruned, never run."""
+        current[:] = [trial]
         ahead = [t for t in study.get_trials(deepcopy=False, states=active) if t.number < trial.number]
         if len(ahead) >= n_complete:
             trial.set_user_attr("surplus", True)
@@ -148,18 +151,31 @@ def run_trials(
             study.stop()
 
     with _stop_after_current_trial(study) as interrupted:
-        study.optimize(
-            reserved,
-            n_trials=None,
-            catch=(Exception,),
-            callbacks=[
-                enough,
-                stop_on_too_many_failures,
-                lambda s, t: interrupted() and s.stop(),
-                *callbacks,
-            ],
-            gc_after_trial=False,
-        )
+        while len(complete_trials(study)) < n_complete and not interrupted():
+            try:
+                study.optimize(
+                    reserved,
+                    n_trials=None,
+                    catch=(Exception,),
+                    callbacks=[
+                        enough,
+                        stop_on_too_many_failures,
+                        lambda s, t: interrupted() and s.stop(),
+                        *callbacks,
+                    ],
+                    gc_after_trial=False,
+                )
+                return
+            except (ValueError, AssertionError):  # optuna#5470: Optuna cannot tell a trial failed by another process
+                if not (current and _failed_elsewhere(study, current[0])):
+                    raise
+                log.warning("trial %d was declared dead by another worker (missed heartbeats); it is re-run as a new "
+                            "trial and this worker goes on", current[0].number)
+
+
+def _failed_elsewhere(study: optuna.Study, trial: optuna.Trial) -> bool:
+    """Whether `trial` was marked FAIL by another process's stale-trial check (it never reached our tell)."""
+    return study._storage.get_trial(trial._trial_id).state == TrialState.FAIL
 
 
 @contextmanager
@@ -185,16 +201,19 @@ def _stop_after_current_trial(study: optuna.Study) -> Iterator[Callable[[], bool
 
 
 def candidates(study: optuna.Study) -> list[Candidate]:
+    """Complete trials as selection sees them: PSI, its standard error, drift and constraint values."""
     return [
-        Candidate(t.number, t.user_attrs["psi"], t.user_attrs["hm"], tuple(constraints_of(t)))
+        Candidate(t.number, t.user_attrs["psi"], t.user_attrs.get("psi_se", 0.0), t.user_attrs.get("drift", 0.0),
+                  tuple(constraints_of(t)), t.user_attrs["hm"])
         for t in complete_trials(study)
     ]
 
 
-def winner(study: optuna.Study) -> FrozenTrial | None:
-    """The feasible complete trial with the lowest PSI, ties to the higher HM."""
-    best = pick_winner(candidates(study))
-    return study.trials[best.trial_number] if best else None
+def winner(study: optuna.Study, rule: str = "one-se") -> tuple[FrozenTrial, Selection] | None:
+    """The winning trial under the selection rule (`objectives.selection`), with the reasoning; None when
+    no complete trial is feasible."""
+    selection = select(candidates(study), rule)  # type: ignore[arg-type]
+    return (study.trials[selection.winner.trial_number], selection) if selection else None
 
 
 def pareto_front(study: optuna.Study) -> list[FrozenTrial]:

@@ -15,6 +15,8 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from typing import Any
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -23,17 +25,18 @@ import optuna
 from optuna.trial import TrialState
 from tqdm.auto import tqdm
 
-from objectives import HmFloor, PairedBootstrap, PositionReport, paired_bootstrap
+from objectives import RULES, Constraints, HmFloor, PairedBootstrap, PositionReport, Selection, paired_bootstrap
 from tuner.calibration import CalibrationConfig
 from tuner.cost import StudyCost, padded_tokens, probe
-from tuner.data import DatasetUnavailableError, PositionalDataset, load_benchmark
+from tuner.data import DatasetUnavailableError, PositionalDataset, load_benchmark, load_crops
 from tuner.data import check_available as check_benchmark
+from tuner.data.wikipos import TRANSFER_SPLITS
 from tuner.evaluation import Evaluation, Evaluator
 from tuner.export import build_export, write_exported
 from tuner.models import (
     REGISTRY, LoadedModel, ModelUnavailableError, check_consent, hub_revision, load_model, locate, resolve_spec,
 )
-from tuner.objective import GeneralCheck, TrialObjective
+from tuner.objective import SideSet, TrialObjective
 from tuner.plots import optuna_figures, pareto_scatter
 from tuner.prefix import prefix_layers_for
 from tuner.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, SearchSpace, is_reference_trial, trial_basket_shares
@@ -73,7 +76,10 @@ class TuneSettings:
     max_general_drop: float | None = None
     trials: int = DEFAULT_TRIALS
     seed: int = 0
-    hm_floor: str = "baseline"
+    hm_floor: str = "significant"
+    max_ndcg_drop: float | None = 0.0  # aggregate nDCG@10 may fall this much below the uncalibrated (None: any)
+    max_crops_psi: float | None = 1.0  # PSI on the tuning set's crops, as a multiple of the uncalibrated (None: off)
+    selection: str = "one-se"
     pareto: bool = False
     storage: str | None = None
     study_name: str | None = None
@@ -109,8 +115,17 @@ class TuneSettings:
         if self.max_general_drop is not None and self.general is None:
             raise ValueError("--max-general-drop needs --general (e.g. --general wikipos-general)")
         HmFloor.parse(self.hm_floor)  # fail before any work
+        self.constraints(0.0)
+        if self.selection not in RULES:
+            raise ValueError(f"--selection must be one of {', '.join(RULES)}, got {self.selection!r}")
         if self.heldout in ("", "none"):
             object.__setattr__(self, "heldout", None)
+
+    def constraints(self, baseline_hm: float) -> Constraints:
+        """What a trial must respect, given the uncalibrated HM on the tuning split."""
+        floor = HmFloor.parse(self.hm_floor)
+        return Constraints(floor.resolve(baseline_hm), floor.conservative, self.max_ndcg_drop, self.max_general_drop,
+                           self.max_crops_psi)
 
     def study_name_for(self, model: LoadedModel) -> str:
         """Default: model--dataset--seedN, in characters safe for file names and MLflow filters."""
@@ -168,15 +183,22 @@ def check_available(settings: TuneSettings) -> None:
 
 
 @dataclass(frozen=True)
+class HeldOut:
+    """A config on one held-out set, and its change against no calibration there (None for the baseline)."""
+
+    report: PositionReport
+    delta: PairedBootstrap | None
+
+
+@dataclass(frozen=True)
 class Row:
-    """One line of the summary: a config's tuning-split report and, if any, its held-out comparison."""
+    """One line of the summary: a config's tuning-split report and its comparison on each held-out set."""
 
     label: str
     trial: int | None
     config: CalibrationConfig | None
     tuning: PositionReport
-    heldout: PositionReport | None = None
-    heldout_delta: PairedBootstrap | None = None
+    heldout: dict[str, HeldOut] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -189,37 +211,43 @@ class TuneOutcome:
     pareto: list[int]
     floor: float
     tracking_uri: str
+    selection: Selection
 
 
-def split_datasets(settings: TuneSettings) -> tuple[PositionalDataset, PositionalDataset | None]:
-    """The tuning set and a held-out set selection never sees."""
+WIKIPOS_HELDOUT = ("wikipos-test", *(f"wikipos-{split}" for split in TRANSFER_SPLITS))
+"""What `--heldout auto` checks a WikiPos-dev winner on: the test split and the transfer sets."""
+
+
+def split_datasets(settings: TuneSettings) -> tuple[PositionalDataset, list[PositionalDataset]]:
+    """The tuning set and the held-out sets selection never sees."""
     name = settings.dataset
     if name.startswith("fineweb-posq"):
         tuning = load_benchmark(name, part="tune")
-        heldout = load_benchmark(name, part="heldout") if settings.heldout == "auto" else None
+        heldout = [load_benchmark(name, part="heldout")] if settings.heldout == "auto" else []
     else:
         tuning = load_benchmark(name)
-        heldout = load_benchmark("wikipos-test") if settings.heldout == "auto" and name == "wikipos-dev" else None
+        heldout = [load_benchmark(h) for h in WIKIPOS_HELDOUT] if settings.heldout == "auto" and name == "wikipos-dev" else []
     if settings.heldout not in (None, "auto"):
-        heldout = load_benchmark(settings.heldout)
+        heldout = [load_benchmark(h.strip()) for h in settings.heldout.split(",") if h.strip()]
     return tuning, heldout
 
 
 def estimate_cost(
-    evaluator: Evaluator, heldout: PositionalDataset | None, general: PositionalDataset | None, profile_docs: int,
+    evaluator: Evaluator, heldout: list[PositionalDataset], side: list[PositionalDataset], profile_docs: int,
 ) -> StudyCost:
     """What this run will encode, priced by a probe on this device (see `tuner.cost`)."""
     model, batches = evaluator.model, evaluator.batches()
     tuning = evaluator.dataset
-    queries = [*tuning.queries.values(), *(heldout.queries.values() if heldout else ())]
+    queries = [*tuning.queries.values(), *(q for held in heldout for q in held.queries.values())]
     once = padded_tokens(model, queries)
-    if heldout is not None and heldout.corpus != tuning.corpus:  # baseline, paper default and winner on it
-        once += 3 * padded_tokens(model, list(heldout.corpus.values()))
+    for held in heldout:  # baseline, paper default and winner on each held-out corpus of its own
+        if held.corpus != tuning.corpus:
+            once += 3 * padded_tokens(model, list(held.corpus.values()))
     per_trial = batches.tokens() * min(profile_docs, batches.count) // max(batches.count, 1)
-    if general is not None:
-        general_tokens = padded_tokens(model, list(general.corpus.values()))
-        once += general_tokens + padded_tokens(model, list(general.queries.values()))
-        per_trial += general_tokens
+    for extra in side:  # scored every trial beside the tuning split (general retrieval, crops)
+        extra_tokens = padded_tokens(model, list(extra.corpus.values()))
+        once += extra_tokens + padded_tokens(model, list(extra.queries.values()))
+        per_trial += extra_tokens
     return StudyCost(probe(model, batches), batches.count, batches.tokens(), batches.truncated, model.max_length,
                      per_trial, once)
 
@@ -249,8 +277,11 @@ def tune(settings: TuneSettings) -> TuneOutcome | None:
     )
     space = _fitting_space(settings.space, evaluator)
     general = load_benchmark(settings.general) if settings.general else None
+    crops = load_crops(settings.dataset) if settings.max_crops_psi is not None else None
+    if settings.max_crops_psi is not None and crops is None and not settings.worker:
+        log.info("%s has no crops view (its passages' segments are unknown): --max-crops-psi does not apply", tuning.name)
     if not settings.worker:
-        for line in estimate_cost(evaluator, heldout, general, settings.profile_docs).describe(settings.trials, DEFAULT_TRIALS):
+        for line in estimate_cost(evaluator, heldout, [d for d in (general, crops) if d], settings.profile_docs).describe(settings.trials, DEFAULT_TRIALS):
             log.info(line)
     name = settings.study_name_for(model)
     identity = {
@@ -262,6 +293,8 @@ def tune(settings: TuneSettings) -> TuneOutcome | None:
         "dataset": tuning.name,
         "dataset_fingerprint": tuning.fingerprint(),
         "hm_floor": settings.hm_floor,
+        "max_ndcg_drop": settings.max_ndcg_drop,
+        "max_crops_psi": settings.max_crops_psi,
         "space": space.as_dict(),
         "pareto": settings.pareto,
         "seed": settings.seed,
@@ -288,8 +321,10 @@ def tune(settings: TuneSettings) -> TuneOutcome | None:
     staging = Path(tempfile.mkdtemp(prefix="posfair-"))
     try:
         objective = TrialObjective(
-            evaluator, space, floor, tracker, name, staging,
-            pareto=settings.pareto, general=_general_check(model, settings, general), profile_docs=settings.profile_docs,
+            evaluator, space, replace(settings.constraints(0.0), hm_floor=floor), tracker, name, staging,
+            pareto=settings.pareto, general=_side_set(model, settings, general, cache_budget=0),  # short documents
+            crops=_side_set(model, settings, crops, prefix_layers=evaluator.prefix_layers, cache_budget=settings.cache_budget),
+            profile_docs=settings.profile_docs,
         )
         with tqdm(total=settings.trials, initial=len(complete_trials(study)), desc="trials", unit="trial",
                   disable=not sys.stderr.isatty()) as progress:
@@ -309,23 +344,25 @@ def tune(settings: TuneSettings) -> TuneOutcome | None:
 
 def _conclude(
     settings: TuneSettings, study: optuna.Study, tracker: Tracker, evaluator: Evaluator,
-    heldout: PositionalDataset | None, floor: float, staging: Path, storage: str,
+    heldout: list[PositionalDataset], floor: float, staging: Path, storage: str,
 ) -> TuneOutcome:
-    """Pick the winner, score it on the held-out split, export it, and close the parent run."""
+    """Pick the winner, score it on the held-out sets, export it, and close the parent run."""
     model = evaluator.model
-    best = winner(study)
+    picked = winner(study, settings.selection)
     baseline = evaluator.run(None)
     reference = _trial_with(study, BASELINE_PARAMS)
+    best = picked[0] if picked else None
     figures = [pareto_scatter(study, floor, reference, best, staging / "pareto.png"), *optuna_figures(study, staging)]
-    if best is None:
+    if picked is None:
         tracker.finish_study({"baseline_hm": baseline.report.hm, "hm_floor": floor}, figures, {"posfair.outcome": "no feasible trial"}, "FAILED")
-        top = max((t.user_attrs.get("hm", 0.0) for t in study.trials if t.state.is_finished()), default=0.0)
-        raise NoFeasibleTrialError(
-            f"no trial reached HM >= {100 * floor:.2f} (best HM {100 * top:.2f}); nothing exported. "
-            "Lower --hm-floor (e.g. -1%), widen the search space, or run more --trials."
-        )
+        raise NoFeasibleTrialError(_nothing_feasible(study, settings, floor))
+    best, selection = picked
+    log.info("winner: %s", selection.describe())
+    if best.params.get("strength") == 0:
+        log.warning("no calibration is fairer than the uncalibrated model by more than the tuning split's noise: "
+                    "the export keeps the model uncalibrated (strength 0); `--selection lowest` takes the lowest PSI")
     rows = _summary_rows(study, best, evaluator, heldout, settings)
-    export_path = _export(settings, model, study, best, rows, storage, evaluator.dataset)
+    export_path = _export(settings, model, study, best, rows, storage, evaluator.dataset, selection)
     summary = staging / "summary.json"
     summary.write_text(json.dumps([_row_dict(r) for r in rows], indent=1), encoding="utf-8")
     tracker.finish_study(
@@ -333,10 +370,30 @@ def _conclude(
          **{f"baseline_{k}": v for k, v in baseline.report.as_dict().items() if v is not None},
          "hm_floor": floor, "winner_trial": best.number},
         [*figures, summary, export_path],
-        {"posfair.outcome": "exported", "posfair.export": str(export_path)},
+        {"posfair.outcome": "exported", "posfair.export": str(export_path),
+         "posfair.selection_rule": selection.rule, "posfair.selection": selection.describe()},
     )
     return TuneOutcome(study.study_name, best.number, _config_of(best, model), export_path, rows,
-                       [t.number for t in pareto_front(study)], floor, tracker.uri)
+                       [t.number for t in pareto_front(study)], floor, tracker.uri, selection)
+
+
+def _nothing_feasible(study: optuna.Study, settings: TuneSettings, floor: float) -> str:
+    """Why no trial won: the best each constraint saw, and what to relax."""
+    complete = complete_trials(study)
+    worst = {name: min((t.constraints.get(name, 0.0) for t in complete), default=float("nan"))
+             for name in ("hm_floor", "ndcg_drop", "general_drop", "crops_psi")}
+    parts = [f"no trial met the constraints; nothing exported. HM floor {100 * floor:.2f} ({settings.hm_floor})"
+             f", missed by at least {100 * worst['hm_floor']:.2f} points" if worst["hm_floor"] > 0 else ""]
+    if worst["ndcg_drop"] > 0:
+        parts.append(f"every trial lost aggregate nDCG@10 (the smallest loss beyond the allowance: {100 * worst['ndcg_drop']:.2f} points)")
+    if worst["crops_psi"] > 0:
+        parts.append("every trial made the crops (the tuning passages re-cut shorter) less fair than --max-crops-psi allows")
+    if worst["general_drop"] > 0:
+        parts.append(f"every trial dropped general nDCG@10 beyond --max-general-drop (by at least {100 * worst['general_drop']:.2f} points)")
+    return "; ".join(p for p in parts if p) + (
+        ". Relax --hm-floor (e.g. baseline or -1%) or --max-ndcg-drop (e.g. 0.005), widen the search space, "
+        "or run more --trials."
+    )
 
 
 def _floor_set_by_coordinator(name: str, storage: str, heartbeat: int, timeout: float = 3600.0) -> float:
@@ -382,8 +439,9 @@ def _reload_attrs(settings: TuneSettings, tracker: Tracker) -> dict[str, object]
 
 def reexport(
     study_name: str, storage: str | None, output: Path | None, tracking_uri: str | None, trust_remote_code: bool = False,
+    selection: str = "one-se",
 ) -> Path:
-    """Export a stored study's current winner again, re-scoring it (and the baseline) on both splits.
+    """Export a stored study's current winner again, re-scoring it (and the baseline) on every split.
 
     The model is loaded exactly as the study loaded it: the recorded revision (a hub commit), and remote
     code if the study was run with `--trust-remote-code`. The export is logged to the study's MLflow
@@ -398,13 +456,15 @@ def reexport(
     tracker = Tracker(tracking_uri or attrs.get("tracking_uri"), EXPERIMENT)  # an unreachable server fails here
     settings = TuneSettings(
         model=attrs["model_name"], pooling=attrs["pooling"], dataset=attrs["dataset_name"], seed=attrs["seed"], hm_floor=attrs["hm_floor"],
+        max_ndcg_drop=attrs.get("max_ndcg_drop"), max_crops_psi=attrs.get("max_crops_psi"), selection=selection,
         pareto=attrs["pareto"], storage=storage, study_name=study_name, output=output, tracking_uri=tracker.uri,
         heldout=attrs.get("heldout", "auto"), trust_remote_code=trust_remote_code or bool(attrs.get("trust_remote_code")),
         revision=hub_revision(attrs["revision"]),
     )
-    best = winner(study)
-    if best is None:
+    picked = winner(study, selection)
+    if picked is None:
         raise NoFeasibleTrialError(f"study {study_name!r} has no feasible complete trial; nothing to export")
+    best, chosen = picked
     model = load_model(settings.model, revision=settings.revision, trust_remote_code=settings.trust_remote_code,
                        pooling=settings.pooling)  # type: ignore[arg-type]
     if model.revision != attrs["revision"]:
@@ -415,12 +475,13 @@ def reexport(
         raise ValueError(f"dataset {settings.dataset!r} changed since study {study_name!r} ran (fingerprint differs)")
     rows = _summary_rows(study, best, Evaluator(model, tuning, settings.batch_size, batch_tokens=settings.batch_tokens),
                          heldout, settings)
-    path = _export(settings, model, study, best, rows, storage, tuning)
+    path = _export(settings, model, study, best, rows, storage, tuning, chosen)
     tracker.start_study(study_name, params=dict(attrs),
                         tags={"posfair.model": model.spec.alias, "posfair.dataset": tuning.name})
     tracker.finish_study(
         {**{f"winner_{k}": v for k, v in rows[-1].tuning.as_dict().items() if v is not None}, "winner_trial": best.number},
-        [path], {"posfair.outcome": "re-exported", "posfair.export": str(path)},
+        [path], {"posfair.outcome": "re-exported", "posfair.export": str(path),
+                 "posfair.selection_rule": chosen.rule, "posfair.selection": chosen.describe()},
     )
     return path
 
@@ -429,11 +490,13 @@ def _log_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial, progress: t
     """One readable line per finished trial."""
     if trial.state == TrialState.COMPLETE:
         progress.update(1)
-        feasible = all(c <= 0 for c in trial.constraints.values())
-        truncated = int(trial.user_attrs.get("metrics", {}).get("truncated_documents", 0))
+        broken = [name for name, value in trial.constraints.items() if not value <= 0]
+        attrs = trial.user_attrs
+        truncated = int(attrs.get("metrics", {}).get("truncated_documents", 0))
         log.info(
-            "trial %d: PSI %.3f  HM %.2f  %s  (%s)  %.0f s%s", trial.number, trial.user_attrs["psi"], 100 * trial.user_attrs["hm"],
-            "feasible" if feasible else "below floor",
+            "trial %d: PSI %.3f ± %.3f  HM %.2f  ΔnDCG@10 %+.2f  drift %.4f  %s  (%s)  %.0f s%s", trial.number,
+            attrs["psi"], attrs.get("psi_se", 0.0), 100 * attrs["hm"], 100 * attrs["metrics"].get("ndcg10_delta", 0.0),
+            attrs.get("drift", 0.0), "feasible" if not broken else "misses " + ", ".join(broken),
             ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                       for k, v in {**trial.params, "basket_shares": trial_basket_shares(trial)}.items()),
             trial.duration.total_seconds() if trial.duration else 0.0,
@@ -443,12 +506,12 @@ def _log_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial, progress: t
         log.warning("trial %d %s: %s", trial.number, trial.state.name, trial.user_attrs.get("failure_reason", "interrupted"))
 
 
-def _general_check(model: LoadedModel, settings: TuneSettings, general: PositionalDataset | None) -> GeneralCheck | None:
-    if general is None:
+def _side_set(model: LoadedModel, settings: TuneSettings, dataset: PositionalDataset | None, **cache: Any) -> SideSet | None:
+    """A set scored beside the tuning split every trial, with its uncalibrated report measured once."""
+    if dataset is None:
         return None
-    evaluator = Evaluator(model, general, settings.batch_size, batch_tokens=settings.batch_tokens,
-                          cache_budget=0)  # short documents
-    return GeneralCheck(evaluator, evaluator.run(None).report, settings.max_general_drop)
+    evaluator = Evaluator(model, dataset, settings.batch_size, batch_tokens=settings.batch_tokens, **cache)
+    return SideSet(evaluator, evaluator.run(None).report)
 
 
 def _config_of(trial: optuna.trial.FrozenTrial, model: LoadedModel) -> CalibrationConfig:
@@ -467,7 +530,7 @@ def _trial_with(study: optuna.Study, reference: dict[str, object]) -> optuna.tri
 
 def _summary_rows(
     study: optuna.Study, best: optuna.trial.FrozenTrial, evaluator: Evaluator,
-    heldout: PositionalDataset | None, settings: TuneSettings,
+    heldout: list[PositionalDataset], settings: TuneSettings,
 ) -> list[Row]:
     """No calibration, the paper's default, and the winner; held-out figures with bootstrap intervals."""
     model = evaluator.model
@@ -476,46 +539,57 @@ def _summary_rows(
     if default is not None and default.number != best.number:
         entries.append(("Paper default", default))
     entries.append((f"Winner (trial {best.number})", best))
-    held = None
-    if heldout is not None:  # scored once per config: layer inputs would never be reused
-        held = Evaluator(model, heldout, settings.batch_size, show_progress=sys.stderr.isatty(), cache_budget=0,
-                         batch_tokens=settings.batch_tokens)
-    shared = held is not None and held.doc_ids == evaluator.doc_ids and held.dataset.corpus == evaluator.dataset.corpus
+    configs = [(label, trial, _config_of(trial, model) if trial is not None else None) for label, trial in entries]
+    starts = [min(c.resolve_layers(model.num_layers)) for _, _, c in configs if c is not None]
+    held: dict[str, dict[str, HeldOut]] = {label: {} for label, _, _ in configs}
+    for dataset in heldout:
+        log.info("held-out: scoring %d configs on %s (%d documents, %d queries)",
+                 len(configs), dataset.name, len(dataset.corpus), len(dataset.queries))
+        scorer = _held_out_scorer(evaluator, dataset, starts, settings)
+        baseline = scorer(None)
+        for label, _, config in configs:
+            result = scorer(config) if config is not None else baseline
+            delta = paired_bootstrap(baseline.per_query, result.per_query, settings.bootstrap, settings.seed) if config else None
+            held[label][dataset.name] = HeldOut(result.report, delta)
+    return [
+        Row(label, trial.number if trial else None, config, evaluator.run(config).report, held[label])
+        for label, trial, config in configs
+    ]
 
-    def held_run(config: CalibrationConfig | None) -> Evaluation:
-        """Held-out scores; a held-out part of the same corpus (FineWeb-PosQ's) reuses the tuning vectors."""
-        assert held is not None
-        if shared:
+
+def _held_out_scorer(
+    evaluator: Evaluator, dataset: PositionalDataset, starts: list[int], settings: TuneSettings
+) -> Callable[[CalibrationConfig | None], Evaluation]:
+    """Scores on a held-out set. A held-out part of the tuning corpus (FineWeb-PosQ's) reuses the tuning
+    vectors; another corpus gets its own evaluator, whose baseline pass records the inputs of the layers
+    where the configs start calibrating, so each config resumes there."""
+    if dataset.corpus == evaluator.dataset.corpus:
+        scorer = Evaluator(evaluator.model, dataset, evaluator.batch_size, batch_tokens=settings.batch_tokens, cache_budget=0)
+
+        def shared(config: CalibrationConfig | None) -> Evaluation:
             documents, truncated = evaluator.document_vectors(config)
-            return held.score(documents, truncated=truncated)
-        return held.run(config)
+            return scorer.score(documents, truncated=truncated)
 
-    held_baseline = held_run(None) if held is not None else None
-    rows = []
-    for label, trial in entries:
-        config = _config_of(trial, model) if trial is not None else None
-        tuning = evaluator.run(config)
-        if held is None or held_baseline is None:
-            rows.append(Row(label, trial.number if trial else None, config, tuning.report))
-            continue
-        result = held_run(config) if config is not None else held_baseline
-        delta = paired_bootstrap(held_baseline.per_query, result.per_query, settings.bootstrap, settings.seed) if config is not None else None
-        rows.append(Row(label, trial.number if trial else None, config, tuning.report, result.report, delta))
-    return rows
+        return shared
+    own = Evaluator(evaluator.model, dataset, settings.batch_size, show_progress=sys.stderr.isatty(),
+                    batch_tokens=settings.batch_tokens, prefix_layers=starts)
+    return own.run
 
 
 def _export(settings: TuneSettings, model: LoadedModel, study: optuna.Study, best: optuna.trial.FrozenTrial,
-            rows: list[Row], storage: str, tuning: PositionalDataset) -> Path:
+            rows: list[Row], storage: str, tuning: PositionalDataset, selection: Selection) -> Path:
     winner_row, baseline_row = rows[-1], rows[0]
     metrics: dict[str, dict[str, float | None]] = {
         "tuning": winner_row.tuning.as_dict(), "tuning_baseline": baseline_row.tuning.as_dict(),
     }
-    if winner_row.heldout is not None and baseline_row.heldout is not None:
-        metrics.update(heldout=winner_row.heldout.as_dict(), heldout_baseline=baseline_row.heldout.as_dict())
+    for name, held in winner_row.heldout.items():
+        metrics[f"heldout/{name}"] = held.report.as_dict()
+        metrics[f"heldout_baseline/{name}"] = baseline_row.heldout[name].report.as_dict()
     exported = build_export(
         model, _config_of(best, model), {k: {m: (float(v) if v is not None else None) for m, v in d.items()} for k, d in metrics.items()},
         study=study.study_name, trial=best.number, storage=storage, dataset=tuning.name,
         dataset_fingerprint=tuning.fingerprint(), seed=settings.seed,
+        selection_rule=selection.rule, selection=selection.describe(),
     )
     path = settings.output or Path("mlruns") / "exports" / f"{study.study_name}.yaml"
     if settings.output is None:
@@ -529,7 +603,7 @@ def _row_dict(row: Row) -> dict[str, object]:
         "trial": row.trial,
         "config": row.config.model_dump() if row.config else None,
         "tuning": row.tuning.as_dict(),
-        "heldout": row.heldout.as_dict() if row.heldout else None,
-        "heldout_delta": row.heldout_delta.summary() if row.heldout_delta else None,
+        "heldout": {name: {"metrics": h.report.as_dict(), "delta": h.delta.summary() if h.delta else None}
+                    for name, h in row.heldout.items()},
     }
 

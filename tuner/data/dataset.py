@@ -10,6 +10,10 @@ from dataclasses import dataclass, field
 
 THIRDS: tuple[str, ...] = ("begin", "middle", "end")
 """Position groups of a passage cut into equal thirds: the paper's FineWeb-PosQ segments."""
+FIFTHS: tuple[str, ...] = tuple(f"fifth-{i}" for i in range(1, 6))
+"""Finer position groups: the passage cut into equal fifths."""
+SLOT_THIRDS: tuple[str, ...] = ("early", "central", "late")
+"""Position groups by segment slot rather than by character: the first, middle and last third of the slots."""
 
 
 class DatasetUnavailableError(RuntimeError):
@@ -30,17 +34,37 @@ def third_of(relative_position: float) -> str:
     return THIRDS[2]
 
 
+def fifth_of(relative_position: float) -> str:
+    """The fifth ("fifth-1" ... "fifth-5") a relative position in [0, 1] falls in; boundaries go to the later
+    fifth and values outside [0, 1] are clipped, as in `third_of`."""
+    position = min(max(relative_position, 0.0), 1.0)
+    return FIFTHS[min(int(position * 5), 4)]
+
+
+def slot_third(index: int, count: int) -> str:
+    """The slot group of segment `index` (0-based) among `count` segments: the third of the slot order that
+    holds the slot's centre, (index + 0.5) / count, with boundaries going to the later third."""
+    if not 0 <= index < count:
+        raise ValueError(f"segment {index} does not exist among {count}")
+    return SLOT_THIRDS[THIRDS.index(third_of((index + 0.5) / count))]
+
+
+def span_midpoint(start: int, end: int, length: int) -> float:
+    """Where a character span [start, end) sits in a document of `length` characters: its midpoint, in [0, 1]."""
+    if length <= 0:
+        raise ValueError(f"cannot place span [{start}, {end}) in a document of length {length}: length must be > 0")
+    if end < start:
+        raise ValueError(f"span [{start}, {end}) ends before it starts: write it as [start, end] with start <= end")
+    return min(max((start + end) / 2 / length, 0.0), 1.0)
+
+
 def span_third(start: int, end: int, length: int) -> str:
     """The third of a document of `length` characters that holds the midpoint of the char span [start, end).
 
     Every loader places a span by its midpoint, as PosIR's own analysis does: a long span that starts early
     but mostly sits in the middle is a "middle" fact.
     """
-    if length <= 0:
-        raise ValueError(f"cannot place span [{start}, {end}) in a document of length {length}: length must be > 0")
-    if end < start:
-        raise ValueError(f"span [{start}, {end}) ends before it starts: write it as [start, end] with start <= end")
-    return third_of((start + end) / 2 / length)
+    return third_of(span_midpoint(start, end, length))
 
 
 @dataclass(frozen=True)
@@ -49,7 +73,10 @@ class PositionalDataset:
 
     `groups` maps a query to the position groups it belongs to (a query may belong to several, and
     then counts in each); general-retrieval sets leave it empty. `strata` optionally nests groups in
-    strata (PosIR's length quartiles): HM and PSI are then computed within each stratum.
+    strata (PosIR's length quartiles): HM and PSI are then computed within each stratum. `positions`
+    gives, where a loader knows the answer's span, its relative position in the passage (the span's
+    character midpoint, 0 = start, 1 = end), so fairness can be measured at any granularity and in
+    direction, not only over the named groups.
 
     Construction validates the cross-references, so a loader bug or a broken file fails here with a
     message naming the query and document rather than as a silent zero in nDCG later.
@@ -62,6 +89,7 @@ class PositionalDataset:
     groups: dict[str, tuple[str, ...]] = field(default_factory=dict)
     group_order: tuple[str, ...] = ()
     strata: dict[str, str] = field(default_factory=dict)
+    positions: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         where = f"dataset {self.name!r}"
@@ -103,6 +131,11 @@ class PositionalDataset:
         for qid in self.strata:
             if qid not in self.queries:
                 raise ValueError(f"{where}: strata name query {qid!r}, which is not among the queries; drop it")
+        for qid, position in self.positions.items():
+            if qid not in self.queries:
+                raise ValueError(f"{where}: positions name query {qid!r}, which is not among the queries; drop it")
+            if not 0.0 <= position <= 1.0:
+                raise ValueError(f"{where}: query {qid!r} has position {position!r}; a relative position is in [0, 1]")
 
     @property
     def is_positional(self) -> bool:
@@ -128,12 +161,14 @@ class PositionalDataset:
             groups={qid: self.groups[qid] for qid in keep if qid in self.groups},
             group_order=self.group_order,
             strata={qid: self.strata[qid] for qid in keep if qid in self.strata},
+            positions={qid: self.positions[qid] for qid in keep if qid in self.positions},
         )
 
     def fingerprint(self) -> str:
         """A content hash: caches and exported configs use it to tell datasets apart."""
+        parts = [self.corpus, self.queries, self.qrels, self.groups, list(self.group_order), self.strata]
         payload = json.dumps(
-            [self.corpus, self.queries, self.qrels, self.groups, list(self.group_order), self.strata],
+            parts + [self.positions] if self.positions else parts,
             sort_keys=True,
             ensure_ascii=False,
         )

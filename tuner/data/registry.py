@@ -13,7 +13,7 @@ from tuner.data.fineweb_posq import check_available as check_fineweb_posq
 from tuner.data.fineweb_posq import load_fineweb_posq
 from tuner.data.jsonl import CORPUS_FILE, QUERIES_FILE, find_file, load_jsonl
 from tuner.data.posir import PosIRLayout, load_posir
-from tuner.data.wikipos import SPLITS, load_wikipos
+from tuner.data.wikipos import GROUP_ORDER, SPLITS, THIRDS, load_wikipos, load_wikipos_crops
 
 Loader = Callable[..., PositionalDataset]
 
@@ -27,6 +27,7 @@ def _wikipos(split: str, /, **options: Any) -> PositionalDataset:
 
 NAMED: dict[str, Loader] = {
     **{f"wikipos-{split}": partial(_wikipos, split) for split in SPLITS},
+    **{f"wikipos-{split}-crops": partial(load_wikipos_crops, split) for split in SPLITS if GROUP_ORDER[split] == THIRDS},
     "fineweb-posq": load_fineweb_posq,
 }
 """Benchmarks reachable by name alone (FineWeb-PosQ from the Hub or its local cache)."""
@@ -54,6 +55,13 @@ def detect_format(folder: Path) -> str | None:
     if find_file(folder, CORPUS_FILE) and find_file(folder, QUERIES_FILE):
         return "jsonl"
     return None
+
+
+def load_crops(name_or_path: str) -> PositionalDataset | None:
+    """The crops view of a tuning set (its passages re-cut shorter, `tuner.data.wikipos.crop_records`), or
+    None for a set whose passages have no known segment structure (FineWeb-PosQ, PosIR, JSONL, BEIR)."""
+    loader = NAMED.get(f"{name_or_path}-crops")
+    return loader() if loader is not None else None
 
 
 def check_available(name_or_path: str) -> None:

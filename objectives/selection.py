@@ -1,0 +1,85 @@
+"""Which trial wins: a noise-aware choice among the feasible trials.
+
+The tuning split is small, so two configs whose objective differs by less than its sampling noise are
+not told apart by it; the lower value is then as likely luck as merit. The default rule is the
+one-standard-error rule (Breiman et al., 1984; Hastie et al., *Elements of Statistical Learning* §7.10):
+among the feasible trials whose objective is within one bootstrap standard error of the best one, take
+the one that changes the model least, measured by how far it moves the document vectors away from the
+uncalibrated ones (`drift`). A milder calibration that is as fair on the tuning split is the one that
+over-corrects least on passages built differently.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+Rule = Literal["one-se", "lowest"]
+RULES: tuple[str, ...] = ("one-se", "lowest")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One finished trial as selection sees it.
+
+    `objective` is what the study minimises and `objective_se` its bootstrap standard error over the
+    tuning queries; `drift` is the mean 1 − cosine between the trial's document vectors and the
+    uncalibrated ones (0 for no calibration); `constraints` follow Optuna's convention (≤ 0 satisfied);
+    `hm` breaks what ties remain.
+    """
+
+    trial_number: int
+    objective: float
+    objective_se: float
+    drift: float
+    constraints: tuple[float, ...]
+    hm: float = 0.0
+
+    @property
+    def feasible(self) -> bool:
+        return all(value <= 0 for value in self.constraints)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The winner, and enough of the reasoning to report it: the rule, the best trial and the threshold."""
+
+    rule: str
+    winner: Candidate
+    best: Candidate
+    threshold: float
+    eligible: tuple[int, ...]
+
+    def describe(self) -> str:
+        """One sentence for logs, MLflow and the exported YAML."""
+        if self.rule == "lowest":
+            return f"trial {self.winner.trial_number}: the feasible trial with the lowest objective ({self.winner.objective:.4f})"
+        return (
+            f"trial {self.winner.trial_number}: the mildest (drift {self.winner.drift:.4f}) of the feasible trials "
+            f"{list(self.eligible)} whose objective is within one standard error of the best "
+            f"(trial {self.best.trial_number}: {self.best.objective:.4f} + {self.best.objective_se:.4f} = {self.threshold:.4f})"
+        )
+
+
+def select(candidates: Iterable[Candidate], rule: Rule = "one-se") -> Selection | None:
+    """The winning candidate under `rule`; None when no candidate is feasible (keep the model uncalibrated).
+
+    `lowest`: the lowest objective (ties: lower drift, higher HM, then the earlier trial). `one-se`: the
+    lowest drift among the candidates within one standard error of the lowest objective (ties: lower
+    objective, higher HM, then the earlier trial). A candidate with a non-finite objective never wins.
+    """
+    if rule not in RULES:
+        raise ValueError(f"unknown selection rule {rule!r}; choose one of {', '.join(RULES)}")
+    feasible = [c for c in candidates if c.feasible and math.isfinite(c.objective)]
+    if not feasible:
+        return None
+    best = min(feasible, key=lambda c: (c.objective, c.drift, -c.hm, c.trial_number))
+    if rule == "lowest":
+        return Selection(rule, best, best, best.objective, (best.trial_number,))
+    se = best.objective_se if math.isfinite(best.objective_se) else 0.0
+    threshold = best.objective + se
+    eligible = sorted((c for c in feasible if c.objective <= threshold), key=lambda c: c.trial_number)
+    winner = min(eligible, key=lambda c: (c.drift, c.objective, -c.hm, c.trial_number))
+    return Selection(rule, winner, best, threshold, tuple(c.trial_number for c in eligible))

@@ -1,0 +1,93 @@
+"""Specification of winner selection: the one-standard-error rule, and the evidence it rests on."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from objectives.evidence import trial_evidence
+from objectives.metrics import PerQuery, aggregate
+from objectives.selection import Candidate, select
+
+
+def trial(number: int, psi: float, se: float, drift: float, *constraints: float) -> Candidate:
+    return Candidate(number, psi, se, drift, constraints or (-0.01,))
+
+
+def test_an_over_correcting_config_with_the_lowest_psi_loses_to_an_indistinguishable_milder_one():
+    aggressive = trial(6, psi=0.032, se=0.030, drift=0.056)  # λ 1 on every layer: flat on dev by a hair
+    steady = trial(2, psi=0.055, se=0.032, drift=0.010)  # λ 0.55 on the last layer: within one SE of it
+    weak = trial(9, psi=0.150, se=0.035, drift=0.002)  # milder still, but clearly less fair
+    chosen = select([aggressive, steady, weak])
+    assert chosen is not None
+    assert chosen.winner == steady
+    assert chosen.best == aggressive and chosen.threshold == pytest.approx(0.062)
+    assert chosen.eligible == (2, 6)
+    assert "trial 2" in chosen.describe() and "[2, 6]" in chosen.describe()
+
+
+def test_a_config_better_by_more_than_one_standard_error_wins_however_strong():
+    strong = trial(4, psi=0.020, se=0.010, drift=0.080)
+    mild = trial(5, psi=0.060, se=0.030, drift=0.005)  # outside 0.020 + 0.010
+    assert select([mild, strong]).winner == strong
+
+
+def test_the_lowest_rule_takes_the_lowest_objective_as_before():
+    aggressive, steady = trial(6, 0.032, 0.03, 0.056), trial(2, 0.055, 0.03, 0.010)
+    chosen = select([aggressive, steady], "lowest")
+    assert chosen.winner == aggressive and chosen.eligible == (6,)
+    assert "lowest objective" in chosen.describe()
+
+
+def test_infeasible_trials_never_win_and_none_feasible_means_no_winner():
+    below_floor = trial(1, 0.01, 0.03, 0.001, 0.02)  # misses the HM floor
+    lost_ndcg = trial(3, 0.02, 0.03, 0.002, -0.01, 0.0004)  # loses aggregate nDCG@10
+    kept = trial(7, 0.09, 0.03, 0.03, -0.01, 0.0)  # exactly on a limit counts as met
+    assert select([below_floor, lost_ndcg, kept]).winner == kept
+    assert select([below_floor]) is None and select([]) is None
+    assert select([trial(8, float("nan"), 0.0, 0.0)]) is None
+    assert not trial(9, 0.1, 0.0, 0.0, float("nan")).feasible
+
+
+def test_ties_go_to_the_lower_objective_then_the_higher_hm_then_the_earlier_trial():
+    a, b, c = trial(3, 0.05, 0.02, 0.010), trial(1, 0.06, 0.02, 0.010), trial(2, 0.05, 0.02, 0.010)
+    assert select([a, b, c]).winner == c
+    higher_hm = Candidate(5, 0.05, 0.02, 0.010, (-0.01,), hm=0.6)
+    assert select([a, b, c, higher_hm]).winner == higher_hm
+
+
+def test_an_unknown_rule_is_refused_by_name():
+    with pytest.raises(ValueError, match="one-se, lowest"):
+        select([trial(0, 0.1, 0.0, 0.0)], "median")  # type: ignore[arg-type]
+
+
+def per_query(scores: list[float], groups: list[int]) -> PerQuery:
+    membership = np.eye(3)[groups]
+    return PerQuery(tuple(f"q{i}" for i in range(len(scores))), np.array(scores), np.zeros(len(scores)),
+                    ("begin", "middle", "end"), membership, (), np.ones((len(scores), 1)))
+
+
+def test_trial_evidence_point_values_match_the_report_and_the_se_matches_a_hand_bootstrap():
+    rng = np.random.default_rng(3)
+    groups = [i % 3 for i in range(90)]
+    base = per_query(list(rng.uniform(0, 1, 90) * np.array([1.0, 0.8, 0.5])[groups]), groups)  # begin favoured
+    cand = per_query(list(np.clip(base.ndcg10 + rng.normal(0.05, 0.1, 90), 0, 1)), groups)
+    evidence = trial_evidence(base, cand, n_resamples=400, seed=7)
+    point_b, point_c = aggregate(base, np.ones((1, 90))), aggregate(cand, np.ones((1, 90)))
+    assert evidence.objective == pytest.approx(point_c.psi[0])
+    assert evidence.hm == pytest.approx(point_c.hm[0])
+    assert evidence.ndcg_delta == pytest.approx(cand.ndcg10.mean() - base.ndcg10.mean())
+    # the same resamples, drawn by hand: PSI's spread and the 2.5th percentile of the HM change
+    weights = np.random.default_rng(7).multinomial(90, np.full(90, 1 / 90), size=400).astype(float)
+    psi = aggregate(cand, weights).psi
+    change = aggregate(cand, weights).hm - aggregate(base, weights).hm
+    assert evidence.objective_se == pytest.approx(np.std(psi))
+    assert evidence.hm_low == pytest.approx(point_b.hm[0] + np.percentile(change, 2.5))
+    assert evidence.hm_low < evidence.hm
+
+
+def test_trial_evidence_needs_the_same_queries_and_position_groups():
+    base = per_query([0.5, 0.5, 0.5], [0, 1, 2])
+    other = PerQuery(("x", "y", "z"), np.ones(3), np.zeros(3), ("begin", "middle", "end"), np.eye(3), (), np.ones((3, 1)))
+    with pytest.raises(ValueError, match="different queries"):
+        trial_evidence(base, other)
