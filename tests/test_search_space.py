@@ -15,7 +15,7 @@ import pytest
 from tuner.calibration import ConfigError
 from tuner.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, SearchSpace, trial_basket_shares
 from tuner.study import enqueue_once
-from tuner.tune import _trial_with
+from tuner.conclusion import _trial_with
 
 FOUR_KNOBS = {"strength", "depth", "basket_size", "variant"}
 

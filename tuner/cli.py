@@ -9,7 +9,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import numpy as np
 import typer
@@ -19,7 +19,10 @@ from rich.logging import RichHandler
 from rich.table import Table
 from typer.core import TyperGroup
 
-from tuner.tune import DEFAULT_TRIALS, TuneOutcome, TuneSettings
+from tuner.settings import DEFAULT_TRIALS, TuneSettings
+
+if TYPE_CHECKING:
+    from tuner.conclusion import TuneOutcome
 
 PIPED_WIDTH = 160  # rich assumes 80 columns when not on a terminal, which truncates the result tables
 
@@ -205,7 +208,7 @@ def export(
     The model is loaded at the revision the study tuned, with remote code if the study allowed it."""
     _setup_logging()
     with _friendly_errors():
-        from tuner.tune import reexport
+        from tuner.conclusion import reexport
 
         path = reexport(study_name, storage, output, tracking_uri, trust_remote_code, selection)
     console.print(f"exported: [bold]{path}[/bold]")
@@ -330,7 +333,7 @@ class _friendly_errors:
         return None
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, traceback: object) -> bool:
-        from tuner.tune import NoFeasibleTrialError
+        from tuner.conclusion import NoFeasibleTrialError
 
         if error is None or kind is None:
             return False
@@ -344,14 +347,14 @@ class _friendly_errors:
 
 
 def _setup_logging() -> None:
-    from tuner.tune import quiet_libraries
+    from tuner.worker import quiet_libraries
 
     quiet_libraries()
     logging.basicConfig(level=logging.INFO, format="%(message)s", handlers=[RichHandler(console=console, show_path=False)], force=True)
 
 
 def _print_settings(settings: TuneSettings) -> None:
-    from tuner.tune import dataset_reason
+    from tuner.settings import dataset_reason
 
     table = Table(title="tune: settings", show_header=False, box=None)
     for name, value in vars(settings).items():
