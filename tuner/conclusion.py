@@ -19,7 +19,7 @@ from tuner.evaluation import Evaluation, Evaluator
 from tuner.export import build_export, write_exported
 from tuner.models import LoadedModel, hub_revision, load_model
 from tuner.plots import optuna_figures, pareto_scatter
-from tuner.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, is_reference_trial, trial_basket_shares
+from tuner.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, is_reference_trial, trial_config
 from tuner.session import split_datasets
 from tuner.settings import EXPERIMENT, TuneSettings
 from tuner.study import HEARTBEAT_SECONDS, complete_trials, default_storage, make_storage, pareto_front, winner
@@ -170,13 +170,7 @@ def reexport(
 
 
 def _config_of(trial: optuna.trial.FrozenTrial, model: LoadedModel) -> CalibrationConfig:
-    params = trial.params
-    extra = {"weight": round(params["weight"], 6)} if "weight" in params else {}
-    return CalibrationConfig(
-        variant=params["variant"], strength=round(params["strength"], 6), layers=trial.user_attrs["layers"],
-        basket_size=params["basket_size"], pooling=model.spec.pooling, padding_side=model.spec.padding_side,
-        basket_shares=trial_basket_shares(trial), **extra,
-    )
+    return trial_config(trial, model.spec.pooling, model.spec.padding_side)
 
 
 def _trial_with(study: optuna.Study, reference: dict[str, object]) -> optuna.trial.FrozenTrial | None:
