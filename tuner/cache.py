@@ -25,7 +25,8 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import combinations
 from pathlib import Path
@@ -427,6 +428,17 @@ class LayerInputStore:
         return self.loaded[layer]
 
     # recording: one writer per layer, fed batch by batch in order
+    @contextmanager
+    def recording(self, layers: Sequence[int]) -> Iterator[None]:
+        """Record `layers` (through `record`) inside this block: committed if it completes, else discarded."""
+        self.begin(layers)
+        ok = False
+        try:
+            yield
+            ok = True
+        finally:
+            self.finish(ok)
+
     def begin(self, layers: Sequence[int]) -> None:
         self._writers = {layer: self.cache.raw_writer(self.name(layer), self.layer_key(layer)) for layer in layers}
         self._next = {layer: 0 for layer in layers}
