@@ -26,7 +26,6 @@ import numpy as np
 
 from tuner.cache import (
     DEFAULT_BUDGET,
-    DEFAULT_CACHE_DIR,
     DiskCache,
     LayerInputs,
     LayerInputStore,
@@ -40,6 +39,7 @@ from tuner.calibration import ResolvedCalibration
 from tuner.calibration.attention import RowSums
 from tuner.data import PositionalDataset
 from tuner.encoder import Batches
+from tuner.files import CACHE
 from tuner.models import LoadedModel
 from tuner.prefix import LayerStack, ResumeUnsupportedError, prefix_layers_for
 
@@ -51,7 +51,7 @@ CACHE_DIR_ENV = "POSFAIR_CACHE_DIR"
 
 def default_cache_dir() -> Path:
     """`$POSFAIR_CACHE_DIR`, else `mlruns/cache` under the working directory (next to the study store)."""
-    return Path(os.environ.get(CACHE_DIR_ENV) or DEFAULT_CACHE_DIR)
+    return Path(os.environ.get(CACHE_DIR_ENV) or CACHE)
 
 
 @dataclass

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -20,6 +18,7 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 from tuner.settings import DEFAULT_TRIALS, TuneSettings
+from tuner.study import HEARTBEAT_SECONDS
 
 if TYPE_CHECKING:
     from tuner.conclusion import TuneOutcome
@@ -120,7 +119,7 @@ def run(
     cache_budget: Annotated[str | None, typer.Option(help="Disk/RAM for cached layer inputs, e.g. 4GB or 0 (none); default: tuner.cache's budget.")] = None,
     workers: Annotated[int, typer.Option(help="Local worker processes on this study (each loads the model).")] = 1,
     worker: Annotated[bool, typer.Option("--worker", help="Only run trials of a study another `tune` coordinates (other machines).")] = False,
-    heartbeat: Annotated[int, typer.Option(help="Seconds between worker heartbeats; a trial silent for 3 is failed and re-run.")] = 20,
+    heartbeat: Annotated[int, typer.Option(help="Seconds between worker heartbeats; a trial silent for 3 is failed and re-run.")] = HEARTBEAT_SECONDS,
     options: OptionsFile = None,
 ) -> None:
     """Tune one model (the default command): Optuna search, MLflow tracking, exported YAML."""
@@ -316,14 +315,10 @@ def read_texts(path: Path) -> list[str]:
 
 
 def _save_atomically(vectors: np.ndarray, path: Path) -> None:
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".npy", dir=path.parent)
-    os.close(handle)
-    try:
-        np.save(temporary, vectors)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    from tuner.files import replacing
+
+    with replacing(path) as temporary, temporary.open("wb") as stream:
+        np.save(stream, vectors)
 
 
 class _friendly_errors:

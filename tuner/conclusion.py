@@ -17,6 +17,7 @@ from tuner.calibration import CalibrationConfig
 from tuner.data import PositionalDataset
 from tuner.evaluation import Evaluation, Evaluator
 from tuner.export import build_export, write_exported
+from tuner.files import EXPORTS
 from tuner.models import LoadedModel, hub_revision, load_model
 from tuner.plots import optuna_figures, pareto_scatter
 from tuner.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, is_reference_trial, trial_config
@@ -240,7 +241,7 @@ def _export(settings: TuneSettings, model: LoadedModel, study: optuna.Study, bes
         dataset_fingerprint=tuning.fingerprint(), seed=settings.seed,
         selection_rule=selection.rule, selection=selection.describe(),
     )
-    path = settings.output or Path("mlruns") / "exports" / f"{study.study_name}.yaml"
+    path = settings.output or EXPORTS / f"{study.study_name}.yaml"
     if settings.output is None:
         path.parent.mkdir(parents=True, exist_ok=True)
     return write_exported(exported, path)
