@@ -76,9 +76,10 @@ def timed(step: Callable[[], object]) -> tuple[float, object]:
 
 
 def per_trial(model, dataset, args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, object]:
-    from tuner.calibration.attention import FirstLayerSums
+    from tuner.cache_policy import FirstLayerSums
+    from tuner.encoder import forward
     from tuner.evaluation import Evaluator
-    from tuner.prefix import encode_batches
+    from tuner.prefix import resumed_from
 
     folder = Path(tempfile.mkdtemp(prefix="posfair-trial-cost-"))
     evaluator = Evaluator(model, dataset, args.batch_size, cache_dir=folder)
@@ -88,8 +89,8 @@ def per_trial(model, dataset, args: argparse.Namespace, say: Callable[[str], Non
     seconds_tokenise, batches = timed(evaluator.batches)
     seconds_baseline, _ = timed(evaluator.baseline_vectors)  # full plain pass + recording the layer inputs
     say(f"tokenised once in {seconds_tokenise:.1f} s; baseline pass recording layers {list(evaluator.cached_layers())} "
-        f"in {seconds_baseline:.1f} s ({evaluator._store.layer_bytes / 2**20:.0f} MiB per layer, "
-        f"{'in RAM' if all(x.in_memory for x in evaluator._inputs.values()) else 'memory-mapped'})")
+        f"in {seconds_baseline:.1f} s ({evaluator.cache.store.layer_bytes / 2**20:.0f} MiB per layer, "
+        f"{'in RAM' if all(x.in_memory for x in evaluator.cache.inputs.values()) else 'memory-mapped'})")
     half = model.default_config(layers=0.5)  # CLS-Soft, λ 0.5, basket 128, last 3 of 6 layers
     last = model.default_config(layers="last")
     shared = FirstLayerSums(budget=2**40)  # the first calibrated layer's sums, as an earlier trial left them
@@ -98,19 +99,21 @@ def per_trial(model, dataset, args: argparse.Namespace, say: Callable[[str], Non
         spec = config.resolve(model.num_layers)
         start = evaluator.resume_layer(min(spec.layers))
         assert start == min(spec.layers), (label, start)
-        inputs = evaluator._inputs[start]
+        inputs = evaluator.cache.inputs[start]
         if spec.pooling == "mean":  # an earlier trial at this depth and basket size leaves its first-layer sums
             earlier = model.default_config(variant="uniform", strength=0.9, layers=config.layers).resolve(model.num_layers)
-            encode_batches(model, batches, earlier, stack=evaluator._stack, resume=(start, inputs.batch), first_layer=shared)
-        cases[f"{label}, scratch"] = lambda spec=spec: encode_batches(model, batches, spec)
-        cases[f"{label}, resumed from layer {start}"] = lambda spec=spec, start=start, inputs=inputs: encode_batches(
-            model, batches, spec, stack=evaluator._stack, resume=(start, inputs.batch))
+            forward(model, batches, earlier, around=resumed_from(evaluator.cache.stack, start, inputs.batch),
+                    first_layer=shared.for_batch)
+        cases[f"{label}, scratch"] = lambda spec=spec: forward(model, batches, spec)
+        cases[f"{label}, resumed from layer {start}"] = lambda spec=spec, start=start, inputs=inputs: forward(
+            model, batches, spec, around=resumed_from(evaluator.cache.stack, start, inputs.batch))
         if spec.pooling == "mean":
             cases[f"{label}, resumed from layer {start}, its sums shared"] = (
-                lambda spec=spec, start=start, inputs=inputs: encode_batches(
-                    model, batches, spec, stack=evaluator._stack, resume=(start, inputs.batch), first_layer=shared))
+                lambda spec=spec, start=start, inputs=inputs: forward(
+                    model, batches, spec, around=resumed_from(evaluator.cache.stack, start, inputs.batch),
+                    first_layer=shared.for_batch))
     reference = "full uncalibrated encode"
-    cases = {reference: lambda: encode_batches(model, batches, None), **cases}
+    cases = {reference: lambda: forward(model, batches, None), **cases}
     times: dict[str, list[float]] = {k: [] for k in cases}
     outputs: dict[str, np.ndarray] = {}
     for repeat in range(args.repeats):
@@ -190,7 +193,7 @@ def study_walls(model, dataset, args: argparse.Namespace, say: Callable[[str], N
     sampler = max(0.0, time.perf_counter() - began - in_trials)  # Optuna's own time (sampling, storage): both pay it
     walls = {mode: spent[mode] + sampler for mode in spent}
     for mode in modes:
-        sums = evaluators[mode]._sums
+        sums = evaluators[mode].first_layer_sums()
         say(f"{mode}: {walls[mode]:.0f} s, passes {evaluators[mode].counts}, first-layer sums reused in "
             f"{sums.hits if sums else 0} batch passes ({sums.used / 2**20 if sums else 0:.0f} MiB)")
     say(f"Optuna's own time {sampler:.1f} s")

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import ir_measures
 import numpy as np
-
-from tuner.data.dataset import PositionalDataset
 
 NDCG10 = ir_measures.nDCG @ 10
 RECALL10 = ir_measures.R @ 10
@@ -21,6 +20,28 @@ POSITION_BINS = tuple(f"fifth-{i}" for i in range(1, 6))
 """Bins of the finer position profile: fifths of the relative position of a query's answer."""
 THIRD_CENTRES = {"begin": 1 / 6, "middle": 1 / 2, "end": 5 / 6}
 """Where a thirds group sits, for the tilt of a dataset that knows groups but not spans (FineWeb-PosQ)."""
+
+
+class Judged(Protocol):
+    """What scoring reads of a benchmark: plain mappings (`tuner.data.PositionalDataset` has them all).
+
+    Metrics know no loader: any object with these attributes can be scored.
+    """
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def queries(self) -> Mapping[str, str]: ...
+    @property
+    def qrels(self) -> Mapping[str, Mapping[str, int]]: ...
+    @property
+    def groups(self) -> Mapping[str, tuple[str, ...]]: ...  # query → its position groups (none: general retrieval)
+    @property
+    def group_order(self) -> tuple[str, ...]: ...
+    @property
+    def strata(self) -> Mapping[str, str]: ...  # query → stratum (PosIR's length quartiles)
+    @property
+    def positions(self) -> Mapping[str, float]: ...  # query → its answer's relative position in [0, 1]
 
 
 def harmonic_mean(values: Sequence[float]) -> float:
@@ -250,7 +271,7 @@ class PositionReport:
         return flat
 
 
-def evaluate(run: Mapping[str, Mapping[str, float]], dataset: PositionalDataset) -> tuple[PositionReport, PerQuery]:
+def evaluate(run: Mapping[str, Mapping[str, float]], dataset: Judged) -> tuple[PositionReport, PerQuery]:
     """Score a run on every query of a dataset; the PerQuery lets the bootstrap resample without
     rescoring. A dataset whose queries carry no group is scored as a general-retrieval set."""
     per_query = _per_query(run, dataset)
@@ -291,13 +312,13 @@ def evaluate(run: Mapping[str, Mapping[str, float]], dataset: PositionalDataset)
     return report, per_query
 
 
-def _per_query(run: Mapping[str, Mapping[str, float]], dataset: PositionalDataset) -> PerQuery:
+def _per_query(run: Mapping[str, Mapping[str, float]], dataset: Judged) -> PerQuery:
     """Score the dataset's queries and lay out their group and stratum membership.
 
     The dataset has already checked that every query is judged and every group label is known.
     """
     query_ids = tuple(dataset.queries)
-    group_order = dataset.group_order if dataset.is_positional else ()
+    group_order = dataset.group_order if any(dataset.groups.values()) else ()
     group_index = {group: g for g, group in enumerate(group_order)}
     membership = np.zeros((len(query_ids), len(group_order)))
     for i, qid in enumerate(query_ids):
@@ -335,7 +356,7 @@ def _per_query(run: Mapping[str, Mapping[str, float]], dataset: PositionalDatase
     return per_query
 
 
-def _positions(dataset: PositionalDataset, query_ids: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+def _positions(dataset: Judged, query_ids: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     """Each query's relative answer position: its span midpoint where the dataset knows it, else the centre of
     its begin/middle/end third(s) (NaN for other groups); and which positions are span midpoints."""
     placed = np.array([qid in dataset.positions for qid in query_ids], dtype=bool)

@@ -46,14 +46,14 @@ def study(model: LoadedModel, folder: Path, dataset=None, **options) -> tuple[Ev
 
 def events(evaluator: Evaluator) -> dict[str, list[str]]:
     found: dict[str, list[str]] = {}
-    for name, event in evaluator.disk.events:
+    for name, event in evaluator.cache.disk.events:
         found.setdefault(name, []).append(event)
     return found
 
 
 def entry(evaluator: Evaluator, name: str) -> Path:
     suffix = ".bin" if name.startswith("layer-input") else ".npy"
-    return evaluator.disk.folder / f"{name}{suffix}"
+    return evaluator.cache.disk.folder / f"{name}{suffix}"
 
 
 def test_a_second_study_reuses_queries_baseline_and_layer_inputs(bert: LoadedModel, tmp_path: Path) -> None:
@@ -205,9 +205,9 @@ def test_the_default_location_is_under_the_run_folder(bert: LoadedModel, tmp_pat
     monkeypatch.delenv("POSFAIR_CACHE_DIR", raising=False)
     evaluator = Evaluator(bert, tiny_dataset(), BATCH, prefix_layers=())
     evaluator.query_vectors()
-    assert evaluator.disk.folder.is_relative_to(Path("mlruns") / "cache") and (evaluator.disk.folder / "queries.npy").exists()
+    assert evaluator.cache.disk.folder.is_relative_to(Path("mlruns") / "cache") and (evaluator.cache.disk.folder / "queries.npy").exists()
     monkeypatch.setenv("POSFAIR_CACHE_DIR", str(tmp_path / "elsewhere"))
-    assert Evaluator(bert, tiny_dataset(), BATCH).disk.folder.is_relative_to(tmp_path / "elsewhere")
+    assert Evaluator(bert, tiny_dataset(), BATCH).cache.disk.folder.is_relative_to(tmp_path / "elsewhere")
 
 
 def test_writes_leave_no_temporary_files(bert: LoadedModel, tmp_path: Path) -> None:

@@ -439,7 +439,7 @@ def test_by_size_moves_a_partial_last_basket_and_not_full_ones() -> None:
 def test_shared_first_layer_sums_never_serve_the_other_basket_shares() -> None:
     """The mean path's first-layer sums differ by basket_shares (Σ O_b against Σ cnt_b·O_b), so a trial with
     the other mode computes its own; a trial with the same mode reuses them. Each agrees with the oracle."""
-    from tuner.calibration.attention import FirstLayerSums
+    from tuner.cache_policy import FirstLayerSums
 
     q, k, v, key_valid = build_inputs([22, 15, 9], False, 4, 2, torch.float32, 12)
     allowed = mask_of(key_valid, False)
@@ -448,7 +448,7 @@ def test_shared_first_layer_sums_never_serve_the_other_basket_shares() -> None:
     hits = []
     for shares, variant in (("equal", "cls_soft"), ("by_size", "cls_soft"), ("by_size", "uniform"), ("equal", "uniform")):
         config = CalibrationConfig(pooling="mean", variant=variant, strength=0.9, basket_size=4, layers=[0], basket_shares=shares)
-        with calibrating(config.resolve(1), first_layer=shared):
+        with calibrating(config.resolve(1), first_layer=shared.for_batch(0)):
             got, _ = calibrated_attention(module, q, k, v, allowed, scaling=SCALE)
         want = reference_attention(q, k, v, allowed, SCALE, config)
         assert torch.allclose(got[key_valid].double(), want[key_valid], atol=2e-6, rtol=1e-6), (shares, variant)

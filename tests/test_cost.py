@@ -9,7 +9,7 @@ from tuner.cost import Probe, StudyCost, duration
 from tuner.data import PositionalDataset
 from tuner.evaluation import Evaluator
 from tuner.models import load_model
-from tuner.tune import estimate_cost
+from tuner.session import estimate_cost
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

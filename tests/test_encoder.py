@@ -172,3 +172,35 @@ def test_minilm_calibration_moves_long_documents_and_leaves_short_ones(minilm: L
     calibrated = CalibratedEncoder(minilm, config).encode([long_doc, short_doc])
     assert 1 - float(plain[0] @ calibrated[0]) > 1e-4
     assert np.abs(plain[1] - calibrated[1]).max() < 1e-6
+
+
+def test_only_a_cache_miss_means_not_available_locally(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`locate` turns a local-cache miss (or a name that is no hub id) into ModelUnavailableError; any other
+    failure of the cache lookup (a permission problem, a bug) surfaces as itself instead of a misleading
+    'not downloaded'."""
+    import huggingface_hub
+    import huggingface_hub.constants
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    from tuner.models import locate, resolve_spec
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    spec = resolve_spec("bge-m3")
+
+    def miss(*args: object, **kwargs: object) -> str:
+        raise LocalEntryNotFoundError("not in the cache")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", miss)
+    with pytest.raises(ModelUnavailableError, match="hf download BAAI/bge-m3"):
+        locate(spec)
+    monkeypatch.undo()
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(ModelUnavailableError, match="not in the local Hugging Face cache"):
+        locate(resolve_spec("no/such/folder/or/id", pooling="cls"))
+
+    def broken(*args: object, **kwargs: object) -> str:
+        raise PermissionError("cache folder unreadable")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", broken)
+    with pytest.raises(PermissionError, match="cache folder unreadable"):
+        locate(spec)

@@ -15,7 +15,7 @@ import yaml
 
 from tests.hub import BGE_M3, FINEWEB_POSQ, FakeHub, fineweb_posq_rows, passages, run_tune, tune_here, use_in_this_process
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 MAX_LENGTH = 1024  # the tiny bge-m3's position table, standing in for the real one's 8,192
 

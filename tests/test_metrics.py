@@ -155,6 +155,20 @@ def test_group_ndcg_is_the_mean_over_the_group_in_group_order() -> None:
     assert report.psi == pytest.approx(1 - 0.5 / 1.0)
 
 
+def test_metrics_score_plain_mappings_without_the_dataset_type() -> None:
+    """`evaluate` reads only mappings: a bare namespace scores exactly as the dataset type (objectives needs no tuner)."""
+    from types import SimpleNamespace
+
+    qrels = {"b": {"d1": 1}, "m": {"d2": 1}, "e": {"d3": 1}}
+    run = {"b": ranked("d1"), "m": ranked(*filler(2), "d2"), "e": ranked(*filler(12), "d3")}
+    plain = SimpleNamespace(name="toy", queries={q: q for q in qrels}, qrels=qrels,
+                            groups={"b": ("begin",), "m": ("middle",), "e": ("end",)}, group_order=THIRDS,
+                            strata={}, positions={})
+    report, _ = evaluate(run, plain)
+    assert report.group_ndcg10 == {"begin": 1.0, "middle": pytest.approx(1 / math.log2(4)), "end": 0.0}
+    assert report == evaluate(run, make_dataset(qrels, plain.groups))[0]
+
+
 def test_query_in_two_groups_counts_in_both_but_once_in_the_aggregate() -> None:
     groups = {"q1": ("begin", "middle"), "q2": ("middle",), "q3": ("end",), "q4": ("end",)}
     report, _ = evaluate(RUN, make_dataset(QRELS, groups))

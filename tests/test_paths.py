@@ -44,7 +44,7 @@ from tests.tiny import WORDS, save_tiny
 from tuner.calibration import CalibrationConfig, calibrating
 from tuner.calibration.reference import register_reference
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]  # tiny models: threads only contend
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: threads only contend
 
 # Qwen3-Embedding's model card: queries carry this instruction, documents nothing.
 QWEN3_QUERY = "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:"

@@ -15,10 +15,10 @@ from tuner.cache import choose_layers
 from tuner.calibration import CalibrationConfig
 from tuner.calibration.rows import fills_a_basket
 from tuner.data import PositionalDataset
-from tuner.encoder import CalibratedEncoder, auto_batch_size
+from tuner.encoder import CalibratedEncoder, auto_batch_size, forward
 from tuner.evaluation import Evaluator
 from tuner.models import LoadedModel, load_model
-from tuner.prefix import Batches, LayerStack, ResumeUnsupportedError, encode_batches, prefix_layers_for
+from tuner.prefix import Batches, LayerStack, ResumeUnsupportedError, prefix_layers_for, record_layer_inputs
 from tuner.search_space import SearchSpace
 
 BATCH = 4
@@ -67,7 +67,7 @@ def test_a_resumed_trial_equals_a_trial_from_scratch(tiny: LoadedModel, tmp_path
                           ram_limit=None if ram == "in memory" else 0)
     baseline, _ = evaluator.run(None), None
     assert evaluator.cached_layers() == (1, 2)
-    assert all(inputs.in_memory == (ram == "in memory") for inputs in evaluator._inputs.values())
+    assert all(inputs.in_memory == (ram == "in memory") for inputs in evaluator.cache.inputs.values())
     for config in configs(tiny):
         got, _ = evaluator.document_vectors(config)
         want = scratch(tiny, dataset, config)
@@ -135,7 +135,7 @@ def test_batches_match_the_encoder_and_the_full_pass_is_bitwise_equal(tiny: Load
     lengths = [t for _, t in batches.shapes]
     assert lengths == sorted(lengths, reverse=True)  # long first: little padding
     config = configs(tiny)[1]
-    assert np.array_equal(encode_batches(tiny, batches, config.resolve(3)), scratch(tiny, dataset, config))
+    assert np.array_equal(forward(tiny, batches, config.resolve(3)), scratch(tiny, dataset, config))
 
 
 def test_recording_only_stops_at_the_deepest_wanted_layer(tiny: LoadedModel) -> None:
@@ -145,12 +145,11 @@ def test_recording_only_stops_at_the_deepest_wanted_layer(tiny: LoadedModel) -> 
     handles = [layer.register_forward_pre_hook(lambda m, a, i=i: reached.append(i)) for i, layer in enumerate(stack.layers)]
     try:
         seen: list[tuple[int, int, tuple[int, ...]]] = []
-        out = encode_batches(tiny, batches, None, stack=stack, record=([1], lambda b, l, h: seen.append((b, l, tuple(h.shape)))),
-                             record_only=True)
+        record_layer_inputs(tiny, batches, stack, [1], lambda b, l, h: seen.append((b, l, tuple(h.shape))))
     finally:
         for handle in handles:
             handle.remove()
-    assert out is None and set(reached) == {0, 1}  # layer 2 never ran
+    assert set(reached) == {0, 1}  # layer 2 never ran
     assert [(b, l) for b, l, _ in seen] == [(0, 1), (1, 1)]
     assert [s[:2] for *_, s in seen] == batches.shapes
 
@@ -206,8 +205,8 @@ def test_a_budget_of_one_layer_caches_one_layer(tiny: LoadedModel, tmp_path: Pat
     evaluator = Evaluator(tiny, tiny_dataset(), BATCH, cache_dir=tmp_path, prefix_layers=(1, 2))
     evaluator.batches()
     probe = Evaluator(tiny, tiny_dataset(), BATCH, cache_dir=tmp_path / "probe", prefix_layers=(1, 2))
-    probe._plan_layer_inputs()
-    layer_bytes = probe._store.layer_bytes
+    probe.cache.plan_layer_inputs(probe.batches())
+    layer_bytes = probe.cache.store.layer_bytes
     assert layer_bytes == sum(r * t for r, t in evaluator.batches().shapes) * 32 * 4
     one = Evaluator(tiny, tiny_dataset(), BATCH, cache_dir=tmp_path / "one", cache_budget=layer_bytes, prefix_layers=(1, 2))
     assert one.cached_layers() == (1,)
@@ -248,7 +247,7 @@ def test_trials_sharing_first_calibrated_layer_and_basket_size_share_its_sums(ti
         model.default_config(variant="cls_soft", strength=0.8, basket_size=8, layers="last:2", basket_shares="by_size"),  # other sums
         model.default_config(variant="uniform", strength=0.4, basket_size=8, layers="last:2", basket_shares="by_size"),  # reuses those
     ]
-    sums = evaluator._first_layer_sums()
+    sums = evaluator.first_layer_sums()
     assert sums is not None
     hits = []
     for config in trials:
@@ -257,4 +256,4 @@ def test_trials_sharing_first_calibrated_layer_and_basket_size_share_its_sums(ti
         hits.append(sums.hits)
     batches = hits[1]  # the encoded batches (others are copied from the baseline): each reused once per trial
     assert batches > 0 and hits == [0, batches, 2 * batches, 2 * batches, 2 * batches, 2 * batches, 3 * batches]
-    assert Evaluator(model, dataset, BATCH, cache_dir=tmp_path / "off", cache_budget=0)._first_layer_sums() is None
+    assert Evaluator(model, dataset, BATCH, cache_dir=tmp_path / "off", cache_budget=0).first_layer_sums() is None

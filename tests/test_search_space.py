@@ -13,9 +13,9 @@ import optuna
 import pytest
 
 from tuner.calibration import ConfigError
-from tuner.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, SearchSpace, trial_basket_shares
+from tuner.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, SearchSpace, trial_basket_shares, trial_config
 from tuner.study import enqueue_once
-from tuner.tune import _trial_with
+from tuner.conclusion import _trial_with
 
 FOUR_KNOBS = {"strength", "depth", "basket_size", "variant"}
 
@@ -126,3 +126,18 @@ def test_from_yaml_reads_basket_shares(tmp_path: Path) -> None:
 def test_bad_basket_shares_are_refused(shares: tuple[str, ...]) -> None:
     with pytest.raises(ConfigError, match="basket_shares must be"):
         SearchSpace(basket_shares=shares)
+
+
+def test_a_finished_trial_gives_back_the_config_it_drew() -> None:
+    """`trial_config` (export, summary) and `suggest` (the running trial) read a trial's parameters alike: λ and w
+    on the space's grid to 6 decimals, w only for CLS-Hard, the depth as the layers the trial resolved."""
+    space = SearchSpace(variants=("cls_hard", "uniform"), basket_shares=("equal", "by_size"))
+    study, configs = run(space, 12, references=())
+    for trial, drawn in zip(study.trials, configs):
+        layers = list(drawn.resolve_layers(6))
+        trial.set_user_attr("layers", layers)
+        back = trial_config(trial, "mean", "right")
+        assert back == drawn.model_copy(update={"layers": layers})
+        assert back.strength == round(trial.params["strength"], 6) and back.strength in {round(0.05 * i, 6) for i in range(21)}
+        assert (back.variant == "cls_hard") == ("weight" in trial.params)
+    assert {c.variant for c in configs} == {"cls_hard", "uniform"} and {c.basket_shares for c in configs} == {"equal", "by_size"}

@@ -273,10 +273,10 @@ def test_each_trial_is_constrained_by_its_psi_on_the_crops_against_the_uncalibra
 ) -> None:
     """With a crops view, every trial records crops_psi = PSI_crops(config) − 1 × PSI_crops(uncalibrated),
     recomputed here with a separate Evaluator from the configs Optuna stored."""
-    import tuner.tune
+    import tuner.session
 
     crops = load_benchmark(f"jsonl:{write_dataset(tmp_path / 'crops', docs=8, seed=5)}")
-    monkeypatch.setattr(tuner.tune, "load_crops", lambda name: crops)
+    monkeypatch.setattr(tuner.session, "load_crops", lambda name: crops)
     settings = TuneSettings(
         model=str(tiny_model_dir("bert")), pooling="cls", dataset=f"jsonl:{write_dataset(tmp_path / 'data')}", heldout=None,
         trials=3, hm_floor="-90%", max_ndcg_drop=None, storage=f"sqlite:///{tmp_path / 'o.db'}",

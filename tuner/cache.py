@@ -23,9 +23,9 @@ import logging
 import os
 import re
 import shutil
-import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import combinations
 from pathlib import Path
@@ -35,11 +35,11 @@ import numpy as np
 import torch
 
 import tuner
+from tuner.files import TEMPORARY_SUFFIX, temporary_beside, write_atomically
 
 log = logging.getLogger(__name__)
 
 CACHE_FORMAT = 1
-DEFAULT_CACHE_DIR = Path("mlruns") / "cache"
 DEFAULT_BUDGET = 8 * 2**30  # bytes of cached layer inputs, at most; also capped by free disk space
 RAM_FRACTION = 0.5  # cached layer inputs are loaded into RAM while they fit in this share of available memory
 CHUNK = 16 * 2**20
@@ -192,7 +192,7 @@ class DiskCache:
         os.replace(temporary, self.folder / data_name)
         meta = {"format": CACHE_FORMAT, "key": key, "file": data_name, "bytes": size,
                 "checksum": {"algorithm": CHECKSUM, "value": digest}, **extra}
-        _atomic_write(self._meta_path(name), json.dumps(meta, indent=1).encode("utf-8"))
+        write_atomically(self._meta_path(name), json.dumps(meta, indent=1))
         self._note(name, "written")
 
     # -- arrays (.npy) --------------------------------------------------------------------------------
@@ -284,26 +284,18 @@ class RawWriter:
 
 def _temporary(folder: Path, name: str) -> Path:
     _sweep(folder)
-    handle, path = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
-    os.close(handle)
-    return Path(path)
+    return temporary_beside(folder / name)
 
 
 def _sweep(folder: Path) -> None:
     """Remove temporary files a killed writer left behind (an hour old: no live writer takes that long)."""
     cutoff = time.time() - STALE_TEMPORARY_S
-    for leftover in folder.glob(".*.tmp"):
+    for leftover in folder.glob(f".*{TEMPORARY_SUFFIX}"):
         try:
             if leftover.stat().st_mtime < cutoff:
                 leftover.unlink()
         except OSError:
             pass
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    temporary = _temporary(path.parent, path.name)
-    temporary.write_bytes(data)
-    os.replace(temporary, path)
 
 
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -427,6 +419,17 @@ class LayerInputStore:
         return self.loaded[layer]
 
     # recording: one writer per layer, fed batch by batch in order
+    @contextmanager
+    def recording(self, layers: Sequence[int]) -> Iterator[None]:
+        """Record `layers` (through `record`) inside this block: committed if it completes, else discarded."""
+        self.begin(layers)
+        ok = False
+        try:
+            yield
+            ok = True
+        finally:
+            self.finish(ok)
+
     def begin(self, layers: Sequence[int]) -> None:
         self._writers = {layer: self.cache.raw_writer(self.name(layer), self.layer_key(layer)) for layer in layers}
         self._next = {layer: 0 for layer in layers}

@@ -5,12 +5,10 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import numpy as np
 import typer
@@ -20,7 +18,11 @@ from rich.logging import RichHandler
 from rich.table import Table
 from typer.core import TyperGroup
 
-from tuner.tune import DEFAULT_TRIALS, TuneOutcome, TuneSettings
+from tuner.settings import DEFAULT_TRIALS, TuneSettings
+from tuner.study import HEARTBEAT_SECONDS
+
+if TYPE_CHECKING:
+    from tuner.conclusion import TuneOutcome
 
 PIPED_WIDTH = 160  # rich assumes 80 columns when not on a terminal, which truncates the result tables
 
@@ -119,7 +121,7 @@ def run(
     cache_budget: Annotated[str | None, typer.Option(help="Disk/RAM for cached layer inputs, e.g. 4GB or 0 (none); default: tuner.cache's budget.")] = None,
     workers: Annotated[int, typer.Option(help="Local worker processes on this study (each loads the model).")] = 1,
     worker: Annotated[bool, typer.Option("--worker", help="Only run trials of a study another `tune` coordinates (other machines).")] = False,
-    heartbeat: Annotated[int, typer.Option(help="Seconds between worker heartbeats; a trial silent for 3 is failed and re-run.")] = 20,
+    heartbeat: Annotated[int, typer.Option(help="Seconds between worker heartbeats; a trial silent for 3 is failed and re-run.")] = HEARTBEAT_SECONDS,
     options: OptionsFile = None,
 ) -> None:
     """Tune one model (the default command): Optuna search, MLflow tracking, exported YAML."""
@@ -208,7 +210,7 @@ def export(
     The model is loaded at the revision the study tuned, with remote code if the study allowed it."""
     _setup_logging()
     with _friendly_errors():
-        from tuner.tune import reexport
+        from tuner.conclusion import reexport
 
         path = reexport(study_name, storage, output, tracking_uri, trust_remote_code, selection)
     console.print(f"exported: [bold]{path}[/bold]")
@@ -329,14 +331,10 @@ def read_texts(path: Path) -> list[str]:
 
 
 def _save_atomically(vectors: np.ndarray, path: Path) -> None:
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".npy", dir=path.parent)
-    os.close(handle)
-    try:
-        np.save(temporary, vectors)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    from tuner.files import replacing
+
+    with replacing(path) as temporary, temporary.open("wb") as stream:
+        np.save(stream, vectors)
 
 
 class _friendly_errors:
@@ -346,7 +344,7 @@ class _friendly_errors:
         return None
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, traceback: object) -> bool:
-        from tuner.tune import NoFeasibleTrialError
+        from tuner.conclusion import NoFeasibleTrialError
 
         if error is None or kind is None:
             return False
@@ -360,14 +358,14 @@ class _friendly_errors:
 
 
 def _setup_logging() -> None:
-    from tuner.tune import quiet_libraries
+    from tuner.worker import quiet_libraries
 
     quiet_libraries()
     logging.basicConfig(level=logging.INFO, format="%(message)s", handlers=[RichHandler(console=console, show_path=False)], force=True)
 
 
 def _print_settings(settings: TuneSettings) -> None:
-    from tuner.tune import dataset_reason
+    from tuner.settings import dataset_reason
 
     table = Table(title="tune: settings", show_header=False, box=None)
     for name, value in vars(settings).items():

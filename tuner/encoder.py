@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Sequence
-from contextlib import nullcontext
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +17,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .calibration import AttentionObserver, CalibrationConfig, ConfigError, calibrating
+from .calibration import AttentionObserver, CalibrationConfig, ConfigError, ResolvedCalibration, calibrating
+from .calibration.attention import SharedSums
+from .calibration.rows import fills_a_basket
 from .models import LoadedModel, load_model
 
 log = logging.getLogger(__name__)
@@ -141,10 +143,6 @@ class CalibratedEncoder:
         self.truncated = 0  # documents cut at the model's maximum length in the last encode call
 
     @classmethod
-    def from_pretrained(cls, name: str, config: CalibrationConfig | None = None, **load_options: object) -> CalibratedEncoder:
-        return cls(load_model(name, **load_options), config)  # type: ignore[arg-type]
-
-    @classmethod
     def from_yaml(cls, path: str | Path, **load_options: object) -> CalibratedEncoder:
         """Load an exported config (validated against its schema) and the model it was made for."""
         from .export import load_exported
@@ -185,19 +183,59 @@ class CalibratedEncoder:
             raise TypeError("encode takes a list of texts, not one string: wrap it as [text]")
         batches = Batches.build(self.model, texts, *choose_batching(self.model, batch_size, batch_tokens))
         self.truncated = batches.truncated
-        vectors = np.empty((len(texts), self._dimension()), dtype=np.float32)
-        show = show_progress_bar if show_progress_bar is not None else sys.stderr.isatty() and len(batches) > 1
-        spec = self.spec if calibrate else None
-        with torch.inference_mode():
-            for inputs, rows in tqdm(zip(batches.inputs, batches.rows), total=len(batches), desc="encode", disable=not show, unit="batch"):
-                batch = {k: v.to(self.model.device) for k, v in inputs.items()}
-                with calibrating(spec, observer) if spec is not None else nullcontext():
-                    hidden = self.model.model(**batch).last_hidden_state
-                vectors[rows] = _pool(hidden, batch["attention_mask"], self.model.spec.pooling).cpu().numpy()
-        return vectors
+        return forward(self.model, batches, self.spec if calibrate else None, observer=observer,
+                       show_progress=show_progress_bar)
 
-    def _dimension(self) -> int:
-        return int(self.model.model.config.hidden_size)
+
+BatchScope = Callable[[int], AbstractContextManager[object]]  # batch index → what to hold open around its forward
+
+
+def forward(
+    model: LoadedModel,
+    batches: Batches,
+    spec: ResolvedCalibration | None = None,
+    *,
+    observer: AttentionObserver | None = None,
+    first_layer: Callable[[int], SharedSums] | None = None,
+    baseline: np.ndarray | None = None,
+    around: BatchScope | None = None,
+    show_progress: bool | None = None,
+) -> np.ndarray:
+    """The one forward loop: pooled, L2-normalised float32 vectors of every text of `batches`, in text order.
+
+    Plain encoding, calibrated encoding and trial resumption all run here, so their vectors agree bit for bit.
+
+    spec         the calibration (None: plain forward); `observer` sees its attention
+    first_layer  batch index → where the engine finds and leaves that batch's first-layer sums (mean pooling)
+    baseline     the uncalibrated vectors, in text order: a batch that `spec` cannot change (no passage in it
+                 fills a basket) is copied from them instead of encoded
+    around       batch index → a context held open around that batch's forward (`tuner.prefix`: resume from
+                 cached layer inputs, or record them)
+    """
+    vectors = np.empty((batches.count, int(model.model.config.hidden_size)), dtype=np.float32)
+    show = show_progress if show_progress is not None else sys.stderr.isatty() and len(batches) > 1
+    with torch.inference_mode():
+        for i in tqdm(range(len(batches)), desc="encode", disable=not show, unit="batch"):
+            rows = batches.rows[i]
+            if baseline is not None and not _changes(spec, batches.inputs[i]["attention_mask"]):
+                vectors[rows] = baseline[rows]
+                continue
+            batch = {k: v.to(model.device) for k, v in batches.inputs[i].items()}
+            with ExitStack() as scope:
+                if spec is not None:
+                    scope.enter_context(calibrating(spec, observer, first_layer(i) if first_layer is not None else None))
+                if around is not None:
+                    scope.enter_context(around(i))
+                hidden = model.model(**batch).last_hidden_state
+            vectors[rows] = _pool(hidden, batch["attention_mask"], model.spec.pooling).cpu().numpy()
+    return vectors
+
+
+def _changes(spec: ResolvedCalibration | None, attention_mask: torch.Tensor) -> bool:
+    """Whether calibrating this batch can change any of its vectors."""
+    if spec is None or spec.strength == 0.0:
+        return False
+    return bool(fills_a_basket(attention_mask.sum(-1), spec.basket_size, len(spec.policies)).any())
 
 
 def _pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: str) -> torch.Tensor:

@@ -7,7 +7,6 @@ field; a config made for another model is refused before anything is encoded.
 from __future__ import annotations
 
 import os
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
@@ -18,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tuner import __version__
 from tuner.calibration import CalibrationConfig, ConfigError
 from tuner.calibration.config import PaddingSide, Pooling
+from tuner.files import write_atomically
 from tuner.models import LoadedModel, hub_revision
 
 SCHEMA = "posfair/calibration-config"
@@ -147,15 +147,7 @@ def write_exported(exported: ExportedConfig, path: str | Path) -> Path:
     if not os.access(folder, os.W_OK):
         raise ExportError(f"cannot write {path}: folder {folder} is not writable; choose another --output")
     text = yaml.safe_dump(exported.model_dump(mode="json", by_alias=True), sort_keys=False, allow_unicode=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=folder)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(text)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    return path
+    return write_atomically(path, text)
 
 
 def load_exported(path: str | Path) -> ExportedConfig:

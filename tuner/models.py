@@ -181,10 +181,11 @@ def locate(spec: ModelSpec, revision: str | None = None) -> str:
     if folder is not None:
         return str(folder)
     from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
 
     try:
         return snapshot_download(spec.source, revision=revision, local_files_only=True)
-    except Exception:  # noqa: BLE001 - any cache miss means "not available locally"
+    except (LocalEntryNotFoundError, HFValidationError):  # not (wholly) in the cache; or no hub id (a missing folder)
         pass
     endpoint = urlparse(constants.ENDPOINT)
     if not constants.HF_HUB_OFFLINE and _reachable(endpoint.hostname or "", endpoint.port or 443):

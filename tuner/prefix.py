@@ -18,26 +18,22 @@ alter the computation. Whether a loaded model can be resumed like this is checke
 falls back to full forwards.
 
 Documents are tokenised once per evaluator (`Batches`) in exactly the order and batches of
-`CalibratedEncoder` (length-sorted, long first), so a vector from a resumed pass is computed from
-the same batch, with the same padding, as one from a full pass.
+`CalibratedEncoder` (length-sorted, long first), and a resumed or recording pass is the encoder's own
+loop (`encoder.forward`) with a per-batch scope from here, so a vector from a resumed pass is computed
+from the same batch, with the same padding and the same code, as one from a full pass.
 """
 
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
-from tqdm.auto import tqdm
 
-from .calibration import CalibrationConfig, ResolvedCalibration, calibrating
-from .calibration.attention import FirstLayerSums
-from .calibration.rows import fills_a_basket
-from .encoder import Batches, _pool
+from .calibration import CalibrationConfig
+from .encoder import Batches, BatchScope
 from .models import LoadedModel
 
 if TYPE_CHECKING:
@@ -58,10 +54,6 @@ def prefix_layers_for(space: SearchSpace, num_layers: int) -> tuple[int, ...]:
 
     starts = {min(CalibrationConfig(layers=DEPTHS[d]).resolve_layers(num_layers)) for d in space.depths}
     return tuple(sorted(s for s in starts if 0 < s < num_layers))
-
-
-def first_calibrated_layer(spec: ResolvedCalibration) -> int:
-    return min(spec.layers)
 
 
 # ----------------------------------------------------------------------------------------- layer stack
@@ -216,66 +208,35 @@ def _passing_through(layer: torch.nn.Module) -> Iterator[None]:
 # --------------------------------------------------------------------------------------------- passes
 
 StateSource = Callable[[int], torch.Tensor]  # batch index → hidden states entering the resume layer
+Sink = Callable[[int, int, torch.Tensor], None]  # (batch index, layer, hidden states entering it)
 
 
-def encode_batches(
-    model: LoadedModel,
-    batches: Batches,
-    spec: ResolvedCalibration | None,
-    *,
-    stack: LayerStack | None = None,
-    resume: tuple[int, StateSource] | None = None,
-    record: tuple[Sequence[int], Callable[[int, int, torch.Tensor], None]] | None = None,
-    record_only: bool = False,
-    baseline: np.ndarray | None = None,
-    first_layer: FirstLayerSums | None = None,
-    show_progress: bool | None = None,
-) -> np.ndarray | None:
-    """Pooled, L2-normalised float32 vectors of every document, in corpus order.
+def resumed_from(stack: LayerStack, start: int, states: StateSource) -> BatchScope:
+    """For `encoder.forward`: batch i runs only the layers from `start` on, from `states(i)`."""
 
-    spec     the calibration (None: plain forward)
-    resume   (layer, states of batch i): run only the layers from `layer` on, from cached states
-    record   (layers, sink(batch, layer, states)): hand the hidden states entering `layers` to `sink`
-    record_only  stop each pass at the deepest recorded layer; returns None
-    baseline the uncalibrated vectors, in corpus order: a batch that `spec` cannot change (no
-             passage in it fills a basket) is copied from them instead of encoded
-    first_layer  sums of the first calibrated layer shared between trials (mean pooling), per batch
-    """
-    if (resume or record) and stack is None:
-        stack = LayerStack(model)
-    vectors = None if record_only else np.empty((batches.count, int(model.model.config.hidden_size)), dtype=np.float32)
-    show = show_progress if show_progress is not None else sys.stderr.isatty() and len(batches) > 1
-    current = [0]
-    with ExitStack() as scope:
-        scope.enter_context(torch.inference_mode())
-        if spec is not None:
-            scope.enter_context(calibrating(spec, first_layer=first_layer))
-        feed = scope.enter_context(stack.resuming(resume[0])) if resume is not None and stack is not None else None
-        if record is not None and stack is not None:
-            layers, sink = record
-            scope.enter_context(stack.recording(layers, lambda layer, h: sink(current[0], layer, h), stop=record_only))
-        for i in tqdm(range(len(batches)), desc="encode", disable=not show, unit="batch"):
-            current[0] = i
-            if first_layer is not None:
-                first_layer.batch = i
-            if baseline is not None and record is None and not _changes(spec, batches.inputs[i]["attention_mask"]):
-                if vectors is not None:
-                    vectors[batches.rows[i]] = baseline[batches.rows[i]]
-                continue
-            batch = {k: v.to(model.device) for k, v in batches.inputs[i].items()}
-            if feed is not None and resume is not None:
-                feed(resume[1](i))
-            try:
-                hidden = model.model(**batch).last_hidden_state
-            except _Stop:
-                continue
-            if vectors is not None:
-                vectors[batches.rows[i]] = _pool(hidden, batch["attention_mask"], model.spec.pooling).cpu().numpy()
-    return vectors
+    @contextmanager
+    def scope(i: int) -> Iterator[None]:
+        with stack.resuming(start) as feed:
+            feed(states(i))
+            yield
+
+    return scope
 
 
-def _changes(spec: ResolvedCalibration | None, attention_mask: torch.Tensor) -> bool:
-    """Whether calibrating this batch can change any of its vectors."""
-    if spec is None or spec.strength == 0.0:
-        return False
-    return bool(fills_a_basket(attention_mask.sum(-1), spec.basket_size, len(spec.policies)).any())
+def recorded_into(stack: LayerStack, layers: Sequence[int], sink: Sink, stop: bool = False) -> BatchScope:
+    """For `encoder.forward`: batch i hands the hidden states entering `layers` to `sink(i, layer, states)`
+    (with `stop`, the forward ends there: see `record_layer_inputs`)."""
+    return lambda i: stack.recording(layers, lambda layer, states: sink(i, layer, states), stop=stop)
+
+
+def record_layer_inputs(model: LoadedModel, batches: Batches, stack: LayerStack, layers: Sequence[int], sink: Sink) -> None:
+    """Record the hidden states entering `layers` for every batch and compute nothing past the deepest of them:
+    no vectors come out of such a pass, so it is no encoding loop."""
+    scope = recorded_into(stack, layers, sink, stop=True)
+    with torch.inference_mode():
+        for i, inputs in enumerate(batches.inputs):
+            with scope(i):
+                try:
+                    model.model(**{k: v.to(model.device) for k, v in inputs.items()})
+                except _Stop:
+                    pass

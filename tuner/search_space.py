@@ -76,23 +76,15 @@ class SearchSpace:
 
     def suggest(self, trial: optuna.Trial, pooling: Pooling, padding_side: PaddingSide) -> CalibrationConfig:
         """Draw one configuration; w is only a parameter when the variant is CLS-Hard."""
-        strength = round(trial.suggest_float("strength", 0.0, 1.0, step=self.strength_step), 6)
-        depth = trial.suggest_categorical("depth", list(self.depths))
-        basket = trial.suggest_categorical("basket_size", [int(b) for b in self.basket_sizes])
-        variant = trial.suggest_categorical("variant", list(self.variants))
-        extra = {}
-        if variant == "cls_hard":
-            extra["weight"] = round(trial.suggest_float("weight", self.weight_low, self.weight_high, step=0.05), 6)
-        return CalibrationConfig(
-            variant=variant,
-            strength=strength,
-            layers=DEPTHS[depth],
-            basket_size=basket,
-            pooling=pooling,
-            padding_side=padding_side,
-            basket_shares=self._basket_shares(trial),
-            **extra,
-        )
+        params: dict[str, object] = {
+            "strength": trial.suggest_float("strength", 0.0, 1.0, step=self.strength_step),
+            "depth": trial.suggest_categorical("depth", list(self.depths)),
+            "basket_size": trial.suggest_categorical("basket_size", [int(b) for b in self.basket_sizes]),
+            "variant": trial.suggest_categorical("variant", list(self.variants)),
+        }
+        if params["variant"] == "cls_hard":
+            params["weight"] = trial.suggest_float("weight", self.weight_low, self.weight_high, step=0.05)
+        return config_of(params, self._basket_shares(trial), pooling, padding_side)
 
     def _basket_shares(self, trial: optuna.Trial) -> str:
         """A parameter when the space offers several values. Otherwise fixed and no parameter: recorded
@@ -143,6 +135,31 @@ class SearchSpace:
             and params["basket_size"] in self.basket_sizes
             and params["variant"] in self.variants
         )
+
+
+def config_of(
+    params: Mapping[str, object], basket_shares: str, pooling: Pooling, padding_side: PaddingSide,
+    layers: list[int] | None = None,
+) -> CalibrationConfig:
+    """A trial's parameters as a config: the one place they become one, for a trial being run (`suggest`)
+    and for a finished one (`trial_config`). λ and w are rounded to 6 decimals (Optuna's grid steps carry
+    float noise); `layers` (the indices a trial resolved) replaces the depth's fraction when given."""
+    extra = {"weight": round(float(params["weight"]), 6)} if "weight" in params else {}  # type: ignore[arg-type]
+    return CalibrationConfig(
+        variant=params["variant"],  # type: ignore[arg-type]
+        strength=round(float(params["strength"]), 6),  # type: ignore[arg-type]
+        layers=layers if layers is not None else DEPTHS[str(params["depth"])],
+        basket_size=int(params["basket_size"]),  # type: ignore[call-overload]
+        pooling=pooling,
+        padding_side=padding_side,
+        basket_shares=basket_shares,  # type: ignore[arg-type]
+        **extra,
+    )
+
+
+def trial_config(trial: FrozenTrial, pooling: Pooling, padding_side: PaddingSide) -> CalibrationConfig:
+    """The config a finished trial calibrated with, its layers as the trial resolved them (explicit indices)."""
+    return config_of(trial.params, trial_basket_shares(trial), pooling, padding_side, layers=trial.user_attrs["layers"])
 
 
 def trial_basket_shares(trial: FrozenTrial) -> str:

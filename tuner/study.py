@@ -14,7 +14,6 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import optuna
@@ -23,6 +22,7 @@ from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, TrialState
 
 from objectives import Candidate, Selection, select
+from tuner.files import OPTUNA_DB
 
 log = logging.getLogger(__name__)
 
@@ -34,9 +34,9 @@ class StudyMismatchError(ValueError):
     """A stored study of this name was made for another model, dataset or objective."""
 
 
-def default_storage(store: Path = Path("mlruns")) -> str:
-    store.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{store.resolve() / 'optuna.db'}"
+def default_storage(database: Path = OPTUNA_DB) -> str:
+    database.parent.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{database.resolve()}"
 
 
 def make_storage(url: str, heartbeat: int = HEARTBEAT_SECONDS) -> RDBStorage:

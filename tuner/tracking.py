@@ -21,9 +21,10 @@ from pathlib import Path
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
+from tuner.files import ARTIFACTS, MLFLOW_DB
+
 log = logging.getLogger(__name__)
 
-STORE = Path("mlruns")
 MAX_PARAM_LENGTH = 6000
 
 
@@ -31,13 +32,13 @@ class TrackingUnavailableError(RuntimeError):
     """The tracking server cannot be reached before the study starts."""
 
 
-def default_tracking_uri(store: Path = STORE) -> str:
-    store.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{store.resolve() / 'mlflow.db'}"
+def default_tracking_uri(database: Path = MLFLOW_DB) -> str:
+    database.parent.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{database.resolve()}"
 
 
-def default_artifact_root(store: Path = STORE) -> str:
-    return (store.resolve() / "artifacts").as_uri()
+def default_artifact_root(folder: Path = ARTIFACTS) -> str:
+    return folder.resolve().as_uri()
 
 
 @dataclass

@@ -57,7 +57,7 @@ class _Active:
 
     spec: ResolvedCalibration
     observer: AttentionObserver | None
-    first_layer: FirstLayerSums | None = None
+    first_layer: SharedSums | None = None
     roles: tuple[Role, ...] = field(init=False)
     _mask: torch.Tensor | None = field(default=None, init=False)
     _shape: tuple[int, int] | None = field(default=None, init=False)
@@ -113,11 +113,11 @@ _ACTIVE: ContextVar[_Active | None] = ContextVar("posfair_calibration", default=
 
 @contextmanager
 def calibrating(
-    spec: ResolvedCalibration, observer: AttentionObserver | None = None, first_layer: FirstLayerSums | None = None
+    spec: ResolvedCalibration, observer: AttentionObserver | None = None, first_layer: SharedSums | None = None
 ) -> Iterator[None]:
     """Calibrate every forward pass run inside this block (and report attention to `observer`).
 
-    With `first_layer`, mean-pooling sums of the first calibrated layer are looked up there and kept.
+    With `first_layer` (one batch's), mean-pooling sums of the first calibrated layer are looked up there and kept.
     """
     token = _ACTIVE.set(_Active(spec, observer, first_layer))
     try:
@@ -271,33 +271,14 @@ class RowSums:
         return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
-@dataclass
-class FirstLayerSums:
-    """`RowSums` of the first calibrated layer, kept in RAM (up to `budget` bytes) for later trials.
+class SharedSums(Protocol):
+    """Where a calibrated pass looks up, and leaves, the `RowSums` of its first calibrated layer for the batch
+    it is encoding (mean pooling). The caller owns it and hands one over per batch
+    (`tuner.cache_policy.FirstLayerSums.for_batch`); the engine keeps nothing between calls."""
 
-    The first calibrated layer's input is the uncalibrated model's whatever the trial, and its `RowSums`
-    depend only on that input, on where baskets are cut and on `basket_shares`: trials that share the first
-    calibrated layer, basket size and basket_shares (a TPE study draws many) reuse them, and that layer's
-    attention costs only the blend.
-    Reused sums are the very tensors a recomputation would give. The caller sets `batch` before each pass.
-    """
+    def lookup(self, key: tuple[object, ...]) -> RowSums | None: ...
 
-    budget: int
-    batch: int = 0
-    used: int = 0
-    hits: int = 0
-    entries: dict[tuple[object, ...], RowSums] = field(default_factory=dict)
-
-    def lookup(self, key: tuple[object, ...]) -> RowSums | None:
-        found = self.entries.get((self.batch, *key))
-        self.hits += found is not None
-        return found
-
-    def offer(self, key: tuple[object, ...], sums: RowSums) -> None:
-        """Keep `sums` if they fit in what is left of the budget (first come, first kept)."""
-        if self.used + sums.nbytes <= self.budget:
-            self.entries[(self.batch, *key)] = sums
-            self.used += sums.nbytes
+    def offer(self, key: tuple[object, ...], sums: RowSums) -> None: ...
 
 
 def _mean_layer(

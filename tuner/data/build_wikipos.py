@@ -157,24 +157,8 @@ def read_summaries(source: Path, count_tokens: Tokenize) -> list[Summary]:
 
 
 def pack_topic(summaries: list[Summary], rng: random.Random) -> list[list[Summary]]:
-    """Greedy passages of one topic's summaries, each within the token budget, in random slot order."""
-    pool = list(summaries)
-    rng.shuffle(pool)
-    passages: list[list[Summary]] = []
-    while pool:
-        members = [pool.pop(0)]
-        budget = MAX_TOKENS - SPECIAL_TOKENS - members[0].tokens
-        index = 0
-        while index < len(pool) and len(members) < MAX_SUMMARIES:
-            if pool[index].tokens <= budget:
-                budget -= pool[index].tokens
-                members.append(pool.pop(index))
-            else:
-                index += 1
-        if len(members) >= MIN_SUMMARIES and any(s.query for s in members):
-            rng.shuffle(members)
-            passages.append(members)
-    return passages
+    """Greedy passages of one topic's summaries, each within the token budget and MAX_SUMMARIES, in random slot order."""
+    return pack_full(summaries, rng, MIN_SUMMARIES, most=MAX_SUMMARIES)
 
 
 GroupRule = Callable[[int, int, int, int, int], str]
@@ -225,9 +209,9 @@ def opening_sentence(text: str) -> str:
     return text
 
 
-def pack_full(summaries: list[Summary], rng: random.Random, minimum: int) -> list[list[Summary]]:
-    """Passages of one topic's segments, each filled greedily up to the token budget, in random slot order;
-    passages of fewer than `minimum` segments, or without a query, are dropped."""
+def pack_full(summaries: list[Summary], rng: random.Random, minimum: int, most: int | None = None) -> list[list[Summary]]:
+    """Passages of one topic's segments, each filled greedily up to the token budget (and `most` segments),
+    in random slot order; passages of fewer than `minimum` segments, or without a query, are dropped."""
     pool = list(summaries)
     rng.shuffle(pool)
     passages: list[list[Summary]] = []
@@ -235,7 +219,7 @@ def pack_full(summaries: list[Summary], rng: random.Random, minimum: int) -> lis
         members = [pool.pop(0)]
         budget = MAX_TOKENS - SPECIAL_TOKENS - members[0].tokens
         index = 0
-        while index < len(pool):
+        while index < len(pool) and (most is None or len(members) < most):
             if pool[index].tokens <= budget:
                 budget -= pool[index].tokens
                 members.append(pool.pop(index))
