@@ -152,7 +152,7 @@ class Evaluator:
             # one folder per dataset content: a changed or shuffled copy never evicts the original's entries
             folder = self.cache_dir / slug(model.spec.source) / f"{slug(dataset.name)}-{fingerprint[:12]}"
         else:
-            self._temporary = tempfile.TemporaryDirectory(prefix="posfair-layer-inputs-")
+            self._temporary = tempfile.TemporaryDirectory(prefix=f"posfair-layer-inputs-{os.getpid()}-")  # tuner.scratch cleans it if killed
             folder = Path(self._temporary.name)
         self.disk = DiskCache(folder)
         self._doc_texts = [dataset.corpus[d] for d in self.doc_ids]

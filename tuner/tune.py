@@ -10,10 +10,11 @@ import json
 import logging
 import multiprocessing
 import multiprocessing.process
+import os
 import re
 import shutil
+import socket
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -27,20 +28,24 @@ from tqdm.auto import tqdm
 from objectives import RULES, Constraints, HmFloor, PairedBootstrap, PositionReport, Selection, paired_bootstrap
 from tuner.calibration import CalibrationConfig
 from tuner.cost import StudyCost, padded_tokens, probe
-from tuner.data import DatasetUnavailableError, PositionalDataset, load_benchmark
+from tuner.data import DatasetUnavailableError, PositionalDataset, load_benchmark, require_position_groups
 from tuner.data import check_available as check_benchmark
 from tuner.data.wikipos import TRANSFER_SPLITS
 from tuner.evaluation import Evaluation, Evaluator
 from tuner.export import build_export, write_exported
+from tuner.files import check_writable
 from tuner.models import (
     REGISTRY, LoadedModel, ModelUnavailableError, check_consent, hub_revision, load_model, locate, resolve_spec,
 )
+from tuner.messages import shown
 from tuner.objective import GeneralCheck, TrialObjective
 from tuner.plots import optuna_figures, pareto_scatter
 from tuner.prefix import prefix_layers_for
+from tuner.scratch import clean_orphans, scratch_dir
 from tuner.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, SearchSpace, is_reference_trial, trial_basket_shares
 from tuner.study import (
     HEARTBEAT_SECONDS,
+    TrialsEnd,
     complete_trials,
     default_storage,
     enqueue_once,
@@ -50,7 +55,8 @@ from tuner.study import (
     run_trials,
     winner,
 )
-from tuner.tracking import Tracker
+from tuner.tracking import Tracker, check_tracking_uri
+from tuner.visible import within_reach
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +100,7 @@ class TuneSettings:
     workers: int = 1
     worker: bool = False  # only run trials of a study another `tune` coordinates
     heartbeat: int = HEARTBEAT_SECONDS
+    worker_id: str | None = None  # seeds this process's sampler: "0" coordinates, local workers 1, 2, ...; default host:pid
     dataset_defaulted: bool = field(default=False, init=False)  # whether `dataset` is the model's default
 
     def __post_init__(self) -> None:
@@ -112,6 +119,7 @@ class TuneSettings:
             raise ValueError(f"--batch-tokens must be at least 1, got {self.batch_tokens}")
         if self.max_general_drop is not None and self.general is None:
             raise ValueError("--max-general-drop needs --general (e.g. --general wikipos-general)")
+        check_run_options(self)
         HmFloor.parse(self.hm_floor)  # fail before any work
         self.constraints(0.0)
         if self.selection not in RULES:
@@ -131,6 +139,28 @@ class TuneSettings:
         suffix = "-pareto" if self.pareto else ""
         plain = f"{Path(model.spec.alias).name}--{self.dataset}--seed{self.seed}{suffix}"
         return re.sub(r"[^A-Za-z0-9._-]+", "_", plain)
+
+
+STUDY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+
+
+def check_run_options(settings: TuneSettings) -> None:
+    """What `TuneSettings` holds beyond counts and formats: ranges, names and paths, checked before any work."""
+    if settings.profile_docs < 1:
+        raise ValueError(f"--profile-docs must be at least 1 (documents in each trial's attention profile), got {settings.profile_docs}")
+    if settings.bootstrap < 1:
+        raise ValueError(f"--bootstrap must be at least 1 resample (1000 is usual), got {settings.bootstrap}")
+    if settings.max_general_drop is not None and not 0 <= settings.max_general_drop <= 1:
+        raise ValueError(f"--max-general-drop must be between 0 and 1 (0.005 is half a point of nDCG@10), got {settings.max_general_drop}")
+    if not 0 <= settings.seed < 2**32:
+        raise ValueError(f"--seed must be between 0 and 4294967295, got {settings.seed}")
+    if settings.study_name is not None and not STUDY_NAME.match(settings.study_name):
+        raise ValueError(f"--study-name {shown(settings.study_name)}: use letters, digits, '.', '_' and '-' (up to 200, "
+                         "not starting with '.' or '-'); the name becomes a file name under mlruns/exports")
+    if settings.output is not None:
+        check_writable(settings.output, "--output")
+    if settings.tracking_uri is not None:
+        check_tracking_uri(settings.tracking_uri)
 
 
 def default_dataset(model: str) -> str:
@@ -259,21 +289,34 @@ def _fitting_space(space: SearchSpace, evaluator: Evaluator) -> SearchSpace:
     return fitting
 
 
+class StoppedEarlyError(RuntimeError):
+    """The study ended short of its trials (Ctrl-C, too many failures): nothing is exported as if complete."""
+
+    def __init__(self, message: str, interrupted: bool) -> None:
+        super().__init__(message)
+        self.interrupted = interrupted
+
+
 def tune(settings: TuneSettings) -> TuneOutcome | None:
     """Run (or resume) a study and export its winner; a `worker` only runs trials and returns None."""
     check_available(settings)  # a missing model or dataset fails here, before anything is loaded or written
+    tuning, heldout = split_datasets(settings)  # so does a broken dataset (read before the model loads)
+    general = load_benchmark(settings.general) if settings.general else None
+    require_position_groups(tuning, "--dataset")
+    for held in heldout:
+        require_position_groups(held, "--heldout")
     tracker = Tracker(settings.tracking_uri, EXPERIMENT)  # an unreachable server fails here, before any work
     storage = settings.storage or default_storage()
     make_storage(storage, settings.heartbeat)  # a malformed URL fails here too
+    clean_orphans()  # temporary folders of killed runs
     model = load_model(settings.model, revision=settings.revision, trust_remote_code=settings.trust_remote_code,
                        pooling=settings.pooling)  # type: ignore[arg-type]
-    tuning, heldout = split_datasets(settings)
+    tuning, heldout = within_reach(tuning, model), [within_reach(held, model) for held in heldout]
     evaluator = Evaluator(
         model, tuning, settings.batch_size, show_progress=sys.stderr.isatty() and not settings.worker, batch_tokens=settings.batch_tokens,
         cache_budget=settings.cache_budget, prefix_layers=prefix_layers_for(settings.space, model.num_layers),
     )
     space = _fitting_space(settings.space, evaluator)
-    general = load_benchmark(settings.general) if settings.general else None
     if not settings.worker:
         for line in estimate_cost(evaluator, heldout, general, settings.profile_docs).describe(settings.trials, DEFAULT_TRIALS):
             log.info(line)
@@ -292,7 +335,9 @@ def tune(settings: TuneSettings) -> TuneOutcome | None:
         "pareto": settings.pareto,
         "seed": settings.seed,
     }
-    study = open_study(name, storage, seed=settings.seed, pareto=settings.pareto, identity=identity, heartbeat=settings.heartbeat)
+    worker_id = settings.worker_id or ("0" if not settings.worker else f"{socket.gethostname()}:{os.getpid()}")
+    study = open_study(name, storage, seed=settings.seed, pareto=settings.pareto, identity=identity, heartbeat=settings.heartbeat,
+                       worker=worker_id)
     workers = _start_workers(settings, settings.workers - 1)  # they load while the baseline is measured
     if settings.worker:
         floor = _floor_set_by_coordinator(name, storage, settings.heartbeat)
@@ -311,7 +356,7 @@ def tune(settings: TuneSettings) -> TuneOutcome | None:
         params={**identity, "floor_value": floor, "trials": settings.trials, "storage": storage},
         tags={"posfair.model": model.spec.alias, "posfair.dataset": tuning.name},
     )
-    staging = Path(tempfile.mkdtemp(prefix="posfair-"))
+    staging = scratch_dir()
     try:
         objective = TrialObjective(
             evaluator, space, replace(settings.constraints(0.0), hm_floor=floor), tracker, name, staging,
@@ -319,9 +364,11 @@ def tune(settings: TuneSettings) -> TuneOutcome | None:
         )
         with tqdm(total=settings.trials, initial=len(complete_trials(study)), desc="trials", unit="trial",
                   disable=not sys.stderr.isatty()) as progress:
-            run_trials(study, objective, settings.trials, [partial(_log_trial, progress=progress)])
+            ended = run_trials(study, objective, settings.trials, [partial(_log_trial, progress=progress)])
         for worker in workers:
             worker.join()
+        if ended.short:
+            _stop_short(ended, settings, tracker, name)
         if settings.worker:
             return None
         return _conclude(settings, study, tracker, evaluator, heldout, floor, staging, storage)
@@ -331,6 +378,19 @@ def tune(settings: TuneSettings) -> TuneOutcome | None:
                 worker.terminate()
         tracker.flush()
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _stop_short(ended: TrialsEnd, settings: TuneSettings, tracker: Tracker, name: str) -> None:
+    """Say that the study ended short, mark the MLflow parent run, and end with an error: no export."""
+    why = "interrupted" if ended.stopped == "interrupted" else f"{ended.failures} trials of this run failed"
+    requeued = f"; trial {ended.requeued} was aborted and is queued to run again" if ended.requeued is not None else ""
+    message = (f"stopped early ({why}): {ended.complete} of {ended.target} trials complete{requeued}; nothing exported. "
+               f"Run the same command again to resume, or `tune export --study-name {name}` to export the winner so far")
+    if not settings.worker:
+        tracker.finish_study({"complete_trials": ended.complete}, [],
+                             {"posfair.outcome": f"stopped early ({why}): {ended.complete} of {ended.target} trials"},
+                             "KILLED" if ended.stopped == "interrupted" else "FAILED")
+    raise StoppedEarlyError(message, interrupted=ended.stopped == "interrupted")
 
 
 def _conclude(
@@ -398,7 +458,8 @@ def _floor_set_by_coordinator(name: str, storage: str, heartbeat: int, timeout: 
 def _start_workers(settings: TuneSettings, count: int) -> list[multiprocessing.process.BaseProcess]:
     """Extra local worker processes on the same study (each loads its own model)."""
     context = multiprocessing.get_context("spawn")
-    workers = [context.Process(target=_work, args=(replace(settings, workers=1, worker=True),), daemon=False) for _ in range(count)]
+    workers = [context.Process(target=_work, args=(replace(settings, workers=1, worker=True, worker_id=str(i + 1)),), daemon=False)
+               for i in range(count)]
     for worker in workers:
         worker.start()
     return workers
@@ -442,6 +503,13 @@ def reexport(
     except KeyError:
         raise ValueError(f"no study {study_name!r} in {storage}; see the study names in `tune ui` or the tune output") from None
     attrs = study.user_attrs
+    lacking = [key for key in ("model_name", "pooling", "dataset_name", "seed", "hm_floor", "pareto", "revision",
+                               "dataset_fingerprint") if key not in attrs]
+    if lacking:
+        raise ValueError(f"study {study_name!r} in {storage} was not made by `tune` (it lacks {', '.join(lacking)}); "
+                         "only studies that `tune` ran can be exported")
+    if output is not None:
+        check_writable(output, "--output")
     tracker = Tracker(tracking_uri or attrs.get("tracking_uri"), EXPERIMENT)  # an unreachable server fails here
     settings = TuneSettings(
         model=attrs["model_name"], pooling=attrs["pooling"], dataset=attrs["dataset_name"], seed=attrs["seed"], hm_floor=attrs["hm_floor"],
