@@ -195,7 +195,8 @@ def fail_dead_trials(study: optuna.Study) -> list[int]:
 
 def _requeue(study: optuna.Study, trials: Sequence[FrozenTrial]) -> None:
     """Queue failed trials again with what they had drawn (the storage's retry callback, as for stale ones)."""
-    retry = study._storage.get_heartbeat_stale_trial_callback() if isinstance(study._storage, RDBStorage) else None
+    heartbeat_storage = study._storage  # a cache around the RDBStorage: ask it, whatever its class
+    retry = heartbeat_storage.get_heartbeat_stale_trial_callback() if hasattr(heartbeat_storage, "get_heartbeat_stale_trial_callback") else None
     for trial in trials:
         if retry is not None:
             retry(study, study._storage.get_trial(trial._trial_id))
@@ -237,8 +238,9 @@ def run_trials(
         if sum(t.state in active for t in ahead) >= n_complete:
             trial.set_user_attr("surplus", True)
             raise optuna.TrialPruned(f"the study already has {n_complete} trials")
-        fixed = trial.system_attrs.get("fixed_params")
-        if fixed and "failed_trial" not in trial.system_attrs and any(
+        system = study._storage.get_trial(trial._trial_id).system_attrs
+        fixed = system.get("fixed_params")
+        if fixed and "failed_trial" not in system and any(
             "failed_trial" not in t.system_attrs and t.state not in (TrialState.FAIL, TrialState.PRUNED)
             and _fixed_params(t) == fixed for t in ahead
         ):
