@@ -305,7 +305,6 @@ def _abort(study: optuna.Study, trial: optuna.Trial) -> int | None:
     frozen = storage.get_trial(trial._trial_id)
     if frozen.state != TrialState.FAIL or frozen.user_attrs.get("surplus"):
         return None
-    storage.set_trial_user_attr(trial._trial_id, "failure_reason", "interrupted (Ctrl-C)")
     _requeue(study, [frozen])
     return trial.number
 
