@@ -361,7 +361,7 @@ def _print_settings(settings: TuneSettings) -> None:
 
     table = Table(title="tune: settings", show_header=False, box=None)
     for name, value in vars(settings).items():
-        if name == "dataset_defaulted":
+        if name in ("dataset_defaulted", "worker_id"):
             continue
         shown = f"{value}  ({dataset_reason(settings)})" if name == "dataset" else str(value)
         table.add_row(name.replace("_", "-"), shown)

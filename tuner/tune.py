@@ -528,6 +528,7 @@ def reexport(
         raise ValueError(f"study {study_name!r} tuned {attrs['model']} at revision {attrs['revision']}, "
                          f"but {model.revision} loaded; restore that revision locally to re-export")
     tuning, heldout = split_datasets(settings)
+    tuning, heldout = within_reach(tuning, model), [within_reach(held, model) for held in heldout]  # as `tune` scored them
     if tuning.fingerprint() != attrs["dataset_fingerprint"]:
         raise ValueError(f"dataset {settings.dataset!r} changed since study {study_name!r} ran (fingerprint differs)")
     rows = _summary_rows(study, best, Evaluator(model, tuning, settings.batch_size, batch_tokens=settings.batch_tokens),
