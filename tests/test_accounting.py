@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import time
+from datetime import datetime
 from pathlib import Path
 
 import optuna
@@ -52,10 +53,12 @@ def trials_of(storage: str, name: str) -> list[optuna.trial.FrozenTrial]:
 
 
 def catch_running(process: subprocess.Popen, storage: str, name: str, at_least: int) -> int:
-    """The number of the first trial >= `at_least` seen RUNNING (with its owner recorded)."""
+    """The number of the first trial >= `at_least` seen RUNNING, once its owner is recorded (or it has run for
+    half a second: code that records no owner is caught too)."""
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and process.poll() is None:
-        running = [t for t in trials_of(storage, name) if t.state == RUNNING and t.number >= at_least and "owner" in t.user_attrs]
+        running = [t for t in trials_of(storage, name) if t.state == RUNNING and t.number >= at_least and
+                   ("owner" in t.user_attrs or (datetime.now() - t.datetime_start).total_seconds() > 0.5)]
         if running:
             return running[0].number
         time.sleep(0.05)
