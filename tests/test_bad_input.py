@@ -5,15 +5,21 @@ Each test is one row of the README's bad-input table.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
+import shutil
+import stat
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 from typer.testing import CliRunner
 
 from tests.ci import require
+from tests.test_study import write_dataset
+from tuner.data import load_benchmark
 from tuner.cli import app
 from tuner.export import ExportError, build_export, write_exported
 from tuner.models import load_model
@@ -22,9 +28,17 @@ runner = CliRunner()
 
 
 def tune(*args: str):
+    """Run the command line; it must fail with a message and a non-zero exit, never a traceback."""
     result = runner.invoke(app, list(args))
     assert result.exit_code != 0, result.output
+    assert isinstance(result.exception, SystemExit), f"traceback instead of a message: {result.exception!r}\n{result.output}"
     return " ".join(result.output.split())  # rich wraps long lines
+
+
+def succeeds(*args: str) -> str:
+    result = runner.invoke(app, list(args))
+    assert result.exit_code == 0, f"{result.exception!r}\n{result.output}"
+    return " ".join(result.output.split())
 
 
 @pytest.fixture(autouse=True)
@@ -192,3 +206,363 @@ def test_a_malformed_cache_budget() -> None:
 def test_a_malformed_inline_calibration() -> None:
     assert "write field=value pairs" in tune("evaluate", "--calibration", "strength", "--no-sea", "--general", "")
     assert "calibration config" in tune("evaluate", "--calibration", "strength=2", "--no-sea", "--general", "")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Issue 13: hostile input. Each test reproduces one case of the issue through the command line (or the public
+# function the command calls); the case number is in the test's docstring.
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """12 documents of three parts, 36 queries, one per part: begin, middle, end."""
+    return write_dataset(tmp_path_factory.mktemp("hostile") / "tiny")
+
+
+def copy_of(folder: Path, name: str) -> Path:
+    """A fresh copy of a JSONL dataset folder, to break."""
+    copy = folder.parent / f"{folder.name}-{name}-{len(list(folder.parent.iterdir()))}"
+    shutil.copytree(folder, copy)
+    return copy
+
+
+def edit_jsonl(path: Path, change) -> None:
+    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    path.write_text("\n".join(json.dumps(r) for r in change(records)), encoding="utf-8")
+
+
+def tiny_run(model: Path, data: Path, *extra: str) -> list[str]:
+    return ["run", "--model", str(model), "--pooling", "cls", "--dataset", f"jsonl:{data}", "--heldout", "",
+            "--trials", "2", "--hm-floor=-90%", "--profile-docs", "2", "--bootstrap", "20", *extra]
+
+
+@pytest.mark.parametrize("value", ["-1", "0"])
+def test_encode_refuses_a_batch_size_below_one(exported_yaml: dict, in_tmp: Path, value: str) -> None:
+    """Case 1: `--batch-size -1` saved uninitialised memory; 0 silently meant "auto"."""
+    config = write_config(in_tmp, exported_yaml)
+    (in_tmp / "docs.txt").write_text("w1 w2 w3\nw4 w5\n", encoding="utf-8")
+    output = tune("encode", "--config", str(config), "--input", str(in_tmp / "docs.txt"), "--output",
+                  str(in_tmp / "out.npy"), "--batch-size", value)
+    assert "Invalid value for '--batch-size': Input should be greater than or equal to 1" in output
+    assert not (in_tmp / "out.npy").exists()
+
+
+def test_evaluate_refuses_a_batch_size_below_one(tiny_data: Path) -> None:
+    """Case 1: `tune evaluate --batch-size -1` printed a made-up Table 1."""
+    output = tune("evaluate", "--dataset", f"jsonl:{tiny_data}", "--batch-size", "-1", "--no-sea", "--general", "",
+                  "--no-shuffled", "--bootstrap", "10")
+    assert "--batch-size" in output
+
+
+def test_the_encoder_refuses_a_batch_size_below_one_in_the_library_too(tiny_model_dir) -> None:
+    from tuner.encoder import CalibratedEncoder
+
+    encoder = CalibratedEncoder(load_model(str(tiny_model_dir("bert")), pooling="cls"))
+    with pytest.raises(ValueError, match="--batch-size must be at least 1, got -1"):
+        encoder.encode_document(["w1 w2"], batch_size=-1)
+
+
+def test_a_document_id_given_twice_is_refused_naming_both_lines(tiny_data: Path) -> None:
+    """Case 2: the later text silently replaced the earlier one."""
+    copy = copy_of(tiny_data, "dup")
+    edit_jsonl(copy / "corpus.jsonl", lambda docs: [*docs, {"id": docs[0]["id"], "text": "w9 w9 w9"}])
+    with pytest.raises(ValueError, match=r"corpus\.jsonl:13: document id 'd0' appears twice \(first on line 1"):
+        load_benchmark(f"jsonl:{copy}")
+
+
+def test_ids_1_and_the_string_1_are_not_merged_silently(tiny_data: Path) -> None:
+    """Case 2: ids 1 and "1" were merged into one document."""
+    copy = copy_of(tiny_data, "ids")
+    edit_jsonl(copy / "corpus.jsonl", lambda docs: [*docs, {"id": 1, "text": "w1 w2"}, {"id": "1", "text": "w3 w4"}])
+    with pytest.raises(ValueError, match=r"corpus\.jsonl:14: document id '1' appears twice \(first on line 13; 1 and \"1\""):
+        load_benchmark(f"jsonl:{copy}")
+
+
+def test_a_dataset_with_one_position_group_is_refused_before_the_model_loads(tiny_model_dir, tiny_data: Path, in_tmp: Path) -> None:
+    """Case 6: with every query in group "all", PSI was 0 for every config and the uncalibrated model won."""
+    copy = copy_of(tiny_data, "all")
+    edit_jsonl(copy / "queries.jsonl", lambda queries: [{**q, "group": "all"} for q in queries])
+    output = tune(*tiny_run(tiny_model_dir("bert"), copy))
+    assert "every query is in the one position group 'all', so PSI would be 0" in output
+    assert not (in_tmp / "mlruns").exists()  # refused before any store was made
+
+
+def test_a_group_name_typo_is_refused_naming_the_line(tiny_data: Path) -> None:
+    """Case 6: "Begin" became a fourth one-query group and moved PSI from 0.300 to 0.396."""
+    copy = copy_of(tiny_data, "typo")
+    edit_jsonl(copy / "queries.jsonl", lambda queries: [{**q, "group": "Begin"} if i == 3 else q for i, q in enumerate(queries)])
+    with pytest.raises(ValueError, match=r"queries\.jsonl:4: group 'Begin' is not one of begin, middle, end"):
+        load_benchmark(f"jsonl:{copy}")
+
+
+def test_labels_of_ones_own_that_differ_only_in_case_are_refused(tiny_data: Path) -> None:
+    copy = copy_of(tiny_data, "own")
+    edit_jsonl(copy / "queries.jsonl", lambda qs: [{**q, "group": ["Top", "top", "bottom"][i % 3]} for i, q in enumerate(qs)])
+    with pytest.raises(ValueError, match=r"queries\.jsonl:2: group 'top' differs from 'Top' only in case"):
+        load_benchmark(f"jsonl:{copy}")
+
+
+@pytest.mark.parametrize("name", ["docs.ndjson", "docs.JSONL", "docs.jsonl.gz"])
+def test_encode_reads_json_lines_by_any_usual_name(exported_yaml: dict, in_tmp: Path, name: str) -> None:
+    """Case 7: a .ndjson or .JSONL file was embedded line by line as raw JSON text."""
+    config = write_config(in_tmp, exported_yaml)
+    lines = "\n".join(json.dumps({"text": t}) for t in ["w1 w2 w3", "w4 w5 w6 w7"]) + "\n"
+    (in_tmp / "docs.txt").write_text("w1 w2 w3\nw4 w5 w6 w7\n", encoding="utf-8")
+    data = lines.encode("utf-8")
+    (in_tmp / name).write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
+    succeeds("encode", "--config", str(config), "--input", str(in_tmp / "docs.txt"), "--output", str(in_tmp / "plain.npy"))
+    succeeds("encode", "--config", str(config), "--input", str(in_tmp / name), "--output", str(in_tmp / "lines.npy"))
+    np.testing.assert_array_equal(np.load(in_tmp / "lines.npy"), np.load(in_tmp / "plain.npy"))
+
+
+@pytest.mark.parametrize(("line", "got"), [('["a", "b"]', "got ['a', 'b']"), ('{"text": null}', "got 'text' None"),
+                                           ('{"text": 7}', "got 'text' 7")])
+def test_encode_refuses_a_json_line_without_a_text_string(exported_yaml: dict, in_tmp: Path, line: str, got: str) -> None:
+    """Case 7 and 12: a list line was embedded as its Python repr; null or a number ended in a traceback."""
+    config = write_config(in_tmp, exported_yaml)
+    (in_tmp / "docs.jsonl").write_text('{"text": "w1"}\n' + line + "\n", encoding="utf-8")
+    output = tune("encode", "--config", str(config), "--input", str(in_tmp / "docs.jsonl"), "--output", str(in_tmp / "o.npy"))
+    assert f"docs.jsonl:2: expected a JSON object with a string 'text' field, {got}" in output
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("calibration__layers", True, "calibration.layers: True is a boolean; write a number"),
+    ("calibration__basket_size", True, "calibration.basket_size: True is a boolean; write a number"),
+    ("calibration__strength", True, "calibration.strength: True is a boolean; write a number"),
+])
+def test_a_boolean_where_a_number_is_meant_is_refused(exported_yaml: dict, in_tmp: Path, key: str, value: object, message: str) -> None:
+    """Case 10: `layers: true` calibrated all layers and `basket_size: true` meant 1."""
+    assert message in encode_with(write_config(in_tmp, exported_yaml, **{key: value}), in_tmp)
+
+
+def test_a_duplicated_yaml_key_is_refused(exported_yaml: dict, in_tmp: Path) -> None:
+    """Case 10: the last of two equal keys won silently."""
+    path = write_config(in_tmp, exported_yaml)
+    text = path.read_text(encoding="utf-8").replace("  strength: 0.5\n", "  strength: 0.5\n  strength: 0.9\n")
+    path.write_text(text, encoding="utf-8")
+    line = text.splitlines().index("  strength: 0.9") + 1
+    assert f"config.yaml:{line}: key 'strength' appears twice in one mapping (first on line {line - 1}); keep one" in encode_with(path, in_tmp)
+
+
+def test_a_basket_no_passage_can_fill_is_refused(exported_yaml: dict, in_tmp: Path) -> None:
+    """Case 10: `basket_size: 1000000000` gave uncalibrated vectors without a word."""
+    output = encode_with(write_config(in_tmp, exported_yaml, calibration__basket_size=1_000_000_000), in_tmp)
+    assert "basket_size: 1000000000 is more than the 256 tokens" in output and "nothing would be calibrated" in output
+
+
+@pytest.mark.parametrize("name", ["../../x", "a/b", ".hidden", "x" * 201, "with space"])
+def test_a_study_name_outside_the_safe_characters_is_refused(name: str, in_tmp: Path) -> None:
+    """Case 10: `--study-name ../../x` wrote the export outside mlruns/."""
+    assert "--study-name" in tune("--study-name", name, "--trials", "1")
+    assert not (in_tmp / "mlruns").exists()
+
+
+def test_exports_and_vectors_are_written_with_the_users_umask(exported_yaml: dict, in_tmp: Path) -> None:
+    """Case 10: exports and .npy files were 0600 whatever the umask."""
+    from tuner.export import ExportedConfig
+
+    previous = os.umask(0o022)
+    try:
+        path = write_exported(ExportedConfig.model_validate(exported_yaml), in_tmp / "best.yaml")
+        (in_tmp / "docs.txt").write_text("w1 w2\n", encoding="utf-8")
+        succeeds("encode", "--config", str(path), "--input", str(in_tmp / "docs.txt"), "--output", str(in_tmp / "v.npy"))
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
+    assert stat.S_IMODE((in_tmp / "v.npy").stat().st_mode) == 0o644
+
+
+def test_a_yaml_alias_bomb_is_refused_at_once(exported_yaml: dict, in_tmp: Path) -> None:
+    """Case 8: a 1 KB alias bomb under an unknown key ran 201 s, then died with MemoryError."""
+    import time
+
+    path = write_config(in_tmp, exported_yaml)
+    bomb = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    bomb += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 8)]  # 9**8: 43 million values
+    path.write_text(path.read_text(encoding="utf-8") + "bomb:\n" + "\n".join("  " + b for b in bomb) + "\n", encoding="utf-8")
+    start = time.monotonic()
+    output = encode_with(path, in_tmp)
+    assert "expands to more than 100,000 values through its aliases" in output
+    assert time.monotonic() - start < 30
+
+
+def test_a_huge_value_is_shown_shortened_in_the_error(exported_yaml: dict, in_tmp: Path) -> None:
+    """Case 8: a 50 MB unknown value was echoed in full on stderr."""
+    path = write_config(in_tmp, exported_yaml)
+    path.write_text(path.read_text(encoding="utf-8") + "junk: " + "y" * 1_000_000 + "\n", encoding="utf-8")
+    output = encode_with(path, in_tmp)
+    assert "junk: Extra inputs are not permitted" in output and len(output) < 2000
+
+
+def test_answers_past_the_truncation_point_are_dropped_with_a_count(in_tmp: Path, tiny_data: Path) -> None:
+    """Case 14: a 200,000-character document was truncated, but its queries stayed grouped by offsets in the
+    full text, at positions the model never sees. MiniLM reads 512 tokens: the middle and end queries of a
+    200,000-character document lie far past that."""
+    copy = copy_of(tiny_data, "long")
+    long_text = " ".join(["alpha"] * 40_000)  # 239,999 characters
+    edit_jsonl(copy / "corpus.jsonl", lambda docs: [*docs, {"id": "long", "text": long_text}])
+    extra = [{"id": f"long-{group}", "text": "alpha", "relevant": ["long"], "span": [start, start + 5]}
+             for group, start in (("begin", 6), ("middle", 120_000), ("end", 239_990))]
+    edit_jsonl(copy / "queries.jsonl", lambda queries: [*queries, *extra])
+    result = runner.invoke(app, ["evaluate", "--dataset", f"jsonl:{copy}", "--no-sea", "--general", "", "--no-shuffled",
+                                 "--bootstrap", "10", "--no-paper-default", "--json", str(in_tmp / "t.json")])
+    assert result.exit_code == 0, result.output
+    baseline = json.loads((in_tmp / "t.json").read_text())["rows"][0]["metrics"]
+    assert baseline["n_queries"] == 36 + 1  # the begin query stays; middle and end are dropped
+    assert (baseline["n_begin"], baseline["n_middle"], baseline["n_end"]) == (13, 12, 12)
+    assert "2 of 39 queries dropped: their answer lies past the 512 tokens" in " ".join(result.output.split())
+
+
+def test_run_options_out_of_range_are_refused_before_any_work(in_tmp: Path) -> None:
+    """Case 11: these were found only after minutes of work (or every trial failed with the wrong advice)."""
+    assert "--bootstrap must be at least 1" in tune("--bootstrap", "-5")
+    assert "--profile-docs must be at least 1" in tune("--profile-docs", "0")
+    assert "--max-general-drop must be between 0 and 1" in tune("--general", "wikipos-general", "--max-general-drop", "-1")
+    assert "Invalid value for '--seed': Input should be greater than or equal to 0" in tune("--seed", "-1")
+    assert not (in_tmp / "mlruns").exists()
+
+
+def test_a_run_output_in_a_missing_folder_is_refused_before_any_work(in_tmp: Path) -> None:
+    """Case 11: `--output` in a missing folder failed only after the whole study."""
+    assert "--output nowhere/best.yaml: folder nowhere does not exist" in tune("--output", "nowhere/best.yaml")
+    assert not (in_tmp / "mlruns").exists()
+
+
+def test_a_run_output_in_a_read_only_folder_is_refused_before_any_work(in_tmp: Path) -> None:
+    require(os.geteuid() != 0, "root writes into a read-only folder anyway; run the tests as another user (.ci/run does)")
+    (in_tmp / "ro").mkdir()
+    (in_tmp / "ro").chmod(0o500)
+    assert "folder ro is not writable" in tune("--output", "ro/best.yaml")
+
+
+@pytest.mark.parametrize("target", ["folder", "."])
+def test_encode_to_a_folder_is_refused_before_encoding(exported_yaml: dict, in_tmp: Path, target: str) -> None:
+    """Case 11 and 12: `tune encode --output DIR` failed only after encoding."""
+    config = write_config(in_tmp, exported_yaml)
+    (in_tmp / "folder").mkdir()
+    (in_tmp / "docs.txt").write_text("w1\n", encoding="utf-8")
+    output = tune("encode", "--config", str(config), "--input", str(in_tmp / "docs.txt"), "--output", target)
+    assert f"--output {target} is a folder; give a file name in it" in output
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("basket_sizes: [64\n", "space.yaml:2: not valid YAML"),
+    ("basket_sizes: 64\n", "basket_sizes must be a list of integers, e.g. basket_sizes: [64, 128]; got 64"),
+    ("strength_step: fine\n", "strength_step must be a number, e.g. strength_step: 0.05; got 'fine'"),
+    ("strength_step: true\n", "strength_step must be a number"),
+    ("basket_sizes: [64, 64.5]\n", "basket_sizes must be a list of integers"),
+])
+def test_a_bad_search_space_file_is_one_line_not_a_traceback(in_tmp: Path, text: str, message: str) -> None:
+    """Case 12: an unparsable --space file, `basket_sizes: 64` and `strength_step: fine` ended in tracebacks."""
+    (in_tmp / "space.yaml").write_text(text, encoding="utf-8")
+    assert message in tune("--space", str(in_tmp / "space.yaml"), "--trials", "1")
+
+
+def test_a_dataset_without_groups_is_refused_before_the_model_loads(tiny_model_dir, tiny_data: Path, in_tmp: Path) -> None:
+    """Case 12: a TypeError in the plots, with the MLflow parent run left RUNNING."""
+    copy = copy_of(tiny_data, "nogroups")
+    edit_jsonl(copy / "queries.jsonl", lambda queries: [{k: v for k, v in q.items() if k != "group"} for q in queries])
+    assert "no query has a position group, so PSI cannot be computed" in tune(*tiny_run(tiny_model_dir("bert"), copy))
+    assert not (in_tmp / "mlruns").exists()
+
+
+def test_a_heldout_set_without_groups_is_refused_before_any_work(tiny_model_dir, tiny_data: Path, in_tmp: Path) -> None:
+    """Case 12: `--heldout` on a set without groups failed after exporting, exit 1."""
+    copy = copy_of(tiny_data, "heldout")
+    edit_jsonl(copy / "queries.jsonl", lambda queries: [{k: v for k, v in q.items() if k != "group"} for q in queries])
+    args = tiny_run(tiny_model_dir("bert"), tiny_data)
+    args[args.index("--heldout") + 1] = f"jsonl:{copy}"
+    assert "--heldout jsonl:" in tune(*args) and not (in_tmp / "mlruns").exists()
+
+
+def test_a_corrupt_gzip_dataset_is_one_line(tiny_data: Path) -> None:
+    """Case 12: a corrupt .gz dataset ended in a traceback."""
+    copy = copy_of(tiny_data, "gz")
+    (copy / "corpus.jsonl.gz").write_bytes(gzip.compress((copy / "corpus.jsonl").read_bytes())[:200])
+    (copy / "corpus.jsonl").unlink()
+    assert "is not a readable gzip file" in tune("evaluate", "--dataset", f"jsonl:{copy}", "--no-sea", "--general", "")
+
+
+@pytest.mark.parametrize("problem", ["empty", "input-folder", "config-folder"])
+def test_encode_with_an_empty_or_folder_input_is_one_line(exported_yaml: dict, in_tmp: Path, problem: str) -> None:
+    """Case 12: an empty .txt, or --input/--config pointing at a folder, ended in tracebacks."""
+    config = write_config(in_tmp, exported_yaml)
+    (in_tmp / "docs.txt").write_text("\n\n", encoding="utf-8")
+    (in_tmp / "dir").mkdir()
+    inputs = {"empty": (config, in_tmp / "docs.txt"), "input-folder": (config, in_tmp / "dir"),
+              "config-folder": (in_tmp / "dir", in_tmp / "docs.txt")}[problem]
+    if problem == "config-folder":
+        (in_tmp / "docs.txt").write_text("w1\n", encoding="utf-8")
+    output = tune("encode", "--config", str(inputs[0]), "--input", str(inputs[1]), "--output", str(in_tmp / "o.npy"))
+    assert {"empty": "holds no texts", "input-folder": "is a folder", "config-folder": "is a folder; give a YAML file"}[problem] in output
+
+
+def test_exporting_a_study_tune_did_not_make_is_one_line(in_tmp: Path) -> None:
+    """Case 12: `tune export` of a plain Optuna study raised KeyError: 'model_name'."""
+    import optuna
+
+    storage = f"sqlite:///{in_tmp / 'plain.db'}"
+    optuna.create_study(study_name="plain", storage=storage).optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=1)
+    assert "study 'plain' in" in (out := tune("export", "--study-name", "plain", "--storage", storage))
+    assert "was not made by `tune` (it lacks model_name" in out
+
+
+def test_the_ui_refuses_a_port_out_of_range_and_a_bad_tracking_uri() -> None:
+    """Case 12: `tune ui --port 99999` raised OverflowError and exited 0; `--tracking-uri notaurl://x` a traceback."""
+    assert "Invalid value for '--port': Input should be less than or equal to 65535" in tune("ui", "--port", "99999")
+    assert "--tracking-uri 'notaurl://x': MLflow cannot use a 'notaurl' store" in tune("ui", "--tracking-uri", "notaurl://x")
+
+
+def test_a_bad_tracking_uri_is_refused_before_a_run_starts(in_tmp: Path) -> None:
+    assert "MLflow cannot use a 'notaurl' store" in tune("--tracking-uri", "notaurl://x", "--trials", "1")
+
+
+def test_error_text_keeps_its_brackets(tiny_data: Path) -> None:
+    """Case 13: rich markup ate "[start, end]" out of the message."""
+    copy = copy_of(tiny_data, "span")
+    edit_jsonl(copy / "queries.jsonl", lambda queries: [{**queries[0], "span": "0-5"}, *queries[1:]])
+    assert "'span' must be [start, end] character offsets, got '0-5'" in tune("evaluate", "--dataset", f"jsonl:{copy}", "--no-sea", "--general", "")
+
+
+def test_a_reversed_span_is_called_reversed(tiny_data: Path) -> None:
+    """Case 13: a reversed span was called "outside its document"."""
+    copy = copy_of(tiny_data, "rev")
+    edit_jsonl(copy / "queries.jsonl", lambda queries: [{**{k: v for k, v in q.items() if k != "group"}, "span": [9, 2]}
+                                                         if i == 0 else q for i, q in enumerate(queries)])
+    with pytest.raises(ValueError, match=r"queries\.jsonl:1: span \[9, 2\] ends before it starts"):
+        load_benchmark(f"jsonl:{copy}")
+
+
+@pytest.mark.parametrize(("relevant", "message"), [
+    ({"d0": "high"}, r"queries\.jsonl:1: document 'd0': relevance 'high' is not a whole number"),
+    ({"d0": 0.5}, r"queries\.jsonl:1: document 'd0': relevance 0.5 is not a whole number"),
+])
+def test_a_grade_that_is_not_a_whole_number_is_refused_naming_the_line(tiny_data: Path, relevant: dict, message: str) -> None:
+    """Case 13: grade "high" gave a bare `invalid literal for int()`; 0.5 became 0."""
+    copy = copy_of(tiny_data, "grade")
+    edit_jsonl(copy / "queries.jsonl", lambda queries: [{**queries[0], "relevant": relevant}, *queries[1:]])
+    with pytest.raises(ValueError, match=message):
+        load_benchmark(f"jsonl:{copy}")
+
+
+def test_a_fractional_grade_in_a_qrels_file_is_refused(tiny_data: Path) -> None:
+    copy = copy_of(tiny_data, "tsvgrade")
+    (copy / "qrels.tsv").write_text("q0-begin\td0\t0.5\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"qrels\.tsv:1: relevance 0.5 is not a whole number"):
+        load_benchmark(f"jsonl:{copy}")
+
+
+def test_a_missing_local_model_folder_is_not_sent_to_the_hub(in_tmp: Path) -> None:
+    """Case 13: a missing local folder was told to `hf download /that/path`."""
+    output = tune("--model", str(in_tmp / "no-such-model"), "--pooling", "cls", "--trials", "1")
+    assert f"no model folder at {in_tmp / 'no-such-model'}" in output and "hf download" not in output
+
+
+def test_an_inline_layer_list_is_read_whole() -> None:
+    """Case 13: inline `layers=[4,5]` was told "write field=value pairs"."""
+    from tuner.cli import parse_inline
+
+    assert parse_inline("strength=0.5,layers=[4,5]") == {"strength": 0.5, "layers": [4, 5]}
+    assert parse_inline("layers=last:2,basket_size=64") == {"layers": "last:2", "basket_size": 64}
+    with pytest.raises(ValueError, match="write field=value pairs"):
+        parse_inline("layers=[4,5")

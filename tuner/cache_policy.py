@@ -144,7 +144,7 @@ class CachePolicy:
             # one folder per dataset content: a changed or shuffled copy never evicts the original's entries
             folder = self.cache_dir / slug(model.spec.source) / f"{slug(dataset.name)}-{fingerprint[:12]}"
         else:
-            self._temporary = tempfile.TemporaryDirectory(prefix="posfair-layer-inputs-")
+            self._temporary = tempfile.TemporaryDirectory(prefix=f"posfair-layer-inputs-{os.getpid()}-")  # tuner.scratch cleans it if killed
             folder = Path(self._temporary.name)
         self.disk = DiskCache(folder)
         doc_ids, query_ids = list(dataset.corpus), list(dataset.queries)

@@ -12,12 +12,13 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import numpy as np
 import typer
-import yaml
 from rich.console import Console
 from rich.logging import RichHandler
+from rich.markup import escape
 from rich.table import Table
 from typer.core import TyperGroup
 
+from tuner.messages import shown
 from tuner.settings import DEFAULT_TRIALS, TuneSettings
 from tuner.study import HEARTBEAT_SECONDS
 
@@ -59,17 +60,22 @@ def _options_file(ctx: typer.Context, value: Path | None) -> Path | None:
     """Values from a YAML options file become the defaults; flags still win."""
     if value is None:
         return None
+    from tuner.safe_yaml import YamlError, load_file
+
     try:
-        data = yaml.safe_load(value.read_text(encoding="utf-8")) or {}
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
-        raise typer.BadParameter(f"cannot read options file {value}: {error}") from None
+        data = load_file(value) or {}
+    except YamlError as error:
+        raise typer.BadParameter(str(error)) from None
     if not isinstance(data, dict):
         raise typer.BadParameter(f"{value}: expected a mapping of option: value")
-    names = {p.name for p in ctx.command.params}
+    params = {p.name: p for p in ctx.command.params}
     normalised = {str(k).replace("-", "_"): v for k, v in data.items()}
-    unknown = sorted(set(normalised) - names)
+    unknown = sorted(set(normalised) - set(params))
     if unknown:
-        raise typer.BadParameter(f"{value}: unknown option(s) {unknown}; known: {sorted(names - {'options'})}")
+        raise typer.BadParameter(f"{value}: unknown option(s) {shown(unknown)}; known: {sorted(set(params) - {'options'})}")
+    for key, option in normalised.items():  # click would read `true` as 1 for a number
+        if isinstance(option, bool) and not getattr(params[key], "is_flag", False):
+            raise typer.BadParameter(f"{value}: {key} is {option!r}, a boolean; write a value (see --{key.replace('_', '-')} in --help)")
     ctx.default_map = {**(ctx.default_map or {}), **normalised}
     return value
 
@@ -84,11 +90,13 @@ Dataset = Annotated[str, typer.Option(help="wikipos-dev|wikipos-test|wikipos-gen
 TrackingUri = Annotated[str | None, typer.Option(help="MLflow tracking server; default: a SQLite store under ./mlruns.")]
 Storage = Annotated[str | None, typer.Option(help="Optuna storage URL; default: sqlite:///mlruns/optuna.db.")]
 BatchSize = Annotated[
-    int | None, typer.Option(help="Documents per forward pass; default: chosen from the device's free memory.")
+    int | None, typer.Option(min=1, help="Documents per forward pass; default: chosen from the device's free memory.")
 ]
 BatchTokens = Annotated[
-    int | None, typer.Option(help="Padded tokens per forward pass (rows × longest text); default for long-passage models: chosen from the device's free memory.")
+    int | None, typer.Option(min=1, help="Padded tokens per forward pass (rows × longest text); default for long-passage models: chosen from the device's free memory.")
 ]
+Seed = Annotated[int, typer.Option(min=0, max=2**32 - 1, help="Seed of the sampler and the bootstrap.")]
+Resamples = Annotated[int, typer.Option(min=1, help="Bootstrap resamples for the intervals.")]
 TrustRemoteCode = Annotated[bool, typer.Option(help="Allow a model's own code from its hub repository to run.")]
 
 
@@ -106,7 +114,7 @@ def run(
     general: Annotated[str | None, typer.Option(help="General-retrieval check, e.g. wikipos-general: its nDCG@10 change is logged every trial; a constraint only with --max-general-drop.")] = None,
     max_general_drop: Annotated[float | None, typer.Option(help="Second constraint: general nDCG@10 may drop at most this much (0–1 scale).")] = None,
     pareto: Annotated[bool, typer.Option("--pareto", help="Two-objective search (PSI down, HM up); reports the front.")] = False,
-    seed: int = 0,
+    seed: Seed = 0,
     study_name: Annotated[str | None, typer.Option(help="Default: model--dataset--seedN.")] = None,
     storage: Storage = None,
     tracking_uri: TrackingUri = None,
@@ -157,8 +165,8 @@ def evaluate(
     sea: Annotated[bool, typer.Option(help="Add the Segment Embed Average baseline.")] = True,
     general: Annotated[str | None, typer.Option(help="General-retrieval set for the original/shuffled table.")] = "wikipos-general",
     shuffled: Annotated[bool, typer.Option(help="Shuffled-sentence robustness check.")] = True,
-    bootstrap: int = 1000,
-    seed: int = 0,
+    bootstrap: Resamples = 1000,
+    seed: Seed = 0,
     batch_size: BatchSize = None,
     markdown: Annotated[Path | None, typer.Option(help="Also write the tables as Markdown here.")] = None,
     json_output: Annotated[Path | None, typer.Option("--json", help="Also write every figure (0–1 scale, per group and stratum, with counts) as JSON here.")] = None,
@@ -168,24 +176,33 @@ def evaluate(
     """Print the paper's Table 1 (and Table 3) for a model: baseline, configs, SEA, with bootstrap intervals."""
     _setup_logging()
     with _friendly_errors():
-        from tuner.data import load_benchmark
+        from tuner.data import load_benchmark, require_position_groups
         from tuner.export import load_exported
+        from tuner.files import check_writable
         from tuner.models import load_model
         from tuner.report import render, run_evaluation, to_dict, to_markdown
+        from tuner.visible import within_reach
 
+        for path, flag in ((markdown, "--markdown"), (json_output, "--json")):
+            if path is not None:
+                check_writable(path, flag)
+        inline_rows = [(inline, parse_inline(inline)) for inline in calibration or []]
+        exports = [(path, load_exported(path)) for path in config or []]
+        scored = load_benchmark(dataset)
+        require_position_groups(scored, "--dataset")
+        general_set = load_benchmark(general) if general else None
         loaded = load_model(model, trust_remote_code=trust_remote_code)
         configs = []
         if paper_default:
             configs.append(("Paper default (CLS-Soft, λ 0.5, 50% layers, B 128)", loaded.default_config()))
-        for inline in calibration or []:
-            configs.append((inline, loaded.default_config(**parse_inline(inline))))
-        for path in config or []:
-            exported = load_exported(path)
+        for inline, values in inline_rows:
+            configs.append((inline, loaded.default_config(**values)))
+        for path, exported in exports:
             exported.check_model(loaded)
             configs.append((f"{path.name} (trial {exported.provenance.trial})", exported.calibration))
         table = run_evaluation(
-            loaded, load_benchmark(dataset), configs, sea=sea,
-            general=load_benchmark(general) if general else None, shuffled=shuffled,
+            loaded, within_reach(scored, loaded), configs, sea=sea,
+            general=general_set, shuffled=shuffled,
             n_resamples=bootstrap, seed=seed, batch_size=batch_size,
         )
     render(table, _console())
@@ -213,7 +230,7 @@ def export(
         from tuner.conclusion import reexport
 
         path = reexport(study_name, storage, output, tracking_uri, trust_remote_code, selection)
-    console.print(f"exported: [bold]{path}[/bold]")
+    console.print(f"exported: [bold]{escape(str(path))}[/bold]")
 
 
 @app.command()
@@ -228,16 +245,19 @@ def encode(
     """Encode documents (calibrated) or queries (plain) with an exported config."""
     _setup_logging()
     with _friendly_errors():
+        from tuner.data.texts import read_texts
         from tuner.encoder import CalibratedEncoder
+        from tuner.export import load_exported
+        from tuner.files import check_writable
 
+        check_writable(output, "--output")
         texts = read_texts(input)
-        if not output.parent.is_dir():
-            raise ValueError(f"cannot write {output}: folder {output.parent} does not exist")
+        load_exported(config)  # a broken config fails before the model loads
         encoder = CalibratedEncoder.from_yaml(config, trust_remote_code=trust_remote_code)
         method = encoder.encode_query if queries else encoder.encode_document
         vectors = method(texts, batch_size=batch_size, show_progress_bar=True)
         _save_atomically(vectors, output)
-    console.print(f"{len(texts)} {'queries' if queries else 'documents'} → {output} {vectors.shape}"
+    console.print(f"{len(texts)} {'queries' if queries else 'documents'} → {escape(str(output))} {vectors.shape}"
                   + (f"; {encoder.truncated} truncated at {encoder.model.max_length} tokens" if encoder.truncated else ""))
 
 
@@ -245,11 +265,14 @@ def encode(
 def ui(
     tracking_uri: TrackingUri = None,
     host: str = "127.0.0.1",
-    port: int = 5000,
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port of the UI.")] = 5000,
 ) -> None:
     """Open the MLflow UI on the project's store (compare trials, profiles, the Pareto front)."""
-    from tuner.tracking import default_artifact_root, default_tracking_uri
+    from tuner.tracking import check_tracking_uri, default_artifact_root, default_tracking_uri
 
+    with _friendly_errors():
+        if tracking_uri is not None:
+            check_tracking_uri(tracking_uri)
     uri = tracking_uri or default_tracking_uri()
     command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", host, "--port", str(port)]
     if tracking_uri is None:
@@ -259,11 +282,26 @@ def ui(
 
 
 def parse_inline(text: str) -> dict[str, object]:
-    """'strength=0.5,layers=last' → {'strength': 0.5, 'layers': 'last'}; values read as YAML scalars."""
-    pairs = [part.partition("=") for part in text.split(",") if part.strip()]
-    if not pairs or any(not sep or not key.strip() for key, sep, _ in pairs):
-        raise ValueError(f"--calibration {text!r}: write field=value pairs, e.g. strength=0.5,layers=last")
-    return {key.strip(): yaml.safe_load(value) for key, _, value in pairs}
+    """'strength=0.5,layers=[4,5]' → {'strength': 0.5, 'layers': [4, 5]}; values read as YAML (`tuner.safe_yaml`);
+    commas inside brackets belong to the value."""
+    from tuner.safe_yaml import YamlError, loads
+
+    parts, depth, start = [], 0, 0
+    for index, char in enumerate(text + ","):
+        depth += (char in "[{") - (char in "]}")
+        if char == "," and depth <= 0:
+            parts.append(text[start:index])
+            start = index + 1
+    pairs = [part.partition("=") for part in parts if part.strip()]
+    if not pairs or depth != 0 or any(not sep or not key.strip() for key, sep, _ in pairs):
+        raise ValueError(f"--calibration {shown(text)}: write field=value pairs, e.g. strength=0.5,layers=last or layers=[4,5]")
+    values = {}
+    for key, _, value in pairs:
+        try:
+            values[key.strip()] = loads(value, f"--calibration {key.strip()}")
+        except YamlError as error:
+            raise ValueError(str(error)) from None
+    return values
 
 
 def parse_allowance(text: str, flag: str) -> float | None:
@@ -308,28 +346,6 @@ def parse_bytes(text: str | None) -> int | None:
     return int(value)
 
 
-def read_texts(path: Path) -> list[str]:
-    """JSONL ({'text': ...} per line) or plain text (one per line); errors name the line."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as error:
-        raise ValueError(f"{path} is not UTF-8 (byte {error.start}); re-encode it, e.g. iconv -t UTF-8") from None
-    if path.suffix != ".jsonl":
-        return [line for line in lines if line.strip()]
-    texts = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-            texts.append(record["text"] if isinstance(record, dict) else str(record))
-        except (json.JSONDecodeError, KeyError):
-            raise ValueError(f"{path}:{number}: expected a JSON object with a 'text' field") from None
-    if not texts:
-        raise ValueError(f"{path} holds no texts")
-    return texts
-
-
 def _save_atomically(vectors: np.ndarray, path: Path) -> None:
     from tuner.files import replacing
 
@@ -345,14 +361,18 @@ class _friendly_errors:
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, traceback: object) -> bool:
         from tuner.conclusion import NoFeasibleTrialError
+        from tuner.worker import StoppedEarlyError
 
         if error is None or kind is None:
             return False
         if isinstance(error, NoFeasibleTrialError):
-            console.print(f"[red]no feasible trial:[/red] {error}")
+            console.print(f"[red]no feasible trial:[/red] {escape(str(error))}")
             raise typer.Exit(3)
-        if isinstance(error, (ValueError, RuntimeError, FileNotFoundError, PermissionError)):
-            console.print(f"[red]error:[/red] {error}")
+        if isinstance(error, StoppedEarlyError):
+            console.print(f"[red]stopped early:[/red] {escape(str(error))}")
+            raise typer.Exit(130 if error.interrupted else 4)
+        if isinstance(error, (ValueError, RuntimeError, FileNotFoundError, PermissionError, IsADirectoryError)):
+            console.print(f"[red]error:[/red] {escape(str(error))}")  # verbatim: markup would eat "[start, end]"
             raise typer.Exit(2)
         return False
 
@@ -369,7 +389,7 @@ def _print_settings(settings: TuneSettings) -> None:
 
     table = Table(title="tune: settings", show_header=False, box=None)
     for name, value in vars(settings).items():
-        if name == "dataset_defaulted":
+        if name in ("dataset_defaulted", "worker_id"):
             continue
         shown = f"{value}  ({dataset_reason(settings)})" if name == "dataset" else str(value)
         table.add_row(name.replace("_", "-"), shown)
@@ -404,7 +424,7 @@ def _print_outcome(outcome: TuneOutcome) -> None:
     console.print(f"chosen by the {outcome.selection.rule} rule: {outcome.selection.describe()}", markup=False)
     if outcome.pareto:
         console.print(f"feasible Pareto front (PSI↓, HM↑): trials {outcome.pareto}")
-    console.print(f"exported config: [bold]{outcome.export_path}[/bold]")
+    console.print(f"exported config: [bold]{escape(str(outcome.export_path))}[/bold]")
     console.print(f"MLflow: {outcome.tracking_uri}  (browse with `tune ui`)")
 
 

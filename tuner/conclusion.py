@@ -17,7 +17,7 @@ from tuner.calibration import CalibrationConfig
 from tuner.data import PositionalDataset
 from tuner.evaluation import Evaluation, Evaluator
 from tuner.export import build_export, write_exported
-from tuner.files import EXPORTS
+from tuner.files import EXPORTS, check_writable
 from tuner.models import LoadedModel, hub_revision, load_model
 from tuner.plots import optuna_figures, pareto_scatter
 from tuner.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, is_reference_trial, trial_config
@@ -25,6 +25,7 @@ from tuner.session import split_datasets
 from tuner.settings import EXPERIMENT, TuneSettings
 from tuner.study import HEARTBEAT_SECONDS, complete_trials, default_storage, make_storage, pareto_front, winner
 from tuner.tracking import Tracker
+from tuner.visible import within_reach
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +139,13 @@ def reexport(
     except KeyError:
         raise ValueError(f"no study {study_name!r} in {storage}; see the study names in `tune ui` or the tune output") from None
     attrs = study.user_attrs
+    lacking = [key for key in ("model_name", "pooling", "dataset_name", "seed", "hm_floor", "pareto", "revision",
+                               "dataset_fingerprint") if key not in attrs]
+    if lacking:
+        raise ValueError(f"study {study_name!r} in {storage} was not made by `tune` (it lacks {', '.join(lacking)}); "
+                         "only studies that `tune` ran can be exported")
+    if output is not None:
+        check_writable(output, "--output")
     tracker = Tracker(tracking_uri or attrs.get("tracking_uri"), EXPERIMENT)  # an unreachable server fails here
     settings = TuneSettings(
         model=attrs["model_name"], pooling=attrs["pooling"], dataset=attrs["dataset_name"], seed=attrs["seed"], hm_floor=attrs["hm_floor"],
@@ -156,6 +164,7 @@ def reexport(
         raise ValueError(f"study {study_name!r} tuned {attrs['model']} at revision {attrs['revision']}, "
                          f"but {model.revision} loaded; restore that revision locally to re-export")
     tuning, heldout = split_datasets(settings)
+    tuning, heldout = within_reach(tuning, model), [within_reach(held, model) for held in heldout]  # as `tune` scored them
     if tuning.fingerprint() != attrs["dataset_fingerprint"]:
         raise ValueError(f"dataset {settings.dataset!r} changed since study {study_name!r} ran (fingerprint differs)")
     rows = _summary_rows(study, best, Evaluator(model, tuning, settings.batch_size, batch_tokens=settings.batch_tokens),

@@ -87,6 +87,9 @@ def choose_batching(model: LoadedModel, batch_size: int | None = None, batch_tok
     (`ModelSpec.long_passages`) is batched by tokens, within the memory `auto_batch_size` allows at its
     maximum length, so FineWeb-PosQ's ~1,300-token passages fill a batch six times as full as 8K ones would;
     other models get `auto_batch_size` texts (MiniLM: 16 on CPU, as always)."""
+    for flag, value in (("--batch-size", batch_size), ("--batch-tokens", batch_tokens)):
+        if value is not None and (isinstance(value, bool) or value < 1):
+            raise ValueError(f"{flag} must be at least 1, got {value}")
     if batch_tokens is None and batch_size is None and model.spec.long_passages:
         batch_tokens = auto_batch_tokens(model)
     if batch_size is None:
@@ -136,6 +139,11 @@ class CalibratedEncoder:
             raise ConfigError(
                 f"pooling: the config calibrates {config.pooling!r} pooling but {model.spec.alias} pools with "
                 f"{model.spec.pooling!r}; set pooling: {model.spec.pooling}"
+            )
+        if config is not None and config.basket_size > model.max_length:
+            raise ConfigError(
+                f"basket_size: {config.basket_size} is more than the {model.max_length} tokens {model.spec.alias} reads, "
+                f"so no passage could fill a basket and nothing would be calibrated; use at most {model.max_length}"
             )
         self.model = model
         self.config = config

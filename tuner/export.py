@@ -1,7 +1,7 @@
 """The exported config: a versioned YAML schema that encoders load, written atomically.
 
-Loading uses `yaml.safe_load` (a `!!python/...` tag is refused, never executed) and validates every
-field; a config made for another model is refused before anything is encoded.
+Loading uses `tuner.safe_yaml` (a `!!python/...` tag is refused, never executed; duplicate keys and alias
+bombs too) and validates every field; a config made for another model is refused before anything is encoded.
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ from tuner import __version__
 from tuner.calibration import CalibrationConfig, ConfigError
 from tuner.calibration.config import PaddingSide, Pooling
 from tuner.files import write_atomically
+from tuner.messages import shown
 from tuner.models import LoadedModel, hub_revision
+from tuner.safe_yaml import YamlError, load_file
 
 SCHEMA = "posfair/calibration-config"
 SCHEMA_VERSION = 1
@@ -146,6 +148,8 @@ def write_exported(exported: ExportedConfig, path: str | Path) -> Path:
         raise ExportError(f"cannot write {path}: folder {folder} does not exist; create it or choose another --output")
     if not os.access(folder, os.W_OK):
         raise ExportError(f"cannot write {path}: folder {folder} is not writable; choose another --output")
+    if path.is_dir():
+        raise ExportError(f"cannot write {path}: it is a folder; give a file name, e.g. --output {path / 'best.yaml'}")
     text = yaml.safe_dump(exported.model_dump(mode="json", by_alias=True), sort_keys=False, allow_unicode=True)
     return write_atomically(path, text)
 
@@ -154,15 +158,9 @@ def load_exported(path: str | Path) -> ExportedConfig:
     """Read and validate an exported config; errors name the field and the fix."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ExportError(f"{path}: no such file") from None
-    except UnicodeDecodeError:
-        raise ExportError(f"{path}: not UTF-8 text; re-save it as UTF-8") from None
-    except yaml.constructor.ConstructorError:
-        raise ExportError(f"{path}: contains a tag posfair never loads (such as !!python/object); write plain YAML") from None
-    except yaml.YAMLError as error:
-        raise ExportError(f"{path}: not valid YAML: {str(error).splitlines()[0]}") from None
+        data = load_file(path)
+    except YamlError as error:
+        raise ExportError(str(error)) from None
     if not isinstance(data, dict):
         raise ExportError(f"{path}: expected a mapping with schema, model, calibration, metrics, provenance")
     try:
@@ -182,5 +180,5 @@ def _fields(error: ValidationError | ConfigError) -> str:
         if isinstance(cause, ConfigError):  # the calibration section's own validation
             lines += [f"{where}.{line.strip()}" for line in str(cause).splitlines()[1:]]
         else:
-            lines.append(f"{where}: {item['msg']} (got {item.get('input')!r})")
+            lines.append(f"{where}: {item['msg']} (got {shown(item.get('input'))})")
     return "\n  ".join(lines)

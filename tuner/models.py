@@ -180,6 +180,11 @@ def locate(spec: ModelSpec, revision: str | None = None) -> str:
     folder = spec.local_folder()
     if folder is not None:
         return str(folder)
+    if _looks_like_a_path(spec.source):
+        raise ModelUnavailableError(
+            f"no model folder at {spec.source}: it does not exist or is not a folder; give the folder that holds "
+            "the model's config.json (or a registry alias or a hub id such as BAAI/bge-m3)"
+        )
     from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
 
@@ -195,6 +200,11 @@ def locate(spec: ModelSpec, revision: str | None = None) -> str:
         f"On a machine with access run `hf download {spec.source}` (or `huggingface-cli download {spec.source}`) "
         "and copy the cache (~/.cache/huggingface) here, or pass the model's local folder as --model with --pooling."
     )
+
+
+def _looks_like_a_path(source: str) -> bool:
+    """A folder name rather than a hub id (`org/name`): absolute, relative to here or home, or deeper than one slash."""
+    return source.startswith(("/", "./", "../", "~", ".")) or source.count("/") > 1 or "\\" in source
 
 
 def _reachable(host: str, port: int, timeout: float = 3.0) -> bool:

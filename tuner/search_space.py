@@ -7,11 +7,12 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import optuna
-import yaml
 from optuna.trial import FrozenTrial
 
 from tuner.calibration import CalibrationConfig, ConfigError
 from tuner.calibration.config import BASKET_SHARES, VARIANTS, PaddingSide, Pooling
+from tuner.messages import shown
+from tuner.safe_yaml import YamlError, load_file
 
 DEPTHS: dict[str, str | float] = {"last": "last", "25%": 0.25, "50%": 0.5, "75%": 0.75, "100%": 1.0}
 
@@ -65,10 +66,20 @@ class SearchSpace:
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> SearchSpace:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        """A space file (YAML, read by `tuner.safe_yaml`): each key checked for its type before any value is used."""
+        try:
+            data = load_file(path) or {}
+        except YamlError as error:
+            raise ConfigError(f"--space {error}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"--space {path}: expected a mapping of setting: value, e.g. basket_sizes: [64, 128]")
         unknown = set(data) - set(cls.__dataclass_fields__)
         if unknown:
-            raise ConfigError(f"{path}: unknown search-space keys {sorted(unknown)}; known: {sorted(cls.__dataclass_fields__)}")
+            raise ConfigError(f"--space {path}: unknown search-space keys {sorted(map(str, unknown))}; "
+                              f"known: {sorted(cls.__dataclass_fields__)}")
+        problems = [problem for key, value in data.items() if (problem := _type_problem(key, value))]
+        if problems:
+            raise ConfigError(f"--space {path}: " + "; ".join(problems))
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
 
     def as_dict(self) -> dict[str, object]:
@@ -160,6 +171,23 @@ def config_of(
 def trial_config(trial: FrozenTrial, pooling: Pooling, padding_side: PaddingSide) -> CalibrationConfig:
     """The config a finished trial calibrated with, its layers as the trial resolved them (explicit indices)."""
     return config_of(trial.params, trial_basket_shares(trial), pooling, padding_side, layers=trial.user_attrs["layers"])
+
+
+_LISTS = {"depths": str, "basket_sizes": int, "variants": str, "basket_shares": str}
+_NUMBERS = ("strength_step", "weight_low", "weight_high")
+
+
+def _type_problem(key: str, value: object) -> str | None:
+    """What is wrong with the type of one space setting (None: nothing); ranges are `SearchSpace`'s to check."""
+    if key in _NUMBERS:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return f"{key} must be a number, e.g. {key}: {getattr(SearchSpace, key)}; got {shown(value)}"
+        return None
+    kind = _LISTS[key]
+    example = list(getattr(SearchSpace, key))[:2]
+    if not isinstance(value, list) or any(isinstance(v, bool) or not isinstance(v, kind) for v in value):
+        return f"{key} must be a list of {'integers' if kind is int else 'names'}, e.g. {key}: {example}; got {shown(value)}"
+    return None
 
 
 def trial_basket_shares(trial: FrozenTrial) -> str:

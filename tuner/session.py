@@ -7,22 +7,26 @@ with it is `tuner.coordinator`'s and `tuner.worker`'s.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import sys
 from dataclasses import dataclass
 
 import optuna
 
 from tuner.cost import StudyCost, padded_tokens, probe
-from tuner.data import DatasetUnavailableError, PositionalDataset, load_benchmark, load_crops
+from tuner.data import DatasetUnavailableError, PositionalDataset, load_benchmark, load_crops, require_position_groups
 from tuner.data import check_available as check_benchmark
 from tuner.data.wikipos import TRANSFER_SPLITS
 from tuner.evaluation import Evaluator
 from tuner.models import LoadedModel, ModelUnavailableError, check_consent, load_model, locate, resolve_spec
 from tuner.prefix import prefix_layers_for
+from tuner.scratch import clean_orphans
 from tuner.search_space import SearchSpace
 from tuner.settings import DEFAULT_TRIALS, EXPERIMENT, TuneSettings
 from tuner.study import default_storage, make_storage, open_study
 from tuner.tracking import Tracker
+from tuner.visible import within_reach
 
 log = logging.getLogger(__name__)
 
@@ -130,18 +134,23 @@ def prepare(settings: TuneSettings) -> Session:
     """Check, load and open what a study needs; a missing model or dataset, an unreachable tracking server
     or a malformed storage URL fails here, before any work."""
     check_available(settings)  # a missing model or dataset fails here, before anything is loaded or written
+    tuning, heldout = split_datasets(settings)  # so does a broken dataset (read before the model loads)
+    general = load_benchmark(settings.general) if settings.general else None
+    require_position_groups(tuning, "--dataset")
+    for held in heldout:
+        require_position_groups(held, "--heldout")
     tracker = Tracker(settings.tracking_uri, EXPERIMENT)  # an unreachable server fails here, before any work
     storage = settings.storage or default_storage()
     make_storage(storage, settings.heartbeat)  # a malformed URL fails here too
+    clean_orphans()  # temporary folders of killed runs
     model = load_model(settings.model, revision=settings.revision, trust_remote_code=settings.trust_remote_code,
                        pooling=settings.pooling)  # type: ignore[arg-type]
-    tuning, heldout = split_datasets(settings)
+    tuning, heldout = within_reach(tuning, model), [within_reach(held, model) for held in heldout]
     evaluator = Evaluator(
         model, tuning, settings.batch_size, show_progress=sys.stderr.isatty() and not settings.worker, batch_tokens=settings.batch_tokens,
         cache_budget=settings.cache_budget, prefix_layers=prefix_layers_for(settings.space, model.num_layers),
     )
     space = _fitting_space(settings.space, evaluator)
-    general = load_benchmark(settings.general) if settings.general else None
     crops = load_crops(settings.dataset) if settings.max_crops_psi is not None else None
     if settings.max_crops_psi is not None and crops is None and not settings.worker:
         log.info("%s has no crops view (its passages' segments are unknown): --max-crops-psi does not apply", tuning.name)
@@ -165,5 +174,7 @@ def prepare(settings: TuneSettings) -> Session:
         "pareto": settings.pareto,
         "seed": settings.seed,
     }
-    study = open_study(name, storage, seed=settings.seed, pareto=settings.pareto, identity=identity, heartbeat=settings.heartbeat)
+    worker_id = settings.worker_id or ("0" if not settings.worker else f"{socket.gethostname()}:{os.getpid()}")
+    study = open_study(name, storage, seed=settings.seed, pareto=settings.pareto, identity=identity, heartbeat=settings.heartbeat,
+                       worker=worker_id)
     return Session(settings, tracker, storage, model, tuning, heldout, evaluator, space, general, crops, name, identity, study)

@@ -7,9 +7,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from objectives import RULES, Constraints, HmFloor
+from tuner.files import check_writable
+from tuner.messages import shown
 from tuner.models import REGISTRY, LoadedModel
 from tuner.search_space import SearchSpace
 from tuner.study import HEARTBEAT_SECONDS
+from tuner.tracking import check_tracking_uri
 
 DEFAULT_TRIALS = 16  # plain `tune` (MiniLM on WikiPos-dev): at most 8.4 min on 2 CPU cores, measured (README)
 EXPERIMENT = "posfair"
@@ -47,6 +50,7 @@ class TuneSettings:
     workers: int = 1
     worker: bool = False  # only run trials of a study another `tune` coordinates
     heartbeat: int = HEARTBEAT_SECONDS
+    worker_id: str | None = None  # seeds this process's sampler: "0" coordinates, local workers 1, 2, ...; default host:pid
     dataset_defaulted: bool = field(default=False, init=False)  # whether `dataset` is the model's default
 
     def __post_init__(self) -> None:
@@ -65,6 +69,7 @@ class TuneSettings:
             raise ValueError(f"--batch-tokens must be at least 1, got {self.batch_tokens}")
         if self.max_general_drop is not None and self.general is None:
             raise ValueError("--max-general-drop needs --general (e.g. --general wikipos-general)")
+        check_run_options(self)
         HmFloor.parse(self.hm_floor)  # fail before any work
         self.constraints(0.0)
         if self.selection not in RULES:
@@ -85,6 +90,28 @@ class TuneSettings:
         suffix = "-pareto" if self.pareto else ""
         plain = f"{Path(model.spec.alias).name}--{self.dataset}--seed{self.seed}{suffix}"
         return re.sub(r"[^A-Za-z0-9._-]+", "_", plain)
+
+
+STUDY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+
+
+def check_run_options(settings: TuneSettings) -> None:
+    """What `TuneSettings` holds beyond counts and formats: ranges, names and paths, checked before any work."""
+    if settings.profile_docs < 1:
+        raise ValueError(f"--profile-docs must be at least 1 (documents in each trial's attention profile), got {settings.profile_docs}")
+    if settings.bootstrap < 1:
+        raise ValueError(f"--bootstrap must be at least 1 resample (1000 is usual), got {settings.bootstrap}")
+    if settings.max_general_drop is not None and not 0 <= settings.max_general_drop <= 1:
+        raise ValueError(f"--max-general-drop must be between 0 and 1 (0.005 is half a point of nDCG@10), got {settings.max_general_drop}")
+    if not 0 <= settings.seed < 2**32:
+        raise ValueError(f"--seed must be between 0 and 4294967295, got {settings.seed}")
+    if settings.study_name is not None and not STUDY_NAME.match(settings.study_name):
+        raise ValueError(f"--study-name {shown(settings.study_name)}: use letters, digits, '.', '_' and '-' (up to 200, "
+                         "not starting with '.' or '-'); the name becomes a file name under mlruns/exports")
+    if settings.output is not None:
+        check_writable(settings.output, "--output")
+    if settings.tracking_uri is not None:
+        check_tracking_uri(settings.tracking_uri)
 
 
 def default_dataset(model: str) -> str:

@@ -9,13 +9,18 @@ study still ends with the requested number of complete trials.
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import socket
 import time
 import warnings
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import optuna
 from optuna.exceptions import ExperimentalWarning
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
@@ -72,9 +77,12 @@ def constraints_of(trial: FrozenTrial) -> Sequence[float]:
 
 
 def open_study(
-    name: str, storage: str, *, seed: int, pareto: bool, identity: dict[str, object], heartbeat: int = HEARTBEAT_SECONDS
+    name: str, storage: str, *, seed: int, pareto: bool, identity: dict[str, object], heartbeat: int = HEARTBEAT_SECONDS,
+    worker: str = "0",
 ) -> optuna.Study:
-    """Create or resume a study; `identity` (model, dataset, floor, space...) must match on resume."""
+    """Create or resume a study; `identity` (model, dataset, floor, space...) must match on resume. The sampler
+    is seeded from `seed` and the `worker` identity (`sampler_seed`)."""
+    seed = sampler_seed(seed, worker)
     sampler: optuna.samplers.BaseSampler
     if pareto:
         sampler = optuna.samplers.NSGAIISampler(seed=seed, population_size=8)
@@ -101,13 +109,28 @@ def open_study(
 
 
 def enqueue_once(study: optuna.Study, params: dict[str, object], user_attrs: dict[str, object] | None = None) -> None:
-    """Queue fixed parameters (and user attributes) unless a trial with exactly these already exists."""
+    """Queue fixed parameters (and user attributes) unless a trial with exactly these already exists.
+
+    A queued trial keeps its parameters in the `fixed_params` system attribute until it runs (its `params`
+    are empty until then), so both are compared: a second `tune` on the study never queues them again.
+    """
     attrs = user_attrs or {}
-    if not any(
-        t.params == params and all(t.user_attrs.get(k) == v for k, v in attrs.items())
-        for t in study.get_trials(deepcopy=False)
-    ):
+    if not any(_fixed_params(t) == params and all(t.user_attrs.get(k) == v for k, v in attrs.items())
+               for t in study.get_trials(deepcopy=False)):
         study.enqueue_trial(params, user_attrs=attrs or None)
+
+
+def _fixed_params(trial: FrozenTrial) -> dict[str, object]:
+    return trial.system_attrs.get("fixed_params") or trial.params
+
+
+def sampler_seed(seed: int, worker: str) -> int:
+    """The seed of one process's sampler: the study seed itself for the coordinator (worker "0"), and for
+    every other worker a seed derived from the study seed and the worker's identity, so that workers draw
+    different trials (reproducibly, for local workers numbered 1, 2, ...)."""
+    if worker == "0":
+        return seed
+    return int(np.random.SeedSequence([seed, zlib.crc32(worker.encode())]).generate_state(1)[0])
 
 
 def complete_trials(study: optuna.Study) -> list[FrozenTrial]:
@@ -115,62 +138,176 @@ def complete_trials(study: optuna.Study) -> list[FrozenTrial]:
 
 
 TrialCallback = Callable[[optuna.Study, FrozenTrial], None]
+OWNER_ATTR = "owner"  # host, pid and number of the process running a trial: a dead local owner is found at once
+
+
+@dataclass(frozen=True)
+class TrialsEnd:
+    """How `run_trials` ended: the complete trials against the target, and why it stopped short (if it did)."""
+
+    complete: int
+    target: int
+    stopped: str | None = None  # None, "interrupted" or "failures"
+    failures: int = 0  # trials of this run that failed
+    requeued: int | None = None  # a trial interrupted mid-way and queued to run again
+
+    @property
+    def short(self) -> bool:
+        return self.complete < self.target
+
+
+def _owner() -> dict[str, object]:
+    return {"host": socket.gethostname(), "pid": os.getpid()}
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def fail_dead_trials(study: optuna.Study) -> list[int]:
+    """RUNNING trials whose process on this machine is gone: failed now and re-queued (like a stale heartbeat,
+    without waiting for one). Trials of other machines are left to the heartbeat check. Returns their numbers."""
+    storage = study._storage
+    here = socket.gethostname()
+    failed = []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        owner = trial.user_attrs.get(OWNER_ATTR) or {}
+        if owner.get("host") != here or owner.get("trial") != trial.number or owner.get("pid") == os.getpid():
+            continue
+        if _process_alive(int(owner["pid"])):
+            continue
+        try:
+            if storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL):
+                failed.append(trial)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            pass  # another process got there first
+    _requeue(study, failed)
+    for trial in failed:
+        log.warning("trial %d was left RUNNING by process %s, which is gone; it is re-run", trial.number,
+                    trial.user_attrs[OWNER_ATTR]["pid"])
+    return [t.number for t in failed]
+
+
+def _requeue(study: optuna.Study, trials: Sequence[FrozenTrial]) -> None:
+    """Queue failed trials again with what they had drawn (the storage's retry callback, as for stale ones)."""
+    heartbeat_storage = study._storage  # a cache around the RDBStorage: ask it, whatever its class
+    retry = heartbeat_storage.get_heartbeat_stale_trial_callback() if hasattr(heartbeat_storage, "get_heartbeat_stale_trial_callback") else None
+    for trial in trials:
+        if retry is not None:
+            retry(study, study._storage.get_trial(trial._trial_id))
 
 
 def run_trials(
-    study: optuna.Study, objective: Callable[[optuna.Trial], object], n_complete: int, callbacks: Sequence[TrialCallback] = ()
-) -> None:
+    study: optuna.Study, objective: Callable[[optuna.Trial], object], n_complete: int, callbacks: Sequence[TrialCallback] = (),
+    poll_seconds: float = 2.0,
+) -> TrialsEnd:
     """Run until `n_complete` trials are complete; failed trials are recorded and do not count.
 
-    Ctrl-C stops after the current trial (a second Ctrl-C aborts at once); rerunning resumes.
+    At start, trials left RUNNING by a dead process of this machine are failed and re-queued, so they run
+    before new ones. Trials RUNNING elsewhere are waited for: they complete, or the heartbeat check fails and
+    re-queues them, and then they run here. The stop rule counts only the failures of this run (a study's
+    old failures are history). Ctrl-C stops after the current trial; a second Ctrl-C aborts it and queues
+    it again. The result says whether the target was reached, and if not, why.
     """
-    if len(complete_trials(study)) >= n_complete:
-        return
+    fail_dead_trials(study)
     failures_allowed = max(3, n_complete)
+    failed_here: list[int] = []
     active = (TrialState.COMPLETE, TrialState.RUNNING)
+    current: list[optuna.Trial] = []
+    requeued = None
+
+    def room(study: optuna.Study) -> bool:
+        return len(study.get_trials(deepcopy=False, states=active)) < n_complete
 
     def enough(study: optuna.Study, trial: FrozenTrial) -> None:
         """Stop once complete + running trials (of every worker) reach the target."""
-        if len(study.get_trials(deepcopy=False, states=active)) >= n_complete:
+        if not room(study):
             study.stop()
 
-    current: list[optuna.Trial] = []
-
     def reserved(trial: optuna.Trial) -> object:
-        """A trial started by a worker that lost the race for the last slot is pruned, never run."""
+        """A trial started by a worker that lost the race for the last slot is pruned, never run; so is a
+        queued trial another process already took (two `tune` processes that queued the same reference)."""
         current[:] = [trial]
-        ahead = [t for t in study.get_trials(deepcopy=False, states=active) if t.number < trial.number]
-        if len(ahead) >= n_complete:
+        trial.set_user_attr(OWNER_ATTR, {**_owner(), "trial": trial.number})
+        ahead = [t for t in study.get_trials(deepcopy=False) if t.number < trial.number]
+        if sum(t.state in active for t in ahead) >= n_complete:
             trial.set_user_attr("surplus", True)
             raise optuna.TrialPruned(f"the study already has {n_complete} trials")
+        system = study._storage.get_trial(trial._trial_id).system_attrs
+        fixed = system.get("fixed_params")
+        if fixed and "failed_trial" not in system and any(
+            "failed_trial" not in t.system_attrs and t.state not in (TrialState.FAIL, TrialState.PRUNED)
+            and _fixed_params(t) == fixed for t in ahead
+        ):
+            trial.set_user_attr("surplus", True)
+            raise optuna.TrialPruned("these fixed parameters are already queued in an earlier trial")
         return objective(trial)
 
     def stop_on_too_many_failures(study: optuna.Study, trial: FrozenTrial) -> None:
-        if len(study.get_trials(deepcopy=False, states=(TrialState.FAIL,))) >= failures_allowed:
-            log.error("%d trials failed; stopping the study", failures_allowed)
-            study.stop()
+        if trial.state == TrialState.FAIL:
+            failed_here.append(trial.number)
+            if len(failed_here) >= failures_allowed:
+                log.error("%d trials of this run failed; stopping the study", len(failed_here))
+                study.stop()
 
+    waiting_said = False
     with _stop_after_current_trial(study) as interrupted:
-        while len(complete_trials(study)) < n_complete and not interrupted():
-            try:
-                study.optimize(
-                    reserved,
-                    n_trials=None,
-                    catch=(Exception,),
-                    callbacks=[
-                        enough,
-                        stop_on_too_many_failures,
-                        lambda s, t: interrupted() and s.stop(),
-                        *callbacks,
-                    ],
-                    gc_after_trial=False,
-                )
-                return
-            except (ValueError, AssertionError):  # optuna#5470: Optuna cannot tell a trial failed by another process
-                if not (current and _failed_elsewhere(study, current[0])):
-                    raise
-                log.warning("trial %d was declared dead by another worker (missed heartbeats); it is re-run as a new "
-                            "trial and this worker goes on", current[0].number)
+        try:
+            while len(complete_trials(study)) < n_complete and not interrupted() and len(failed_here) < failures_allowed:
+                if not room(study):  # the rest are running elsewhere: wait until they complete or are found dead
+                    if not waiting_said:
+                        log.info("waiting for %d trial(s) running in other processes",
+                                 len(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))))
+                        waiting_said = True
+                    time.sleep(poll_seconds)
+                    fail_dead_trials(study)
+                    optuna.storages.fail_stale_trials(study)
+                    continue
+                try:
+                    study.optimize(
+                        reserved,
+                        n_trials=None,
+                        catch=(Exception,),
+                        callbacks=[
+                            enough,
+                            stop_on_too_many_failures,
+                            lambda s, t: interrupted() and s.stop(),
+                            *callbacks,
+                        ],
+                        gc_after_trial=False,
+                    )
+                except (ValueError, AssertionError):  # optuna#5470: Optuna cannot tell a trial failed by another process
+                    if not (current and _failed_elsewhere(study, current[0])):
+                        raise
+                    log.warning("trial %d was declared dead by another worker (missed heartbeats); it is re-run as a new "
+                                "trial and this worker goes on", current[0].number)
+        except KeyboardInterrupt:  # the second Ctrl-C: the running trial is aborted and queued to run again
+            requeued = _abort(study, current[0]) if current else None
+            stopped: str | None = "interrupted"
+        else:
+            stopped = "interrupted" if interrupted() else "failures" if len(failed_here) >= failures_allowed else None
+    complete = len(complete_trials(study))
+    return TrialsEnd(complete, n_complete, stopped if complete < n_complete else None, len(failed_here), requeued)
+
+
+def _abort(study: optuna.Study, trial: optuna.Trial) -> int | None:
+    """Fail an aborted trial (if Optuna has not) and queue it again; its number, or None if it had finished."""
+    storage = study._storage
+    try:
+        storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        pass
+    frozen = storage.get_trial(trial._trial_id)
+    if frozen.state != TrialState.FAIL or frozen.user_attrs.get("surplus"):
+        return None
+    _requeue(study, [frozen])
+    return trial.number
 
 
 def _failed_elsewhere(study: optuna.Study, trial: optuna.Trial) -> bool:

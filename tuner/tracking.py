@@ -32,6 +32,19 @@ class TrackingUnavailableError(RuntimeError):
     """The tracking server cannot be reached before the study starts."""
 
 
+TRACKING_SCHEMES = ("file", "sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks")
+
+
+def check_tracking_uri(uri: str) -> None:
+    """A tracking URI MLflow can use: a folder, or one of `TRACKING_SCHEMES` (with a driver, e.g. postgresql+psycopg)."""
+    scheme, colon, _ = uri.partition("://")
+    if colon and scheme.split("+")[0].lower() not in TRACKING_SCHEMES:
+        raise ValueError(
+            f"--tracking-uri {uri[:80]!r}: MLflow cannot use a {scheme[:20]!r} store; use e.g. http://127.0.0.1:5000, "
+            "sqlite:///mlruns/mlflow.db, postgresql://user:pass@host/db or a folder"
+        )
+
+
 def default_tracking_uri(database: Path = MLFLOW_DB) -> str:
     database.parent.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{database.resolve()}"
@@ -58,6 +71,7 @@ class Tracker:
 
     def __init__(self, tracking_uri: str | None, experiment: str) -> None:
         self.uri = tracking_uri or default_tracking_uri()
+        check_tracking_uri(self.uri)
         if self.uri.startswith(("http://", "https://")):
             # A lost server must cost a trial seconds, not MLflow's default minutes of retries.
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")

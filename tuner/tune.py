@@ -11,10 +11,10 @@ from tuner.conclusion import NoFeasibleTrialError, TuneOutcome, reexport
 from tuner.coordinator import coordinate
 from tuner.session import prepare
 from tuner.settings import DEFAULT_TRIALS, TuneSettings, dataset_reason
-from tuner.worker import quiet_libraries, run_as_worker
+from tuner.worker import StoppedEarlyError, quiet_libraries, run_as_worker
 
 __all__ = [
-    "DEFAULT_TRIALS", "NoFeasibleTrialError", "TuneOutcome", "TuneSettings", "dataset_reason", "quiet_libraries",
+    "DEFAULT_TRIALS", "NoFeasibleTrialError", "StoppedEarlyError", "TuneOutcome", "TuneSettings", "dataset_reason", "quiet_libraries",
     "reexport", "tune",
 ]
 

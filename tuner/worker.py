@@ -11,7 +11,6 @@ import multiprocessing
 import multiprocessing.process
 import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -27,10 +26,11 @@ from tuner.data import PositionalDataset
 from tuner.evaluation import Evaluator
 from tuner.models import LoadedModel
 from tuner.objective import SideSet, TrialObjective
+from tuner.scratch import scratch_dir
 from tuner.search_space import trial_basket_shares
 from tuner.session import FLOOR_ATTR, Session, prepare
 from tuner.settings import TuneSettings
-from tuner.study import complete_trials, make_storage, run_trials
+from tuner.study import TrialsEnd, complete_trials, make_storage, run_trials
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ def run_session_trials(
         params={**identity, "floor_value": floor, "trials": settings.trials, "storage": storage},
         tags={"posfair.model": model.spec.alias, "posfair.dataset": tuning.name},
     )
-    staging = Path(tempfile.mkdtemp(prefix="posfair-"))
+    staging = scratch_dir()
     try:
         objective = TrialObjective(
             evaluator, space, replace(settings.constraints(0.0), hm_floor=floor), tracker, name, staging,
@@ -68,9 +68,11 @@ def run_session_trials(
         )
         with tqdm(total=settings.trials, initial=len(complete_trials(study)), desc="trials", unit="trial",
                   disable=not sys.stderr.isatty()) as progress:
-            run_trials(study, objective, settings.trials, [partial(_log_trial, progress=progress)])
+            ended = run_trials(study, objective, settings.trials, [partial(_log_trial, progress=progress)])
         for worker in workers:
             worker.join()
+        if ended.short:
+            _stop_short(ended, session)
         return conclude(staging) if conclude is not None else None
     finally:
         for worker in workers:
@@ -78,6 +80,27 @@ def run_session_trials(
                 worker.terminate()
         tracker.flush()
         shutil.rmtree(staging, ignore_errors=True)
+
+
+class StoppedEarlyError(RuntimeError):
+    """The study ended short of its trials (Ctrl-C, too many failures): nothing is exported as if complete."""
+
+    def __init__(self, message: str, interrupted: bool) -> None:
+        super().__init__(message)
+        self.interrupted = interrupted
+
+
+def _stop_short(ended: TrialsEnd, session: Session) -> None:
+    """Say that the study ended short, mark the MLflow parent run, and end with an error: no export."""
+    why = "interrupted" if ended.stopped == "interrupted" else f"{ended.failures} trials of this run failed"
+    requeued = f"; trial {ended.requeued} was aborted and is queued to run again" if ended.requeued is not None else ""
+    message = (f"stopped early ({why}): {ended.complete} of {ended.target} trials complete{requeued}; nothing exported. "
+               f"Run the same command again to resume, or `tune export --study-name {session.name}` to export the winner so far")
+    if not session.settings.worker:
+        session.tracker.finish_study({"complete_trials": ended.complete}, [],
+                                     {"posfair.outcome": f"stopped early ({why}): {ended.complete} of {ended.target} trials"},
+                                     "KILLED" if ended.stopped == "interrupted" else "FAILED")
+    raise StoppedEarlyError(message, interrupted=ended.stopped == "interrupted")
 
 
 def _floor_set_by_coordinator(name: str, storage: str, heartbeat: int, timeout: float = 3600.0) -> float:
@@ -93,7 +116,8 @@ def _floor_set_by_coordinator(name: str, storage: str, heartbeat: int, timeout: 
 def start_workers(settings: TuneSettings, count: int) -> list[multiprocessing.process.BaseProcess]:
     """Extra local worker processes on the same study (each loads its own model)."""
     context = multiprocessing.get_context("spawn")
-    workers = [context.Process(target=_work, args=(replace(settings, workers=1, worker=True),), daemon=False) for _ in range(count)]
+    workers = [context.Process(target=_work, args=(replace(settings, workers=1, worker=True, worker_id=str(i + 1)),), daemon=False)
+               for i in range(count)]
     for worker in workers:
         worker.start()
     return workers

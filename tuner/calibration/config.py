@@ -14,6 +14,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from tuner.messages import shown
+
 Pooling = Literal["cls", "last", "mean"]
 PaddingSide = Literal["left", "right"]
 Variant = Literal["uniform", "cls_soft", "cls_hard"]
@@ -71,6 +73,14 @@ class CalibrationConfig(BaseModel):
         "per basket, a partial last basket included) or 'by_size' (in proportion to the content tokens of each "
         "basket the row sees, so a partial basket gets a partial share)",
     )
+
+    @field_validator("strength", "basket_size", "weight", "layers", mode="before")
+    @classmethod
+    def _no_booleans(cls, value: object) -> object:
+        """YAML reads `true` as a boolean and pydantic would take it as 1 (all layers, basket size 1): refused."""
+        if isinstance(value, bool) or (isinstance(value, list) and any(isinstance(v, bool) for v in value)):
+            raise ValueError(f"{value!r} is a boolean; write a number")
+        return value
 
     @field_validator("layers")
     @classmethod
@@ -203,5 +213,5 @@ def _describe(error: ValidationError) -> str:
         field = str(item["loc"][0]) if item["loc"] else "config"
         message = item["msg"].removeprefix("Value error, ")
         allowed = f"; allowed: {_ALLOWED[field]}" if field in _ALLOWED else ""
-        lines.append(f"{field}: {message} (got {item.get('input')!r}{allowed})")
+        lines.append(f"{field}: {message} (got {shown(item.get('input'))}{allowed})")
     return "invalid calibration config:\n  " + "\n  ".join(lines)

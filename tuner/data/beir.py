@@ -36,7 +36,10 @@ def load_beir(
     for line, record in read_jsonl(corpus_path):
         body = str(field(record, "text", corpus_path, line))
         title = str(record.get("title") or "").strip()
-        corpus[str(field(record, "_id", corpus_path, line))] = f"{title} {body}" if include_title and title else body
+        doc_id = str(field(record, "_id", corpus_path, line))
+        if doc_id in corpus:
+            raise ValueError(f"{corpus_path}:{line}: document id {doc_id[:80]!r} appears twice; document ids must be unique")
+        corpus[doc_id] = f"{title} {body}" if include_title and title else body
 
     qrels = {qid: judged for qid, judged in read_qrels_tsv(qrels_path).items() if any(r > 0 for r in judged.values())}
     all_queries = {

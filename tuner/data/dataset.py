@@ -173,3 +173,18 @@ class PositionalDataset:
             ensure_ascii=False,
         )
         return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]
+
+
+def require_position_groups(dataset: PositionalDataset, flag: str) -> None:
+    """PSI compares position groups: a set scored for it needs queries in at least two of them.
+
+    With one group (every query "all") PSI is 0 for any config, so the uncalibrated model would win by default.
+    """
+    filled = [label for label, count in dataset.group_sizes().items() if count > 0]
+    if len(filled) >= 2:
+        return
+    if not filled:
+        raise ValueError(f"{flag} {dataset.name}: no query has a position group, so PSI cannot be computed; give each "
+                         "query a 'group' (e.g. begin/middle/end) or a 'span', or use the set as --general")
+    raise ValueError(f"{flag} {dataset.name}: every query is in the one position group {filled[0]!r}, so PSI would be 0 "
+                     "for every config; label queries by where their answer sits (at least two groups, e.g. begin/middle/end)")

@@ -31,11 +31,16 @@ from __future__ import annotations
 
 import gzip
 import json
+import zlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from tuner.data.dataset import THIRDS, PositionalDataset, span_third
+from tuner.data.dataset import FIFTHS, SLOT_THIRDS, THIRDS, PositionalDataset, span_midpoint, third_of
+from tuner.messages import shown
+
+KNOWN_GROUPS: tuple[tuple[str, ...], ...] = (THIRDS, FIFTHS, SLOT_THIRDS)
+"""The position vocabularies posfair's loaders use: a file's labels come from one of them or none."""
 
 CORPUS_FILE = "corpus.jsonl"
 QUERIES_FILE = "queries.jsonl"
@@ -62,7 +67,10 @@ def read_text(path: Path) -> str:
     """A whole text file as strict UTF-8 (gunzipped if it ends in .gz), with a fix in the error if it is not."""
     raw = path.read_bytes()
     if path.suffix == ".gz":
-        raw = gzip.decompress(raw)
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError, zlib.error) as error:
+            raise ValueError(f"{path} is not a readable gzip file ({error}); compress it again with `gzip`") from None
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as error:
@@ -94,6 +102,35 @@ def field(record: dict[str, Any], key: str, path: Path, line: int) -> Any:
     return record[key]
 
 
+def identifier(record: dict[str, Any], path: Path, line: int) -> str:
+    """A record's id as text: a string or an integer (1 and "1" are then one id, which `unique` reports)."""
+    value = field(record, "id", path, line)
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise ValueError(f"{path}:{line}: 'id' must be a string or an integer, got {shown(value)}")
+    return str(value)
+
+
+def text_field(record: dict[str, Any], path: Path, line: int) -> str:
+    value = field(record, "text", path, line)
+    if not isinstance(value, str):
+        raise ValueError(f"{path}:{line}: 'text' must be a string, got {type(value).__name__} {shown(value)}")
+    return value
+
+
+def unique(kind: str, key: str, lines: dict[str, int], path: Path, line: int) -> None:
+    """A second record with an id already seen (as text: 1 and "1" are one id) names both lines."""
+    if key in lines:
+        raise ValueError(f"{path}:{line}: {kind} id {shown(key)} appears twice (first on line {lines[key]}; 1 and \"1\" "
+                         f"count as one id); {kind} ids must be unique")
+
+
+def grade(value: Any, where: str) -> int:
+    """A relevance grade: a whole number (1.0 is 1); a fraction, a word or a boolean is refused."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+        raise ValueError(f"{where}: relevance {shown(value)} is not a whole number; grades are integers (0 = not relevant, 1, 2, ...)")
+    return int(value)
+
+
 def read_qrels_tsv(path: Path) -> dict[str, dict[str, int]]:
     """TREC-style `query-id<TAB>doc-id<TAB>relevance` lines, header optional (BEIR writes one)."""
     qrels: dict[str, dict[str, int]] = {}
@@ -108,14 +145,14 @@ def read_qrels_tsv(path: Path) -> dict[str, dict[str, int]]:
             )
         qid, doc_id, rel = parts
         try:
-            relevance = int(float(rel))
+            number_read = float(rel)
         except ValueError:
             if first:  # a header line such as "query-id<TAB>corpus-id<TAB>score"
                 first = False
                 continue
-            raise ValueError(f"{path}:{number}: relevance {rel!r} is not a number") from None
+            raise ValueError(f"{path}:{number}: relevance {shown(rel)} is not a number") from None
         first = False
-        qrels.setdefault(qid, {})[doc_id] = relevance
+        qrels.setdefault(qid, {})[doc_id] = grade(number_read, f"{path}:{number}")
     return qrels
 
 
@@ -127,9 +164,32 @@ def infer_group_order(groups: dict[str, tuple[str, ...]]) -> tuple[str, ...]:
     return seen
 
 
+def check_labels(groups: dict[str, tuple[str, ...]], lines: dict[str, int], path: Path) -> None:
+    """Labels that use a known vocabulary (begin/middle/end, fifth-1..5, early/central/late) use only it, and no
+    two labels differ only in case or spaces: a typo such as "Begin" would otherwise be a group of its own."""
+    seen = dict.fromkeys(label for labels in groups.values() for label in labels)
+    where = {label: lines[qid] for qid, labels in reversed(list(groups.items())) for label in labels}
+    for vocabulary in KNOWN_GROUPS:
+        if set(seen) & set(vocabulary):
+            stray = [label for label in seen if label not in vocabulary]
+            if stray:
+                raise ValueError(
+                    f"{path}:{where[stray[0]]}: group {shown(stray[0])} is not one of {', '.join(vocabulary)}, the labels "
+                    "the other queries use; fix the label (or, with labels of your own, use none of these names)"
+                )
+            return
+    folded: dict[str, str] = {}
+    for label in seen:
+        key = " ".join(label.split()).casefold()
+        if key in folded:
+            raise ValueError(f"{path}:{where[label]}: group {shown(label)} differs from {shown(folded[key])} only in case "
+                             "or spaces; write one label the same way everywhere")
+        folded[key] = label
+
+
 def _relevance(value: Any, path: Path, line: int) -> dict[str, int]:
     if isinstance(value, dict):
-        return {str(doc): int(rel) for doc, rel in value.items()}
+        return {str(doc): grade(rel, f"{path}:{line}: document {shown(doc)}") for doc, rel in value.items()}
     if isinstance(value, list):
         return {str(doc): 1 for doc in value}
     if isinstance(value, (str, int)):
@@ -142,7 +202,7 @@ def _labels(value: Any, path: Path, line: int) -> tuple[str, ...]:
         return (value,)
     if isinstance(value, list) and all(isinstance(label, str) for label in value):
         return tuple(value)
-    raise ValueError(f"{path}:{line}: 'group' must be a label or a list of labels, got {value!r}")
+    raise ValueError(f"{path}:{line}: 'group' must be a label or a list of labels, got {shown(value)}")
 
 
 def load_jsonl(
@@ -162,19 +222,23 @@ def load_jsonl(
     corpus_path = require_file(folder, corpus_file, layout)
     queries_path = require_file(folder, queries_file, layout)
 
-    corpus = {
-        str(field(r, "id", corpus_path, n)): str(field(r, "text", corpus_path, n)) for n, r in read_jsonl(corpus_path)
-    }
+    corpus: dict[str, str] = {}
+    corpus_lines: dict[str, int] = {}
+    for n, record in read_jsonl(corpus_path):
+        doc_id = identifier(record, corpus_path, n)
+        unique("document", doc_id, corpus_lines, corpus_path, n)
+        corpus[doc_id], corpus_lines[doc_id] = text_field(record, corpus_path, n), n
+    query_lines: dict[str, int] = {}
+    positions: dict[str, float] = {}
     queries: dict[str, str] = {}
     qrels: dict[str, dict[str, int]] = {}
     groups: dict[str, tuple[str, ...]] = {}
     strata: dict[str, str] = {}
     spans: dict[str, tuple[int, int, int]] = {}
     for line, record in read_jsonl(queries_path):
-        qid = str(field(record, "id", queries_path, line))
-        if qid in queries:
-            raise ValueError(f"{queries_path}:{line}: query id {qid!r} appears twice; query ids must be unique")
-        queries[qid] = str(field(record, "text", queries_path, line))
+        qid = identifier(record, queries_path, line)
+        unique("query", qid, query_lines, queries_path, line)
+        queries[qid], query_lines[qid] = text_field(record, queries_path, line), line
         if record.get("relevant") is not None:
             qrels[qid] = _relevance(record["relevant"], queries_path, line)
         if record.get("group") is not None:
@@ -184,7 +248,10 @@ def load_jsonl(
         if record.get("span") is not None:
             span = record["span"]
             if not (isinstance(span, list) and len(span) == 2 and all(isinstance(x, int) for x in span)):
-                raise ValueError(f"{queries_path}:{line}: 'span' must be [start, end] character offsets, got {span!r}")
+                raise ValueError(f"{queries_path}:{line}: 'span' must be [start, end] character offsets, got {shown(span)}")
+            if span[1] < span[0]:
+                raise ValueError(f"{queries_path}:{line}: span {span} ends before it starts; write it as [start, end] "
+                                 "with start <= end")
             spans[qid] = (span[0], span[1], line)
 
     qrels_path = find_file(folder, qrels_file)
@@ -208,7 +275,10 @@ def load_jsonl(
                     f"{queries_path}:{line}: span [{start}, {end}] of query {qid!r} lies outside its document "
                     f"{relevant[0]!r} of {len(document)} characters; spans are character offsets into that text"
                 )
-            groups[qid] = (span_third(start, end, len(document)),)
+            positions[qid] = span_midpoint(start, end, len(document))
+            groups[qid] = (third_of(positions[qid]),)
+
+    check_labels(groups, query_lines, queries_path)
 
     return PositionalDataset(
         name=name or f"jsonl:{folder.resolve().name}",
@@ -218,4 +288,5 @@ def load_jsonl(
         groups=groups,
         group_order=tuple(group_order) if group_order is not None else infer_group_order(groups),
         strata=strata,
+        positions=positions,
     )
