@@ -38,18 +38,36 @@ class _RunByDefault(TyperGroup):
     """`tune --model x` means `tune run --model x`: run is the default subcommand."""
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
-        if not args or (args[0] not in self.commands and args[0] not in ("--help", "-h")):
+        if not args or (args[0] not in self.commands and args[0] not in ("--help", "-h", "--version")):
             args = ["run", *args]
         return super().parse_args(ctx, args)
 
 
 app = typer.Typer(
     cls=_RunByDefault,
-    help="Tune attention calibration per model for position-fair dense retrieval (posfair).",
+    help="Tune attention calibration per model for position-fair dense retrieval (posfair). "
+    "`tune` alone is `tune run`: it tunes all-MiniLM-L6-v2 on the embedded WikiPos.",
+    epilog="Examples: tune --trials 4 · tune --model bge-m3 · tune ui · tune encode --config best.yaml --input docs.jsonl --output emb.npy",
     no_args_is_help=False,
     pretty_exceptions_enable=False,
     add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        from tuner import __version__
+
+        typer.echo(f"posfair {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print posfair's version and exit.")] = False,
+) -> None:
+    """Tune attention calibration per model for position-fair dense retrieval (posfair)."""
 
 
 def _options_file(ctx: typer.Context, value: Path | None) -> Path | None:
@@ -102,7 +120,7 @@ def run(
     general: Annotated[str | None, typer.Option(help="General-retrieval check, e.g. wikipos-general: its nDCG@10 change is logged every trial; a constraint only with --max-general-drop.")] = None,
     max_general_drop: Annotated[float | None, typer.Option(help="Second constraint: general nDCG@10 may drop at most this much (0–1 scale).")] = None,
     pareto: Annotated[bool, typer.Option("--pareto", help="Two-objective search (PSI down, HM up); reports the front.")] = False,
-    seed: int = 0,
+    seed: Annotated[int, typer.Option(help="Seed of the sampler (and of the bootstrap): the same seed draws the same trials.")] = 0,
     study_name: Annotated[str | None, typer.Option(help="Default: model--dataset--seedN.")] = None,
     storage: Storage = None,
     tracking_uri: TrackingUri = None,
@@ -120,7 +138,9 @@ def run(
     heartbeat: Annotated[int, typer.Option(help="Seconds between worker heartbeats; a trial silent for 3 is failed and re-run.")] = 20,
     options: OptionsFile = None,
 ) -> None:
-    """Tune one model (the default command): Optuna search, MLflow tracking, exported YAML."""
+    """Tune one model (the default command): Optuna search, MLflow tracking, exported YAML, registered model.
+
+    Example: tune --model minilm --trials 8 --output best.yaml"""
     from tuner.search_space import SearchSpace
 
     _setup_logging()
@@ -152,15 +172,17 @@ def evaluate(
     sea: Annotated[bool, typer.Option(help="Add the Segment Embed Average baseline.")] = True,
     general: Annotated[str | None, typer.Option(help="General-retrieval set for the original/shuffled table.")] = "wikipos-general",
     shuffled: Annotated[bool, typer.Option(help="Shuffled-sentence robustness check.")] = True,
-    bootstrap: int = 1000,
-    seed: int = 0,
+    bootstrap: Annotated[int, typer.Option(help="Bootstrap resamples for the Δ intervals.")] = 1000,
+    seed: Annotated[int, typer.Option(help="Seed of the bootstrap.")] = 0,
     batch_size: BatchSize = None,
     markdown: Annotated[Path | None, typer.Option(help="Also write the tables as Markdown here.")] = None,
     json_output: Annotated[Path | None, typer.Option("--json", help="Also write every figure (0–1 scale, per group and stratum, with counts) as JSON here.")] = None,
     trust_remote_code: TrustRemoteCode = False,
     options: OptionsFile = None,
 ) -> None:
-    """Print the paper's Table 1 (and Table 3) for a model: baseline, configs, SEA, with bootstrap intervals."""
+    """Print the paper's Table 1 (and Table 3) for a model: baseline, configs, SEA, with bootstrap intervals.
+
+    Example: tune evaluate --model minilm --dataset wikipos-test --config best.yaml"""
     _setup_logging()
     with _friendly_errors():
         from tuner.data import load_benchmark
@@ -202,7 +224,9 @@ def export(
 ) -> None:
     """Re-export a study's current winner (e.g. after more trials), with fresh held-out figures.
 
-    The model is loaded at the revision the study tuned, with remote code if the study allowed it."""
+    The model is loaded at the revision the study tuned, with remote code if the study allowed it.
+
+    Example: tune export --study-name minilm--wikipos-dev--seed0 --output best.yaml"""
     _setup_logging()
     with _friendly_errors():
         from tuner.tune import reexport
@@ -220,7 +244,9 @@ def encode(
     batch_size: BatchSize = None,
     trust_remote_code: TrustRemoteCode = False,
 ) -> None:
-    """Encode documents (calibrated) or queries (plain) with an exported config."""
+    """Encode documents (calibrated) or queries (plain) with an exported config.
+
+    Example: tune encode --config best.yaml --input docs.jsonl --output emb.npy"""
     _setup_logging()
     with _friendly_errors():
         from tuner.encoder import CalibratedEncoder
@@ -238,19 +264,31 @@ def encode(
 
 @app.command()
 def ui(
-    tracking_uri: TrackingUri = None,
-    host: str = "127.0.0.1",
-    port: int = 5000,
+    tracking_uri: Annotated[str | None, typer.Option(help="MLflow store to browse; default: ./mlruns/mlflow.db (the store `tune` writes here).")] = None,
+    host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 5000,
 ) -> None:
-    """Open the MLflow UI on the project's store (compare trials, profiles, the Pareto front)."""
-    from tuner.tracking import default_artifact_root, default_tracking_uri
+    """Open the MLflow UI on the project's store (compare trials, profiles, the registered winner).
 
-    uri = tracking_uri or default_tracking_uri()
-    command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", host, "--port", str(port)]
-    if tracking_uri is None:
-        command += ["--default-artifact-root", default_artifact_root()]
-    console.print(f"MLflow UI on http://{host}:{port} (store: {uri})")
-    raise typer.Exit(subprocess.call(command))
+    Refuses to start on a store that does not exist (it would serve an empty one).
+    Example: cd my-project && tune ui --port 5001"""
+    from tuner.tracking import describe_store, local_store, ui_command
+
+    uri = tracking_uri or _default_tracking_uri()
+    store = local_store(uri)
+    if store is not None and not store.exists():
+        console.print(f"[red]error:[/red] no MLflow store at {store.resolve()}: run `tune` here first, change to the folder "
+                      "that holds mlruns/, or pass --tracking-uri sqlite:///PATH/mlruns/mlflow.db")
+        raise typer.Exit(2)
+    command, folder = ui_command(uri, host, port)
+    console.print(f"MLflow UI on http://{host}:{port}  store: {describe_store(uri)}", markup=False)
+    raise typer.Exit(subprocess.call(command, cwd=folder))
+
+
+def _default_tracking_uri() -> str:
+    from tuner.tracking import default_tracking_uri
+
+    return default_tracking_uri()
 
 
 def parse_inline(text: str) -> dict[str, object]:
@@ -351,12 +389,11 @@ def _setup_logging() -> None:
 
 
 def _print_settings(settings: TuneSettings) -> None:
-    from tuner.tune import dataset_reason
+    """Every setting with the value in force: defaults are resolved (storage, tracking URI, study name, output)."""
+    from tuner.tune import dataset_reason, settings_in_force
 
     table = Table(title="tune: settings", show_header=False, box=None)
-    for name, value in vars(settings).items():
-        if name == "dataset_defaulted":
-            continue
+    for name, value in settings_in_force(settings).items():
         shown = f"{value}  ({dataset_reason(settings)})" if name == "dataset" else str(value)
         table.add_row(name.replace("_", "-"), shown)
     console.print(table)
@@ -391,7 +428,10 @@ def _print_outcome(outcome: TuneOutcome) -> None:
     if outcome.pareto:
         console.print(f"feasible Pareto front (PSI↓, HM↑): trials {outcome.pareto}")
     console.print(f"exported config: [bold]{outcome.export_path}[/bold]")
-    console.print(f"MLflow: {outcome.tracking_uri}  (browse with `tune ui`)")
+    console.print(f"MLflow: {outcome.tracking_uri}  (browse with `tune ui`)", markup=False)
+    if outcome.registered:
+        console.print(f"registered model: {outcome.registered}  (mlflow.pyfunc.load_model or `mlflow models serve -m ... "
+                      "--env-manager local`)", markup=False)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Texts → L2-normalised vectors, documents calibrated, queries never.
 
 The interface follows sentence-transformers: `encode_document` / `encode` for what gets indexed,
-`encode_query` for what searches it, both returning float32 numpy arrays.
+`encode_query` for what searches it, with its keywords (batch_size, show_progress_bar, prompt,
+normalize_embeddings, convert_to_numpy / convert_to_tensor) and one string or a list of them.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ log = logging.getLogger(__name__)
 # On CPU a forward pass gains no throughput from more than this many passages per batch (MiniLM on
 # WikiPos here: 8, 16, 32 and 64 encode equally fast within noise), so bigger batches only cost RAM.
 CPU_BATCH_CAP = 16
+Embeddings = np.ndarray | torch.Tensor | list[torch.Tensor]
 GPU_BATCH_CAP = 256
 
 
@@ -160,29 +162,72 @@ class CalibratedEncoder:
         exported.check_model(model)
         return cls(model, exported.calibration)
 
-    def encode_query(self, texts: Sequence[str], **options: object) -> np.ndarray:
-        """Queries: the model's query prompt, never calibrated."""
-        prompt = self.model.spec.query_prompt
-        return self._encode([prompt + t for t in texts], calibrate=False, **options)  # type: ignore[arg-type]
+    def encode_query(
+        self,
+        sentences: str | Sequence[str],
+        prompt: str | None = None,
+        batch_size: int | None = None,
+        show_progress_bar: bool | None = None,
+        convert_to_numpy: bool = True,
+        convert_to_tensor: bool = False,
+        normalize_embeddings: bool = True,
+        batch_tokens: int | None = None,
+    ) -> Embeddings:
+        """Queries: never calibrated; `prompt` defaults to the model's query prompt (e.g. Qwen3-Embedding's
+        instruction). The other keywords are `encode`'s."""
+        prompt = self.model.spec.query_prompt if prompt is None else prompt
+        return self._encode(sentences, calibrate=False, prompt=prompt, batch_size=batch_size, show_progress_bar=show_progress_bar,
+                            convert_to_numpy=convert_to_numpy, convert_to_tensor=convert_to_tensor,
+                            normalize_embeddings=normalize_embeddings, batch_tokens=batch_tokens)
 
-    def encode_document(self, texts: Sequence[str], **options: object) -> np.ndarray:
-        """Documents: calibrated with this encoder's config (plain if it has none)."""
-        return self._encode(list(texts), calibrate=True, **options)  # type: ignore[arg-type]
+    def encode_document(
+        self,
+        sentences: str | Sequence[str],
+        prompt: str | None = None,
+        batch_size: int | None = None,
+        show_progress_bar: bool | None = None,
+        convert_to_numpy: bool = True,
+        convert_to_tensor: bool = False,
+        normalize_embeddings: bool = True,
+        batch_tokens: int | None = None,
+        observer: AttentionObserver | None = None,
+    ) -> Embeddings:
+        """Documents, calibrated with this encoder's config (plain if it has none); sentence-transformers' keywords:
+
+        - `sentences`: one text (→ one vector) or a list of texts (→ one row each, in order);
+        - `prompt`: prepended to every text (none by default for documents);
+        - `batch_size`: texts per forward pass (default: chosen from the device's free memory);
+        - `show_progress_bar`: default on a terminal when there is more than one batch;
+        - `convert_to_numpy` (default) → float32 array; `convert_to_tensor` → a torch tensor; neither → a list
+          of 1-D tensors;
+        - `normalize_embeddings`: L2-normalised (the default here: the vectors are compared by dot product);
+          False returns the pooled vectors as they are;
+        - `batch_tokens`: at most this many padded tokens per forward pass (long passages).
+        """
+        return self._encode(sentences, calibrate=True, prompt=prompt or "", batch_size=batch_size, show_progress_bar=show_progress_bar,
+                            convert_to_numpy=convert_to_numpy, convert_to_tensor=convert_to_tensor,
+                            normalize_embeddings=normalize_embeddings, batch_tokens=batch_tokens, observer=observer)
 
     encode = encode_document
 
     def _encode(
         self,
-        texts: list[str],
+        sentences: str | Sequence[str],
         *,
         calibrate: bool,
+        prompt: str = "",
         batch_size: int | None = None,
         batch_tokens: int | None = None,
         show_progress_bar: bool | None = None,
+        convert_to_numpy: bool = True,
+        convert_to_tensor: bool = False,
+        normalize_embeddings: bool = True,
         observer: AttentionObserver | None = None,
-    ) -> np.ndarray:
-        if isinstance(texts, str):
-            raise TypeError("encode takes a list of texts, not one string: wrap it as [text]")
+    ) -> Embeddings:
+        single = isinstance(sentences, str)
+        texts = [prompt + t for t in ([sentences] if single else sentences)]  # type: ignore[list-item]
+        if not all(isinstance(t, str) for t in texts):
+            raise TypeError("encode takes a string or a list of strings")
         batches = Batches.build(self.model, texts, *choose_batching(self.model, batch_size, batch_tokens))
         self.truncated = batches.truncated
         vectors = np.empty((len(texts), self._dimension()), dtype=np.float32)
@@ -193,15 +238,22 @@ class CalibratedEncoder:
                 batch = {k: v.to(self.model.device) for k, v in inputs.items()}
                 with calibrating(spec, observer) if spec is not None else nullcontext():
                     hidden = self.model.model(**batch).last_hidden_state
-                vectors[rows] = _pool(hidden, batch["attention_mask"], self.model.spec.pooling).cpu().numpy()
-        return vectors
+                pooled = _pool(hidden, batch["attention_mask"], self.model.spec.pooling, normalize=normalize_embeddings)
+                vectors[rows] = pooled.cpu().numpy()
+        result = vectors[0] if single else vectors
+        if convert_to_tensor:
+            return torch.from_numpy(result)
+        if not convert_to_numpy:
+            return list(torch.from_numpy(vectors)) if not single else torch.from_numpy(result)
+        return result
 
     def _dimension(self) -> int:
         return int(self.model.model.config.hidden_size)
 
 
-def _pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: str) -> torch.Tensor:
-    """cls: first real token; last: final real token (left or right padding); mean: over real tokens."""
+def _pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: str, normalize: bool = True) -> torch.Tensor:
+    """cls: first real token; last: final real token (left or right padding); mean: over real tokens;
+    L2-normalised unless `normalize` is False."""
     mask = mask.bool()
     positions = torch.arange(mask.shape[1], device=mask.device)
     if pooling == "mean":
@@ -210,4 +262,4 @@ def _pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: str) -> torch.Tenso
     else:
         pick = torch.where(mask, positions, -1).amax(-1) if pooling == "last" else torch.where(mask, positions, mask.shape[1]).amin(-1)
         pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), pick]
-    return torch.nn.functional.normalize(pooled.float(), dim=-1)
+    return torch.nn.functional.normalize(pooled.float(), dim=-1) if normalize else pooled.float()

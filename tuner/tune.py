@@ -22,7 +22,6 @@ from pathlib import Path
 
 import optuna
 from optuna.trial import TrialState
-from tqdm.auto import tqdm
 
 from objectives import RULES, Constraints, HmFloor, PairedBootstrap, PositionReport, Selection, paired_bootstrap
 from tuner.calibration import CalibrationConfig
@@ -36,13 +35,17 @@ from tuner.models import (
     REGISTRY, LoadedModel, ModelUnavailableError, check_consent, hub_revision, load_model, locate, resolve_spec,
 )
 from tuner.objective import GeneralCheck, TrialObjective
-from tuner.plots import optuna_figures, pareto_scatter
+from tuner.plots import optuna_figures, param_importances, pareto_scatter
 from tuner.prefix import prefix_layers_for
+from tuner.progress import Phase, StudyProgress
+from tuner.registry import Registered, publish, reserve_version
 from tuner.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, SearchSpace, is_reference_trial, trial_basket_shares
 from tuner.study import (
     HEARTBEAT_SECONDS,
+    check_storage_url,
     complete_trials,
     default_storage,
+    describe_study,
     enqueue_once,
     make_storage,
     open_study,
@@ -50,7 +53,7 @@ from tuner.study import (
     run_trials,
     winner,
 )
-from tuner.tracking import Tracker
+from tuner.tracking import Tracker, describe_config, display_metrics, summary_metrics
 
 log = logging.getLogger(__name__)
 
@@ -125,12 +128,32 @@ class TuneSettings:
         return Constraints(floor.resolve(baseline_hm), floor.conservative, self.max_ndcg_drop, self.max_general_drop)
 
     def study_name_for(self, model: LoadedModel) -> str:
+        return self.study_name_from_alias(model.spec.alias)
+
+    def study_name_from_alias(self, alias: str) -> str:
         """Default: model--dataset--seedN, in characters safe for file names and MLflow filters."""
         if self.study_name:
             return self.study_name
         suffix = "-pareto" if self.pareto else ""
-        plain = f"{Path(model.spec.alias).name}--{self.dataset}--seed{self.seed}{suffix}"
+        plain = f"{Path(alias).name}--{self.dataset}--seed{self.seed}{suffix}"
         return re.sub(r"[^A-Za-z0-9._-]+", "_", plain)
+
+
+def settings_in_force(settings: TuneSettings) -> dict[str, object]:
+    """The settings as the run will use them: defaults resolved to their values (nothing is created here)."""
+    from tuner.tracking import describe_store, default_tracking_uri
+
+    values = {k: v for k, v in vars(settings).items() if k != "dataset_defaulted"}
+    try:
+        name = settings.study_name_from_alias(resolve_spec(settings.model, settings.pooling).alias)  # type: ignore[arg-type]
+    except Exception:  # noqa: BLE001 - an unknown model is reported by the run itself, with its fix
+        name = None
+    values["study_name"] = name or "model--dataset--seedN"
+    values["storage"] = settings.storage or default_storage()
+    values["tracking_uri"] = describe_store(settings.tracking_uri or default_tracking_uri())
+    values["output"] = settings.output or Path("mlruns") / "exports" / f"{values['study_name']}.yaml"
+    values["batch_size"] = settings.batch_size or "chosen from the device's free memory"
+    return values
 
 
 def default_dataset(model: str) -> str:
@@ -209,6 +232,7 @@ class TuneOutcome:
     floor: float
     tracking_uri: str
     selection: Selection
+    registered: str | None = None  # models:/NAME@champion, when the winner was registered
 
 
 WIKIPOS_HELDOUT = ("wikipos-test", *(f"wikipos-{split}" for split in TRANSFER_SPLITS))
@@ -262,9 +286,9 @@ def _fitting_space(space: SearchSpace, evaluator: Evaluator) -> SearchSpace:
 def tune(settings: TuneSettings) -> TuneOutcome | None:
     """Run (or resume) a study and export its winner; a `worker` only runs trials and returns None."""
     check_available(settings)  # a missing model or dataset fails here, before anything is loaded or written
-    tracker = Tracker(settings.tracking_uri, EXPERIMENT)  # an unreachable server fails here, before any work
+    tracker = Tracker(settings.tracking_uri, EXPERIMENT)  # an unreachable server fails here; a store is made later
     storage = settings.storage or default_storage()
-    make_storage(storage, settings.heartbeat)  # a malformed URL fails here too
+    check_storage_url(storage)  # a malformed URL fails here too; the database is created with the study
     model = load_model(settings.model, revision=settings.revision, trust_remote_code=settings.trust_remote_code,
                        pooling=settings.pooling)  # type: ignore[arg-type]
     tuning, heldout = split_datasets(settings)
@@ -299,10 +323,11 @@ def tune(settings: TuneSettings) -> TuneOutcome | None:
     else:
         for key, value in _reload_attrs(settings, tracker).items():  # what `tune export` needs to load it all again
             study.set_user_attr(key, value)
-        log.info("baseline: encoding %d documents and %d queries of %s", len(tuning.corpus), len(tuning.queries), tuning.name)
-        baseline = evaluator.run(None)
+        with Phase(f"baseline: encoding {len(tuning.corpus)} documents and {len(tuning.queries)} queries of {tuning.name}"):
+            baseline = evaluator.run(None)
         floor = HmFloor.parse(settings.hm_floor).resolve(baseline.report.hm)
         study.set_user_attr(FLOOR_ATTR, floor)
+        describe_study(study, settings.pareto, floor, settings.hm_floor)
         for reference in (BASELINE_PARAMS, PAPER_DEFAULT_PARAMS):
             if space.admits(reference):
                 enqueue_once(study, *space.reference_trial(reference))
@@ -310,6 +335,8 @@ def tune(settings: TuneSettings) -> TuneOutcome | None:
         name,
         params={**identity, "floor_value": floor, "trials": settings.trials, "storage": storage},
         tags={"posfair.model": model.spec.alias, "posfair.dataset": tuning.name},
+        description=f"Study {name}: {settings.trials} trials tuning {model.spec.alias} on {tuning.name}; "
+                    f"lowest PSI subject to HM >= {100 * floor:.2f} (--hm-floor {settings.hm_floor}).",
     )
     staging = Path(tempfile.mkdtemp(prefix="posfair-"))
     try:
@@ -317,8 +344,8 @@ def tune(settings: TuneSettings) -> TuneOutcome | None:
             evaluator, space, replace(settings.constraints(0.0), hm_floor=floor), tracker, name, staging,
             pareto=settings.pareto, general=_general_check(model, settings, general), profile_docs=settings.profile_docs,
         )
-        with tqdm(total=settings.trials, initial=len(complete_trials(study)), desc="trials", unit="trial",
-                  disable=not sys.stderr.isatty()) as progress:
+        evaluator.show_progress = False  # the trial bar (on a terminal) and the per-trial lines take over
+        with StudyProgress(settings.trials, len(complete_trials(study)), bar=not settings.worker) as progress:
             run_trials(study, objective, settings.trials, [partial(_log_trial, progress=progress)])
         for worker in workers:
             worker.join()
@@ -345,27 +372,31 @@ def _conclude(
     best = picked[0] if picked else None
     figures = [pareto_scatter(study, floor, reference, best, staging / "pareto.png"), *optuna_figures(study, staging)]
     if picked is None:
-        tracker.finish_study({"baseline_hm": baseline.report.hm, "hm_floor": floor}, figures, {"posfair.outcome": "no feasible trial"}, "FAILED")
+        tracker.finish_study({**summary_metrics("tuning/uncalibrated", baseline.report.as_dict(), None),
+                              **display_metrics({"hm_floor": floor})}, figures, {"posfair.outcome": "no feasible trial"}, "FAILED")
         raise NoFeasibleTrialError(_nothing_feasible(study, settings, floor))
     best, selection = picked
     log.info("winner: %s", selection.describe())
+    tracker.close_stale_trials(study.study_name, [t.number for t in study.trials if t.state == TrialState.FAIL])
     if best.params.get("strength") == 0:
         log.warning("no calibration is fairer than the uncalibrated model by more than the tuning split's noise: "
                     "the export keeps the model uncalibrated (strength 0); `--selection lowest` takes the lowest PSI")
     rows = _summary_rows(study, best, evaluator, heldout, settings)
-    export_path = _export(settings, model, study, best, rows, storage, evaluator.dataset, selection)
+    export_path, registered = _export_and_register(settings, model, study, best, rows, storage, evaluator.dataset, selection,
+                                                   tracker, floor)
     summary = staging / "summary.json"
     summary.write_text(json.dumps([_row_dict(r) for r in rows], indent=1), encoding="utf-8")
+    _mark_winner(tracker, study, best, model, selection, registered)
     tracker.finish_study(
-        {**{f"winner_{k}": v for k, v in rows[-1].tuning.as_dict().items() if v is not None},
-         **{f"baseline_{k}": v for k, v in baseline.report.as_dict().items() if v is not None},
-         "hm_floor": floor, "winner_trial": best.number},
+        {**_row_metrics(rows), **display_metrics({"hm_floor": floor}), "winner_trial": best.number,
+         **{f"psi_importance/{k}": v for k, v in _importances(study).items()}},
         [*figures, summary, export_path],
         {"posfair.outcome": "exported", "posfair.export": str(export_path),
          "posfair.selection_rule": selection.rule, "posfair.selection": selection.describe()},
     )
     return TuneOutcome(study.study_name, best.number, _config_of(best, model), export_path, rows,
-                       [t.number for t in pareto_front(study)], floor, tracker.uri, selection)
+                       [t.number for t in pareto_front(study)], floor, tracker.uri, selection,
+                       f"{registered.uri} (version {registered.version})" if registered else None)
 
 
 def _nothing_feasible(study: optuna.Study, settings: TuneSettings, floor: float) -> str:
@@ -464,21 +495,22 @@ def reexport(
         raise ValueError(f"dataset {settings.dataset!r} changed since study {study_name!r} ran (fingerprint differs)")
     rows = _summary_rows(study, best, Evaluator(model, tuning, settings.batch_size, batch_tokens=settings.batch_tokens),
                          heldout, settings)
-    path = _export(settings, model, study, best, rows, storage, tuning, chosen)
     tracker.start_study(study_name, params=dict(attrs),
                         tags={"posfair.model": model.spec.alias, "posfair.dataset": tuning.name})
+    floor = float(attrs.get(FLOOR_ATTR, float("nan")))
+    path, registered = _export_and_register(settings, model, study, best, rows, storage, tuning, chosen, tracker, floor)
+    _mark_winner(tracker, study, best, model, chosen, registered)
     tracker.finish_study(
-        {**{f"winner_{k}": v for k, v in rows[-1].tuning.as_dict().items() if v is not None}, "winner_trial": best.number},
+        {**_row_metrics(rows), "winner_trial": best.number},
         [path], {"posfair.outcome": "re-exported", "posfair.export": str(path),
                  "posfair.selection_rule": chosen.rule, "posfair.selection": chosen.describe()},
     )
     return path
 
 
-def _log_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial, progress: tqdm) -> None:
-    """One readable line per finished trial."""
+def _log_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial, progress: StudyProgress) -> None:
+    """One readable line per finished trial, with the study's progress (k/N, best so far, elapsed, ETA)."""
     if trial.state == TrialState.COMPLETE:
-        progress.update(1)
         broken = [name for name, value in trial.constraints.items() if not value <= 0]
         attrs = trial.user_attrs
         truncated = int(attrs.get("metrics", {}).get("truncated_documents", 0))
@@ -491,8 +523,10 @@ def _log_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial, progress: t
             trial.duration.total_seconds() if trial.duration else 0.0,
             f"  {truncated} passages truncated" if truncated else "",
         )
+        log.info("trial %d/%d complete · %s", min(len(complete_trials(study)), progress.total), progress.total, progress.status(study))
     elif not trial.user_attrs.get("surplus"):
         log.warning("trial %d %s: %s", trial.number, trial.state.name, trial.user_attrs.get("failure_reason", "interrupted"))
+        log.info("trials %d/%d complete · %s", min(len(complete_trials(study)), progress.total), progress.total, progress.status(study))
 
 
 def _general_check(model: LoadedModel, settings: TuneSettings, general: PositionalDataset | None) -> GeneralCheck | None:
@@ -531,15 +565,15 @@ def _summary_rows(
     configs = [(label, trial, _config_of(trial, model) if trial is not None else None) for label, trial in entries]
     starts = [min(c.resolve_layers(model.num_layers)) for _, _, c in configs if c is not None]
     held: dict[str, dict[str, HeldOut]] = {label: {} for label, _, _ in configs}
-    for dataset in heldout:
-        log.info("held-out: scoring %d configs on %s (%d documents, %d queries)",
-                 len(configs), dataset.name, len(dataset.corpus), len(dataset.queries))
-        scorer = _held_out_scorer(evaluator, dataset, starts, settings)
-        baseline = scorer(None)
-        for label, _, config in configs:
-            result = scorer(config) if config is not None else baseline
-            delta = paired_bootstrap(baseline.per_query, result.per_query, settings.bootstrap, settings.seed) if config else None
-            held[label][dataset.name] = HeldOut(result.report, delta)
+    for number, dataset in enumerate(heldout, 1):
+        with Phase(f"held-out {number}/{len(heldout)}: scoring {len(configs)} configs on {dataset.name} "
+                   f"({len(dataset.corpus)} documents, {len(dataset.queries)} queries)"):
+            scorer = _held_out_scorer(evaluator, dataset, starts, settings)
+            baseline = scorer(None)
+            for label, _, config in configs:
+                result = scorer(config) if config is not None else baseline
+                delta = paired_bootstrap(baseline.per_query, result.per_query, settings.bootstrap, settings.seed) if config else None
+                held[label][dataset.name] = HeldOut(result.report, delta)
     return [
         Row(label, trial.number if trial else None, config, evaluator.run(config).report, held[label])
         for label, trial, config in configs
@@ -566,7 +600,7 @@ def _held_out_scorer(
 
 
 def _export(settings: TuneSettings, model: LoadedModel, study: optuna.Study, best: optuna.trial.FrozenTrial,
-            rows: list[Row], storage: str, tuning: PositionalDataset, selection: Selection) -> Path:
+            rows: list[Row], storage: str, tuning: PositionalDataset, selection: Selection, **provenance: object) -> Path:
     winner_row, baseline_row = rows[-1], rows[0]
     metrics: dict[str, dict[str, float | None]] = {
         "tuning": winner_row.tuning.as_dict(), "tuning_baseline": baseline_row.tuning.as_dict(),
@@ -579,6 +613,10 @@ def _export(settings: TuneSettings, model: LoadedModel, study: optuna.Study, bes
         study=study.study_name, trial=best.number, storage=storage, dataset=tuning.name,
         dataset_fingerprint=tuning.fingerprint(), seed=settings.seed,
         selection_rule=selection.rule, selection=selection.describe(),
+        heldout=list(winner_row.heldout), hm_floor_rule=settings.hm_floor,
+        intervals={name: {k: list(v) for k, v in held.delta.intervals().items()}
+                   for name, held in winner_row.heldout.items() if held.delta is not None},
+        **provenance,
     )
     path = settings.output or Path("mlruns") / "exports" / f"{study.study_name}.yaml"
     if settings.output is None:
@@ -596,3 +634,66 @@ def _row_dict(row: Row) -> dict[str, object]:
                     for name, h in row.heldout.items()},
     }
 
+
+
+def _export_and_register(
+    settings: TuneSettings, model: LoadedModel, study: optuna.Study, best: optuna.trial.FrozenTrial, rows: list[Row],
+    storage: str, tuning: PositionalDataset, selection: Selection, tracker: Tracker, floor: float,
+) -> tuple[Path, Registered | None]:
+    """Write the YAML and register it as an MLflow model (`tuner.registry`), each naming the other: the
+    registry version is reserved first, so the YAML it carries records it. A registry failure leaves a
+    warning and the YAML (without a version), never a lost study."""
+    with Phase("export: writing the winner's YAML and registering it in MLflow"):
+        registered = None
+        try:
+            registered = reserve_version(
+                tracker, model.spec.alias, tracker.parent_id or "", f"Study {study.study_name}, trial {best.number}: {selection.describe()}",
+                {"posfair.study": study.study_name, "posfair.trial": str(best.number), "posfair.dataset": tuning.name},
+            )
+        except Exception as error:  # noqa: BLE001 - the registry is an extra; the export must not be lost to it
+            log.warning("the winner is not registered in MLflow (%s: %s)", error.__class__.__name__, str(error).splitlines()[0] if str(error) else "")
+        objective = ("minimise PSI, maximise HM (Pareto)" if settings.pareto else "minimise PSI") + (
+            f" subject to HM >= floor and aggregate nDCG@10 drop <= {settings.max_ndcg_drop}" if settings.max_ndcg_drop is not None
+            else " subject to HM >= floor")
+        path = _export(settings, model, study, best, rows, storage, tuning, selection, objective=objective,
+                       hm_floor=floor if floor == floor else None, mlflow_run_id=tracker.parent_id, tracking_uri=tracker.uri,
+                       registered_model=registered.name if registered else None,
+                       registered_version=registered.version if registered else None)
+        if registered is not None:
+            try:
+                publish(tracker, registered, path, int(model.model.config.hidden_size))
+            except Exception as error:  # noqa: BLE001 - as above
+                log.warning("the winner's MLflow model was not written (%s: %s)", error.__class__.__name__, str(error).splitlines()[0] if str(error) else "")
+    return path, registered
+
+
+def _mark_winner(tracker: Tracker, study: optuna.Study, best: optuna.trial.FrozenTrial, model: LoadedModel,
+                 selection: Selection, registered: Registered | None) -> None:
+    """Name the winner's run (and keep its reference marker): what wins is visible in the run list."""
+    markers = [m for m in (best.user_attrs.get("role"),) if m] + ["winner"]
+    params = {**best.params, "layers": best.user_attrs.get("layers"), "basket_shares": trial_basket_shares(best)}
+    where = f" Registered as {registered.uri} (version {registered.version})." if registered else ""
+    tracker.mark_trial(
+        study.study_name, best.number, markers, {"posfair.winner": "yes"},
+        f"Winner (trial {best.number}): {describe_config(params, model.num_layers)}: PSI {best.user_attrs['psi']:.3f}, "
+        f"HM {100 * best.user_attrs['hm']:.2f}. {selection.describe()}{where}",
+    )
+
+
+def _row_metrics(rows: list[Row]) -> dict[str, float]:
+    """The summary table as parent-run metrics: tuning figures per config, held-out figures with their intervals."""
+    metrics: dict[str, float] = {}
+    for index, row in enumerate(rows):
+        label = "uncalibrated" if index == 0 else "winner" if index == len(rows) - 1 else "paper_default"
+        metrics |= summary_metrics(f"tuning/{label}", row.tuning.as_dict(), None)
+        for name, held in row.heldout.items():
+            metrics |= summary_metrics(f"heldout/{name}/{label}", held.report.as_dict(), held.delta.intervals() if held.delta else None)
+    return metrics
+
+
+def _importances(study: optuna.Study) -> dict[str, float]:
+    """Parameter importance for PSI over the parameters every trial drew; kept on the study for the dashboard."""
+    importances = param_importances(study)
+    if importances:
+        study.set_user_attr("psi_importance (parameters every trial drew)", {k: round(v, 4) for k, v in importances.items()})
+    return importances
