@@ -225,9 +225,10 @@ class CalibratedEncoder:
         observer: AttentionObserver | None = None,
     ) -> Embeddings:
         single = isinstance(sentences, str)
-        texts = [prompt + t for t in ([sentences] if single else sentences)]  # type: ignore[list-item]
-        if not all(isinstance(t, str) for t in texts):
+        given = [sentences] if single else list(sentences)
+        if not all(isinstance(t, str) for t in given):
             raise TypeError("encode takes a string or a list of strings")
+        texts = [prompt + t for t in given]  # type: ignore[operator]
         batches = Batches.build(self.model, texts, *choose_batching(self.model, batch_size, batch_tokens))
         self.truncated = batches.truncated
         vectors = np.empty((len(texts), self._dimension()), dtype=np.float32)
