@@ -51,7 +51,7 @@ end groups; 0 = position-fair) subject to **hm_x100** (harmonic mean of the grou
 and aggregate nDCG@10 not falling below the uncalibrated model's. `feasible` = 1 when a trial meets every
 constraint. nDCG@10, HM and recall are x100 (points, as the console prints them); PSI and drift are 0-1.
 Run names mark the baseline (trial 0, no calibration), the paper default (trial 1), infeasible trials and
-the winner, which is registered as the model posfair-<model> with the alias `champion`."""
+the winner, which is registered as the model posfair-MODEL with the alias `champion`."""
 
 
 class TrackingUnavailableError(RuntimeError):

@@ -574,6 +574,8 @@ def _summary_rows(
                 result = scorer(config) if config is not None else baseline
                 delta = paired_bootstrap(baseline.per_query, result.per_query, settings.bootstrap, settings.seed) if config else None
                 held[label][dataset.name] = HeldOut(result.report, delta)
+                log.info("held-out %s: %s scored (%s)", dataset.name, label,
+                         delta.summary() if delta else f"nDCG@10 {100 * result.report.ndcg10:.2f}")
     return [
         Row(label, trial.number if trial else None, config, evaluator.run(config).report, held[label])
         for label, trial, config in configs
@@ -676,7 +678,7 @@ def _mark_winner(tracker: Tracker, study: optuna.Study, best: optuna.trial.Froze
     tracker.mark_trial(
         study.study_name, best.number, markers, {"posfair.winner": "yes"},
         f"Winner (trial {best.number}): {describe_config(params, model.num_layers)}: PSI {best.user_attrs['psi']:.3f}, "
-        f"HM {100 * best.user_attrs['hm']:.2f}. {selection.describe()}{where}",
+        f"HM {100 * best.user_attrs['hm']:.2f}. Chosen by the {selection.rule} rule: {selection.describe()}.{where}",
     )
 
 
