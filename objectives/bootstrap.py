@@ -52,6 +52,11 @@ class PairedBootstrap:
     tilt: Interval | None = None
     position_psi: Interval | None = None
 
+    def intervals(self) -> dict[str, tuple[float, float, float]]:
+        """metric → (estimate, low, high) on the 0–1 scale, for ndcg10 and, where defined, hm and psi."""
+        named = {"ndcg10": self.ndcg10, "hm": self.hm, "psi": self.psi}
+        return {name: (i.estimate, i.low, i.high) for name, i in named.items() if i is not None}
+
     def summary(self) -> str:
         """One log line: ΔHM and ΔnDCG@10 in points, ΔPSI raw."""
         parts = [f"ΔnDCG@10 {self.ndcg10.format()}"]

@@ -204,3 +204,28 @@ def test_only_a_cache_miss_means_not_available_locally(monkeypatch: pytest.Monke
     monkeypatch.setattr(huggingface_hub, "snapshot_download", broken)
     with pytest.raises(PermissionError, match="cache folder unreadable"):
         locate(spec)
+
+
+def test_encode_takes_sentence_transformers_keywords(tiny_model_dir) -> None:
+    """One string → one vector; batch_size, show_progress_bar, prompt, normalize_embeddings, convert_to_tensor /
+    convert_to_numpy behave as in sentence-transformers (checked against the list call, not the code's own path)."""
+    import torch
+
+    loaded = load_model(str(tiny_model_dir("bert")), pooling="cls")
+    encoder = CalibratedEncoder(loaded, loaded.default_config(strength=0.8, basket_size=8, layers="last:2"))
+    rows = encoder.encode(TEXTS, batch_size=3, show_progress_bar=False)
+    single = encoder.encode(TEXTS[4])
+    assert single.shape == (rows.shape[1],) and np.abs(single - rows[4]).max() < 1e-6
+    tensor = encoder.encode(TEXTS, convert_to_tensor=True)
+    assert isinstance(tensor, torch.Tensor) and np.abs(tensor.numpy() - rows).max() < 1e-6
+    listed = encoder.encode(TEXTS[:2], convert_to_numpy=False)
+    assert isinstance(listed, list) and len(listed) == 2 and np.abs(listed[1].numpy() - rows[1]).max() < 1e-6
+    raw = encoder.encode(TEXTS, normalize_embeddings=False)
+    norms = np.linalg.norm(raw, axis=1)
+    assert np.abs(norms - 1).max() > 1e-3  # the pooled vectors as they are
+    assert np.abs(raw / norms[:, None] - rows).max() < 1e-5
+    prompted = encoder.encode(TEXTS[:3], prompt="passage: ")
+    assert np.abs(prompted - encoder.encode(["passage: " + t for t in TEXTS[:3]])).max() < 1e-6
+    assert np.abs(encoder.encode_query(TEXTS[0], prompt="") - CalibratedEncoder(loaded).encode(TEXTS[:1])[0]).max() < 1e-6
+    with pytest.raises(TypeError, match="a string or a list of strings"):
+        encoder.encode([1, 2])  # type: ignore[list-item]

@@ -40,3 +40,39 @@ def test_a_yaml_from_before_the_option_calibrates_as_the_paper(tiny: LoadedModel
     old = tmp_path / "old.yaml"
     old.write_text(yaml.safe_dump(data), encoding="utf-8")
     assert load_exported(old).calibration.basket_shares == "equal"
+
+
+def test_w_is_written_only_for_cls_hard(tiny: LoadedModel, tmp_path: Path) -> None:
+    """w is CLS-Hard's fixed self-mass; a YAML of another variant does not carry it (and loads with the default)."""
+    soft = yaml.safe_load(export(tiny, tmp_path / "soft.yaml", variant="cls_soft").read_text(encoding="utf-8"))
+    hard = yaml.safe_load(export(tiny, tmp_path / "hard.yaml", variant="cls_hard", weight=0.2).read_text(encoding="utf-8"))
+    assert "weight" not in soft["calibration"] and hard["calibration"]["weight"] == 0.2
+    assert load_exported(tmp_path / "hard.yaml").calibration.weight == 0.2
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_the_yaml_is_written_with_the_mode_open_would_give(tiny: LoadedModel, tmp_path: Path, umask: int) -> None:
+    import os
+    import stat
+
+    previous = os.umask(umask)
+    try:
+        path = export(tiny, tmp_path / "best.yaml")
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask  # 0644 under the usual umask, not mkstemp's 0600
+
+
+def test_the_provenance_names_versions_and_the_commit(tiny: LoadedModel, tmp_path: Path) -> None:
+    import subprocess
+
+    import torch
+    import transformers
+
+    from tuner import __version__
+
+    provenance = load_exported(export(tiny, tmp_path / "p.yaml")).provenance
+    assert provenance.versions == {"posfair": __version__, "torch": torch.__version__, "transformers": transformers.__version__}
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True)
+    if head.returncode == 0:  # a git checkout: the commit is recorded (marked if the source differs from it)
+        assert provenance.git_commit is not None and provenance.git_commit.split()[0] == head.stdout.strip()

@@ -28,15 +28,15 @@ def test_a_completed_write_replaces_the_file(tmp_path: Path) -> None:
 
 
 def test_default_places_are_under_mlruns_in_the_working_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The study store, MLflow's store and artifacts, and the cache default to ./mlruns (README, `tune --help`)."""
+    """The study store, MLflow's store and the cache default to ./mlruns (README, `tune --help`); naming them
+    creates nothing (a failed start leaves no store behind). MLflow's URI is relative, so a moved mlruns/ works."""
     from tuner.cache_policy import default_cache_dir
     from tuner.study import default_storage
-    from tuner.tracking import default_artifact_root, default_tracking_uri
+    from tuner.tracking import default_tracking_uri
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("POSFAIR_CACHE_DIR", raising=False)
     assert default_storage() == f"sqlite:///{tmp_path}/mlruns/optuna.db"
-    assert default_tracking_uri() == f"sqlite:///{tmp_path}/mlruns/mlflow.db"
-    assert default_artifact_root() == f"file://{tmp_path}/mlruns/artifacts"
+    assert default_tracking_uri() == "sqlite:///mlruns/mlflow.db"
     assert default_cache_dir() == Path("mlruns/cache")
-    assert (tmp_path / "mlruns").is_dir()
+    assert not (tmp_path / "mlruns").exists()

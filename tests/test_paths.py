@@ -240,7 +240,7 @@ def test_general_alone_is_a_reported_check_not_a_constraint(hub: FakeHub, bge_m3
     client = MlflowClient(hub.tracking_uri)
     runs = client.search_runs([client.get_experiment_by_name("posfair").experiment_id],
                               f"tags.`posfair.role` = 'trial' and tags.`posfair.study` = '{study.study_name}'")
-    assert len(runs) == 3 and all(math.isfinite(r.data.metrics["general_ndcg10_delta"]) for r in runs)
+    assert len(runs) == 3 and all(math.isfinite(r.data.metrics["general_ndcg10_change_vs_uncalibrated_x100"]) for r in runs)
 
 
 def test_tune_encode_and_from_yaml_give_the_oracle_calibrated_vectors(this_process_on_the_hub: FakeHub, bge_m3_run: dict) -> None:

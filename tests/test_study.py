@@ -27,8 +27,11 @@ from tuner.study import open_study, run_trials, winner
 from tuner.tune import NoFeasibleTrialError, TuneSettings, tune
 
 TRIAL_PARAMS = {"strength", "depth", "basket_size", "variant", "layers", "basket_shares"}
-TRIAL_METRICS = {"ndcg10_begin", "ndcg10_middle", "ndcg10_end", "hm", "psi", "ndcg10", "recall10",
-                 "constraint_hm_floor", "constraint_ndcg_drop", "ndcg10_delta", "drift", "psi_se", "feasible", "encode_seconds", "profile_first_bin_mass"}
+# MLflow's names: on the console's scale (nDCG@10 and HM ×100, PSI 0–1), constraints as margins (>= 0: met)
+TRIAL_METRICS = {"ndcg10_begin_x100", "ndcg10_middle_x100", "ndcg10_end_x100", "hm_x100", "psi", "ndcg10_x100", "recall10_x100",
+                 "hm_margin_over_floor_x100", "ndcg10_drop_allowance_left_x100", "ndcg10_change_vs_uncalibrated_x100",
+                 "drift_from_uncalibrated_vectors", "psi_std_error", "feasible", "encode_seconds",
+                 "last_layer_attention_on_first_tenth_pct"}
 
 
 def write_dataset(folder: Path, docs: int = 12, seed: int = 0) -> Path:
@@ -85,22 +88,24 @@ def test_a_six_trial_study_logs_six_nested_runs_with_params_metrics_and_profiles
             trial.params["variant"], trial.params["depth"], trial.params["basket_size"])
         assert float(params["strength"]) == pytest.approx(trial.params["strength"])
         assert json.loads(params["layers"]) == trial.user_attrs["layers"]
-        begin, middle, end = (metrics[f"ndcg10_{g}"] for g in ("begin", "middle", "end"))
-        assert metrics["hm"] == pytest.approx(3 / (1 / begin + 1 / middle + 1 / end)) == pytest.approx(trial.user_attrs["hm"])
+        begin, middle, end = (metrics[f"ndcg10_{g}_x100"] for g in ("begin", "middle", "end"))
+        hm = metrics["hm_x100"]
+        assert hm == pytest.approx(3 / (1 / begin + 1 / middle + 1 / end)) == pytest.approx(100 * trial.user_attrs["hm"])
         assert metrics["psi"] == pytest.approx(1 - min(begin, middle, end) / max(begin, middle, end))
         assert metrics["psi"] == pytest.approx(trial.value)
-        # Optuna's convention, <= 0 is feasible: a relative floor is met by the point estimate (no interval)
-        assert metrics["constraint_hm_floor"] == pytest.approx(floor - metrics["hm"])
-        assert metrics["constraint_ndcg_drop"] == pytest.approx(-metrics["ndcg10_delta"])  # no drop allowed
-        assert metrics["feasible"] == float(metrics["hm"] >= floor and metrics["ndcg10_delta"] >= 0)
-        assert metrics["drift"] >= 0 and (trial.params["strength"] > 0 or metrics["drift"] == 0)
+        # a relative floor is met by the point estimate (no interval): the margin is HM − floor, in points
+        assert metrics["hm_margin_over_floor_x100"] == pytest.approx(hm - 100 * floor)
+        assert metrics["ndcg10_drop_allowance_left_x100"] == pytest.approx(metrics["ndcg10_change_vs_uncalibrated_x100"])  # no drop allowed
+        assert metrics["feasible"] == float(hm >= 100 * floor and metrics["ndcg10_change_vs_uncalibrated_x100"] >= 0)
+        drift = metrics["drift_from_uncalibrated_vectors"]
+        assert drift >= 0 and (trial.params["strength"] > 0 or drift == 0)
         folder = Path(client.download_artifacts(run.info.run_id, "", str(tmp_path / run.info.run_id)))
         assert (folder / "attention_profile.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         profile = json.loads((folder / "attention_profile.json").read_text(encoding="utf-8"))
         for stage in ("before", "after"):  # the pooled row's attention: content bins + isolated tokens = 1
             for bins, isolated in zip(profile[f"{stage}_bins"], profile[f"{stage}_isolated"]):
                 assert sum(bins) + sum(isolated) == pytest.approx(1, abs=1e-4)
-        assert metrics["profile_first_bin_mass"] == pytest.approx(profile["after_bins"][-1][0])
+        assert metrics["last_layer_attention_on_first_tenth_pct"] == pytest.approx(100 * profile["after_bins"][-1][0])
     parent = client.get_run(parents.pop())
     assert parent.data.tags["posfair.role"] == "study" and parent.data.tags["posfair.study"] == "tiny"
     assert parent.data.metrics["winner_trial"] == outcome.winner_trial
@@ -252,7 +257,7 @@ def test_a_real_mlflow_server_serves_the_trials_for_comparison(workspace: dict, 
     for run in found:
         params = {p["key"] for p in run["data"]["params"]}
         metrics = {m["key"] for m in run["data"]["metrics"]}
-        assert TRIAL_PARAMS <= params and {"hm", "psi"} <= metrics  # what parallel coordinates compare
+        assert TRIAL_PARAMS <= params and {"hm_x100", "psi"} <= metrics  # what parallel coordinates compare
 
 
 def test_basket_sizes_no_passage_fills_leave_the_search(workspace: dict) -> None:

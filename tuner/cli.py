@@ -42,18 +42,36 @@ class _RunByDefault(TyperGroup):
     """`tune --model x` means `tune run --model x`: run is the default subcommand."""
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
-        if not args or (args[0] not in self.commands and args[0] not in ("--help", "-h")):
+        if not args or (args[0] not in self.commands and args[0] not in ("--help", "-h", "--version")):
             args = ["run", *args]
         return super().parse_args(ctx, args)
 
 
 app = typer.Typer(
     cls=_RunByDefault,
-    help="Tune attention calibration per model for position-fair dense retrieval (posfair).",
+    help="Tune attention calibration per model for position-fair dense retrieval (posfair). "
+    "`tune` alone is `tune run`: it tunes all-MiniLM-L6-v2 on the embedded WikiPos.",
+    epilog="Examples: tune --trials 4 · tune --model bge-m3 · tune ui · tune encode --config best.yaml --input docs.jsonl --output emb.npy",
     no_args_is_help=False,
     pretty_exceptions_enable=False,
     add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        from tuner import __version__
+
+        typer.echo(f"posfair {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print posfair's version and exit.")] = False,
+) -> None:
+    """Tune attention calibration per model for position-fair dense retrieval (posfair)."""
 
 
 def _options_file(ctx: typer.Context, value: Path | None) -> Path | None:
@@ -132,7 +150,9 @@ def run(
     heartbeat: Annotated[int, typer.Option(help="Seconds between worker heartbeats; a trial silent for 3 is failed and re-run.")] = HEARTBEAT_SECONDS,
     options: OptionsFile = None,
 ) -> None:
-    """Tune one model (the default command): Optuna search, MLflow tracking, exported YAML."""
+    """Tune one model (the default command): Optuna search, MLflow tracking, exported YAML, registered model.
+
+    Example: tune --model minilm --trials 8 --output best.yaml"""
     from tuner.search_space import SearchSpace
 
     _setup_logging()
@@ -173,7 +193,9 @@ def evaluate(
     trust_remote_code: TrustRemoteCode = False,
     options: OptionsFile = None,
 ) -> None:
-    """Print the paper's Table 1 (and Table 3) for a model: baseline, configs, SEA, with bootstrap intervals."""
+    """Print the paper's Table 1 (and Table 3) for a model: baseline, configs, SEA, with bootstrap intervals.
+
+    Example: tune evaluate --model minilm --dataset wikipos-test --config best.yaml"""
     _setup_logging()
     with _friendly_errors():
         from tuner.data import load_benchmark, require_position_groups
@@ -224,7 +246,9 @@ def export(
 ) -> None:
     """Re-export a study's current winner (e.g. after more trials), with fresh held-out figures.
 
-    The model is loaded at the revision the study tuned, with remote code if the study allowed it."""
+    The model is loaded at the revision the study tuned, with remote code if the study allowed it.
+
+    Example: tune export --study-name minilm--wikipos-dev--seed0 --output best.yaml"""
     _setup_logging()
     with _friendly_errors():
         from tuner.conclusion import reexport
@@ -242,7 +266,9 @@ def encode(
     batch_size: BatchSize = None,
     trust_remote_code: TrustRemoteCode = False,
 ) -> None:
-    """Encode documents (calibrated) or queries (plain) with an exported config."""
+    """Encode documents (calibrated) or queries (plain) with an exported config.
+
+    Example: tune encode --config best.yaml --input docs.jsonl --output emb.npy"""
     _setup_logging()
     with _friendly_errors():
         from tuner.data.texts import read_texts
@@ -263,22 +289,34 @@ def encode(
 
 @app.command()
 def ui(
-    tracking_uri: TrackingUri = None,
-    host: str = "127.0.0.1",
-    port: Annotated[int, typer.Option(min=1, max=65535, help="Port of the UI.")] = 5000,
+    tracking_uri: Annotated[str | None, typer.Option(help="MLflow store to browse; default: ./mlruns/mlflow.db (the store `tune` writes here).")] = None,
+    host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = 5000,
 ) -> None:
-    """Open the MLflow UI on the project's store (compare trials, profiles, the Pareto front)."""
-    from tuner.tracking import check_tracking_uri, default_artifact_root, default_tracking_uri
+    """Open the MLflow UI on the project's store (compare trials, profiles, the registered winner).
+
+    Refuses to start on a store that does not exist (it would serve an empty one).
+    Example: cd my-project && tune ui --port 5001"""
+    from tuner.tracking import check_tracking_uri, describe_store, local_store, ui_command
 
     with _friendly_errors():
         if tracking_uri is not None:
             check_tracking_uri(tracking_uri)
-    uri = tracking_uri or default_tracking_uri()
-    command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", host, "--port", str(port)]
-    if tracking_uri is None:
-        command += ["--default-artifact-root", default_artifact_root()]
-    console.print(f"MLflow UI on http://{host}:{port} (store: {uri})")
-    raise typer.Exit(subprocess.call(command))
+    uri = tracking_uri or _default_tracking_uri()
+    store = local_store(uri)
+    if store is not None and not store.exists():
+        console.print(f"[red]error:[/red] no MLflow store at {escape(str(store.resolve()))}: run `tune` here first, change to the folder "
+                      "that holds mlruns/, or pass --tracking-uri sqlite:///PATH/mlruns/mlflow.db")
+        raise typer.Exit(2)
+    command, folder = ui_command(uri, host, port)
+    console.print(f"MLflow UI on http://{host}:{port}  store: {describe_store(uri)}", markup=False)
+    raise typer.Exit(subprocess.call(command, cwd=folder))
+
+
+def _default_tracking_uri() -> str:
+    from tuner.tracking import default_tracking_uri
+
+    return default_tracking_uri()
 
 
 def parse_inline(text: str) -> dict[str, object]:
@@ -385,10 +423,11 @@ def _setup_logging() -> None:
 
 
 def _print_settings(settings: TuneSettings) -> None:
-    from tuner.settings import dataset_reason
+    """Every setting with the value in force: defaults are resolved (storage, tracking URI, study name, output)."""
+    from tuner.settings import dataset_reason, settings_in_force
 
     table = Table(title="tune: settings", show_header=False, box=None)
-    for name, value in vars(settings).items():
+    for name, value in settings_in_force(settings).items():
         if name in ("dataset_defaulted", "worker_id"):
             continue
         shown = f"{value}  ({dataset_reason(settings)})" if name == "dataset" else str(value)
@@ -425,7 +464,10 @@ def _print_outcome(outcome: TuneOutcome) -> None:
     if outcome.pareto:
         console.print(f"feasible Pareto front (PSI↓, HM↑): trials {outcome.pareto}")
     console.print(f"exported config: [bold]{escape(str(outcome.export_path))}[/bold]")
-    console.print(f"MLflow: {outcome.tracking_uri}  (browse with `tune ui`)")
+    console.print(f"MLflow: {outcome.tracking_uri}  (browse with `tune ui`)", markup=False)
+    if outcome.registered:
+        console.print(f"registered model: {outcome.registered}  (mlflow.pyfunc.load_model or `mlflow models serve -m ... "
+                      "--env-manager local`)", markup=False)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import optuna
+from optuna.trial import TrialState
 
 from objectives import PairedBootstrap, PositionReport, Selection, paired_bootstrap
 from tuner.calibration import CalibrationConfig
@@ -19,12 +20,14 @@ from tuner.evaluation import Evaluation, Evaluator
 from tuner.export import build_export, write_exported
 from tuner.files import EXPORTS, check_writable
 from tuner.models import LoadedModel, hub_revision, load_model
-from tuner.plots import optuna_figures, pareto_scatter
-from tuner.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, is_reference_trial, trial_config
-from tuner.session import split_datasets
+from tuner.plots import optuna_figures, param_importances, pareto_scatter
+from tuner.progress import Phase
+from tuner.registry import Registered, publish, reserve_version
+from tuner.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, is_reference_trial, trial_basket_shares, trial_config
+from tuner.session import FLOOR_ATTR, split_datasets
 from tuner.settings import EXPERIMENT, TuneSettings
 from tuner.study import HEARTBEAT_SECONDS, complete_trials, default_storage, make_storage, pareto_front, winner
-from tuner.tracking import Tracker
+from tuner.tracking import Tracker, describe_config, display_metrics, summary_metrics
 from tuner.visible import within_reach
 
 log = logging.getLogger(__name__)
@@ -65,6 +68,7 @@ class TuneOutcome:
     floor: float
     tracking_uri: str
     selection: Selection
+    registered: str | None = None  # models:/NAME@champion, when the winner was registered
 
 
 
@@ -80,27 +84,31 @@ def conclude(
     best = picked[0] if picked else None
     figures = [pareto_scatter(study, floor, reference, best, staging / "pareto.png"), *optuna_figures(study, staging)]
     if picked is None:
-        tracker.finish_study({"baseline_hm": baseline.report.hm, "hm_floor": floor}, figures, {"posfair.outcome": "no feasible trial"}, "FAILED")
+        tracker.finish_study({**summary_metrics("tuning/uncalibrated", baseline.report.as_dict(), None),
+                              **display_metrics({"hm_floor": floor})}, figures, {"posfair.outcome": "no feasible trial"}, "FAILED")
         raise NoFeasibleTrialError(_nothing_feasible(study, settings, floor))
     best, selection = picked
     log.info("winner: %s", selection.describe())
+    tracker.close_stale_trials(study.study_name, [t.number for t in study.trials if t.state == TrialState.FAIL])
     if best.params.get("strength") == 0:
         log.warning("no calibration is fairer than the uncalibrated model by more than the tuning split's noise: "
                     "the export keeps the model uncalibrated (strength 0); `--selection lowest` takes the lowest PSI")
     rows = _summary_rows(study, best, evaluator, heldout, settings)
-    export_path = _export(settings, model, study, best, rows, storage, evaluator.dataset, selection)
+    export_path, registered = _export_and_register(settings, model, study, best, rows, storage, evaluator.dataset, selection,
+                                                   tracker, floor)
     summary = staging / "summary.json"
     summary.write_text(json.dumps([_row_dict(r) for r in rows], indent=1), encoding="utf-8")
+    _mark_winner(tracker, study, best, model, selection, registered)
     tracker.finish_study(
-        {**{f"winner_{k}": v for k, v in rows[-1].tuning.as_dict().items() if v is not None},
-         **{f"baseline_{k}": v for k, v in baseline.report.as_dict().items() if v is not None},
-         "hm_floor": floor, "winner_trial": best.number},
+        {**_row_metrics(rows), **display_metrics({"hm_floor": floor}), "winner_trial": best.number,
+         **{f"psi_importance/{k}": v for k, v in _importances(study).items()}},
         [*figures, summary, export_path],
         {"posfair.outcome": "exported", "posfair.export": str(export_path),
          "posfair.selection_rule": selection.rule, "posfair.selection": selection.describe()},
     )
     return TuneOutcome(study.study_name, best.number, _config_of(best, model), export_path, rows,
-                       [t.number for t in pareto_front(study)], floor, tracker.uri, selection)
+                       [t.number for t in pareto_front(study)], floor, tracker.uri, selection,
+                       f"{registered.uri} (version {registered.version})" if registered else None)
 
 
 def _nothing_feasible(study: optuna.Study, settings: TuneSettings, floor: float) -> str:
@@ -169,11 +177,13 @@ def reexport(
         raise ValueError(f"dataset {settings.dataset!r} changed since study {study_name!r} ran (fingerprint differs)")
     rows = _summary_rows(study, best, Evaluator(model, tuning, settings.batch_size, batch_tokens=settings.batch_tokens),
                          heldout, settings)
-    path = _export(settings, model, study, best, rows, storage, tuning, chosen)
     tracker.start_study(study_name, params=dict(attrs),
                         tags={"posfair.model": model.spec.alias, "posfair.dataset": tuning.name})
+    floor = float(attrs.get(FLOOR_ATTR, float("nan")))
+    path, registered = _export_and_register(settings, model, study, best, rows, storage, tuning, chosen, tracker, floor)
+    _mark_winner(tracker, study, best, model, chosen, registered)
     tracker.finish_study(
-        {**{f"winner_{k}": v for k, v in rows[-1].tuning.as_dict().items() if v is not None}, "winner_trial": best.number},
+        {**_row_metrics(rows), "winner_trial": best.number},
         [path], {"posfair.outcome": "re-exported", "posfair.export": str(path),
                  "posfair.selection_rule": chosen.rule, "posfair.selection": chosen.describe()},
     )
@@ -203,15 +213,17 @@ def _summary_rows(
     configs = [(label, trial, _config_of(trial, model) if trial is not None else None) for label, trial in entries]
     starts = [min(c.resolve_layers(model.num_layers)) for _, _, c in configs if c is not None]
     held: dict[str, dict[str, HeldOut]] = {label: {} for label, _, _ in configs}
-    for dataset in heldout:
-        log.info("held-out: scoring %d configs on %s (%d documents, %d queries)",
-                 len(configs), dataset.name, len(dataset.corpus), len(dataset.queries))
-        scorer = _held_out_scorer(evaluator, dataset, starts, settings)
-        baseline = scorer(None)
-        for label, _, config in configs:
-            result = scorer(config) if config is not None else baseline
-            delta = paired_bootstrap(baseline.per_query, result.per_query, settings.bootstrap, settings.seed) if config else None
-            held[label][dataset.name] = HeldOut(result.report, delta)
+    for number, dataset in enumerate(heldout, 1):
+        with Phase(f"held-out {number}/{len(heldout)}: scoring {len(configs)} configs on {dataset.name} "
+                   f"({len(dataset.corpus)} documents, {len(dataset.queries)} queries)"):
+            scorer = _held_out_scorer(evaluator, dataset, starts, settings)
+            baseline = scorer(None)
+            for label, _, config in configs:
+                result = scorer(config) if config is not None else baseline
+                delta = paired_bootstrap(baseline.per_query, result.per_query, settings.bootstrap, settings.seed) if config else None
+                held[label][dataset.name] = HeldOut(result.report, delta)
+                log.info("held-out %s: %s scored (%s)", dataset.name, label,
+                         delta.summary() if delta else f"nDCG@10 {100 * result.report.ndcg10:.2f}")
     return [
         Row(label, trial.number if trial else None, config, evaluator.run(config).report, held[label])
         for label, trial, config in configs
@@ -238,7 +250,7 @@ def _held_out_scorer(
 
 
 def _export(settings: TuneSettings, model: LoadedModel, study: optuna.Study, best: optuna.trial.FrozenTrial,
-            rows: list[Row], storage: str, tuning: PositionalDataset, selection: Selection) -> Path:
+            rows: list[Row], storage: str, tuning: PositionalDataset, selection: Selection, **provenance: object) -> Path:
     winner_row, baseline_row = rows[-1], rows[0]
     metrics: dict[str, dict[str, float | None]] = {
         "tuning": winner_row.tuning.as_dict(), "tuning_baseline": baseline_row.tuning.as_dict(),
@@ -251,6 +263,10 @@ def _export(settings: TuneSettings, model: LoadedModel, study: optuna.Study, bes
         study=study.study_name, trial=best.number, storage=storage, dataset=tuning.name,
         dataset_fingerprint=tuning.fingerprint(), seed=settings.seed,
         selection_rule=selection.rule, selection=selection.describe(),
+        heldout=list(winner_row.heldout), hm_floor_rule=settings.hm_floor,
+        intervals={name: {k: list(v) for k, v in held.delta.intervals().items()}
+                   for name, held in winner_row.heldout.items() if held.delta is not None},
+        **provenance,
     )
     path = settings.output or EXPORTS / f"{study.study_name}.yaml"
     if settings.output is None:
@@ -268,3 +284,68 @@ def _row_dict(row: Row) -> dict[str, object]:
                     for name, h in row.heldout.items()},
     }
 
+
+def _export_and_register(
+    settings: TuneSettings, model: LoadedModel, study: optuna.Study, best: optuna.trial.FrozenTrial, rows: list[Row],
+    storage: str, tuning: PositionalDataset, selection: Selection, tracker: Tracker, floor: float,
+) -> tuple[Path, Registered | None]:
+    """Write the YAML and register it as an MLflow model (`tuner.registry`), each naming the other: the
+    registry version is reserved first, so the YAML it carries records it. A registry failure leaves a
+    warning and the YAML (without a version), never a lost study."""
+    with Phase("export: writing the winner's YAML and registering it in MLflow"):
+        registered = None
+        try:
+            registered = reserve_version(
+                tracker, model.spec.alias, tracker.parent_id or "", f"Study {study.study_name}, trial {best.number}: {selection.describe()}",
+                {"posfair.study": study.study_name, "posfair.trial": str(best.number), "posfair.dataset": tuning.name},
+            )
+        except Exception as error:  # noqa: BLE001 - the registry is an extra; the export must not be lost to it
+            log.warning("the winner is not registered in MLflow (%s: %s)", error.__class__.__name__, str(error).splitlines()[0] if str(error) else "")
+        constraints = ["HM >= floor"]
+        if settings.max_ndcg_drop is not None:
+            constraints.append(f"aggregate nDCG@10 drop <= {settings.max_ndcg_drop}")
+        if settings.max_crops_psi is not None:
+            constraints.append(f"crops PSI <= {settings.max_crops_psi} x uncalibrated (where crops exist)")
+        objective = ("minimise PSI, maximise HM (Pareto)" if settings.pareto else "minimise PSI") + " subject to " + ", ".join(constraints)
+        path = _export(settings, model, study, best, rows, storage, tuning, selection, objective=objective,
+                       hm_floor=floor if floor == floor else None, mlflow_run_id=tracker.parent_id, tracking_uri=tracker.uri,
+                       registered_model=registered.name if registered else None,
+                       registered_version=registered.version if registered else None)
+        if registered is not None:
+            try:
+                publish(tracker, registered, path, int(model.model.config.hidden_size))
+            except Exception as error:  # noqa: BLE001 - as above
+                log.warning("the winner's MLflow model was not written (%s: %s)", error.__class__.__name__, str(error).splitlines()[0] if str(error) else "")
+    return path, registered
+
+
+def _mark_winner(tracker: Tracker, study: optuna.Study, best: optuna.trial.FrozenTrial, model: LoadedModel,
+                 selection: Selection, registered: Registered | None) -> None:
+    """Name the winner's run (and keep its reference marker): what wins is visible in the run list."""
+    markers = [m for m in (best.user_attrs.get("role"),) if m] + ["winner"]
+    params = {**best.params, "layers": best.user_attrs.get("layers"), "basket_shares": trial_basket_shares(best)}
+    where = f" Registered as {registered.uri} (version {registered.version})." if registered else ""
+    tracker.mark_trial(
+        study.study_name, best.number, markers, {"posfair.winner": "yes"},
+        f"Winner (trial {best.number}): {describe_config(params, model.num_layers)}: PSI {best.user_attrs['psi']:.3f}, "
+        f"HM {100 * best.user_attrs['hm']:.2f}. Chosen by the {selection.rule} rule: {selection.describe()}.{where}",
+    )
+
+
+def _row_metrics(rows: list[Row]) -> dict[str, float]:
+    """The summary table as parent-run metrics: tuning figures per config, held-out figures with their intervals."""
+    metrics: dict[str, float] = {}
+    for index, row in enumerate(rows):
+        label = "uncalibrated" if index == 0 else "winner" if index == len(rows) - 1 else "paper_default"
+        metrics |= summary_metrics(f"tuning/{label}", row.tuning.as_dict(), None)
+        for name, held in row.heldout.items():
+            metrics |= summary_metrics(f"heldout/{name}/{label}", held.report.as_dict(), held.delta.intervals() if held.delta else None)
+    return metrics
+
+
+def _importances(study: optuna.Study) -> dict[str, float]:
+    """Parameter importance for PSI over the parameters every trial drew; kept on the study for the dashboard."""
+    importances = param_importances(study)
+    if importances:
+        study.set_user_attr("psi_importance (parameters every trial drew)", {k: round(v, 4) for k, v in importances.items()})
+    return importances

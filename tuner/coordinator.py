@@ -10,7 +10,8 @@ from tuner.conclusion import TuneOutcome, conclude
 from tuner.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS
 from tuner.session import FLOOR_ATTR, Session
 from tuner.settings import TuneSettings
-from tuner.study import enqueue_once
+from tuner.progress import Phase
+from tuner.study import describe_study, enqueue_once
 from tuner.tracking import Tracker
 from tuner.worker import run_session_trials, start_workers
 
@@ -24,10 +25,11 @@ def coordinate(session: Session) -> TuneOutcome:
     workers = start_workers(settings, settings.workers - 1)  # they load while the baseline is measured
     for key, value in _reload_attrs(settings, tracker).items():  # what `tune export` needs to load it all again
         study.set_user_attr(key, value)
-    log.info("baseline: encoding %d documents and %d queries of %s", len(tuning.corpus), len(tuning.queries), tuning.name)
-    baseline = evaluator.run(None)
+    with Phase(f"baseline: encoding {len(tuning.corpus)} documents and {len(tuning.queries)} queries of {tuning.name}"):
+        baseline = evaluator.run(None)
     floor = HmFloor.parse(settings.hm_floor).resolve(baseline.report.hm)
     study.set_user_attr(FLOOR_ATTR, floor)
+    describe_study(study, settings.pareto, floor, settings.hm_floor)
     for reference in (BASELINE_PARAMS, PAPER_DEFAULT_PARAMS):
         if space.admits(reference):
             enqueue_once(study, *space.reference_trial(reference))

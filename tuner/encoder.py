@@ -1,7 +1,8 @@
 """Texts → L2-normalised vectors, documents calibrated, queries never.
 
 The interface follows sentence-transformers: `encode_document` / `encode` for what gets indexed,
-`encode_query` for what searches it, both returning float32 numpy arrays.
+`encode_query` for what searches it, with its keywords (batch_size, show_progress_bar, prompt,
+normalize_embeddings, convert_to_numpy / convert_to_tensor) and one string or a list of them.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ log = logging.getLogger(__name__)
 # On CPU a forward pass gains no throughput from more than this many passages per batch (MiniLM on
 # WikiPos here: 8, 16, 32 and 64 encode equally fast within noise), so bigger batches only cost RAM.
 CPU_BATCH_CAP = 16
+Embeddings = np.ndarray | torch.Tensor | list[torch.Tensor]
 GPU_BATCH_CAP = 256
 
 
@@ -166,33 +168,83 @@ class CalibratedEncoder:
         exported.check_model(model)
         return cls(model, exported.calibration)
 
-    def encode_query(self, texts: Sequence[str], **options: object) -> np.ndarray:
-        """Queries: the model's query prompt, never calibrated."""
-        prompt = self.model.spec.query_prompt
-        return self._encode([prompt + t for t in texts], calibrate=False, **options)  # type: ignore[arg-type]
+    def encode_query(
+        self,
+        sentences: str | Sequence[str],
+        prompt: str | None = None,
+        batch_size: int | None = None,
+        show_progress_bar: bool | None = None,
+        convert_to_numpy: bool = True,
+        convert_to_tensor: bool = False,
+        normalize_embeddings: bool = True,
+        batch_tokens: int | None = None,
+    ) -> Embeddings:
+        """Queries: never calibrated; `prompt` defaults to the model's query prompt (e.g. Qwen3-Embedding's
+        instruction). The other keywords are `encode`'s."""
+        prompt = self.model.spec.query_prompt if prompt is None else prompt
+        return self._encode(sentences, calibrate=False, prompt=prompt, batch_size=batch_size, show_progress_bar=show_progress_bar,
+                            convert_to_numpy=convert_to_numpy, convert_to_tensor=convert_to_tensor,
+                            normalize_embeddings=normalize_embeddings, batch_tokens=batch_tokens)
 
-    def encode_document(self, texts: Sequence[str], **options: object) -> np.ndarray:
-        """Documents: calibrated with this encoder's config (plain if it has none)."""
-        return self._encode(list(texts), calibrate=True, **options)  # type: ignore[arg-type]
+    def encode_document(
+        self,
+        sentences: str | Sequence[str],
+        prompt: str | None = None,
+        batch_size: int | None = None,
+        show_progress_bar: bool | None = None,
+        convert_to_numpy: bool = True,
+        convert_to_tensor: bool = False,
+        normalize_embeddings: bool = True,
+        batch_tokens: int | None = None,
+        observer: AttentionObserver | None = None,
+    ) -> Embeddings:
+        """Documents, calibrated with this encoder's config (plain if it has none); sentence-transformers' keywords:
+
+        - `sentences`: one text (→ one vector) or a list of texts (→ one row each, in order);
+        - `prompt`: prepended to every text (none by default for documents);
+        - `batch_size`: texts per forward pass (default: chosen from the device's free memory);
+        - `show_progress_bar`: default on a terminal when there is more than one batch;
+        - `convert_to_numpy` (default) → float32 array; `convert_to_tensor` → a torch tensor; neither → a list
+          of 1-D tensors;
+        - `normalize_embeddings`: L2-normalised (the default here: the vectors are compared by dot product);
+          False returns the pooled vectors as they are;
+        - `batch_tokens`: at most this many padded tokens per forward pass (long passages).
+        """
+        return self._encode(sentences, calibrate=True, prompt=prompt or "", batch_size=batch_size, show_progress_bar=show_progress_bar,
+                            convert_to_numpy=convert_to_numpy, convert_to_tensor=convert_to_tensor,
+                            normalize_embeddings=normalize_embeddings, batch_tokens=batch_tokens, observer=observer)
 
     encode = encode_document
 
     def _encode(
         self,
-        texts: list[str],
+        sentences: str | Sequence[str],
         *,
         calibrate: bool,
+        prompt: str = "",
         batch_size: int | None = None,
         batch_tokens: int | None = None,
         show_progress_bar: bool | None = None,
+        convert_to_numpy: bool = True,
+        convert_to_tensor: bool = False,
+        normalize_embeddings: bool = True,
         observer: AttentionObserver | None = None,
-    ) -> np.ndarray:
-        if isinstance(texts, str):
-            raise TypeError("encode takes a list of texts, not one string: wrap it as [text]")
+    ) -> Embeddings:
+        single = isinstance(sentences, str)
+        given = [sentences] if single else list(sentences)
+        if not all(isinstance(t, str) for t in given):
+            raise TypeError("encode takes a string or a list of strings")
+        texts = [prompt + t for t in given]  # type: ignore[operator]
         batches = Batches.build(self.model, texts, *choose_batching(self.model, batch_size, batch_tokens))
         self.truncated = batches.truncated
-        return forward(self.model, batches, self.spec if calibrate else None, observer=observer,
-                       show_progress=show_progress_bar)
+        vectors = forward(self.model, batches, self.spec if calibrate else None, observer=observer,
+                          show_progress=show_progress_bar, normalize=normalize_embeddings)
+        result = vectors[0] if single else vectors
+        if convert_to_tensor:
+            return torch.from_numpy(result)
+        if not convert_to_numpy:
+            return list(torch.from_numpy(vectors)) if not single else torch.from_numpy(result)
+        return result
 
 
 BatchScope = Callable[[int], AbstractContextManager[object]]  # batch index → what to hold open around its forward
@@ -208,6 +260,7 @@ def forward(
     baseline: np.ndarray | None = None,
     around: BatchScope | None = None,
     show_progress: bool | None = None,
+    normalize: bool = True,
 ) -> np.ndarray:
     """The one forward loop: pooled, L2-normalised float32 vectors of every text of `batches`, in text order.
 
@@ -219,6 +272,7 @@ def forward(
                  fills a basket) is copied from them instead of encoded
     around       batch index → a context held open around that batch's forward (`tuner.prefix`: resume from
                  cached layer inputs, or record them)
+    normalize    False: the pooled vectors as they are (sentence-transformers' `normalize_embeddings=False`)
     """
     vectors = np.empty((batches.count, int(model.model.config.hidden_size)), dtype=np.float32)
     show = show_progress if show_progress is not None else sys.stderr.isatty() and len(batches) > 1
@@ -235,7 +289,7 @@ def forward(
                 if around is not None:
                     scope.enter_context(around(i))
                 hidden = model.model(**batch).last_hidden_state
-            vectors[rows] = _pool(hidden, batch["attention_mask"], model.spec.pooling).cpu().numpy()
+            vectors[rows] = _pool(hidden, batch["attention_mask"], model.spec.pooling, normalize).cpu().numpy()
     return vectors
 
 
@@ -246,8 +300,9 @@ def _changes(spec: ResolvedCalibration | None, attention_mask: torch.Tensor) -> 
     return bool(fills_a_basket(attention_mask.sum(-1), spec.basket_size, len(spec.policies)).any())
 
 
-def _pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: str) -> torch.Tensor:
-    """cls: first real token; last: final real token (left or right padding); mean: over real tokens."""
+def _pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: str, normalize: bool = True) -> torch.Tensor:
+    """cls: first real token; last: final real token (left or right padding); mean: over real tokens;
+    L2-normalised unless `normalize` is False."""
     mask = mask.bool()
     positions = torch.arange(mask.shape[1], device=mask.device)
     if pooling == "mean":
@@ -256,4 +311,4 @@ def _pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: str) -> torch.Tenso
     else:
         pick = torch.where(mask, positions, -1).amax(-1) if pooling == "last" else torch.where(mask, positions, mask.shape[1]).amin(-1)
         pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), pick]
-    return torch.nn.functional.normalize(pooled.float(), dim=-1)
+    return torch.nn.functional.normalize(pooled.float(), dim=-1) if normalize else pooled.float()

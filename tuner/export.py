@@ -1,5 +1,8 @@
 """The exported config: a versioned YAML schema that encoders load, written atomically.
 
+Its provenance says where the config came from: the study and trial, the MLflow run and registry
+version, the objective and floor, held-out sets with their intervals, library versions and git commit.
+
 Loading uses `tuner.safe_yaml` (a `!!python/...` tag is refused, never executed; duplicate keys and alias
 bombs too) and validates every field; a config made for another model is refused before anything is encoded.
 """
@@ -7,6 +10,7 @@ bombs too) and validates every field; a config made for another model is refused
 from __future__ import annotations
 
 import os
+import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
@@ -59,6 +63,20 @@ class Provenance(_Strict):
     posfair_version: str
     selection_rule: str = Field("lowest", description="the rule that named the winner (objectives.selection)")
     selection: str = Field("", description="why this trial won, in one sentence")
+    objective: str = Field("", description="what the study optimised, and subject to what")
+    hm_floor: float | None = Field(None, description="the HM floor in force (0-1), resolved from hm_floor_rule")
+    hm_floor_rule: str | None = Field(None, description="--hm-floor as given (significant, baseline, 0.52, -1%)")
+    heldout: list[str] = Field(default_factory=list, description="held-out sets the winner was checked on")
+    intervals: dict[str, dict[str, list[float]]] = Field(
+        default_factory=dict,
+        description="held-out set → metric → [estimate, low, high]: 95% paired-bootstrap change vs no calibration (0-1)",
+    )
+    mlflow_run_id: str | None = Field(None, description="the study's parent run in MLflow")
+    tracking_uri: str | None = None
+    registered_model: str | None = Field(None, description="MLflow model registry name of this config's pyfunc model")
+    registered_version: int | None = None
+    versions: dict[str, str] = Field(default_factory=dict, description="posfair, torch, transformers versions")
+    git_commit: str | None = Field(None, description="posfair's source commit, when it runs from a git checkout")
 
 
 class ExportedConfig(_Strict):
@@ -120,7 +138,9 @@ def build_export(
     seed: int,
     selection_rule: str = "lowest",
     selection: str = "",
+    **provenance: object,
 ) -> ExportedConfig:
+    """The export of `config` for `loaded`; `provenance` adds the optional Provenance fields (run id, intervals...)."""
     return ExportedConfig(
         model=model_section(loaded),
         calibration=explicit(config, loaded.num_layers),
@@ -136,8 +156,41 @@ def build_export(
             posfair_version=__version__,
             selection_rule=selection_rule,
             selection=selection,
+            versions=library_versions(),
+            git_commit=git_commit(),
+            **provenance,  # type: ignore[arg-type]
         ),
     )
+
+
+def library_versions() -> dict[str, str]:
+    import torch
+    import transformers
+
+    return {"posfair": __version__, "torch": torch.__version__, "transformers": transformers.__version__}
+
+
+def git_commit() -> str | None:
+    """The commit of posfair's own source, if it runs from a git checkout (with ' (modified)' if dirty)."""
+    source = Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=source, capture_output=True, text=True, timeout=5)
+        if commit.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "."], cwd=source,
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return commit.stdout.strip() + (" (modified)" if dirty else "")
+
+
+def to_yaml(exported: ExportedConfig) -> str:
+    """The YAML text: fields the config's variant ignores are left out (w exists only for CLS-Hard)."""
+    data = exported.model_dump(mode="json", by_alias=True, exclude_none=False)
+    if "fixed" not in exported.calibration.role_policies().values():  # w is the "fixed" policy's self-mass
+        data["calibration"].pop("weight", None)
+    data["provenance"] = {k: v for k, v in data["provenance"].items() if v not in (None, [], {})}
+    return yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
 
 
 def write_exported(exported: ExportedConfig, path: str | Path) -> Path:
@@ -150,7 +203,7 @@ def write_exported(exported: ExportedConfig, path: str | Path) -> Path:
         raise ExportError(f"cannot write {path}: folder {folder} is not writable; choose another --output")
     if path.is_dir():
         raise ExportError(f"cannot write {path}: it is a folder; give a file name, e.g. --output {path / 'best.yaml'}")
-    text = yaml.safe_dump(exported.model_dump(mode="json", by_alias=True), sort_keys=False, allow_unicode=True)
+    text = to_yaml(exported)
     return write_atomically(path, text)
 
 

@@ -7,6 +7,7 @@ import math
 import os
 import random
 import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,8 +18,8 @@ from objectives.evidence import trial_evidence
 from tuner.encoder import CalibratedEncoder
 from tuner.evaluation import Evaluator
 from tuner.profile import AttentionProfile, plot_profile
-from tuner.search_space import SearchSpace
-from tuner.tracking import Tracker, TrialRecord
+from tuner.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, SearchSpace, is_reference_trial
+from tuner.tracking import Tracker, TrialRecord, describe_config, describe_outcome
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,15 @@ class TrialObjective:
         params = {**{k: round(v, 6) if isinstance(v, float) else v for k, v in trial.params.items()}, "layers": layers,
                   "basket_shares": config.basket_shares}  # a parameter or fixed by the space: logged either way
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
+        markers = reference_markers(trial)
+        if markers:
+            trial.set_user_attr("role", markers[0])
+        label = f"Trial {trial.number}" + (f" ({markers[0]})" if markers else "")
+        config_text = describe_config(params, model.num_layers)
+        start_ms = int(time.time() * 1000)
+        run_id = self.tracker.start_trial(self.study_name, trial.number, params, f"{label}, running: {config_text}.", markers)
+        if run_id:
+            trial.set_user_attr("mlflow_run_id", run_id)
         try:
             evaluation = self.evaluator.run(config)
             report = evaluation.report
@@ -93,9 +103,10 @@ class TrialObjective:
         except Exception as error:
             reason = f"{error.__class__.__name__}: {error}"
             trial.set_user_attr("failure_reason", reason)
-            self.tracker.log_trial(
-                self.study_name, TrialRecord(trial.number, "FAIL", params, {}, {"posfair.failure": reason[:4000]})
-            )
+            self.tracker.finish_trial(self.study_name, TrialRecord(
+                trial.number, "FAIL", params, {}, {"posfair.failure": reason[:4000]},
+                description=f"{label} failed: {config_text}; {reason[:300]}", markers=[*markers, "failed"], start_ms=start_ms,
+            ))
             raise
         metrics: dict[str, float] = {k: float(v) for k, v in report.as_dict().items() if v is not None}
         metrics.update(
@@ -120,7 +131,14 @@ class TrialObjective:
             trial.set_user_attr(key, value)
         for name, value in constraints.items():
             trial.set_constraint(name, value)
-        self.tracker.log_trial(self.study_name, TrialRecord(trial.number, "COMPLETE", params, metrics, {}, artifacts))
+        feasible = metrics["feasible"] == 1.0
+        self.tracker.finish_trial(self.study_name, TrialRecord(
+            trial.number, "COMPLETE", params, metrics, {"posfair.feasible": "yes" if feasible else "no"}, artifacts,
+            description=f"{label}: {config_text}: {describe_outcome(metrics)}.",
+            markers=markers + ([] if feasible else ["infeasible"]), start_ms=start_ms,
+        ))
+        if run_id is None and (run_id := self.tracker.trial_run_id(trial.number)):
+            trial.set_user_attr("mlflow_run_id", run_id)
         return (report.psi, report.hm) if self.pareto else report.psi
 
     def _profile_artifacts(self, number: int, profile: AttentionProfile) -> list[Path]:
@@ -131,3 +149,11 @@ class TrialObjective:
         json_path.write_text(json.dumps(data, indent=1), encoding="utf-8")
         image = plot_profile(data, folder / "attention_profile.png", f"trial {number}: pooled-row attention by layer")
         return [json_path, image]
+
+
+def reference_markers(trial: optuna.Trial) -> list[str]:
+    """'baseline' (no calibration, trial 0) or 'paper default' (trial 1) for the enqueued reference trials."""
+    for reference, marker in ((BASELINE_PARAMS, "baseline"), (PAPER_DEFAULT_PARAMS, "paper default")):
+        if is_reference_trial(trial, reference):  # type: ignore[arg-type]
+            return [marker]
+    return []

@@ -37,20 +37,46 @@ def pareto_scatter(study: optuna.Study, floor: float, baseline: FrozenTrial | No
     return path
 
 
+def unconditional_params(study: optuna.Study) -> list[str]:
+    """Parameters every complete trial drew: importance is only ranked on these, since a conditional one
+    (CLS-Hard's w) is drawn by a few trials and fANOVA would rank it on those few draws."""
+    trials = complete_trials(study)
+    if not trials:
+        return []
+    return sorted(set.intersection(*(set(t.params) for t in trials)))
+
+
 def optuna_figures(study: optuna.Study, folder: Path) -> list[Path]:
     """Optuna's own history and parameter-importance plots (skipped when too few trials)."""
     from optuna.visualization import matplotlib as optuna_plots
 
-    target = {"target": lambda t: t.values[0], "target_name": "PSI"} if len(study.directions) > 1 else {}
+    target = {"target": lambda t: t.values[0], "target_name": "PSI"} if len(study.directions) > 1 else {"target_name": "PSI"}
+    params = unconditional_params(study)
     paths = []
-    for name, plot in (("history.png", optuna_plots.plot_optimization_history), ("importances.png", optuna_plots.plot_param_importances)):
+    for name, plot, extra in (("history.png", optuna_plots.plot_optimization_history, {}),
+                              ("importances.png", optuna_plots.plot_param_importances, {"params": params})):
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                axis = plot(study, **target)
+                axis = plot(study, **target, **extra)
             axis.figure.savefig(folder / name, dpi=100, bbox_inches="tight")
             plt.close(axis.figure)
             paths.append(folder / name)
         except (ValueError, RuntimeError, ZeroDivisionError) as error:
             log.info("skipped %s: %s", name, error)
     return paths
+
+
+def param_importances(study: optuna.Study) -> dict[str, float]:
+    """fANOVA importance of the unconditional parameters for PSI ({} when too few trials to say)."""
+    params = unconditional_params(study)
+    if len(params) < 2 or len(complete_trials(study)) < 4:
+        return {}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            target = (lambda t: t.values[0]) if len(study.directions) > 1 else None
+            return dict(optuna.importance.get_param_importances(study, params=params, target=target))
+    except (ValueError, RuntimeError, ZeroDivisionError) as error:
+        log.info("no parameter importance: %s", error)
+        return {}

@@ -24,7 +24,7 @@ from tuner.prefix import prefix_layers_for
 from tuner.scratch import clean_orphans
 from tuner.search_space import SearchSpace
 from tuner.settings import DEFAULT_TRIALS, EXPERIMENT, TuneSettings
-from tuner.study import default_storage, make_storage, open_study
+from tuner.study import check_storage_url, default_storage, open_study
 from tuner.tracking import Tracker
 from tuner.visible import within_reach
 
@@ -139,9 +139,9 @@ def prepare(settings: TuneSettings) -> Session:
     require_position_groups(tuning, "--dataset")
     for held in heldout:
         require_position_groups(held, "--heldout")
-    tracker = Tracker(settings.tracking_uri, EXPERIMENT)  # an unreachable server fails here, before any work
+    tracker = Tracker(settings.tracking_uri, EXPERIMENT)  # an unreachable server fails here; a store is made later
     storage = settings.storage or default_storage()
-    make_storage(storage, settings.heartbeat)  # a malformed URL fails here too
+    check_storage_url(storage)  # a malformed URL fails here too; the database is created with the study
     clean_orphans()  # temporary folders of killed runs
     model = load_model(settings.model, revision=settings.revision, trust_remote_code=settings.trust_remote_code,
                        pooling=settings.pooling)  # type: ignore[arg-type]

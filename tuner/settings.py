@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from objectives import RULES, Constraints, HmFloor
-from tuner.files import check_writable
+from tuner.files import EXPORTS, check_writable
 from tuner.messages import shown
-from tuner.models import REGISTRY, LoadedModel
+from tuner.models import REGISTRY, LoadedModel, resolve_spec
 from tuner.search_space import SearchSpace
-from tuner.study import HEARTBEAT_SECONDS
+from tuner.study import HEARTBEAT_SECONDS, default_storage
 from tuner.tracking import check_tracking_uri
 
 DEFAULT_TRIALS = 16  # plain `tune` (MiniLM on WikiPos-dev): at most 8.4 min on 2 CPU cores, measured (README)
@@ -84,12 +84,32 @@ class TuneSettings:
                            self.max_crops_psi)
 
     def study_name_for(self, model: LoadedModel) -> str:
+        return self.study_name_from_alias(model.spec.alias)
+
+    def study_name_from_alias(self, alias: str) -> str:
         """Default: model--dataset--seedN, in characters safe for file names and MLflow filters."""
         if self.study_name:
             return self.study_name
         suffix = "-pareto" if self.pareto else ""
-        plain = f"{Path(model.spec.alias).name}--{self.dataset}--seed{self.seed}{suffix}"
+        plain = f"{Path(alias).name}--{self.dataset}--seed{self.seed}{suffix}"
         return re.sub(r"[^A-Za-z0-9._-]+", "_", plain)
+
+
+def settings_in_force(settings: TuneSettings) -> dict[str, object]:
+    """The settings as the run will use them: defaults resolved to their values (nothing is created here)."""
+    from tuner.tracking import default_tracking_uri, describe_store
+
+    values = {k: v for k, v in vars(settings).items() if k != "dataset_defaulted"}
+    try:
+        name = settings.study_name_from_alias(resolve_spec(settings.model, settings.pooling).alias)  # type: ignore[arg-type]
+    except Exception:  # noqa: BLE001 - an unknown model is reported by the run itself, with its fix
+        name = None
+    values["study_name"] = name or "model--dataset--seedN"
+    values["storage"] = settings.storage or default_storage()
+    values["tracking_uri"] = describe_store(settings.tracking_uri or default_tracking_uri())
+    values["output"] = settings.output or EXPORTS / f"{values['study_name']}.yaml"
+    values["batch_size"] = settings.batch_size or "chosen from the device's free memory"
+    return values
 
 
 STUDY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")

@@ -40,8 +40,43 @@ class StudyMismatchError(ValueError):
 
 
 def default_storage(database: Path = OPTUNA_DB) -> str:
-    database.parent.mkdir(parents=True, exist_ok=True)
+    """The default study database (created, with its folder, when the study is first opened)."""
     return f"sqlite:///{database.resolve()}"
+
+
+def check_storage_url(url: str) -> None:
+    """A malformed storage URL fails at once, before any work, without creating a database."""
+    import sqlalchemy
+
+    try:
+        sqlalchemy.engine.make_url(url).get_dialect()
+    except Exception as error:  # noqa: BLE001 - sqlalchemy raises many kinds for a bad URL
+        raise ValueError(
+            f"cannot open study storage {url!r}: {str(error).splitlines()[0]}. "
+            "Use e.g. sqlite:///mlruns/optuna.db, postgresql://user:pass@host/db or mysql://user:pass@host/db"
+        ) from None
+
+
+def describe_study(study: optuna.Study, pareto: bool, floor: float, floor_rule: str) -> None:
+    """Name the objectives and explain the study for optuna-dashboard (user attributes are shown there)."""
+    with warnings.catch_warnings():  # "experimental" since Optuna 3.2, and what optuna-dashboard reads
+        warnings.simplefilter("ignore", ExperimentalWarning)
+        study.set_metric_names(["PSI", "HM"] if pareto else ["PSI"])
+    explanations = {
+        "objective": ("minimise PSI and maximise HM (Pareto front)" if pareto else "minimise PSI")
+        + " subject to the constraints; PSI = 1 - min/max of nDCG@10 over the begin, middle and end groups "
+        "(0 = position-fair), HM = their harmonic mean (0-1)",
+        "constraints": f"hm_floor: HM >= {floor:.4f} (--hm-floor {floor_rule}); ndcg_drop: aggregate nDCG@10 may not "
+        "fall below the uncalibrated model's by more than the allowance; a trial is feasible when every "
+        "constraint value is <= 0",
+        "reference_trials": "trial 0 = baseline (no calibration, λ 0), trial 1 = the paper's default "
+        "(CLS-Soft, λ 0.5, last 50% of layers, baskets of 128)",
+        "parameters": "strength = λ (0 = uncalibrated, 1 = fully equalised); depth = calibrated layers; basket_size = "
+        "content tokens per basket; variant = uniform | cls_soft | cls_hard; weight = w, CLS-Hard only",
+    }
+    for key, value in explanations.items():
+        if study.user_attrs.get(key) != value:
+            study.set_user_attr(key, value)
 
 
 def make_storage(url: str, heartbeat: int = HEARTBEAT_SECONDS) -> RDBStorage:
@@ -49,6 +84,8 @@ def make_storage(url: str, heartbeat: int = HEARTBEAT_SECONDS) -> RDBStorage:
 
     Workers starting together on a new database race to create Optuna's tables; the loser retries.
     """
+    if url.startswith("sqlite:///"):  # SQLite creates the file, not its folder
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     attempt = 0
     while True:
         try:

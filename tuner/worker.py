@@ -10,7 +10,6 @@ import logging
 import multiprocessing
 import multiprocessing.process
 import shutil
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -20,12 +19,12 @@ from typing import Any
 
 import optuna
 from optuna.trial import TrialState
-from tqdm.auto import tqdm
 
 from tuner.data import PositionalDataset
 from tuner.evaluation import Evaluator
 from tuner.models import LoadedModel
 from tuner.objective import SideSet, TrialObjective
+from tuner.progress import StudyProgress
 from tuner.scratch import scratch_dir
 from tuner.search_space import trial_basket_shares
 from tuner.session import FLOOR_ATTR, Session, prepare
@@ -56,6 +55,8 @@ def run_session_trials(
         name,
         params={**identity, "floor_value": floor, "trials": settings.trials, "storage": storage},
         tags={"posfair.model": model.spec.alias, "posfair.dataset": tuning.name},
+        description=f"Study {name}: {settings.trials} trials tuning {model.spec.alias} on {tuning.name}; "
+                    f"lowest PSI subject to HM >= {100 * floor:.2f} (--hm-floor {settings.hm_floor}).",
     )
     staging = scratch_dir()
     try:
@@ -66,8 +67,8 @@ def run_session_trials(
                            cache_budget=settings.cache_budget),
             profile_docs=settings.profile_docs,
         )
-        with tqdm(total=settings.trials, initial=len(complete_trials(study)), desc="trials", unit="trial",
-                  disable=not sys.stderr.isatty()) as progress:
+        evaluator.show_progress = False  # the trial bar (on a terminal) and the per-trial lines take over
+        with StudyProgress(settings.trials, len(complete_trials(study)), bar=not settings.worker) as progress:
             ended = run_trials(study, objective, settings.trials, [partial(_log_trial, progress=progress)])
         for worker in workers:
             worker.join()
@@ -142,10 +143,9 @@ def quiet_libraries() -> None:
 
 
 
-def _log_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial, progress: tqdm) -> None:
-    """One readable line per finished trial."""
+def _log_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial, progress: StudyProgress) -> None:
+    """One readable line per finished trial, with the study's progress (k/N, best so far, elapsed, ETA)."""
     if trial.state == TrialState.COMPLETE:
-        progress.update(1)
         broken = [name for name, value in trial.constraints.items() if not value <= 0]
         attrs = trial.user_attrs
         truncated = int(attrs.get("metrics", {}).get("truncated_documents", 0))
@@ -158,8 +158,10 @@ def _log_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial, progress: t
             trial.duration.total_seconds() if trial.duration else 0.0,
             f"  {truncated} passages truncated" if truncated else "",
         )
+        log.info("trial %d/%d complete · %s", min(len(complete_trials(study)), progress.total), progress.total, progress.status(study))
     elif not trial.user_attrs.get("surplus"):
         log.warning("trial %d %s: %s", trial.number, trial.state.name, trial.user_attrs.get("failure_reason", "interrupted"))
+        log.info("trials %d/%d complete · %s", min(len(complete_trials(study)), progress.total), progress.total, progress.status(study))
 
 
 def _side_set(model: LoadedModel, settings: TuneSettings, dataset: PositionalDataset | None, **cache: Any) -> SideSet | None:

@@ -1,0 +1,332 @@
+"""MLflow and Optuna as their users expect, on a default-like run: `tune` in a fresh folder with every store
+default, its output redirected to a file (no terminal).
+
+What a user sees: the model-training view, runs opened when trials start and closed with their state, the
+baseline / paper default / infeasible trials / winner marked and described, metrics on the console's
+scale, held-out intervals on the parent run, a registered `champion` that loads and serves the same
+vectors as `CalibratedEncoder`, a store that survives being copied, a log file with per-trial progress.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import optuna
+import pytest
+import requests
+import yaml
+from mlflow.tracking import MlflowClient
+from typer.testing import CliRunner
+
+from tests.ci import MLFLOW
+from tests.services import free_port, running_mlflow_server
+from tests.test_study import write_dataset
+from tests.tiny import random_texts
+from tuner.encoder import CalibratedEncoder
+from tuner.export import load_exported
+from tuner.registry import registered_name
+from tuner.tracking import DEFAULT_TRACKING_URI, KIND_TAG, NOTE, TRAINING_KIND
+
+TRIALS = 4
+TEXTS = random_texts(5, 20, 60, seed=7)
+
+
+def tune_command(model: Path, data: Path, *extra: str) -> list[str]:
+    """Plain `tune` on the tiny model: every store, the study name and the output left to their defaults."""
+    return [sys.executable, "-m", "tuner.cli", "--model", str(model), "--pooling", "cls", "--dataset", f"jsonl:{data}",
+            "--heldout", f"jsonl:{data}", "--trials", str(TRIALS), "--hm-floor=-50%", "--selection", "lowest",
+            "--profile-docs", "2", "--bootstrap", "50", *extra]
+
+
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir) -> dict[str, object]:
+    root = tmp_path_factory.mktemp("default-run")
+    data = write_dataset(root / "data")
+    (root / "space.yaml").write_text("basket_sizes: [8, 16, 128]\n", encoding="utf-8")
+    work = root / "project"
+    work.mkdir()
+    log_file = root / "tune.log"
+    with log_file.open("w") as handle:
+        done = subprocess.run([*tune_command(tiny_model_dir("bert"), data), "--space", str(root / "space.yaml")], cwd=work,
+                              stdout=handle, stderr=subprocess.STDOUT, timeout=900, env={**os.environ, "COLUMNS": "200"})
+    log = log_file.read_text(encoding="utf-8")
+    assert done.returncode == 0, log[-4000:]
+    exports = list((work / "mlruns" / "exports").glob("*.yaml"))
+    assert len(exports) == 1, "the default output is mlruns/exports/STUDY.yaml"
+    return {"work": work, "log": log, "yaml": exports[0], "model": tiny_model_dir("bert"), "data": data}
+
+
+@pytest.fixture
+def client(default_run: dict, monkeypatch: pytest.MonkeyPatch) -> MlflowClient:
+    """A client on the default store, from its folder, as `models:/` URIs resolve it there too."""
+    monkeypatch.chdir(default_run["work"])
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", DEFAULT_TRACKING_URI)
+    return MlflowClient(DEFAULT_TRACKING_URI, registry_uri=DEFAULT_TRACKING_URI)
+
+
+def runs_of(client: MlflowClient) -> tuple[object, list]:
+    experiment = client.get_experiment_by_name("posfair")
+    runs = client.search_runs([experiment.experiment_id], "", max_results=100)
+    parent = next(r for r in runs if r.data.tags.get("posfair.role") == "study")
+    trials = sorted((r for r in runs if r.data.tags.get("posfair.role") == "trial"), key=lambda r: int(r.data.tags["posfair.trial"]))
+    return parent, trials
+
+
+def the_study(work: Path) -> optuna.Study:
+    storage = f"sqlite:///{work / 'mlruns' / 'optuna.db'}"
+    return optuna.load_study(study_name=optuna.get_all_study_names(storage)[0], storage=storage)
+
+
+def test_the_log_file_shows_each_trial_with_progress_and_every_phase(default_run: dict) -> None:
+    """No terminal: one progress line per trial (k/N, best feasible so far, elapsed, ETA) and a line per phase."""
+    log = default_run["log"]
+    for k in range(1, TRIALS + 1):
+        line = re.search(rf"trial {k}/{TRIALS} complete · (best feasible so far: trial \d+ \(PSI [\d.]+, HM [\d.]+\)"
+                         rf"|no feasible trial yet) · elapsed [\dhms ]+ · (ETA [\dhms ]+|done)", log)
+        assert line, f"no progress line for trial {k}:\n{log[-3000:]}"
+    assert re.search(r"baseline: encoding \d+ documents .*done in", log, re.S)
+    assert re.search(r"held-out 1/1: scoring \d configs on jsonl:data \(12 documents, 36 queries\) \.\.\.", log)
+    assert re.search(r"held-out 1/1: .* done in [\dhms ]+", log)
+    assert "export: writing the winner's YAML and registering it in MLflow ... " in log
+    assert "\r" not in log  # no progress bar redrawn into a file
+
+
+def test_the_settings_table_shows_the_defaults_in_force(default_run: dict) -> None:
+    settings = default_run["log"].split("tune: settings", 1)[1].split("\n\n", 1)[0]
+    rows = dict(re.findall(r"^\s*([a-z-]+)\s{2,}(.*?)\s*$", settings, re.M))
+    work = default_run["work"]
+    assert rows["storage"] == f"sqlite:///{work / 'mlruns' / 'optuna.db'}"
+    assert rows["tracking-uri"].startswith(f"sqlite:///mlruns/mlflow.db  ({work / 'mlruns' / 'mlflow.db'}")
+    name = f"{default_run['model'].name}--jsonl:{default_run['data']}--seed0"
+    assert rows["study-name"] == re.sub(r"[^A-Za-z0-9._-]+", "_", name)
+    assert rows["output"] == f"mlruns/exports/{rows['study-name']}.yaml"
+    assert "None" not in (rows["storage"], rows["tracking-uri"], rows["output"], rows["study-name"])
+
+
+def test_the_experiment_opens_in_the_model_training_view_with_a_description(client: MlflowClient) -> None:
+    experiment = client.get_experiment_by_name("posfair")
+    assert experiment.tags[KIND_TAG] == TRAINING_KIND == "custom_model_development"
+    assert "Position Sensitivity Index" in experiment.tags[NOTE]
+
+
+def test_runs_mark_baseline_paper_default_infeasible_trials_and_the_winner(client: MlflowClient, default_run: dict) -> None:
+    parent, trials = runs_of(client)
+    study = the_study(default_run["work"])
+    assert [int(r.data.tags["posfair.trial"]) for r in trials] == list(range(TRIALS))
+    winner = int(parent.data.metrics["winner_trial"])
+    for run in trials:
+        number, metrics, name = int(run.data.tags["posfair.trial"]), run.data.metrics, run.info.run_name
+        feasible = metrics["feasible"] == 1.0
+        assert feasible == all(c <= 0 for c in study.trials[number].constraints.values())
+        assert (" · infeasible" in name) == (not feasible) == (run.data.tags["posfair.feasible"] == "no")
+        assert (" · winner" in name) == (number == winner) == (run.data.tags.get("posfair.winner") == "yes")
+        description = run.data.tags[NOTE]
+        assert f"PSI {metrics['psi']:.3f}" in description and f"HM {metrics['hm_x100']:.2f}" in description
+        assert ("infeasible" in description) == (not feasible)
+    assert trials[0].info.run_name.startswith("trial-0 · baseline") and "no calibration (λ 0)" in trials[0].data.tags[NOTE]
+    assert trials[1].info.run_name.startswith("trial-1 · paper default") and "CLS-Soft, λ 0.50" in trials[1].data.tags[NOTE]
+    assert trials[winner].data.tags[NOTE].startswith(f"Winner (trial {winner})")
+
+
+def test_trial_runs_open_when_the_trial_starts_and_last_as_long_as_it(client: MlflowClient, default_run: dict) -> None:
+    """A run's start and end are the trial's (Optuna's clock, 1 s tolerance), not the moment it was logged."""
+    _, trials = runs_of(client)
+    study = the_study(default_run["work"])
+    for run in trials:
+        trial = study.trials[int(run.data.tags["posfair.trial"])]
+        assert run.info.status == "FINISHED"
+        assert abs(run.info.start_time / 1000 - trial.datetime_start.timestamp()) < 1.0
+        assert abs(run.info.end_time / 1000 - trial.datetime_complete.timestamp()) < 1.0
+        assert (run.info.end_time - run.info.start_time) / 1000 == pytest.approx(trial.duration.total_seconds(), abs=1.0)
+        assert trial.user_attrs["mlflow_run_id"] == run.info.run_id  # Optuna points at the run
+
+
+def test_optuna_names_the_objective_and_explains_the_study(default_run: dict) -> None:
+    study = the_study(default_run["work"])
+    assert study.metric_names == ["PSI"]
+    assert "minimise PSI" in study.user_attrs["objective"] and "HM >=" in study.user_attrs["constraints"]
+    importance = study.user_attrs.get("psi_importance (parameters every trial drew)", {})
+    assert "weight" not in importance  # CLS-Hard's w is conditional: never ranked
+
+
+def test_the_parent_run_holds_held_out_figures_with_their_intervals(client: MlflowClient, default_run: dict) -> None:
+    parent, _ = runs_of(client)
+    exported = load_exported(default_run["yaml"])
+    (name, intervals), = exported.provenance.intervals.items()
+    metrics = parent.data.metrics
+    for metric, scale, shown in (("hm", 100, "hm_x100"), ("psi", 1, "psi"), ("ndcg10", 100, "ndcg10_x100")):
+        estimate, low, high = intervals[metric]
+        prefix = f"heldout/{name}/winner/change_{shown}"
+        assert metrics[prefix] == pytest.approx(scale * estimate)
+        assert metrics[f"{prefix}_ci_low"] == pytest.approx(scale * low) and metrics[f"{prefix}_ci_high"] == pytest.approx(scale * high)
+        assert low <= estimate <= high
+    held = exported.metrics[f"heldout/{name}"]
+    assert metrics[f"heldout/{name}/winner/hm_x100"] == pytest.approx(100 * held["hm"])
+    assert metrics[f"heldout/{name}/uncalibrated/hm_x100"] == pytest.approx(100 * exported.metrics[f"heldout_baseline/{name}"]["hm"])
+    assert metrics["tuning/winner/psi"] == pytest.approx(exported.metrics["tuning"]["psi"])
+
+
+def test_the_yaml_records_its_provenance(client: MlflowClient, default_run: dict) -> None:
+    parent, _ = runs_of(client)
+    text = default_run["yaml"].read_text(encoding="utf-8")
+    provenance = load_exported(default_run["yaml"]).provenance
+    assert provenance.mlflow_run_id == parent.info.run_id
+    assert provenance.registered_model == registered_name(str(default_run["model"]))
+    version = client.get_model_version_by_alias(provenance.registered_model, "champion")
+    assert provenance.registered_version == int(version.version)
+    assert provenance.heldout == [f"jsonl:{default_run['data'].name}"]
+    assert provenance.hm_floor == pytest.approx(the_study(default_run["work"]).user_attrs["floor_value"])
+    assert provenance.hm_floor_rule == "-50%" and provenance.objective.startswith("minimise PSI")
+    assert set(provenance.versions) == {"posfair", "torch", "transformers"}
+    import torch
+
+    assert provenance.versions["torch"] == torch.__version__
+    calibration = yaml.safe_load(text)["calibration"]
+    assert ("weight" in calibration) == (calibration["variant"] == "cls_hard")
+
+
+def test_the_winner_is_registered_and_loads_as_the_calibrated_encoder(client: MlflowClient, default_run: dict) -> None:
+    name = registered_name(str(default_run["model"]))
+    model = mlflow.pyfunc.load_model(f"models:/{name}@champion")  # the default store, as `tune` left it
+    encoder = CalibratedEncoder.from_yaml(default_run["yaml"])
+    assert np.abs(np.asarray(model.predict(TEXTS)) - encoder.encode(TEXTS)).max() < 1e-6
+    queries = np.asarray(model.predict(TEXTS[:2], params={"kind": "query"}))
+    assert np.abs(queries - encoder.encode_query(TEXTS[:2])).max() < 1e-6
+
+
+def test_a_copied_store_keeps_its_artifacts_and_models(default_run: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Copy the project folder, take the original away, and read artifacts and the model from the copy."""
+    copy = tmp_path / "moved"
+    shutil.copytree(default_run["work"], copy)
+    original = default_run["work"]
+    hidden = original.with_name(original.name + "-away")
+    original.rename(hidden)
+    try:
+        monkeypatch.chdir(copy)
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", DEFAULT_TRACKING_URI)
+        client = MlflowClient(DEFAULT_TRACKING_URI, registry_uri=DEFAULT_TRACKING_URI)
+        parent, trials = runs_of(client)
+        summary = Path(client.download_artifacts(parent.info.run_id, "summary.json", str(tmp_path)))
+        assert json.loads(summary.read_text(encoding="utf-8"))[-1]["trial"] == int(parent.data.metrics["winner_trial"])
+        profile = Path(client.download_artifacts(trials[0].info.run_id, "attention_profile.png", str(tmp_path)))
+        assert profile.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        name = registered_name(str(default_run["model"]))
+        vectors = mlflow.pyfunc.load_model(f"models:/{name}@champion").predict(TEXTS[:2])
+        assert np.asarray(vectors).shape[0] == 2
+    finally:
+        hidden.rename(original)
+
+
+def test_tune_ui_names_the_store_and_refuses_to_invent_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tuner.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["ui"])
+    assert result.exit_code == 2
+    assert "no MLflow store at" in result.output and str(tmp_path / "mlruns" / "mlflow.db") in result.output.replace("\n", "")
+    assert not (tmp_path / "mlruns").exists()
+
+
+def test_a_failed_start_leaves_no_store_behind(tiny_model_dir, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The model is there but its data cannot be read: the run fails, and no mlruns/ (no DB, no experiment) is left."""
+    from tuner.tune import TuneSettings, tune
+
+    data = write_dataset(tmp_path / "data")
+    (data / "queries.jsonl").write_text("{not json\n", encoding="utf-8")
+    work = tmp_path / "project"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    with pytest.raises(ValueError):
+        tune(TuneSettings(model=str(tiny_model_dir("bert")), pooling="cls", dataset=f"jsonl:{data}", heldout=None, trials=2))
+    assert list(work.iterdir()) == []
+
+
+def test_tune_has_short_help_and_a_version() -> None:
+    from tuner import __version__
+    from tuner.cli import app
+
+    runner = CliRunner()
+    assert runner.invoke(app, ["--version"]).output.strip() == f"posfair {__version__}"
+    for args in (["-h"], ["run", "-h"], ["ui", "-h"], ["encode", "-h"], ["evaluate", "-h"], ["export", "-h"]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0 and "Usage" in result.output, args
+
+
+def test_every_option_has_help_and_every_command_an_example() -> None:
+    import typer.main
+
+    from tuner.cli import app
+
+    group = typer.main.get_command(app)
+    for name, command in group.commands.items():  # type: ignore[attr-defined]
+        assert "Example:" in (command.help or ""), name
+        for param in command.params:
+            if param.name not in ("help",):
+                assert getattr(param, "help", None), f"{name} --{param.name} has no help"
+
+
+@pytest.fixture(scope="module")
+def server_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir) -> dict[str, object]:
+    """The same run against a real `mlflow server` (CI's if .ci/run started one, else one started here)."""
+    root = tmp_path_factory.mktemp("server-run")
+    data = write_dataset(root / "data")
+    (root / "space.yaml").write_text("basket_sizes: [8, 16, 128]\n", encoding="utf-8")
+
+    def run(uri: str) -> dict[str, object]:
+        done = subprocess.run([*tune_command(tiny_model_dir("bert"), data), "--space", str(root / "space.yaml"),
+                               "--tracking-uri", uri, "--storage", f"sqlite:///{root / 'optuna.db'}",
+                               "--study-name", f"served-{os.getpid()}-{time.time_ns()}", "--output", str(root / "best.yaml")],
+                              cwd=root, capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        return {"uri": uri, "yaml": root / "best.yaml", "model": tiny_model_dir("bert"), "root": root}
+
+    if MLFLOW:
+        yield run(MLFLOW)
+        return
+    with running_mlflow_server(f"sqlite:///{root / 'mlflow-server.db'}", root) as server:
+        yield run(server.uri)
+
+
+def test_the_champion_loads_from_the_server_and_is_served_over_rest(server_run: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    """models:/NAME@champion through the tracking server, then `mlflow models serve` answering a real POST."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", server_run["uri"])
+    name = registered_name(str(server_run["model"]))
+    uri = f"models:/{name}@champion"
+    encoder = CalibratedEncoder.from_yaml(server_run["yaml"])
+    want = encoder.encode(TEXTS)
+    assert np.abs(np.asarray(mlflow.pyfunc.load_model(uri).predict(TEXTS)) - want).max() < 1e-6
+    port = free_port()
+    log = (server_run["root"] / "serve.log").open("w")
+    serve = subprocess.Popen([sys.executable, "-m", "mlflow", "models", "serve", "-m", uri, "--env-manager", "local",
+                              "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                             env={**os.environ, "MLFLOW_TRACKING_URI": server_run["uri"],  # the venv's uvicorn, as when activated
+                                  "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"})
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            try:
+                if requests.get(f"http://127.0.0.1:{port}/ping", timeout=2).ok:
+                    break
+            except requests.RequestException:
+                pass
+            assert serve.poll() is None and time.monotonic() < deadline, (server_run["root"] / "serve.log").read_text()[-3000:]
+            time.sleep(1)
+        answer = requests.post(f"http://127.0.0.1:{port}/invocations", json={"inputs": TEXTS}, timeout=120)
+        assert answer.ok, answer.text
+        assert np.abs(np.asarray(answer.json()["predictions"], dtype=np.float64) - want).max() < 1e-6
+        queries = requests.post(f"http://127.0.0.1:{port}/invocations", json={"inputs": TEXTS[:2], "params": {"kind": "query"}}, timeout=120)
+        assert np.abs(np.asarray(queries.json()["predictions"]) - encoder.encode_query(TEXTS[:2])).max() < 1e-6
+    finally:
+        os.killpg(serve.pid, 15)
+        serve.wait(timeout=30)
+        log.close()

@@ -1,0 +1,99 @@
+"""Study progress a person can follow: a line per finished trial (k/N, best feasible so far, elapsed, ETA)
+that reaches a log file as well as a terminal, and on a terminal a progress bar drawn by the same rich
+console as the log lines, so neither overwrites the other.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from types import TracebackType
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+log = logging.getLogger(__name__)
+
+
+def clock(seconds: float) -> str:
+    """12 s, 4m05s, 1h02m."""
+    seconds = max(0, int(round(seconds)))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def logging_console() -> object | None:
+    """The rich console the root logger writes through, if it is a terminal (else: no bar)."""
+    from rich.logging import RichHandler
+
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, RichHandler) and handler.console.is_terminal:
+            return handler.console
+    return None
+
+
+class StudyProgress:
+    """Counts complete trials towards `total` (those done before a resume included) and times the rest."""
+
+    def __init__(self, total: int, done: int, *, bar: bool = True) -> None:
+        self.total, self.done_at_start = total, done
+        self.started = time.monotonic()
+        self._bar = bar
+        self._progress: object | None = None
+        self._task: object | None = None
+
+    def __enter__(self) -> StudyProgress:
+        console = logging_console() if self._bar else None
+        if console is not None:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            progress = Progress(TextColumn("trials"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                console=console, transient=True)  # type: ignore[arg-type]
+            progress.start()
+            self._task = progress.add_task("trials", total=self.total, completed=self.done_at_start)
+            self._progress = progress
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None) -> None:
+        if self._progress is not None:
+            self._progress.stop()  # type: ignore[attr-defined]
+
+    def status(self, study: optuna.Study) -> str:
+        """'best feasible so far: trial 3 (PSI 0.052, HM 56.90) · elapsed 2m10s · ETA 6m30s' (and the bar moves)."""
+        complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        done = min(len(complete), self.total)
+        if self._progress is not None:
+            self._progress.update(self._task, completed=done)  # type: ignore[attr-defined]
+        elapsed = time.monotonic() - self.started
+        new = done - self.done_at_start
+        eta = f"ETA {clock(elapsed / new * (self.total - done))}" if new > 0 and done < self.total else (
+            "done" if done >= self.total else "ETA after the first trial")
+        return f"{best_so_far(complete)} · elapsed {clock(elapsed)} · {eta}"
+
+
+def best_so_far(complete: list[FrozenTrial]) -> str:
+    """The feasible complete trial with the lowest PSI (the objective), in words."""
+    feasible = [t for t in complete if "psi" in t.user_attrs and all(c <= 0 for c in t.constraints.values())]
+    if not feasible:
+        return "no feasible trial yet"
+    best = min(feasible, key=lambda t: t.user_attrs["psi"])
+    return f"best feasible so far: trial {best.number} (PSI {best.user_attrs['psi']:.3f}, HM {100 * best.user_attrs['hm']:.2f})"
+
+
+class Phase:
+    """A phase of the run, logged when it starts and when it ends (with its duration)."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def __enter__(self) -> Phase:
+        self.started = time.monotonic()
+        log.info("%s ...", self.what)
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None) -> None:
+        if kind is None:
+            log.info("%s: done in %s", self.what, clock(time.monotonic() - self.started))
