@@ -77,15 +77,15 @@ def describe_store(uri: str) -> str:
     return f"{uri}  ({path.resolve()}{state})"
 
 
-def ui_command(uri: str, host: str, port: int) -> tuple[list[str], Path | None]:
-    """`mlflow ui` on a store, and the folder to start it in (where a local store's relative paths resolve)."""
+def ui_command(uri: str, host: str, port: int) -> list[str]:
+    """`mlflow ui` on a store; started in the working folder, where the default store's relative paths resolve."""
     import sys
 
     command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", host, "--port", str(port)]
     store = local_store(uri)
     if store is not None:
         command += ["--default-artifact-root", str((store.parent / "artifacts").resolve())]
-    return command, None
+    return command
 
 
 # --- metric names: the code's 0-1 names → names that say what they are, on the console's scale ----------
@@ -225,11 +225,19 @@ class Tracker:
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
             _check_server(self.uri)
-        self.client = MlflowClient(self.uri, registry_uri=self.uri)
+        self._client: MlflowClient | None = None
         self._pending: list[Callable[[], None]] = []
         self._experiment_id: str | None = None
         self._trial_runs: dict[int, str] = {}
         self.parent_id: str | None = None
+
+    @property
+    def client(self) -> MlflowClient:
+        """The MLflow client; the first use opens (or creates) the store and the experiment."""
+        if self._client is None:
+            _ = self.experiment_id
+        assert self._client is not None
+        return self._client
 
     @property
     def experiment_id(self) -> str:
@@ -237,6 +245,11 @@ class Tracker:
         if self._experiment_id is None:
             try:
                 with _store_lock(self.uri):  # processes starting together must not race to create a new store
+                    store = local_store(self.uri)
+                    if store is not None:
+                        store.parent.mkdir(parents=True, exist_ok=True)
+                    # a client with a registry URI creates the registry's tables at once: only under the lock
+                    self._client = MlflowClient(self.uri, registry_uri=self.uri)
                     self._experiment_id = self._open_experiment()
             except Exception as error:  # noqa: BLE001 - any failure here means the store is unusable
                 raise TrackingUnavailableError(
@@ -247,8 +260,6 @@ class Tracker:
 
     def _open_experiment(self) -> str:
         store = local_store(self.uri)
-        if store is not None:
-            store.parent.mkdir(parents=True, exist_ok=True)
         found = self.client.get_experiment_by_name(self.experiment_name)
         if found is None:
             try:
