@@ -270,7 +270,7 @@ class Tracker:
                     raise
                 return found.experiment_id
             if store is not None:
-                _relative_artifact_location(self.uri, store, experiment_id)
+                _artifacts_beside_store(self.uri, store, experiment_id)
             return experiment_id
         if found.tags.get(KIND_TAG) != TRAINING_KIND:  # a store made by an older posfair
             self.client.set_experiment_tag(found.experiment_id, KIND_TAG, TRAINING_KIND)
@@ -420,24 +420,25 @@ class Tracker:
         self.flush()
 
 
-def _relative_artifact_location(uri: str, store: Path, experiment_id: str) -> None:
-    """Record the experiment's artifact folder relative to the folder that holds the store.
+def _artifacts_beside_store(uri: str, store: Path, experiment_id: str) -> None:
+    """Keep a SQLite store's artifacts in `artifacts/` beside it, recorded relative to the working folder
+    when the store was given relatively (the default `mlruns/`).
 
-    MLflow resolves a relative artifact location to an absolute one when it creates an experiment,
-    which ties every artifact to the folder the study ran in. Runs and logged models inherit their
-    experiment's location, so one relative entry, written right after creation, makes the whole store
-    relocatable: `tune ui` (and `mlflow server` started beside `mlruns/`) resolves it where it now is.
+    MLflow resolves a relative artifact location to an absolute one when it creates an experiment (and
+    without one uses `./mlruns` of whatever folder the run started in), which ties every artifact to that
+    folder. Runs and logged models inherit their experiment's location, so one entry, written right after
+    creation, makes the default store relocatable: `tune ui` (and `mlflow server` started beside `mlruns/`)
+    resolves it where it now is.
     """
     import sqlalchemy
 
-    if store.is_absolute():
-        return  # a store given by absolute path stays where it is: keep MLflow's own absolute location
-    relative = (store.parent / "artifacts" / experiment_id).as_posix()
+    folder = store.parent / "artifacts" / experiment_id
+    location = folder.as_uri() if store.is_absolute() else folder.as_posix()
     engine = sqlalchemy.create_engine(uri)
     try:
         with engine.begin() as connection:
             connection.execute(sqlalchemy.text("UPDATE experiments SET artifact_location = :location WHERE experiment_id = :id"),
-                               {"location": relative, "id": int(experiment_id)})
+                               {"location": location, "id": int(experiment_id)})
     finally:
         engine.dispose()
 
