@@ -308,9 +308,8 @@ def ui(
         console.print(f"[red]error:[/red] no MLflow store at {escape(str(store.resolve()))}: run `tune` here first, change to the folder "
                       "that holds mlruns/, or pass --tracking-uri sqlite:///PATH/mlruns/mlflow.db")
         raise typer.Exit(2)
-    command, folder = ui_command(uri, host, port)
     console.print(f"MLflow UI on http://{host}:{port}  store: {describe_store(uri)}", markup=False)
-    raise typer.Exit(subprocess.call(command, cwd=folder))
+    raise typer.Exit(subprocess.call(ui_command(uri, host, port)))
 
 
 def _default_tracking_uri() -> str:

@@ -91,15 +91,15 @@ def describe_store(uri: str) -> str:
     return f"{uri}  ({path.resolve()}{state})"
 
 
-def ui_command(uri: str, host: str, port: int) -> tuple[list[str], Path | None]:
-    """`mlflow ui` on a store, and the folder to start it in (where a local store's relative paths resolve)."""
+def ui_command(uri: str, host: str, port: int) -> list[str]:
+    """`mlflow ui` on a store; started in the working folder, where the default store's relative paths resolve."""
     import sys
 
     command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", host, "--port", str(port)]
     store = local_store(uri)
     if store is not None:
         command += ["--default-artifact-root", str((store.parent / "artifacts").resolve())]
-    return command, None
+    return command
 
 
 # --- metric names: the code's 0-1 names → names that say what they are, on the console's scale ----------
@@ -240,11 +240,19 @@ class Tracker:
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
             _check_server(self.uri)
-        self.client = MlflowClient(self.uri, registry_uri=self.uri)
+        self._client: MlflowClient | None = None
         self._pending: list[Callable[[], None]] = []
         self._experiment_id: str | None = None
         self._trial_runs: dict[int, str] = {}
         self.parent_id: str | None = None
+
+    @property
+    def client(self) -> MlflowClient:
+        """The MLflow client; the first use opens (or creates) the store and the experiment."""
+        if self._client is None:
+            _ = self.experiment_id
+        assert self._client is not None
+        return self._client
 
     @property
     def experiment_id(self) -> str:
@@ -252,6 +260,11 @@ class Tracker:
         if self._experiment_id is None:
             try:
                 with _store_lock(self.uri):  # processes starting together must not race to create a new store
+                    store = local_store(self.uri)
+                    if store is not None:
+                        store.parent.mkdir(parents=True, exist_ok=True)
+                    # a client with a registry URI creates the registry's tables at once: only under the lock
+                    self._client = MlflowClient(self.uri, registry_uri=self.uri)
                     self._experiment_id = self._open_experiment()
             except Exception as error:  # noqa: BLE001 - any failure here means the store is unusable
                 raise TrackingUnavailableError(
@@ -262,8 +275,6 @@ class Tracker:
 
     def _open_experiment(self) -> str:
         store = local_store(self.uri)
-        if store is not None:
-            store.parent.mkdir(parents=True, exist_ok=True)
         found = self.client.get_experiment_by_name(self.experiment_name)
         if found is None:
             try:
@@ -274,7 +285,7 @@ class Tracker:
                     raise
                 return found.experiment_id
             if store is not None:
-                _relative_artifact_location(self.uri, store, experiment_id)
+                _artifacts_beside_store(self.uri, store, experiment_id)
             return experiment_id
         if found.tags.get(KIND_TAG) != TRAINING_KIND:  # a store made by an older posfair
             self.client.set_experiment_tag(found.experiment_id, KIND_TAG, TRAINING_KIND)
@@ -424,24 +435,25 @@ class Tracker:
         self.flush()
 
 
-def _relative_artifact_location(uri: str, store: Path, experiment_id: str) -> None:
-    """Record the experiment's artifact folder relative to the folder that holds the store.
+def _artifacts_beside_store(uri: str, store: Path, experiment_id: str) -> None:
+    """Keep a SQLite store's artifacts in `artifacts/` beside it, recorded relative to the working folder
+    when the store was given relatively (the default `mlruns/`).
 
-    MLflow resolves a relative artifact location to an absolute one when it creates an experiment,
-    which ties every artifact to the folder the study ran in. Runs and logged models inherit their
-    experiment's location, so one relative entry, written right after creation, makes the whole store
-    relocatable: `tune ui` (and `mlflow server` started beside `mlruns/`) resolves it where it now is.
+    MLflow resolves a relative artifact location to an absolute one when it creates an experiment (and
+    without one uses `./mlruns` of whatever folder the run started in), which ties every artifact to that
+    folder. Runs and logged models inherit their experiment's location, so one entry, written right after
+    creation, makes the default store relocatable: `tune ui` (and `mlflow server` started beside `mlruns/`)
+    resolves it where it now is.
     """
     import sqlalchemy
 
-    if store.is_absolute():
-        return  # a store given by absolute path stays where it is: keep MLflow's own absolute location
-    relative = (store.parent / "artifacts" / experiment_id).as_posix()
+    folder = store.parent / "artifacts" / experiment_id
+    location = folder.as_uri() if store.is_absolute() else folder.as_posix()
     engine = sqlalchemy.create_engine(uri)
     try:
         with engine.begin() as connection:
             connection.execute(sqlalchemy.text("UPDATE experiments SET artifact_location = :location WHERE experiment_id = :id"),
-                               {"location": relative, "id": int(experiment_id)})
+                               {"location": location, "id": int(experiment_id)})
     finally:
         engine.dispose()
 
