@@ -195,8 +195,8 @@ def test_only_a_cache_miss_means_not_available_locally(monkeypatch: pytest.Monke
         locate(spec)
     monkeypatch.undo()
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    with pytest.raises(ModelUnavailableError, match="not in the local Hugging Face cache"):
-        locate(resolve_spec("no/such/folder/or/id", pooling="cls"))
+    with pytest.raises(ModelUnavailableError, match="no model folder at no/such/folder/or/id"):
+        locate(resolve_spec("no/such/folder/or/id", pooling="cls"))  # no hub id (3 slashes): a missing local folder
 
     def broken(*args: object, **kwargs: object) -> str:
         raise PermissionError("cache folder unreadable")
