@@ -566,3 +566,13 @@ def test_an_inline_layer_list_is_read_whole() -> None:
     assert parse_inline("layers=last:2,basket_size=64") == {"layers": "last:2", "basket_size": 64}
     with pytest.raises(ValueError, match="write field=value pairs"):
         parse_inline("layers=[4,5")
+
+
+@pytest.mark.parametrize(("flag", "value", "message"), [
+    ("--max-ndcg-drop", "half", "--max-ndcg-drop 'half': write a number such as 0.005"),
+    ("--max-ndcg-drop", "2", "--max-ndcg-drop must be a number from 0 to 1"),
+    ("--max-crops-psi", "-1", "--max-crops-psi must be a number from 0 to inf"),
+    ("--max-crops-psi", "nan", "--max-crops-psi must be a number from 0 to inf"),
+])
+def test_a_constraint_limit_out_of_range_is_refused_before_any_work(flag: str, value: str, message: str) -> None:
+    assert message in tune("run", "--dataset", "wikipos-dev", flag, value)

@@ -159,8 +159,8 @@ def run(
     with _friendly_errors():
         settings = TuneSettings(
             model=model, pooling=pooling, dataset=dataset, heldout=heldout, general=general, max_general_drop=max_general_drop,
-            trials=trials, seed=seed, hm_floor=hm_floor, max_ndcg_drop=parse_allowance(max_ndcg_drop, "--max-ndcg-drop"),
-            max_crops_psi=parse_multiple(max_crops_psi, "--max-crops-psi"),
+            trials=trials, seed=seed, hm_floor=hm_floor, max_ndcg_drop=parse_limit(max_ndcg_drop, "--max-ndcg-drop", 1, "0.005, half a point of nDCG@10"),
+            max_crops_psi=parse_limit(max_crops_psi, "--max-crops-psi", math.inf, "1, no less fair than uncalibrated"),
             selection=selection, pareto=pareto, storage=storage, study_name=study_name,
             tracking_uri=tracking_uri, output=output, batch_size=batch_size, batch_tokens=batch_tokens, profile_docs=profile_docs,
             bootstrap=bootstrap, trust_remote_code=trust_remote_code, revision=revision,
@@ -341,29 +341,16 @@ def parse_inline(text: str) -> dict[str, object]:
     return values
 
 
-def parse_allowance(text: str, flag: str) -> float | None:
-    """'0.005' → 0.005 (a drop allowance on the 0–1 scale); 'none' → None (no constraint)."""
+def parse_limit(text: str, flag: str, upper: float, example: str) -> float | None:
+    """A constraint's limit: a number in [0, upper], or 'none' → None (the constraint is lifted)."""
     if text.strip().lower() == "none":
         return None
     try:
         value = float(text)
     except ValueError:
-        raise ValueError(f"{flag} {text!r}: write a drop on the 0–1 scale such as 0.005 (half a point), or none") from None
-    if not 0 <= value <= 1:
-        raise ValueError(f"{flag} must be between 0 and 1 (0.005 is half a point of nDCG@10), got {text!r}")
-    return value
-
-
-def parse_multiple(text: str, flag: str) -> float | None:
-    """'1' → 1.0 (a multiple of the uncalibrated value, >= 0); 'none' → None (no constraint)."""
-    if text.strip().lower() == "none":
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"{flag} {text!r}: write a multiple of the uncalibrated PSI such as 1 or 0.8, or none") from None
-    if not (math.isfinite(value) and value >= 0):
-        raise ValueError(f"{flag} must be a finite multiple >= 0 (1 = no less fair than uncalibrated), got {text!r}")
+        raise ValueError(f"{flag} {text!r}: write a number such as {example}, or none to lift the constraint") from None
+    if not (math.isfinite(value) and 0 <= value <= upper):
+        raise ValueError(f"{flag} must be a number from 0 to {upper:g} (e.g. {example}), got {text!r}")
     return value
 
 
