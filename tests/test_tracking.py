@@ -65,9 +65,21 @@ def default_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir) -> dic
     return {"work": work, "log": log, "yaml": exports[0], "model": tiny_model_dir("bert"), "data": data}
 
 
+def forget_cached_stores() -> None:
+    """MLflow keeps one store per URI string per process (lru_cache); the relative default URI used by an
+    in-process `tune` in another folder earlier in the test session would otherwise answer from that folder."""
+    from mlflow.tracking._model_registry import utils as registry_utils
+    from mlflow.tracking._tracking_service.utils import _tracking_store_registry
+
+    _tracking_store_registry._get_store_with_resolved_uri.cache_clear()
+    if registry_utils._model_registry_store_registry is not None:
+        registry_utils._model_registry_store_registry._get_store_with_resolved_uri.cache_clear()
+
+
 @pytest.fixture
 def client(default_run: dict, monkeypatch: pytest.MonkeyPatch) -> MlflowClient:
     """A client on the default store, from its folder, as `models:/` URIs resolve it there too."""
+    forget_cached_stores()
     monkeypatch.chdir(default_run["work"])
     monkeypatch.setenv("MLFLOW_TRACKING_URI", DEFAULT_TRACKING_URI)
     return MlflowClient(DEFAULT_TRACKING_URI, registry_uri=DEFAULT_TRACKING_URI)
@@ -211,6 +223,7 @@ def test_a_copied_store_keeps_its_artifacts_and_models(default_run: dict, tmp_pa
     hidden = original.with_name(original.name + "-away")
     original.rename(hidden)
     try:
+        forget_cached_stores()
         monkeypatch.chdir(copy)
         monkeypatch.setenv("MLFLOW_TRACKING_URI", DEFAULT_TRACKING_URI)
         client = MlflowClient(DEFAULT_TRACKING_URI, registry_uri=DEFAULT_TRACKING_URI)
