@@ -343,3 +343,24 @@ def test_the_champion_loads_from_the_server_and_is_served_over_rest(server_run: 
         os.killpg(serve.pid, 15)
         serve.wait(timeout=30)
         log.close()
+
+
+def test_two_runs_in_two_folders_of_one_process_log_to_their_own_stores(tiny_model_dir, tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default store is named by a relative URI (portable), but MLflow caches stores per URI string: a second
+    `tune()` in another folder of the same process must still log to its own folder's store."""
+    from tuner.search_space import SearchSpace
+    from tuner.tune import TuneSettings, tune
+
+    data = write_dataset(tmp_path / "data")
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        monkeypatch.chdir(tmp_path / folder)
+        tune(TuneSettings(model=str(tiny_model_dir("bert")), pooling="cls", dataset=f"jsonl:{data}", heldout=None, trials=1,
+                          hm_floor="-90%", max_ndcg_drop=None, study_name=f"study-{folder}", profile_docs=1, bootstrap=10,
+                          space=SearchSpace(basket_sizes=(8,)), selection="lowest"))
+    forget_cached_stores()
+    for folder in ("a", "b"):
+        client = MlflowClient(f"sqlite:///{tmp_path / folder / 'mlruns' / 'mlflow.db'}")
+        runs = client.search_runs([client.get_experiment_by_name("posfair").experiment_id], "tags.`posfair.role` = 'study'")
+        assert [r.info.run_name for r in runs] == [f"study-{folder}"]

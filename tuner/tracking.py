@@ -263,8 +263,11 @@ class Tracker:
                     store = local_store(self.uri)
                     if store is not None:
                         store.parent.mkdir(parents=True, exist_ok=True)
-                    # a client with a registry URI creates the registry's tables at once: only under the lock
-                    self._client = MlflowClient(self.uri, registry_uri=self.uri)
+                    # a client with a registry URI creates the registry's tables at once: only under the lock.
+                    # It opens the store by its absolute path: MLflow caches one store per URI string per
+                    # process, so the relative default would reach whichever folder used it first.
+                    absolute = f"sqlite:///{store.resolve()}" if store is not None else self.uri
+                    self._client = MlflowClient(absolute, registry_uri=absolute)
                     self._experiment_id = self._open_experiment()
             except Exception as error:  # noqa: BLE001 - any failure here means the store is unusable
                 raise TrackingUnavailableError(
