@@ -62,7 +62,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.data.dataset import fifth_of, slot_third, span_midpoint, span_third
-from tuner.data.wikipos import GROUP_ORDER, SPLITS, split_filename
+from tuner.data.wikipos import GROUP_ORDER, SEGMENT_SEPARATOR, SPLITS, split_filename
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_SOURCE = REPO_ROOT.parent / "shared" / "data" / "wikipedia-vital-summaries-en.json.gz"
@@ -74,7 +74,7 @@ SPECIAL_TOKENS = 2  # [CLS] and [SEP]
 MAX_SUMMARIES = 5
 MIN_SUMMARIES = 3
 MIN_QUERY_WORDS = 3
-SEPARATOR = "\n\n"
+SEPARATOR = SEGMENT_SEPARATOR  # the reader splits and crops passages by the same separator
 SPLIT_SIZES = {"dev": 300, "test": 400}
 GENERAL_SIZE = 500
 TRANSFER_SIZES = {"sentences": 100, "mixed": 180, "lengths": 350}

@@ -43,6 +43,8 @@ TRANSFER_SPLITS: tuple[str, ...] = ("sentences", "mixed", "lengths")
 GROUP_ORDER: dict[str, tuple[str, ...]] = {
     "dev": THIRDS, "test": THIRDS, "general": (), "sentences": FIFTHS, "mixed": SLOT_THIRDS, "lengths": THIRDS,
 }
+SEGMENT_SEPARATOR = "\n\n"
+"""Between a passage's summaries, as the builder joins them (a crop joins its window the same way)."""
 DATA_PACKAGE = "tuner.data"
 DATA_FOLDER = "wikipos"
 """The split files live in tuner/data/wikipos/ beside this module (a data folder, not a package)."""
@@ -109,7 +111,7 @@ def crop_records(records: Iterator[dict[str, Any]], seed: int = 0) -> Iterator[d
         start = rng.randint(0, len(segments) - size)
         window = segments[start:start + size]
         texts = [record["text"][a:b] for a, b in (segment["span"] for segment in window)]
-        text = "\n\n".join(texts)
+        text = SEGMENT_SEPARATOR.join(texts)
         cropped, offset = [], 0
         for segment, piece in zip(window, texts):
             span = [offset, offset + len(piece)]
@@ -117,7 +119,7 @@ def crop_records(records: Iterator[dict[str, Any]], seed: int = 0) -> Iterator[d
             if query is not None and "group" in query:
                 query = {**query, "id": f"{query['id']}-crop", "group": span_third(*span, len(text))}
             cropped.append({**segment, "span": span, "query": query})
-            offset += len(piece) + 2
+            offset += len(piece) + len(SEGMENT_SEPARATOR)
         if any(segment["query"] for segment in cropped):
             yield {**record, "id": f"{record['id']}-crop", "text": text, "segments": cropped}
 
