@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from objectives.constraint import Constraints, HmFloor
+from tuner.settings import TuneSettings
 
 
 # --- HmFloor ------------------------------------------------------------------------------------
@@ -107,14 +108,20 @@ def test_a_negative_or_nan_allowance_is_rejected(field: str, bad: float) -> None
         Constraints(0.79, **{field: bad})
 
 
-def test_the_crops_may_not_end_less_fair_than_uncalibrated_by_default() -> None:
-    """Crops PSI 0.30 against 0.25 uncalibrated: 0.05 beyond the default multiple 1, infeasible."""
-    assert Constraints(0.79).values(0.80, 0.80, 0.0, crops_psi=(0.30, 0.25))["crops_psi"] == pytest.approx(0.05)
-    assert Constraints(0.79).values(0.80, 0.80, 0.0, crops_psi=(0.20, 0.25))["crops_psi"] == pytest.approx(-0.05)
+def test_with_a_multiple_of_one_the_crops_may_not_end_less_fair_than_uncalibrated() -> None:
+    """Crops PSI 0.30 against 0.25 uncalibrated: 0.05 beyond the multiple 1, infeasible."""
+    once = Constraints(0.79, max_crops_psi=1.0)
+    assert once.values(0.80, 0.80, 0.0, crops_psi=(0.30, 0.25))["crops_psi"] == pytest.approx(0.05)
+    assert once.values(0.80, 0.80, 0.0, crops_psi=(0.20, 0.25))["crops_psi"] == pytest.approx(-0.05)
     strict = Constraints(0.79, max_crops_psi=0.5).values(0.80, 0.80, 0.0, crops_psi=(0.20, 0.25))
     assert strict["crops_psi"] == pytest.approx(0.075), "half the uncalibrated PSI is 0.125; 0.20 misses it by 0.075"
-    assert "crops_psi" not in Constraints(0.79, max_crops_psi=None).values(0.80, 0.80, 0.0, crops_psi=(0.9, 0.1))
-    assert "crops_psi" not in Constraints(0.79).values(0.80, 0.80, 0.0), "no crops scored (no segment structure): no constraint"
+    assert "crops_psi" not in once.values(0.80, 0.80, 0.0), "no crops scored (no segment structure): no constraint"
+
+
+def test_the_crops_constraint_is_off_by_default() -> None:
+    """Opt-in (`--max-crops-psi 1`): it excluded no trial of the default runs and costs 61% more encoding."""
+    assert "crops_psi" not in Constraints(0.79).values(0.80, 0.80, 0.0, crops_psi=(0.9, 0.1))
+    assert TuneSettings().max_crops_psi is None
 
 
 @pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf")])

@@ -19,7 +19,7 @@ from tuner.encoder import CalibratedEncoder, auto_batch_size, forward
 from tuner.evaluation import Evaluator
 from tuner.models import LoadedModel, load_model
 from tuner.prefix import Batches, LayerStack, ResumeUnsupportedError, prefix_layers_for, record_layer_inputs
-from tuner.search_space import SearchSpace
+from tuner.search_space import DEPTHS, SearchSpace
 
 BATCH = 4
 
@@ -187,8 +187,10 @@ def test_a_model_without_a_recognisable_layer_list_falls_back_to_full_passes(tin
 
 
 def test_the_layers_worth_caching_are_where_the_search_space_starts() -> None:
-    assert prefix_layers_for(SearchSpace(), 6) == (1, 3, 4, 5)  # MiniLM: 75%, 50%, 25%, last; never layer 0
-    assert prefix_layers_for(SearchSpace(), 3) == (1, 2)
+    every_depth = SearchSpace(depths=tuple(DEPTHS))
+    assert prefix_layers_for(every_depth, 6) == (1, 3, 4, 5)  # MiniLM: 75%, 50%, 25%, last; never layer 0
+    assert prefix_layers_for(SearchSpace(), 6) == (3, 4, 5)  # the default space: 50%, 25%, last
+    assert prefix_layers_for(every_depth, 3) == (1, 2)
     assert prefix_layers_for(SearchSpace(depths=("100%",)), 6) == ()
     assert prefix_layers_for(SearchSpace(depths=("last", "50%")), 24) == (12, 23)
 

@@ -141,3 +141,16 @@ def test_a_finished_trial_gives_back_the_config_it_drew() -> None:
         assert back.strength == round(trial.params["strength"], 6) and back.strength in {round(0.05 * i, 6) for i in range(21)}
         assert (back.variant == "cls_hard") == ("weight" in trial.params)
     assert {c.variant for c in configs} == {"cls_hard", "uniform"} and {c.basket_shares for c in configs} == {"equal", "by_size"}
+
+
+@pytest.mark.parametrize("num_layers", [6, 12, 24])
+def test_the_default_space_calibrates_at_most_the_last_half_of_the_layers(num_layers: int) -> None:
+    """The paper's grid calibrates the last layer or the last 50% (§4); the default space stays in that range
+    (deeper configs transferred worst, README "What wins") and still reaches both of the paper's layer sets."""
+    study, configs = run(SearchSpace(), 40)
+    calibrated = [c.resolve_layers(num_layers) for c in configs]
+    assert all(layers[-1] == num_layers - 1 for layers in calibrated), "calibrated layers always end at the last"
+    assert max(len(layers) for layers in calibrated) == num_layers // 2
+    assert min(len(layers) for layers in calibrated) == 1
+    wider = [c.resolve_layers(num_layers) for c in run(SearchSpace(depths=("75%", "100%")), 4, references=())[1]]
+    assert all(len(layers) > num_layers // 2 for layers in wider), "the deeper depths stay available"

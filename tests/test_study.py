@@ -286,7 +286,7 @@ def test_each_trial_is_constrained_by_its_psi_on_the_crops_against_the_uncalibra
         model=str(tiny_model_dir("bert")), pooling="cls", dataset=f"jsonl:{write_dataset(tmp_path / 'data')}", heldout=None,
         trials=3, hm_floor="-90%", max_ndcg_drop=None, storage=f"sqlite:///{tmp_path / 'o.db'}",
         tracking_uri=f"sqlite:///{tmp_path / 'm.db'}", output=tmp_path / "best.yaml", study_name="crops", profile_docs=2,
-        bootstrap=20, space=SearchSpace(basket_sizes=(8, 16)), selection="lowest",
+        bootstrap=20, space=SearchSpace(basket_sizes=(8, 16)), selection="lowest", max_crops_psi=1.0,
     )
     tune(settings)
     model = load_model(settings.model, pooling="cls")

@@ -19,7 +19,7 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 from tuner.messages import shown
-from tuner.settings import DEFAULT_TRIALS, TuneSettings
+from tuner.settings import DEFAULT_PROFILE_DOCS, DEFAULT_TRIALS, TuneSettings
 from tuner.study import HEARTBEAT_SECONDS
 
 if TYPE_CHECKING:
@@ -126,7 +126,7 @@ def run(
     trials: Annotated[int, typer.Option(help="Complete trials to reach (failed ones do not count).")] = DEFAULT_TRIALS,
     hm_floor: Annotated[str, typer.Option(help="'significant' (HM's 95% lower bound above the uncalibrated HM), 'baseline' (HM at least the uncalibrated HM), a value like 0.52, or relative like -1%.")] = "significant",
     max_ndcg_drop: Annotated[str, typer.Option(help="How far aggregate nDCG@10 may fall below the uncalibrated model's (0–1 scale, e.g. 0.005); 'none' lifts the constraint.")] = "0",
-    max_crops_psi: Annotated[str, typer.Option(help="PSI on the tuning passages re-cut shorter (WikiPos sets) may be at most this multiple of the uncalibrated PSI there (1: no less fair than no calibration); 'none' lifts the constraint.")] = "1",
+    max_crops_psi: Annotated[str, typer.Option(help="PSI on the tuning passages re-cut shorter (WikiPos sets) may be at most this multiple of the uncalibrated PSI there, e.g. 1 (no less fair than no calibration); 'none' (the default): not scored.")] = "none",
     selection: Annotated[str, typer.Option(help="How the winner is named: 'one-se' (the mildest trial within one standard error of the lowest PSI) or 'lowest' (the lowest PSI).")] = "one-se",
     heldout: Annotated[str | None, typer.Option(help="Held-out benchmark(s) for the final report, comma-separated; 'auto': WikiPos-test and the WikiPos transfer sets for WikiPos-dev, FineWeb-PosQ's held-out part for FineWeb-PosQ; 'none' for none.")] = "auto",
     general: Annotated[str | None, typer.Option(help="General-retrieval check, e.g. wikipos-general: its nDCG@10 change is logged every trial; a constraint only with --max-general-drop.")] = None,
@@ -140,7 +140,7 @@ def run(
     space: Annotated[Path | None, typer.Option(help="YAML search space (strength_step, depths, basket_sizes, variants, weight_low/high).")] = None,
     batch_size: BatchSize = None,
     batch_tokens: BatchTokens = None,
-    profile_docs: Annotated[int, typer.Option(help="Documents in each trial's attention profile.")] = 16,
+    profile_docs: Annotated[int, typer.Option(help="Documents in each trial's attention profile.")] = DEFAULT_PROFILE_DOCS,
     bootstrap: Annotated[int, typer.Option(help="Bootstrap resamples for the held-out intervals.")] = 1000,
     revision: Annotated[str | None, typer.Option(help="Hub revision of the model.")] = None,
     trust_remote_code: TrustRemoteCode = False,

@@ -19,6 +19,7 @@ from tuner.encoder import CalibratedEncoder
 from tuner.evaluation import Evaluator
 from tuner.profile import AttentionProfile, plot_profile
 from tuner.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, SearchSpace, is_reference_trial
+from tuner.settings import DEFAULT_PROFILE_DOCS
 from tuner.tracking import Tracker, TrialRecord, describe_config, describe_outcome
 
 
@@ -51,7 +52,7 @@ class TrialObjective:
         pareto: bool = False,
         general: SideSet | None = None,
         crops: SideSet | None = None,
-        profile_docs: int = 16,
+        profile_docs: int = DEFAULT_PROFILE_DOCS,
     ) -> None:
         self.evaluator = evaluator
         self.space = space

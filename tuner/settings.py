@@ -14,7 +14,10 @@ from tuner.search_space import SearchSpace
 from tuner.study import HEARTBEAT_SECONDS, default_storage
 from tuner.tracking import check_tracking_uri
 
-DEFAULT_TRIALS = 16  # plain `tune` (MiniLM on WikiPos-dev): at most 8.4 min on 2 CPU cores, measured (README)
+DEFAULT_TRIALS = 16  # plain `tune` (MiniLM on WikiPos-dev): about 12 min on 2 idle CPU cores, measured (README)
+# Passages in each trial's attention profile: a diagnostic, not used by selection; its all-layer observed
+# pass cost a third of a trial at 16 passages (py-spy, default run), so 8.
+DEFAULT_PROFILE_DOCS = 8
 EXPERIMENT = "posfair"
 
 
@@ -32,7 +35,7 @@ class TuneSettings:
     seed: int = 0
     hm_floor: str = "significant"
     max_ndcg_drop: float | None = 0.0  # aggregate nDCG@10 may fall this much below the uncalibrated (None: any)
-    max_crops_psi: float | None = 1.0  # PSI on the tuning set's crops, as a multiple of the uncalibrated (None: off)
+    max_crops_psi: float | None = None  # PSI on the tuning set's crops, as a multiple of the uncalibrated (None: off, the default)
     selection: str = "one-se"
     pareto: bool = False
     storage: str | None = None
@@ -41,7 +44,7 @@ class TuneSettings:
     output: Path | None = None
     batch_size: int | None = None  # None: chosen from the device's free memory (`encoder.choose_batching`)
     batch_tokens: int | None = None  # None: long-passage models get a token budget from the free memory
-    profile_docs: int = 16
+    profile_docs: int = DEFAULT_PROFILE_DOCS
     bootstrap: int = 1000
     trust_remote_code: bool = False
     revision: str | None = None
