@@ -110,8 +110,8 @@ class Constraints:
                     of the uncalibrated model's PSI there (1: no less fair than no calibration; None:
                     unconstrained, the default). A config that flattens full passages by over-weighting their
                     end reverses the bias on shorter ones; this is where that would show. Off by default: in
-                    the default runs of seeds 0 and 1 under the previous space (32 trials) it excluded no trial, and it adds 61% to
-                    every trial's encoding (README "What wins").
+                    the default runs of seeds 0 and 1 under the previous space (32 trials) it excluded no
+                    trial, and it adds 61% to every trial's encoding (README "What wins").
     """
 
     hm_floor: float
