@@ -19,7 +19,6 @@ from tuner.encoder import CalibratedEncoder
 from tuner.evaluation import Evaluator
 from tuner.profile import AttentionProfile, plot_profile
 from tuner.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, SearchSpace, is_reference_trial
-from tuner.settings import DEFAULT_PROFILE_DOCS
 from tuner.tracking import Tracker, TrialRecord, describe_config, describe_outcome
 
 
@@ -52,7 +51,7 @@ class TrialObjective:
         pareto: bool = False,
         general: SideSet | None = None,
         crops: SideSet | None = None,
-        profile_docs: int = DEFAULT_PROFILE_DOCS,
+        profile_docs: int,
     ) -> None:
         self.evaluator = evaluator
         self.space = space
