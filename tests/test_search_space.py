@@ -147,7 +147,7 @@ def test_a_finished_trial_gives_back_the_config_it_drew() -> None:
 def test_the_default_space_calibrates_at_most_the_last_half_of_the_layers(num_layers: int) -> None:
     """The paper's grid calibrates the last layer or the last 50% (§4); the default space stays in that range
     (deeper configs transferred worst, README "What wins") and still reaches both of the paper's layer sets."""
-    study, configs = run(SearchSpace(), 40)
+    configs = run(SearchSpace(), 40)[1]
     calibrated = [c.resolve_layers(num_layers) for c in configs]
     assert all(layers[-1] == num_layers - 1 for layers in calibrated), "calibrated layers always end at the last"
     assert max(len(layers) for layers in calibrated) == num_layers // 2
