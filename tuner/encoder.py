@@ -28,8 +28,10 @@ log = logging.getLogger(__name__)
 # On CPU a forward pass gains no throughput from more than this many passages per batch (MiniLM on
 # WikiPos here: 8, 16, 32 and 64 encode equally fast within noise), so bigger batches only cost RAM.
 CPU_BATCH_CAP = 16
-Embeddings = np.ndarray | torch.Tensor | list[torch.Tensor]
 GPU_BATCH_CAP = 256
+
+# What `encode` returns: an array (the default), one tensor (convert_to_tensor) or a list of 1-D tensors.
+Embeddings = np.ndarray | torch.Tensor | list[torch.Tensor]
 
 
 @dataclass(frozen=True)
