@@ -223,7 +223,7 @@ def build(case: Case) -> tuple[Any, Any, Any, dict[str, Any]]:
 
     torch.manual_seed(0)
     if case.model == "minilm":
-        from tuner.models import load_model
+        from tuner.engine.models import load_model
 
         loaded = load_model("minilm", device="cpu", dtype=torch.float32)
         model, tokenizer = loaded.model, loaded.tokenizer

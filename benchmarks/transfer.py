@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-
 SETS = ("wikipos-dev", "wikipos-dev-crops", "wikipos-test", "wikipos-sentences", "wikipos-mixed", "wikipos-lengths")
 CONFIGS = (
     "L1-B256-0.5", "L1-B128-0.5", "L2-B128-0.5", "L3-B128-0.5", "L1-B256-0.75", "L2-B256-0.75", "L1-B128-0.75",
@@ -45,8 +44,8 @@ def main(argv: list[str] | None = None) -> None:
     from objectives import Candidate, Constraints, HmFloor, select
     from objectives.evidence import trial_evidence
     from tuner.data import load_benchmark
-    from tuner.evaluation import Evaluator
-    from tuner.models import load_model
+    from tuner.engine.models import load_model
+    from tuner.evaluation.evaluator import Evaluator
 
     model = load_model("minilm")
     evaluators = {name: Evaluator(model, load_benchmark(name), prefix_layers=range(1, model.num_layers)) for name in SETS}

@@ -1,4 +1,4 @@
-"""What a trial costs with and without the caches of `tuner.evaluation` (MiniLM on WikiPos-dev).
+"""What a trial costs with and without the caches of `tuner.evaluation.evaluator` (MiniLM on WikiPos-dev).
 
 Run from the repository root:
 
@@ -16,7 +16,7 @@ not depend on λ, variant or w); and the same three for a last-layer trial (laye
 the median over repeats; each ratio is the median of the per-repeat ratios (paired, so load that
 other processes put on a shared machine cancels out as far as it can).
 
-Part 2, a 24-trial study. The study loop of `tuner.study` (TPE, seed 0, the baseline and the
+Part 2, a 24-trial study. The study loop of `tuner.tuning.study` (TPE, seed 0, the baseline and the
 paper's default enqueued first, basket sizes no passage fills left out, as `tune` does) with an objective that scores each config with
 `Evaluator.run` — PSI, subject to HM ≥ the baseline's HM — without MLflow logging and without the
 per-trial attention profile. Three evaluators run side by side: without caching
@@ -76,10 +76,10 @@ def timed(step: Callable[[], object]) -> tuple[float, object]:
 
 
 def per_trial(model, dataset, args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, object]:
-    from tuner.cache_policy import FirstLayerSums
-    from tuner.encoder import forward
-    from tuner.evaluation import Evaluator
-    from tuner.prefix import resumed_from
+    from tuner.engine.encoder import forward
+    from tuner.engine.prefix import resumed_from
+    from tuner.evaluation.cache_policy import FirstLayerSums
+    from tuner.evaluation.evaluator import Evaluator
 
     folder = Path(tempfile.mkdtemp(prefix="posfair-trial-cost-"))
     evaluator = Evaluator(model, dataset, args.batch_size, cache_dir=folder)
@@ -140,9 +140,9 @@ def study_walls(model, dataset, args: argparse.Namespace, say: Callable[[str], N
     """Both studies side by side: each config runs on both evaluators back to back, in alternating order."""
     import optuna
 
-    from tuner.evaluation import Evaluator
-    from tuner.search_space import BASELINE_PARAMS, DEPTHS, PAPER_DEFAULT_PARAMS, SearchSpace
-    from tuner.study import enqueue_once, open_study, run_trials
+    from tuner.evaluation.evaluator import Evaluator
+    from tuner.tuning.search_space import BASELINE_PARAMS, DEPTHS, PAPER_DEFAULT_PARAMS, SearchSpace
+    from tuner.tuning.study import enqueue_once, open_study, run_trials
 
     folder = Path(tempfile.mkdtemp(prefix="posfair-study-cost-"))
     modes = ("uncached", "cold", "warm")
@@ -275,7 +275,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     hf_logging.set_verbosity_error()
     from tuner.data import load_benchmark
-    from tuner.models import load_model
+    from tuner.engine.models import load_model
 
     def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)

@@ -19,7 +19,6 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-
 _ACCEPTED = (
     "'significant' (HM significantly above the uncalibrated HM: the default), 'baseline' (HM at least the "
     "uncalibrated HM), an absolute HM on the 0–1 scale such as '0.52', or a signed change relative to the "

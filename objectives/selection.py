@@ -54,6 +54,8 @@ class Selection:
 
     def describe(self) -> str:
         """One sentence for logs, MLflow and the exported YAML."""
+        if self.rule == "chosen":
+            return f"trial {self.winner.trial_number}: chosen by the user (tune export --trial), not by a selection rule"
         if self.rule == "lowest":
             return f"trial {self.winner.trial_number}: the feasible trial with the lowest objective ({self.winner.objective:.4f})"
         return (
@@ -61,6 +63,11 @@ class Selection:
             f"{list(self.eligible)} whose objective is within one standard error of the best "
             f"(trial {self.best.trial_number}: {self.best.objective:.4f} + {self.best.objective_se:.4f} = {self.threshold:.4f})"
         )
+
+
+def chosen(candidate: Candidate) -> Selection:
+    """A trial the user named, exported as it is: the record says no rule picked it."""
+    return Selection("chosen", candidate, candidate, candidate.objective, (candidate.trial_number,))
 
 
 def select(candidates: Iterable[Candidate], rule: Rule = "one-se") -> Selection | None:

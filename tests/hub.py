@@ -305,7 +305,7 @@ def tune_here(*args: str, expect: int = 0) -> str:
     """`tune ARGS...` in this process (see `use_in_this_process`); its output, whitespace-folded."""
     from typer.testing import CliRunner
 
-    from tuner.cli import app
+    from tuner.cli.app import app
 
     result = CliRunner().invoke(app, list(args))
     assert result.exit_code == expect, f"exit {result.exit_code}\n{result.output[-6000:]}\n{result.exception!r}"

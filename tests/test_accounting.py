@@ -21,8 +21,8 @@ from typer.testing import CliRunner
 
 from tests.test_study import write_dataset
 from tests.test_workers import command, finished_trial_numbers, polled, study_backend
-from tuner.cli import app
-from tuner.study import enqueue_once, open_study
+from tuner.cli.app import app
+from tuner.tuning.study import enqueue_once, open_study
 
 COMPLETE, RUNNING, FAIL, WAITING = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.RUNNING,
                                     optuna.trial.TrialState.FAIL, optuna.trial.TrialState.WAITING)
@@ -155,7 +155,7 @@ def test_failures_of_an_earlier_run_do_not_stop_a_fixed_rerun(backend: str, tiny
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """Case 4: after a first attempt whose trials failed, the fixed rerun stopped on the old failures, ran one trial
     and exported from 1 of 2 with exit 0."""
-    from tuner.evaluation import Evaluator
+    from tuner.evaluation.evaluator import Evaluator
 
     storage, tracking, name = study_backend(backend, tmp_path)
     monkeypatch.chdir(tmp_path)
@@ -207,7 +207,7 @@ def test_a_reference_queued_but_not_yet_run_is_not_queued_again(tmp_path: Path) 
 
 
 def test_workers_seed_their_samplers_apart_and_reproducibly() -> None:
-    from tuner.study import sampler_seed
+    from tuner.tuning.study import sampler_seed
 
     assert sampler_seed(7, "0") == 7  # a single process draws as it always did
     assert len({sampler_seed(7, str(i)) for i in range(8)}) == 8

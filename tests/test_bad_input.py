@@ -19,10 +19,10 @@ from typer.testing import CliRunner
 
 from tests.ci import require
 from tests.test_study import write_dataset
+from tuner.cli.app import app
 from tuner.data import load_benchmark
-from tuner.cli import app
-from tuner.export import ExportError, build_export, write_exported
-from tuner.models import load_model
+from tuner.engine.exported import ExportError, build_export, write_exported
+from tuner.engine.models import load_model
 
 runner = CliRunner()
 
@@ -175,7 +175,7 @@ def test_a_document_longer_than_the_model_is_warned_and_counted(exported_yaml: d
 
 @pytest.mark.parametrize("problem", ["missing", "read-only"])
 def test_an_export_path_that_cannot_be_written_leaves_no_partial_file(exported_yaml: dict, in_tmp: Path, problem: str) -> None:
-    from tuner.export import ExportedConfig
+    from tuner.engine.exported import ExportedConfig
 
     folder = in_tmp / "out"
     if problem == "read-only":
@@ -188,7 +188,7 @@ def test_an_export_path_that_cannot_be_written_leaves_no_partial_file(exported_y
 
 
 def test_a_write_that_fails_midway_leaves_neither_the_file_nor_a_temporary(exported_yaml: dict, in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tuner.export import ExportedConfig
+    from tuner.engine.exported import ExportedConfig
 
     def disk_full(*args: object) -> None:
         raise OSError(28, "No space left on device")
@@ -255,7 +255,7 @@ def test_evaluate_refuses_a_batch_size_below_one(tiny_data: Path) -> None:
 
 
 def test_the_encoder_refuses_a_batch_size_below_one_in_the_library_too(tiny_model_dir) -> None:
-    from tuner.encoder import CalibratedEncoder
+    from tuner.engine.encoder import CalibratedEncoder
 
     encoder = CalibratedEncoder(load_model(str(tiny_model_dir("bert")), pooling="cls"))
     with pytest.raises(ValueError, match="--batch-size must be at least 1, got -1"):
@@ -359,7 +359,7 @@ def test_a_study_name_outside_the_safe_characters_is_refused(name: str, in_tmp: 
 
 def test_exports_and_vectors_are_written_with_the_users_umask(exported_yaml: dict, in_tmp: Path) -> None:
     """Case 10: exports and .npy files were 0600 whatever the umask."""
-    from tuner.export import ExportedConfig
+    from tuner.engine.exported import ExportedConfig
 
     previous = os.umask(0o022)
     try:
@@ -560,7 +560,7 @@ def test_a_missing_local_model_folder_is_not_sent_to_the_hub(in_tmp: Path) -> No
 
 def test_an_inline_layer_list_is_read_whole() -> None:
     """Case 13: inline `layers=[4,5]` was told "write field=value pairs"."""
-    from tuner.cli import parse_inline
+    from tuner.cli.app import parse_inline
 
     assert parse_inline("strength=0.5,layers=[4,5]") == {"strength": 0.5, "layers": [4, 5]}
     assert parse_inline("layers=last:2,basket_size=64") == {"layers": "last:2", "basket_size": 64}

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from tests.tiny import random_texts
-from tuner.baselines import ModelChunker, segment_embed_average, shuffle_corpus, shuffle_sentences, split_sentences
 from tuner.data import PositionalDataset
-from tuner.encoder import CalibratedEncoder
-from tuner.models import LoadedModel, load_model
+from tuner.engine.encoder import CalibratedEncoder
+from tuner.engine.models import LoadedModel, load_model
+from tuner.report.baselines import ModelChunker, segment_embed_average, shuffle_corpus, shuffle_sentences, split_sentences
 
 CHUNK_TOKENS = 12
 

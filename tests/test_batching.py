@@ -16,9 +16,9 @@ from transformers import AutoModel, XLMRobertaConfig
 
 from tests.tiny import WORDS, random_texts, save_tiny
 from tuner.calibration.reference import register_reference
-from tuner.encoder import Batches, CalibratedEncoder, auto_batch_size, auto_batch_tokens, choose_batching
-from tuner.evaluation import Evaluator
-from tuner.models import REGISTRY, LoadedModel, default_dtype, load_model
+from tuner.engine.encoder import Batches, CalibratedEncoder, auto_batch_size, auto_batch_tokens, choose_batching
+from tuner.engine.models import REGISTRY, LoadedModel, default_dtype, load_model
+from tuner.evaluation.evaluator import Evaluator
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 GiB = 2**30

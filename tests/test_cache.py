@@ -15,10 +15,10 @@ import torch
 
 import tuner
 from tests.test_prefix import BATCH, scratch, tiny_dataset
-from tuner import cache as cache_module
-from tuner.cache import DiskCache, _as_bytes, _from_bytes
-from tuner.evaluation import Evaluator
-from tuner.models import LoadedModel, load_model
+from tuner.engine.models import LoadedModel, load_model
+from tuner.evaluation import store as cache_module
+from tuner.evaluation.evaluator import Evaluator
+from tuner.evaluation.store import DiskCache, _as_bytes, _from_bytes
 
 LAYERS = (1, 2)
 

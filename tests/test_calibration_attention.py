@@ -439,7 +439,7 @@ def test_by_size_moves_a_partial_last_basket_and_not_full_ones() -> None:
 def test_shared_first_layer_sums_never_serve_the_other_basket_shares() -> None:
     """The mean path's first-layer sums differ by basket_shares (Σ O_b against Σ cnt_b·O_b), so a trial with
     the other mode computes its own; a trial with the same mode reuses them. Each agrees with the oracle."""
-    from tuner.cache_policy import FirstLayerSums
+    from tuner.evaluation.cache_policy import FirstLayerSums
 
     q, k, v, key_valid = build_inputs([22, 15, 9], False, 4, 2, torch.float32, 12)
     allowed = mask_of(key_valid, False)

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from objectives.constraint import Constraints, HmFloor
-from tuner.settings import TuneSettings
-
+from tuner.tuning.settings import TuneSettings
 
 # --- HmFloor ------------------------------------------------------------------------------------
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from tests.tiny import WORDS, save_tiny
-from tuner.cost import Probe, StudyCost, duration
 from tuner.data import PositionalDataset
-from tuner.evaluation import Evaluator
-from tuner.models import load_model
-from tuner.session import estimate_cost
+from tuner.engine.models import load_model
+from tuner.evaluation.cost import Probe, StudyCost, duration
+from tuner.evaluation.evaluator import Evaluator
+from tuner.tuning.session import estimate_cost
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

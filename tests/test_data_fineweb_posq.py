@@ -11,8 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tuner.data import DatasetUnavailableError, load_benchmark
-from tuner.data import fineweb_posq
+from tuner.data import DatasetUnavailableError, fineweb_posq, load_benchmark
 from tuner.data.fineweb_posq import load_fineweb_posq
 
 ROWS = Path(__file__).parent / "fixtures" / "fineweb_posq" / "rows.jsonl"

@@ -9,9 +9,9 @@ import pytest
 import yaml
 
 from tests.tiny import random_texts
-from tuner.encoder import CalibratedEncoder
-from tuner.export import build_export, load_exported, write_exported
-from tuner.models import LoadedModel, load_model
+from tuner.engine.encoder import CalibratedEncoder
+from tuner.engine.exported import build_export, load_exported, write_exported
+from tuner.engine.models import LoadedModel, load_model
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner.files import replacing, write_atomically
+from tuner.common.files import replacing, write_atomically
 
 
 def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path: Path) -> None:
@@ -30,9 +30,9 @@ def test_a_completed_write_replaces_the_file(tmp_path: Path) -> None:
 def test_default_places_are_under_mlruns_in_the_working_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The study store, MLflow's store and the cache default to ./mlruns (README, `tune --help`); naming them
     creates nothing (a failed start leaves no store behind). MLflow's URI is relative, so a moved mlruns/ works."""
-    from tuner.cache_policy import default_cache_dir
-    from tuner.study import default_storage
-    from tuner.tracking import default_tracking_uri
+    from tuner.evaluation.cache_policy import default_cache_dir
+    from tuner.tracking.runs import default_tracking_uri
+    from tuner.tuning.study import default_storage
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("POSFAIR_CACHE_DIR", raising=False)

@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tuner.encoder import CalibratedEncoder
-from tuner.export import build_export, write_exported
-from tuner.integration import load_sentence_transformer
-from tuner.models import load_model
+from tuner.engine.encoder import CalibratedEncoder
+from tuner.engine.exported import build_export, write_exported
+from tuner.engine.integration import load_sentence_transformer
+from tuner.engine.models import load_model
 
 LONG = " ".join(["The lighthouse keeper logged every ship that passed the northern cape in winter."] * 30)
 

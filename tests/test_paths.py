@@ -167,8 +167,8 @@ def this_process_on_the_hub(hub: FakeHub, monkeypatch: pytest.MonkeyPatch) -> Fa
 
 
 def test_a_hub_model_records_its_commit_and_truncates_at_its_own_positions(this_process_on_the_hub: FakeHub) -> None:
-    from tuner.encoder import CalibratedEncoder
-    from tuner.models import load_model
+    from tuner.engine.encoder import CalibratedEncoder
+    from tuner.engine.models import load_model
 
     loaded = load_model("bge-m3")
     assert loaded.revision == this_process_on_the_hub.revisions[BGE_M3], "the snapshot's commit, not 'local'"
@@ -244,7 +244,7 @@ def test_general_alone_is_a_reported_check_not_a_constraint(hub: FakeHub, bge_m3
 
 
 def test_tune_encode_and_from_yaml_give_the_oracle_calibrated_vectors(this_process_on_the_hub: FakeHub, bge_m3_run: dict) -> None:
-    from tuner.encoder import CalibratedEncoder
+    from tuner.engine.encoder import CalibratedEncoder
 
     hub = this_process_on_the_hub
     succeeded(bge_m3_run["result"])

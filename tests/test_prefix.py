@@ -11,15 +11,15 @@ import torch
 
 from tests.conftest import POOLING
 from tests.tiny import WORDS, random_texts
-from tuner.cache import choose_layers
 from tuner.calibration import CalibrationConfig
 from tuner.calibration.rows import fills_a_basket
 from tuner.data import PositionalDataset
-from tuner.encoder import CalibratedEncoder, auto_batch_size, forward
-from tuner.evaluation import Evaluator
-from tuner.models import LoadedModel, load_model
-from tuner.prefix import Batches, LayerStack, ResumeUnsupportedError, prefix_layers_for, record_layer_inputs
-from tuner.search_space import DEPTHS, SearchSpace
+from tuner.engine.encoder import CalibratedEncoder, auto_batch_size, forward
+from tuner.engine.models import LoadedModel, load_model
+from tuner.engine.prefix import Batches, LayerStack, ResumeUnsupportedError, record_layer_inputs
+from tuner.evaluation.evaluator import Evaluator
+from tuner.evaluation.store import choose_layers
+from tuner.tuning.search_space import DEPTHS, SearchSpace
 
 BATCH = 4
 
@@ -178,7 +178,7 @@ def test_a_model_whose_layers_share_state_is_not_resumed_there(tiny_model_dir) -
 
 def test_a_model_without_a_recognisable_layer_list_falls_back_to_full_passes(tiny_model_dir, monkeypatch: pytest.MonkeyPatch) -> None:
     model = load_model(str(tiny_model_dir("bert")), pooling="cls")
-    monkeypatch.setattr("tuner.prefix._find_layers", lambda *a: (_ for _ in ()).throw(ResumeUnsupportedError("no layer list")))
+    monkeypatch.setattr("tuner.engine.prefix._find_layers", lambda *a: (_ for _ in ()).throw(ResumeUnsupportedError("no layer list")))
     evaluator = Evaluator(model, tiny_dataset(), BATCH, disk_cache=False)
     config = configs(model)[0]
     got, _ = evaluator.document_vectors(config)
@@ -188,11 +188,11 @@ def test_a_model_without_a_recognisable_layer_list_falls_back_to_full_passes(tin
 
 def test_the_layers_worth_caching_are_where_the_search_space_starts() -> None:
     every_depth = SearchSpace(depths=tuple(DEPTHS))
-    assert prefix_layers_for(every_depth, 6) == (1, 3, 4, 5)  # MiniLM: 75%, 50%, 25%, last; never layer 0
-    assert prefix_layers_for(SearchSpace(), 6) == (3, 4, 5)  # the default space: 50%, 25%, last
-    assert prefix_layers_for(every_depth, 3) == (1, 2)
-    assert prefix_layers_for(SearchSpace(depths=("100%",)), 6) == ()
-    assert prefix_layers_for(SearchSpace(depths=("last", "50%")), 24) == (12, 23)
+    assert every_depth.starting_layers(6) == (1, 3, 4, 5)  # MiniLM: 75%, 50%, 25%, last; never layer 0
+    assert SearchSpace().starting_layers(6) == (3, 4, 5)  # the default space: 50%, 25%, last
+    assert every_depth.starting_layers(3) == (1, 2)
+    assert SearchSpace(depths=("100%",)).starting_layers(6) == ()
+    assert SearchSpace(depths=("last", "50%")).starting_layers(24) == (12, 23)
 
 
 def test_the_budget_picks_the_layers_that_skip_the_most() -> None:
@@ -221,7 +221,7 @@ def test_a_budget_of_one_layer_caches_one_layer(tiny: LoadedModel, tmp_path: Pat
 def test_the_batch_size_is_chosen_from_free_memory_as_a_capped_power_of_two(tiny: LoadedModel, monkeypatch) -> None:
     import psutil
 
-    from tuner import encoder
+    from tuner.engine import encoder as encoder
 
     assert auto_batch_size(tiny) == encoder.CPU_BATCH_CAP  # plenty of RAM: the CPU cap, whatever is free
     monkeypatch.setattr(psutil, "virtual_memory", lambda: type("Memory", (), {"available": 2**20})())

@@ -9,8 +9,8 @@ import pytest
 from rich.console import Console
 
 from tuner.data import PositionalDataset
-from tuner.models import LoadedModel, load_model
-from tuner.report import BASELINE, SEA, EvaluationTable, render, run_evaluation, to_dict, to_markdown
+from tuner.engine.models import LoadedModel, load_model
+from tuner.report.tables import BASELINE, SEA, EvaluationTable, render, run_evaluation, to_dict, to_markdown
 
 GROUPS = ("begin", "middle", "end")
 
@@ -124,7 +124,7 @@ def test_redirected_output_gets_tables_wide_enough_to_read(monkeypatch) -> None:
     """Rich assumes 80 columns off a terminal, which cut `tune evaluate`'s table to '…' in files and logs."""
     import io
 
-    from tuner.cli import PIPED_WIDTH, _console
+    from tuner.cli.app import PIPED_WIDTH, _console
 
     monkeypatch.setattr("sys.stdout", io.StringIO())
     assert _console().width == PIPED_WIDTH

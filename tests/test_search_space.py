@@ -13,9 +13,9 @@ import optuna
 import pytest
 
 from tuner.calibration import ConfigError
-from tuner.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, SearchSpace, trial_basket_shares, trial_config
-from tuner.study import enqueue_once
-from tuner.conclusion import _trial_with
+from tuner.tuning.conclusion import _trial_with
+from tuner.tuning.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, SearchSpace, trial_basket_shares, trial_config
+from tuner.tuning.study import enqueue_once
 
 FOUR_KNOBS = {"strength", "depth", "basket_size", "variant"}
 

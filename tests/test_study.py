@@ -18,13 +18,14 @@ from tests.services import running_mlflow_server
 from tests.tiny import WORDS
 from tuner.calibration import CalibrationConfig, ConfigError
 from tuner.data import load_benchmark
-from tuner.models import load_model
-from tuner.encoder import CalibratedEncoder
-from tuner.evaluation import Evaluator
-from tuner.export import load_exported
-from tuner.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, SearchSpace, trial_basket_shares
-from tuner.study import open_study, run_trials, winner
-from tuner.tune import NoFeasibleTrialError, TuneSettings, tune
+from tuner.engine.encoder import CalibratedEncoder
+from tuner.engine.exported import load_exported
+from tuner.engine.models import load_model
+from tuner.evaluation.evaluator import Evaluator
+from tuner.tuning.conclusion import reexport
+from tuner.tuning.run import NoFeasibleTrialError, TuneSettings, tune
+from tuner.tuning.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, SearchSpace, trial_basket_shares
+from tuner.tuning.study import open_study, run_trials, winner
 
 TRIAL_PARAMS = {"strength", "depth", "basket_size", "variant", "layers", "basket_shares"}
 # MLflow's names: on the console's scale (nDCG@10 and HM ×100, PSI 0–1), constraints as margins (>= 0: met)
@@ -128,8 +129,8 @@ def test_baseline_and_paper_default_are_the_first_trials(workspace: dict) -> Non
     assert set(runs.values()) == {"equal"}
 
 
-def test_the_export_loads_back_and_encodes_like_the_winning_trial(workspace: dict) -> None:
-    """The YAML holds the winning trial's own draws, and encodes exactly as that trial's documents were scored."""
+def test_the_export_holds_the_winning_trial(workspace: dict) -> None:
+    """The YAML `tune` wrote is the selected trial's, with its tuning and held-out figures."""
     settings, outcome = workspace["settings"], workspace["outcome"]
     winning = optuna.load_study(study_name="tiny", storage=settings.storage).trials[outcome.winner_trial]
     exported = load_exported(settings.output)
@@ -137,25 +138,47 @@ def test_the_export_loads_back_and_encodes_like_the_winning_trial(workspace: dic
     held = f"jsonl:{Path(settings.dataset.removeprefix('jsonl:')).name}"
     assert {"tuning", "tuning_baseline", f"heldout/{held}", f"heldout_baseline/{held}"} <= set(exported.metrics)
     assert exported.metrics["tuning"]["psi"] == pytest.approx(winning.user_attrs["psi"])
+    assert exported.calibration.strength == pytest.approx(winning.params["strength"])
+
+
+def test_an_exported_trial_loads_back_and_encodes_as_the_trial_scored(workspace: dict, tmp_path: Path) -> None:
+    """The YAML holds the trial's own draws, and encodes exactly as that trial's documents were scored.
+
+    Which trial wins on a random model is noise (float rounding decides it between machines), so this
+    exports a calibrating trial by number (`tune export --trial`), through the same export path."""
+    settings = workspace["settings"]
+    study = optuna.load_study(study_name="tiny", storage=settings.storage)
+    chosen = next(t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE and t.params["strength"] > 0)
+    path = reexport("tiny", settings.storage, tmp_path / "chosen.yaml", settings.tracking_uri, trial=chosen.number)
+    exported = load_exported(path)
+    assert exported.provenance.trial == chosen.number and "chosen by the user" in exported.provenance.selection
+    assert exported.metrics["tuning"]["psi"] == pytest.approx(chosen.user_attrs["psi"])
     calibration = exported.calibration
-    assert (calibration.variant, calibration.basket_size) == (winning.params["variant"], winning.params["basket_size"])
-    assert calibration.strength == pytest.approx(winning.params["strength"])
-    assert calibration.layers == winning.user_attrs["layers"]  # explicit indices, as the trial resolved them
-    if "weight" in winning.params:  # CLS-Hard's w
-        assert calibration.weight == pytest.approx(winning.params["weight"])
+    assert (calibration.variant, calibration.basket_size) == (chosen.params["variant"], chosen.params["basket_size"])
+    assert calibration.strength == pytest.approx(chosen.params["strength"])
+    assert calibration.layers == chosen.user_attrs["layers"]  # explicit indices, as the trial resolved them
+    if "weight" in chosen.params:  # CLS-Hard's w
+        assert calibration.weight == pytest.approx(chosen.params["weight"])
     # The trial's config, built here from what Optuna stored (not through tune's own conversion).
     model = load_model(settings.model, pooling="cls")
     drawn = CalibrationConfig(
-        variant=winning.params["variant"], strength=winning.params["strength"], layers=winning.user_attrs["layers"],
-        basket_size=winning.params["basket_size"], pooling="cls", basket_shares=trial_basket_shares(winning),
-        **({"weight": winning.params["weight"]} if "weight" in winning.params else {}),
+        variant=chosen.params["variant"], strength=chosen.params["strength"], layers=chosen.user_attrs["layers"],
+        basket_size=chosen.params["basket_size"], pooling="cls", basket_shares=trial_basket_shares(chosen),
+        **({"weight": chosen.params["weight"]} if "weight" in chosen.params else {}),
     )
     evaluator = Evaluator(model, load_benchmark(settings.dataset), disk_cache=False)
     trial_vectors, _ = evaluator.document_vectors(drawn)
     baseline_vectors, _ = evaluator.document_vectors(None)
-    assert np.abs(trial_vectors - baseline_vectors).max() > 1e-4  # the winner does calibrate: the check below means something
+    assert np.abs(trial_vectors - baseline_vectors).max() > 1e-4  # the trial does calibrate: the check below means something
     texts = [evaluator.dataset.corpus[d] for d in evaluator.doc_ids]
-    assert np.abs(CalibratedEncoder.from_yaml(settings.output).encode(texts) - trial_vectors).max() < 1e-6
+    assert np.abs(CalibratedEncoder.from_yaml(path).encode(texts) - trial_vectors).max() < 1e-6
+
+
+def test_exporting_a_trial_that_is_not_complete_names_the_complete_ones(workspace: dict, tmp_path: Path) -> None:
+    settings = workspace["settings"]
+    with pytest.raises(ValueError, match=r"--trial 99: study 'tiny' has no complete trial 99; complete trials: \[0, 1, 2"):
+        reexport("tiny", settings.storage, tmp_path / "none.yaml", settings.tracking_uri, trial=99)
+    assert not (tmp_path / "none.yaml").exists()
 
 
 def test_rerunning_resumes_the_study_without_repeating_trials(workspace: dict) -> None:
@@ -278,10 +301,10 @@ def test_each_trial_is_constrained_by_its_psi_on_the_crops_against_the_uncalibra
 ) -> None:
     """With a crops view, every trial records crops_psi = PSI_crops(config) − 1 × PSI_crops(uncalibrated),
     recomputed here with a separate Evaluator from the configs Optuna stored."""
-    import tuner.session
+    import tuner.tuning.session
 
     crops = load_benchmark(f"jsonl:{write_dataset(tmp_path / 'crops', docs=8, seed=5)}")
-    monkeypatch.setattr(tuner.session, "load_crops", lambda name: crops)
+    monkeypatch.setattr(tuner.tuning.session, "load_crops", lambda name: crops)
     settings = TuneSettings(
         model=str(tiny_model_dir("bert")), pooling="cls", dataset=f"jsonl:{write_dataset(tmp_path / 'data')}", heldout=None,
         trials=3, hm_floor="-90%", max_ndcg_drop=None, storage=f"sqlite:///{tmp_path / 'o.db'}",

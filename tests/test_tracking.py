@@ -31,10 +31,10 @@ from tests.ci import MLFLOW
 from tests.services import free_port, running_mlflow_server
 from tests.test_study import write_dataset
 from tests.tiny import random_texts
-from tuner.encoder import CalibratedEncoder
-from tuner.export import load_exported
-from tuner.registry import registered_name
-from tuner.tracking import DEFAULT_TRACKING_URI, KIND_TAG, NOTE, TRAINING_KIND
+from tuner.engine.encoder import CalibratedEncoder
+from tuner.engine.exported import load_exported
+from tuner.tracking.registry import registered_name
+from tuner.tracking.runs import DEFAULT_TRACKING_URI, KIND_TAG, NOTE, TRAINING_KIND
 
 TRIALS = 4
 TEXTS = random_texts(5, 20, 60, seed=7)
@@ -240,7 +240,7 @@ def test_a_copied_store_keeps_its_artifacts_and_models(default_run: dict, tmp_pa
 
 
 def test_tune_ui_names_the_store_and_refuses_to_invent_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tuner.cli import app
+    from tuner.cli.app import app
 
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(app, ["ui"])
@@ -251,7 +251,7 @@ def test_tune_ui_names_the_store_and_refuses_to_invent_one(tmp_path: Path, monke
 
 def test_a_failed_start_leaves_no_store_behind(tiny_model_dir, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The model is there but its data cannot be read: the run fails, and no mlruns/ (no DB, no experiment) is left."""
-    from tuner.tune import TuneSettings, tune
+    from tuner.tuning.run import TuneSettings, tune
 
     data = write_dataset(tmp_path / "data")
     (data / "queries.jsonl").write_text("{not json\n", encoding="utf-8")
@@ -265,7 +265,7 @@ def test_a_failed_start_leaves_no_store_behind(tiny_model_dir, tmp_path: Path, m
 
 def test_tune_has_short_help_and_a_version() -> None:
     from tuner import __version__
-    from tuner.cli import app
+    from tuner.cli.app import app
 
     runner = CliRunner()
     assert runner.invoke(app, ["--version"]).output.strip() == f"posfair {__version__}"
@@ -277,7 +277,7 @@ def test_tune_has_short_help_and_a_version() -> None:
 def test_every_option_has_help_and_every_command_an_example() -> None:
     import typer.main
 
-    from tuner.cli import app
+    from tuner.cli.app import app
 
     group = typer.main.get_command(app)
     for name, command in group.commands.items():  # type: ignore[attr-defined]
@@ -349,8 +349,8 @@ def test_two_runs_in_two_folders_of_one_process_log_to_their_own_stores(tiny_mod
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """The default store is named by a relative URI (portable), but MLflow caches stores per URI string: a second
     `tune()` in another folder of the same process must still log to its own folder's store."""
-    from tuner.search_space import SearchSpace
-    from tuner.tune import TuneSettings, tune
+    from tuner.tuning.run import TuneSettings, tune
+    from tuner.tuning.search_space import SearchSpace
 
     data = write_dataset(tmp_path / "data")
     for folder in ("a", "b"):

@@ -13,8 +13,8 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from functools import cache
 from dataclasses import replace
+from functools import cache
 from pathlib import Path
 
 import optuna
@@ -24,9 +24,9 @@ from mlflow.tracking import MlflowClient
 from tests.ci import require_mlflow_server, require_postgres
 from tests.services import fresh_postgres_database, running_mlflow_server
 from tests.test_study import write_dataset
-from tuner.search_space import SearchSpace
-from tuner.tracking import TrackingUnavailableError
-from tuner.tune import TuneSettings, tune
+from tuner.tracking.runs import TrackingUnavailableError
+from tuner.tuning.run import TuneSettings, tune
+from tuner.tuning.search_space import SearchSpace
 
 COMPLETE = optuna.trial.TrialState.COMPLETE
 
@@ -158,7 +158,7 @@ def tiny_settings(tiny_model_dir, data: Path, tmp_path: Path) -> TuneSettings:
 
 
 def test_a_trial_that_raises_is_recorded_as_failed_and_the_study_goes_on(tiny_settings: TuneSettings, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tuner.evaluation import Evaluator
+    from tuner.evaluation.evaluator import Evaluator
 
     real_run = Evaluator.run
 

@@ -274,7 +274,7 @@ class RowSums:
 class SharedSums(Protocol):
     """Where a calibrated pass looks up, and leaves, the `RowSums` of its first calibrated layer for the batch
     it is encoding (mean pooling). The caller owns it and hands one over per batch
-    (`tuner.cache_policy.FirstLayerSums.for_batch`); the engine keeps nothing between calls."""
+    (`tuner.evaluation.cache_policy.FirstLayerSums.for_batch`); the engine keeps nothing between calls."""
 
     def lookup(self, key: tuple[object, ...]) -> RowSums | None: ...
 

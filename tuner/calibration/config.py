@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from tuner.messages import shown
+from tuner.common.messages import shown
 
 Pooling = Literal["cls", "last", "mean"]
 PaddingSide = Literal["left", "right"]

@@ -36,8 +36,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from tuner.common.messages import shown
 from tuner.data.dataset import FIFTHS, SLOT_THIRDS, THIRDS, PositionalDataset, span_midpoint, third_of
-from tuner.messages import shown
 
 KNOWN_GROUPS: tuple[tuple[str, ...], ...] = (THIRDS, FIFTHS, SLOT_THIRDS)
 """The position vocabularies posfair's loaders use: a file's labels come from one of them or none."""

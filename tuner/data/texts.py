@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from tuner.common.messages import shown
 from tuner.data.jsonl import read_text
-from tuner.messages import shown
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 

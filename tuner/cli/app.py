@@ -1,0 +1,461 @@
+"""The `tune` command line: run (the default), evaluate, export, encode, ui."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import numpy as np
+import typer
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.markup import escape
+from rich.table import Table
+from typer.core import TyperGroup
+
+from tuner.common.messages import shown
+from tuner.tuning.settings import DEFAULT_PROFILE_DOCS, DEFAULT_TRIALS, TuneSettings
+from tuner.tuning.study import HEARTBEAT_SECONDS
+
+if TYPE_CHECKING:
+    from tuner.tuning.conclusion import TuneOutcome
+
+PIPED_WIDTH = 160  # rich assumes 80 columns when not on a terminal, which truncates the result tables
+
+
+def _console(stderr: bool = False) -> Console:
+    """A rich console; redirected output (a file, a CI log) gets PIPED_WIDTH columns so tables stay whole."""
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(stderr=stderr, width=None if stream.isatty() else PIPED_WIDTH)
+
+
+console = _console(stderr=True)
+log = logging.getLogger("tuner")
+
+
+class _RunByDefault(TyperGroup):
+    """`tune --model x` means `tune run --model x`: run is the default subcommand."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        if not args or (args[0] not in self.commands and args[0] not in ("--help", "-h", "--version")):
+            args = ["run", *args]
+        return super().parse_args(ctx, args)
+
+
+app = typer.Typer(
+    cls=_RunByDefault,
+    help="Tune attention calibration per model for position-fair dense retrieval (posfair). "
+    "`tune` alone is `tune run`: it tunes all-MiniLM-L6-v2 on the embedded WikiPos.",
+    epilog="Examples: tune --trials 4 · tune --model bge-m3 · tune ui · tune encode --config best.yaml --input docs.jsonl --output emb.npy",
+    no_args_is_help=False,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from tuner import __version__
+
+        typer.echo(f"posfair {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print posfair's version and exit.")] = False,
+) -> None:
+    """Tune attention calibration per model for position-fair dense retrieval (posfair)."""
+
+
+def _options_file(ctx: typer.Context, value: Path | None) -> Path | None:
+    """Values from a YAML options file become the defaults; flags still win."""
+    if value is None:
+        return None
+    from tuner.common.safe_yaml import YamlError, load_file
+
+    try:
+        data = load_file(value) or {}
+    except YamlError as error:
+        raise typer.BadParameter(str(error)) from None
+    if not isinstance(data, dict):
+        raise typer.BadParameter(f"{value}: expected a mapping of option: value")
+    params = {p.name: p for p in ctx.command.params}
+    normalised = {str(k).replace("-", "_"): v for k, v in data.items()}
+    unknown = sorted(set(normalised) - set(params))
+    if unknown:
+        raise typer.BadParameter(f"{value}: unknown option(s) {shown(unknown)}; known: {sorted(set(params) - {'options'})}")
+    for key, option in normalised.items():  # click would read `true` as 1 for a number
+        if isinstance(option, bool) and not getattr(params[key], "is_flag", False):
+            raise typer.BadParameter(f"{value}: {key} is {option!r}, a boolean; write a value (see --{key.replace('_', '-')} in --help)")
+    ctx.default_map = {**(ctx.default_map or {}), **normalised}
+    return value
+
+
+OptionsFile = Annotated[
+    Path | None,
+    typer.Option("--options", help="YAML file of options (keys as the long flags); flags override it.",
+                 is_eager=True, callback=_options_file, exists=True, dir_okay=False),
+]
+Model = Annotated[str, typer.Option(help="Registry alias (minilm, bge-m3, qwen3-embedding-0.6b, ...) or a local folder.")]
+Dataset = Annotated[str, typer.Option(help="wikipos-dev|wikipos-test|wikipos-general|fineweb-posq, or posir:/jsonl:/beir:PATH.")]
+TrackingUri = Annotated[str | None, typer.Option(help="MLflow tracking server; default: a SQLite store under ./mlruns.")]
+Storage = Annotated[str | None, typer.Option(help="Optuna storage URL; default: sqlite:///mlruns/optuna.db.")]
+BatchSize = Annotated[
+    int | None, typer.Option(min=1, help="Documents per forward pass; default: chosen from the device's free memory.")
+]
+BatchTokens = Annotated[
+    int | None, typer.Option(min=1, help="Padded tokens per forward pass (rows × longest text); default for long-passage models: chosen from the device's free memory.")
+]
+Seed = Annotated[int, typer.Option(min=0, max=2**32 - 1, help="Seed of the sampler and the bootstrap.")]
+Resamples = Annotated[int, typer.Option(min=1, help="Bootstrap resamples for the intervals.")]
+TrustRemoteCode = Annotated[bool, typer.Option(help="Allow a model's own code from its hub repository to run.")]
+
+
+@app.command()
+def run(
+    model: Model = "minilm",
+    pooling: Annotated[str | None, typer.Option(help="cls|last|mean, for a model outside the registry.")] = None,
+    dataset: Annotated[str | None, typer.Option(help="Benchmark to tune on (see `tune evaluate --help`); default: fineweb-posq for bge-m3, qwen3-embedding-* and gte-multilingual-base, wikipos-dev otherwise.")] = None,
+    trials: Annotated[int, typer.Option(help="Complete trials to reach (failed ones do not count).")] = DEFAULT_TRIALS,
+    hm_floor: Annotated[str, typer.Option(help="'significant' (HM's 95% lower bound above the uncalibrated HM), 'baseline' (HM at least the uncalibrated HM), a value like 0.52, or relative like -1%.")] = "significant",
+    max_ndcg_drop: Annotated[str, typer.Option(help="How far aggregate nDCG@10 may fall below the uncalibrated model's (0–1 scale, e.g. 0.005); 'none' lifts the constraint.")] = "0",
+    max_crops_psi: Annotated[str, typer.Option(help="PSI on the tuning passages re-cut shorter (WikiPos sets) may be at most this multiple of the uncalibrated PSI there, e.g. 1 (no less fair than no calibration); 'none' (the default): not scored.")] = "none",
+    selection: Annotated[str, typer.Option(help="How the winner is named: 'one-se' (the mildest trial within one standard error of the lowest PSI) or 'lowest' (the lowest PSI).")] = "one-se",
+    heldout: Annotated[str | None, typer.Option(help="Held-out benchmark(s) for the final report, comma-separated; 'auto': WikiPos-test and the WikiPos transfer sets for WikiPos-dev, FineWeb-PosQ's held-out part for FineWeb-PosQ; 'none' for none.")] = "auto",
+    general: Annotated[str | None, typer.Option(help="General-retrieval check, e.g. wikipos-general: its nDCG@10 change is logged every trial; a constraint only with --max-general-drop.")] = None,
+    max_general_drop: Annotated[float | None, typer.Option(help="Second constraint: general nDCG@10 may drop at most this much (0–1 scale).")] = None,
+    pareto: Annotated[bool, typer.Option("--pareto", help="Two-objective search (PSI down, HM up); reports the front.")] = False,
+    seed: Seed = 0,
+    study_name: Annotated[str | None, typer.Option(help="Default: model--dataset--seedN.")] = None,
+    storage: Storage = None,
+    tracking_uri: TrackingUri = None,
+    output: Annotated[Path | None, typer.Option(help="Where to write the winner's YAML; default mlruns/exports/STUDY.yaml.")] = None,
+    space: Annotated[Path | None, typer.Option(help="YAML search space (strength_step, depths, basket_sizes, variants, weight_low/high).")] = None,
+    batch_size: BatchSize = None,
+    batch_tokens: BatchTokens = None,
+    profile_docs: Annotated[int, typer.Option(help="Documents in each trial's attention profile.")] = DEFAULT_PROFILE_DOCS,
+    bootstrap: Annotated[int, typer.Option(help="Bootstrap resamples for the held-out intervals.")] = 1000,
+    revision: Annotated[str | None, typer.Option(help="Hub revision of the model.")] = None,
+    trust_remote_code: TrustRemoteCode = False,
+    cache_budget: Annotated[str | None, typer.Option(help="Disk/RAM for cached layer inputs, e.g. 4GB or 0 (none); default: tuner.evaluation.store's budget.")] = None,
+    workers: Annotated[int, typer.Option(help="Local worker processes on this study (each loads the model).")] = 1,
+    worker: Annotated[bool, typer.Option("--worker", help="Only run trials of a study another `tune` coordinates (other machines).")] = False,
+    heartbeat: Annotated[int, typer.Option(help="Seconds between worker heartbeats; a trial silent for 3 is failed and re-run.")] = HEARTBEAT_SECONDS,
+    options: OptionsFile = None,
+) -> None:
+    """Tune one model (the default command): Optuna search, MLflow tracking, exported YAML, registered model.
+
+    Example: tune --model minilm --trials 8 --output best.yaml"""
+    from tuner.tuning.search_space import SearchSpace
+
+    _setup_logging()
+    with _friendly_errors():
+        settings = TuneSettings(
+            model=model, pooling=pooling, dataset=dataset, heldout=heldout, general=general, max_general_drop=max_general_drop,
+            trials=trials, seed=seed, hm_floor=hm_floor, max_ndcg_drop=parse_limit(max_ndcg_drop, "--max-ndcg-drop", 1, "0.005, half a point of nDCG@10"),
+            max_crops_psi=parse_limit(max_crops_psi, "--max-crops-psi", math.inf, "1, no less fair than uncalibrated"),
+            selection=selection, pareto=pareto, storage=storage, study_name=study_name,
+            tracking_uri=tracking_uri, output=output, batch_size=batch_size, batch_tokens=batch_tokens, profile_docs=profile_docs,
+            bootstrap=bootstrap, trust_remote_code=trust_remote_code, revision=revision,
+            workers=workers, worker=worker, heartbeat=heartbeat, cache_budget=parse_bytes(cache_budget),
+            space=SearchSpace.from_yaml(space) if space else SearchSpace(),
+        )
+        _print_settings(settings)
+        from tuner.tuning.run import tune
+
+        outcome = tune(settings)
+    if outcome is not None:
+        _print_outcome(outcome)
+
+
+@app.command()
+def evaluate(
+    model: Model = "minilm",
+    dataset: Dataset = "wikipos-test",
+    config: Annotated[list[Path] | None, typer.Option(help="Exported YAML config(s) to compare; repeatable.")] = None,
+    calibration: Annotated[list[str] | None, typer.Option(help="An inline config row, e.g. strength=0.5,layers=last (over the paper default); repeatable.")] = None,
+    paper_default: Annotated[bool, typer.Option(help="Add the paper's default config row.")] = True,
+    sea: Annotated[bool, typer.Option(help="Add the Segment Embed Average baseline.")] = True,
+    general: Annotated[str | None, typer.Option(help="General-retrieval set for the original/shuffled table.")] = "wikipos-general",
+    shuffled: Annotated[bool, typer.Option(help="Shuffled-sentence robustness check.")] = True,
+    bootstrap: Resamples = 1000,
+    seed: Seed = 0,
+    batch_size: BatchSize = None,
+    markdown: Annotated[Path | None, typer.Option(help="Also write the tables as Markdown here.")] = None,
+    json_output: Annotated[Path | None, typer.Option("--json", help="Also write every figure (0–1 scale, per group and stratum, with counts) as JSON here.")] = None,
+    trust_remote_code: TrustRemoteCode = False,
+    options: OptionsFile = None,
+) -> None:
+    """Print the paper's Table 1 (and Table 3) for a model: baseline, configs, SEA, with bootstrap intervals.
+
+    Example: tune evaluate --model minilm --dataset wikipos-test --config best.yaml"""
+    _setup_logging()
+    with _friendly_errors():
+        from tuner.common.files import check_writable
+        from tuner.data import load_benchmark, require_position_groups
+        from tuner.engine.exported import load_exported
+        from tuner.engine.models import load_model
+        from tuner.evaluation.visible import within_reach
+        from tuner.report.tables import render, run_evaluation, to_dict, to_markdown
+
+        for path, flag in ((markdown, "--markdown"), (json_output, "--json")):
+            if path is not None:
+                check_writable(path, flag)
+        inline_rows = [(inline, parse_inline(inline)) for inline in calibration or []]
+        exports = [(path, load_exported(path)) for path in config or []]
+        scored = load_benchmark(dataset)
+        require_position_groups(scored, "--dataset")
+        general_set = load_benchmark(general) if general else None
+        loaded = load_model(model, trust_remote_code=trust_remote_code)
+        configs = []
+        if paper_default:
+            configs.append(("Paper default (CLS-Soft, λ 0.5, 50% layers, B 128)", loaded.default_config()))
+        for inline, values in inline_rows:
+            configs.append((inline, loaded.default_config(**values)))
+        for path, exported in exports:
+            exported.check_model(loaded)
+            configs.append((f"{path.name} (trial {exported.provenance.trial})", exported.calibration))
+        table = run_evaluation(
+            loaded, within_reach(scored, loaded), configs, sea=sea,
+            general=general_set, shuffled=shuffled,
+            n_resamples=bootstrap, seed=seed, batch_size=batch_size,
+        )
+    render(table, _console())
+    if markdown:
+        markdown.write_text(to_markdown(table), encoding="utf-8")
+    if json_output:
+        json_output.write_text(json.dumps(to_dict(table), indent=1), encoding="utf-8")
+
+
+@app.command()
+def export(
+    study_name: Annotated[str, typer.Option(help="The study to export the winner of.")],
+    storage: Storage = None,
+    output: Annotated[Path | None, typer.Option(help="Default: mlruns/exports/STUDY.yaml.")] = None,
+    tracking_uri: Annotated[str | None, typer.Option(help="MLflow store to log the export to; default: the one the study logged to.")] = None,
+    trust_remote_code: Annotated[bool, typer.Option(help="Allow the model's own code (restored anyway if the study was tuned with it).")] = False,
+    selection: Annotated[str, typer.Option(help="'one-se' or 'lowest' (see `tune run --help`).")] = "one-se",
+    trial: Annotated[int | None, typer.Option(min=0, help="Export this trial instead of the winner (as you chose).")] = None,
+    options: OptionsFile = None,
+) -> None:
+    """Re-export a study's current winner (e.g. after more trials), or a trial you name, with fresh held-out figures.
+
+    The model is loaded at the revision the study tuned, with remote code if the study allowed it.
+
+    Example: tune export --study-name minilm--wikipos-dev--seed0 --output best.yaml"""
+    _setup_logging()
+    with _friendly_errors():
+        from tuner.tuning.conclusion import reexport
+
+        path = reexport(study_name, storage, output, tracking_uri, trust_remote_code, selection, trial)
+    console.print(f"exported: [bold]{escape(str(path))}[/bold]")
+
+
+@app.command()
+def encode(
+    config: Annotated[Path, typer.Option(help="Exported YAML config.")],
+    input: Annotated[Path, typer.Option(help="JSONL with a 'text' field per line, or a .txt file with one text per line.")],
+    output: Annotated[Path, typer.Option(help="Where to write the float32 .npy matrix (one row per input line).")],
+    queries: Annotated[bool, typer.Option("--queries", help="Encode as queries (never calibrated).")] = False,
+    batch_size: BatchSize = None,
+    trust_remote_code: TrustRemoteCode = False,
+) -> None:
+    """Encode documents (calibrated) or queries (plain) with an exported config.
+
+    Example: tune encode --config best.yaml --input docs.jsonl --output emb.npy"""
+    _setup_logging()
+    with _friendly_errors():
+        from tuner.common.files import check_writable
+        from tuner.data.texts import read_texts
+        from tuner.engine.encoder import CalibratedEncoder
+        from tuner.engine.exported import load_exported
+
+        check_writable(output, "--output")
+        texts = read_texts(input)
+        load_exported(config)  # a broken config fails before the model loads
+        encoder = CalibratedEncoder.from_yaml(config, trust_remote_code=trust_remote_code)
+        method = encoder.encode_query if queries else encoder.encode_document
+        vectors = method(texts, batch_size=batch_size, show_progress_bar=True)
+        _save_atomically(vectors, output)
+    console.print(f"{len(texts)} {'queries' if queries else 'documents'} → {escape(str(output))} {vectors.shape}"
+                  + (f"; {encoder.truncated} truncated at {encoder.model.max_length} tokens" if encoder.truncated else ""))
+
+
+@app.command()
+def ui(
+    tracking_uri: Annotated[str | None, typer.Option(help="MLflow store to browse; default: ./mlruns/mlflow.db (the store `tune` writes here).")] = None,
+    host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = 5000,
+) -> None:
+    """Open the MLflow UI on the project's store (compare trials, profiles, the registered winner).
+
+    Refuses to start on a store that does not exist (it would serve an empty one).
+    Example: cd my-project && tune ui --port 5001"""
+    from tuner.tracking.runs import check_tracking_uri, describe_store, local_store, ui_command
+
+    with _friendly_errors():
+        if tracking_uri is not None:
+            check_tracking_uri(tracking_uri)
+    uri = tracking_uri or _default_tracking_uri()
+    store = local_store(uri)
+    if store is not None and not store.exists():
+        console.print(f"[red]error:[/red] no MLflow store at {escape(str(store.resolve()))}: run `tune` here first, change to the folder "
+                      "that holds mlruns/, or pass --tracking-uri sqlite:///PATH/mlruns/mlflow.db")
+        raise typer.Exit(2)
+    console.print(f"MLflow UI on http://{host}:{port}  store: {describe_store(uri)}", markup=False)
+    raise typer.Exit(subprocess.call(ui_command(uri, host, port)))
+
+
+def _default_tracking_uri() -> str:
+    from tuner.tracking.runs import default_tracking_uri
+
+    return default_tracking_uri()
+
+
+def parse_inline(text: str) -> dict[str, object]:
+    """'strength=0.5,layers=[4,5]' → {'strength': 0.5, 'layers': [4, 5]}; values read as YAML (`tuner.common.safe_yaml`);
+    commas inside brackets belong to the value."""
+    from tuner.common.safe_yaml import YamlError, loads
+
+    parts, depth, start = [], 0, 0
+    for index, char in enumerate(text + ","):
+        depth += (char in "[{") - (char in "]}")
+        if char == "," and depth <= 0:
+            parts.append(text[start:index])
+            start = index + 1
+    pairs = [part.partition("=") for part in parts if part.strip()]
+    if not pairs or depth != 0 or any(not sep or not key.strip() for key, sep, _ in pairs):
+        raise ValueError(f"--calibration {shown(text)}: write field=value pairs, e.g. strength=0.5,layers=last or layers=[4,5]")
+    values = {}
+    for key, _, value in pairs:
+        try:
+            values[key.strip()] = loads(value, f"--calibration {key.strip()}")
+        except YamlError as error:
+            raise ValueError(str(error)) from None
+    return values
+
+
+def parse_limit(text: str, flag: str, upper: float, example: str) -> float | None:
+    """A constraint's limit: a number in [0, upper], or 'none' → None (the constraint is lifted)."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{flag} {text!r}: write a number such as {example}, or none to lift the constraint") from None
+    if not (math.isfinite(value) and 0 <= value <= upper):
+        raise ValueError(f"{flag} must be a number from 0 to {upper:g} (e.g. {example}), got {text!r}")
+    return value
+
+
+def parse_bytes(text: str | None) -> int | None:
+    """'4GB', '512MiB', '0' → bytes; None stays None (the default budget)."""
+    if text is None:
+        return None
+    units = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+    number = text.strip().lower().rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = text.strip().lower()[len(number):]
+    try:
+        value = float(number) * units[unit]
+    except (ValueError, KeyError):
+        raise ValueError(f"--cache-budget {text!r}: write a size like 4GB, 512MiB or 0") from None
+    if value < 0:
+        raise ValueError(f"--cache-budget must not be negative, got {text!r}")
+    return int(value)
+
+
+def _save_atomically(vectors: np.ndarray, path: Path) -> None:
+    from tuner.common.files import replacing
+
+    with replacing(path) as temporary, temporary.open("wb") as stream:
+        np.save(stream, vectors)
+
+
+class _friendly_errors:
+    """Expected failures end with one clear line and a non-zero exit, not a traceback."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, traceback: object) -> bool:
+        from tuner.tuning.conclusion import NoFeasibleTrialError
+        from tuner.tuning.worker import StoppedEarlyError
+
+        if error is None or kind is None:
+            return False
+        if isinstance(error, NoFeasibleTrialError):
+            console.print(f"[red]no feasible trial:[/red] {escape(str(error))}")
+            raise typer.Exit(3)
+        if isinstance(error, StoppedEarlyError):
+            console.print(f"[red]stopped early:[/red] {escape(str(error))}")
+            raise typer.Exit(130 if error.interrupted else 4)
+        if isinstance(error, (ValueError, RuntimeError, FileNotFoundError, PermissionError, IsADirectoryError)):
+            console.print(f"[red]error:[/red] {escape(str(error))}")  # verbatim: markup would eat "[start, end]"
+            raise typer.Exit(2)
+        return False
+
+
+def _setup_logging() -> None:
+    from tuner.tuning.worker import quiet_libraries
+
+    quiet_libraries()
+    logging.basicConfig(level=logging.INFO, format="%(message)s", handlers=[RichHandler(console=console, show_path=False)], force=True)
+
+
+def _print_settings(settings: TuneSettings) -> None:
+    """Every setting with the value in force: defaults are resolved (storage, tracking URI, study name, output)."""
+    from tuner.tuning.settings import dataset_reason, settings_in_force
+
+    table = Table(title="tune: settings", show_header=False, box=None)
+    for name, value in settings_in_force(settings).items():
+        if name in ("dataset_defaulted", "worker_id"):
+            continue
+        shown = f"{value}  ({dataset_reason(settings)})" if name == "dataset" else str(value)
+        table.add_row(name.replace("_", "-"), shown)
+    console.print(table)
+
+
+def _print_outcome(outcome: TuneOutcome) -> None:
+    """Two tables: every row on the tuning split, then held-out deltas against no calibration."""
+    out = _console()
+    groups = list(outcome.rows[0].tuning.group_ndcg10)
+    tuning = Table(title=f"{outcome.study}: tuning split (HM floor {100 * outcome.floor:.2f})")
+    for column in ["", *groups, "HM", "PSI", "nDCG@10", "R@10"]:
+        tuning.add_column(column, justify="right" if column else "left")
+    for row in outcome.rows:
+        r = row.tuning
+        tuning.add_row(row.label, *(f"{100 * r.group_ndcg10[g]:.2f}" for g in groups), f"{100 * r.hm:.2f}",
+                       f"{r.psi:.3f}", f"{100 * r.ndcg10:.2f}", f"{100 * r.recall10:.2f}")
+    out.print(tuning)
+    for name in outcome.rows[0].heldout:
+        held = Table(title=f"held out, {name}: Δ vs no calibration, 95% paired-bootstrap intervals")
+        for column in ["", "HM", "PSI", "nDCG@10", "ΔHM", "ΔPSI", "ΔnDCG@10"]:
+            held.add_column(column, justify="right" if column else "left")
+        for row in outcome.rows:
+            r, d = row.heldout[name].report, row.heldout[name].delta
+            held.add_row(row.label, f"{100 * r.hm:.2f}", f"{r.psi:.3f}", f"{100 * r.ndcg10:.2f}",
+                         d.hm.format() if d and d.hm else "–", d.psi.format(scale=1, digits=3) if d and d.psi else "–",
+                         d.ndcg10.format() if d else "–")
+        out.print(held)
+    winner = outcome.config
+    console.print(f"winner: trial {outcome.winner_trial}: {winner.variant}, λ {winner.strength}, layers {winner.layers}, "
+                  f"basket {winner.basket_size}" + (f", w {winner.weight}" if winner.variant == "cls_hard" else ""))
+    console.print(f"chosen by the {outcome.selection.rule} rule: {outcome.selection.describe()}", markup=False)
+    if outcome.pareto:
+        console.print(f"feasible Pareto front (PSI↓, HM↑): trials {outcome.pareto}")
+    console.print(f"exported config: [bold]{escape(str(outcome.export_path))}[/bold]")
+    console.print(f"MLflow: {outcome.tracking_uri}  (browse with `tune ui`)", markup=False)
+    if outcome.registered:
+        console.print(f"registered model: {outcome.registered}  (mlflow.pyfunc.load_model or `mlflow models serve -m ... "
+                      "--env-manager local`)", markup=False)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,316 @@
+"""Texts → L2-normalised vectors, documents calibrated, queries never.
+
+The interface follows sentence-transformers: `encode_document` / `encode` for what gets indexed,
+`encode_query` for what searches it, with its keywords (batch_size, show_progress_bar, prompt,
+normalize_embeddings, convert_to_numpy / convert_to_tensor) and one string or a list of them.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from tuner.calibration import AttentionObserver, CalibrationConfig, ConfigError, ResolvedCalibration, calibrating
+from tuner.calibration.attention import SharedSums
+from tuner.calibration.rows import fills_a_basket
+from tuner.engine.models import LoadedModel, load_model
+
+log = logging.getLogger(__name__)
+
+# On CPU a forward pass gains no throughput from more than this many passages per batch (MiniLM on
+# WikiPos here: 8, 16, 32 and 64 encode equally fast within noise), so bigger batches only cost RAM.
+CPU_BATCH_CAP = 16
+GPU_BATCH_CAP = 256
+
+# What `encode` returns: an array (the default), one tensor (convert_to_tensor) or a list of 1-D tensors.
+Embeddings = np.ndarray | torch.Tensor | list[torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Batches:
+    """Texts tokenised once into length-sorted batches: the one batching the encoder and the caches share."""
+
+    inputs: tuple[dict[str, torch.Tensor], ...]  # per batch, on CPU
+    rows: tuple[np.ndarray, ...]  # per batch: the document indices of its rows
+    count: int
+    truncated: int
+
+    @classmethod
+    def build(cls, model: LoadedModel, texts: Sequence[str], batch_size: int, max_tokens: int | None = None) -> Batches:
+        """At most `batch_size` texts per batch and, with `max_tokens`, at most that many padded tokens (rows ×
+        the batch's longest text): batches of short passages then hold more of them than batches of long ones,
+        and memory stays bounded by tokens. A text longer than the budget gets a batch of its own."""
+        tokenizer, max_length = model.tokenizer, model.max_length
+        lengths = [len(ids) for ids in tokenizer(list(texts), add_special_tokens=True, truncation=False)["input_ids"]]
+        truncated = sum(n > max_length for n in lengths)
+        if truncated:
+            log.warning("%d of %d texts exceed %d tokens and are truncated", truncated, len(texts), max_length)
+        order = np.argsort([-n for n in lengths], kind="stable")  # long first: little padding per batch
+        inputs, rows = [], []
+        start = 0
+        while start < len(texts):
+            size = batch_size
+            if max_tokens is not None:  # the first text is the batch's longest: it sets the padded length
+                size = min(size, max(1, max_tokens // min(lengths[order[start]], max_length)))
+            index = order[start : start + size]
+            batch = tokenizer([texts[i] for i in index], padding=True, truncation=True, max_length=max_length,
+                              return_tensors="pt")
+            inputs.append(dict(batch))
+            rows.append(index)
+            start += size
+        return cls(tuple(inputs), tuple(rows), len(texts), truncated)
+
+    @property
+    def shapes(self) -> list[tuple[int, int]]:
+        """(rows, padded length) of every batch: the layout of a cached layer's hidden states."""
+        return [tuple(b["input_ids"].shape) for b in self.inputs]  # type: ignore[misc]
+
+    @property
+    def longest(self) -> int:
+        """Tokens in the longest text (after truncation): batches are long first, padded to their longest."""
+        return max((t for _, t in self.shapes), default=0)
+
+    def tokens(self) -> int:
+        """Padded tokens over all batches: what one layer's hidden states hold."""
+        return sum(r * t for r, t in self.shapes)
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+
+def choose_batching(model: LoadedModel, batch_size: int | None = None, batch_tokens: int | None = None) -> tuple[int, int | None]:
+    """(texts per batch, padded tokens per batch or None). Given values win. By default a long-passage model
+    (`ModelSpec.long_passages`) is batched by tokens, within the memory `auto_batch_size` allows at its
+    maximum length, so FineWeb-PosQ's ~1,300-token passages fill a batch six times as full as 8K ones would;
+    other models get `auto_batch_size` texts (MiniLM: 16 on CPU, as always)."""
+    for flag, value in (("--batch-size", batch_size), ("--batch-tokens", batch_tokens)):
+        if value is not None and (isinstance(value, bool) or value < 1):
+            raise ValueError(f"{flag} must be at least 1, got {value}")
+    if batch_tokens is None and batch_size is None and model.spec.long_passages:
+        batch_tokens = auto_batch_tokens(model)
+    if batch_size is None:
+        batch_size = GPU_BATCH_CAP if batch_tokens is not None else auto_batch_size(model)
+    return batch_size, batch_tokens
+
+
+def auto_batch_tokens(model: LoadedModel, fraction: float = 0.5) -> int:
+    """Padded tokens per batch: as many as `auto_batch_size` texts of the model's maximum length. Memory per
+    batch is then bounded as before: hidden states grow with tokens, and a batch's attention scores with
+    tokens × its longest text, which is at most the maximum length."""
+    return auto_batch_size(model, fraction) * model.max_length
+
+
+def auto_batch_size(model: LoadedModel, fraction: float = 0.5) -> int:
+    """The largest power of two whose forward pass fits in `fraction` of the device's free memory.
+
+    Rough per-passage working set at the model's maximum length: the hidden states and feed-forward
+    intermediate of one layer in the model's dtype, plus one float32 heads × tokens × tokens matrix
+    (the most a layer holds at once). Capped per device kind, so the choice (part of every cache key)
+    does not move with the free memory of the moment unless memory is short.
+    """
+    config = model.model.config
+    tokens = model.max_length
+    itemsize = torch.finfo(model.model.dtype).bits // 8
+    hidden = int(config.hidden_size)
+    intermediate = int(getattr(config, "intermediate_size", 4 * hidden))
+    per_passage = tokens * (6 * hidden + 2 * intermediate) * itemsize + int(config.num_attention_heads) * tokens**2 * 4
+    if model.device.type == "cuda":
+        free, cap = torch.cuda.mem_get_info(model.device)[0], GPU_BATCH_CAP
+    else:
+        import psutil
+
+        free, cap = psutil.virtual_memory().available, CPU_BATCH_CAP
+    fit = min(int(free * fraction // per_passage), cap)
+    size = 1
+    while size * 2 <= fit:
+        size *= 2
+    return size
+
+
+class CalibratedEncoder:
+    """Encode documents with a calibration config applied, and queries without it."""
+
+    def __init__(self, model: LoadedModel, config: CalibrationConfig | None = None) -> None:
+        if config is not None and config.pooling != model.spec.pooling:
+            raise ConfigError(
+                f"pooling: the config calibrates {config.pooling!r} pooling but {model.spec.alias} pools with "
+                f"{model.spec.pooling!r}; set pooling: {model.spec.pooling}"
+            )
+        if config is not None and config.basket_size > model.max_length:
+            raise ConfigError(
+                f"basket_size: {config.basket_size} is more than the {model.max_length} tokens {model.spec.alias} reads, "
+                f"so no passage could fill a basket and nothing would be calibrated; use at most {model.max_length}"
+            )
+        self.model = model
+        self.config = config
+        self.spec = config.resolve(model.num_layers) if config is not None else None
+        self.truncated = 0  # documents cut at the model's maximum length in the last encode call
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, **load_options: object) -> CalibratedEncoder:
+        """Load an exported config (validated against its schema) and the model it was made for."""
+        from tuner.engine.exported import load_exported
+
+        exported = load_exported(path)
+        model = load_model(
+            exported.model.name,
+            revision=exported.model.load_revision(),
+            pooling=exported.model.pooling,
+            padding_side=exported.model.padding_side,
+            **load_options,  # type: ignore[arg-type]
+        )
+        exported.check_model(model)
+        return cls(model, exported.calibration)
+
+    def encode_query(
+        self,
+        sentences: str | Sequence[str],
+        prompt: str | None = None,
+        batch_size: int | None = None,
+        show_progress_bar: bool | None = None,
+        convert_to_numpy: bool = True,
+        convert_to_tensor: bool = False,
+        normalize_embeddings: bool = True,
+        batch_tokens: int | None = None,
+    ) -> Embeddings:
+        """Queries: never calibrated; `prompt` defaults to the model's query prompt (e.g. Qwen3-Embedding's
+        instruction). The other keywords are `encode`'s."""
+        prompt = self.model.spec.query_prompt if prompt is None else prompt
+        return self._encode(sentences, calibrate=False, prompt=prompt, batch_size=batch_size, show_progress_bar=show_progress_bar,
+                            convert_to_numpy=convert_to_numpy, convert_to_tensor=convert_to_tensor,
+                            normalize_embeddings=normalize_embeddings, batch_tokens=batch_tokens)
+
+    def encode_document(
+        self,
+        sentences: str | Sequence[str],
+        prompt: str | None = None,
+        batch_size: int | None = None,
+        show_progress_bar: bool | None = None,
+        convert_to_numpy: bool = True,
+        convert_to_tensor: bool = False,
+        normalize_embeddings: bool = True,
+        batch_tokens: int | None = None,
+        observer: AttentionObserver | None = None,
+    ) -> Embeddings:
+        """Documents, calibrated with this encoder's config (plain if it has none); sentence-transformers' keywords:
+
+        - `sentences`: one text (→ one vector) or a list of texts (→ one row each, in order);
+        - `prompt`: prepended to every text (none by default for documents);
+        - `batch_size`: texts per forward pass (default: chosen from the device's free memory);
+        - `show_progress_bar`: default on a terminal when there is more than one batch;
+        - `convert_to_numpy` (default) → float32 array; `convert_to_tensor` → a torch tensor; neither → a list
+          of 1-D tensors;
+        - `normalize_embeddings`: L2-normalised (the default here: the vectors are compared by dot product);
+          False returns the pooled vectors as they are;
+        - `batch_tokens`: at most this many padded tokens per forward pass (long passages).
+        """
+        return self._encode(sentences, calibrate=True, prompt=prompt or "", batch_size=batch_size, show_progress_bar=show_progress_bar,
+                            convert_to_numpy=convert_to_numpy, convert_to_tensor=convert_to_tensor,
+                            normalize_embeddings=normalize_embeddings, batch_tokens=batch_tokens, observer=observer)
+
+    encode = encode_document
+
+    def _encode(
+        self,
+        sentences: str | Sequence[str],
+        *,
+        calibrate: bool,
+        prompt: str = "",
+        batch_size: int | None = None,
+        batch_tokens: int | None = None,
+        show_progress_bar: bool | None = None,
+        convert_to_numpy: bool = True,
+        convert_to_tensor: bool = False,
+        normalize_embeddings: bool = True,
+        observer: AttentionObserver | None = None,
+    ) -> Embeddings:
+        single = isinstance(sentences, str)
+        given = [sentences] if single else list(sentences)
+        if not all(isinstance(t, str) for t in given):
+            raise TypeError("encode takes a string or a list of strings")
+        texts = [prompt + t for t in given]  # type: ignore[operator]
+        batches = Batches.build(self.model, texts, *choose_batching(self.model, batch_size, batch_tokens))
+        self.truncated = batches.truncated
+        vectors = forward(self.model, batches, self.spec if calibrate else None, observer=observer,
+                          show_progress=show_progress_bar, normalize=normalize_embeddings)
+        result = vectors[0] if single else vectors
+        if convert_to_tensor:
+            return torch.from_numpy(result)
+        if not convert_to_numpy:
+            return list(torch.from_numpy(vectors)) if not single else torch.from_numpy(result)
+        return result
+
+
+BatchScope = Callable[[int], AbstractContextManager[object]]  # batch index → what to hold open around its forward
+
+
+def forward(
+    model: LoadedModel,
+    batches: Batches,
+    spec: ResolvedCalibration | None = None,
+    *,
+    observer: AttentionObserver | None = None,
+    first_layer: Callable[[int], SharedSums] | None = None,
+    baseline: np.ndarray | None = None,
+    around: BatchScope | None = None,
+    show_progress: bool | None = None,
+    normalize: bool = True,
+) -> np.ndarray:
+    """The one forward loop: pooled, L2-normalised float32 vectors of every text of `batches`, in text order.
+
+    Plain encoding, calibrated encoding and trial resumption all run here, so their vectors agree bit for bit.
+
+    spec         the calibration (None: plain forward); `observer` sees its attention
+    first_layer  batch index → where the engine finds and leaves that batch's first-layer sums (mean pooling)
+    baseline     the uncalibrated vectors, in text order: a batch that `spec` cannot change (no passage in it
+                 fills a basket) is copied from them instead of encoded
+    around       batch index → a context held open around that batch's forward (`tuner.engine.prefix`: resume from
+                 cached layer inputs, or record them)
+    normalize    False: the pooled vectors as they are (sentence-transformers' `normalize_embeddings=False`)
+    """
+    vectors = np.empty((batches.count, int(model.model.config.hidden_size)), dtype=np.float32)
+    show = show_progress if show_progress is not None else sys.stderr.isatty() and len(batches) > 1
+    with torch.inference_mode():
+        for i in tqdm(range(len(batches)), desc="encode", disable=not show, unit="batch"):
+            rows = batches.rows[i]
+            if baseline is not None and not _changes(spec, batches.inputs[i]["attention_mask"]):
+                vectors[rows] = baseline[rows]
+                continue
+            batch = {k: v.to(model.device) for k, v in batches.inputs[i].items()}
+            with ExitStack() as scope:
+                if spec is not None:
+                    scope.enter_context(calibrating(spec, observer, first_layer(i) if first_layer is not None else None))
+                if around is not None:
+                    scope.enter_context(around(i))
+                hidden = model.model(**batch).last_hidden_state
+            vectors[rows] = _pool(hidden, batch["attention_mask"], model.spec.pooling, normalize).cpu().numpy()
+    return vectors
+
+
+def _changes(spec: ResolvedCalibration | None, attention_mask: torch.Tensor) -> bool:
+    """Whether calibrating this batch can change any of its vectors."""
+    if spec is None or spec.strength == 0.0:
+        return False
+    return bool(fills_a_basket(attention_mask.sum(-1), spec.basket_size, len(spec.policies)).any())
+
+
+def _pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: str, normalize: bool = True) -> torch.Tensor:
+    """cls: first real token; last: final real token (left or right padding); mean: over real tokens;
+    L2-normalised unless `normalize` is False."""
+    mask = mask.bool()
+    positions = torch.arange(mask.shape[1], device=mask.device)
+    if pooling == "mean":
+        weights = mask[..., None].to(hidden.dtype)
+        pooled = (hidden * weights).sum(1) / weights.sum(1).clamp_min(1)
+    else:
+        pick = torch.where(mask, positions, -1).amax(-1) if pooling == "last" else torch.where(mask, positions, mask.shape[1]).amin(-1)
+        pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), pick]
+    return torch.nn.functional.normalize(pooled.float(), dim=-1) if normalize else pooled.float()

@@ -1,0 +1,237 @@
+"""The exported config: a versioned YAML schema that encoders load, written atomically.
+
+Its provenance says where the config came from: the study and trial, the MLflow run and registry
+version, the objective and floor, held-out sets with their intervals, library versions and git commit.
+
+Loading uses `tuner.common.safe_yaml` (a `!!python/...` tag is refused, never executed; duplicate keys and alias
+bombs too) and validates every field; a config made for another model is refused before anything is encoded.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from tuner import __version__
+from tuner.calibration import CalibrationConfig, ConfigError
+from tuner.calibration.config import PaddingSide, Pooling
+from tuner.common.files import write_atomically
+from tuner.common.messages import shown
+from tuner.common.safe_yaml import YamlError, load_file
+from tuner.engine.models import LoadedModel, hub_revision
+
+SCHEMA = "posfair/calibration-config"
+SCHEMA_VERSION = 1
+
+
+class ExportError(ValueError):
+    """An exported config cannot be read, is invalid, or does not fit the model; the message says why."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSection(_Strict):
+    name: str = Field(description="registry alias or folder the model loads from")
+    source: str
+    revision: str
+    pooling: Pooling
+    padding_side: PaddingSide
+    num_layers: int = Field(ge=1)
+    max_length: int = Field(ge=1)
+
+    def load_revision(self) -> str | None:
+        """The revision to ask the hub for (package-shipped and local models have none)."""
+        return hub_revision(self.revision)
+
+
+class Provenance(_Strict):
+    study: str
+    trial: int
+    storage: str
+    dataset: str
+    dataset_fingerprint: str
+    seed: int
+    created: str
+    posfair_version: str
+    selection_rule: str = Field("lowest", description="the rule that named the winner (objectives.selection)")
+    selection: str = Field("", description="why this trial won, in one sentence")
+    objective: str = Field("", description="what the study optimised, and subject to what")
+    hm_floor: float | None = Field(None, description="the HM floor in force (0-1), resolved from hm_floor_rule")
+    hm_floor_rule: str | None = Field(None, description="--hm-floor as given (significant, baseline, 0.52, -1%)")
+    heldout: list[str] = Field(default_factory=list, description="held-out sets the winner was checked on")
+    intervals: dict[str, dict[str, list[float]]] = Field(
+        default_factory=dict,
+        description="held-out set → metric → [estimate, low, high]: 95% paired-bootstrap change vs no calibration (0-1)",
+    )
+    mlflow_run_id: str | None = Field(None, description="the study's parent run in MLflow")
+    tracking_uri: str | None = None
+    registered_model: str | None = Field(None, description="MLflow model registry name of this config's pyfunc model")
+    registered_version: int | None = None
+    versions: dict[str, str] = Field(default_factory=dict, description="posfair, torch, transformers versions")
+    git_commit: str | None = Field(None, description="posfair's source commit, when it runs from a git checkout")
+
+
+class ExportedConfig(_Strict):
+    """Everything needed to encode with the winning calibration, and the evidence it was chosen on."""
+
+    schema_name: Literal["posfair/calibration-config"] = Field(SCHEMA, alias="schema")
+    schema_version: Literal[1] = SCHEMA_VERSION
+    model: ModelSection
+    calibration: CalibrationConfig
+    metrics: dict[str, dict[str, float | None]] = Field(
+        description="split → metric → value: tuning and held-out figures of this config and of the baseline"
+    )
+    provenance: Provenance
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    def check_model(self, loaded: LoadedModel) -> None:
+        """Refuse a config made for another model (other weights, depth or pooling)."""
+        mismatches = [
+            f"{what}: config says {want!r}, model has {got!r}"
+            for what, want, got in (
+                ("model.source", self.model.source, loaded.spec.source),
+                ("model.num_layers", self.model.num_layers, loaded.num_layers),
+                ("model.pooling", self.model.pooling, loaded.spec.pooling),
+            )
+            if want != got
+        ]
+        if mismatches:
+            raise ExportError("this config was made for another model:\n  " + "\n  ".join(mismatches))
+
+
+def model_section(loaded: LoadedModel) -> ModelSection:
+    return ModelSection(
+        name=loaded.spec.alias,
+        source=loaded.spec.source,
+        revision=loaded.revision,
+        pooling=loaded.spec.pooling,
+        padding_side=loaded.spec.padding_side,
+        num_layers=loaded.num_layers,
+        max_length=loaded.max_length,
+    )
+
+
+def explicit(config: CalibrationConfig, num_layers: int) -> CalibrationConfig:
+    """The same config with its layer spec written out as explicit indices."""
+    return config.model_copy(update={"layers": list(config.resolve_layers(num_layers))})
+
+
+def build_export(
+    loaded: LoadedModel,
+    config: CalibrationConfig,
+    metrics: dict[str, dict[str, float | None]],
+    *,
+    study: str,
+    trial: int,
+    storage: str,
+    dataset: str,
+    dataset_fingerprint: str,
+    seed: int,
+    selection_rule: str = "lowest",
+    selection: str = "",
+    **provenance: object,
+) -> ExportedConfig:
+    """The export of `config` for `loaded`; `provenance` adds the optional Provenance fields (run id, intervals...)."""
+    return ExportedConfig(
+        model=model_section(loaded),
+        calibration=explicit(config, loaded.num_layers),
+        metrics=metrics,
+        provenance=Provenance(
+            study=study,
+            trial=trial,
+            storage=storage,
+            dataset=dataset,
+            dataset_fingerprint=dataset_fingerprint,
+            seed=seed,
+            created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            posfair_version=__version__,
+            selection_rule=selection_rule,
+            selection=selection,
+            versions=library_versions(),
+            git_commit=git_commit(),
+            **provenance,  # type: ignore[arg-type]
+        ),
+    )
+
+
+def library_versions() -> dict[str, str]:
+    import torch
+    import transformers
+
+    return {"posfair": __version__, "torch": torch.__version__, "transformers": transformers.__version__}
+
+
+def git_commit() -> str | None:
+    """The commit of posfair's own source, if it runs from a git checkout (with ' (modified)' if dirty)."""
+    source = Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=source, capture_output=True, text=True, timeout=5)
+        if commit.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "."], cwd=source,
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return commit.stdout.strip() + (" (modified)" if dirty else "")
+
+
+def to_yaml(exported: ExportedConfig) -> str:
+    """The YAML text: fields the config's variant ignores are left out (w exists only for CLS-Hard)."""
+    data = exported.model_dump(mode="json", by_alias=True, exclude_none=False)
+    if "fixed" not in exported.calibration.role_policies().values():  # w is the "fixed" policy's self-mass
+        data["calibration"].pop("weight", None)
+    data["provenance"] = {k: v for k, v in data["provenance"].items() if v not in (None, [], {})}
+    return yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+
+
+def write_exported(exported: ExportedConfig, path: str | Path) -> Path:
+    """Write atomically: a temporary file in the target folder, renamed into place; nothing partial on failure."""
+    path = Path(path)
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise ExportError(f"cannot write {path}: folder {folder} does not exist; create it or choose another --output")
+    if not os.access(folder, os.W_OK):
+        raise ExportError(f"cannot write {path}: folder {folder} is not writable; choose another --output")
+    if path.is_dir():
+        raise ExportError(f"cannot write {path}: it is a folder; give a file name, e.g. --output {path / 'best.yaml'}")
+    text = to_yaml(exported)
+    return write_atomically(path, text)
+
+
+def load_exported(path: str | Path) -> ExportedConfig:
+    """Read and validate an exported config; errors name the field and the fix."""
+    path = Path(path)
+    try:
+        data = load_file(path)
+    except YamlError as error:
+        raise ExportError(str(error)) from None
+    if not isinstance(data, dict):
+        raise ExportError(f"{path}: expected a mapping with schema, model, calibration, metrics, provenance")
+    try:
+        return ExportedConfig.model_validate(data)
+    except (ValidationError, ConfigError) as error:
+        raise ExportError(f"{path}: invalid config:\n  {_fields(error)}") from None
+
+
+def _fields(error: ValidationError | ConfigError) -> str:
+    """One line per bad field, named by its dotted path in the file."""
+    if isinstance(error, ConfigError):
+        return str(error)
+    lines = []
+    for item in error.errors():
+        where = ".".join(str(part) for part in item["loc"])
+        cause = item.get("ctx", {}).get("error")
+        if isinstance(cause, ConfigError):  # the calibration section's own validation
+            lines += [f"{where}.{line.strip()}" for line in str(cause).splitlines()[1:]]
+        else:
+            lines.append(f"{where}: {item['msg']} (got {shown(item.get('input'))})")
+    return "\n  ".join(lines)

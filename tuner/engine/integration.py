@@ -1,0 +1,49 @@
+"""sentence-transformers users: load a `SentenceTransformer` that indexes with an exported config.
+
+    from tuner.engine.integration import load_sentence_transformer
+    model = load_sentence_transformer("best.yaml")   # was: SentenceTransformer("all-MiniLM-L6-v2")
+    doc_vectors = model.encode(documents)            # calibrated (so is encode_document)
+    query_vectors = model.encode_query(queries)      # never calibrated
+
+The model is loaded with the "posfair" attention function; calibration is switched on around every
+encode call except those for queries.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sentence_transformers import SentenceTransformer
+
+from tuner.calibration import ATTENTION_NAME, ResolvedCalibration, calibrating
+from tuner.engine.exported import ExportError, load_exported
+from tuner.engine.models import locate, resolve_spec
+
+
+class CalibratedSentenceTransformer(SentenceTransformer):
+    """A SentenceTransformer whose document encodings are calibrated; query encodings are not."""
+
+    posfair_spec: ResolvedCalibration
+
+    def encode(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("task") == "query":
+            return super().encode(*args, **kwargs)
+        with calibrating(self.posfair_spec):
+            return super().encode(*args, **kwargs)
+
+
+def load_sentence_transformer(config: str | Path, **options: Any) -> CalibratedSentenceTransformer:
+    """Load the model an exported config was made for, as a calibrated SentenceTransformer."""
+    exported = load_exported(config)
+    spec = resolve_spec(exported.model.name, exported.model.pooling, exported.model.padding_side)
+    model_kwargs = {**options.pop("model_kwargs", {}), "attn_implementation": ATTENTION_NAME}
+    model = CalibratedSentenceTransformer(
+        locate(spec, exported.model.load_revision()), revision=exported.model.load_revision(), model_kwargs=model_kwargs, **options
+    )
+    layers = model[0].auto_model.config.num_hidden_layers
+    if layers != exported.model.num_layers:
+        raise ExportError(f"model.num_layers: config says {exported.model.num_layers}, model has {layers}")
+    model.max_seq_length = exported.model.max_length  # calibration matters most for long passages
+    model.posfair_spec = exported.calibration.resolve(layers)
+    return model

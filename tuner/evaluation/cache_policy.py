@@ -1,0 +1,241 @@
+"""What an evaluator keeps between trials, where, and how much of it: the cache policy.
+
+`tuner.evaluation.store` holds the mechanisms (checked files on disk, layer-input stores); this module decides what
+goes in them for one model on one dataset, and keeps what lives in RAM only:
+
+- query vectors and the uncalibrated baseline document vectors, on disk (`DiskCache`), so every study on
+  the same model, revision and dataset reuses them;
+- the inputs of the layers where the search space's depths start calibrating (`prefix_layers`), within
+  `cache_budget` bytes, checked resumable on this model (`tuner.engine.prefix.LayerStack`);
+- the first calibrated layer's sums (mean pooling; `FirstLayerSums`), in what the budget and the RAM limit
+  leave after the layer inputs;
+- the last few configs' document vectors, keyed by the resolved calibration.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from tuner.calibration import ResolvedCalibration
+from tuner.calibration.attention import RowSums
+from tuner.common.files import CACHE
+from tuner.data import PositionalDataset
+from tuner.engine.encoder import Batches
+from tuner.engine.models import LoadedModel
+from tuner.engine.prefix import LayerStack, ResumeUnsupportedError
+from tuner.evaluation.store import (
+    DEFAULT_BUDGET,
+    DiskCache,
+    LayerInputs,
+    LayerInputStore,
+    default_ram_limit,
+    engine_identity,
+    model_identity,
+    slug,
+    texts_digest,
+)
+
+log = logging.getLogger(__name__)
+
+RECENT_CONFIGS = 8
+CACHE_DIR_ENV = "POSFAIR_CACHE_DIR"
+
+
+def default_cache_dir() -> Path:
+    """`$POSFAIR_CACHE_DIR`, else `mlruns/cache` under the working directory (next to the study store)."""
+    return Path(os.environ.get(CACHE_DIR_ENV) or CACHE)
+
+
+@dataclass
+class FirstLayerSums:
+    """`RowSums` of the first calibrated layer, per batch, kept in RAM (up to `budget` bytes) for later trials.
+
+    The first calibrated layer's input is the uncalibrated model's whatever the trial, and its `RowSums`
+    depend only on that input, on where baskets are cut and on `basket_shares`: trials that share the first
+    calibrated layer, basket size and basket_shares (a TPE study draws many) reuse them, and that layer's
+    attention costs only the blend. Reused sums are the very tensors a recomputation would give.
+    The engine sees one batch's share of them at a time (`for_batch`).
+    """
+
+    budget: int
+    used: int = 0
+    hits: int = 0
+    entries: dict[tuple[object, ...], RowSums] = field(default_factory=dict)
+
+    def for_batch(self, batch: int) -> BatchSums:
+        return BatchSums(self, batch)
+
+
+@dataclass(frozen=True)
+class BatchSums:
+    """One batch's view of `FirstLayerSums`: what `calibration.attention.SharedSums` asks for."""
+
+    owner: FirstLayerSums
+    batch: int
+
+    def lookup(self, key: tuple[object, ...]) -> RowSums | None:
+        found = self.owner.entries.get((self.batch, *key))
+        self.owner.hits += found is not None
+        return found
+
+    def offer(self, key: tuple[object, ...], sums: RowSums) -> None:
+        """Keep `sums` if they fit in what is left of the budget (first come, first kept)."""
+        owner = self.owner
+        if owner.used + sums.nbytes <= owner.budget:
+            owner.entries[(self.batch, *key)] = sums
+            owner.used += sums.nbytes
+
+
+class CachePolicy:
+    """What one evaluator (one model on one dataset, batched one way) keeps, where, and within what budget.
+
+    cache_dir     where query vectors, baseline vectors and layer inputs persist between runs;
+                  None: `default_cache_dir()`
+    disk_cache    False keeps everything in memory (layer inputs then go to a temporary folder)
+    cache_budget  bytes of layer inputs to cache at most (None: `tuner.evaluation.store.DEFAULT_BUDGET`, also
+                  capped by free disk space; 0: none, every trial runs the full forward)
+    prefix_layers the layers worth caching, where the configs to come start calibrating
+                  (`tuner.engine.prefix.starting_layers`); none by default
+    ram_limit     bytes of layer inputs held in RAM; the rest are memory-mapped (None: half the
+                  available memory)
+    """
+
+    def __init__(
+        self,
+        model: LoadedModel,
+        dataset: PositionalDataset,
+        batch_size: int,
+        batch_tokens: int | None,
+        *,
+        cache_dir: Path | None = None,
+        disk_cache: bool = True,
+        cache_budget: int | None = None,
+        prefix_layers: Sequence[int] = (),
+        ram_limit: int | None = None,
+    ) -> None:
+        self.model = model
+        self.cache_budget = cache_budget
+        self.prefix_layers = tuple(sorted({int(x) for x in prefix_layers if 0 < int(x) < model.num_layers}))
+        self.ram_limit = ram_limit
+        self.stack: LayerStack | None = None
+        self.store: LayerInputStore | None = None
+        self.inputs: dict[int, LayerInputs] = {}  # layer → its recorded inputs, ready to resume from
+        self.missing: list[int] = []  # layers planned but not recorded yet
+        self._planned = False
+        self._sums: FirstLayerSums | None = None
+        self._recent: OrderedDict[ResolvedCalibration, tuple[np.ndarray, int]] = OrderedDict()  # → vectors, truncated
+        self._temporary: tempfile.TemporaryDirectory[str] | None = None
+
+        self.cache_dir = (cache_dir or default_cache_dir()) if disk_cache else None
+        fingerprint = dataset.fingerprint()
+        if self.cache_dir is not None:
+            # one folder per dataset content: a changed or shuffled copy never evicts the original's entries
+            folder = self.cache_dir / slug(model.spec.source) / f"{slug(dataset.name)}-{fingerprint[:12]}"
+        else:
+            self._temporary = tempfile.TemporaryDirectory(prefix=f"posfair-layer-inputs-{os.getpid()}-")  # tuner.common.scratch cleans it if killed
+            folder = Path(self._temporary.name)
+        self.disk = DiskCache(folder)
+        doc_ids, query_ids = list(dataset.corpus), list(dataset.queries)
+        base = {"engine": engine_identity(), "model": model_identity(model),
+                "dataset": {"name": dataset.name, "fingerprint": fingerprint}, "batch_size": batch_size,
+                **({"batch_tokens": batch_tokens} if batch_tokens is not None else {})}
+        prompt = model.spec.query_prompt
+        self._query_key = {**base, "kind": "queries", "prompt": prompt,
+                           "texts": texts_digest(query_ids, [dataset.queries[q] for q in query_ids])}
+        self._document_key = {**base, "kind": "documents",
+                              "texts": texts_digest(doc_ids, [dataset.corpus[d] for d in doc_ids])}
+
+    # --------------------------------------------------------------------------- vectors on disk
+
+    def load_queries(self, shape: tuple[int, int]) -> np.ndarray | None:
+        loaded = self.disk.load_array("queries", self._query_key, shape) if self.cache_dir else None
+        return loaded[0] if loaded is not None else None
+
+    def save_queries(self, vectors: np.ndarray) -> None:
+        if self.cache_dir:
+            self.disk.save_array("queries", self._query_key, vectors)
+
+    def load_baseline(self, shape: tuple[int, int]) -> tuple[np.ndarray, int] | None:
+        """Valid baseline vectors from disk, and how many documents were truncated; None if there are none."""
+        loaded = self.disk.load_array("baseline", self._document_key, shape) if self.cache_dir else None
+        return (loaded[0], int(loaded[1].get("truncated", 0))) if loaded is not None else None
+
+    def save_baseline(self, vectors: np.ndarray, truncated: int) -> None:
+        if self.cache_dir:
+            self.disk.save_array("baseline", self._document_key, vectors, truncated=truncated)
+
+    # ---------------------------------------------------------------------------- recent configs
+
+    def recent(self, spec: ResolvedCalibration) -> tuple[np.ndarray, int] | None:
+        """A recent config's document vectors (two configs that mean the same calibration share them)."""
+        if spec in self._recent:
+            self._recent.move_to_end(spec)
+            return self._recent[spec]
+        return None
+
+    def keep(self, spec: ResolvedCalibration, vectors: np.ndarray, truncated: int) -> None:
+        self._recent[spec] = (vectors, truncated)
+        while len(self._recent) > RECENT_CONFIGS:
+            self._recent.popitem(last=False)
+
+    # ------------------------------------------------------------------------------ layer inputs
+
+    def plan_layer_inputs(self, batches: Batches) -> None:
+        """Once: choose the layers to cache within the budget, check they can be resumed, load valid ones."""
+        if self._planned:
+            return
+        self._planned = True
+        if not self.prefix_layers or self.cache_budget == 0:
+            return
+        try:
+            self.stack = LayerStack(self.model)
+        except ResumeUnsupportedError as error:
+            log.warning("%s: %s; every trial runs the full forward pass", self.model.spec.alias, error)
+            return
+        hidden = int(self.model.model.config.hidden_size)
+        self.store = LayerInputStore(self.disk, self._document_key, batches.shapes, hidden, self.model.model.dtype,
+                                     self.ram_limit)
+        chosen = self.store.budget_layers(self.prefix_layers, self.cache_budget)
+        if len(chosen) < len(self.prefix_layers):
+            log.info("cache budget holds %d of %d layer inputs (%.0f MiB each): caching layers %s",
+                     len(chosen), len(self.prefix_layers), self.store.layer_bytes / 2**20, list(chosen))
+        chosen = self.stack.resumable(chosen) if chosen else []
+        for layer in chosen:
+            if self.store.load(layer) is not None:
+                self.inputs[layer] = self.store.loaded[layer]
+            else:
+                self.missing.append(layer)
+
+    def recorded(self, layers: Sequence[int]) -> None:
+        """After a pass recorded `layers` into the store: read them back, ready to resume from."""
+        assert self.store is not None
+        self.missing = [layer for layer in self.missing if layer not in layers]
+        for layer in layers:
+            if self.store.load(layer) is not None:
+                self.inputs[layer] = self.store.loaded[layer]
+            else:
+                log.warning("layer %d: the recorded inputs did not read back; trials from it run the full pass", layer)
+
+    def first_layer_sums(self, batches: Batches) -> FirstLayerSums | None:
+        """Sums shared by trials with the same first calibrated layer (mean pooling), held in RAM within
+        what the cache budget and the RAM limit leave after the layer inputs; none without caching."""
+        if self.cache_budget == 0:
+            return None
+        if self._sums is None:
+            self.plan_layer_inputs(batches)
+            store = self.store
+            budget = DEFAULT_BUDGET if self.cache_budget is None else self.cache_budget
+            if store is not None:
+                budget, ram = budget - store.layer_bytes * len(self.inputs), store.ram_left
+            else:
+                ram = default_ram_limit(self.ram_limit)
+            self._sums = FirstLayerSums(max(0, min(budget, ram)))
+        return self._sums

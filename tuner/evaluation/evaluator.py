@@ -1,0 +1,251 @@
+"""One model on one benchmark: encode documents with a config, retrieve, score by position.
+
+What does not change between trials is computed once and reused; what is kept, where and within what
+budget is `tuner.evaluation.cache_policy`'s to decide. This module runs the passes:
+- query vectors (queries are never calibrated) and the uncalibrated baseline document vectors, from the
+  cache or one pass each; the baseline pass also records the inputs of the layers where the search
+  space's depths start calibrating, so a trial whose calibration starts at or after a cached layer runs
+  only the layers from there on (`tuner.engine.prefix`);
+- the baseline vectors of the batches a config cannot change (no passage in them fills one basket:
+  calibration leaves such passages alone), copied instead of encoded;
+- the tokenised, length-sorted batches, built once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from objectives import PerQuery, PositionReport, evaluate, exact_search
+from tuner.calibration import CalibrationConfig
+from tuner.data import PositionalDataset
+from tuner.engine.encoder import CalibratedEncoder, choose_batching, forward
+from tuner.engine.models import LoadedModel
+from tuner.engine.prefix import Batches, record_layer_inputs, recorded_into, resumed_from
+from tuner.evaluation.cache_policy import CachePolicy, FirstLayerSums
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """What one configuration scored, what it cost, and how far it moved the document vectors (`drift`:
+    the mean 1 − cosine to the uncalibrated vectors; 0 for no calibration)."""
+
+    report: PositionReport
+    per_query: PerQuery
+    encode_seconds: float
+    truncated: int
+    drift: float = 0.0
+
+
+@dataclass
+class PassCounts:
+    """How document vectors were obtained: for tests, logs and the trial-cost benchmark."""
+
+    full: int = 0  # full forward passes over the corpus
+    resumed: dict[int, int] = field(default_factory=dict)  # layer → passes resumed from it
+    recorded: int = 0  # passes that only recorded layer inputs (stopped early)
+    baseline_from_disk: int = 0
+    queries_from_disk: int = 0
+
+
+class Evaluator:
+    """Scores calibration configs of one model on one dataset, reusing what does not change.
+
+    batch_size, batch_tokens  passages and padded tokens per batch (None: `encoder.choose_batching`)
+    cache_dir, disk_cache, cache_budget, prefix_layers, ram_limit  what to keep and where (`CachePolicy`)
+    reuse_baseline  copy baseline vectors for batches a config cannot change instead of encoding them
+    """
+
+    def __init__(
+        self,
+        model: LoadedModel,
+        dataset: PositionalDataset,
+        batch_size: int | None = None,
+        show_progress: bool = False,
+        *,
+        batch_tokens: int | None = None,
+        cache_dir: Path | None = None,
+        disk_cache: bool = True,
+        cache_budget: int | None = None,
+        prefix_layers: Sequence[int] = (),
+        ram_limit: int | None = None,
+        reuse_baseline: bool = True,
+    ) -> None:
+        self.model = model
+        self.dataset = dataset
+        self.batch_size, self.batch_tokens = choose_batching(model, batch_size, batch_tokens)
+        if batch_tokens is None and self.batch_tokens is not None:
+            log.info("batches of up to %d tokens (%d passages of %s's %d), chosen from the free memory of %s",
+                     self.batch_tokens, self.batch_tokens // model.max_length, model.spec.alias, model.max_length,
+                     model.device)
+        elif batch_size is None and self.batch_tokens is None:
+            log.info("batch size %d, chosen from the free memory of %s", self.batch_size, model.device)
+        self.show_progress = show_progress
+        self.doc_ids = list(dataset.corpus)
+        self.query_ids = list(dataset.queries)
+        self.reuse_baseline = reuse_baseline
+        self.counts = PassCounts()
+        self.cache = CachePolicy(model, dataset, self.batch_size, self.batch_tokens, cache_dir=cache_dir,
+                                 disk_cache=disk_cache, cache_budget=cache_budget, prefix_layers=prefix_layers,
+                                 ram_limit=ram_limit)
+        self._queries: np.ndarray | None = None
+        self._baseline: tuple[np.ndarray, int] | None = None
+        self._batches: Batches | None = None
+        self._doc_texts = [dataset.corpus[d] for d in self.doc_ids]
+
+    @property
+    def dimension(self) -> int:
+        return int(self.model.model.config.hidden_size)
+
+    # ------------------------------------------------------------------------------------- queries
+
+    def query_vectors(self) -> np.ndarray:
+        if self._queries is None:
+            loaded = self.cache.load_queries((len(self.query_ids), self.dimension))
+            if loaded is not None:
+                self._queries = loaded
+                self.counts.queries_from_disk += 1
+            else:
+                encoder = CalibratedEncoder(self.model)
+                self._queries = encoder.encode_query(
+                    [self.dataset.queries[q] for q in self.query_ids], batch_size=self.batch_size,
+                    batch_tokens=self.batch_tokens,
+                    show_progress_bar=self.show_progress,
+                )
+                self.cache.save_queries(self._queries)
+        return self._queries
+
+    # ----------------------------------------------------------------------------------- documents
+
+    def batches(self) -> Batches:
+        """The corpus tokenised once, in `CalibratedEncoder`'s length-sorted batches."""
+        if self._batches is None:
+            self._batches = Batches.build(self.model, self._doc_texts, self.batch_size, self.batch_tokens)
+            if self.batch_tokens is not None:
+                sizes = [rows for rows, _ in self._batches.shapes]
+                log.info("%s: %d passages in %d batch(es) of <= %d padded tokens (%d-%d passages each)", self.dataset.name,
+                         self._batches.count, len(sizes), self.batch_tokens, min(sizes, default=0), max(sizes, default=0))
+        return self._batches
+
+    def longest_content(self) -> int:
+        """Content tokens (less the isolated ones) of the longest passage: no larger basket can be filled."""
+        return self.batches().longest - len(self.model.default_config().isolated_roles())
+
+    def document_vectors(self, config: CalibrationConfig | None) -> tuple[np.ndarray, int]:
+        """Calibrated document vectors and how many documents were truncated; λ = 0 is the baseline."""
+        if config is None or config.strength == 0.0:
+            return self.baseline_vectors()
+        spec = CalibratedEncoder(self.model, config).spec  # validates pooling and layers
+        assert spec is not None
+        recent = self.cache.recent(spec)
+        if recent is not None:
+            return recent
+        batches = self.batches()
+        baseline = self._baseline[0] if self.reuse_baseline and self._baseline is not None else None
+        start = self.resume_layer(min(spec.layers))
+        sums = self.first_layer_sums()
+        first_layer = sums.for_batch if sums is not None else None
+        if start is None:
+            vectors = forward(self.model, batches, spec, baseline=baseline, first_layer=first_layer,
+                              show_progress=self.show_progress)
+            self.counts.full += 1
+        else:
+            assert self.cache.stack is not None
+            around = resumed_from(self.cache.stack, start, self.cache.inputs[start].batch)
+            vectors = forward(self.model, batches, spec, baseline=baseline, first_layer=first_layer, around=around,
+                              show_progress=self.show_progress)
+            self.counts.resumed[start] = self.counts.resumed.get(start, 0) + 1
+        self.cache.keep(spec, vectors, batches.truncated)
+        return vectors, batches.truncated
+
+    def baseline_vectors(self) -> tuple[np.ndarray, int]:
+        """Uncalibrated document vectors: from memory, from disk, or one full pass that also records layer inputs."""
+        if self._baseline is None and not self._baseline_on_disk():
+            self.cache.plan_layer_inputs(self.batches())
+            batches = self.batches()
+            vectors = self._baseline_pass()
+            self._baseline = (vectors, batches.truncated)
+            self.cache.save_baseline(vectors, batches.truncated)
+        assert self._baseline is not None
+        return self._baseline
+
+    def first_layer_sums(self) -> FirstLayerSums | None:
+        """The study's shared first-layer sums (`CachePolicy.first_layer_sums`); None without caching."""
+        return self.cache.first_layer_sums(self.batches())
+
+    def resume_layer(self, first_calibrated: int) -> int | None:
+        """The deepest cached layer at or before the first calibrated one (recording it if needed)."""
+        if first_calibrated <= 0 or not any(layer <= first_calibrated for layer in self.cache.prefix_layers):
+            return None
+        self.cache.plan_layer_inputs(self.batches())
+        if self.cache.missing:
+            if self._baseline is None and not self._baseline_on_disk():
+                self.baseline_vectors()  # one full pass: the baseline, recording the inputs on the way
+            else:
+                self._recording_pass()
+        usable = [layer for layer in self.cache.inputs if layer <= first_calibrated]
+        return max(usable) if usable else None
+
+    def cached_layers(self) -> tuple[int, ...]:
+        """The layers whose inputs are cached (or will be recorded by the next pass over the corpus)."""
+        self.cache.plan_layer_inputs(self.batches())
+        return tuple(sorted({*self.cache.inputs, *self.cache.missing}))
+
+    def _baseline_on_disk(self) -> bool:
+        """Load valid baseline vectors from the disk cache, if there are any."""
+        loaded = self.cache.load_baseline((len(self.doc_ids), self.dimension))
+        if loaded is not None:
+            self._baseline = loaded
+            self.counts.baseline_from_disk += 1
+        return loaded is not None
+
+    def _baseline_pass(self) -> np.ndarray:
+        """A plain pass over the corpus, recording the missing layer inputs on the way."""
+        store, missing, batches = self.cache.store, list(self.cache.missing), self.batches()
+        if store is None or not missing:
+            vectors = forward(self.model, batches, None, show_progress=self.show_progress)
+        else:
+            assert self.cache.stack is not None
+            with store.recording(missing):
+                vectors = forward(self.model, batches, None, around=recorded_into(self.cache.stack, missing, store.record),
+                                  show_progress=self.show_progress)
+            self.cache.recorded(missing)
+        self.counts.full += 1
+        return vectors
+
+    def _recording_pass(self) -> None:
+        """Record the missing layer inputs only (the baseline is known), stopping each batch at the deepest."""
+        store, missing = self.cache.store, list(self.cache.missing)
+        assert store is not None and self.cache.stack is not None
+        with store.recording(missing):
+            record_layer_inputs(self.model, self.batches(), self.cache.stack, missing, store.record)
+        self.counts.recorded += 1
+        self.cache.recorded(missing)
+
+    # ------------------------------------------------------------------------------------- scoring
+
+    def run(self, config: CalibrationConfig | None) -> Evaluation:
+        queries = self.query_vectors()
+        start = time.perf_counter()
+        documents, truncated = self.document_vectors(config)
+        seconds = time.perf_counter() - start
+        evaluation = self.score(documents, queries, seconds, truncated)
+        baseline = self.baseline_vectors()[0]
+        if documents is baseline:
+            return evaluation
+        drift = float(np.mean(1.0 - np.einsum("ij,ij->i", documents, baseline, dtype=np.float64)))
+        return replace(evaluation, drift=max(drift, 0.0))
+
+    def score(self, documents: np.ndarray, queries: np.ndarray | None = None, seconds: float = 0.0, truncated: int = 0) -> Evaluation:
+        """Exact top-100 by inner product, then per-position nDCG@10 / Recall@10 with ir-measures."""
+        queries = self.query_vectors() if queries is None else queries
+        run = exact_search(queries, documents, self.query_ids, self.doc_ids, k=100)
+        report, per_query = evaluate(run, self.dataset)
+        return Evaluation(report, per_query, seconds, truncated)

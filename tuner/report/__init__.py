@@ -1,0 +1,1 @@
+"""`tune evaluate`: the paper's Table 1 and Table 3 for given configs, with its baselines (Segment Embed Average)."""

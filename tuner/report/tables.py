@@ -1,0 +1,294 @@
+"""Paper-style result tables: calibration configs against the uncalibrated model and SEA.
+
+`run_evaluation` scores every indexing method on one positional benchmark (the shape of the paper's
+Table 1, plus paired-bootstrap intervals for the changes, so a reader can tell an effect from noise)
+and optionally on a general-retrieval set with original and sentence-shuffled documents (Table 3).
+Retrieval and metrics are `Evaluator`'s and `objectives`'; this module only orchestrates and formats.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from objectives import PairedBootstrap, PositionReport, paired_bootstrap
+from tuner.calibration import CalibrationConfig
+from tuner.data import PositionalDataset
+from tuner.engine.models import LoadedModel
+from tuner.engine.prefix import starting_layers
+from tuner.evaluation.evaluator import Evaluation, Evaluator
+from tuner.report.baselines import segment_embed_average, shuffle_corpus
+
+log = logging.getLogger(__name__)
+
+BASELINE = "No calibration"
+SEA = "Segment Embed Average"
+
+
+@dataclass(frozen=True)
+class Row:
+    """One indexing method on the positional benchmark; `deltas` is None for the baseline itself."""
+
+    name: str
+    report: PositionReport
+    deltas: PairedBootstrap | None
+    truncated: int
+    encode_seconds: float
+
+
+@dataclass(frozen=True)
+class GeneralRow:
+    """One method on the general set; `shuffled` is None when the shuffle check was not run."""
+
+    name: str
+    original: PositionReport
+    shuffled: PositionReport | None
+
+
+@dataclass(frozen=True)
+class GeneralTable:
+    """Table 3: does calibration keep general effectiveness, and how much does content order matter?"""
+
+    dataset: str
+    rows: tuple[GeneralRow, ...]
+    shuffle_seed: int
+
+
+@dataclass(frozen=True)
+class EvaluationTable:
+    """Everything `run_evaluation` measured; the first row is always the uncalibrated baseline."""
+
+    model: str
+    dataset: str
+    group_order: tuple[str, ...]
+    rows: tuple[Row, ...]
+    general: GeneralTable | None
+    n_resamples: int
+    seed: int
+
+
+def run_evaluation(
+    model: LoadedModel,
+    dataset: PositionalDataset,
+    configs: Sequence[tuple[str, CalibrationConfig]],
+    *,
+    sea: bool = True,
+    general: PositionalDataset | None = None,
+    shuffled: bool = True,
+    n_resamples: int = 1000,
+    seed: int = 0,
+    batch_size: int | None = None,
+) -> EvaluationTable:
+    """Score the baseline, each named config and (if `sea`) Segment Embed Average on `dataset`.
+
+    Non-baseline rows carry paired-bootstrap intervals (`n_resamples`, `seed`) of their change against
+    the baseline. With `general`, the baseline and configs are also scored there, and with `shuffled`
+    on sentence-shuffled copies of its documents (seeded by `seed`); without `general`, `shuffled`
+    runs that check on `dataset` itself, reusing the original scores already computed.
+    """
+    names = [BASELINE, *(name for name, _ in configs), *([SEA] if sea else [])]
+    if len(set(names)) != len(names):
+        raise ValueError(f"row names must be unique and differ from {BASELINE!r} and {SEA!r}; got {names}")
+    methods: list[tuple[str, CalibrationConfig | None]] = [(BASELINE, None), *configs]
+    evaluator = Evaluator(model, dataset, batch_size, prefix_layers=starting_layers((c for _, c in configs), model.num_layers))
+    baseline = evaluator.run(None)
+    rows: list[Row] = []
+
+    def add(name: str, evaluation: Evaluation) -> None:
+        deltas = None if not rows else paired_bootstrap(baseline.per_query, evaluation.per_query, n_resamples, seed)
+        rows.append(Row(name, evaluation.report, deltas, evaluation.truncated, evaluation.encode_seconds))
+        _log_row(rows[-1])
+
+    add(BASELINE, baseline)
+    for name, config in configs:
+        add(name, evaluator.run(config))
+    if sea:
+        start = time.perf_counter()
+        vectors, truncated = segment_embed_average(model, [dataset.corpus[d] for d in evaluator.doc_ids], batch_size=batch_size)
+        add(SEA, evaluator.score(vectors, seconds=time.perf_counter() - start, truncated=truncated))
+
+    general_table = None
+    if general is not None:
+        general_evaluator = Evaluator(model, general, batch_size)
+        originals = {name: general_evaluator.run(config).report for name, config in methods}
+        general_table = _general_table(general_evaluator, originals, methods, shuffled, seed)
+    elif shuffled:
+        originals = {row.name: row.report for row in rows}
+        general_table = _general_table(evaluator, originals, methods, shuffled, seed)
+    return EvaluationTable(model.spec.alias, dataset.name, dataset.group_order, tuple(rows), general_table, n_resamples, seed)
+
+
+def _general_table(
+    original: Evaluator,
+    reports: dict[str, PositionReport],
+    methods: Sequence[tuple[str, CalibrationConfig | None]],
+    shuffled: bool,
+    seed: int,
+) -> GeneralTable:
+    """Pair each method's original report with one on sentence-shuffled documents (same query vectors)."""
+    shuffled_reports: dict[str, PositionReport] = {}
+    if shuffled:
+        evaluator = Evaluator(original.model, shuffle_corpus(original.dataset, seed), original.batch_size)
+        queries = original.query_vectors()
+        for name, config in methods:
+            documents, truncated = evaluator.document_vectors(config)
+            shuffled_reports[name] = evaluator.score(documents, queries, truncated=truncated).report
+            log.info("%s on %s: nDCG@10 %.4f", name, evaluator.dataset.name, shuffled_reports[name].ndcg10)
+    rows = tuple(GeneralRow(name, reports[name], shuffled_reports.get(name)) for name, _ in methods)
+    return GeneralTable(original.dataset.name, rows, seed)
+
+
+def _log_row(row: Row) -> None:
+    summary = row.deltas.summary() if row.deltas is not None else f"nDCG@10 {row.report.ndcg10:.4f}"
+    log.info("%s: %s (%.1f s encoding, %d truncated)", row.name, summary, row.encode_seconds, row.truncated)
+
+
+# Formatting: one grid of strings per table, shared by the rich and the markdown renderers.
+
+Grid = tuple[str, list[str], list[list[str]]]  # title, headers, rows
+
+
+def _points(value: float | None) -> str:
+    return "—" if value is None else f"{value * 100:.2f}"
+
+
+def _psi(value: float | None) -> str:
+    return "—" if value is None else f"{value:.3f}"
+
+
+def _main_grid(table: EvaluationTable) -> Grid:
+    title = (
+        f"nDCG@10 on {table.dataset} by answer position — {table.model} (×100; PSI raw; Δ vs {BASELINE} "
+        f"with 95% paired-bootstrap CI over {table.n_resamples} resamples)"
+    )
+    headers = [
+        "Indexing method", *table.group_order, "HM", "PSI ↓", "nDCG@10", "Recall@10",
+        "ΔHM", "ΔPSI", "ΔnDCG@10", "truncated",
+    ]
+    rows = []
+    for row in table.rows:
+        report, deltas = row.report, row.deltas
+        rows.append([
+            row.name,
+            *(_points(report.group_ndcg10[group]) for group in table.group_order),
+            _points(report.hm),
+            _psi(report.psi),
+            _points(report.ndcg10),
+            _points(report.recall10),
+            "—" if deltas is None or deltas.hm is None else deltas.hm.format(),
+            "—" if deltas is None or deltas.psi is None else deltas.psi.format(scale=1, digits=3),
+            "—" if deltas is None else deltas.ndcg10.format(),
+            str(row.truncated),
+        ])
+    return title, headers, rows
+
+
+def _general_grid(table: EvaluationTable, general: GeneralTable) -> Grid:
+    with_shuffle = all(row.shuffled is not None for row in general.rows)
+    title = f"{general.dataset}: nDCG@10 and Recall@10 — {table.model} (×100; (±) vs {BASELINE})"
+    if with_shuffle:
+        title += f"; Shuffled: every document's sentences shuffled, seed {general.shuffle_seed}"
+    headers = ["Indexing method", "nDCG@10 Original", "Recall@10 Original"]
+    if with_shuffle:
+        headers = [
+            "Indexing method", "nDCG@10 Original", "nDCG@10 Shuffled", "Recall@10 Original", "Recall@10 Shuffled",
+            "nDCG@10 Shuffled − Original",
+        ]
+    base = general.rows[0]
+
+    def cell(value: float, reference: float, is_base: bool) -> str:
+        return _points(value) if is_base else f"{_points(value)} ({(value - reference) * 100:+.2f})"
+
+    rows = []
+    for row in general.rows:
+        is_base = row is base
+        original = [cell(row.original.ndcg10, base.original.ndcg10, is_base),
+                    cell(row.original.recall10, base.original.recall10, is_base)]
+        if row.shuffled is None or base.shuffled is None:
+            rows.append([row.name, *original])
+            continue
+        rows.append([
+            row.name,
+            original[0],
+            cell(row.shuffled.ndcg10, base.shuffled.ndcg10, is_base),
+            original[1],
+            cell(row.shuffled.recall10, base.shuffled.recall10, is_base),
+            f"{(row.shuffled.ndcg10 - row.original.ndcg10) * 100:+.2f}",
+        ])
+    return title, headers, rows
+
+
+def _grids(table: EvaluationTable) -> list[Grid]:
+    grids = [_main_grid(table)]
+    if table.general is not None:
+        grids.append(_general_grid(table, table.general))
+    return grids
+
+
+def render(table: EvaluationTable, console: Console) -> None:
+    """Print the tables to a terminal (numbers right-aligned, method names left)."""
+    for title, headers, rows in _grids(table):
+        grid = Table(title=title, title_justify="left")
+        for i, header in enumerate(headers):
+            grid.add_column(header, justify="left" if i == 0 else "right", no_wrap=i > 0)
+        for row in rows:
+            grid.add_row(*row)
+        console.print(grid)
+
+
+def to_markdown(table: EvaluationTable) -> str:
+    """The same tables as GitHub markdown, each under its title in bold, for the README."""
+
+    def line(cells: Sequence[str]) -> str:
+        return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
+
+    blocks = []
+    for title, headers, rows in _grids(table):
+        lines = [f"**{title}**", "", line(headers), line(["---"] + ["---:"] * (len(headers) - 1))]
+        lines += [line(row) for row in rows]
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks) + "\n"
+
+
+def to_dict(table: EvaluationTable) -> dict[str, Any]:
+    """JSON-ready nested dict (scores on the 0–1 scale, as in `PositionReport`), e.g. for `mlflow.log_dict`."""
+    general = table.general
+    return {
+        "model": table.model,
+        "dataset": table.dataset,
+        "group_order": list(table.group_order),
+        "n_resamples": table.n_resamples,
+        "seed": table.seed,
+        "rows": [
+            {
+                "name": row.name,
+                "metrics": row.report.as_dict(),
+                "deltas": None if row.deltas is None else asdict(row.deltas),
+                "truncated": row.truncated,
+                "encode_seconds": row.encode_seconds,
+            }
+            for row in table.rows
+        ],
+        "general": None if general is None else {
+            "dataset": general.dataset,
+            "shuffle_seed": general.shuffle_seed,
+            "rows": [
+                {
+                    "name": row.name,
+                    "original": _retrieval(row.original),
+                    "shuffled": None if row.shuffled is None else _retrieval(row.shuffled),
+                }
+                for row in general.rows
+            ],
+        },
+    }
+
+
+def _retrieval(report: PositionReport) -> dict[str, float]:
+    return {"ndcg10": report.ndcg10, "recall10": report.recall10}

@@ -1,0 +1,119 @@
+"""The winner as an MLflow model: a pyfunc that wraps `CalibratedEncoder`, registered and aliased.
+
+`mlflow.pyfunc.load_model("models:/posfair-minilm@champion").predict(texts)` returns calibrated,
+L2-normalised document vectors (float32, one row per text); `params={"kind": "query"}` returns query
+vectors (never calibrated, with the model's query prompt). `mlflow models serve -m
+models:/posfair-minilm@champion` serves the same over REST (POST /invocations
+`{"inputs": [...], "params": {"kind": "query"}}`). The model artifact holds the exported YAML; the
+encoder weights are loaded as the YAML says (the registry alias, hub revision or folder), exactly as
+`CalibratedEncoder.from_yaml` does, so the serving machine needs the base model as `tune encode` does.
+"""
+
+
+from __future__ import annotations
+
+import logging
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import numpy as np
+
+from tuner.tracking.runs import Tracker
+
+log = logging.getLogger(__name__)
+
+CHAMPION = "champion"
+KINDS = ("document", "query")
+
+
+def registered_name(model_alias: str) -> str:
+    """`posfair-<alias>` in characters the registry and URIs accept: minilm → posfair-minilm."""
+    return "posfair-" + re.sub(r"[^A-Za-z0-9._-]+", "-", Path(model_alias).name).strip("-").lower()
+
+
+class CalibratedEncoderModel:
+    """The pyfunc model: texts → document vectors (or, with params kind=query, query vectors).
+
+    A plain pyfunc flavour (`loader_module`): the model folder holds only the YAML and MLflow's files,
+    nothing pickled, so loading runs no stored code."""
+
+    def __init__(self, yaml_path: str) -> None:
+        from tuner.engine.encoder import CalibratedEncoder
+
+        self.encoder = CalibratedEncoder.from_yaml(yaml_path)
+
+    def predict(self, model_input: Any, params: dict[str, Any] | None = None) -> np.ndarray:
+        kind = (params or {}).get("kind", "document")
+        if kind not in KINDS:
+            raise ValueError(f"params.kind must be 'document' or 'query', got {kind!r}")
+        texts = _texts(model_input)
+        method = self.encoder.encode_query if kind == "query" else self.encoder.encode_document
+        return method(texts, show_progress_bar=False)  # type: ignore[return-value]
+
+
+def _load_pyfunc(data_path: str) -> CalibratedEncoderModel:
+    """MLflow's entry point for `loader_module="tuner.tracking.registry"`: `data_path` is the YAML inside the model."""
+    return CalibratedEncoderModel(data_path)
+
+
+def _texts(model_input: Any) -> list[str]:
+    """A list, array or Series of strings, or a one-column DataFrame (how MLflow passes `inputs`)."""
+    if hasattr(model_input, "iloc") and getattr(model_input, "ndim", 1) == 2:
+        model_input = model_input.iloc[:, 0]
+    if isinstance(model_input, str):
+        return [model_input]
+    return [str(text) for text in list(model_input)]
+
+
+@dataclass(frozen=True)
+class Registered:
+    name: str
+    version: int
+    model_id: str
+
+    @property
+    def uri(self) -> str:
+        return f"models:/{self.name}@{CHAMPION}"
+
+
+def reserve_version(tracker: Tracker, model_alias: str, run_id: str, description: str, tags: dict[str, str]) -> Registered:
+    """Create the logged model and its registry version first, so the YAML it carries can name the version."""
+    from mlflow.tracking._tracking_service.utils import _use_tracking_uri
+
+    client, name = tracker.client, registered_name(model_alias)
+    logged = client.create_logged_model(tracker.experiment_id, name=name, source_run_id=run_id, tags=tags, model_type="embedding")
+    with _use_tracking_uri(tracker.uri):  # the registry looks the logged model up through the global tracking URI
+        if not client.search_registered_models(f"name = '{name}'"):
+            client.create_registered_model(name, description=f"posfair's calibrated {model_alias} encoder: "
+                                                               f"documents calibrated, queries plain (params.kind).")
+        version = client.create_model_version(name, source=f"models:/{logged.model_id}", run_id=run_id,
+                                              model_id=logged.model_id, tags=tags, description=description)
+    return Registered(name, int(version.version), logged.model_id)
+
+
+def publish(tracker: Tracker, registered: Registered, yaml_path: Path, dimension: int) -> None:
+    """Write the pyfunc model (YAML artifact, signature) into the reserved version and make it the champion."""
+    from mlflow.models import infer_signature
+
+    example = ["A passage to index.", "Another passage."]
+    signature = infer_signature(example, np.zeros((2, dimension), dtype=np.float32), params={"kind": "document"})
+    with tempfile.TemporaryDirectory(prefix="posfair-model-") as folder:
+        mlflow.pyfunc.save_model(
+            Path(folder) / "model", loader_module=__name__, data_path=str(yaml_path),
+            signature=signature, input_example=example, pip_requirements=_requirements(),
+        )
+        tracker.client.log_model_artifacts(registered.model_id, str(Path(folder) / "model"))
+    tracker.client.finalize_logged_model(registered.model_id, "READY")
+    tracker.client.set_registered_model_alias(registered.name, CHAMPION, str(registered.version))
+    log.info("registered %s version %d as %s (load: mlflow.pyfunc.load_model(%r))",
+             registered.name, registered.version, CHAMPION, registered.uri)
+
+
+def _requirements() -> list[str]:
+    from tuner import __version__
+
+    return [f"posfair=={__version__}", f"mlflow=={mlflow.__version__}"]

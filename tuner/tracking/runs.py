@@ -1,0 +1,495 @@
+"""MLflow logging: one parent run per study, one nested run per trial, in MLflow's model-training view.
+
+The default store is `./mlruns`: a SQLite file (`mlruns/mlflow.db`) and an artifact folder
+(`mlruns/artifacts`) that the store records by a path *relative* to the folder holding `mlruns/`, so a
+copied or moved `mlruns/` keeps its artifacts (`tune ui` serves it from there). `--tracking-uri` points
+at a server instead (whose artifacts are proxied, `mlflow-artifacts:`, and so portable too).
+
+A trial's run opens when the trial starts (so it shows as running, with its real duration) and closes
+with the trial's state. Runs carry a one-sentence description (`mlflow.note.content`), and the baseline,
+the paper default, infeasible trials and the winner are marked in run names and tags. Metrics are named
+for what they mean and are on the console's scale (nDCG@10 and HM ×100, PSI 0–1); `METRIC_NAMES` maps
+the 0–1 names the code uses to them.
+
+If the server goes away mid-study each log call is kept and retried, in order, before the next one and
+at the end: finished trials are never lost to a logging failure, and a retried run keeps its real start
+and end times.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.tracking import MlflowClient
+
+from tuner.common.files import MLFLOW_DB
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TRACKING_URI = f"sqlite:///{MLFLOW_DB}"  # relative: the store moves with its folder
+MAX_PARAM_LENGTH = 6000
+MAX_TAG_LENGTH = 5000
+
+KIND_TAG = "mlflow.experimentKind"  # MLflow 3 opens an experiment without it in the GenAI view
+TRAINING_KIND = "custom_model_development"  # the model-training view (runs, charts, models)
+NOTE = "mlflow.note.content"  # the description MLflow shows on a run or experiment page
+PARENT = "mlflow.parentRunId"
+
+EXPERIMENT_NOTE = """posfair tunes attention calibration (Michail et al., 2026) per model with Optuna.
+One parent run per study (its settings, the winner, held-out figures with 95% bootstrap intervals, plots,
+the exported YAML), one nested run per trial (its config, figures and attention profile).
+
+Objective: minimise **psi** (Position Sensitivity Index = 1 - min/max of nDCG@10 over the begin, middle and
+end groups; 0 = position-fair) subject to **hm_x100** (harmonic mean of the groups' nDCG@10) >= the HM floor
+and aggregate nDCG@10 not falling below the uncalibrated model's. `feasible` = 1 when a trial meets every
+constraint. nDCG@10, HM and recall are x100 (points, as the console prints them); PSI and drift are 0-1.
+Run names mark the baseline (trial 0, no calibration), the paper default (trial 1), infeasible trials and
+the winner, which is registered as the model posfair-MODEL with the alias `champion`."""
+
+
+class TrackingUnavailableError(RuntimeError):
+    """The tracking server or store cannot be used; the message names it and the fix."""
+
+
+TRACKING_SCHEMES = ("file", "sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks")
+
+
+def check_tracking_uri(uri: str) -> None:
+    """A tracking URI MLflow can use: a folder, or one of `TRACKING_SCHEMES` (with a driver, e.g. postgresql+psycopg)."""
+    scheme, colon, _ = uri.partition("://")
+    if colon and scheme.split("+")[0].lower() not in TRACKING_SCHEMES:
+        raise ValueError(
+            f"--tracking-uri {uri[:80]!r}: MLflow cannot use a {scheme[:20]!r} store; use e.g. http://127.0.0.1:5000, "
+            "sqlite:///mlruns/mlflow.db, postgresql://user:pass@host/db or a folder"
+        )
+
+
+def default_tracking_uri() -> str:
+    """The default store, relative to the working folder (nothing is created here)."""
+    return DEFAULT_TRACKING_URI
+
+
+def local_store(uri: str) -> Path | None:
+    """The SQLite file of a local tracking URI, None for a server."""
+    return Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
+
+
+def describe_store(uri: str) -> str:
+    """Where a tracking URI's runs live, for people: the absolute folder of a local store."""
+    path = local_store(uri)
+    if path is None:
+        return uri
+    state = "" if path.exists() else ", created when the first trial starts"
+    return f"{uri}  ({path.resolve()}{state})"
+
+
+def ui_command(uri: str, host: str, port: int) -> list[str]:
+    """`mlflow ui` on a store; started in the working folder, where the default store's relative paths resolve."""
+    import sys
+
+    command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", host, "--port", str(port)]
+    store = local_store(uri)
+    if store is not None:
+        command += ["--default-artifact-root", str((store.parent / "artifacts").resolve())]
+    return command
+
+
+# --- metric names: the code's 0-1 names → names that say what they are, on the console's scale ----------
+
+_POINTS = 100.0
+METRIC_NAMES: dict[str, tuple[str, float]] = {
+    "psi": ("psi", 1.0),
+    "psi_se": ("psi_std_error", 1.0),
+    "hm": ("hm_x100", _POINTS),
+    "hm_low": ("hm_lower_bound_x100", _POINTS),
+    "hm_floor": ("hm_floor_x100", _POINTS),
+    "ndcg10": ("ndcg10_x100", _POINTS),
+    "recall10": ("recall10_x100", _POINTS),
+    "n_queries": ("queries", 1.0),
+    "ndcg10_delta": ("ndcg10_change_vs_uncalibrated_x100", _POINTS),
+    "general_ndcg10_delta": ("general_ndcg10_change_vs_uncalibrated_x100", _POINTS),
+    # Optuna's constraints are <= 0 when met; as margins they read the other way round: >= 0 is met
+    "constraint_hm_floor": ("hm_margin_over_floor_x100", -_POINTS),
+    "constraint_ndcg_drop": ("ndcg10_drop_allowance_left_x100", -_POINTS),
+    "constraint_general_drop": ("general_ndcg10_drop_allowance_left_x100", -_POINTS),
+    "drift": ("drift_from_uncalibrated_vectors", 1.0),
+    "feasible": ("feasible", 1.0),
+    "encode_seconds": ("encode_seconds", 1.0),
+    "truncated_documents": ("truncated_documents", 1.0),
+    "psi_fifths": ("psi_over_fifths", 1.0),
+    "tilt": ("tilt_x100", _POINTS),
+    "profile_first_bin_mass": ("last_layer_attention_on_first_tenth_pct", _POINTS),
+    "profile_last_bin_mass": ("last_layer_attention_on_last_tenth_pct", _POINTS),
+}
+
+
+def metric_name(name: str) -> tuple[str, float]:
+    """(display name, factor) of one 0-1 metric; per-group nDCG@10, query counts and token masses by pattern."""
+    prefix, _, tail = name.rpartition("/")
+    if prefix:
+        shown, factor = metric_name(tail)
+        return f"{prefix}/{shown}", factor
+    if name in METRIC_NAMES:
+        return METRIC_NAMES[name]
+    if name.startswith("ndcg10_"):
+        return f"{name}_x100", _POINTS
+    if name.startswith("n_"):
+        return f"queries_{name[2:]}", 1.0
+    if name.startswith("profile_") and name.endswith("_token_mass"):
+        return f"last_layer_attention_on_{name.removeprefix('profile_').removesuffix('_mass')}_pct", _POINTS
+    return name, 1.0
+
+
+def display_metrics(values: Mapping[str, float], prefix: str = "") -> dict[str, float]:
+    """0-1 metrics as MLflow shows them: self-explanatory names, on the console's scale."""
+    shown = {}
+    for name, value in values.items():
+        key, factor = metric_name(name)
+        shown[prefix + key] = float(value) * factor
+    return shown
+
+
+def summary_metrics(prefix: str, report: Mapping[str, float | None],
+                    intervals: Mapping[str, tuple[float, float, float]] | None) -> dict[str, float]:
+    """A config's headline figures under `prefix/` and, with `intervals` (metric → estimate, low, high: the
+    change against no calibration), `prefix/change_<metric>` with `_ci_low` / `_ci_high`."""
+    headline = {k: v for k, v in report.items() if v is not None and "/" not in k and not k.startswith("n_")}
+    shown = display_metrics(headline, f"{prefix}/")  # type: ignore[arg-type]
+    for metric, (estimate, low, high) in (intervals or {}).items():
+        name, factor = metric_name(metric)
+        shown |= {f"{prefix}/change_{name}": estimate * factor, f"{prefix}/change_{name}_ci_low": low * factor,
+                  f"{prefix}/change_{name}_ci_high": high * factor}
+    return shown
+
+
+# --- descriptions ------------------------------------------------------------------------------------
+
+VARIANTS = {"uniform": "Uniform", "cls_soft": "CLS-Soft", "cls_hard": "CLS-Hard"}
+REFERENCES = {"baseline": "baseline (no calibration)", "paper-default": "paper default"}
+
+
+def describe_config(params: Mapping[str, object], num_layers: int | None = None) -> str:
+    """A trial's config in words, e.g. 'CLS-Soft, λ 0.55 on layers [4, 5], baskets of 256 tokens (equal shares)'."""
+    strength = float(params.get("strength", 0.0))  # type: ignore[arg-type]
+    if strength == 0:
+        return "no calibration (λ 0)"
+    variant = VARIANTS.get(str(params.get("variant")), str(params.get("variant")))
+    if params.get("variant") == "cls_hard" and "weight" in params:
+        variant += f" (w {float(params['weight']):.2f})"  # type: ignore[arg-type]
+    layers = params.get("layers")
+    where = f"layers {layers}" + (f" of {num_layers}" if num_layers else "") if layers is not None else f"depth {params.get('depth')}"
+    shares = f" ({params['basket_shares']} shares)" if params.get("basket_shares") else ""
+    return f"{variant}, λ {strength:.2f} on {where}, baskets of {params.get('basket_size')} tokens{shares}"
+
+
+def describe_outcome(metrics: Mapping[str, float]) -> str:
+    """What a complete trial scored, in the console's words and scale."""
+    text = f"PSI {metrics['psi']:.3f} (lower is fairer), HM {100 * metrics['hm']:.2f}"
+    if "hm_floor" in metrics:
+        met = metrics.get("constraint_hm_floor", 0.0) <= 0
+        text += f" {'≥' if met else '<'} floor {100 * metrics['hm_floor']:.2f}"
+    if "ndcg10_delta" in metrics:
+        text += f", nDCG@10 {100 * metrics['ndcg10_delta']:+.2f} vs uncalibrated"
+    feasible = metrics.get("feasible", 1.0) == 1.0
+    return text + (": feasible" if feasible else ": infeasible (misses a constraint)")
+
+
+def run_name(number: int, markers: list[str]) -> str:
+    """'trial-6', or with its markers: 'trial-0 · baseline', 'trial-6 · winner', 'trial-3 · infeasible'."""
+    return " · ".join([f"trial-{number}", *markers])
+
+
+@dataclass
+class TrialRecord:
+    """Everything one trial logs at its end; kept until MLflow has accepted it."""
+
+    number: int
+    state: str  # COMPLETE or FAIL
+    params: dict[str, object]
+    metrics: dict[str, float]  # 0-1 names (`display_metrics` renames them)
+    tags: dict[str, str] = field(default_factory=dict)
+    artifacts: list[Path] = field(default_factory=list)
+    description: str = ""
+    markers: list[str] = field(default_factory=list)
+    start_ms: int = 0
+    end_ms: int = field(default_factory=lambda: int(time.time() * 1000))
+
+
+class Tracker:
+    """Logs a study and its trials to MLflow through the client API (no global fluent state).
+
+    Nothing is created until the first write: a run that fails before its study starts leaves no
+    store behind. A server is checked at once, so an unreachable one fails before any work.
+    """
+
+    def __init__(self, tracking_uri: str | None, experiment: str) -> None:
+        self.uri = tracking_uri or default_tracking_uri()
+        check_tracking_uri(self.uri)
+        self.experiment_name = experiment
+        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # its bars would garble the log
+        if self.uri.startswith(("http://", "https://")):
+            # A lost server must cost a trial seconds, not MLflow's default minutes of retries.
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
+            _check_server(self.uri)
+        self._client: MlflowClient | None = None
+        self._pending: list[Callable[[], None]] = []
+        self._experiment_id: str | None = None
+        self._trial_runs: dict[int, str] = {}
+        self.parent_id: str | None = None
+
+    @property
+    def client(self) -> MlflowClient:
+        """The MLflow client; the first use opens (or creates) the store and the experiment."""
+        if self._client is None:
+            _ = self.experiment_id
+        assert self._client is not None
+        return self._client
+
+    @property
+    def experiment_id(self) -> str:
+        """The experiment, created (in the model-training view) on first use."""
+        if self._experiment_id is None:
+            try:
+                with _store_lock(self.uri):  # processes starting together must not race to create a new store
+                    store = local_store(self.uri)
+                    if store is not None:
+                        store.parent.mkdir(parents=True, exist_ok=True)
+                    # a client with a registry URI creates the registry's tables at once: only under the lock.
+                    # It opens the store by its absolute path: MLflow caches one store per URI string per
+                    # process, so the relative default would reach whichever folder used it first.
+                    absolute = f"sqlite:///{store.resolve()}" if store is not None else self.uri
+                    self._client = MlflowClient(absolute, registry_uri=absolute)
+                    self._experiment_id = self._open_experiment()
+            except Exception as error:  # noqa: BLE001 - any failure here means the store is unusable
+                raise TrackingUnavailableError(
+                    f"cannot use the MLflow tracking store {self.uri!r} ({error.__class__.__name__}: "
+                    f"{str(error).splitlines()[0] if str(error) else ''}). Start the server or fix --tracking-uri."
+                ) from None
+        return self._experiment_id
+
+    def _open_experiment(self) -> str:
+        store = local_store(self.uri)
+        found = self.client.get_experiment_by_name(self.experiment_name)
+        if found is None:
+            try:
+                experiment_id = self.client.create_experiment(self.experiment_name, tags={KIND_TAG: TRAINING_KIND, NOTE: EXPERIMENT_NOTE})
+            except Exception as error:  # noqa: BLE001 - another worker just created it: use theirs
+                found = self.client.get_experiment_by_name(self.experiment_name)
+                if found is None or "already exists" not in str(error).lower():
+                    raise
+                return found.experiment_id
+            if store is not None:
+                _artifacts_beside_store(self.uri, store, experiment_id)
+            return experiment_id
+        if found.tags.get(KIND_TAG) != TRAINING_KIND:  # a store made by an older posfair
+            self.client.set_experiment_tag(found.experiment_id, KIND_TAG, TRAINING_KIND)
+            self.client.set_experiment_tag(found.experiment_id, NOTE, EXPERIMENT_NOTE)
+        return found.experiment_id
+
+    # --- the study's parent run -------------------------------------------------------------------
+
+    def start_study(self, study: str, params: dict[str, object], tags: dict[str, str], description: str = "") -> str:
+        """Open (or, on resume, reopen) the study's parent run."""
+        existing = self.client.search_runs(
+            [self.experiment_id], f"tags.`posfair.study` = '{study}' and tags.`posfair.role` = 'study'", max_results=1
+        )
+        if existing:
+            self.parent_id = existing[0].info.run_id
+            self.client.update_run(self.parent_id, status="RUNNING")
+        else:
+            extra = {NOTE: description} if description else {}
+            run = self.client.create_run(
+                self.experiment_id, run_name=study, tags={"posfair.study": study, "posfair.role": "study", **tags, **extra}
+            )
+            self.parent_id = run.info.run_id
+            self.client.log_batch(self.parent_id, params=_params(params))
+        return self.parent_id
+
+    def finish_study(self, metrics: dict[str, float], artifacts: list[Path], tags: dict[str, str], status: str = "FINISHED") -> None:
+        """Log the study's figures (already display-named), artifacts and tags, and close the parent run."""
+
+        def finish() -> None:
+            assert self.parent_id is not None
+            now = int(time.time() * 1000)
+            self.client.log_batch(
+                self.parent_id,
+                metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()],
+                tags=[RunTag(k, v[:MAX_TAG_LENGTH]) for k, v in tags.items()],
+            )
+            for path in artifacts:
+                self.client.log_artifact(self.parent_id, str(path))
+            self.client.set_terminated(self.parent_id, status)
+
+        self._submit(finish)
+        self.flush()
+
+    # --- trial runs -------------------------------------------------------------------------------
+
+    def start_trial(self, study: str, number: int, params: dict[str, object], description: str,
+                    markers: list[str], tags: dict[str, str] | None = None) -> str | None:
+        """Open the trial's run now (shown as running); its id, or None while MLflow is unreachable."""
+        start = int(time.time() * 1000)
+        self._submit(lambda: self._open_trial(study, number, params, description, markers, tags or {}, start))
+        return self._trial_runs.get(number)
+
+    def finish_trial(self, study: str, record: TrialRecord) -> None:
+        """Log a trial's outcome to its run and close it with the trial's state; kept for retry on failure."""
+        self._submit(lambda: self._close_trial(study, record))
+
+    def trial_run_id(self, number: int) -> str | None:
+        return self._trial_runs.get(number)
+
+    def _open_trial(self, study: str, number: int, params: dict[str, object], description: str,
+                    markers: list[str], tags: dict[str, str], start: int) -> None:
+        assert self.parent_id is not None
+        run_id = self._existing_trial_run(study, number)
+        if run_id is None:
+            run = self.client.create_run(
+                self.experiment_id,
+                run_name=run_name(number, markers),
+                start_time=start,
+                tags={PARENT: self.parent_id, "posfair.study": study, "posfair.role": "trial",
+                      "posfair.trial": str(number), "posfair.state": "RUNNING", NOTE: description, **tags},
+            )
+            run_id = run.info.run_id
+            self.client.log_batch(run_id, params=_params(params))
+        self._trial_runs[number] = run_id
+
+    def _close_trial(self, study: str, record: TrialRecord) -> None:
+        """Idempotent: a closed run is left alone; an open one (or none, after an outage) is completed."""
+        assert self.parent_id is not None
+        run_id = self._trial_runs.get(record.number) or self._existing_trial_run(study, record.number)
+        if run_id is None:
+            self._open_trial(study, record.number, record.params, record.description, record.markers, {},
+                             record.start_ms or record.end_ms)
+            run_id = self._trial_runs[record.number]
+        elif self.client.get_run(run_id).info.status in ("FINISHED", "FAILED"):
+            return
+        self.client.log_batch(
+            run_id,
+            metrics=[Metric(k, v, record.end_ms, 0) for k, v in display_metrics(record.metrics).items()],
+            tags=[RunTag(k, v[:MAX_TAG_LENGTH]) for k, v in
+                  {"posfair.state": record.state, NOTE: record.description, **record.tags}.items()],
+        )
+        self.client.update_run(run_id, name=run_name(record.number, record.markers))
+        for path in record.artifacts:
+            self.client.log_artifact(run_id, str(path))
+        self.client.set_terminated(run_id, "FINISHED" if record.state == "COMPLETE" else "FAILED", end_time=record.end_ms)
+
+    def _existing_trial_run(self, study: str, number: int) -> str | None:
+        """The run of this study's trial `number` if one was opened (by this process or before a restart)."""
+        query = f"tags.`posfair.study` = '{study}' and tags.`posfair.trial` = '{number}'"
+        runs = self.client.search_runs([self.experiment_id], query)
+        return runs[0].info.run_id if runs else None
+
+    def mark_trial(self, study: str, number: int, markers: list[str], tags: dict[str, str], description: str) -> None:
+        """Re-mark a closed trial's run (the winner, known only at the end)."""
+
+        def mark() -> None:
+            run_id = self._trial_runs.get(number) or self._existing_trial_run(study, number)
+            if run_id is None:
+                return
+            self.client.update_run(run_id, name=run_name(number, markers))
+            for key, value in {**tags, NOTE: description}.items():
+                self.client.set_tag(run_id, key, value[:MAX_TAG_LENGTH])
+
+        self._submit(mark)
+
+    def close_stale_trials(self, study: str, failed: list[int]) -> None:
+        """Close the runs of trials Optuna failed elsewhere (a killed worker's): they would show as running forever."""
+
+        def close() -> None:
+            for number in failed:
+                run_id = self._trial_runs.get(number) or self._existing_trial_run(study, number)
+                if run_id is not None and self.client.get_run(run_id).info.status == "RUNNING":
+                    self.client.set_tag(run_id, "posfair.state", "FAIL")
+                    self.client.set_tag(run_id, NOTE, f"Trial {number} failed: its worker stopped answering (missed heartbeats).")
+                    self.client.set_terminated(run_id, "KILLED")
+
+        if failed:
+            self._submit(close)
+
+    # --- retries ----------------------------------------------------------------------------------
+
+    def flush(self) -> bool:
+        """Retry everything MLflow has not accepted yet; True when nothing is left pending."""
+        while self._pending:
+            try:
+                self._pending[0]()
+            except TrackingUnavailableError:
+                raise
+            except Exception as error:  # noqa: BLE001 - a dead server must not end the study
+                log.warning("MLflow still unreachable (%s); %d log(s) kept for retry", error.__class__.__name__, len(self._pending))
+                return False
+            self._pending.pop(0)
+        return True
+
+    def _submit(self, action: Callable[[], None]) -> None:
+        self._pending.append(action)
+        self.flush()
+
+
+def _artifacts_beside_store(uri: str, store: Path, experiment_id: str) -> None:
+    """Keep a SQLite store's artifacts in `artifacts/` beside it, recorded relative to the working folder
+    when the store was given relatively (the default `mlruns/`).
+
+    MLflow resolves a relative artifact location to an absolute one when it creates an experiment (and
+    without one uses `./mlruns` of whatever folder the run started in), which ties every artifact to that
+    folder. Runs and logged models inherit their experiment's location, so one entry, written right after
+    creation, makes the default store relocatable: `tune ui` (and `mlflow server` started beside `mlruns/`)
+    resolves it where it now is.
+    """
+    import sqlalchemy
+
+    folder = store.parent / "artifacts" / experiment_id
+    location = folder.as_uri() if store.is_absolute() else folder.as_posix()
+    engine = sqlalchemy.create_engine(uri)
+    try:
+        with engine.begin() as connection:
+            connection.execute(sqlalchemy.text("UPDATE experiments SET artifact_location = :location WHERE experiment_id = :id"),
+                               {"location": location, "id": int(experiment_id)})
+    finally:
+        engine.dispose()
+
+
+@contextmanager
+def _store_lock(uri: str) -> Iterator[None]:
+    """An exclusive file lock beside a SQLite store while it is opened (and maybe created)."""
+    store = local_store(uri)
+    if store is None:
+        yield
+        return
+    lock_path = Path(f"{store}.lock")
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with lock_path.open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _check_server(uri: str) -> None:
+    """Fail fast, before any work, when the tracking server does not answer."""
+    import requests
+
+    try:
+        requests.get(uri.rstrip("/") + "/health", timeout=5).raise_for_status()
+    except requests.RequestException as error:
+        raise TrackingUnavailableError(
+            f"the MLflow tracking server {uri} does not answer ({error.__class__.__name__}). "
+            "Start it (e.g. `mlflow server --host 127.0.0.1 --port 5000`) or fix --tracking-uri."
+        ) from None
+
+
+def _params(values: dict[str, object]) -> list[Param]:
+    return [Param(k, str(v)[:MAX_PARAM_LENGTH]) for k, v in values.items()]

@@ -1,0 +1,355 @@
+"""Concluding a study: name the winner, score it (beside no calibration and the paper's default) on the
+held-out sets, export it, and close the MLflow parent run; `reexport` does it again for a stored study."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import optuna
+from optuna.trial import TrialState
+
+from objectives import PairedBootstrap, PositionReport, Selection, paired_bootstrap
+from tuner.calibration import CalibrationConfig
+from tuner.common.files import EXPORTS, check_writable
+from tuner.common.trials import complete_trials
+from tuner.data import PositionalDataset
+from tuner.engine.exported import build_export, write_exported
+from tuner.engine.models import LoadedModel, hub_revision, load_model
+from tuner.engine.prefix import starting_layers
+from tuner.evaluation.evaluator import Evaluation, Evaluator
+from tuner.evaluation.visible import within_reach
+from tuner.tracking.plots import optuna_figures, param_importances, pareto_scatter
+from tuner.tracking.progress import Phase
+from tuner.tracking.registry import Registered, publish, reserve_version
+from tuner.tracking.runs import Tracker, describe_config, display_metrics, summary_metrics
+from tuner.tuning.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, is_reference_trial, trial_basket_shares, trial_config
+from tuner.tuning.session import FLOOR_ATTR, split_datasets
+from tuner.tuning.settings import EXPERIMENT, TuneSettings
+from tuner.tuning.study import HEARTBEAT_SECONDS, default_storage, make_storage, pareto_front, trial_by_number, winner
+
+log = logging.getLogger(__name__)
+
+
+class NoFeasibleTrialError(RuntimeError):
+    """No complete trial satisfied the constraints: nothing is exported."""
+
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """A config on one held-out set, and its change against no calibration there (None for the baseline)."""
+
+    report: PositionReport
+    delta: PairedBootstrap | None
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the summary: a config's tuning-split report and its comparison on each held-out set."""
+
+    label: str
+    trial: int | None
+    config: CalibrationConfig | None
+    tuning: PositionReport
+    heldout: dict[str, HeldOut] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TuneOutcome:
+    study: str
+    winner_trial: int
+    config: CalibrationConfig
+    export_path: Path
+    rows: list[Row]
+    pareto: list[int]
+    floor: float
+    tracking_uri: str
+    selection: Selection
+    registered: str | None = None  # models:/NAME@champion, when the winner was registered
+
+
+
+def conclude(
+    settings: TuneSettings, study: optuna.Study, tracker: Tracker, evaluator: Evaluator,
+    heldout: list[PositionalDataset], floor: float, staging: Path, storage: str,
+) -> TuneOutcome:
+    """Pick the winner, score it on the held-out sets, export it, and close the parent run."""
+    model = evaluator.model
+    picked = winner(study, settings.selection)
+    baseline = evaluator.run(None)
+    reference = _trial_with(study, BASELINE_PARAMS)
+    best = picked[0] if picked else None
+    figures = [pareto_scatter(study, floor, reference, best, staging / "pareto.png"), *optuna_figures(study, staging)]
+    if picked is None:
+        tracker.finish_study({**summary_metrics("tuning/uncalibrated", baseline.report.as_dict(), None),
+                              **display_metrics({"hm_floor": floor})}, figures, {"posfair.outcome": "no feasible trial"}, "FAILED")
+        raise NoFeasibleTrialError(_nothing_feasible(study, settings, floor))
+    best, selection = picked
+    log.info("winner: %s", selection.describe())
+    tracker.close_stale_trials(study.study_name, [t.number for t in study.trials if t.state == TrialState.FAIL])
+    if best.params.get("strength") == 0:
+        log.warning("no calibration is fairer than the uncalibrated model by more than the tuning split's noise: "
+                    "the export keeps the model uncalibrated (strength 0); `--selection lowest` takes the lowest PSI")
+    rows = _summary_rows(study, best, evaluator, heldout, settings)
+    export_path, registered = _export_and_register(settings, model, study, best, rows, storage, evaluator.dataset, selection,
+                                                   tracker, floor)
+    summary = staging / "summary.json"
+    summary.write_text(json.dumps([_row_dict(r) for r in rows], indent=1), encoding="utf-8")
+    _mark_winner(tracker, study, best, model, selection, registered)
+    tracker.finish_study(
+        {**_row_metrics(rows), **display_metrics({"hm_floor": floor}), "winner_trial": best.number,
+         **{f"psi_importance/{k}": v for k, v in _importances(study).items()}},
+        [*figures, summary, export_path],
+        {"posfair.outcome": "exported", "posfair.export": str(export_path),
+         "posfair.selection_rule": selection.rule, "posfair.selection": selection.describe()},
+    )
+    return TuneOutcome(study.study_name, best.number, _config_of(best, model), export_path, rows,
+                       [t.number for t in pareto_front(study)], floor, tracker.uri, selection,
+                       f"{registered.uri} (version {registered.version})" if registered else None)
+
+
+def _nothing_feasible(study: optuna.Study, settings: TuneSettings, floor: float) -> str:
+    """Why no trial won: the best each constraint saw, and what to relax."""
+    complete = complete_trials(study)
+    worst = {name: min((t.constraints.get(name, 0.0) for t in complete), default=float("nan"))
+             for name in ("hm_floor", "ndcg_drop", "general_drop", "crops_psi")}
+    parts = [f"no trial met the constraints; nothing exported. HM floor {100 * floor:.2f} ({settings.hm_floor})"
+             f", missed by at least {100 * worst['hm_floor']:.2f} points" if worst["hm_floor"] > 0 else ""]
+    if worst["ndcg_drop"] > 0:
+        parts.append(f"every trial lost aggregate nDCG@10 (the smallest loss beyond the allowance: {100 * worst['ndcg_drop']:.2f} points)")
+    if worst["crops_psi"] > 0:
+        parts.append("every trial made the crops (the tuning passages re-cut shorter) less fair than --max-crops-psi allows")
+    if worst["general_drop"] > 0:
+        parts.append(f"every trial dropped general nDCG@10 beyond --max-general-drop (by at least {100 * worst['general_drop']:.2f} points)")
+    return "; ".join(p for p in parts if p) + (
+        ". Relax --hm-floor (e.g. baseline or -1%) or --max-ndcg-drop (e.g. 0.005), widen the search space, "
+        "or run more --trials."
+    )
+
+
+
+def reexport(
+    study_name: str, storage: str | None, output: Path | None, tracking_uri: str | None, trust_remote_code: bool = False,
+    selection: str = "one-se", trial: int | None = None,
+) -> Path:
+    """Export a stored study's current winner again (or its trial `trial`, as the user chose), re-scoring
+    it (and the baseline) on every split.
+
+    The model is loaded exactly as the study loaded it: the recorded revision (a hub commit), and remote
+    code if the study was run with `--trust-remote-code`. The export is logged to the study's MLflow
+    parent run, in `tracking_uri` (default: the store the study logged to).
+    """
+    storage = storage or default_storage()
+    try:
+        study = optuna.load_study(study_name=study_name, storage=make_storage(storage, HEARTBEAT_SECONDS))
+    except KeyError:
+        raise ValueError(f"no study {study_name!r} in {storage}; see the study names in `tune ui` or the tune output") from None
+    attrs = study.user_attrs
+    lacking = [key for key in ("model_name", "pooling", "dataset_name", "seed", "hm_floor", "pareto", "revision",
+                               "dataset_fingerprint") if key not in attrs]
+    if lacking:
+        raise ValueError(f"study {study_name!r} in {storage} was not made by `tune` (it lacks {', '.join(lacking)}); "
+                         "only studies that `tune` ran can be exported")
+    if output is not None:
+        check_writable(output, "--output")
+    tracker = Tracker(tracking_uri or attrs.get("tracking_uri"), EXPERIMENT)  # an unreachable server fails here
+    settings = TuneSettings(
+        model=attrs["model_name"], pooling=attrs["pooling"], dataset=attrs["dataset_name"], seed=attrs["seed"], hm_floor=attrs["hm_floor"],
+        max_ndcg_drop=attrs.get("max_ndcg_drop"), max_crops_psi=attrs.get("max_crops_psi"), selection=selection,
+        pareto=attrs["pareto"], storage=storage, study_name=study_name, output=output, tracking_uri=tracker.uri,
+        heldout=attrs.get("heldout", "auto"), trust_remote_code=trust_remote_code or bool(attrs.get("trust_remote_code")),
+        revision=hub_revision(attrs["revision"]),
+    )
+    picked = winner(study, selection) if trial is None else trial_by_number(study, trial)
+    if picked is None:
+        raise NoFeasibleTrialError(f"study {study_name!r} has no feasible complete trial; nothing to export")
+    best, chosen = picked
+    model = load_model(settings.model, revision=settings.revision, trust_remote_code=settings.trust_remote_code,
+                       pooling=settings.pooling)  # type: ignore[arg-type]
+    if model.revision != attrs["revision"]:
+        raise ValueError(f"study {study_name!r} tuned {attrs['model']} at revision {attrs['revision']}, "
+                         f"but {model.revision} loaded; restore that revision locally to re-export")
+    tuning, heldout = split_datasets(settings)
+    tuning, heldout = within_reach(tuning, model), [within_reach(held, model) for held in heldout]  # as `tune` scored them
+    if tuning.fingerprint() != attrs["dataset_fingerprint"]:
+        raise ValueError(f"dataset {settings.dataset!r} changed since study {study_name!r} ran (fingerprint differs)")
+    rows = _summary_rows(study, best, Evaluator(model, tuning, settings.batch_size, batch_tokens=settings.batch_tokens,
+                                               prefix_layers=settings.space.starting_layers(model.num_layers)),
+                         heldout, settings)
+    tracker.start_study(study_name, params=dict(attrs),
+                        tags={"posfair.model": model.spec.alias, "posfair.dataset": tuning.name})
+    floor = float(attrs.get(FLOOR_ATTR, float("nan")))
+    path, registered = _export_and_register(settings, model, study, best, rows, storage, tuning, chosen, tracker, floor)
+    _mark_winner(tracker, study, best, model, chosen, registered)
+    tracker.finish_study(
+        {**_row_metrics(rows), "winner_trial": best.number},
+        [path], {"posfair.outcome": "re-exported", "posfair.export": str(path),
+                 "posfair.selection_rule": chosen.rule, "posfair.selection": chosen.describe()},
+    )
+    return path
+
+
+
+def _config_of(trial: optuna.trial.FrozenTrial, model: LoadedModel) -> CalibrationConfig:
+    return trial_config(trial, model.spec.pooling, model.spec.padding_side)
+
+
+def _trial_with(study: optuna.Study, reference: dict[str, object]) -> optuna.trial.FrozenTrial | None:
+    return next((t for t in study.trials if is_reference_trial(t, reference) and "hm" in t.user_attrs), None)
+
+
+def _summary_rows(
+    study: optuna.Study, best: optuna.trial.FrozenTrial, evaluator: Evaluator,
+    heldout: list[PositionalDataset], settings: TuneSettings,
+) -> list[Row]:
+    """No calibration, the paper's default, and the winner; held-out figures with bootstrap intervals."""
+    model = evaluator.model
+    entries: list[tuple[str, optuna.trial.FrozenTrial | None]] = [("No calibration", None)]
+    default = _trial_with(study, PAPER_DEFAULT_PARAMS)
+    if default is not None and default.number != best.number:
+        entries.append(("Paper default", default))
+    entries.append((f"Winner (trial {best.number})", best))
+    configs = [(label, trial, _config_of(trial, model) if trial is not None else None) for label, trial in entries]
+    starts = starting_layers((c for _, _, c in configs), model.num_layers)
+    held: dict[str, dict[str, HeldOut]] = {label: {} for label, _, _ in configs}
+    for number, dataset in enumerate(heldout, 1):
+        with Phase(f"held-out {number}/{len(heldout)}: scoring {len(configs)} configs on {dataset.name} "
+                   f"({len(dataset.corpus)} documents, {len(dataset.queries)} queries)"):
+            scorer = _held_out_scorer(evaluator, dataset, starts, settings)
+            baseline = scorer(None)
+            for label, _, config in configs:
+                result = scorer(config) if config is not None else baseline
+                delta = paired_bootstrap(baseline.per_query, result.per_query, settings.bootstrap, settings.seed) if config else None
+                held[label][dataset.name] = HeldOut(result.report, delta)
+                log.info("held-out %s: %s scored (%s)", dataset.name, label,
+                         delta.summary() if delta else f"nDCG@10 {100 * result.report.ndcg10:.2f}")
+    return [
+        Row(label, trial.number if trial else None, config, evaluator.run(config).report, held[label])
+        for label, trial, config in configs
+    ]
+
+
+def _held_out_scorer(
+    evaluator: Evaluator, dataset: PositionalDataset, starts: Sequence[int], settings: TuneSettings
+) -> Callable[[CalibrationConfig | None], Evaluation]:
+    """Scores on a held-out set. A held-out part of the tuning corpus (FineWeb-PosQ's) reuses the tuning
+    vectors; another corpus gets its own evaluator, whose baseline pass records the inputs of the layers
+    where the configs start calibrating, so each config resumes there."""
+    if dataset.corpus == evaluator.dataset.corpus:
+        scorer = Evaluator(evaluator.model, dataset, evaluator.batch_size, batch_tokens=settings.batch_tokens, cache_budget=0)
+
+        def shared(config: CalibrationConfig | None) -> Evaluation:
+            documents, truncated = evaluator.document_vectors(config)
+            return scorer.score(documents, truncated=truncated)
+
+        return shared
+    own = Evaluator(evaluator.model, dataset, settings.batch_size, show_progress=sys.stderr.isatty(),
+                    batch_tokens=settings.batch_tokens, prefix_layers=starts)
+    return own.run
+
+
+def _export(settings: TuneSettings, model: LoadedModel, study: optuna.Study, best: optuna.trial.FrozenTrial,
+            rows: list[Row], storage: str, tuning: PositionalDataset, selection: Selection, **provenance: object) -> Path:
+    winner_row, baseline_row = rows[-1], rows[0]
+    metrics: dict[str, dict[str, float | None]] = {
+        "tuning": winner_row.tuning.as_dict(), "tuning_baseline": baseline_row.tuning.as_dict(),
+    }
+    for name, held in winner_row.heldout.items():
+        metrics[f"heldout/{name}"] = held.report.as_dict()
+        metrics[f"heldout_baseline/{name}"] = baseline_row.heldout[name].report.as_dict()
+    exported = build_export(
+        model, _config_of(best, model), {k: {m: (float(v) if v is not None else None) for m, v in d.items()} for k, d in metrics.items()},
+        study=study.study_name, trial=best.number, storage=storage, dataset=tuning.name,
+        dataset_fingerprint=tuning.fingerprint(), seed=settings.seed,
+        selection_rule=selection.rule, selection=selection.describe(),
+        heldout=list(winner_row.heldout), hm_floor_rule=settings.hm_floor,
+        intervals={name: {k: list(v) for k, v in held.delta.intervals().items()}
+                   for name, held in winner_row.heldout.items() if held.delta is not None},
+        **provenance,
+    )
+    path = settings.output or EXPORTS / f"{study.study_name}.yaml"
+    if settings.output is None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    return write_exported(exported, path)
+
+
+def _row_dict(row: Row) -> dict[str, object]:
+    return {
+        "label": row.label,
+        "trial": row.trial,
+        "config": row.config.model_dump() if row.config else None,
+        "tuning": row.tuning.as_dict(),
+        "heldout": {name: {"metrics": h.report.as_dict(), "delta": h.delta.summary() if h.delta else None}
+                    for name, h in row.heldout.items()},
+    }
+
+
+def _export_and_register(
+    settings: TuneSettings, model: LoadedModel, study: optuna.Study, best: optuna.trial.FrozenTrial, rows: list[Row],
+    storage: str, tuning: PositionalDataset, selection: Selection, tracker: Tracker, floor: float,
+) -> tuple[Path, Registered | None]:
+    """Write the YAML and register it as an MLflow model (`tuner.tracking.registry`), each naming the other: the
+    registry version is reserved first, so the YAML it carries records it. A registry failure leaves a
+    warning and the YAML (without a version), never a lost study."""
+    with Phase("export: writing the winner's YAML and registering it in MLflow"):
+        registered = None
+        try:
+            registered = reserve_version(
+                tracker, model.spec.alias, tracker.parent_id or "", f"Study {study.study_name}, trial {best.number}: {selection.describe()}",
+                {"posfair.study": study.study_name, "posfair.trial": str(best.number), "posfair.dataset": tuning.name},
+            )
+        except Exception as error:  # noqa: BLE001 - the registry is an extra; the export must not be lost to it
+            log.warning("the winner is not registered in MLflow (%s: %s)", error.__class__.__name__, str(error).splitlines()[0] if str(error) else "")
+        constraints = ["HM >= floor"]
+        if settings.max_ndcg_drop is not None:
+            constraints.append(f"aggregate nDCG@10 drop <= {settings.max_ndcg_drop}")
+        if settings.max_crops_psi is not None:
+            constraints.append(f"crops PSI <= {settings.max_crops_psi} x uncalibrated (where crops exist)")
+        objective = ("minimise PSI, maximise HM (Pareto)" if settings.pareto else "minimise PSI") + " subject to " + ", ".join(constraints)
+        path = _export(settings, model, study, best, rows, storage, tuning, selection, objective=objective,
+                       hm_floor=floor if floor == floor else None, mlflow_run_id=tracker.parent_id, tracking_uri=tracker.uri,
+                       registered_model=registered.name if registered else None,
+                       registered_version=registered.version if registered else None)
+        if registered is not None:
+            try:
+                publish(tracker, registered, path, int(model.model.config.hidden_size))
+            except Exception as error:  # noqa: BLE001 - as above
+                log.warning("the winner's MLflow model was not written (%s: %s)", error.__class__.__name__, str(error).splitlines()[0] if str(error) else "")
+    return path, registered
+
+
+def _mark_winner(tracker: Tracker, study: optuna.Study, best: optuna.trial.FrozenTrial, model: LoadedModel,
+                 selection: Selection, registered: Registered | None) -> None:
+    """Name the winner's run (and keep its reference marker): what wins is visible in the run list."""
+    markers = [m for m in (best.user_attrs.get("role"),) if m] + ["winner"]
+    params = {**best.params, "layers": best.user_attrs.get("layers"), "basket_shares": trial_basket_shares(best)}
+    where = f" Registered as {registered.uri} (version {registered.version})." if registered else ""
+    tracker.mark_trial(
+        study.study_name, best.number, markers, {"posfair.winner": "yes"},
+        f"Winner (trial {best.number}): {describe_config(params, model.num_layers)}: PSI {best.user_attrs['psi']:.3f}, "
+        f"HM {100 * best.user_attrs['hm']:.2f}. Chosen by the {selection.rule} rule: {selection.describe()}.{where}",
+    )
+
+
+def _row_metrics(rows: list[Row]) -> dict[str, float]:
+    """The summary table as parent-run metrics: tuning figures per config, held-out figures with their intervals."""
+    metrics: dict[str, float] = {}
+    for index, row in enumerate(rows):
+        label = "uncalibrated" if index == 0 else "winner" if index == len(rows) - 1 else "paper_default"
+        metrics |= summary_metrics(f"tuning/{label}", row.tuning.as_dict(), None)
+        for name, held in row.heldout.items():
+            metrics |= summary_metrics(f"heldout/{name}/{label}", held.report.as_dict(), held.delta.intervals() if held.delta else None)
+    return metrics
+
+
+def _importances(study: optuna.Study) -> dict[str, float]:
+    """Parameter importance for PSI over the parameters every trial drew; kept on the study for the dashboard."""
+    importances = param_importances(study)
+    if importances:
+        study.set_user_attr("psi_importance (parameters every trial drew)", {k: round(v, 4) for k, v in importances.items()})
+    return importances

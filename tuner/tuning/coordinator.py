@@ -1,0 +1,47 @@
+"""Coordinating a study: spawn local workers, measure the baseline and set the HM floor, queue the reference
+trials, take part in the trials, and conclude (`tuner.tuning.conclusion`)."""
+
+from __future__ import annotations
+
+import logging
+
+from objectives import HmFloor
+from tuner.tracking.progress import Phase
+from tuner.tracking.runs import Tracker
+from tuner.tuning.conclusion import TuneOutcome, conclude
+from tuner.tuning.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS
+from tuner.tuning.session import FLOOR_ATTR, Session
+from tuner.tuning.settings import TuneSettings
+from tuner.tuning.study import describe_study, enqueue_once
+from tuner.tuning.worker import run_session_trials, start_workers
+
+log = logging.getLogger(__name__)
+
+
+def coordinate(session: Session) -> TuneOutcome:
+    """Run (or resume) the study and export its winner."""
+    settings, study, tracker, evaluator = session.settings, session.study, session.tracker, session.evaluator
+    tuning, space = session.tuning, session.space
+    workers = start_workers(settings, settings.workers - 1)  # they load while the baseline is measured
+    for key, value in _reload_attrs(settings, tracker).items():  # what `tune export` needs to load it all again
+        study.set_user_attr(key, value)
+    with Phase(f"baseline: encoding {len(tuning.corpus)} documents and {len(tuning.queries)} queries of {tuning.name}"):
+        baseline = evaluator.run(None)
+    floor = HmFloor.parse(settings.hm_floor).resolve(baseline.report.hm)
+    study.set_user_attr(FLOOR_ATTR, floor)
+    describe_study(study, settings.pareto, floor, settings.hm_floor)
+    for reference in (BASELINE_PARAMS, PAPER_DEFAULT_PARAMS):
+        if space.admits(reference):
+            enqueue_once(study, *space.reference_trial(reference))
+    outcome = run_session_trials(
+        session, floor, workers,
+        lambda staging: conclude(settings, study, tracker, evaluator, session.heldout, floor, staging, session.storage),
+    )
+    assert isinstance(outcome, TuneOutcome)
+    return outcome
+
+
+def _reload_attrs(settings: TuneSettings, tracker: Tracker) -> dict[str, object]:
+    """Study attributes beyond its identity: how to load the model again, where its runs are logged."""
+    return {"trust_remote_code": settings.trust_remote_code, "tracking_uri": tracker.uri, "heldout": settings.heldout}
+

@@ -1,0 +1,28 @@
+"""The tuning run end to end: prepare the study, then coordinate it, or, as a worker, only run its trials.
+
+Each step is a module of its own: `tuner.tuning.settings` (the options), `tuner.tuning.session` (model, data, storage
+and tracking, ready), `tuner.tuning.coordinator` (baseline, floor, reference trials), `tuner.tuning.worker` (running
+trials) and `tuner.tuning.conclusion` (winner, held-out scores, export, summary).
+"""
+
+from __future__ import annotations
+
+from tuner.tuning.conclusion import NoFeasibleTrialError, TuneOutcome, reexport
+from tuner.tuning.coordinator import coordinate
+from tuner.tuning.session import prepare
+from tuner.tuning.settings import DEFAULT_TRIALS, TuneSettings, dataset_reason
+from tuner.tuning.worker import StoppedEarlyError, quiet_libraries, run_as_worker
+
+__all__ = [
+    "DEFAULT_TRIALS", "NoFeasibleTrialError", "StoppedEarlyError", "TuneOutcome", "TuneSettings", "dataset_reason", "quiet_libraries",
+    "reexport", "tune",
+]
+
+
+def tune(settings: TuneSettings) -> TuneOutcome | None:
+    """Run (or resume) a study and export its winner; a `worker` only runs trials and returns None."""
+    session = prepare(settings)
+    if settings.worker:
+        run_as_worker(session)
+        return None
+    return coordinate(session)

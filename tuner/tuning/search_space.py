@@ -1,0 +1,216 @@
+"""The knobs Optuna searches, and how a trial's parameters become a `CalibrationConfig`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import optuna
+from optuna.trial import FrozenTrial
+
+from tuner.calibration import CalibrationConfig, ConfigError
+from tuner.calibration.config import BASKET_SHARES, VARIANTS, PaddingSide, Pooling
+from tuner.common.messages import shown
+from tuner.common.safe_yaml import YamlError, load_file
+from tuner.engine.prefix import starting_layers
+
+DEPTHS: dict[str, str | float] = {"last": "last", "25%": 0.25, "50%": 0.5, "75%": 0.75, "100%": 1.0}
+
+# Enqueued first in every study so the uncalibrated model and the paper's default stand side by side
+# (`SearchSpace.reference_trial` turns them into Optuna parameters). The paper gives every content basket
+# an equal share (§3), so its default pins `basket_shares: equal` whatever the space draws for other
+# trials; the baseline (λ 0) calibrates nothing and needs no shares.
+BASELINE_PARAMS: dict[str, object] = {"strength": 0.0, "depth": "last", "basket_size": 128, "variant": "cls_soft"}
+PAPER_DEFAULT_PARAMS: dict[str, object] = {
+    "strength": 0.5, "depth": "50%", "basket_size": 128, "variant": "cls_soft", "basket_shares": "equal",
+}
+# The trial user attribute that records (or, on an enqueued trial, pins) a basket_shares the space fixes.
+SHARES_ATTR = "basket_shares"
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """λ on a grid, calibrated depth, basket size, variant, w for CLS-Hard only, and basket shares.
+
+    `basket_shares` defaults to the paper's `equal` alone: a fixed setting, not an Optuna parameter (trials
+    keep the parameter names they always had); with several values it is suggested like the variant.
+    (`by_size` is the milder rule: on WikiPos it removes most of the correction along with the partial
+    basket's boost, README "What wins"; search it with `basket_shares: [equal, by_size]`.)
+
+    `depths` defaults to the paper's range, the last layer up to the last 50% (its §4 grid calibrates the
+    last layer or the last half). Deeper calibration reached the lowest PSI on the tuning split but
+    transferred worst: the all-layer winner of a seed-1 run lost HM and nDCG@10 on WikiPos-lengths, and each
+    deep trial costs up to six last-layer trials (README "What wins"). '75%' and '100%' stay available.
+    """
+
+    strength_step: float = 0.05
+    depths: tuple[str, ...] = ("last", "25%", "50%")
+    basket_sizes: tuple[int, ...] = (64, 128, 256, 512)
+    variants: tuple[str, ...] = VARIANTS
+    weight_low: float = 0.1
+    weight_high: float = 0.5
+    basket_shares: tuple[str, ...] = ("equal",)
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not 0 < self.strength_step <= 1:
+            problems.append(f"strength_step must be in (0, 1], got {self.strength_step}")
+        if not self.depths or set(self.depths) - set(DEPTHS):
+            problems.append(f"depths must be a non-empty subset of {list(DEPTHS)}, got {list(self.depths)}")
+        if not self.basket_sizes or any(int(b) < 1 for b in self.basket_sizes):
+            problems.append(f"basket_sizes must be integers >= 1, got {list(self.basket_sizes)}")
+        if not self.variants or set(self.variants) - set(VARIANTS):
+            problems.append(f"variants must be a non-empty subset of {list(VARIANTS)}, got {list(self.variants)}")
+        shares = self.basket_shares
+        if not shares or set(shares) - set(BASKET_SHARES) or len(set(shares)) != len(shares):
+            problems.append(f"basket_shares must be distinct values of {list(BASKET_SHARES)}, got {list(shares)}")
+        if not 0 < self.weight_low <= self.weight_high < 1:
+            problems.append(f"need 0 < weight_low <= weight_high < 1, got {self.weight_low}, {self.weight_high}")
+        if problems:
+            raise ConfigError("invalid search space: " + "; ".join(problems))
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> SearchSpace:
+        """A space file (YAML, read by `tuner.common.safe_yaml`): each key checked for its type before any value is used."""
+        try:
+            data = load_file(path) or {}
+        except YamlError as error:
+            raise ConfigError(f"--space {error}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"--space {path}: expected a mapping of setting: value, e.g. basket_sizes: [64, 128]")
+        unknown = set(data) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ConfigError(f"--space {path}: unknown search-space keys {sorted(map(str, unknown))}; "
+                              f"known: {sorted(cls.__dataclass_fields__)}")
+        problems = [problem for key, value in data.items() if (problem := _type_problem(key, value))]
+        if problems:
+            raise ConfigError(f"--space {path}: " + "; ".join(problems))
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+
+    def as_dict(self) -> dict[str, object]:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+    def suggest(self, trial: optuna.Trial, pooling: Pooling, padding_side: PaddingSide) -> CalibrationConfig:
+        """Draw one configuration; w is only a parameter when the variant is CLS-Hard."""
+        params: dict[str, object] = {
+            "strength": trial.suggest_float("strength", 0.0, 1.0, step=self.strength_step),
+            "depth": trial.suggest_categorical("depth", list(self.depths)),
+            "basket_size": trial.suggest_categorical("basket_size", [int(b) for b in self.basket_sizes]),
+            "variant": trial.suggest_categorical("variant", list(self.variants)),
+        }
+        if params["variant"] == "cls_hard":
+            params["weight"] = trial.suggest_float("weight", self.weight_low, self.weight_high, step=0.05)
+        return config_of(params, self._basket_shares(trial), pooling, padding_side)
+
+    def _basket_shares(self, trial: optuna.Trial) -> str:
+        """A parameter when the space offers several values. Otherwise fixed and no parameter: recorded
+        as the trial's user attribute (`trial_basket_shares` reads it back), unless the trial was enqueued
+        with a value pinned there (the paper's default: `equal`), which wins over the space's value."""
+        if len(self.basket_shares) > 1:
+            return str(trial.suggest_categorical(SHARES_ATTR, list(self.basket_shares)))
+        shares = str(trial.user_attrs.get(SHARES_ATTR, self.basket_shares[0]))
+        trial.set_user_attr(SHARES_ATTR, shares)
+        return shares
+
+    def reference_trial(self, reference: Mapping[str, object]) -> tuple[dict[str, object], dict[str, object]]:
+        """A reference config (`BASELINE_PARAMS`, `PAPER_DEFAULT_PARAMS`) as an enqueued trial: its
+        Optuna parameters and user attributes, for `study.enqueue_trial`.
+
+        The parameters are the dimensions this space suggests, so the reference trials carry the same
+        parameter names as every other trial (the four knobs, as ever, in the default space). A
+        basket_shares the space fixes is no parameter: the reference's own value is pinned as a user
+        attribute instead, which `suggest` honours; so the paper's default calibrates with `equal` even
+        in a space that fixes by_size. (The sampler sees that one trial under its four parameters
+        only: one observation among many, and the paper's default is worth having as a trial and a
+        candidate.) Where the space suggests basket_shares, a reference without one (the baseline: λ 0
+        calibrates nothing) takes the space's first value.
+        """
+        params = {k: v for k, v in reference.items() if k != SHARES_ATTR}
+        shares = reference.get(SHARES_ATTR)
+        if len(self.basket_shares) > 1:
+            return {**params, SHARES_ATTR: shares if shares is not None else self.basket_shares[0]}, {}
+        return params, ({SHARES_ATTR: shares} if shares is not None else {})
+
+    def fitting(self, longest_content: int) -> SearchSpace:
+        """This space without the basket sizes no passage can fill: they would leave every passage
+        uncalibrated (§3), so each such trial would only repeat the baseline."""
+        kept = tuple(b for b in self.basket_sizes if b <= longest_content)
+        if not kept:
+            raise ConfigError(
+                f"basket_sizes {list(self.basket_sizes)}: none fits the longest passage ({longest_content} content "
+                f"tokens), so no trial could calibrate anything; use basket sizes <= {longest_content}"
+            )
+        return replace(self, basket_sizes=kept)
+
+    def starting_layers(self, num_layers: int) -> tuple[int, ...]:
+        """The layers where this space's depths start calibrating: the ones worth caching for its trials."""
+        return starting_layers((CalibrationConfig(layers=DEPTHS[d]) for d in self.depths), num_layers)
+
+    def admits(self, params: dict[str, object]) -> bool:
+        """Whether fixed parameters (the enqueued reference trials) lie inside this space. basket_shares
+        never rules one out: a space offering several values offers both, and a fixed one lets the
+        reference pin its own (`reference_trial`)."""
+        return (
+            params["depth"] in self.depths
+            and params["basket_size"] in self.basket_sizes
+            and params["variant"] in self.variants
+        )
+
+
+def config_of(
+    params: Mapping[str, object], basket_shares: str, pooling: Pooling, padding_side: PaddingSide,
+    layers: list[int] | None = None,
+) -> CalibrationConfig:
+    """A trial's parameters as a config: the one place they become one, for a trial being run (`suggest`)
+    and for a finished one (`trial_config`). λ and w are rounded to 6 decimals (Optuna's grid steps carry
+    float noise); `layers` (the indices a trial resolved) replaces the depth's fraction when given."""
+    extra = {"weight": round(float(params["weight"]), 6)} if "weight" in params else {}  # type: ignore[arg-type]
+    return CalibrationConfig(
+        variant=params["variant"],  # type: ignore[arg-type]
+        strength=round(float(params["strength"]), 6),  # type: ignore[arg-type]
+        layers=layers if layers is not None else DEPTHS[str(params["depth"])],
+        basket_size=int(params["basket_size"]),  # type: ignore[call-overload]
+        pooling=pooling,
+        padding_side=padding_side,
+        basket_shares=basket_shares,  # type: ignore[arg-type]
+        **extra,
+    )
+
+
+def trial_config(trial: FrozenTrial, pooling: Pooling, padding_side: PaddingSide) -> CalibrationConfig:
+    """The config a finished trial calibrated with, its layers as the trial resolved them (explicit indices)."""
+    return config_of(trial.params, trial_basket_shares(trial), pooling, padding_side, layers=trial.user_attrs["layers"])
+
+
+_LISTS = {"depths": str, "basket_sizes": int, "variants": str, "basket_shares": str}
+_NUMBERS = ("strength_step", "weight_low", "weight_high")
+
+
+def _type_problem(key: str, value: object) -> str | None:
+    """What is wrong with the type of one space setting (None: nothing); ranges are `SearchSpace`'s to check."""
+    if key in _NUMBERS:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return f"{key} must be a number, e.g. {key}: {getattr(SearchSpace, key)}; got {shown(value)}"
+        return None
+    kind = _LISTS[key]
+    example = list(getattr(SearchSpace, key))[:2]
+    if not isinstance(value, list) or any(isinstance(v, bool) or not isinstance(v, kind) for v in value):
+        return f"{key} must be a list of {'integers' if kind is int else 'names'}, e.g. {key}: {example}; got {shown(value)}"
+    return None
+
+
+def trial_basket_shares(trial: FrozenTrial) -> str:
+    """The basket_shares a trial calibrated with: its parameter, else its user attribute; `equal` for
+    trials recorded before the option existed (they calibrated as the paper does)."""
+    return str(trial.params.get(SHARES_ATTR, trial.user_attrs.get(SHARES_ATTR, "equal")))
+
+
+def is_reference_trial(trial: FrozenTrial, reference: Mapping[str, object]) -> bool:
+    """Whether `trial` ran `reference`: the same knobs, and the reference's basket_shares if it names one
+    (whether the space made it a parameter or pinned it). Needs no search space, so a study's reference
+    trials are found whatever space it ran with."""
+    knobs = {k: v for k, v in trial.params.items() if k != SHARES_ATTR}
+    wanted = {k: v for k, v in reference.items() if k != SHARES_ATTR}
+    shares = trial_basket_shares(trial)
+    return knobs == wanted and reference.get(SHARES_ATTR, shares) == shares

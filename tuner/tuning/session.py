@@ -1,0 +1,179 @@
+"""A study prepared: model and data there and loaded, storage and tracking opened, the study created or resumed.
+
+Both the coordinating `tune` and every worker start from the same `Session` (`prepare`); what they do
+with it is `tuner.tuning.coordinator`'s and `tuner.tuning.worker`'s.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+from dataclasses import dataclass
+
+import optuna
+
+from tuner.common.scratch import clean_orphans
+from tuner.data import DatasetUnavailableError, PositionalDataset, load_benchmark, load_crops, require_position_groups
+from tuner.data import check_available as check_benchmark
+from tuner.data.wikipos import TRANSFER_SPLITS
+from tuner.engine.models import LoadedModel, ModelUnavailableError, check_consent, load_model, locate, resolve_spec
+from tuner.evaluation.cost import StudyCost, padded_tokens, probe
+from tuner.evaluation.evaluator import Evaluator
+from tuner.evaluation.visible import within_reach
+from tuner.tracking.runs import Tracker
+from tuner.tuning.search_space import SearchSpace
+from tuner.tuning.settings import DEFAULT_TRIALS, EXPERIMENT, TuneSettings
+from tuner.tuning.study import check_storage_url, default_storage, open_study
+
+log = logging.getLogger(__name__)
+
+FLOOR_ATTR = "floor_value"
+
+
+class UnavailableError(RuntimeError):
+    """What the run needs is neither here nor downloadable from here; the message lists every download."""
+
+
+def check_available(settings: TuneSettings) -> None:
+    """Before any work: the model and every benchmark the run reads must be here (or the hub reachable).
+
+    One error names everything missing, each with its `hf download` command, so a user fetches all at once.
+    """
+    spec = resolve_spec(settings.model, settings.pooling)  # type: ignore[arg-type]
+    check_consent(spec, settings.trust_remote_code)
+    problems = []
+    try:
+        locate(spec, settings.revision)
+    except ModelUnavailableError as error:
+        problems.append(str(error))
+    names = [settings.dataset, settings.heldout if settings.heldout != "auto" else None, settings.general]
+    for name in dict.fromkeys(n for n in names if n):
+        try:
+            check_benchmark(name)
+        except DatasetUnavailableError as error:
+            problems.append(str(error))
+            if name == settings.dataset and settings.dataset_defaulted:
+                problems.append(f"{name} is {settings.model}'s default dataset; to tune offline on the embedded "
+                                "WikiPos instead, add --dataset wikipos-dev")
+    if problems:
+        raise UnavailableError("\n".join(problems))
+
+
+WIKIPOS_HELDOUT = ("wikipos-test", *(f"wikipos-{split}" for split in TRANSFER_SPLITS))
+"""What `--heldout auto` checks a WikiPos-dev winner on: the test split and the transfer sets."""
+
+
+def split_datasets(settings: TuneSettings) -> tuple[PositionalDataset, list[PositionalDataset]]:
+    """The tuning set and the held-out sets selection never sees."""
+    name = settings.dataset
+    if name.startswith("fineweb-posq"):
+        tuning = load_benchmark(name, part="tune")
+        heldout = [load_benchmark(name, part="heldout")] if settings.heldout == "auto" else []
+    else:
+        tuning = load_benchmark(name)
+        heldout = [load_benchmark(h) for h in WIKIPOS_HELDOUT] if settings.heldout == "auto" and name == "wikipos-dev" else []
+    if settings.heldout not in (None, "auto"):
+        heldout = [load_benchmark(h.strip()) for h in settings.heldout.split(",") if h.strip()]
+    return tuning, heldout
+
+
+def estimate_cost(
+    evaluator: Evaluator, heldout: list[PositionalDataset], side: list[PositionalDataset], profile_docs: int,
+) -> StudyCost:
+    """What this run will encode, priced by a probe on this device (see `tuner.evaluation.cost`)."""
+    model, batches = evaluator.model, evaluator.batches()
+    tuning = evaluator.dataset
+    queries = [*tuning.queries.values(), *(q for held in heldout for q in held.queries.values())]
+    once = padded_tokens(model, queries)
+    for held in heldout:  # baseline, paper default and winner on each held-out corpus of its own
+        if held.corpus != tuning.corpus:
+            once += 3 * padded_tokens(model, list(held.corpus.values()))
+    per_trial = batches.tokens() * min(profile_docs, batches.count) // max(batches.count, 1)
+    for extra in side:  # scored every trial beside the tuning split (general retrieval, crops)
+        extra_tokens = padded_tokens(model, list(extra.corpus.values()))
+        once += extra_tokens + padded_tokens(model, list(extra.queries.values()))
+        per_trial += extra_tokens
+    return StudyCost(probe(model, batches), batches.count, batches.tokens(), batches.truncated, model.max_length,
+                     per_trial, once)
+
+
+def _fitting_space(space: SearchSpace, evaluator: Evaluator) -> SearchSpace:
+    """Drop basket sizes that no passage of the tuning data fills (trials that could only repeat the baseline)."""
+    longest = evaluator.longest_content()
+    fitting = space.fitting(longest)
+    if fitting != space:
+        dropped = sorted(set(space.basket_sizes) - set(fitting.basket_sizes))
+        log.info("basket sizes %s dropped from the search: the longest passage has %d content tokens", dropped, longest)
+    return fitting
+
+
+
+@dataclass(frozen=True)
+class Session:
+    """Everything a study's coordinator and its workers share, prepared once per process."""
+
+    settings: TuneSettings
+    tracker: Tracker
+    storage: str
+    model: LoadedModel
+    tuning: PositionalDataset
+    heldout: list[PositionalDataset]
+    evaluator: Evaluator
+    space: SearchSpace
+    general: PositionalDataset | None
+    crops: PositionalDataset | None  # the tuning passages re-cut shorter (`--max-crops-psi`), where defined
+    name: str
+    identity: dict[str, object]
+    study: optuna.Study
+
+
+def prepare(settings: TuneSettings) -> Session:
+    """Check, load and open what a study needs; a missing model or dataset, an unreachable tracking server
+    or a malformed storage URL fails here, before any work."""
+    check_available(settings)  # a missing model or dataset fails here, before anything is loaded or written
+    tuning, heldout = split_datasets(settings)  # so does a broken dataset (read before the model loads)
+    general = load_benchmark(settings.general) if settings.general else None
+    require_position_groups(tuning, "--dataset")
+    for held in heldout:
+        require_position_groups(held, "--heldout")
+    tracker = Tracker(settings.tracking_uri, EXPERIMENT)  # an unreachable server fails here; a store is made later
+    storage = settings.storage or default_storage()
+    check_storage_url(storage)  # a malformed URL fails here too; the database is created with the study
+    clean_orphans()  # temporary folders of killed runs
+    model = load_model(settings.model, revision=settings.revision, trust_remote_code=settings.trust_remote_code,
+                       pooling=settings.pooling)  # type: ignore[arg-type]
+    tuning, heldout = within_reach(tuning, model), [within_reach(held, model) for held in heldout]
+    evaluator = Evaluator(
+        model, tuning, settings.batch_size, show_progress=sys.stderr.isatty() and not settings.worker, batch_tokens=settings.batch_tokens,
+        cache_budget=settings.cache_budget, prefix_layers=settings.space.starting_layers(model.num_layers),
+    )
+    space = _fitting_space(settings.space, evaluator)
+    crops = load_crops(settings.dataset) if settings.max_crops_psi is not None else None
+    if settings.max_crops_psi is not None and crops is None and not settings.worker:
+        log.info("%s has no crops view (its passages' segments are unknown): --max-crops-psi does not apply", tuning.name)
+    if not settings.worker:
+        side = [d for d in (general, crops) if d is not None]
+        for line in estimate_cost(evaluator, heldout, side, settings.profile_docs).describe(settings.trials, DEFAULT_TRIALS):
+            log.info(line)
+    name = settings.study_name_for(model)
+    identity = {
+        "model_name": settings.model,
+        "pooling": model.spec.pooling,
+        "dataset_name": settings.dataset,
+        "model": model.spec.source,
+        "revision": model.revision,
+        "dataset": tuning.name,
+        "dataset_fingerprint": tuning.fingerprint(),
+        "hm_floor": settings.hm_floor,
+        "max_ndcg_drop": settings.max_ndcg_drop,
+        "max_crops_psi": settings.max_crops_psi,
+        "space": space.as_dict(),
+        "pareto": settings.pareto,
+        "seed": settings.seed,
+    }
+    worker_id = settings.worker_id or ("0" if not settings.worker else f"{socket.gethostname()}:{os.getpid()}")
+    study = open_study(name, storage, seed=settings.seed, pareto=settings.pareto, identity=identity, heartbeat=settings.heartbeat,
+                       worker=worker_id)
+    return Session(settings, tracker, storage, model, tuning, heldout, evaluator, space, general, crops, name, identity, study)

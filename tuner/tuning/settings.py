@@ -1,0 +1,155 @@
+"""What `tune run` is asked to do: every option, checked before any work starts, and its defaults."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from objectives import RULES, Constraints, HmFloor
+from tuner.common.files import EXPORTS, check_writable
+from tuner.common.messages import shown
+from tuner.engine.models import REGISTRY, LoadedModel, resolve_spec
+from tuner.tracking.runs import check_tracking_uri
+from tuner.tuning.search_space import SearchSpace
+from tuner.tuning.study import HEARTBEAT_SECONDS, default_storage
+
+DEFAULT_TRIALS = 16  # plain `tune` (MiniLM on WikiPos-dev): about 12 min on 2 idle CPU cores, measured (README)
+# Passages in each trial's attention profile: a diagnostic, not used by selection; its all-layer observed
+# pass cost a third of a trial at 16 passages (py-spy, default run), so 8.
+DEFAULT_PROFILE_DOCS = 8
+EXPERIMENT = "posfair"
+
+
+@dataclass(frozen=True)
+class TuneSettings:
+    """Every option of `tune run`; the CLI fills it from flags or an options file."""
+
+    model: str = "minilm"
+    pooling: str | None = None  # only for models outside the registry
+    dataset: str | None = None  # None: the model's default (`default_dataset`)
+    heldout: str | None = "auto"
+    general: str | None = None
+    max_general_drop: float | None = None
+    trials: int = DEFAULT_TRIALS
+    seed: int = 0
+    hm_floor: str = "significant"
+    max_ndcg_drop: float | None = 0.0  # aggregate nDCG@10 may fall this much below the uncalibrated (None: any)
+    max_crops_psi: float | None = None  # PSI on the tuning set's crops, as a multiple of the uncalibrated (None: off, the default)
+    selection: str = "one-se"
+    pareto: bool = False
+    storage: str | None = None
+    study_name: str | None = None
+    tracking_uri: str | None = None
+    output: Path | None = None
+    batch_size: int | None = None  # None: chosen from the device's free memory (`encoder.choose_batching`)
+    batch_tokens: int | None = None  # None: long-passage models get a token budget from the free memory
+    profile_docs: int = DEFAULT_PROFILE_DOCS
+    bootstrap: int = 1000
+    trust_remote_code: bool = False
+    revision: str | None = None
+    space: SearchSpace = field(default_factory=SearchSpace)
+    cache_budget: int | None = None  # bytes of cached layer inputs (None: tuner.evaluation.store's default; 0: none)
+    workers: int = 1
+    worker: bool = False  # only run trials of a study another `tune` coordinates
+    heartbeat: int = HEARTBEAT_SECONDS
+    worker_id: str | None = None  # seeds this process's sampler: "0" coordinates, local workers 1, 2, ...; default host:pid
+    dataset_defaulted: bool = field(default=False, init=False)  # whether `dataset` is the model's default
+
+    def __post_init__(self) -> None:
+        if self.dataset is None:
+            object.__setattr__(self, "dataset", default_dataset(self.model))
+            object.__setattr__(self, "dataset_defaulted", True)
+        if self.workers < 1:
+            raise ValueError(f"--workers must be at least 1, got {self.workers}")
+        if self.heartbeat < 1:
+            raise ValueError(f"--heartbeat must be at least 1 second, got {self.heartbeat}")
+        if self.trials < 1:
+            raise ValueError(f"--trials must be at least 1, got {self.trials}")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ValueError(f"--batch-size must be at least 1, got {self.batch_size}")
+        if self.batch_tokens is not None and self.batch_tokens < 1:
+            raise ValueError(f"--batch-tokens must be at least 1, got {self.batch_tokens}")
+        if self.max_general_drop is not None and self.general is None:
+            raise ValueError("--max-general-drop needs --general (e.g. --general wikipos-general)")
+        check_run_options(self)
+        HmFloor.parse(self.hm_floor)  # fail before any work
+        self.constraints(0.0)
+        if self.selection not in RULES:
+            raise ValueError(f"--selection must be one of {', '.join(RULES)}, got {self.selection!r}")
+        if self.heldout in ("", "none"):
+            object.__setattr__(self, "heldout", None)
+
+    def constraints(self, baseline_hm: float) -> Constraints:
+        """What a trial must respect, given the uncalibrated HM on the tuning split."""
+        floor = HmFloor.parse(self.hm_floor)
+        return Constraints(floor.resolve(baseline_hm), floor.conservative, self.max_ndcg_drop, self.max_general_drop,
+                           self.max_crops_psi)
+
+    def study_name_for(self, model: LoadedModel) -> str:
+        return self.study_name_from_alias(model.spec.alias)
+
+    def study_name_from_alias(self, alias: str) -> str:
+        """Default: model--dataset--seedN, in characters safe for file names and MLflow filters."""
+        if self.study_name:
+            return self.study_name
+        suffix = "-pareto" if self.pareto else ""
+        plain = f"{Path(alias).name}--{self.dataset}--seed{self.seed}{suffix}"
+        return re.sub(r"[^A-Za-z0-9._-]+", "_", plain)
+
+
+def settings_in_force(settings: TuneSettings) -> dict[str, object]:
+    """The settings as the run will use them: defaults resolved to their values (nothing is created here)."""
+    from tuner.tracking.runs import default_tracking_uri, describe_store
+
+    values = {k: v for k, v in vars(settings).items() if k != "dataset_defaulted"}
+    try:
+        name = settings.study_name_from_alias(resolve_spec(settings.model, settings.pooling).alias)  # type: ignore[arg-type]
+    except Exception:  # noqa: BLE001 - an unknown model is reported by the run itself, with its fix
+        name = None
+    values["study_name"] = name or "model--dataset--seedN"
+    values["storage"] = settings.storage or default_storage()
+    values["tracking_uri"] = describe_store(settings.tracking_uri or default_tracking_uri())
+    values["output"] = settings.output or EXPORTS / f"{values['study_name']}.yaml"
+    values["batch_size"] = settings.batch_size or "chosen from the device's free memory"
+    return values
+
+
+STUDY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+
+
+def check_run_options(settings: TuneSettings) -> None:
+    """What `TuneSettings` holds beyond counts and formats: ranges, names and paths, checked before any work."""
+    if settings.profile_docs < 1:
+        raise ValueError(f"--profile-docs must be at least 1 (documents in each trial's attention profile), got {settings.profile_docs}")
+    if settings.bootstrap < 1:
+        raise ValueError(f"--bootstrap must be at least 1 resample (1000 is usual), got {settings.bootstrap}")
+    if settings.max_general_drop is not None and not 0 <= settings.max_general_drop <= 1:
+        raise ValueError(f"--max-general-drop must be between 0 and 1 (0.005 is half a point of nDCG@10), got {settings.max_general_drop}")
+    if not 0 <= settings.seed < 2**32:
+        raise ValueError(f"--seed must be between 0 and 4294967295, got {settings.seed}")
+    if settings.study_name is not None and not STUDY_NAME.match(settings.study_name):
+        raise ValueError(f"--study-name {shown(settings.study_name)}: use letters, digits, '.', '_' and '-' (up to 200, "
+                         "not starting with '.' or '-'); the name becomes a file name under mlruns/exports")
+    if settings.output is not None:
+        check_writable(settings.output, "--output")
+    if settings.tracking_uri is not None:
+        check_tracking_uri(settings.tracking_uri)
+
+
+def default_dataset(model: str) -> str:
+    """FineWeb-PosQ for the registry's long-passage models (as the paper tunes them), else WikiPos-dev."""
+    spec = REGISTRY.get(model)
+    return "fineweb-posq" if spec is not None and spec.long_passages else "wikipos-dev"
+
+
+def dataset_reason(settings: TuneSettings) -> str:
+    """Why the study tunes on `settings.dataset`, for the settings table."""
+    if not settings.dataset_defaulted:
+        return "given with --dataset"
+    if settings.dataset == "fineweb-posq":
+        return (f"default for {settings.model}, a long-passage model: FineWeb-PosQ's web passages of 500-1,024 words, "
+                "as the paper tunes; the authors' sampling (1,000 questions per position group, seed 42), tuned on "
+                "half the passages, reported on the other half. Offline alternative: --dataset wikipos-dev")
+    return "default: WikiPos-dev, embedded in posfair (passages of <= 512 tokens); reported on WikiPos-test"
+

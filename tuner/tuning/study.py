@@ -1,0 +1,411 @@
+"""The Optuna side: a persistent, resumable, seeded study with constraints, and its winner.
+
+The study calls an objective and knows nothing of models, MLflow or YAML. Constraints are Optuna's
+own: the objective sets them with `Trial.set_constraint` (values ≤ 0 are feasible) and the samplers
+(TPE, NSGA-II) use them to prefer feasible regions. Trials of a killed worker are failed by the heartbeat check and re-queued once, so the
+study still ends with the requested number of complete trials.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import time
+import warnings
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import optuna
+from optuna.exceptions import ExperimentalWarning
+from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+from optuna.trial import FrozenTrial, TrialState
+
+from objectives import Candidate, Selection, select
+from objectives.selection import chosen
+from tuner.common.files import OPTUNA_DB
+from tuner.common.trials import complete_trials, constraints_of
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_SECONDS = 20  # a trial whose worker is silent for 3 heartbeats is failed and re-queued
+SCHEMA_ATTEMPTS = 5
+
+
+class StudyMismatchError(ValueError):
+    """A stored study of this name was made for another model, dataset or objective."""
+
+
+def default_storage(database: Path = OPTUNA_DB) -> str:
+    """The default study database (created, with its folder, when the study is first opened)."""
+    return f"sqlite:///{database.resolve()}"
+
+
+def check_storage_url(url: str) -> None:
+    """A malformed storage URL fails at once, before any work, without creating a database."""
+    import sqlalchemy
+
+    try:
+        sqlalchemy.engine.make_url(url).get_dialect()
+    except Exception as error:  # noqa: BLE001 - sqlalchemy raises many kinds for a bad URL
+        raise ValueError(
+            f"cannot open study storage {url!r}: {str(error).splitlines()[0]}. "
+            "Use e.g. sqlite:///mlruns/optuna.db, postgresql://user:pass@host/db or mysql://user:pass@host/db"
+        ) from None
+
+
+def describe_study(study: optuna.Study, pareto: bool, floor: float, floor_rule: str) -> None:
+    """Name the objectives and explain the study for optuna-dashboard (user attributes are shown there)."""
+    with warnings.catch_warnings():  # "experimental" since Optuna 3.2, and what optuna-dashboard reads
+        warnings.simplefilter("ignore", ExperimentalWarning)
+        study.set_metric_names(["PSI", "HM"] if pareto else ["PSI"])
+    explanations = {
+        "objective": ("minimise PSI and maximise HM (Pareto front)" if pareto else "minimise PSI")
+        + " subject to the constraints; PSI = 1 - min/max of nDCG@10 over the begin, middle and end groups "
+        "(0 = position-fair), HM = their harmonic mean (0-1)",
+        "constraints": f"hm_floor: HM >= {floor:.4f} (--hm-floor {floor_rule}); ndcg_drop: aggregate nDCG@10 may not "
+        "fall below the uncalibrated model's by more than the allowance; a trial is feasible when every "
+        "constraint value is <= 0",
+        "reference_trials": "trial 0 = baseline (no calibration, λ 0), trial 1 = the paper's default "
+        "(CLS-Soft, λ 0.5, last 50% of layers, baskets of 128)",
+        "parameters": "strength = λ (0 = uncalibrated, 1 = fully equalised); depth = calibrated layers; basket_size = "
+        "content tokens per basket; variant = uniform | cls_soft | cls_hard; weight = w, CLS-Hard only",
+    }
+    for key, value in explanations.items():
+        if study.user_attrs.get(key) != value:
+            study.set_user_attr(key, value)
+
+
+def make_storage(url: str, heartbeat: int = HEARTBEAT_SECONDS) -> RDBStorage:
+    """Database storage with heartbeats, so a killed worker's trial is failed and retried.
+
+    Workers starting together on a new database race to create Optuna's tables; the loser retries.
+    """
+    if url.startswith("sqlite:///"):  # SQLite creates the file, not its folder
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    attempt = 0
+    while True:
+        try:
+            with warnings.catch_warnings():  # heartbeats and the retry callback are marked experimental
+                warnings.simplefilter("ignore", ExperimentalWarning)
+                return RDBStorage(
+                    url,
+                    heartbeat_interval=heartbeat,
+                    grace_period=3 * heartbeat,
+                    heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=2),
+                    engine_kwargs={"pool_pre_ping": True},
+                )
+        except Exception as error:  # noqa: BLE001 - sqlalchemy raises many kinds for a bad URL
+            attempt += 1
+            racing = any(sign in str(error) for sign in ("already exists", "duplicate key", "database is locked"))
+            if not racing or attempt == SCHEMA_ATTEMPTS:
+                raise ValueError(
+                    f"cannot open study storage {url!r}: {str(error).splitlines()[0]}. "
+                    "Use e.g. sqlite:///mlruns/optuna.db, postgresql://user:pass@host/db or mysql://user:pass@host/db"
+                ) from None
+            time.sleep(attempt)
+
+
+def open_study(
+    name: str, storage: str, *, seed: int, pareto: bool, identity: dict[str, object], heartbeat: int = HEARTBEAT_SECONDS,
+    worker: str = "0",
+) -> optuna.Study:
+    """Create or resume a study; `identity` (model, dataset, floor, space...) must match on resume. The sampler
+    is seeded from `seed` and the `worker` identity (`sampler_seed`)."""
+    seed = sampler_seed(seed, worker)
+    sampler: optuna.samplers.BaseSampler
+    if pareto:
+        sampler = optuna.samplers.NSGAIISampler(seed=seed, population_size=8)
+        directions = ["minimize", "maximize"]  # PSI down, HM up
+    else:
+        with warnings.catch_warnings():  # multivariate/group TPE is "experimental" but long stable
+            warnings.simplefilter("ignore", ExperimentalWarning)
+            sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=5)
+        directions = ["minimize"]  # PSI, subject to HM >= floor
+    study = optuna.create_study(
+        study_name=name, storage=make_storage(storage, heartbeat), sampler=sampler, directions=directions, load_if_exists=True
+    )
+    stored = {k: study.user_attrs[k] for k in identity if k in study.user_attrs}
+    if not stored:
+        for key, value in identity.items():
+            study.set_user_attr(key, value)
+    elif stored != identity:
+        changed = sorted(k for k in identity if stored.get(k) != identity[k])
+        raise StudyMismatchError(
+            f"study {name!r} in {storage} was created with other settings ({', '.join(changed)}); "
+            "resume it with the same options or choose another --study-name"
+        )
+    return study
+
+
+def enqueue_once(study: optuna.Study, params: dict[str, object], user_attrs: dict[str, object] | None = None) -> None:
+    """Queue fixed parameters (and user attributes) unless a trial with exactly these already exists.
+
+    A queued trial keeps its parameters in the `fixed_params` system attribute until it runs (its `params`
+    are empty until then), so both are compared: a second `tune` on the study never queues them again.
+    """
+    attrs = user_attrs or {}
+    if not any(_fixed_params(t) == params and all(t.user_attrs.get(k) == v for k, v in attrs.items())
+               for t in study.get_trials(deepcopy=False)):
+        study.enqueue_trial(params, user_attrs=attrs or None)
+
+
+def _fixed_params(trial: FrozenTrial) -> dict[str, object]:
+    return trial.system_attrs.get("fixed_params") or trial.params
+
+
+def sampler_seed(seed: int, worker: str) -> int:
+    """The seed of one process's sampler: the study seed itself for the coordinator (worker "0"), and for
+    every other worker a seed derived from the study seed and the worker's identity, so that workers draw
+    different trials (reproducibly, for local workers numbered 1, 2, ...)."""
+    if worker == "0":
+        return seed
+    return int(np.random.SeedSequence([seed, zlib.crc32(worker.encode())]).generate_state(1)[0])
+
+
+TrialCallback = Callable[[optuna.Study, FrozenTrial], None]
+OWNER_ATTR = "owner"  # host, pid and number of the process running a trial: a dead local owner is found at once
+
+
+@dataclass(frozen=True)
+class TrialsEnd:
+    """How `run_trials` ended: the complete trials against the target, and why it stopped short (if it did)."""
+
+    complete: int
+    target: int
+    stopped: str | None = None  # None, "interrupted" or "failures"
+    failures: int = 0  # trials of this run that failed
+    requeued: int | None = None  # a trial interrupted mid-way and queued to run again
+
+    @property
+    def short(self) -> bool:
+        return self.complete < self.target
+
+
+def _owner() -> dict[str, object]:
+    return {"host": socket.gethostname(), "pid": os.getpid()}
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def fail_dead_trials(study: optuna.Study) -> list[int]:
+    """RUNNING trials whose process on this machine is gone: failed now and re-queued (like a stale heartbeat,
+    without waiting for one). Trials of other machines are left to the heartbeat check. Returns their numbers."""
+    storage = study._storage
+    here = socket.gethostname()
+    failed = []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        owner = trial.user_attrs.get(OWNER_ATTR) or {}
+        if owner.get("host") != here or owner.get("trial") != trial.number or owner.get("pid") == os.getpid():
+            continue
+        if _process_alive(int(owner["pid"])):
+            continue
+        try:
+            if storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL):
+                failed.append(trial)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            pass  # another process got there first
+    _requeue(study, failed)
+    for trial in failed:
+        log.warning("trial %d was left RUNNING by process %s, which is gone; it is re-run", trial.number,
+                    trial.user_attrs[OWNER_ATTR]["pid"])
+    return [t.number for t in failed]
+
+
+def _requeue(study: optuna.Study, trials: Sequence[FrozenTrial]) -> None:
+    """Queue failed trials again with what they had drawn (the storage's retry callback, as for stale ones)."""
+    heartbeat_storage = study._storage  # a cache around the RDBStorage: ask it, whatever its class
+    retry = heartbeat_storage.get_heartbeat_stale_trial_callback() if hasattr(heartbeat_storage, "get_heartbeat_stale_trial_callback") else None
+    for trial in trials:
+        if retry is not None:
+            retry(study, study._storage.get_trial(trial._trial_id))
+
+
+def run_trials(
+    study: optuna.Study, objective: Callable[[optuna.Trial], object], n_complete: int, callbacks: Sequence[TrialCallback] = (),
+    poll_seconds: float = 2.0,
+) -> TrialsEnd:
+    """Run until `n_complete` trials are complete; failed trials are recorded and do not count.
+
+    At start, trials left RUNNING by a dead process of this machine are failed and re-queued, so they run
+    before new ones. Trials RUNNING elsewhere are waited for: they complete, or the heartbeat check fails and
+    re-queues them, and then they run here. The stop rule counts only the failures of this run (a study's
+    old failures are history). Ctrl-C stops after the current trial; a second Ctrl-C aborts it and queues
+    it again. The result says whether the target was reached, and if not, why.
+    """
+    fail_dead_trials(study)
+    failures_allowed = max(3, n_complete)
+    failed_here: list[int] = []
+    active = (TrialState.COMPLETE, TrialState.RUNNING)
+    current: list[optuna.Trial] = []
+    requeued = None
+
+    def room(study: optuna.Study) -> bool:
+        return len(study.get_trials(deepcopy=False, states=active)) < n_complete
+
+    def enough(study: optuna.Study, trial: FrozenTrial) -> None:
+        """Stop once complete + running trials (of every worker) reach the target."""
+        if not room(study):
+            study.stop()
+
+    def reserved(trial: optuna.Trial) -> object:
+        """A trial started by a worker that lost the race for the last slot is pruned, never run; so is a
+        queued trial another process already took (two `tune` processes that queued the same reference)."""
+        current[:] = [trial]
+        trial.set_user_attr(OWNER_ATTR, {**_owner(), "trial": trial.number})
+        ahead = [t for t in study.get_trials(deepcopy=False) if t.number < trial.number]
+        if sum(t.state in active for t in ahead) >= n_complete:
+            trial.set_user_attr("surplus", True)
+            raise optuna.TrialPruned(f"the study already has {n_complete} trials")
+        system = study._storage.get_trial(trial._trial_id).system_attrs
+        fixed = system.get("fixed_params")
+        if fixed and "failed_trial" not in system and any(
+            "failed_trial" not in t.system_attrs and t.state not in (TrialState.FAIL, TrialState.PRUNED)
+            and _fixed_params(t) == fixed for t in ahead
+        ):
+            trial.set_user_attr("surplus", True)
+            raise optuna.TrialPruned("these fixed parameters are already queued in an earlier trial")
+        return objective(trial)
+
+    def stop_on_too_many_failures(study: optuna.Study, trial: FrozenTrial) -> None:
+        if trial.state == TrialState.FAIL:
+            failed_here.append(trial.number)
+            if len(failed_here) >= failures_allowed:
+                log.error("%d trials of this run failed; stopping the study", len(failed_here))
+                study.stop()
+
+    waiting_said = False
+    with _stop_after_current_trial(study) as interrupted:
+        try:
+            while len(complete_trials(study)) < n_complete and not interrupted() and len(failed_here) < failures_allowed:
+                if not room(study):  # the rest are running elsewhere: wait until they complete or are found dead
+                    if not waiting_said:
+                        log.info("waiting for %d trial(s) running in other processes",
+                                 len(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))))
+                        waiting_said = True
+                    time.sleep(poll_seconds)
+                    fail_dead_trials(study)
+                    optuna.storages.fail_stale_trials(study)
+                    continue
+                try:
+                    study.optimize(
+                        reserved,
+                        n_trials=None,
+                        catch=(Exception,),
+                        callbacks=[
+                            enough,
+                            stop_on_too_many_failures,
+                            lambda s, t: interrupted() and s.stop(),
+                            *callbacks,
+                        ],
+                        gc_after_trial=False,
+                    )
+                except (ValueError, AssertionError):  # optuna#5470: Optuna cannot tell a trial failed by another process
+                    if not (current and _failed_elsewhere(study, current[0])):
+                        raise
+                    log.warning("trial %d was declared dead by another worker (missed heartbeats); it is re-run as a new "
+                                "trial and this worker goes on", current[0].number)
+        except KeyboardInterrupt:  # the second Ctrl-C: the running trial is aborted and queued to run again
+            requeued = _abort(study, current[0]) if current else None
+            stopped: str | None = "interrupted"
+        else:
+            stopped = "interrupted" if interrupted() else "failures" if len(failed_here) >= failures_allowed else None
+    complete = len(complete_trials(study))
+    return TrialsEnd(complete, n_complete, stopped if complete < n_complete else None, len(failed_here), requeued)
+
+
+def _abort(study: optuna.Study, trial: optuna.Trial) -> int | None:
+    """Fail an aborted trial (if Optuna has not) and queue it again; its number, or None if it had finished."""
+    storage = study._storage
+    try:
+        storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        pass
+    frozen = storage.get_trial(trial._trial_id)
+    if frozen.state != TrialState.FAIL or frozen.user_attrs.get("surplus"):
+        return None
+    _requeue(study, [frozen])
+    return trial.number
+
+
+def _failed_elsewhere(study: optuna.Study, trial: optuna.Trial) -> bool:
+    """Whether `trial` was marked FAIL by another process's stale-trial check (it never reached our tell)."""
+    return study._storage.get_trial(trial._trial_id).state == TrialState.FAIL
+
+
+@contextmanager
+def _stop_after_current_trial(study: optuna.Study) -> Iterator[Callable[[], bool]]:
+    requested = False
+
+    def handler(signum: int, frame: object) -> None:
+        nonlocal requested
+        if requested:
+            raise KeyboardInterrupt
+        requested = True
+        log.warning("interrupt: finishing the current trial, then stopping (Ctrl-C again to abort now)")
+
+    try:
+        previous = signal.signal(signal.SIGINT, handler)
+    except ValueError:  # not the main thread: leave signals alone
+        yield lambda: False
+        return
+    try:
+        yield lambda: requested
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def candidates(study: optuna.Study) -> list[Candidate]:
+    """Complete trials as selection sees them: PSI, its standard error, drift and constraint values."""
+    return [
+        Candidate(t.number, t.user_attrs["psi"], t.user_attrs.get("psi_se", 0.0), t.user_attrs.get("drift", 0.0),
+                  tuple(constraints_of(t)), t.user_attrs["hm"])
+        for t in complete_trials(study)
+    ]
+
+
+def winner(study: optuna.Study, rule: str = "one-se") -> tuple[FrozenTrial, Selection] | None:
+    """The winning trial under the selection rule (`objectives.selection`), with the reasoning; None when
+    no complete trial is feasible."""
+    selection = select(candidates(study), rule)  # type: ignore[arg-type]
+    return (study.trials[selection.winner.trial_number], selection) if selection else None
+
+
+def trial_by_number(study: optuna.Study, number: int) -> tuple[FrozenTrial, Selection]:
+    """Trial `number` of the study, as a choice of the user's (`tune export --trial`): it must be complete."""
+    found = {c.trial_number: c for c in candidates(study)}
+    if number not in found:
+        complete = sorted(found)
+        raise ValueError(f"--trial {number}: study {study.study_name!r} has no complete trial {number}; "
+                         f"complete trials: {complete[:20]}{' …' if len(complete) > 20 else ''}")
+    if not found[number].feasible:
+        log.warning("trial %d misses a constraint of the study; exported as asked", number)
+    return study.trials[number], chosen(found[number])
+
+
+def pareto_front(study: optuna.Study) -> list[FrozenTrial]:
+    """Feasible, non-dominated trials in (PSI down, HM up)."""
+    feasible = [t for t in complete_trials(study) if all(c <= 0 for c in constraints_of(t))]
+    return [
+        t
+        for t in feasible
+        if not any(
+            o.user_attrs["psi"] <= t.user_attrs["psi"]
+            and o.user_attrs["hm"] >= t.user_attrs["hm"]
+            and (o.user_attrs["psi"], o.user_attrs["hm"]) != (t.user_attrs["psi"], t.user_attrs["hm"])
+            for o in feasible
+        )
+    ]
