@@ -111,6 +111,9 @@ class Constraints:
                     end reverses the bias on shorter ones; this is where that would show. Off by default: in
                     the default runs of seeds 0 and 1 under the previous space (32 trials) it excluded no
                     trial, and it adds 61% to every trial's encoding (README "What wins").
+    max_reversal    how far a trial may turn the bias round on any tuning structure, as the largest tilt
+                    against the uncalibrated model's direction there (`objectives.robustness`; 0: the end may
+                    not become favoured where the beginning was, the default; None: unconstrained)
     """
 
     hm_floor: float
@@ -118,10 +121,13 @@ class Constraints:
     max_ndcg_drop: float | None = 0.0
     max_general_drop: float | None = None
     max_crops_psi: float | None = None
+    max_reversal: float | None = 0.0
 
     def __post_init__(self) -> None:
         if self.max_crops_psi is not None and not (math.isfinite(self.max_crops_psi) and self.max_crops_psi >= 0):
             raise ValueError(f"max_crops_psi must be a multiple >= 0 of the uncalibrated crops PSI (1 = no worse), got {self.max_crops_psi}")
+        if self.max_reversal is not None and not (math.isfinite(self.max_reversal) and self.max_reversal >= 0):
+            raise ValueError(f"max_reversal must be a tilt allowance >= 0 (0: no reversed bias), got {self.max_reversal}")
         for name in ("max_ndcg_drop", "max_general_drop"):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value >= 0):
@@ -129,19 +135,24 @@ class Constraints:
 
     def values(
         self, hm: float, hm_low: float, ndcg_delta: float, general_delta: float | None = None,
-        crops_psi: tuple[float, float] | None = None,
+        crops_psi: tuple[float, float] | None = None, reversal: float | None = None, partial: bool = False,
     ) -> dict[str, float]:
         """Named constraint values for one trial: `hm` and `hm_low` (the lower end of its 95% interval) on the
         tuning split, `ndcg_delta` its aggregate nDCG@10 minus the uncalibrated one, `general_delta` the same
-        on the general set, `crops_psi` (trial, uncalibrated) PSI on the crops when they are scored."""
+        on the general set, `crops_psi` (trial, uncalibrated) PSI on the crops when they are scored,
+        `reversal` the largest reversal of the bias over the tuning structures (`RobustEvidence.reversal`;
+        None where no structure knows its positions). `partial`: a trial stopped before every set was
+        scored, so a constraint on a set it never reached is left out."""
         values = {"hm_floor": self.hm_floor - (hm_low if self.conservative else hm)}
         if self.max_ndcg_drop is not None:
             values["ndcg_drop"] = -ndcg_delta - self.max_ndcg_drop
-        if self.max_general_drop is not None:
+        if self.max_general_drop is not None and not (partial and general_delta is None):
             if general_delta is None:
                 raise ValueError("a general-retrieval allowance needs the trial's general nDCG@10 change")
             values["general_drop"] = -general_delta - self.max_general_drop
         if self.max_crops_psi is not None and crops_psi is not None:
             trial_psi, baseline_psi = crops_psi
             values["crops_psi"] = trial_psi - self.max_crops_psi * baseline_psi
+        if self.max_reversal is not None and reversal is not None:
+            values["reversal"] = reversal
         return values

@@ -26,13 +26,19 @@ class TrialEvidence:
     hm: float
     hm_low: float
     ndcg_delta: float
+    hm_high: float = float("nan")  # the upper end of HM's 95% interval: below the floor, the floor is missed beyond noise
+    ndcg_delta_high: float = float("nan")  # the upper end of the nDCG@10 change's 95% interval
+    tilt: float | None = None  # the signed trend along the passage (`objectives.metrics._tilt`); None: positions unknown
+    tilt_se: float = 0.0
+    baseline_tilt: float | None = None
 
 
 def trial_evidence(
     baseline: PerQuery, candidate: PerQuery, n_resamples: int = EVIDENCE_RESAMPLES, seed: int = 0
 ) -> TrialEvidence:
-    """PSI and its bootstrap standard error, HM and the lower end of its 95% interval (the uncalibrated
-    HM plus the 2.5th percentile of the paired HM change), and the change in aggregate nDCG@10."""
+    """PSI and its bootstrap standard error, HM and the ends of its 95% interval (the uncalibrated HM plus
+    the 2.5th / 97.5th percentile of the paired HM change), the change in aggregate nDCG@10 (and the upper
+    end of its interval), and the tilt with its standard error beside the uncalibrated tilt."""
     if baseline.query_ids != candidate.query_ids:
         raise ValueError("baseline and candidate were scored on different queries; evaluate both on one dataset")
     if not candidate.group_order:
@@ -41,11 +47,17 @@ def trial_evidence(
     weights = np.vstack([np.ones(n), np.random.default_rng(seed).multinomial(n, np.full(n, 1 / n), size=n_resamples)])
     base, cand = aggregate(baseline, weights), aggregate(candidate, weights)
     assert base.hm is not None and cand.hm is not None and cand.psi is not None
-    psi, hm_change = cand.psi[1:], (cand.hm - base.hm)[1:]
+    psi, hm_change, ndcg_change = cand.psi[1:], (cand.hm - base.hm)[1:], (cand.ndcg10 - base.ndcg10)[1:]
+    tilt = cand.tilt if cand.tilt is not None and np.isfinite(cand.tilt[0]) else None
     return TrialEvidence(
         objective=float(cand.psi[0]),
         objective_se=float(np.nanstd(psi)),
         hm=float(cand.hm[0]),
         hm_low=float(base.hm[0] + np.nanpercentile(hm_change, 2.5)),
         ndcg_delta=float(cand.ndcg10[0] - base.ndcg10[0]),
+        hm_high=float(base.hm[0] + np.nanpercentile(hm_change, 97.5)),
+        ndcg_delta_high=float(np.nanpercentile(ndcg_change, 97.5)),
+        tilt=None if tilt is None else float(tilt[0]),
+        tilt_se=0.0 if tilt is None else float(np.nanstd(tilt[1:])),
+        baseline_tilt=None if base.tilt is None or not np.isfinite(base.tilt[0]) else float(base.tilt[0]),
     )

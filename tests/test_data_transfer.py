@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tuner.data.build_wikipos import MAX_TOKENS, MIN_SEGMENTS, SEPARATOR, opening_sentence
+from tuner.data.build_wikipos import MAX_TOKENS, MIN_SEGMENTS, SEPARATOR
 from tuner.data.dataset import FIFTHS, SLOT_THIRDS, THIRDS, slot_third, span_midpoint
-from tuner.data.wikipos import TRANSFER_SPLITS, load_wikipos, read_records, split_filename
+from tuner.data.wikipos import TRANSFER_SPLITS, load_wikipos, opening_sentence, read_records, split_filename
 
 PACKAGED = Path(str(resources.files("tuner.data").joinpath("wikipos")))
 SOURCE = Path(__file__).resolve().parents[2] / "shared" / "data" / "wikipedia-vital-summaries-en.json.gz"

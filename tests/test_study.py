@@ -17,6 +17,7 @@ from mlflow.tracking import MlflowClient
 from tests.services import running_mlflow_server
 from tests.tiny import WORDS
 from tuner.calibration import CalibrationConfig, ConfigError
+from tuner.common.trials import DUPLICATE_ATTR, counted
 from tuner.data import load_benchmark
 from tuner.engine.encoder import CalibratedEncoder
 from tuner.engine.exported import load_exported
@@ -74,14 +75,21 @@ def test_a_six_trial_study_logs_six_nested_runs_with_params_metrics_and_profiles
     """Each trial's run holds what Optuna recorded for it, and its metrics obey the paper's definitions."""
     settings, outcome = workspace["settings"], workspace["outcome"]
     runs = trial_runs(settings)
-    assert sorted(int(r.data.tags["posfair.trial"]) for r in runs) == list(range(6))
     client = MlflowClient(settings.tracking_uri)
     study = optuna.load_study(study_name="tiny", storage=settings.storage)
+    assert sorted(int(r.data.tags["posfair.trial"]) for r in runs) == [t.number for t in study.trials]  # one run per trial
+    assert sum(counted(t) for t in study.trials) == 6  # repeats of a calibration already run do not count
     floor = study.user_attrs["floor_value"]
     parents = {r.data.tags["mlflow.parentRunId"] for r in runs}
     assert len(parents) == 1
     for run in runs:
         trial = study.trials[int(run.data.tags["posfair.trial"])]
+        if DUPLICATE_ATTR in trial.user_attrs:  # λ 0 or a repeated draw: marked, not run, not counted
+            earlier = study.trials[trial.user_attrs[DUPLICATE_ATTR]]
+            assert trial.value == earlier.value and trial.user_attrs["calibration"] == earlier.user_attrs["calibration"]
+            assert run.data.tags["posfair.duplicate_of"] == str(earlier.number) and run.data.metrics["cost/layer_tokens"] == 0
+            assert "duplicate" in run.info.run_name
+            continue
         params, metrics = run.data.params, run.data.metrics
         assert run.info.status == "FINISHED" and trial.state == optuna.trial.TrialState.COMPLETE
         assert TRIAL_PARAMS <= set(params) and TRIAL_METRICS <= set(metrics)
@@ -97,7 +105,12 @@ def test_a_six_trial_study_logs_six_nested_runs_with_params_metrics_and_profiles
         # a relative floor is met by the point estimate (no interval): the margin is HM − floor, in points
         assert metrics["hm_margin_over_floor_x100"] == pytest.approx(hm - 100 * floor)
         assert metrics["ndcg10_drop_allowance_left_x100"] == pytest.approx(metrics["ndcg10_change_vs_uncalibrated_x100"])  # no drop allowed
-        assert metrics["feasible"] == float(hm >= 100 * floor and metrics["ndcg10_change_vs_uncalibrated_x100"] >= 0)
+        # feasible: every margin met — the HM floor, no nDCG@10 loss, and no structure of the tuning passages with its bias reversed
+        reversal = [metrics[f"structure/{s}/tilt_reversal_x100"] for s in trial.user_attrs["structures"]
+                    if f"structure/{s}/tilt_reversal_x100" in metrics]
+        assert metrics.get("tilt_reversal_allowance_left_x100", 0) == pytest.approx(-max(reversal, default=0)) or not reversal
+        assert metrics["feasible"] == float(hm >= 100 * floor and metrics["ndcg10_change_vs_uncalibrated_x100"] >= 0
+                                            and max(reversal, default=0) <= 0)
         drift = metrics["drift_from_uncalibrated_vectors"]
         assert drift >= 0 and (trial.params["strength"] > 0 or drift == 0)
         folder = Path(client.download_artifacts(run.info.run_id, "", str(tmp_path / run.info.run_id)))
@@ -185,17 +198,16 @@ def test_rerunning_resumes_the_study_without_repeating_trials(workspace: dict) -
     settings = replace(workspace["settings"], trials=8)
     tune(settings)
     study = optuna.load_study(study_name="tiny", storage=settings.storage)
-    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-    assert len(complete) == 8
-    assert sorted(int(r.data.tags["posfair.trial"]) for r in trial_runs(settings)) == list(range(8))
+    assert sum(counted(t) for t in study.trials) == 8
+    assert sorted(int(r.data.tags["posfair.trial"]) for r in trial_runs(settings)) == [t.number for t in study.trials]
 
 
 def test_same_seed_same_trials(workspace: dict, tmp_path: Path) -> None:
     settings = replace(workspace["settings"], storage=f"sqlite:///{tmp_path / 'again.db'}",
                        tracking_uri=f"sqlite:///{tmp_path / 'again-mlflow.db'}", output=tmp_path / "again.yaml")
     tune(settings)
-    first = optuna.load_study(study_name="tiny", storage=workspace["settings"].storage).trials[:6]
     again = optuna.load_study(study_name="tiny", storage=settings.storage).trials
+    first = optuna.load_study(study_name="tiny", storage=workspace["settings"].storage).trials[:len(again)]
     assert [t.params for t in again] == [t.params for t in first]
 
 
@@ -303,13 +315,13 @@ def test_each_trial_is_constrained_by_its_psi_on_the_crops_against_the_uncalibra
     recomputed here with a separate Evaluator from the configs Optuna stored."""
     import tuner.tuning.session
 
-    crops = load_benchmark(f"jsonl:{write_dataset(tmp_path / 'crops', docs=8, seed=5)}")
-    monkeypatch.setattr(tuner.tuning.session, "load_crops", lambda name: crops)
+    crops = replace(load_benchmark(f"jsonl:{write_dataset(tmp_path / 'crops', docs=8, seed=5)}"), name="tiny-crops")
+    monkeypatch.setattr(tuner.tuning.session, "load_structures", lambda name, tuning=None: [crops])
     settings = TuneSettings(
         model=str(tiny_model_dir("bert")), pooling="cls", dataset=f"jsonl:{write_dataset(tmp_path / 'data')}", heldout=None,
         trials=3, hm_floor="-90%", max_ndcg_drop=None, storage=f"sqlite:///{tmp_path / 'o.db'}",
         tracking_uri=f"sqlite:///{tmp_path / 'm.db'}", output=tmp_path / "best.yaml", study_name="crops", profile_docs=2,
-        bootstrap=20, space=SearchSpace(basket_sizes=(8, 16)), selection="lowest", max_crops_psi=1.0,
+        bootstrap=20, space=SearchSpace(basket_sizes=(8, 16)), selection="lowest", max_crops_psi=1.0, prune=False,
     )
     tune(settings)
     model = load_model(settings.model, pooling="cls")
@@ -317,6 +329,8 @@ def test_each_trial_is_constrained_by_its_psi_on_the_crops_against_the_uncalibra
     uncalibrated = evaluator.run(None).report.psi
     study = optuna.load_study(study_name="crops", storage=settings.storage)
     for trial in study.trials[1:]:  # trial 0 is the uncalibrated model itself
+        if DUPLICATE_ATTR in trial.user_attrs:
+            continue
         config = CalibrationConfig(variant=trial.params["variant"], strength=trial.params["strength"],
                                    layers=trial.user_attrs["layers"], basket_size=trial.params["basket_size"], pooling="cls",
                                    **({"weight": trial.params["weight"]} if "weight" in trial.params else {}))

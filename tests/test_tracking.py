@@ -102,7 +102,7 @@ def test_the_log_file_shows_each_trial_with_progress_and_every_phase(default_run
     """No terminal: one progress line per trial (k/N, best feasible so far, elapsed, ETA) and a line per phase."""
     log = default_run["log"]
     for k in range(1, TRIALS + 1):
-        line = re.search(rf"trial {k}/{TRIALS} complete · (best feasible so far: trial \d+ \(PSI [\d.]+, HM [\d.]+\)"
+        line = re.search(rf"trial {k}/{TRIALS} finished · (best feasible so far: trial \d+ \(PSI [\d.]+, HM [\d.]+\)"
                          rf"|no feasible trial yet) · elapsed [\dhms ]+ · (ETA [\dhms ]+|done)", log)
         assert line, f"no progress line for trial {k}:\n{log[-3000:]}"
     assert re.search(r"baseline: encoding \d+ documents .*done in", log, re.S)
@@ -197,7 +197,12 @@ def test_the_yaml_records_its_provenance(client: MlflowClient, default_run: dict
     assert provenance.registered_version == int(version.version)
     assert provenance.heldout == [f"jsonl:{default_run['data'].name}"]
     assert provenance.hm_floor == pytest.approx(the_study(default_run["work"]).user_attrs["floor_value"])
-    assert provenance.hm_floor_rule == "-50%" and provenance.objective.startswith("minimise PSI")
+    assert provenance.hm_floor_rule == "-50%" and provenance.objective.startswith("minimise the worst PSI over the tuning structures")
+    assert "no tuning structure's bias reversed" in provenance.objective
+    study = the_study(default_run["work"])
+    winner = study.trials[provenance.trial]
+    assert provenance.structures == winner.user_attrs["structures"]  # per structure: the winner's PSI and direction
+    assert provenance.layer_tokens == sum(t.user_attrs.get("layer_tokens", 0) for t in study.trials) > 0
     assert set(provenance.versions) == {"posfair", "torch", "transformers"}
     import torch
 

@@ -1,11 +1,22 @@
-"""A study's finished trials as everyone who reads a study sees them (the search, the plots, the conclusion)."""
+"""A study's finished trials as everyone who reads a study sees them (the search, the plots, the conclusion).
+
+Not every finished trial counts towards `--trials`: a trial that drew a calibration the study already ran
+repeats that trial's values without running (`DUPLICATE_ATTR`), and a trial a worker started after the
+study was full is pruned unrun (`surplus`). A trial pruned between rungs (`PRUNED_ATTR`) was run, cheaply,
+and counts.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
+
+DUPLICATE_ATTR = "duplicate_of"  # the earlier trial whose calibration a trial drew again
+PRUNED_ATTR = "pruned"  # {"rung", "of", "reason", "scored"} of a trial stopped between rungs
+SURPLUS_ATTR = "surplus"  # a trial started when the study already had enough
 
 
 def complete_trials(study: optuna.Study) -> list[FrozenTrial]:
@@ -15,3 +26,24 @@ def complete_trials(study: optuna.Study) -> list[FrozenTrial]:
 def constraints_of(trial: FrozenTrial) -> Sequence[float]:
     """The trial's constraint values in Optuna's convention (≤ 0: met), as the objective set them."""
     return list(trial.constraints.values())
+
+
+def counted(trial: FrozenTrial) -> bool:
+    """Whether a trial counts towards `--trials`: running, complete (not a repeat) or pruned between rungs."""
+    if trial.state in (TrialState.RUNNING, TrialState.COMPLETE):
+        return DUPLICATE_ATTR not in trial.user_attrs
+    return trial.state == TrialState.PRUNED and PRUNED_ATTR in trial.user_attrs
+
+
+def finished(study: optuna.Study) -> list[FrozenTrial]:
+    """The trials that count towards `--trials` and are done: complete (not repeats) or pruned between rungs."""
+    return [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)) if counted(t)]
+
+
+def calibration_key(params: Mapping[str, object]) -> str:
+    """One string per distinct calibration of a trial's logged parameters (λ 0 is the baseline, whatever the
+    rest): two trials with one key encode identical vectors."""
+    if float(params.get("strength", 0.0)) == 0.0:  # type: ignore[arg-type]
+        return "uncalibrated"
+    keys = ("variant", "strength", "layers", "basket_size", "basket_shares") + (("weight",) if params.get("variant") == "cls_hard" else ())
+    return json.dumps({k: params.get(k) for k in keys}, sort_keys=True)

@@ -52,7 +52,6 @@ import io
 import json
 import os
 import random
-import re
 import statistics
 import sys
 from collections import Counter
@@ -62,7 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.data.dataset import fifth_of, slot_third, span_midpoint, span_third
-from tuner.data.wikipos import GROUP_ORDER, SEGMENT_SEPARATOR, SPLITS, split_filename
+from tuner.data.wikipos import GROUP_ORDER, SEGMENT_SEPARATOR, SPLITS, opening_sentence, split_filename
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_SOURCE = REPO_ROOT.parent / "shared" / "data" / "wikipedia-vital-summaries-en.json.gz"
@@ -80,11 +79,6 @@ GENERAL_SIZE = 500
 TRANSFER_SIZES = {"sentences": 100, "mixed": 180, "lengths": 350}
 MIN_SEGMENTS = {"sentences": 8, "mixed": 4, "lengths": 2}
 LENGTH_RANGE = (96, MAX_TOKENS - SPECIAL_TOKENS)
-MIN_SENTENCE_WORDS = 6
-# A period after one of these (or after a single letter, an initial) does not end a sentence.
-ABBREVIATIONS = frozenset(
-    "c ca cf st mt dr mr mrs ms jr sr vs no nos gen col lt ft fr rev prof approx est fl b d u.s e.g i.e etc".split()
-)
 
 ATTRIBUTION = """\
 # WikiPos attribution
@@ -192,21 +186,6 @@ def passage_record(
         segments.append({"title": summary.title, "span": [start, end], "query": query})
         start = end + len(SEPARATOR)
     return {"id": doc_id, "topic": members[0].topic, "text": text, "segments": segments}
-
-
-def opening_sentence(text: str) -> str:
-    """The first sentence of a summary (at least MIN_SENTENCE_WORDS words), without a sentence-splitting model.
-
-    A sentence ends at '.', '!' or '?' followed by a space and a capital or digit, unless the word before the
-    period is an initial or a listed abbreviation ("c. 1500", "J. R. R. Tolkien", "St. Louis").
-    """
-    for match in re.finditer(r"[.!?](?=\s+[A-Z0-9\"'(])", text):
-        head = text[: match.end()]
-        word = head[:-1].rsplit(" ", 1)[-1].strip("(\"'").lower()
-        if len(word) <= 1 or word in ABBREVIATIONS or len(head.split()) < MIN_SENTENCE_WORDS:
-            continue
-        return head
-    return text
 
 
 def pack_full(summaries: list[Summary], rng: random.Random, minimum: int, most: int | None = None) -> list[list[Summary]]:

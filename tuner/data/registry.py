@@ -13,7 +13,7 @@ from tuner.data.fineweb_posq import check_available as check_fineweb_posq
 from tuner.data.fineweb_posq import load_fineweb_posq
 from tuner.data.jsonl import CORPUS_FILE, QUERIES_FILE, find_file, load_jsonl
 from tuner.data.posir import PosIRLayout, load_posir
-from tuner.data.wikipos import GROUP_ORDER, SPLITS, THIRDS, load_wikipos, load_wikipos_crops
+from tuner.data.wikipos import GROUP_ORDER, SPLITS, THIRDS, load_wikipos, load_wikipos_crops, load_wikipos_openings
 
 Loader = Callable[..., PositionalDataset]
 
@@ -28,6 +28,7 @@ def _wikipos(split: str, /, **options: Any) -> PositionalDataset:
 NAMED: dict[str, Loader] = {
     **{f"wikipos-{split}": partial(_wikipos, split) for split in SPLITS},
     **{f"wikipos-{split}-crops": partial(load_wikipos_crops, split) for split in SPLITS if GROUP_ORDER[split] == THIRDS},
+    **{f"wikipos-{split}-openings": partial(load_wikipos_openings, split) for split in SPLITS if GROUP_ORDER[split] == THIRDS},
     "fineweb-posq": load_fineweb_posq,
 }
 """Benchmarks reachable by name alone (FineWeb-PosQ from the Hub or its local cache)."""
@@ -62,6 +63,32 @@ def load_crops(name_or_path: str) -> PositionalDataset | None:
     None for a set whose passages have no known segment structure (FineWeb-PosQ, PosIR, JSONL, BEIR)."""
     loader = NAMED.get(f"{name_or_path}-crops")
     return loader() if loader is not None else None
+
+
+STRUCTURES = ("crops", "openings")
+"""The other structures a tuning set's own passages are re-built in, cheapest first (`load_structures`)."""
+
+
+def load_structures(name_or_path: str, tuning: PositionalDataset | None = None) -> list[PositionalDataset]:
+    """The tuning set's passages in other structures, made from its own passages and queries (so tuning data,
+    never held-out data): crops (fewer, whole segments: shorter passages) and openings (the segments cut to
+    their opening sentence and re-packed: more and shorter segments), where the segments are known
+    (WikiPos). Other sets (FineWeb-PosQ, PosIR, JSONL, BEIR), given as `tuning`, get their length halves
+    instead (`length_halves`: the same corpus, so no extra encoding); none if they cannot be halved."""
+    named = [NAMED[f"{name_or_path}-{kind}"]() for kind in STRUCTURES if f"{name_or_path}-{kind}" in NAMED]
+    return named if named or tuning is None else length_halves(tuning)
+
+
+def length_halves(dataset: PositionalDataset) -> list[PositionalDataset]:
+    """The queries whose relevant passage is shorter than the median passage, and those whose passage is not,
+    each over the whole corpus (`-shorter`, `-longer`): over-correction shows first on the shorter passages,
+    whose last basket is partly filled. Empty unless both halves keep at least two position groups."""
+    lengths = sorted(len(text) for text in dataset.corpus.values())
+    median = lengths[len(lengths) // 2]
+    shorter = [q for q in dataset.queries if min(len(dataset.corpus[d]) for d in dataset.qrels[q]) < median]
+    longer = [q for q in dataset.queries if q not in set(shorter)]
+    halves = [dataset.subset(shorter, f"{dataset.name}-shorter"), dataset.subset(longer, f"{dataset.name}-longer")] if shorter and longer else []
+    return halves if all(sum(n > 0 for n in h.group_sizes().values()) >= 2 for h in halves) else []
 
 
 def check_available(name_or_path: str) -> None:

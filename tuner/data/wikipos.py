@@ -32,6 +32,7 @@ from __future__ import annotations
 import gzip
 import json
 import random
+import re
 from collections.abc import Iterator
 from importlib import resources
 from typing import Any
@@ -45,6 +46,14 @@ GROUP_ORDER: dict[str, tuple[str, ...]] = {
 }
 SEGMENT_SEPARATOR = "\n\n"
 """Between a passage's summaries, as the builder joins them (a crop joins its window the same way)."""
+MIN_SENTENCE_WORDS = 6
+# A period after one of these (or after a single letter, an initial) does not end a sentence.
+ABBREVIATIONS = frozenset(
+    "c ca cf st mt dr mr mrs ms jr sr vs no nos gen col lt ft fr rev prof approx est fl b d u.s e.g i.e etc".split()
+)
+OPENINGS_CHARACTERS = 1800
+"""A re-packed passage of opening sentences holds at most this many characters (~450 MiniLM tokens)."""
+OPENINGS_MIN_SEGMENTS = 6
 DATA_PACKAGE = "tuner.data"
 DATA_FOLDER = "wikipos"
 """The split files live in tuner/data/wikipos/ beside this module (a data folder, not a package)."""
@@ -122,6 +131,73 @@ def crop_records(records: Iterator[dict[str, Any]], seed: int = 0) -> Iterator[d
             offset += len(piece) + len(SEGMENT_SEPARATOR)
         if any(segment["query"] for segment in cropped):
             yield {**record, "id": f"{record['id']}-crop", "text": text, "segments": cropped}
+
+
+def opening_sentence(text: str) -> str:
+    """The first sentence of a summary (at least MIN_SENTENCE_WORDS words), without a sentence-splitting model.
+
+    A sentence ends at '.', '!' or '?' followed by a space and a capital or digit, unless the word before the
+    period is an initial or a listed abbreviation ("c. 1500", "J. R. R. Tolkien", "St. Louis").
+    """
+    for match in re.finditer(r"[.!?](?=\s+[A-Z0-9\"'(])", text):
+        head = text[: match.end()]
+        word = head[:-1].rsplit(" ", 1)[-1].strip("(\"'").lower()
+        if len(word) <= 1 or word in ABBREVIATIONS or len(head.split()) < MIN_SENTENCE_WORDS:
+            continue
+        return head
+    return text
+
+
+def openings_records(records: Iterator[dict[str, Any]], seed: int = 0) -> Iterator[dict[str, Any]]:
+    """The split's summaries cut to their opening sentence and re-packed: more and shorter segments per passage.
+
+    Why: a calibration tuned on passages of 3-5 whole summaries can over-correct on passages built of many
+    short segments (the bias then reverses). The openings keep the split's own articles and queries (each
+    query asks for its article's opening sentence), so they are tuning data, passage-disjoint from every
+    held-out set like the split itself. Per topic, in a seeded order, as many openings as fit
+    `OPENINGS_CHARACTERS` form a passage (at least `OPENINGS_MIN_SEGMENTS`, else the rest is dropped), in a
+    seeded slot order; a query's group is the third of the new passage holding its sentence's midpoint.
+    """
+    rng = random.Random(seed)
+    by_topic: dict[str, list[dict[str, Any]]] = {}
+    for record in records:
+        for segment in record["segments"]:
+            a, b = segment["span"]
+            by_topic.setdefault(record.get("topic", ""), []).append(
+                {**segment, "text": opening_sentence(record["text"][a:b]), "source": record["id"]})
+    number = 0
+    for topic in sorted(by_topic):
+        pool = by_topic[topic]
+        rng.shuffle(pool)
+        while pool:
+            members, used = [], 0
+            while pool and used + len(pool[0]["text"]) + len(SEGMENT_SEPARATOR) * bool(members) <= OPENINGS_CHARACTERS:
+                used += len(pool[0]["text"]) + len(SEGMENT_SEPARATOR) * bool(members)
+                members.append(pool.pop(0))
+            if not members:  # one opening longer than the budget: it stands alone, and is too few to keep
+                pool.pop(0)
+                continue
+            if len(members) < OPENINGS_MIN_SEGMENTS or not any(m.get("query") for m in members):
+                continue
+            rng.shuffle(members)
+            text = SEGMENT_SEPARATOR.join(m["text"] for m in members)
+            segments, offset = [], 0
+            for member in members:
+                span = [offset, offset + len(member["text"])]
+                query = member.get("query")
+                if query is not None and "group" in query:
+                    query = {**query, "id": f"{query['id']}-open", "group": span_third(*span, len(text))}
+                segments.append({"title": member["title"], "span": span, "query": query})
+                offset = span[1] + len(SEGMENT_SEPARATOR)
+            yield {"id": f"{members[0]['source']}-open{number}", "topic": topic, "text": text, "segments": segments}
+            number += 1
+
+
+def load_wikipos_openings(split: str, seed: int = 0) -> PositionalDataset:
+    """A WikiPos split re-packed from its summaries' opening sentences (`openings_records`), as `wikipos-{split}-openings`."""
+    if GROUP_ORDER.get(split) != THIRDS:
+        raise ValueError(f"openings are defined for the splits grouped by thirds (dev, test, lengths), not {split!r}")
+    return dataset_from_records(f"wikipos-{split}-openings", openings_records(_split_records(split), seed), THIRDS)
 
 
 def load_wikipos_crops(split: str, seed: int = 0) -> PositionalDataset:

@@ -73,6 +73,13 @@ class Batches:
         """(rows, padded length) of every batch: the layout of a cached layer's hidden states."""
         return [tuple(b["input_ids"].shape) for b in self.inputs]  # type: ignore[misc]
 
+    def layer_tokens(self, indices: Sequence[int], layers: int) -> int:
+        """The cost of running `layers` transformer layers over the batches `indices`: padded tokens × layers.
+
+        A hardware-independent unit: what a study costs here in layer-tokens it costs on a GPU, so CPU runs
+        and GPU runs can be compared by it (attention's quadratic part aside)."""
+        return layers * sum(int(self.inputs[i]["input_ids"].numel()) for i in indices)
+
     @property
     def longest(self) -> int:
         """Tokens in the longest text (after truncation): batches are long first, padded to their longest."""
@@ -153,6 +160,7 @@ class CalibratedEncoder:
         self.config = config
         self.spec = config.resolve(model.num_layers) if config is not None else None
         self.truncated = 0  # documents cut at the model's maximum length in the last encode call
+        self.layer_tokens = 0  # padded tokens × layers the last encode call ran (`Batches.layer_tokens`)
 
     @classmethod
     def from_yaml(cls, path: str | Path, **load_options: object) -> CalibratedEncoder:
@@ -239,8 +247,10 @@ class CalibratedEncoder:
         texts = [prompt + t for t in given]  # type: ignore[operator]
         batches = Batches.build(self.model, texts, *choose_batching(self.model, batch_size, batch_tokens))
         self.truncated = batches.truncated
+        ran: list[int] = []
         vectors = forward(self.model, batches, self.spec if calibrate else None, observer=observer,
-                          show_progress=show_progress_bar, normalize=normalize_embeddings)
+                          show_progress=show_progress_bar, normalize=normalize_embeddings, ran=ran)
+        self.layer_tokens = batches.layer_tokens(ran, self.model.num_layers)
         result = vectors[0] if single else vectors
         if convert_to_tensor:
             return torch.from_numpy(result)
@@ -263,6 +273,7 @@ def forward(
     around: BatchScope | None = None,
     show_progress: bool | None = None,
     normalize: bool = True,
+    ran: list[int] | None = None,
 ) -> np.ndarray:
     """The one forward loop: pooled, L2-normalised float32 vectors of every text of `batches`, in text order.
 
@@ -275,6 +286,7 @@ def forward(
     around       batch index → a context held open around that batch's forward (`tuner.engine.prefix`: resume from
                  cached layer inputs, or record them)
     normalize    False: the pooled vectors as they are (sentence-transformers' `normalize_embeddings=False`)
+    ran          receives the index of every batch encoded (not copied): what the pass cost, with `Batches.layer_tokens`
     """
     vectors = np.empty((batches.count, int(model.model.config.hidden_size)), dtype=np.float32)
     show = show_progress if show_progress is not None else sys.stderr.isatty() and len(batches) > 1
@@ -284,6 +296,8 @@ def forward(
             if baseline is not None and not _changes(spec, batches.inputs[i]["attention_mask"]):
                 vectors[rows] = baseline[rows]
                 continue
+            if ran is not None:
+                ran.append(i)
             batch = {k: v.to(model.device) for k, v in batches.inputs[i].items()}
             with ExitStack() as scope:
                 if spec is not None:

@@ -71,6 +71,12 @@ class Provenance(_Strict):
         default_factory=dict,
         description="held-out set → metric → [estimate, low, high]: 95% paired-bootstrap change vs no calibration (0-1)",
     )
+    structures: dict[str, dict[str, float]] = Field(
+        default_factory=dict,
+        description="tuning structure → the winner's psi, psi_se, hm, ndcg10_delta and, where positions are known, tilt and "
+                    "reversal (> 0: the end favoured where the beginning was): why it won (objectives.robustness)",
+    )
+    layer_tokens: int | None = Field(None, description="what the study's trials cost: padded tokens × layers run")
     mlflow_run_id: str | None = Field(None, description="the study's parent run in MLflow")
     tracking_uri: str | None = None
     registered_model: str | None = Field(None, description="MLflow model registry name of this config's pyfunc model")

@@ -67,8 +67,11 @@ class StudyCost:
     """Encode work of a tuning run, in tokens, priced by a probe.
 
     corpus_tokens     padded tokens of one encode of the tuning corpus (its batches): the baseline, and each trial
-    per_trial_tokens  what a trial encodes besides the corpus (attention-profile passages, a general set)
+    per_trial_tokens  what a trial encodes besides the corpus (attention-profile passages, a general set, the
+                      tuning passages' other structures)
     once_tokens       encoded once: queries, a general set's baseline, held-out scoring on another corpus
+    layers            the model's depth: a token through every layer is `layers` layer-tokens
+    structure_tokens  the part of `per_trial_tokens` a pruned trial skips (the later rungs: other structures)
     """
 
     probe: Probe
@@ -78,6 +81,8 @@ class StudyCost:
     max_length: int
     per_trial_tokens: int
     once_tokens: int
+    layers: int = 1
+    structure_tokens: int = 0
 
     def seconds(self, tokens: float) -> float:
         return tokens * self.probe.seconds_per_token
@@ -105,6 +110,15 @@ class StudyCost:
             + (f"; the default {default_trials} trials ≈ {duration(self.study_seconds(default_trials))}"
                if trials != default_trials else ""),
         ]
+        full = self.layers * (self.once_tokens + self.corpus_tokens + trials * (self.corpus_tokens + self.per_trial_tokens))
+        if self.structure_tokens:
+            # the references (2 trials) always run every rung; a pruned trial stops after the tuning split
+            floor = full - self.layers * max(trials - 2, 0) * self.structure_tokens
+            lines.append(f"layer-tokens (padded tokens × layers, resumed passes cost less): unpruned ≤ {full:,}; "
+                         f"pruned ≥ {floor:,} (every trial but the references stopped after the tuning split; "
+                         f"≈ {duration(self.seconds(floor / self.layers))})")
+        else:
+            lines.append(f"layer-tokens (padded tokens × layers, resumed passes cost less): ≤ {full:,}")
         if self.study_seconds(trials) > SLOW_STUDY_SECONDS:
             lines.append(f"that is long on {p.device}: stop now (Ctrl-C; the same command resumes) and run it on a GPU, "
                          "with fewer --trials, or on --dataset wikipos-dev")

@@ -42,6 +42,7 @@ class Evaluation:
     encode_seconds: float
     truncated: int
     drift: float = 0.0
+    layer_tokens: int = 0  # what this run's passes cost (`Batches.layer_tokens`): 0 when every vector was at hand
 
 
 @dataclass
@@ -53,6 +54,7 @@ class PassCounts:
     recorded: int = 0  # passes that only recorded layer inputs (stopped early)
     baseline_from_disk: int = 0
     queries_from_disk: int = 0
+    layer_tokens: int = 0  # padded tokens × layers run by every pass, queries and recording passes included
 
 
 class Evaluator:
@@ -119,6 +121,7 @@ class Evaluator:
                     batch_tokens=self.batch_tokens,
                     show_progress_bar=self.show_progress,
                 )
+                self.counts.layer_tokens += encoder.layer_tokens
                 self.cache.save_queries(self._queries)
         return self._queries
 
@@ -152,16 +155,18 @@ class Evaluator:
         start = self.resume_layer(min(spec.layers))
         sums = self.first_layer_sums()
         first_layer = sums.for_batch if sums is not None else None
+        ran: list[int] = []
         if start is None:
             vectors = forward(self.model, batches, spec, baseline=baseline, first_layer=first_layer,
-                              show_progress=self.show_progress)
+                              show_progress=self.show_progress, ran=ran)
             self.counts.full += 1
         else:
             assert self.cache.stack is not None
             around = resumed_from(self.cache.stack, start, self.cache.inputs[start].batch)
             vectors = forward(self.model, batches, spec, baseline=baseline, first_layer=first_layer, around=around,
-                              show_progress=self.show_progress)
+                              show_progress=self.show_progress, ran=ran)
             self.counts.resumed[start] = self.counts.resumed.get(start, 0) + 1
+        self.counts.layer_tokens += batches.layer_tokens(ran, self.model.num_layers - (start or 0))
         self.cache.keep(spec, vectors, batches.truncated)
         return vectors, batches.truncated
 
@@ -209,6 +214,7 @@ class Evaluator:
     def _baseline_pass(self) -> np.ndarray:
         """A plain pass over the corpus, recording the missing layer inputs on the way."""
         store, missing, batches = self.cache.store, list(self.cache.missing), self.batches()
+        self.counts.layer_tokens += batches.layer_tokens(range(len(batches)), self.model.num_layers)
         if store is None or not missing:
             vectors = forward(self.model, batches, None, show_progress=self.show_progress)
         else:
@@ -227,17 +233,19 @@ class Evaluator:
         with store.recording(missing):
             record_layer_inputs(self.model, self.batches(), self.cache.stack, missing, store.record)
         self.counts.recorded += 1
+        self.counts.layer_tokens += self.batches().layer_tokens(range(len(self.batches())), max(missing))  # layers 0..deepest-1 run
         self.cache.recorded(missing)
 
     # ------------------------------------------------------------------------------------- scoring
 
     def run(self, config: CalibrationConfig | None) -> Evaluation:
+        spent = self.counts.layer_tokens
         queries = self.query_vectors()
         start = time.perf_counter()
         documents, truncated = self.document_vectors(config)
         seconds = time.perf_counter() - start
-        evaluation = self.score(documents, queries, seconds, truncated)
         baseline = self.baseline_vectors()[0]
+        evaluation = replace(self.score(documents, queries, seconds, truncated), layer_tokens=self.counts.layer_tokens - spent)
         if documents is baseline:
             return evaluation
         drift = float(np.mean(1.0 - np.einsum("ij,ij->i", documents, baseline, dtype=np.float64)))

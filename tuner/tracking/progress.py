@@ -12,6 +12,8 @@ from types import TracebackType
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from tuner.common.trials import finished
+
 log = logging.getLogger(__name__)
 
 
@@ -64,7 +66,7 @@ class StudyProgress:
     def status(self, study: optuna.Study) -> str:
         """'best feasible so far: trial 3 (PSI 0.052, HM 56.90) · elapsed 2m10s · ETA 6m30s' (and the bar moves)."""
         complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-        done = min(len(complete), self.total)
+        done = min(len(finished(study)), self.total)
         if self._progress is not None:
             self._progress.update(self._task, completed=done)  # type: ignore[attr-defined]
         elapsed = time.monotonic() - self.started

@@ -120,6 +120,10 @@ METRIC_NAMES: dict[str, tuple[str, float]] = {
     "constraint_hm_floor": ("hm_margin_over_floor_x100", -_POINTS),
     "constraint_ndcg_drop": ("ndcg10_drop_allowance_left_x100", -_POINTS),
     "constraint_general_drop": ("general_ndcg10_drop_allowance_left_x100", -_POINTS),
+    "constraint_reversal": ("tilt_reversal_allowance_left_x100", -_POINTS),
+    "robust_psi": ("worst_structure_psi", 1.0),
+    "robust_psi_se": ("worst_structure_psi_std_error", 1.0),
+    "reversal": ("tilt_reversal_x100", _POINTS),
     "drift": ("drift_from_uncalibrated_vectors", 1.0),
     "feasible": ("feasible", 1.0),
     "encode_seconds": ("encode_seconds", 1.0),
@@ -202,6 +206,10 @@ def describe_outcome(metrics: Mapping[str, float]) -> str:
     return text + (": feasible" if feasible else ": infeasible (misses a constraint)")
 
 
+RUN_STATUS = {"COMPLETE": "FINISHED", "PRUNED": "KILLED", "FAIL": "FAILED"}
+"""A trial's Optuna state → its MLflow run status: a pruned trial was stopped early on purpose (KILLED)."""
+
+
 def run_name(number: int, markers: list[str]) -> str:
     """'trial-6', or with its markers: 'trial-0 · baseline', 'trial-6 · winner', 'trial-3 · infeasible'."""
     return " · ".join([f"trial-{number}", *markers])
@@ -212,7 +220,7 @@ class TrialRecord:
     """Everything one trial logs at its end; kept until MLflow has accepted it."""
 
     number: int
-    state: str  # COMPLETE or FAIL
+    state: str  # COMPLETE, PRUNED or FAIL (Optuna's names; `RUN_STATUS` gives MLflow's)
     params: dict[str, object]
     metrics: dict[str, float]  # 0-1 names (`display_metrics` renames them)
     tags: dict[str, str] = field(default_factory=dict)
@@ -372,7 +380,7 @@ class Tracker:
             self._open_trial(study, record.number, record.params, record.description, record.markers, {},
                              record.start_ms or record.end_ms)
             run_id = self._trial_runs[record.number]
-        elif self.client.get_run(run_id).info.status in ("FINISHED", "FAILED"):
+        elif self.client.get_run(run_id).info.status in ("FINISHED", "FAILED", "KILLED"):
             return
         self.client.log_batch(
             run_id,
@@ -383,7 +391,7 @@ class Tracker:
         self.client.update_run(run_id, name=run_name(record.number, record.markers))
         for path in record.artifacts:
             self.client.log_artifact(run_id, str(path))
-        self.client.set_terminated(run_id, "FINISHED" if record.state == "COMPLETE" else "FAILED", end_time=record.end_ms)
+        self.client.set_terminated(run_id, RUN_STATUS.get(record.state, "FAILED"), end_time=record.end_ms)
 
     def _existing_trial_run(self, study: str, number: int) -> str | None:
         """The run of this study's trial `number` if one was opened (by this process or before a restart)."""

@@ -7,7 +7,7 @@ import json
 import logging
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import optuna
@@ -46,6 +46,7 @@ class HeldOut:
 
     report: PositionReport
     delta: PairedBootstrap | None
+    layer_tokens: int = 0  # what scoring it cost (`Batches.layer_tokens`)
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,10 @@ class Row:
     config: CalibrationConfig | None
     tuning: PositionReport
     heldout: dict[str, HeldOut] = field(default_factory=dict)
+
+    @property
+    def heldout_layer_tokens(self) -> int:
+        return sum(held.layer_tokens for held in self.heldout.values())
 
 
 @dataclass(frozen=True)
@@ -103,7 +108,9 @@ def conclude(
     _mark_winner(tracker, study, best, model, selection, registered)
     tracker.finish_study(
         {**_row_metrics(rows), **display_metrics({"hm_floor": floor}), "winner_trial": best.number,
-         **{f"psi_importance/{k}": v for k, v in _importances(study).items()}},
+         **{f"psi_importance/{k}": v for k, v in _importances(study).items()},
+         **_structure_metrics(best), "cost/layer_tokens": float(study_layer_tokens(study)),
+         "cost/heldout_layer_tokens": float(sum(row.heldout_layer_tokens for row in rows))},
         [*figures, summary, export_path],
         {"posfair.outcome": "exported", "posfair.export": str(export_path),
          "posfair.selection_rule": selection.rule, "posfair.selection": selection.describe()},
@@ -117,13 +124,16 @@ def _nothing_feasible(study: optuna.Study, settings: TuneSettings, floor: float)
     """Why no trial won: the best each constraint saw, and what to relax."""
     complete = complete_trials(study)
     worst = {name: min((t.constraints.get(name, 0.0) for t in complete), default=float("nan"))
-             for name in ("hm_floor", "ndcg_drop", "general_drop", "crops_psi")}
+             for name in ("hm_floor", "ndcg_drop", "general_drop", "crops_psi", "reversal")}
     parts = [f"no trial met the constraints; nothing exported. HM floor {100 * floor:.2f} ({settings.hm_floor})"
              f", missed by at least {100 * worst['hm_floor']:.2f} points" if worst["hm_floor"] > 0 else ""]
     if worst["ndcg_drop"] > 0:
         parts.append(f"every trial lost aggregate nDCG@10 (the smallest loss beyond the allowance: {100 * worst['ndcg_drop']:.2f} points)")
     if worst["crops_psi"] > 0:
         parts.append("every trial made the crops (the tuning passages re-cut shorter) less fair than --max-crops-psi allows")
+    if worst["reversal"] > 0:
+        parts.append("every trial reversed the bias on a tuning structure (the end favoured where the beginning was; "
+                     "--max-reversal none lifts this)")
     if worst["general_drop"] > 0:
         parts.append(f"every trial dropped general nDCG@10 beyond --max-general-drop (by at least {100 * worst['general_drop']:.2f} points)")
     return "; ".join(p for p in parts if p) + (
@@ -225,7 +235,7 @@ def _summary_rows(
             for label, _, config in configs:
                 result = scorer(config) if config is not None else baseline
                 delta = paired_bootstrap(baseline.per_query, result.per_query, settings.bootstrap, settings.seed) if config else None
-                held[label][dataset.name] = HeldOut(result.report, delta)
+                held[label][dataset.name] = HeldOut(result.report, delta, result.layer_tokens if config is not None else baseline.layer_tokens)
                 log.info("held-out %s: %s scored (%s)", dataset.name, label,
                          delta.summary() if delta else f"nDCG@10 {100 * result.report.ndcg10:.2f}")
     return [
@@ -244,8 +254,10 @@ def _held_out_scorer(
         scorer = Evaluator(evaluator.model, dataset, evaluator.batch_size, batch_tokens=settings.batch_tokens, cache_budget=0)
 
         def shared(config: CalibrationConfig | None) -> Evaluation:
+            spent = evaluator.counts.layer_tokens + scorer.counts.layer_tokens
             documents, truncated = evaluator.document_vectors(config)
-            return scorer.score(documents, truncated=truncated)
+            scored = scorer.score(documents, truncated=truncated)
+            return replace(scored, layer_tokens=evaluator.counts.layer_tokens + scorer.counts.layer_tokens - spent)
 
         return shared
     own = Evaluator(evaluator.model, dataset, settings.batch_size, show_progress=sys.stderr.isatty(),
@@ -305,13 +317,8 @@ def _export_and_register(
             )
         except Exception as error:  # noqa: BLE001 - the registry is an extra; the export must not be lost to it
             log.warning("the winner is not registered in MLflow (%s: %s)", error.__class__.__name__, str(error).splitlines()[0] if str(error) else "")
-        constraints = ["HM >= floor"]
-        if settings.max_ndcg_drop is not None:
-            constraints.append(f"aggregate nDCG@10 drop <= {settings.max_ndcg_drop}")
-        if settings.max_crops_psi is not None:
-            constraints.append(f"crops PSI <= {settings.max_crops_psi} x uncalibrated (where crops exist)")
-        objective = ("minimise PSI, maximise HM (Pareto)" if settings.pareto else "minimise PSI") + " subject to " + ", ".join(constraints)
-        path = _export(settings, model, study, best, rows, storage, tuning, selection, objective=objective,
+        path = _export(settings, model, study, best, rows, storage, tuning, selection, objective=describe_objective(settings),
+                       structures=best.user_attrs.get("structures", {}), layer_tokens=study_layer_tokens(study),
                        hm_floor=floor if floor == floor else None, mlflow_run_id=tracker.parent_id, tracking_uri=tracker.uri,
                        registered_model=registered.name if registered else None,
                        registered_version=registered.version if registered else None)
@@ -321,6 +328,24 @@ def _export_and_register(
             except Exception as error:  # noqa: BLE001 - as above
                 log.warning("the winner's MLflow model was not written (%s: %s)", error.__class__.__name__, str(error).splitlines()[0] if str(error) else "")
     return path, registered
+
+
+def describe_objective(settings: TuneSettings) -> str:
+    """What the study optimised, and subject to what, in one line (the YAML, MLflow)."""
+    constraints = ["HM >= floor"]
+    if settings.max_ndcg_drop is not None:
+        constraints.append(f"aggregate nDCG@10 drop <= {settings.max_ndcg_drop}")
+    if settings.max_reversal is not None:
+        constraints.append(f"no tuning structure's bias reversed (tilt against the uncalibrated direction <= {settings.max_reversal})")
+    if settings.max_crops_psi is not None:
+        constraints.append(f"crops PSI <= {settings.max_crops_psi} x uncalibrated (where crops exist)")
+    psi = "the worst PSI over the tuning structures" if settings.structures else "PSI"
+    return (f"minimise {psi}, maximise HM (Pareto)" if settings.pareto else f"minimise {psi}") + " subject to " + ", ".join(constraints)
+
+
+def study_layer_tokens(study: optuna.Study) -> int:
+    """What the study's trials cost, pruned and failed ones included: padded tokens × layers run."""
+    return int(sum(t.user_attrs.get("layer_tokens", 0) for t in study.get_trials(deepcopy=False)))
 
 
 def _mark_winner(tracker: Tracker, study: optuna.Study, best: optuna.trial.FrozenTrial, model: LoadedModel,
@@ -334,6 +359,14 @@ def _mark_winner(tracker: Tracker, study: optuna.Study, best: optuna.trial.Froze
         f"Winner (trial {best.number}): {describe_config(params, model.num_layers)}: PSI {best.user_attrs['psi']:.3f}, "
         f"HM {100 * best.user_attrs['hm']:.2f}. Chosen by the {selection.rule} rule: {selection.describe()}.{where}",
     )
+
+
+def _structure_metrics(best: optuna.trial.FrozenTrial) -> dict[str, float]:
+    """The winner's figures on each tuning structure (PSI, tilt, reversal), as parent-run metrics."""
+    shown: dict[str, float] = {}
+    for name, row in best.user_attrs.get("structures", {}).items():
+        shown |= display_metrics(row, f"tuning/winner/structure/{name}/")
+    return shown
 
 
 def _row_metrics(rows: list[Row]) -> dict[str, float]:

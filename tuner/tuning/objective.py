@@ -1,4 +1,17 @@
-"""One Optuna trial: draw a config, score it, record the constraint and the attention profile, log it."""
+"""One Optuna trial: draw a config, score it rung by rung on the tuning structures, record it, log it.
+
+A trial is scored first on the tuning passages as they are, then on the same passages in other
+structures (`tuner.data.load_structures`: crops, openings), cheapest first. Its objective is the worst
+PSI over the structures and its bias must not be reversed on any of them (`objectives.robustness`).
+Between rungs a trial that can no longer be selected (worse beyond noise than the selection threshold
+of the complete trials, or missing a constraint beyond noise) is pruned: the remaining structures are
+not encoded. Reference trials (the baseline, the paper default) are never pruned, and a pruned trial is
+never feasible: only a trial scored on every structure can win.
+
+A config the study already ran (the same resolved calibration, or λ 0, which is the baseline) is not
+run again: the trial repeats that trial's values, is marked a duplicate and does not count towards
+`--trials` (`tuner.common.trials.counted`).
+"""
 
 from __future__ import annotations
 
@@ -8,35 +21,71 @@ import os
 import random
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import optuna
 
-from objectives import Constraints, PositionReport
-from objectives.evidence import trial_evidence
+from objectives import Constraints, PerQuery, PositionReport
+from objectives.evidence import TrialEvidence, trial_evidence
+from objectives.robustness import RobustEvidence, StructureEvidence, certain_violations, prune_reason
+from tuner.calibration import CalibrationConfig
+from tuner.common.trials import DUPLICATE_ATTR, PRUNED_ATTR, calibration_key, complete_trials
 from tuner.engine.encoder import CalibratedEncoder
-from tuner.evaluation.evaluator import Evaluator
+from tuner.evaluation.evaluator import Evaluation, Evaluator
 from tuner.evaluation.profile import AttentionProfile, plot_profile
 from tuner.tracking.runs import Tracker, TrialRecord, describe_config, describe_outcome
 from tuner.tuning.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, SearchSpace, is_reference_trial
+from tuner.tuning.study import selection_threshold
+
+
+@dataclass
+class SideSet:
+    """A set scored with every trial's config beside the tuning split, with its uncalibrated scores measured
+    once: general retrieval (a constraint with `Constraints.max_general_drop`, otherwise a reported figure)
+    or one of the tuning passages' other structures (a rung of every trial). A set over the tuning corpus
+    itself (`shares`: the tuning evaluator, e.g. a length half) scores the tuning vectors, encoding nothing."""
+
+    evaluator: Evaluator
+    shares: Evaluator | None = None
+    baseline: Evaluation = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.baseline = self.run(None)
+
+    def run(self, config: CalibrationConfig | None) -> Evaluation:
+        if self.shares is None:
+            return self.evaluator.run(config)
+        documents, truncated = self.shares.document_vectors(config)  # the trial's own, already encoded
+        return self.evaluator.score(documents, truncated=truncated)
+
+    @property
+    def name(self) -> str:
+        return self.evaluator.dataset.name
+
+    @property
+    def report(self) -> PositionReport:
+        return self.baseline.report
 
 
 @dataclass(frozen=True)
-class SideSet:
-    """A second set scored with every trial's config beside the tuning split, with its uncalibrated report:
-    general retrieval (a constraint with `Constraints.max_general_drop`, otherwise a reported figure) or the
-    tuning split's crops (`Constraints.max_crops_psi`)."""
+class Scored:
+    """What the rungs a trial ran gave: the tuning split's evaluation and evidence, every structure's, the cost."""
 
-    evaluator: Evaluator
-    baseline: PositionReport
+    tuning: Evaluation
+    evidence: TrialEvidence
+    robust: RobustEvidence
+    crops: PositionReport | None
+    layer_tokens: int
+    pruned: str | None = None  # why the trial stopped before its last rung
 
 
 class TrialObjective:
-    """Minimise PSI (and, with `pareto`, maximise HM) subject to `constraints` (HM floor, aggregate nDCG@10).
+    """Minimise the worst PSI over the tuning structures (and, with `pareto`, maximise HM) subject to
+    `constraints` (HM floor, aggregate nDCG@10, no reversed bias), pruning between rungs (`prune`).
 
-    Each trial also records what selection needs (`objectives.selection`): PSI's bootstrap standard error
-    and the trial's drift from the uncalibrated document vectors.
+    Each trial also records what selection needs (`objectives.selection`): the objective's bootstrap
+    standard error and the trial's drift from the uncalibrated document vectors.
     """
 
     def __init__(
@@ -50,8 +99,11 @@ class TrialObjective:
         *,
         pareto: bool = False,
         general: SideSet | None = None,
-        crops: SideSet | None = None,
+        structures: list[SideSet] | None = None,
         profile_docs: int,
+        selection: str = "one-se",
+        prune: bool = True,
+        repeat_limit: int = 0,
     ) -> None:
         self.evaluator = evaluator
         self.space = space
@@ -61,7 +113,11 @@ class TrialObjective:
         self.staging = staging
         self.pareto = pareto
         self.general = general
-        self.crops = crops
+        self.structures = sorted(structures or [], key=_cost)
+        self.selection = selection
+        self.prune = prune and not pareto  # Optuna's pruning reports are single-objective
+        self.repeat_limit = repeat_limit  # repeats not counted at most (then the space is as good as exhausted)
+        self._baseline: PerQuery | None = None
         ids = sorted(evaluator.dataset.corpus)
         random.Random(0).shuffle(ids)
         self.profile_texts = [evaluator.dataset.corpus[d] for d in ids[:profile_docs]]
@@ -73,9 +129,15 @@ class TrialObjective:
         params = {**{k: round(v, 6) if isinstance(v, float) else v for k, v in trial.params.items()}, "layers": layers,
                   "basket_shares": config.basket_shares}  # a parameter or fixed by the space: logged either way
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
+        key = calibration_key(params)
+        trial.set_user_attr("calibration", key)
         markers = reference_markers(trial)
         if markers:
             trial.set_user_attr("role", markers[0])
+        else:
+            repeated = self._repeat_of(trial, key)
+            if repeated is not None:
+                return self._repeat(trial, repeated, params)
         label = f"Trial {trial.number}" + (f" ({markers[0]})" if markers else "")
         config_text = describe_config(params, model.num_layers)
         start_ms = int(time.time() * 1000)
@@ -83,23 +145,14 @@ class TrialObjective:
         if run_id:
             trial.set_user_attr("mlflow_run_id", run_id)
         try:
-            evaluation = self.evaluator.run(config)
-            report = evaluation.report
-            if report.hm is None or report.psi is None or not (math.isfinite(report.hm) and math.isfinite(report.psi)):
-                raise ValueError(f"metrics are not finite (HM {report.hm}, PSI {report.psi})")
-            evidence = trial_evidence(self.evaluator.run(None).per_query, evaluation.per_query, seed=trial.number)
-            general_delta = None
-            if self.general is not None:
-                general_delta = self.general.evaluator.run(config).report.ndcg10 - self.general.baseline.ndcg10
-            crops, crops_psi = None, None
-            if self.crops is not None:
-                crops = self.crops.evaluator.run(config).report
-                crops_psi = (crops.psi, self.crops.baseline.psi)
-            constraints = self.constraints.values(evidence.hm, evidence.hm_low, evidence.ndcg_delta, general_delta, crops_psi)
-            profile = AttentionProfile()
-            CalibratedEncoder(model, config).encode(self.profile_texts, batch_size=self.evaluator.batch_size,
-                                                    batch_tokens=self.evaluator.batch_tokens, observer=profile)
-            artifacts = self._profile_artifacts(trial.number, profile)
+            scored = self._score(trial, config, reference=bool(markers))
+            if scored.pruned is not None:
+                self._record_pruned(trial, scored, params, label, config_text, markers, start_ms)
+                raise optuna.TrialPruned(scored.pruned)
+            metrics, constraints = self._metrics(scored, config)
+            artifacts = self._profile(trial.number, config, metrics)
+        except optuna.TrialPruned:
+            raise
         except Exception as error:
             reason = f"{error.__class__.__name__}: {error}"
             trial.set_user_attr("failure_reason", reason)
@@ -108,29 +161,7 @@ class TrialObjective:
                 description=f"{label} failed: {config_text}; {reason[:300]}", markers=[*markers, "failed"], start_ms=start_ms,
             ))
             raise
-        metrics: dict[str, float] = {k: float(v) for k, v in report.as_dict().items() if v is not None}
-        metrics.update(
-            {f"constraint_{name}": value for name, value in constraints.items()},
-            hm_floor=self.constraints.hm_floor,
-            hm_low=evidence.hm_low,
-            psi_se=evidence.objective_se,
-            ndcg10_delta=evidence.ndcg_delta,
-            drift=evaluation.drift,
-            feasible=float(all(c <= 0 for c in constraints.values())),
-            encode_seconds=evaluation.encode_seconds,
-            truncated_documents=float(evaluation.truncated),
-            **profile.summary(),
-        )
-        if general_delta is not None:
-            metrics["general_ndcg10_delta"] = general_delta
-        if crops is not None:
-            metrics.update(crops_psi=crops.psi, crops_hm=crops.hm, crops_ndcg10=crops.ndcg10)
-        attributes = {"metrics": metrics, "layers": layers, "psi": report.psi, "hm": report.hm,
-                      "psi_se": evidence.objective_se, "drift": evaluation.drift}
-        for key, value in attributes.items():
-            trial.set_user_attr(key, value)
-        for name, value in constraints.items():
-            trial.set_constraint(name, value)
+        self._record(trial, scored, metrics, constraints, layers)
         feasible = metrics["feasible"] == 1.0
         self.tracker.finish_trial(self.study_name, TrialRecord(
             trial.number, "COMPLETE", params, metrics, {"posfair.feasible": "yes" if feasible else "no"}, artifacts,
@@ -139,9 +170,99 @@ class TrialObjective:
         ))
         if run_id is None and (run_id := self.tracker.trial_run_id(trial.number)):
             trial.set_user_attr("mlflow_run_id", run_id)
-        return (report.psi, report.hm) if self.pareto else report.psi
+        return (scored.robust.objective, scored.tuning.report.hm) if self.pareto else scored.robust.objective  # type: ignore[return-value]
 
-    def _profile_artifacts(self, number: int, profile: AttentionProfile) -> list[Path]:
+    # ---------------------------------------------------------------------------------- scoring
+
+    def baseline(self) -> PerQuery:
+        """The uncalibrated model's per-query scores on the tuning split (measured once)."""
+        if self._baseline is None:
+            self._baseline = self.evaluator.run(None).per_query
+        return self._baseline
+
+    def _score(self, trial: optuna.Trial, config: CalibrationConfig, reference: bool) -> Scored:
+        """The rungs: the tuning split, then each structure, stopping early when the trial cannot win."""
+        tuning = self.evaluator.run(config)
+        report = tuning.report
+        if report.hm is None or report.psi is None or not (math.isfinite(report.hm) and math.isfinite(report.psi)):
+            raise ValueError(f"metrics are not finite (HM {report.hm}, PSI {report.psi})")
+        evidence = trial_evidence(self.baseline(), tuning.per_query, seed=trial.number)
+        seen = [StructureEvidence(self.evaluator.dataset.name, evidence)]
+        spent, crops = tuning.layer_tokens, None
+        for rung, structure in enumerate(self.structures):
+            robust = RobustEvidence(tuple(seen))
+            if self.prune and not reference:
+                trial.report(robust.objective, rung)
+                reason = prune_reason(robust, selection_threshold(trial.study, self.selection),
+                                      self._certain_violations(evidence, robust), [s.name for s in self.structures[rung:]])
+                if reason is not None:
+                    trial.set_user_attr(PRUNED_ATTR, {"rung": rung, "of": len(self.structures) + 1, "reason": reason,
+                                                      "scored": [s.name for s in seen]})
+                    return Scored(tuning, evidence, robust, crops, spent, pruned=reason)
+            result = structure.run(config)
+            spent += result.layer_tokens
+            seen.append(StructureEvidence(structure.name, trial_evidence(structure.baseline.per_query, result.per_query,
+                                                                         seed=trial.number)))
+            if structure.name.endswith("-crops"):
+                crops = result.report
+        return Scored(tuning, evidence, RobustEvidence(tuple(seen)), crops, spent)
+
+    def _certain_violations(self, evidence: TrialEvidence, robust: RobustEvidence) -> dict[str, float]:
+        return certain_violations(evidence, robust, self.constraints.hm_floor, self.constraints.max_ndcg_drop,
+                                  self.constraints.max_reversal)
+
+    def _constraints(self, scored: Scored, general_delta: float | None = None) -> dict[str, float]:
+        """The named constraint values (≤ 0 met) from what the trial's rungs measured (all of them, unless pruned)."""
+        evidence = scored.evidence
+        crops = self._crops_baseline()
+        crops_psi = (scored.crops.psi, crops.psi) if scored.crops is not None and crops is not None else None
+        return self.constraints.values(evidence.hm, evidence.hm_low, evidence.ndcg_delta, general_delta, crops_psi,  # type: ignore[arg-type]
+                                       reversal=scored.robust.reversal(self.constraints.max_reversal or 0.0),
+                                       partial=scored.pruned is not None)
+
+    def _crops_baseline(self) -> PositionReport | None:
+        return next((s.report for s in self.structures if s.name.endswith("-crops")), None)
+
+    # ---------------------------------------------------------------------------------- recording
+
+    def _metrics(self, scored: Scored, config: CalibrationConfig) -> tuple[dict[str, float], dict[str, float]]:
+        """Everything a complete trial logs, and its constraint values."""
+        evidence, tuning = scored.evidence, scored.tuning
+        general_delta = None
+        if self.general is not None:
+            general_delta = self.general.run(config).report.ndcg10 - self.general.report.ndcg10
+        constraints = self._constraints(scored, general_delta)
+        metrics: dict[str, float] = {k: float(v) for k, v in tuning.report.as_dict().items() if v is not None}
+        metrics.update(
+            {f"constraint_{name}": value for name, value in constraints.items()},
+            hm_floor=self.constraints.hm_floor,
+            hm_low=evidence.hm_low,
+            psi_se=evidence.objective_se,
+            ndcg10_delta=evidence.ndcg_delta,
+            drift=tuning.drift,
+            feasible=float(all(c <= 0 for c in constraints.values())),
+            encode_seconds=tuning.encode_seconds,
+            truncated_documents=float(tuning.truncated),
+            robust_psi=scored.robust.objective,
+            robust_psi_se=scored.robust.objective_se,
+        )
+        for name, row in scored.robust.per_structure().items():
+            metrics.update({f"structure/{name}/{k}": v for k, v in row.items()})
+        if general_delta is not None:
+            metrics["general_ndcg10_delta"] = general_delta
+        if scored.crops is not None:
+            metrics.update(crops_psi=scored.crops.psi or 0.0, crops_hm=scored.crops.hm or 0.0, crops_ndcg10=scored.crops.ndcg10)
+        metrics["cost/layer_tokens"] = float(scored.layer_tokens)
+        return metrics, constraints
+
+    def _profile(self, number: int, config: CalibrationConfig, metrics: dict[str, float]) -> list[Path]:
+        """The pooled row's attention on a few passages (diagnostic only: selection never reads it)."""
+        profile = AttentionProfile()
+        encoder = CalibratedEncoder(self.evaluator.model, config)
+        encoder.encode(self.profile_texts, batch_size=self.evaluator.batch_size, batch_tokens=self.evaluator.batch_tokens,
+                       observer=profile)
+        metrics.update(profile.summary())
+        metrics["cost/layer_tokens"] += encoder.layer_tokens
         folder = self.staging / f"trial-{number}"
         folder.mkdir(parents=True, exist_ok=True)
         data = profile.as_dict()
@@ -149,6 +270,84 @@ class TrialObjective:
         json_path.write_text(json.dumps(data, indent=1), encoding="utf-8")
         image = plot_profile(data, folder / "attention_profile.png", f"trial {number}: pooled-row attention by layer")
         return [json_path, image]
+
+    def _record(self, trial: optuna.Trial, scored: Scored, metrics: dict[str, float], constraints: dict[str, float],
+                layers: list[int]) -> None:
+        """What selection, the conclusion and the dashboard read back from Optuna."""
+        report = scored.tuning.report
+        attributes = {"metrics": metrics, "layers": layers, "psi": report.psi, "hm": report.hm,
+                      "psi_se": scored.evidence.objective_se, "drift": scored.tuning.drift,
+                      "robust_psi": scored.robust.objective, "robust_psi_se": scored.robust.objective_se,
+                      "worst_structure": scored.robust.worst.name, "structures": scored.robust.per_structure(),
+                      "layer_tokens": int(metrics["cost/layer_tokens"])}
+        for key, value in attributes.items():
+            trial.set_user_attr(key, value)
+        for name, value in constraints.items():
+            trial.set_constraint(name, value)
+
+    def _record_pruned(self, trial: optuna.Trial, scored: Scored, params: dict[str, object], label: str, config_text: str,
+                       markers: list[str], start_ms: int) -> None:
+        """A pruned trial keeps what it measured, its partial constraint values (so TPE files it as infeasible
+        when it was pruned for a constraint) and the rung and reason, in Optuna and in MLflow."""
+        constraints = self._constraints(scored) | self._certain_violations(scored.evidence, scored.robust)
+        for name, value in constraints.items():
+            trial.set_constraint(name, value)
+        report = scored.tuning.report
+        trial.set_user_attr("psi", report.psi)
+        trial.set_user_attr("hm", report.hm)
+        trial.set_user_attr("layer_tokens", scored.layer_tokens)
+        trial.set_user_attr("structures", scored.robust.per_structure())
+        pruned = trial.user_attrs[PRUNED_ATTR]
+        metrics = {k: float(v) for k, v in report.as_dict().items() if v is not None}
+        metrics |= {f"constraint_{name}": value for name, value in constraints.items()}
+        metrics |= {"cost/layer_tokens": float(scored.layer_tokens), "pruned_at_rung": float(pruned["rung"]),
+                    "robust_psi": scored.robust.objective}
+        self.tracker.finish_trial(self.study_name, TrialRecord(
+            trial.number, "PRUNED", params, metrics,
+            {"posfair.pruned": f"rung {pruned['rung']} of {pruned['of']}: {pruned['reason']}"[:4000]},
+            description=f"{label}: {config_text}: pruned after {', '.join(pruned['scored'])} ({pruned['reason']}); "
+                        "never a candidate.",
+            markers=[*markers, "pruned"], start_ms=start_ms,
+        ))
+
+    # ---------------------------------------------------------------------------------- repeats
+
+    def _repeat_of(self, trial: optuna.Trial, key: str) -> optuna.trial.FrozenTrial | None:
+        """The complete trial (not itself a repeat) that ran this calibration already, if any; None as well once
+        the study holds `repeat_limit` repeats (a sampler that only draws known configs must still end)."""
+        complete = complete_trials(trial.study)
+        if sum(DUPLICATE_ATTR in t.user_attrs for t in complete) >= self.repeat_limit:
+            return None
+        return next((t for t in complete if t.number != trial.number and DUPLICATE_ATTR not in t.user_attrs
+                     and t.user_attrs.get("calibration") == key), None)
+
+    def _repeat(self, trial: optuna.Trial, earlier: optuna.trial.FrozenTrial, params: dict[str, object]) -> float | tuple[float, float]:
+        """Tell Optuna what the earlier trial measured (the sampler learns the truth) without running it again."""
+        trial.set_user_attr(DUPLICATE_ATTR, earlier.number)
+        for key in ("psi", "hm", "psi_se", "drift", "robust_psi", "robust_psi_se", "worst_structure", "layers"):
+            if key in earlier.user_attrs:
+                trial.set_user_attr(key, earlier.user_attrs[key])
+        trial.set_user_attr("layer_tokens", 0)
+        for name, value in earlier.constraints.items():
+            trial.set_constraint(name, value)
+        metrics = {**earlier.user_attrs.get("metrics", {}), "cost/layer_tokens": 0.0}  # its figures, at no cost
+        self.tracker.finish_trial(self.study_name, TrialRecord(
+            trial.number, "COMPLETE", params, metrics, {"posfair.duplicate_of": str(earlier.number)},
+            description=f"Trial {trial.number} drew the calibration of trial {earlier.number} again "
+                        f"({describe_config(params, self.evaluator.model.num_layers)}): not run again and not counted "
+                        "towards --trials.",
+            markers=["duplicate"], start_ms=int(time.time() * 1000),
+        ))
+        values = earlier.values
+        return (values[0], values[1]) if self.pareto else values[0]
+
+
+def _cost(structure: SideSet) -> int:
+    """A rung's encoding cost per layer: nothing for a set scored from the tuning vectors."""
+    if structure.shares is not None:
+        return 0
+    batches = structure.evaluator.batches()
+    return batches.layer_tokens(range(len(batches)), 1)
 
 
 def reference_markers(trial: optuna.Trial) -> list[str]:

@@ -25,6 +25,22 @@ BASELINE_PARAMS: dict[str, object] = {"strength": 0.0, "depth": "last", "basket_
 PAPER_DEFAULT_PARAMS: dict[str, object] = {
     "strength": 0.5, "depth": "50%", "basket_size": 128, "variant": "cls_soft", "basket_shares": "equal",
 }
+# The paper's own grid (§4): λ ∈ {0.5, 1}, the last layer or the last 50%, baskets of 128 or 256, the three
+# variants (CLS-Hard with w 0.3): 24 configs, `tune --grid paper`, the yardstick of the search's cost.
+PAPER_GRID: dict[str, list[object]] = {
+    "strength": [0.5, 1.0], "depth": ["last", "50%"], "basket_size": [128, 256], "variant": list(VARIANTS), "weight": [0.3],
+}
+GRIDS = {"paper": PAPER_GRID}
+
+
+def grid_size(grid: Mapping[str, list[object]]) -> int:
+    """Configs in a grid: its product, less the repeats a conditional parameter makes (w only for CLS-Hard)."""
+    size = 1
+    for name, values in grid.items():
+        size *= len(values) if name != "weight" else 1
+    return size
+
+
 # The trial user attribute that records (or, on an enqueued trial, pins) a basket_shares the space fixes.
 SHARES_ATTR = "basket_shares"
 
@@ -146,6 +162,19 @@ class SearchSpace:
     def starting_layers(self, num_layers: int) -> tuple[int, ...]:
         """The layers where this space's depths start calibrating: the ones worth caching for its trials."""
         return starting_layers((CalibrationConfig(layers=DEPTHS[d]) for d in self.depths), num_layers)
+
+    def check_grid(self, grid: Mapping[str, list[object]]) -> None:
+        """Refuse a grid this space cannot draw (a basket size no passage fills, say), naming the value."""
+        outside = [f"{name}={value!r}" for name, values in grid.items() for value in values if not self._draws(name, value)]
+        if outside:
+            raise ConfigError(f"--grid: {', '.join(outside)} lie outside the search space ({self.as_dict()})")
+
+    def _draws(self, name: str, value: object) -> bool:
+        if name == "strength":
+            return 0 <= float(value) <= 1 and abs(round(float(value) / self.strength_step) * self.strength_step - float(value)) < 1e-9  # type: ignore[arg-type]
+        if name == "weight":
+            return self.weight_low <= float(value) <= self.weight_high  # type: ignore[arg-type]
+        return value in {"depth": self.depths, "basket_size": self.basket_sizes, "variant": self.variants}.get(name, ())
 
     def admits(self, params: dict[str, object]) -> bool:
         """Whether fixed parameters (the enqueued reference trials) lie inside this space. basket_shares

@@ -10,12 +10,13 @@ import logging
 import os
 import socket
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import optuna
 
 from tuner.common.scratch import clean_orphans
-from tuner.data import DatasetUnavailableError, PositionalDataset, load_benchmark, load_crops, require_position_groups
+from tuner.data import DatasetUnavailableError, PositionalDataset, load_benchmark, load_structures, require_position_groups
 from tuner.data import check_available as check_benchmark
 from tuner.data.wikipos import TRANSFER_SPLITS
 from tuner.engine.models import LoadedModel, ModelUnavailableError, check_consent, load_model, locate, resolve_spec
@@ -23,7 +24,7 @@ from tuner.evaluation.cost import StudyCost, padded_tokens, probe
 from tuner.evaluation.evaluator import Evaluator
 from tuner.evaluation.visible import within_reach
 from tuner.tracking.runs import Tracker
-from tuner.tuning.search_space import SearchSpace
+from tuner.tuning.search_space import GRIDS, SearchSpace
 from tuner.tuning.settings import DEFAULT_TRIALS, EXPERIMENT, TuneSettings
 from tuner.tuning.study import check_storage_url, default_storage, open_study
 
@@ -81,6 +82,7 @@ def split_datasets(settings: TuneSettings) -> tuple[PositionalDataset, list[Posi
 
 def estimate_cost(
     evaluator: Evaluator, heldout: list[PositionalDataset], side: list[PositionalDataset], profile_docs: int,
+    structures: Sequence[PositionalDataset] = (), prune: bool = False,
 ) -> StudyCost:
     """What this run will encode, priced by a probe on this device (see `tuner.evaluation.cost`)."""
     model, batches = evaluator.model, evaluator.batches()
@@ -91,12 +93,14 @@ def estimate_cost(
         if held.corpus != tuning.corpus:
             once += 3 * padded_tokens(model, list(held.corpus.values()))
     per_trial = batches.tokens() * min(profile_docs, batches.count) // max(batches.count, 1)
-    for extra in side:  # scored every trial beside the tuning split (general retrieval, crops)
+    rungs = 0
+    for extra in [*side, *structures]:  # scored every trial beside the tuning split (general retrieval, structures)
         extra_tokens = padded_tokens(model, list(extra.corpus.values()))
         once += extra_tokens + padded_tokens(model, list(extra.queries.values()))
         per_trial += extra_tokens
+        rungs += extra_tokens if prune and extra in structures else 0
     return StudyCost(probe(model, batches), batches.count, batches.tokens(), batches.truncated, model.max_length,
-                     per_trial, once)
+                     per_trial, once, model.num_layers, rungs)
 
 
 def _fitting_space(space: SearchSpace, evaluator: Evaluator) -> SearchSpace:
@@ -123,7 +127,7 @@ class Session:
     evaluator: Evaluator
     space: SearchSpace
     general: PositionalDataset | None
-    crops: PositionalDataset | None  # the tuning passages re-cut shorter (`--max-crops-psi`), where defined
+    structures: list[PositionalDataset]  # the tuning passages in other structures: every trial's later rungs
     name: str
     identity: dict[str, object]
     study: optuna.Study
@@ -150,12 +154,16 @@ def prepare(settings: TuneSettings) -> Session:
         cache_budget=settings.cache_budget, prefix_layers=settings.space.starting_layers(model.num_layers),
     )
     space = _fitting_space(settings.space, evaluator)
-    crops = load_crops(settings.dataset) if settings.max_crops_psi is not None else None
-    if settings.max_crops_psi is not None and crops is None and not settings.worker:
+    structures = [within_reach(s, model) for s in load_structures(settings.dataset, tuning)] if settings.structures else []
+    if settings.structures and not structures and not settings.worker:
+        log.info("%s has no other structures (its passages' segments are unknown): trials are scored on it alone", tuning.name)
+    if settings.max_crops_psi is not None and not any(s.name.endswith("-crops") for s in structures) and not settings.worker:
         log.info("%s has no crops view (its passages' segments are unknown): --max-crops-psi does not apply", tuning.name)
     if not settings.worker:
-        side = [d for d in (general, crops) if d is not None]
-        for line in estimate_cost(evaluator, heldout, side, settings.profile_docs).describe(settings.trials, DEFAULT_TRIALS):
+        side = [general] if general is not None else []
+        encoded = [s for s in structures if s.corpus != tuning.corpus]  # length halves reuse the tuning vectors
+        cost = estimate_cost(evaluator, heldout, side, settings.profile_docs, encoded, settings.prune)
+        for line in cost.describe(settings.trials, DEFAULT_TRIALS):
             log.info(line)
     name = settings.study_name_for(model)
     identity = {
@@ -169,11 +177,15 @@ def prepare(settings: TuneSettings) -> Session:
         "hm_floor": settings.hm_floor,
         "max_ndcg_drop": settings.max_ndcg_drop,
         "max_crops_psi": settings.max_crops_psi,
+        "max_reversal": settings.max_reversal,
+        "structures": [s.name for s in structures],
         "space": space.as_dict(),
         "pareto": settings.pareto,
         "seed": settings.seed,
+        "grid": settings.grid,
+        "prune": settings.prune,
     }
     worker_id = settings.worker_id or ("0" if not settings.worker else f"{socket.gethostname()}:{os.getpid()}")
     study = open_study(name, storage, seed=settings.seed, pareto=settings.pareto, identity=identity, heartbeat=settings.heartbeat,
-                       worker=worker_id)
-    return Session(settings, tracker, storage, model, tuning, heldout, evaluator, space, general, crops, name, identity, study)
+                       worker=worker_id, grid=GRIDS[settings.grid] if settings.grid else None)
+    return Session(settings, tracker, storage, model, tuning, heldout, evaluator, space, general, structures, name, identity, study)

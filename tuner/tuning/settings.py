@@ -11,7 +11,7 @@ from tuner.common.files import EXPORTS, check_writable
 from tuner.common.messages import shown
 from tuner.engine.models import REGISTRY, LoadedModel, resolve_spec
 from tuner.tracking.runs import check_tracking_uri
-from tuner.tuning.search_space import SearchSpace
+from tuner.tuning.search_space import GRIDS, SearchSpace, grid_size
 from tuner.tuning.study import HEARTBEAT_SECONDS, default_storage
 
 DEFAULT_TRIALS = 16  # plain `tune` (MiniLM on WikiPos-dev): about 12 min on 2 idle CPU cores, measured (README)
@@ -36,6 +36,10 @@ class TuneSettings:
     hm_floor: str = "significant"
     max_ndcg_drop: float | None = 0.0  # aggregate nDCG@10 may fall this much below the uncalibrated (None: any)
     max_crops_psi: float | None = None  # PSI on the tuning set's crops, as a multiple of the uncalibrated (None: off, the default)
+    max_reversal: float | None = 0.0  # tilt against the uncalibrated direction on any tuning structure (None: unconstrained)
+    structures: bool = True  # score every trial on the tuning passages' other structures too (`tuner.data.load_structures`)
+    prune: bool = True  # stop a trial between rungs once it cannot win (`objectives.robustness.prune_reason`)
+    grid: str | None = None  # "paper": run exactly the paper's 24 configs (GridSampler), at full fidelity
     selection: str = "one-se"
     pareto: bool = False
     storage: str | None = None
@@ -70,6 +74,16 @@ class TuneSettings:
             raise ValueError(f"--batch-size must be at least 1, got {self.batch_size}")
         if self.batch_tokens is not None and self.batch_tokens < 1:
             raise ValueError(f"--batch-tokens must be at least 1, got {self.batch_tokens}")
+        if self.grid is not None:
+            if self.grid not in GRIDS:
+                raise ValueError(f"--grid must be one of {', '.join(GRIDS)}, got {self.grid!r}")
+            self.space.check_grid(GRIDS[self.grid])
+            # the baseline, then every config of the grid (the enqueued paper default is one of them: its grid
+            # draw repeats it and does not count), each scored on every structure: the yardstick's full cost
+            object.__setattr__(self, "trials", 1 + grid_size(GRIDS[self.grid]))
+            object.__setattr__(self, "prune", False)
+        if self.max_crops_psi is not None and not self.structures:
+            raise ValueError("--max-crops-psi reads the crops structure: drop --no-structures")
         if self.max_general_drop is not None and self.general is None:
             raise ValueError("--max-general-drop needs --general (e.g. --general wikipos-general)")
         check_run_options(self)
@@ -84,7 +98,7 @@ class TuneSettings:
         """What a trial must respect, given the uncalibrated HM on the tuning split."""
         floor = HmFloor.parse(self.hm_floor)
         return Constraints(floor.resolve(baseline_hm), floor.conservative, self.max_ndcg_drop, self.max_general_drop,
-                           self.max_crops_psi)
+                           self.max_crops_psi, self.max_reversal)
 
     def study_name_for(self, model: LoadedModel) -> str:
         return self.study_name_from_alias(model.spec.alias)
@@ -93,7 +107,7 @@ class TuneSettings:
         """Default: model--dataset--seedN, in characters safe for file names and MLflow filters."""
         if self.study_name:
             return self.study_name
-        suffix = "-pareto" if self.pareto else ""
+        suffix = ("-pareto" if self.pareto else "") + (f"-grid-{self.grid}" if self.grid else "")
         plain = f"{Path(alias).name}--{self.dataset}--seed{self.seed}{suffix}"
         return re.sub(r"[^A-Za-z0-9._-]+", "_", plain)
 

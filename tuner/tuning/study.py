@@ -15,7 +15,7 @@ import socket
 import time
 import warnings
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +29,7 @@ from optuna.trial import FrozenTrial, TrialState
 from objectives import Candidate, Selection, select
 from objectives.selection import chosen
 from tuner.common.files import OPTUNA_DB
-from tuner.common.trials import complete_trials, constraints_of
+from tuner.common.trials import DUPLICATE_ATTR, SURPLUS_ATTR, complete_trials, constraints_of, counted, finished
 
 log = logging.getLogger(__name__)
 
@@ -113,13 +113,17 @@ def make_storage(url: str, heartbeat: int = HEARTBEAT_SECONDS) -> RDBStorage:
 
 def open_study(
     name: str, storage: str, *, seed: int, pareto: bool, identity: dict[str, object], heartbeat: int = HEARTBEAT_SECONDS,
-    worker: str = "0",
+    worker: str = "0", grid: Mapping[str, Sequence[object]] | None = None,
 ) -> optuna.Study:
     """Create or resume a study; `identity` (model, dataset, floor, space...) must match on resume. The sampler
-    is seeded from `seed` and the `worker` identity (`sampler_seed`)."""
+    is seeded from `seed` and the `worker` identity (`sampler_seed`); with `grid`, Optuna's `GridSampler`
+    runs exactly the grid's configs instead."""
     seed = sampler_seed(seed, worker)
     sampler: optuna.samplers.BaseSampler
-    if pareto:
+    if grid is not None:
+        sampler = optuna.samplers.GridSampler(dict(grid), seed=seed)  # type: ignore[arg-type]
+        directions = ["minimize", "maximize"] if pareto else ["minimize"]
+    elif pareto:
         sampler = optuna.samplers.NSGAIISampler(seed=seed, population_size=8)
         directions = ["minimize", "maximize"]  # PSI down, HM up
     else:
@@ -238,7 +242,8 @@ def run_trials(
     study: optuna.Study, objective: Callable[[optuna.Trial], object], n_complete: int, callbacks: Sequence[TrialCallback] = (),
     poll_seconds: float = 2.0,
 ) -> TrialsEnd:
-    """Run until `n_complete` trials are complete; failed trials are recorded and do not count.
+    """Run until `n_complete` trials are finished (complete, or pruned between rungs); failed trials are
+    recorded and do not count, nor do repeats of a calibration the study already ran.
 
     At start, trials left RUNNING by a dead process of this machine are failed and re-queued, so they run
     before new ones. Trials RUNNING elsewhere are waited for: they complete, or the heartbeat check fails and
@@ -249,12 +254,11 @@ def run_trials(
     fail_dead_trials(study)
     failures_allowed = max(3, n_complete)
     failed_here: list[int] = []
-    active = (TrialState.COMPLETE, TrialState.RUNNING)
     current: list[optuna.Trial] = []
     requeued = None
 
     def room(study: optuna.Study) -> bool:
-        return len(study.get_trials(deepcopy=False, states=active)) < n_complete
+        return sum(counted(t) for t in study.get_trials(deepcopy=False)) < n_complete
 
     def enough(study: optuna.Study, trial: FrozenTrial) -> None:
         """Stop once complete + running trials (of every worker) reach the target."""
@@ -267,8 +271,8 @@ def run_trials(
         current[:] = [trial]
         trial.set_user_attr(OWNER_ATTR, {**_owner(), "trial": trial.number})
         ahead = [t for t in study.get_trials(deepcopy=False) if t.number < trial.number]
-        if sum(t.state in active for t in ahead) >= n_complete:
-            trial.set_user_attr("surplus", True)
+        if sum(counted(t) for t in ahead) >= n_complete:
+            trial.set_user_attr(SURPLUS_ATTR, True)
             raise optuna.TrialPruned(f"the study already has {n_complete} trials")
         system = study._storage.get_trial(trial._trial_id).system_attrs
         fixed = system.get("fixed_params")
@@ -276,7 +280,7 @@ def run_trials(
             "failed_trial" not in t.system_attrs and t.state not in (TrialState.FAIL, TrialState.PRUNED)
             and _fixed_params(t) == fixed for t in ahead
         ):
-            trial.set_user_attr("surplus", True)
+            trial.set_user_attr(SURPLUS_ATTR, True)
             raise optuna.TrialPruned("these fixed parameters are already queued in an earlier trial")
         return objective(trial)
 
@@ -290,7 +294,7 @@ def run_trials(
     waiting_said = False
     with _stop_after_current_trial(study) as interrupted:
         try:
-            while len(complete_trials(study)) < n_complete and not interrupted() and len(failed_here) < failures_allowed:
+            while len(finished(study)) < n_complete and not interrupted() and len(failed_here) < failures_allowed:
                 if not room(study):  # the rest are running elsewhere: wait until they complete or are found dead
                     if not waiting_said:
                         log.info("waiting for %d trial(s) running in other processes",
@@ -323,7 +327,7 @@ def run_trials(
             stopped: str | None = "interrupted"
         else:
             stopped = "interrupted" if interrupted() else "failures" if len(failed_here) >= failures_allowed else None
-    complete = len(complete_trials(study))
+    complete = len(finished(study))
     return TrialsEnd(complete, n_complete, stopped if complete < n_complete else None, len(failed_here), requeued)
 
 
@@ -335,7 +339,7 @@ def _abort(study: optuna.Study, trial: optuna.Trial) -> int | None:
     except optuna.exceptions.UpdateFinishedTrialError:
         pass
     frozen = storage.get_trial(trial._trial_id)
-    if frozen.state != TrialState.FAIL or frozen.user_attrs.get("surplus"):
+    if frozen.state != TrialState.FAIL or frozen.user_attrs.get(SURPLUS_ATTR):
         return None
     _requeue(study, [frozen])
     return trial.number
@@ -369,12 +373,22 @@ def _stop_after_current_trial(study: optuna.Study) -> Iterator[Callable[[], bool
 
 
 def candidates(study: optuna.Study) -> list[Candidate]:
-    """Complete trials as selection sees them: PSI, its standard error, drift and constraint values."""
+    """Complete trials as selection sees them: the objective (the worst PSI over the tuning structures; the
+    tuning PSI for trials recorded before structures), its standard error, drift and constraint values.
+    A repeat of an earlier trial is that trial, so it is not a candidate of its own."""
     return [
-        Candidate(t.number, t.user_attrs["psi"], t.user_attrs.get("psi_se", 0.0), t.user_attrs.get("drift", 0.0),
+        Candidate(t.number, t.user_attrs.get("robust_psi", t.user_attrs["psi"]),
+                  t.user_attrs.get("robust_psi_se", t.user_attrs.get("psi_se", 0.0)), t.user_attrs.get("drift", 0.0),
                   tuple(constraints_of(t)), t.user_attrs["hm"])
-        for t in complete_trials(study)
+        for t in complete_trials(study) if DUPLICATE_ATTR not in t.user_attrs
     ]
+
+
+def selection_threshold(study: optuna.Study, rule: str) -> float | None:
+    """The objective a trial must reach to be eligible under `rule` given the complete trials so far (one-SE:
+    the best objective plus its standard error; lowest: the best objective); None while none is feasible."""
+    selection = select(candidates(study), rule)  # type: ignore[arg-type]
+    return None if selection is None else selection.threshold
 
 
 def winner(study: optuna.Study, rule: str = "one-se") -> tuple[FrozenTrial, Selection] | None:

@@ -21,7 +21,7 @@ import optuna
 from optuna.trial import TrialState
 
 from tuner.common.scratch import scratch_dir
-from tuner.common.trials import complete_trials
+from tuner.common.trials import DUPLICATE_ATTR, PRUNED_ATTR, SURPLUS_ATTR, finished
 from tuner.data import PositionalDataset
 from tuner.engine.models import LoadedModel
 from tuner.evaluation.evaluator import Evaluator
@@ -64,12 +64,13 @@ def run_session_trials(
         objective = TrialObjective(
             evaluator, space, replace(settings.constraints(0.0), hm_floor=floor), tracker, name, staging,
             pareto=settings.pareto, general=_side_set(model, settings, general, cache_budget=0),  # short documents
-            crops=_side_set(model, settings, session.crops, prefix_layers=evaluator.cache.prefix_layers,
-                           cache_budget=settings.cache_budget),
-            profile_docs=settings.profile_docs,
+            structures=[_side_set(model, settings, s, prefix_layers=evaluator.cache.prefix_layers, cache_budget=settings.cache_budget)
+                        if s.corpus != tuning.corpus else SideSet(_evaluator(model, settings, s, cache_budget=0), shares=evaluator)
+                        for s in session.structures],
+            profile_docs=settings.profile_docs, selection=settings.selection, prune=settings.prune, repeat_limit=settings.trials,
         )
         evaluator.show_progress = False  # the trial bar (on a terminal) and the per-trial lines take over
-        with StudyProgress(settings.trials, len(complete_trials(study)), bar=not settings.worker) as progress:
+        with StudyProgress(settings.trials, len(finished(study)), bar=not settings.worker) as progress:
             ended = run_trials(study, objective, settings.trials, [partial(_log_trial, progress=progress)])
         for worker in workers:
             worker.join()
@@ -146,28 +147,40 @@ def quiet_libraries() -> None:
 
 def _log_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial, progress: StudyProgress) -> None:
     """One readable line per finished trial, with the study's progress (k/N, best so far, elapsed, ETA)."""
+    attrs = trial.user_attrs
+    if trial.state == TrialState.COMPLETE and DUPLICATE_ATTR in attrs:
+        log.info("trial %d drew the calibration of trial %d again: not run, not counted", trial.number, attrs[DUPLICATE_ATTR])
+        return
     if trial.state == TrialState.COMPLETE:
         broken = [name for name, value in trial.constraints.items() if not value <= 0]
-        attrs = trial.user_attrs
         truncated = int(attrs.get("metrics", {}).get("truncated_documents", 0))
+        worst = f"  worst {attrs['robust_psi']:.3f} on {attrs['worst_structure']}" if "worst_structure" in attrs else ""
         log.info(
-            "trial %d: PSI %.3f ± %.3f  HM %.2f  ΔnDCG@10 %+.2f  drift %.4f  %s  (%s)  %.0f s%s", trial.number,
-            attrs["psi"], attrs.get("psi_se", 0.0), 100 * attrs["hm"], 100 * attrs["metrics"].get("ndcg10_delta", 0.0),
+            "trial %d: PSI %.3f ± %.3f%s  HM %.2f  ΔnDCG@10 %+.2f  drift %.4f  %s  (%s)  %.0f s%s", trial.number,
+            attrs["psi"], attrs.get("psi_se", 0.0), worst, 100 * attrs["hm"], 100 * attrs["metrics"].get("ndcg10_delta", 0.0),
             attrs.get("drift", 0.0), "feasible" if not broken else "misses " + ", ".join(broken),
             ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                       for k, v in {**trial.params, "basket_shares": trial_basket_shares(trial)}.items()),
             trial.duration.total_seconds() if trial.duration else 0.0,
             f"  {truncated} passages truncated" if truncated else "",
         )
-        log.info("trial %d/%d complete · %s", min(len(complete_trials(study)), progress.total), progress.total, progress.status(study))
-    elif not trial.user_attrs.get("surplus"):
-        log.warning("trial %d %s: %s", trial.number, trial.state.name, trial.user_attrs.get("failure_reason", "interrupted"))
-        log.info("trials %d/%d complete · %s", min(len(complete_trials(study)), progress.total), progress.total, progress.status(study))
+    elif trial.state == TrialState.PRUNED and PRUNED_ATTR in attrs:
+        pruned = attrs[PRUNED_ATTR]
+        log.info("trial %d pruned after rung %d of %d (%s): %s", trial.number, pruned["rung"], pruned["of"],
+                 ", ".join(pruned["scored"]), pruned["reason"])
+    elif attrs.get(SURPLUS_ATTR):
+        return
+    else:
+        log.warning("trial %d %s: %s", trial.number, trial.state.name, attrs.get("failure_reason", "interrupted"))
+    log.info("trial %d/%d finished · %s", min(len(finished(study)), progress.total), progress.total, progress.status(study))
 
 
 def _side_set(model: LoadedModel, settings: TuneSettings, dataset: PositionalDataset | None, **cache: Any) -> SideSet | None:
-    """A set scored beside the tuning split every trial, with its uncalibrated report measured once."""
+    """A set scored beside the tuning split every trial, with its uncalibrated scores measured once."""
     if dataset is None:
         return None
-    evaluator = Evaluator(model, dataset, settings.batch_size, batch_tokens=settings.batch_tokens, **cache)
-    return SideSet(evaluator, evaluator.run(None).report)
+    return SideSet(_evaluator(model, settings, dataset, **cache))
+
+
+def _evaluator(model: LoadedModel, settings: TuneSettings, dataset: PositionalDataset, **cache: Any) -> Evaluator:
+    return Evaluator(model, dataset, settings.batch_size, batch_tokens=settings.batch_tokens, **cache)

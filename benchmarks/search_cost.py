@@ -1,0 +1,150 @@
+"""What a study costs and what its winner is worth: the paper's grid against TPE, with and without the
+robust, pruned search (MiniLM on WikiPos-dev by default).
+
+Run from the repository root:
+
+    .venv/bin/python -m benchmarks.search_cost                          # every arm, seeds 0 1 2, all held-out sets
+    .venv/bin/python -m benchmarks.search_cost --arms grid robust --seeds 0 --heldout wikipos-test   # reduced
+
+Each arm is a real `tune` run (the same evaluator, selection and export as the command line), in a fresh
+store of its own; arms share only the disk cache of query and baseline vectors, which no trial changes.
+
+- `grid`: `tune --grid paper`: the paper's 24 configs and the baseline, every trial scored on every
+  tuning structure (the tuning passages, their crops and openings), never pruned: the yardstick.
+- `tpe`: the previous default: 16 TPE trials on the tuning passages alone (no structures, no pruning,
+  no reversal constraint), ranked by the tuning PSI.
+- `robust`: today's default: 16 TPE trials whose objective is the worst PSI over the structures, with
+  the reversal constraint, pruned between structures.
+- `robust-third`: the robust search with as many trials as fit one third of the grid arm's
+  layer-tokens, estimated from the robust arm's cost per trial (needs both arms in the run).
+
+Per arm and seed: the study's layer-tokens (padded tokens × layers run, every trial and rung; held-out
+scoring apart) and its winner on each held-out set: PSI as a ratio to the uncalibrated PSI there, ΔHM
+and ΔnDCG@10 with 95% paired-bootstrap intervals, and end − begin (nDCG@10 points; > 0: reversed).
+Nothing is simulated: every figure is from encoded vectors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+ARMS = ("grid", "tpe", "robust", "robust-third")
+HELDOUT = "wikipos-test,wikipos-sentences,wikipos-mixed,wikipos-lengths"
+
+
+def settings_for(arm: str, seed: int, folder: Path, args: argparse.Namespace, trials: int | None = None):
+    from tuner.tuning.settings import TuneSettings
+
+    base = TuneSettings(model=args.model, dataset=args.dataset, heldout=args.heldout, seed=seed, trials=trials or args.trials,
+                        storage=f"sqlite:///{folder / 'optuna.db'}", tracking_uri=f"sqlite:///{folder / 'mlflow.db'}",
+                        output=folder / "winner.yaml", profile_docs=args.profile_docs, bootstrap=args.bootstrap)
+    if arm == "grid":
+        return replace(base, grid="paper", prune=False)
+    if arm == "tpe":
+        return replace(base, structures=False, prune=False, max_reversal=None)
+    return base
+
+
+def heldout_cells(outcome) -> dict[str, dict[str, object]]:
+    """The winner's row on each held-out set against the uncalibrated row."""
+    baseline, winner = outcome.rows[0], outcome.rows[-1]
+    cells = {}
+    for name, held in winner.heldout.items():
+        base = baseline.heldout[name].report
+        report, delta = held.report, held.delta
+        groups = list(report.group_ndcg10)
+        cells[name] = {
+            "psi_ratio": report.psi / base.psi if base.psi else float("nan"),
+            "hm_delta": delta.hm.format() if delta and delta.hm else "",
+            "ndcg_delta": delta.ndcg10.format() if delta else "",
+            "end_minus_begin": 100 * (report.group_ndcg10[groups[-1]] - report.group_ndcg10[groups[0]]),
+            "tilt": report.tilt,
+        }
+    return cells
+
+
+def run_arm(arm: str, seed: int, args: argparse.Namespace, trials: int | None = None) -> dict[str, object]:
+    import optuna
+
+    from tuner.tuning.conclusion import study_layer_tokens
+    from tuner.tuning.run import tune
+
+    with tempfile.TemporaryDirectory(prefix=f"posfair-search-cost-{arm}-") as folder:
+        settings = settings_for(arm, seed, Path(folder), args, trials)
+        start = time.perf_counter()
+        outcome = tune(settings)
+        seconds = time.perf_counter() - start
+        study = optuna.load_study(study_name=outcome.study, storage=settings.storage)
+        states = [t.state.name for t in study.trials]
+        return {
+            "arm": arm, "seed": seed, "trials": settings.trials, "seconds": round(seconds, 1),
+            "layer_tokens": study_layer_tokens(study), "pruned": states.count("PRUNED"),
+            "winner": outcome.winner_trial, "config": outcome.config.model_dump(include={"variant", "strength", "layers", "basket_size"}),
+            "heldout": heldout_cells(outcome),
+        }
+
+
+def table(results: list[dict[str, object]]) -> str:
+    """The README's table: one row per arm and seed."""
+    sets = sorted({name for r in results for name in r["heldout"]})  # type: ignore[union-attr]
+    lines = ["| arm | seed | layer-tokens (× grid) | pruned | winner | " + " | ".join(
+        f"{s.removeprefix('wikipos-')}: PSI× · ΔHM · ΔnDCG@10 · end−begin" for s in sets) + " |",
+             "|---|---:|---:|---:|---|" + "---|" * len(sets)]
+    grid = next((r["layer_tokens"] for r in results if r["arm"] == "grid"), None)
+    for r in results:
+        c = r["config"]
+        share = f" ({r['layer_tokens'] / grid:.2f}×)" if grid else ""  # type: ignore[operator]
+        cells = []
+        for s in sets:
+            h = r["heldout"].get(s)  # type: ignore[union-attr]
+            cells.append(f"{h['psi_ratio']:.2f}× · {h['hm_delta']} · {h['ndcg_delta']} · {h['end_minus_begin']:+.1f}" if h else "")
+        lines.append(f"| {r['arm']} | {r['seed']} | {r['layer_tokens']:,}{share} | {r['pruned']} | "
+                     f"{c['variant']} λ {c['strength']:.2f} L{c['layers']} B{c['basket_size']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--model", default="minilm")
+    parser.add_argument("--dataset", default="wikipos-dev")
+    parser.add_argument("--heldout", default=HELDOUT)
+    parser.add_argument("--trials", type=int, default=16)
+    parser.add_argument("--profile-docs", type=int, default=8)
+    parser.add_argument("--bootstrap", type=int, default=1000)
+    parser.add_argument("--json", type=Path, help="write every result here as JSON")
+    args = parser.parse_args(argv)
+
+    from tuner.tuning.worker import quiet_libraries
+
+    quiet_libraries()
+    results = []
+    for arm in [a for a in args.arms if a != "robust-third"]:
+        for seed in (args.seeds if arm != "grid" else args.seeds[:1]):  # the grid draws nothing: one seed is all seeds
+            results.append(run_arm(arm, seed, args))
+            print(json.dumps(results[-1]), flush=True)
+    if "robust-third" in args.arms:
+        grid = next((r for r in results if r["arm"] == "grid"), None)
+        robust = [r for r in results if r["arm"] == "robust"]
+        if grid is None or not robust:
+            parser.error("robust-third needs the grid and robust arms in the same run")
+        per_trial = sum(r["layer_tokens"] / r["trials"] for r in robust) / len(robust)  # type: ignore[operator]
+        trials = max(3, int(grid["layer_tokens"] / 3 / per_trial))  # type: ignore[operator]
+        for seed in args.seeds:
+            results.append(run_arm("robust-third", seed, args, trials))
+            print(json.dumps(results[-1]), flush=True)
+    print(table(results))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

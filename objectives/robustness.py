@@ -1,0 +1,129 @@
+"""Evidence from several passage structures: the worst case is the objective, a reversed bias a violation.
+
+A calibration tuned on one passage structure can flatten it by over-weighting the end, which then
+reverses the bias on passages built otherwise (shorter ones, or more and shorter segments: the paper's
+Ethics statement warns of exactly this). So a trial is scored on the tuning passages as they are and in
+other structures made from the same passages (`tuner.data.structures`), and
+
+- its **objective** is the worst PSI over those structures (with that structure's bootstrap standard
+  error): the edge of the space wins only where it is fairer on every structure;
+- its **direction** must hold on every structure: a structure whose tilt has turned to the opposite
+  sign of the uncalibrated model's there (the end now favoured where the beginning was) violates the
+  `reversal` constraint, whatever PSI says (PSI is blind to the sign).
+
+Structures double as the rungs of a multi-fidelity trial (cheapest first): the worst case over the
+structures seen so far can only grow, so a trial whose partial worst case is already worse beyond noise
+than what selection would take is pruned without scoring the rest (`prune_reason`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from objectives.evidence import TrialEvidence
+
+PRUNE_Z = 2.0
+"""Standard errors a partial figure must clear its limit by before a trial is pruned on it."""
+
+
+@dataclass(frozen=True)
+class StructureEvidence:
+    """One structure's evidence for a trial: its PSI with standard error and its tilt beside the uncalibrated tilt."""
+
+    name: str
+    evidence: TrialEvidence
+
+    @property
+    def reversal(self) -> float | None:
+        """The tilt measured against the uncalibrated model's direction there: > 0 means the favoured end
+        has changed sides (over-correction), ≤ 0 that the bias kept its sign or is gone. None without positions."""
+        tilt, baseline = self.evidence.tilt, self.evidence.baseline_tilt
+        if tilt is None or baseline is None:
+            return None
+        natural = -1.0 if baseline <= 0 else 1.0  # the uncalibrated bias: negative tilt = beginning favoured
+        return -natural * tilt
+
+
+@dataclass(frozen=True)
+class RobustEvidence:
+    """A trial's evidence over every structure scored so far (the tuning passages first)."""
+
+    structures: tuple[StructureEvidence, ...]
+
+    def __post_init__(self) -> None:
+        if not self.structures:
+            raise ValueError("robust evidence needs at least the tuning structure")
+
+    @property
+    def worst(self) -> StructureEvidence:
+        """The structure with the highest PSI (ties: the earlier one): it sets the objective."""
+        return max(self.structures, key=lambda s: (s.evidence.objective, -self.structures.index(s)))
+
+    @property
+    def objective(self) -> float:
+        return self.worst.evidence.objective
+
+    @property
+    def objective_se(self) -> float:
+        return self.worst.evidence.objective_se
+
+    def reversal(self, allowance: float = 0.0, z: float = 0.0) -> float | None:
+        """The `reversal` constraint value (≤ 0 met): the largest reversal over the structures, less `z`
+        of its standard errors, over `allowance`. None when no structure knows its positions."""
+        known = [(s.reversal - z * s.evidence.tilt_se) for s in self.structures if s.reversal is not None]
+        return max(known) - allowance if known else None
+
+    def per_structure(self) -> dict[str, dict[str, float]]:
+        """name → PSI, its standard error, tilt and reversal, for MLflow, the YAML and the console."""
+        table = {}
+        for s in self.structures:
+            row = {"psi": s.evidence.objective, "psi_se": s.evidence.objective_se, "hm": s.evidence.hm,
+                   "ndcg10_delta": s.evidence.ndcg_delta}
+            if s.reversal is not None and s.evidence.tilt is not None:
+                row |= {"tilt": s.evidence.tilt, "reversal": s.reversal}
+            table[s.name] = row
+        return table
+
+
+def certain_violations(tuning: TrialEvidence, robust: RobustEvidence, hm_floor: float, max_ndcg_drop: float | None,
+                       max_reversal: float | None, z: float = PRUNE_Z) -> dict[str, float]:
+    """Constraints already missed beyond noise: even the favourable end of the interval misses the limit.
+
+    Values in Optuna's convention (> 0 violated) for the constraints that are: the HM floor against the
+    upper end of HM's interval, the nDCG@10 drop against the upper end of its change, and the reversal on
+    the structures seen so far less `z` standard errors of the tilt.
+    """
+    found = {}
+    if math.isfinite(tuning.hm_high) and hm_floor - tuning.hm_high > 0:
+        found["hm_floor"] = hm_floor - tuning.hm_high
+    if max_ndcg_drop is not None and math.isfinite(tuning.ndcg_delta_high) and -tuning.ndcg_delta_high - max_ndcg_drop > 0:
+        found["ndcg_drop"] = -tuning.ndcg_delta_high - max_ndcg_drop
+    if max_reversal is not None:
+        reversed_ = robust.reversal(max_reversal, z)
+        if reversed_ is not None and reversed_ > 0:
+            found["reversal"] = reversed_
+    return found
+
+
+def prune_reason(robust: RobustEvidence, threshold: float | None, violations: Mapping[str, float],
+                 remaining: Sequence[str], z: float = PRUNE_Z) -> str | None:
+    """Why a trial need not be scored on the `remaining` structures, or None to go on.
+
+    `threshold` is the objective a trial must reach to be eligible under the selection rule, from the
+    complete trials so far (None: no feasible complete trial yet, so nothing to compare with). A trial is
+    pruned when its partial worst case, less `z` standard errors, is already above that threshold (the
+    rest can only raise it), or when a constraint is violated beyond noise (`certain_violations`).
+    Nothing is pruned once no structure remains: the trial is then complete.
+    """
+    if not remaining:
+        return None
+    if violations:
+        return "misses " + ", ".join(sorted(violations)) + " beyond noise"
+    if threshold is not None and math.isfinite(threshold):
+        low = robust.objective - z * robust.objective_se
+        if low > threshold:
+            return (f"worst-case PSI {robust.objective:.3f} (on {robust.worst.name}) − {z:g} SE = {low:.3f} is above "
+                    f"{threshold:.3f}, the most selection would take")
+    return None

@@ -1,0 +1,79 @@
+"""The tuning passages in other structures (crops, openings): tuning data, built deterministically from the
+split's own articles, passage-disjoint from every held-out set, with groups by the thirds of the new passage."""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+from tuner.data import load_structures
+from tuner.data.wikipos import OPENINGS_CHARACTERS, OPENINGS_MIN_SEGMENTS, read_records, split_filename
+
+PACKAGED = Path(str(resources.files("tuner.data").joinpath("wikipos")))
+HELD_OUT = ("test", "sentences", "mixed", "lengths", "general")
+
+
+def titles(split: str) -> set[str]:
+    return {s["title"] for r in read_records((PACKAGED / split_filename(split)).read_bytes()) for s in r["segments"]}
+
+
+def test_dev_has_crops_and_openings_and_they_are_built_the_same_every_time():
+    first, again = load_structures("wikipos-dev"), load_structures("wikipos-dev")
+    assert [s.name for s in first] == ["wikipos-dev-crops", "wikipos-dev-openings"]
+    for a, b in zip(first, again):
+        assert a.fingerprint() == b.fingerprint() and a.corpus == b.corpus and a.groups == b.groups
+    assert load_structures("jsonl:/some/folder") == [] and load_structures("fineweb-posq") == []
+
+
+def test_structures_hold_only_dev_s_articles_and_queries_so_no_held_out_passage():
+    dev = load_structures("wikipos-dev")
+    dev_titles, dev_records = titles("dev"), list(read_records((PACKAGED / split_filename("dev")).read_bytes()))
+    descriptions = {s["query"]["text"] for r in dev_records for s in r["segments"] if s["query"]}
+    for structure in dev:
+        assert set(structure.queries.values()) <= descriptions  # the split's own queries, asked again
+    held_titles = set().union(*(titles(h) for h in HELD_OUT))
+    assert not dev_titles & held_titles
+    from tuner.data.wikipos import crop_records, openings_records
+
+    for build in (crop_records, openings_records):  # every segment of every structure is one of dev's articles
+        assert {s["title"] for r in build(iter(dev_records)) for s in r["segments"]} <= dev_titles
+    openings = dev[1]
+    assert openings.corpus and all(len(text) <= OPENINGS_CHARACTERS for text in openings.corpus.values())
+
+
+def test_openings_cut_each_summary_to_its_first_sentence_and_group_by_the_new_thirds():
+    openings = load_structures("wikipos-dev")[1]
+    dev_records = list(read_records((PACKAGED / split_filename("dev")).read_bytes()))
+    summaries = {s["title"]: r["text"][s["span"][0]:s["span"][1]] for r in dev_records for s in r["segments"]}
+    from tuner.data.wikipos import openings_records
+
+    records = list(openings_records(iter(dev_records)))
+    assert [r["text"] for r in records] == list(openings.corpus.values())
+    for record in records:
+        assert len(record["segments"]) >= OPENINGS_MIN_SEGMENTS
+        for segment in record["segments"]:
+            start, end = segment["span"]
+            piece = record["text"][start:end]
+            assert summaries[segment["title"]].startswith(piece) and len(piece) <= len(summaries[segment["title"]])
+            if segment["query"]:
+                midpoint = (start + end) / 2 / len(record["text"])
+                assert segment["query"]["group"] == ("begin" if midpoint < 1 / 3 else "middle" if midpoint < 2 / 3 else "end")
+    mean_segments = sum(len(r["segments"]) for r in records) / len(records)
+    assert mean_segments > 2 * 4.2  # more and shorter segments than dev's 3-5 summaries per passage
+
+
+def test_a_set_without_segments_is_halved_by_passage_length_over_the_whole_corpus():
+    from tuner.data import PositionalDataset
+
+    corpus = {f"d{i}": "word " * (10 + 10 * i) for i in range(6)}  # lengths 50, 100, ..., 300 characters; median 200
+    queries = {f"q{i}{g}": "q" for i in range(6) for g in "bme"}
+    qrels = {q: {f"d{q[1]}": 1} for q in queries}
+    groups = {q: ({"b": "begin", "m": "middle", "e": "end"}[q[2]],) for q in queries}
+    dataset = PositionalDataset("jsonl:x", corpus, queries, qrels, groups, ("begin", "middle", "end"))
+    shorter, longer = load_structures("jsonl:x", dataset)
+    assert (shorter.name, longer.name) == ("jsonl:x-shorter", "jsonl:x-longer")
+    assert shorter.corpus is dataset.corpus and longer.corpus is dataset.corpus  # no extra encoding: the tuning vectors serve
+    assert set(shorter.queries) == {q for q in queries if q[1] in "012"} and set(longer.queries) == {q for q in queries if q[1] in "345"}
+    one_group = PositionalDataset("jsonl:y", corpus, queries, qrels, {q: ("begin",) if q[1] in "012" else groups[q] for q in queries},
+                                  ("begin", "middle", "end"))
+    assert load_structures("jsonl:y", one_group) == []  # a half with one group has no PSI: no halves at all

@@ -1,0 +1,74 @@
+"""Pruned trials through a real study: counted towards --trials, PRUNED in Optuna, visibly pruned (KILLED,
+tagged with the rung and reason) in MLflow, never selected or exported, and counted right on resume."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import optuna
+import pytest
+from mlflow.tracking import MlflowClient
+
+import tuner.tuning.objective
+import tuner.tuning.session
+from objectives.robustness import prune_reason
+from tests.test_study import write_dataset
+from tuner.common.trials import PRUNED_ATTR, counted
+from tuner.data import load_benchmark
+from tuner.engine.exported import load_exported
+from tuner.tuning.run import TuneSettings, tune
+from tuner.tuning.search_space import SearchSpace
+from tuner.tuning.study import candidates
+
+
+@pytest.fixture()
+def pruning_study(tiny_model_dir, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A tiny study with one extra structure, in which every non-reference trial that a real rule would not
+    prune is pruned at its first rung (the rule is the real one with a threshold of 0: any PSI is too high)."""
+    structure = replace(load_benchmark(f"jsonl:{write_dataset(tmp_path / 'other', docs=8, seed=3)}"), name="tiny-openings")
+    monkeypatch.setattr(tuner.tuning.session, "load_structures", lambda name, tuning=None: [structure])
+    monkeypatch.setattr(tuner.tuning.objective, "selection_threshold", lambda study, rule: -1.0)  # nothing can beat it
+    settings = TuneSettings(
+        model=str(tiny_model_dir("bert")), pooling="cls", dataset=f"jsonl:{write_dataset(tmp_path / 'data')}", heldout=None,
+        trials=4, hm_floor="-90%", max_ndcg_drop=None, max_reversal=None, storage=f"sqlite:///{tmp_path / 'o.db'}",
+        tracking_uri=f"sqlite:///{tmp_path / 'm.db'}", output=tmp_path / "best.yaml", study_name="pruning", profile_docs=2,
+        bootstrap=20, space=SearchSpace(basket_sizes=(8, 16, 128)), selection="lowest",  # 128: the references are in the space
+    )
+    return settings, tune(settings)
+
+
+def test_pruned_trials_count_stay_out_of_selection_and_are_marked_in_both_stores(pruning_study) -> None:
+    settings, outcome = pruning_study
+    study = optuna.load_study(study_name="pruning", storage=settings.storage)
+    pruned = [t for t in study.trials if t.state == optuna.trial.TrialState.PRUNED]
+    assert pruned and all(t.number > 1 for t in pruned)  # the baseline and the paper default always run every rung
+    assert sum(counted(t) for t in study.trials) == 4  # pruned trials were run (one rung) and count
+    for trial in pruned:
+        record = trial.user_attrs[PRUNED_ATTR]
+        assert record["rung"] == 0 and record["of"] == 2 and record["scored"] == ["jsonl:data"]
+        assert "worst-case PSI" in record["reason"] and trial.intermediate_values  # reported to Optuna before pruning
+        assert "metrics" not in trial.user_attrs  # no complete-trial record: nothing for selection to read
+        assert trial.user_attrs["layer_tokens"] > 0
+    assert {c.trial_number for c in candidates(study)}.isdisjoint(t.number for t in pruned)
+    assert outcome.winner_trial not in {t.number for t in pruned}
+    assert load_exported(settings.output).provenance.trial == outcome.winner_trial
+    client = MlflowClient(settings.tracking_uri)
+    experiment = client.get_experiment_by_name("posfair")
+    for trial in pruned:
+        run = client.search_runs([experiment.experiment_id], f"tags.`posfair.trial` = '{trial.number}'")[0]
+        assert run.info.status == "KILLED" and "pruned" in run.info.run_name
+        assert run.data.tags["posfair.pruned"].startswith("rung 0 of 2: worst-case PSI")
+        assert run.data.metrics["cost/layer_tokens"] == trial.user_attrs["layer_tokens"]
+
+
+def test_a_resumed_study_counts_its_pruned_trials_and_adds_only_what_is_missing(pruning_study) -> None:
+    settings, _ = pruning_study
+    tune(replace(settings, trials=6))
+    study = optuna.load_study(study_name="pruning", storage=settings.storage)
+    assert sum(counted(t) for t in study.trials) == 6
+
+
+def test_the_pruning_rule_the_study_used_is_the_one_specified() -> None:
+    """The study calls `objectives.robustness.prune_reason` itself, not a copy of it."""
+    assert tuner.tuning.objective.prune_reason is prune_reason

@@ -1,0 +1,97 @@
+"""Specification of robust selection: the worst structure is the objective, a reversed bias is a violation,
+and a trial is pruned between rungs only when it is out of the running beyond noise."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from objectives.constraint import Constraints
+from objectives.evidence import TrialEvidence
+from objectives.robustness import RobustEvidence, StructureEvidence, certain_violations, prune_reason
+from objectives.selection import Candidate, select
+
+
+def evidence(psi: float, se: float = 0.02, tilt: float | None = None, baseline_tilt: float | None = -0.5, tilt_se: float = 0.05,
+             hm: float = 0.55, hm_low: float = 0.53, hm_high: float = 0.57, ndcg: float = 0.01, ndcg_high: float = 0.02) -> TrialEvidence:
+    return TrialEvidence(psi, se, hm, hm_low, ndcg, hm_high, ndcg_high, tilt, tilt_se, baseline_tilt)
+
+
+def robust(*structures: tuple[str, TrialEvidence]) -> RobustEvidence:
+    return RobustEvidence(tuple(StructureEvidence(name, e) for name, e in structures))
+
+
+def candidate(number: int, robust_evidence: RobustEvidence, drift: float, floor_gap: float = -0.01) -> Candidate:
+    """A trial as selection sees it, with the constraints a study would store (HM floor, reversal)."""
+    reversal = robust_evidence.reversal()
+    constraints = Constraints(0.5).values(0.55, 0.5 - floor_gap, 0.01, reversal=reversal)
+    return Candidate(number, robust_evidence.objective, robust_evidence.objective_se, drift, tuple(constraints.values()))
+
+
+def test_the_objective_is_the_worst_psi_over_the_structures_with_that_structure_s_noise():
+    r = robust(("dev", evidence(0.05, 0.02)), ("crops", evidence(0.21, 0.04)), ("openings", evidence(0.12, 0.03)))
+    assert r.worst.name == "crops" and r.objective == 0.21 and r.objective_se == 0.04
+
+
+def test_a_reversal_is_a_tilt_against_the_uncalibrated_direction():
+    # uncalibrated: the beginning is favoured (tilt < 0); the trial now favours the end (tilt > 0): reversed
+    assert StructureEvidence("s", evidence(0.1, tilt=0.12, baseline_tilt=-0.4)).reversal == pytest.approx(0.12)
+    # the bias kept its sign, only smaller: not reversed
+    assert StructureEvidence("s", evidence(0.1, tilt=-0.05, baseline_tilt=-0.4)).reversal == pytest.approx(-0.05)
+    # a model biased towards the end (tilt > 0) is reversed when the beginning becomes favoured
+    assert StructureEvidence("s", evidence(0.1, tilt=-0.2, baseline_tilt=0.3)).reversal == pytest.approx(0.2)
+    assert StructureEvidence("s", evidence(0.1, tilt=None)).reversal is None
+
+
+def test_the_reversal_constraint_takes_the_most_reversed_structure():
+    r = robust(("dev", evidence(0.05, tilt=-0.02)), ("crops", evidence(0.2, tilt=0.15, tilt_se=0.05)))
+    assert r.reversal() == pytest.approx(0.15)
+    assert r.reversal(allowance=0.05) == pytest.approx(0.10)
+    assert r.reversal(z=2) == pytest.approx(0.05)  # less two standard errors: reversed beyond noise
+    assert robust(("dev", evidence(0.05, tilt=None))).reversal() is None
+    values = Constraints(0.5).values(0.55, 0.53, 0.01, reversal=r.reversal())
+    assert values["reversal"] == pytest.approx(0.15)
+    assert "reversal" not in Constraints(0.5, max_reversal=None).values(0.55, 0.53, 0.01, reversal=0.15)
+
+
+def test_the_lowest_dev_psi_that_reverses_the_bias_on_one_structure_loses_to_a_milder_config():
+    """The synthetic study of issue 20: λ 1 is flattest on dev but turns the bias round on the crops; a milder
+    config is fair on both without reversing it, and wins; the edge of the space wins only when it is better everywhere."""
+    edge = robust(("dev", evidence(0.02, 0.02, tilt=0.01)), ("crops", evidence(0.18, 0.04, tilt=0.25)))  # lowest dev PSI
+    milder = robust(("dev", evidence(0.07, 0.02, tilt=-0.08)), ("crops", evidence(0.09, 0.03, tilt=-0.05)))
+    plain_psi = select([Candidate(6, 0.02, 0.02, 0.06, (-0.01,)), Candidate(2, 0.07, 0.02, 0.01, (-0.01,))])
+    assert plain_psi.winner.trial_number == 6  # ranked by the dev PSI alone, the edge wins
+    chosen = select([candidate(6, edge, drift=0.06), candidate(2, milder, drift=0.01)])
+    assert chosen.winner.trial_number == 2
+    # without the reversal it is the worst case that decides: the edge's crops PSI 0.18 is beyond 0.09 + 0.03
+    assert select([Candidate(6, edge.objective, edge.objective_se, 0.06, (-0.01,)),
+                   Candidate(2, milder.objective, milder.objective_se, 0.01, (-0.01,))]).winner.trial_number == 2
+    better_everywhere = robust(("dev", evidence(0.02, 0.01, tilt=-0.01)), ("crops", evidence(0.03, 0.01, tilt=-0.02)))
+    assert select([candidate(6, better_everywhere, drift=0.06), candidate(2, milder, drift=0.01)]).winner.trial_number == 6
+
+
+def test_a_trial_worse_beyond_noise_than_the_selection_threshold_is_pruned_one_within_noise_is_not():
+    threshold = 0.10  # best complete trial: 0.08 + SE 0.02
+    beyond = robust(("dev", evidence(0.20, 0.03)))  # 0.20 − 2 × 0.03 = 0.14 > 0.10
+    within = robust(("dev", evidence(0.13, 0.03)))  # 0.13 − 0.06 = 0.07 ≤ 0.10: could still be eligible
+    assert "worst-case PSI 0.200" in prune_reason(beyond, threshold, {}, ["crops"])
+    assert prune_reason(within, threshold, {}, ["crops"]) is None
+    assert prune_reason(beyond, None, {}, ["crops"]) is None  # no feasible complete trial yet: nothing to beat
+    assert prune_reason(beyond, threshold, {}, []) is None  # the last rung is scored: the trial is complete
+    assert prune_reason(beyond, math.nan, {}, ["crops"]) is None
+
+
+def test_constraints_prune_only_when_missed_beyond_noise():
+    tuning = evidence(0.1, hm=0.49, hm_low=0.47, hm_high=0.51, ndcg=-0.01, ndcg_high=0.002)
+    r = robust(("dev", tuning))
+    # the floor 0.50 lies inside HM's interval [0.47, 0.51]: not beyond noise; nDCG's change reaches +0.2: neither
+    assert certain_violations(tuning, r, hm_floor=0.50, max_ndcg_drop=0.0, max_reversal=0.0) == {}
+    missed = certain_violations(tuning, r, hm_floor=0.52, max_ndcg_drop=0.0, max_reversal=0.0)
+    assert missed == {"hm_floor": pytest.approx(0.01)}
+    lost = evidence(0.1, ndcg=-0.03, ndcg_high=-0.01)
+    assert certain_violations(lost, robust(("dev", lost)), 0.4, 0.0, 0.0) == {"ndcg_drop": pytest.approx(0.01)}
+    assert certain_violations(lost, robust(("dev", lost)), 0.4, 0.02, 0.0) == {}  # within the allowance
+    flipped = evidence(0.1, tilt=0.2, tilt_se=0.05)
+    assert certain_violations(tuning, robust(("dev", tuning), ("crops", flipped)), 0.4, None, 0.0) == {"reversal": pytest.approx(0.1)}
+    assert prune_reason(r, None, missed, ["crops"]) == "misses hm_floor beyond noise"
