@@ -36,13 +36,13 @@ TRIAL_METRICS = {"ndcg10_begin_x100", "ndcg10_middle_x100", "ndcg10_end_x100", "
                  "last_layer_attention_on_first_tenth_pct"}
 
 
-def write_dataset(folder: Path, docs: int = 12, seed: int = 0) -> Path:
-    """Documents of three 45-word parts (content of ~135 tokens: basket 128 fits); each part's first words are a query for its third."""
+def write_dataset(folder: Path, docs: int = 12, seed: int = 0, words: int = 45) -> Path:
+    """Documents of three `words`-word parts (45: content of ~135 tokens, basket 128 fits); each part's first words are a query for its third."""
     rng = random.Random(seed)
     folder.mkdir(parents=True, exist_ok=True)
     corpus, queries = [], []
     for d in range(docs):
-        parts = [" ".join(rng.choice(WORDS) for _ in range(45)) for _ in range(3)]
+        parts = [" ".join(rng.choice(WORDS) for _ in range(words)) for _ in range(3)]
         corpus.append({"id": f"d{d}", "text": " ".join(parts)})
         for group, part in zip(("begin", "middle", "end"), parts):
             queries.append({"id": f"q{d}-{group}", "text": " ".join(part.split()[:5]), "relevant": [f"d{d}"], "group": group})
@@ -63,6 +63,10 @@ def workspace(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir) -> dict[
         selection="lowest",  # a random model's PSI is noise, so the default one-SE rule keeps it uncalibrated
     )
     return {"root": root, "settings": settings, "outcome": tune(settings)}
+
+
+def held_name(settings: TuneSettings) -> str:
+    return load_benchmark(settings.dataset).name
 
 
 def trial_runs(settings: TuneSettings) -> list:
@@ -101,7 +105,11 @@ def test_a_six_trial_study_logs_six_nested_runs_with_params_metrics_and_profiles
         hm = metrics["hm_x100"]
         assert hm == pytest.approx(3 / (1 / begin + 1 / middle + 1 / end)) == pytest.approx(100 * trial.user_attrs["hm"])
         assert metrics["psi"] == pytest.approx(1 - min(begin, middle, end) / max(begin, middle, end))
-        assert metrics["psi"] == pytest.approx(trial.value)
+        # the objective is the worst PSI over the tuning structures (here the set and its length halves)
+        structures = trial.user_attrs["structures"]
+        assert set(structures) == {held_name(settings), f"{held_name(settings)}-shorter", f"{held_name(settings)}-longer"}
+        assert structures[held_name(settings)]["psi"] == pytest.approx(metrics["psi"])
+        assert trial.value == pytest.approx(max(s["psi"] for s in structures.values())) == pytest.approx(metrics["worst_structure_psi"])
         # a relative floor is met by the point estimate (no interval): the margin is HM − floor, in points
         assert metrics["hm_margin_over_floor_x100"] == pytest.approx(hm - 100 * floor)
         assert metrics["ndcg10_drop_allowance_left_x100"] == pytest.approx(metrics["ndcg10_change_vs_uncalibrated_x100"])  # no drop allowed

@@ -131,13 +131,12 @@ class TrialObjective:
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
         key = calibration_key(params)
         trial.set_user_attr("calibration", key)
+        repeated = self._repeat_of(trial, key)  # the enqueued references run first, so a later draw of theirs repeats them
+        if repeated is not None:
+            return self._repeat(trial, repeated, params)
         markers = reference_markers(trial)
         if markers:
             trial.set_user_attr("role", markers[0])
-        else:
-            repeated = self._repeat_of(trial, key)
-            if repeated is not None:
-                return self._repeat(trial, repeated, params)
         label = f"Trial {trial.number}" + (f" ({markers[0]})" if markers else "")
         config_text = describe_config(params, model.num_layers)
         start_ms = int(time.time() * 1000)

@@ -154,6 +154,8 @@ def prepare(settings: TuneSettings) -> Session:
         cache_budget=settings.cache_budget, prefix_layers=settings.space.starting_layers(model.num_layers),
     )
     space = _fitting_space(settings.space, evaluator)
+    if settings.grid is not None:
+        space.check_grid(GRIDS[settings.grid])  # a basket no passage fills was dropped: the grid cannot run as the paper's
     structures = [within_reach(s, model) for s in load_structures(settings.dataset, tuning)] if settings.structures else []
     if settings.structures and not structures and not settings.worker:
         log.info("%s has no other structures (its passages' segments are unknown): trials are scored on it alone", tuning.name)
