@@ -407,18 +407,17 @@ def _basket_outputs(
         begin, end = _kernel_window(lo, hi, keys)
         inside = (positions[begin:end] >= lo) & (positions[begin:end] < hi)
         visible = allowed[..., begin:end] & (content[:, begin:end] & inside)[:, None, None, :]
-        bias = None if bool(visible.all()) else (
-            torch.zeros(visible.shape, dtype=query.dtype, device=query.device).masked_fill_(~visible, float("-inf"))
-        )
+        # Masked, rescaled and zeroed unconditionally: asking the data whether it is needed would make the
+        # host wait for the device once per basket and layer.
+        bias = _additive_bias(visible, query.dtype)
         out, mass = _attention_with_lse(query, key[:, :, begin:end], value[:, :, begin:end], bias, scaling)
         out, mass = out.float(), mass[..., None]
-        blind = ~visible.any(-1)[..., None]  # (G, 1, Q or 1, 1): the kernel reports 0 and log-mass 0 there
+        blind = ~visible.any(-1)[..., None]  # (G, 1, Q or 1, 1): the row sees none of the basket's keys
         n_seen += ~blind
         count = visible.sum(-1, keepdim=True, dtype=torch.float32) if by_size else None  # w_b
         if count is not None:
             weights += count
-        if bool(blind.any()):
-            out, mass = out.masked_fill(blind, 0.0), mass.masked_fill(blind, float("-inf"))
+        out, mass = out.masked_fill_(blind, 0.0), mass.masked_fill(blind, float("-inf"))  # kernels differ there
         peak = torch.maximum(top, mass)
         rescale, weight = (top - peak).exp_(), (mass - peak).exp_()
         norm.mul_(rescale).add_(weight)
@@ -426,9 +425,7 @@ def _basket_outputs(
             mixed = out * weight
             even = out if count is None else out.mul_(count)  # the kernel's output is ours to update
         else:
-            if not bool((peak == top).all()):
-                mixed.mul_(rescale)
-            mixed.addcmul_(out, weight)
+            mixed.mul_(rescale).addcmul_(out, weight)
             if count is None:
                 even.add_(out)
             else:
@@ -438,6 +435,15 @@ def _basket_outputs(
         mixed = torch.zeros(query.shape, dtype=torch.float32, device=query.device)
         even = torch.zeros_like(mixed)
     return RunSums(mixed, even, top, top + norm.log(), n_seen, weights)
+
+
+def _additive_bias(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """0 where a key is visible, −inf where not, in `dtype`, its rows padded in memory to a multiple of
+    `KERNEL_KEY_MULTIPLE` keys (the memory-efficient CUDA kernel reads the bias in aligned blocks)."""
+    width = visible.shape[-1]
+    padded = -(-width // KERNEL_KEY_MULTIPLE) * KERNEL_KEY_MULTIPLE
+    bias = torch.zeros((*visible.shape[:-1], padded), dtype=dtype, device=visible.device)[..., :width]
+    return bias.masked_fill_(~visible, float("-inf"))
 
 
 def _kernel_window(lo: int, hi: int, keys: int, multiple: int = KERNEL_KEY_MULTIPLE) -> tuple[int, int]:
