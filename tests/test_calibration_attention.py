@@ -108,18 +108,21 @@ def attention_cases(draw: st.DrawFn) -> tuple:
     signal = draw(st.sampled_from(["argument", "attribute"] + (["absent"] if causal else [])))
     fallback = draw(st.booleans())  # without the private fused CPU kernel (see `_cpu_kernel`)
     left, kv_heads, seed = draw(st.booleans()), draw(st.sampled_from([1, 2, 4])), draw(st.integers(0, 1000))
-    return config, lengths, keys, left, given_mask, causal, signal, kv_heads, seed, fallback
+    by_token = draw(st.booleans())  # q/k/v as transformers hands them over: views of (B, T, H, D) projections
+    return config, lengths, keys, left, given_mask, causal, signal, kv_heads, seed, fallback, by_token
 
 
 @settings(max_examples=200, deadline=None)
 @given(attention_cases())
 @example((CalibrationConfig(pooling="cls", basket_size=3, strength=0.7, layers=[0]), [2, 26, 2, 2, 2, 2, 2, 29], 29,
-          False, True, False, "attribute", 1, 143, False))  # SDPA's own fp32 rounding
+          False, True, False, "attribute", 1, 143, False, False))  # SDPA's own fp32 rounding
 def test_engine_matches_oracle_at_the_attention_interface(case: tuple) -> None:
     """Outputs of the real rows agree to 2e-6 + 1e-6 relative: values are of order 1, and float32 sums of up
     to 30 of them (SDPA's rows too) round by ~1e-6; the oracle runs in float64."""
-    config, lengths, keys, left, given_mask, causal, signal, kv_heads, seed, fallback = case
+    config, lengths, keys, left, given_mask, causal, signal, kv_heads, seed, fallback, by_token = case
     q, k, v, key_valid = build_inputs(lengths, left, 4, kv_heads, torch.float32, seed, keys)
+    if by_token:
+        q, k, v = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))
     allowed = mask_of(key_valid, causal)
     module = FakeAttention(0, 4 // kv_heads, {"argument": not causal, "attribute": causal, "absent": ABSENT}[signal])
     kwargs = {"is_causal": causal} if signal == "argument" else {}

@@ -219,10 +219,7 @@ def _pooled_row(
     items = torch.arange(batch, device=query.device)
     position = geometry.first if active.spec.pooling == "cls" else geometry.last
     row_query = query[items, :, position].view(batch, kv_heads, heads // kv_heads, dim)
-    # Per item: key/value are strided views of the (B, K, H, D) projections; a batched matmul over
-    # (B, H) would first copy them whole, item by item BLAS reads them in place.
-    scores = torch.stack([row_query[b] @ key[b].transpose(-1, -2) for b in range(batch)])
-    scores = scores.view(batch, heads, keys).float().mul_(scaling)
+    scores = _per_head(row_query, key, transpose=True).view(batch, heads, keys).float().mul_(scaling)
     allowed = _allowed(mask)[items, 0, position] if mask is not None else geometry.key_valid
     scores.masked_fill_(~allowed[:, None, :], float("-inf"))
     before = scores.softmax(-1)
@@ -235,8 +232,31 @@ def _pooled_row(
         active.observer(layer, before, after, geometry)
     if calibrate:
         weights = after.to(value.dtype).view(batch, kv_heads, heads // kv_heads, keys)
-        mixed = torch.stack([weights[b] @ value[b] for b in range(batch)])
-        output[items, position] = mixed.view(batch, heads, dim)
+        output[items, position] = _per_head(weights, value, transpose=False).reshape(batch, heads, dim)
+
+
+def _per_head(rows: torch.Tensor, keyed: torch.Tensor, transpose: bool) -> torch.Tensor:
+    """One batched matmul per head without copying K or V: rows (B, Hkv, G, n) against keyed (B, Hkv, K, D)
+    → rows @ keyedᵀ (B, Hkv, G, K) if `transpose`, else rows @ keyed (B, Hkv, G, D).
+
+    K and V are strided views of the (B, K, Hkv·D) projections, which a matmul batched over (B, Hkv) would
+    first copy whole. Seen as one (K, Hkv·D) matrix per item they need no copy: the rows are spread
+    block-diagonally over the heads (zeros elsewhere) for one matmul batched over B, and only the diagonal
+    head blocks of its result are kept. That does Hkv× the multiply-adds of a per-head product, which on
+    one row per passage is a fraction of a percent of the layer's attention.
+    """
+    batch, kv_heads, groups, _ = rows.shape
+    by_token = keyed.transpose(1, 2)  # (B, K, Hkv, D)
+    if by_token.stride(-1) != 1 or by_token.stride(-2) != by_token.shape[-1]:  # not (B, K, Hkv·D) memory
+        return rows @ (keyed.transpose(-1, -2) if transpose else keyed)
+    dim = keyed.shape[-1]
+    matrix = by_token.flatten(2)  # (B, K, Hkv·D), a view
+    eye = torch.eye(kv_heads, dtype=rows.dtype, device=rows.device)
+    if transpose:  # (B, Hkv·G, Hkv·D) @ (B, Hkv·D, K): head h's rows meet only head h's keys
+        spread = (rows[:, :, :, None, :] * eye[None, :, None, :, None]).view(batch, kv_heads * groups, kv_heads * dim)
+        return (spread @ matrix.transpose(1, 2)).view(batch, kv_heads, groups, -1)
+    mixed = (rows.flatten(1, 2) @ matrix).view(batch, kv_heads, groups, kv_heads, dim)  # every head's V, per row
+    return mixed.diagonal(dim1=1, dim2=3).permute(0, 3, 1, 2)  # head h's rows with head h's V
 
 
 class RunSums(NamedTuple):
