@@ -16,9 +16,13 @@ Inside a block, in the calibrated layers:
   recomputed, calibrated and multiplied with V, and that row of the output is replaced;
 - mean pooling: every row is calibrated; the fused kernel runs once per content basket and its
   per-basket outputs and log-sum-exps are blended, so the B×H×Q×K matrix is never formed (an
-  observed layer also forms it tile by tile over the query axis, for the profile only). On CPU the
-  fused kernel is torch's private `_scaled_dot_product_flash_attention_for_cpu`, used only after a
+  observed layer also forms it tile by tile over the query axis, for the profile only). The fused
+  kernel is torch's private `_scaled_dot_product_flash_attention_for_cpu` on CPU and the memory-efficient
+  `_scaled_dot_product_efficient_attention` (asked for its log-sum-exp) on CUDA, each used only after a
   one-time probe shows it answering as expected; otherwise each basket's scores are formed (small).
+
+No per-layer code asks the device a question (a host sync stalls a GPU's stream): masks, rescaling and
+zeroing are applied unconditionally; the batch geometry is read once per batch.
 """
 
 from __future__ import annotations
@@ -482,50 +486,98 @@ def _attention_with_lse(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention output (B, H, Q, D) and the float32 log-sum-exp of each row's scores (B, H, Q).
 
-    On CPU this is SDPA's own fused kernel, which the public function runs but whose log-sum-exp it
-    drops: a private op, used only where `_cpu_kernel` found it answering as expected. Elsewhere (or
-    without it) the two are computed from the (B, H, Q, basket) scores, which one basket's keys keep
-    small (not measured on a GPU: this machine has none).
+    On CPU and CUDA this is one of SDPA's own fused kernels, which the public function runs but whose
+    log-sum-exp it drops: a private op, used only where `_fused_kernel` found it answering as expected.
+    Elsewhere (or without it) the two are computed from the (B, H, Q, basket) scores, which one basket's
+    keys keep small.
     """
-    kernel = _cpu_kernel() if query.device.type == "cpu" else None
+    kernel = _fused_kernel(query.device.type)
     if kernel is not None:
-        out, lse = kernel(query, key, value, attn_mask=bias, scale=scaling)[:2]
-        return out, lse
+        return kernel(query, key, value, bias, scaling)
     return _attention_with_lse_unfused(query, key, value, bias, scaling)
 
 
+FusedKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, float], tuple[torch.Tensor, torch.Tensor]]
+
+
+def _cpu_flash(op: Callable[..., tuple[torch.Tensor, ...]]) -> FusedKernel:
+    """SDPA's fused CPU kernel: (output, log-sum-exp (B, H, Q))."""
+
+    def kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bias: torch.Tensor | None, scale: float):
+        out, lse = op(query, key, value, attn_mask=bias, scale=scale)[:2]
+        return out, lse
+
+    return kernel
+
+
+def _cuda_efficient(op: Callable[..., tuple[torch.Tensor, ...]]) -> FusedKernel:
+    """SDPA's memory-efficient CUDA kernel, asked for its log-sum-exp: it takes the bias at full (B, H, Q, K)
+    shape (a broadcast view is enough) and returns the log-sum-exp with its rows padded to a block."""
+
+    def kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bias: torch.Tensor | None, scale: float):
+        rows = query.shape[2]
+        if bias is not None:
+            bias = bias.expand(query.shape[0], query.shape[1], rows, key.shape[2])
+        out, lse = op(query, key, value, bias, True, scale=scale)[:2]
+        return out, lse[..., :rows]
+
+    return kernel
+
+
+# Per device type: how to call its fused kernel, and the private op's name.
+FUSED_KERNELS: dict[str, tuple[Callable[[Callable[..., tuple[torch.Tensor, ...]]], FusedKernel], str]] = {
+    "cpu": (_cpu_flash, "_scaled_dot_product_flash_attention_for_cpu"),
+    "cuda": (_cuda_efficient, "_scaled_dot_product_efficient_attention"),
+}
+
+
 @cache
-def _cpu_kernel() -> Callable[..., tuple[torch.Tensor, ...]] | None:
-    """The fused CPU kernel behind SDPA, if this torch build has it and it answers our call as expected."""
-    return _probe_cpu_kernel(getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None))
-
-
-def _probe_cpu_kernel(op: Callable[..., tuple[torch.Tensor, ...]] | None) -> Callable[..., tuple[torch.Tensor, ...]] | None:
-    """`op` if, on a small masked call, it returns the attention output (B, H, Q, D) and the natural
-    log-sum-exp (B, H, Q) that the public ops give; else None (the caller falls back to those ops)."""
-    if op is None:
+def _fused_kernel(device_type: str) -> FusedKernel | None:
+    """The fused kernel behind SDPA on this device type, if this torch build has it and it answers our call as
+    expected (probed once per process on the current device); else None, said once."""
+    if device_type not in FUSED_KERNELS:
         return None
-    generator = torch.Generator().manual_seed(0)
-    query, key, value = (torch.randn(2, 3, 5, 8, generator=generator) for _ in range(3))
-    bias = torch.zeros(2, 1, 5, 5).masked_fill_(torch.ones(5, 5, dtype=torch.bool).triu(1), float("-inf"))
-    want_out, want_lse = _attention_with_lse_unfused(query, key, value, bias, 0.35)
+    wrap, name = FUSED_KERNELS[device_type]
+    op = getattr(torch.ops.aten, name, None)
+    kernel = _probe_kernel(wrap(op) if op is not None else None, torch.device(device_type))
+    if kernel is None:
+        warnings.warn(
+            f"posfair: torch's fused attention kernel {name} is missing or did not pass its probe on {device_type}; "
+            "mean-pooling calibration forms each basket's scores instead (slower, more memory)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return kernel
+
+
+def _probe_kernel(kernel: FusedKernel | None, device: torch.device) -> FusedKernel | None:
+    """`kernel` if, on a small masked call on `device` shaped as the engine calls it (views of (B, T, H, D)
+    projections, a key window, a bias from `_additive_bias`), it returns the attention output (B, H, Q, D)
+    and the natural log-sum-exp (B, H, Q) that the public ops give; else None (the caller falls back to them)."""
+    if kernel is None:
+        return None
     try:
-        out, lse = op(query, key, value, attn_mask=bias, scale=0.35)[:2]
+        generator = torch.Generator().manual_seed(0)
+        query, key, value = (torch.randn(2, 7, 3, 8, generator=generator).to(device).transpose(1, 2) for _ in range(3))
+        key, value = key[:, :, 1:6], value[:, :, 1:6]
+        bias = _additive_bias(torch.ones(7, 5, dtype=torch.bool, device=device).tril(1).expand(2, 1, 7, 5), query.dtype)
+        want_out, want_lse = _attention_with_lse_unfused(query, key, value, bias, 0.35)
+        out, lse = kernel(query, key, value, bias, 0.35)
         agrees = (
             out.shape == want_out.shape
             and lse.shape == want_lse.shape
             and torch.allclose(out, want_out, atol=1e-5)
             and torch.allclose(lse.float(), want_lse, atol=1e-5)
         )
-    except (RuntimeError, TypeError, ValueError, AttributeError):
+    except (RuntimeError, NotImplementedError, TypeError, ValueError, AttributeError, IndexError):
         return None
-    return op if agrees else None
+    return kernel if agrees else None
 
 
 def _attention_with_lse_unfused(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bias: torch.Tensor | None, scaling: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`_attention_with_lse` from the scores, for devices without the fused CPU kernel."""
+    """`_attention_with_lse` from the scores, for devices without a fused kernel that passed its probe."""
     scores = (query @ key.transpose(-1, -2)).float().mul_(scaling)
     if bias is not None:
         scores += bias
