@@ -167,9 +167,9 @@ def test_a_model_whose_layers_share_state_is_not_resumed_there(tiny_model_dir, c
     try:
         with caplog.at_level("WARNING", logger="tuner.engine.prefix"):
             assert LayerStack(model).resumable([1, 2]) == [2]
-        assert [r.getMessage() for r in caplog.records] == [
+        assert [r.getMessage() for r in caplog.records] == [(
             "layer 1: a pass resumed there on cpu does not reproduce the full forward bit for bit, so its inputs are not "
-            "cached: trials calibrating from it run the full forward (slower)"]
+            "cached: trials calibrating from it run the full forward (slower)")]
         dataset = tiny_dataset()
         evaluator = Evaluator(model, dataset, BATCH, disk_cache=False, prefix_layers=(1, 2))
         config = model.default_config(strength=0.8, basket_size=8, layers="last:2")  # starts at layer 1
