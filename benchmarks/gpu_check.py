@@ -335,8 +335,9 @@ def measure(case: Case, plan: Plan, model: torch.nn.Module) -> dict[str, Any]:
 
 
 def run(plan: Plan, budget_s: float, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Every case of `plan` that fits the budget (a case's cost is guessed from the one before it, ×4 for
-    4× the length), then the oracle comparisons; what did not fit is listed."""
+    """Every case of `plan` that fits the budget, then the oracle comparisons; what did not fit is listed. A
+    case's cost is guessed from the model's previous case in proportion to the length: a batch holds the same
+    tokens whatever the length, and attention grows with tokens × length."""
     began, threads = time.perf_counter(), torch.get_num_threads()
     torch.set_num_threads(plan.threads or threads)
     try:
@@ -351,17 +352,18 @@ def _run(plan: Plan, budget_s: float, log: Callable[[str], None], began: float) 
                            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "pairs": plan.pairs,
                            "basket": plan.basket, "cases": [], "oracle": [], "skipped": []}
     models: dict[str, torch.nn.Module] = {}
-    last_cost = 0.0
+    per_token_length: dict[str, float] = {}  # a model's last case: seconds ÷ its length (tokens a batch are fixed)
     for case in plan.cases:
-        elapsed = time.perf_counter() - began
-        if elapsed + 4 * last_cost > budget_s:
+        guess = per_token_length.get(case.model, 0.0) * case.length
+        if time.perf_counter() - began + guess > budget_s:
             out["skipped"].append(case.title)
-            log(f"{case.title}: skipped, the budget of {budget_s:.0f} s would be exceeded")
+            log(f"{case.title}: skipped, it would end the run past the budget of {budget_s:.0f} s")
             continue
-        model = models.setdefault(case.model, build_model(case, plan))
+        if case.model not in models:
+            models[case.model] = build_model(case, plan)
         started = time.perf_counter()
-        result = measure(case, plan, model)
-        last_cost = time.perf_counter() - started
+        result = measure(case, plan, models[case.model])
+        per_token_length[case.model] = (time.perf_counter() - started) / case.length
         out["cases"].append(result)
         log(row(result))
     for model_name, pooling in dict.fromkeys((c.model, c.pooling) for c in plan.cases):

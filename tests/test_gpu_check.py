@@ -32,3 +32,13 @@ def test_the_reduced_gpu_check_runs_on_cpu_and_writes_every_figure(tmp_path) -> 
     for entry in result["oracle"]:
         assert entry["float32"]["max_abs"] < 1e-5 and entry["float32"]["min_cosine"] > 1 - 1e-6
     assert "| xlmr mean 128×2 |" in printed.getvalue() and "max abs vs fp32 oracle" in printed.getvalue()
+
+
+def test_what_does_not_fit_the_time_budget_is_skipped_and_listed() -> None:
+    from benchmarks.gpu_check import run, table
+
+    lines: list[str] = []
+    result = run(plan_for("cpu"), budget_s=0.0, log=lines.append)
+    titles = [c.title for c in plan_for("cpu").cases]
+    assert result["cases"] == [] and result["oracle"] == [] and result["skipped"] == titles
+    assert len(lines) == len(titles) and "skipped (time budget): " + ", ".join(titles) in table(result)
