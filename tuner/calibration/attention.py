@@ -21,8 +21,9 @@ Inside a block, in the calibrated layers:
   `_scaled_dot_product_efficient_attention` (asked for its log-sum-exp) on CUDA, each used only after a
   one-time probe shows it answering as expected; otherwise each basket's scores are formed (small).
 
-No per-layer code asks the device a question (a host sync stalls a GPU's stream): masks, rescaling and
-zeroing are applied unconditionally; the batch geometry is read once per batch.
+No per-layer code asks the device a question (a host sync stalls a GPU's stream): what the data decide
+(the baskets, which of them need a mask or have rows that see none of their keys) is read back once per
+batch, for all layers; the running sums are rescaled unconditionally.
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ class _Active:
     _shape: tuple[int, int] | None = field(default=None, init=False)
     _geometry: BasketGeometry | None = field(default=None, init=False)
     _key_mask: torch.Tensor | None = field(default=None, init=False)
+    _flags: tuple[tuple[tuple[bool, bool], ...], ...] | None = field(default=None, init=False)
     _causal: torch.Tensor | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
@@ -91,7 +93,7 @@ class _Active:
         if self._geometry is None or self._mask is not mask or self._shape != (batch, keys):
             key_valid = _allowed(mask)[:, 0, -1, :] if mask is not None else torch.ones(batch, keys, dtype=torch.bool, device=device)
             self._geometry = BasketGeometry.from_key_mask(key_valid, self.spec.basket_size, self.roles)
-            self._mask, self._shape, self._key_mask = mask, (batch, keys), None
+            self._mask, self._shape, self._key_mask, self._flags = mask, (batch, keys), None, None
         return self._geometry
 
     def allowed(self, mask: torch.Tensor | None, batch: int, keys: int, device: torch.device) -> torch.Tensor:
@@ -110,6 +112,12 @@ class _Active:
                 same_rows = allowed.shape[2] > 1 and bool((allowed == allowed[:, :, :1]).all())
                 self._key_mask = allowed[:, :, :1] if same_rows else allowed
         return self._key_mask
+
+    def basket_flags(self, allowed: torch.Tensor, geometry: BasketGeometry) -> tuple[tuple[tuple[bool, bool], ...], ...]:
+        """`_basket_flags` of this batch, read back once for all its layers."""
+        if self._flags is None:
+            self._flags = _basket_flags(allowed, geometry)
+        return self._flags
 
 
 _ACTIVE: ContextVar[_Active | None] = ContextVar("posfair_calibration", default=None)
@@ -324,7 +332,7 @@ def _mean_layer(
     sums = reuse.lookup(shared) if reuse is not None else None
     if sums is None:
         allowed = active.allowed(mask, query.shape[0], key.shape[2], query.device)
-        sums = _row_sums(query, key, value, allowed, scaling, geometry, by_size)
+        sums = _row_sums(query, key, value, allowed, scaling, geometry, by_size, active.basket_flags(allowed, geometry))
         if reuse is not None:
             reuse.offer(shared, sums)
     return _mean_rows(sums, value, geometry, active.spec, query.dtype)
@@ -338,8 +346,10 @@ def _row_sums(
     scaling: float,
     geometry: BasketGeometry,
     by_size: bool,
+    flags: tuple[tuple[tuple[bool, bool], ...], ...],
 ) -> RowSums:
-    """The attention half of a mean-pooling layer's calibration, one fused SDPA call per content basket.
+    """The attention half of a mean-pooling layer's calibration, one fused SDPA call per content basket
+    (`flags`: per run and basket, whether it needs a mask and has blind rows; see `_basket_flags`).
 
     SDPA's fused kernel returns a row's attention output renormalised inside basket b (O_b) and the log of
     the basket's mass (its log-sum-exp) when given the keys of b alone, so the B×H×Q×K matrix is never
@@ -353,8 +363,8 @@ def _row_sums(
     runs = tuple(
         _basket_outputs(query[run.begin : run.end], key[run.begin : run.end], value[run.begin : run.end],
                         allowed[run.begin : run.end], geometry.key_content[run.begin : run.end], run,
-                        geometry.basket_size, scaling, by_size)
-        for run in geometry.runs
+                        geometry.basket_size, scaling, by_size, run_flags)
+        for run, run_flags in zip(geometry.runs, flags, strict=True)
     )
     return RowSums(iso_scores, runs)
 
@@ -407,6 +417,7 @@ def _basket_outputs(
     size: int,
     scaling: float,
     by_size: bool,
+    flags: tuple[tuple[bool, bool], ...],
 ) -> RunSums:
     """For the items of one run, over its baskets: Σ_b e^(m_b − top)·O_b, Σ_b w_b·O_b, top, log Σ_b e^(m_b),
     the number of baskets each row sees and Σ_b w_b (`RunSums`).
@@ -426,14 +437,9 @@ def _basket_outputs(
     n_seen = torch.zeros((*allowed.shape[:3], 1), device=query.device)
     weights = torch.zeros_like(n_seen) if by_size else n_seen  # Σ_b w_b: for equal, the basket count itself
     positions = torch.arange(keys, device=query.device)
-    for lo in range(run.start, run.start + run.n_baskets * size, size):
-        hi = min(lo + size, keys)
-        begin, end = _kernel_window(lo, hi, keys)
-        inside = (positions[begin:end] >= lo) & (positions[begin:end] < hi)
-        visible = allowed[..., begin:end] & (content[:, begin:end] & inside)[:, None, None, :]
-        # Masked, rescaled and zeroed unconditionally: asking the data whether it is needed would make the
-        # host wait for the device once per basket and layer.
-        bias = _additive_bias(visible, query.dtype)
+    for (lo, hi, begin, end), (masked, has_blind) in zip(_basket_windows(run, size, keys), flags, strict=True):
+        visible = _visible(allowed, content, positions, lo, hi, begin, end)
+        bias = _additive_bias(visible, query.dtype) if masked else None
         out, mass = _attention_with_lse(query, key[:, :, begin:end], value[:, :, begin:end], bias, scaling)
         out, mass = out.float(), mass[..., None]
         blind = ~visible.any(-1)[..., None]  # (G, 1, Q or 1, 1): the row sees none of the basket's keys
@@ -441,7 +447,8 @@ def _basket_outputs(
         count = visible.sum(-1, keepdim=True, dtype=torch.float32) if by_size else None  # w_b
         if count is not None:
             weights += count
-        out, mass = out.masked_fill_(blind, 0.0), mass.masked_fill(blind, float("-inf"))  # kernels differ there
+        if has_blind:  # kernels differ in what they report for a row that sees no key
+            out, mass = out.masked_fill_(blind, 0.0), mass.masked_fill(blind, float("-inf"))
         peak = torch.maximum(top, mass)
         rescale, weight = (top - peak).exp_(), (mass - peak).exp_()
         norm.mul_(rescale).add_(weight)
@@ -459,6 +466,42 @@ def _basket_outputs(
         mixed = torch.zeros(query.shape, dtype=torch.float32, device=query.device)
         even = torch.zeros_like(mixed)
     return RunSums(mixed, even, top, top + norm.log(), n_seen, weights)
+
+
+def _basket_windows(run: Run, size: int, keys: int) -> list[tuple[int, int, int, int]]:
+    """Per content basket of the run: its keys [lo, hi) and the kernel's window [begin, end) around them."""
+    return [(lo, min(lo + size, keys), *_kernel_window(lo, min(lo + size, keys), keys))
+            for lo in range(run.start, run.start + run.n_baskets * size, size)]
+
+
+def _visible(
+    allowed: torch.Tensor, content: torch.Tensor, positions: torch.Tensor, lo: int, hi: int, begin: int, end: int
+) -> torch.Tensor:
+    """(G, 1, Q or 1, window): the keys of the window that are basket [lo, hi)'s content and that the row may see."""
+    inside = (positions[begin:end] >= lo) & (positions[begin:end] < hi)
+    return allowed[..., begin:end] & (content[:, begin:end] & inside)[:, None, None, :]
+
+
+def _basket_flags(allowed: torch.Tensor, geometry: BasketGeometry) -> tuple[tuple[tuple[bool, bool], ...], ...]:
+    """Per run and content basket: whether the kernel needs a mask (some key of its window is hidden from some
+    row) and whether some row sees none of the basket's keys. Both depend on the batch alone, so they are read
+    back once per batch, in one host sync for all baskets, and no layer asks the device again."""
+    keys = allowed.shape[-1]
+    positions = torch.arange(keys, device=allowed.device)
+    per_run, questions = [], []
+    for run in geometry.runs:
+        items = slice(run.begin, run.end)
+        windows = _basket_windows(run, geometry.basket_size, keys)
+        per_run.append(len(windows))
+        for window in windows:
+            visible = _visible(allowed[items], geometry.key_content[items], positions, *window)
+            questions += [~visible.all(), (~visible.any(-1)).any()]
+    answers = torch.stack(questions).tolist() if questions else []
+    flags, at = [], 0
+    for count in per_run:
+        flags.append(tuple(zip(answers[at : at + 2 * count : 2], answers[at + 1 : at + 2 * count : 2], strict=True)))
+        at += 2 * count
+    return tuple(flags)
 
 
 def _additive_bias(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
