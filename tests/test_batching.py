@@ -16,7 +16,7 @@ from transformers import AutoModel, XLMRobertaConfig
 
 from tests.tiny import WORDS, random_texts, save_tiny
 from tuner.calibration.reference import register_reference
-from tuner.engine.encoder import Batches, CalibratedEncoder, auto_batch_size, auto_batch_tokens, choose_batching
+from tuner.engine.encoder import Batches, CalibratedEncoder, auto_batch_size, auto_batch_tokens, choose_batching, passage_bytes
 from tuner.engine.models import REGISTRY, LoadedModel, default_dtype, load_model
 from tuner.evaluation.evaluator import Evaluator
 
@@ -87,15 +87,16 @@ def bge_m3_shaped(dtype: torch.dtype, device: str) -> LoadedModel:
     return placed
 
 
-@pytest.mark.parametrize(("free_gib", "passages"), [(80, 8), (16, 1)])
+@pytest.mark.parametrize(("free_gib", "passages"), [(80, 64), (16, 16)])
 def test_on_a_gpu_bge_m3_gets_as_many_8k_passages_as_fit_half_the_free_memory(monkeypatch, free_gib: int, passages: int) -> None:
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free_gib * GiB, 141 * GiB))
     model = bge_m3_shaped(torch.bfloat16, "cuda")
-    # One 8,192-token passage: hidden states and FFN of a layer in bf16, 8192 × (6·1024 + 2·4096) × 2 bytes,
-    # plus one float32 heads × tokens × tokens score matrix, 16 × 8192² × 4 bytes: 4.53e9 bytes.
-    per_passage = 8192 * (6 * 1024 + 2 * 4096) * 2 + 16 * 8192**2 * 4
-    assert per_passage == 4_529_848_320
-    fit = free_gib * GiB // 2 // per_passage  # 80 GiB: 9 → 8 (a power of two); 16 GiB: 1
+    # One 8,192-token passage: hidden states and FFN of a layer in bf16, 8192 × (6·1024 + 2·4096) × 2 bytes; the
+    # padding mask, boolean (1 byte) and SDPA's bf16 additive copy (2 bytes), 8192² × 3; the pooled row's float32
+    # heads × tokens rows, 4 × 16 × 8192 × 4. No heads × tokens² score matrix: SDPA's kernels never form one.
+    per_passage = 8192 * (6 * 1024 + 2 * 4096) * 2 + 8192**2 * 3 + 4 * 16 * 8192 * 4
+    assert per_passage == 438_304_768
+    fit = free_gib * GiB // 2 // per_passage  # 80 GiB: 97 → 64 (a power of two); 16 GiB: 19 → 16
     assert auto_batch_size(model) == passages and passages <= fit < 2 * passages
     assert auto_batch_tokens(model) == passages * 8192
     assert choose_batching(model) == (256, passages * 8192)
@@ -106,10 +107,18 @@ def test_on_a_cpu_the_chooser_caps_at_16_passages_whatever_the_memory(monkeypatc
 
     monkeypatch.setattr(psutil, "virtual_memory", lambda: SimpleNamespace(available=24 * GiB))
     model = bge_m3_shaped(torch.float32, "cpu")
-    per_passage = 8192 * (6 * 1024 + 2 * 4096) * 4 + 16 * 8192**2 * 4  # float32 on CPU
-    assert auto_batch_size(model) == 2 == 2 ** int(np.log2(12 * GiB // per_passage))
+    per_passage = 8192 * (6 * 1024 + 2 * 4096) * 4 + 8192**2 * 5 + 4 * 16 * 8192 * 4  # float32 on CPU
+    assert auto_batch_size(model) == 8 == 2 ** int(np.log2(12 * GiB // per_passage))
     monkeypatch.setattr(psutil, "virtual_memory", lambda: SimpleNamespace(available=2000 * GiB))
     assert auto_batch_size(model) == 16
+
+
+def test_mean_pooling_budgets_the_engines_float32_basket_sums(monkeypatch) -> None:
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (80 * GiB, 141 * GiB))
+    model = bge_m3_shaped(torch.bfloat16, "cuda")
+    mean = dataclasses.replace(model, spec=dataclasses.replace(model.spec, pooling="mean"))
+    # two float32 basket sums and one basket's output, tokens × hidden each, instead of the pooled row's rows
+    assert passage_bytes(mean) - passage_bytes(model) == 3 * 8192 * 1024 * 4 - 4 * 16 * 8192 * 4
 
 
 def test_models_load_in_bf16_on_a_gpu_that_has_it_and_float32_elsewhere(monkeypatch) -> None:
@@ -150,3 +159,15 @@ def test_half_precision_models_encode_and_resume_like_full_passes(tmp_path, dtyp
     vectors, _ = evaluator.document_vectors(config)
     assert evaluator.counts.resumed, "the trial resumed from a cached layer"
     assert np.abs(vectors - got).max() < 1e-6
+
+
+def test_copies_to_a_gpu_go_through_pinned_memory_without_blocking_the_host(monkeypatch) -> None:
+    from tuner.engine.encoder import to_device
+
+    tokens = torch.ones(2, 3, dtype=torch.long)
+    assert to_device(tokens, torch.device("cpu")) is tokens, "on CPU nothing is copied"
+    copies = []
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: SimpleNamespace(
+        to=lambda device, non_blocking=False: copies.append((device, non_blocking)) or "on the gpu"))
+    assert to_device(tokens, torch.device("cuda", 1)) == "on the gpu"
+    assert copies == [(torch.device("cuda", 1), True)]

@@ -106,24 +106,27 @@ def attention_cases(draw: st.DrawFn) -> tuple:
     # how a call without a mask learns it is causal: the argument (overriding the module), the module's
     # attribute, or nothing (transformers then assumes causal)
     signal = draw(st.sampled_from(["argument", "attribute"] + (["absent"] if causal else [])))
-    fallback = draw(st.booleans())  # without the private fused CPU kernel (see `_cpu_kernel`)
+    fallback = draw(st.booleans())  # without the private fused CPU kernel (see `_fused_kernel`)
     left, kv_heads, seed = draw(st.booleans()), draw(st.sampled_from([1, 2, 4])), draw(st.integers(0, 1000))
-    return config, lengths, keys, left, given_mask, causal, signal, kv_heads, seed, fallback
+    by_token = draw(st.booleans())  # q/k/v as transformers hands them over: views of (B, T, H, D) projections
+    return config, lengths, keys, left, given_mask, causal, signal, kv_heads, seed, fallback, by_token
 
 
 @settings(max_examples=200, deadline=None)
 @given(attention_cases())
 @example((CalibrationConfig(pooling="cls", basket_size=3, strength=0.7, layers=[0]), [2, 26, 2, 2, 2, 2, 2, 29], 29,
-          False, True, False, "attribute", 1, 143, False))  # SDPA's own fp32 rounding
+          False, True, False, "attribute", 1, 143, False, False))  # SDPA's own fp32 rounding
 def test_engine_matches_oracle_at_the_attention_interface(case: tuple) -> None:
     """Outputs of the real rows agree to 2e-6 + 1e-6 relative: values are of order 1, and float32 sums of up
     to 30 of them (SDPA's rows too) round by ~1e-6; the oracle runs in float64."""
-    config, lengths, keys, left, given_mask, causal, signal, kv_heads, seed, fallback = case
+    config, lengths, keys, left, given_mask, causal, signal, kv_heads, seed, fallback, by_token = case
     q, k, v, key_valid = build_inputs(lengths, left, 4, kv_heads, torch.float32, seed, keys)
+    if by_token:
+        q, k, v = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))
     allowed = mask_of(key_valid, causal)
     module = FakeAttention(0, 4 // kv_heads, {"argument": not causal, "attribute": causal, "absent": ABSENT}[signal])
     kwargs = {"is_causal": causal} if signal == "argument" else {}
-    with mock.patch.object(engine_module, "_cpu_kernel", lambda: None) if fallback else nullcontext():
+    with mock.patch.object(engine_module, "_fused_kernel", lambda device_type: None) if fallback else nullcontext():
         got = engine(config, module, q, k, v, allowed if given_mask else None, **kwargs)
     want = reference_attention(q, k, v, allowed, SCALE, config)
     assert torch.allclose(got[key_valid].double(), want[key_valid], atol=2e-6, rtol=1e-6)
@@ -313,20 +316,24 @@ def test_without_the_private_cpu_kernel_the_fallback_agrees(monkeypatch: pytest.
     allowed = mask_of(key_valid, causal)
     config = CalibrationConfig(pooling="mean", variant="cls_hard", strength=0.6, basket_size=4, layers=[0])
     module = FakeAttention(0, 2, causal)
-    assert engine_module._cpu_kernel() is not None  # torch 2.13 CPU has it: both paths are exercised here
+    assert engine_module._fused_kernel("cpu") is not None  # torch 2.13 CPU has it: both paths are exercised here
     fused = engine(config, module, q, k, v, allowed)
-    monkeypatch.setattr(engine_module, "_cpu_kernel", lambda: None)
+    monkeypatch.setattr(engine_module, "_fused_kernel", lambda device_type: None)
     fallback = engine(config, module, q, k, v, allowed)
     want = reference_attention(q, k, v, allowed, SCALE, config)
     assert torch.allclose(fallback[key_valid], fused[key_valid], atol=2e-6)
     assert torch.allclose(fallback[key_valid].double(), want[key_valid], atol=2e-6, rtol=1e-6)
 
 
+CPU = torch.device("cpu")
+
+
 def test_the_kernel_probe_refuses_an_op_that_is_missing_or_answers_otherwise() -> None:
-    from tuner.calibration.attention import _probe_cpu_kernel
+    from tuner.calibration.attention import _cpu_flash, _probe_kernel
 
     real = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    assert _probe_cpu_kernel(real) is real
+    kernel = _cpu_flash(real)
+    assert _probe_kernel(kernel, CPU) is kernel
 
     def missing(*args, **kwargs):
         raise RuntimeError("no such op on this build")
@@ -342,8 +349,59 @@ def test_the_kernel_probe_refuses_an_op_that_is_missing_or_answers_otherwise() -
         out, lse = real(query, key, value, attn_mask=attn_mask, scale=scale)
         return out, lse / torch.log(torch.tensor(2.0))
 
-    for op in (None, missing, output_only, lse_per_token, log2_lse):
-        assert _probe_cpu_kernel(op) is None
+    assert _probe_kernel(None, CPU) is None
+    for op in (missing, output_only, lse_per_token, log2_lse):
+        assert _probe_kernel(_cpu_flash(op), CPU) is None
+
+
+def efficient_on_cpu(query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False, *, scale=None):
+    """The memory-efficient CUDA kernel's calling convention, computed on CPU: a full (B, H, Q, K) bias in, four
+    outputs out, the log-sum-exp's rows padded to a multiple of 32 with what the padding happens to hold."""
+    assert attn_bias is None or attn_bias.shape == (*query.shape[:3], key.shape[2])
+    assert compute_log_sumexp and dropout_p == 0.0 and not is_causal
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(query, key, value, attn_mask=attn_bias, scale=scale)
+    padded = torch.full((*lse.shape[:2], -(-lse.shape[2] // 32) * 32), 7.0)
+    padded[..., : lse.shape[2]] = lse
+    return out, padded, torch.zeros(()), torch.zeros(())
+
+
+def test_the_cuda_kernel_is_probed_and_falls_back_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA branch cannot run here: its wrapper is exercised with the CUDA kernel's calling convention on
+    CPU (the engine then agrees with the oracle), and the real CUDA op, which has no CPU kernel, fails its probe."""
+    from tuner.calibration.attention import _cuda_efficient, _probe_kernel
+
+    assert _probe_kernel(_cuda_efficient(torch.ops.aten._scaled_dot_product_efficient_attention), CPU) is None
+    kernel = _probe_kernel(_cuda_efficient(efficient_on_cpu), CPU)
+    assert kernel is not None
+    q, k, v, key_valid = build_inputs([21, 16, 9], True, 4, 2, torch.float32, 8)
+    allowed = mask_of(key_valid, True)
+    config = CalibrationConfig(pooling="mean", variant="cls_soft", strength=0.8, basket_size=4, layers=[0])
+    monkeypatch.setattr(engine_module, "_fused_kernel", lambda device_type: kernel)
+    got = engine(config, FakeAttention(0, 2, True), q, k, v, allowed)
+    want = reference_attention(q, k, v, allowed, SCALE, config)
+    assert torch.allclose(got[key_valid].double(), want[key_valid], atol=2e-6, rtol=1e-6)
+
+
+def test_a_kernel_that_fails_its_probe_is_said_once_and_the_engine_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU build whose fused kernel answers otherwise: one warning, then every call takes the scores path."""
+    from tuner.calibration.attention import _cuda_efficient
+
+    monkeypatch.setitem(engine_module.FUSED_KERNELS, "cpu", (_cuda_efficient, "_scaled_dot_product_efficient_attention"))
+    engine_module._fused_kernel.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="did not pass its probe on cpu"):
+            assert engine_module._fused_kernel("cpu") is None
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert engine_module._fused_kernel("cpu") is None  # probed once
+        q, k, v, key_valid = build_inputs([13, 9], False, 4, 4, torch.float32, 3)
+        allowed = mask_of(key_valid, False)
+        config = CalibrationConfig(pooling="mean", strength=0.6, basket_size=3, layers=[0])
+        got = engine(config, FakeAttention(0, 1, False), q, k, v, allowed)
+        assert torch.allclose(got[key_valid].double(), reference_attention(q, k, v, allowed, SCALE, config)[key_valid],
+                              atol=2e-6, rtol=1e-6)
+    finally:
+        engine_module._fused_kernel.cache_clear()
 
 
 @pytest.mark.parametrize("shares", ["equal", "by_size"])

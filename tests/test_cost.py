@@ -49,3 +49,23 @@ def test_the_estimate_counts_the_corpus_batches_queries_and_a_held_out_corpus(tm
     assert cost.probe.rows == 2 and cost.probe.length == 42 and cost.probe.seconds > 0
     same_corpus = PositionalDataset("h", tuning.corpus, heldout.queries, {q: {"t0": 1} for q in heldout.queries})
     assert estimate_cost(evaluator, [same_corpus], [], profile_docs=1).once_tokens == 25, "FineWeb-PosQ's parts share it"
+
+
+def test_the_probe_is_timed_after_a_warm_up_and_fills_a_gpu_with_its_whole_batch(tmp_path) -> None:
+    import torch
+
+    from tuner.engine.encoder import Batches
+    from tuner.evaluation.cost import WARMUP_TOKENS, probe, probe_rows
+
+    model = load_model(str(save_tiny("bert", tmp_path / "bert")), pooling="cls")
+    batches = Batches.build(model, [" ".join(WORDS[:60])] * 6, batch_size=6)
+    shapes = []
+    handle = model.model.register_forward_pre_hook(lambda module, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)),
+                                                   with_kwargs=True)
+    try:
+        timed = probe(model, batches)
+    finally:
+        handle.remove()
+    assert shapes == [(4, WARMUP_TOKENS), (4, 62)], "an untimed short warm-up, then the timed pass on CPU's 4 rows"
+    assert (timed.rows, timed.length) == (4, 62)
+    assert probe_rows(torch.device("cuda"), 6) == 6 and probe_rows(torch.device("cpu"), 6) == 4

@@ -16,9 +16,14 @@ Inside a block, in the calibrated layers:
   recomputed, calibrated and multiplied with V, and that row of the output is replaced;
 - mean pooling: every row is calibrated; the fused kernel runs once per content basket and its
   per-basket outputs and log-sum-exps are blended, so the B×H×Q×K matrix is never formed (an
-  observed layer also forms it tile by tile over the query axis, for the profile only). On CPU the
-  fused kernel is torch's private `_scaled_dot_product_flash_attention_for_cpu`, used only after a
+  observed layer also forms it tile by tile over the query axis, for the profile only). The fused
+  kernel is torch's private `_scaled_dot_product_flash_attention_for_cpu` on CPU and the memory-efficient
+  `_scaled_dot_product_efficient_attention` (asked for its log-sum-exp) on CUDA, each used only after a
   one-time probe shows it answering as expected; otherwise each basket's scores are formed (small).
+
+No per-layer code asks the device a question (a host sync stalls a GPU's stream): what the data decide
+(the baskets, which of them need a mask or have rows that see none of their keys) is read back once per
+batch, for all layers; the running sums are rescaled unconditionally.
 """
 
 from __future__ import annotations
@@ -63,6 +68,7 @@ class _Active:
     _shape: tuple[int, int] | None = field(default=None, init=False)
     _geometry: BasketGeometry | None = field(default=None, init=False)
     _key_mask: torch.Tensor | None = field(default=None, init=False)
+    _flags: tuple[tuple[tuple[bool, bool], ...], ...] | None = field(default=None, init=False)
     _causal: torch.Tensor | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
@@ -87,7 +93,7 @@ class _Active:
         if self._geometry is None or self._mask is not mask or self._shape != (batch, keys):
             key_valid = _allowed(mask)[:, 0, -1, :] if mask is not None else torch.ones(batch, keys, dtype=torch.bool, device=device)
             self._geometry = BasketGeometry.from_key_mask(key_valid, self.spec.basket_size, self.roles)
-            self._mask, self._shape, self._key_mask = mask, (batch, keys), None
+            self._mask, self._shape, self._key_mask, self._flags = mask, (batch, keys), None, None
         return self._geometry
 
     def allowed(self, mask: torch.Tensor | None, batch: int, keys: int, device: torch.device) -> torch.Tensor:
@@ -106,6 +112,12 @@ class _Active:
                 same_rows = allowed.shape[2] > 1 and bool((allowed == allowed[:, :, :1]).all())
                 self._key_mask = allowed[:, :, :1] if same_rows else allowed
         return self._key_mask
+
+    def basket_flags(self, allowed: torch.Tensor, geometry: BasketGeometry) -> tuple[tuple[tuple[bool, bool], ...], ...]:
+        """`_basket_flags` of this batch, read back once for all its layers."""
+        if self._flags is None:
+            self._flags = _basket_flags(allowed, geometry)
+        return self._flags
 
 
 _ACTIVE: ContextVar[_Active | None] = ContextVar("posfair_calibration", default=None)
@@ -219,10 +231,7 @@ def _pooled_row(
     items = torch.arange(batch, device=query.device)
     position = geometry.first if active.spec.pooling == "cls" else geometry.last
     row_query = query[items, :, position].view(batch, kv_heads, heads // kv_heads, dim)
-    # Per item: key/value are strided views of the (B, K, H, D) projections; a batched matmul over
-    # (B, H) would first copy them whole, item by item BLAS reads them in place.
-    scores = torch.stack([row_query[b] @ key[b].transpose(-1, -2) for b in range(batch)])
-    scores = scores.view(batch, heads, keys).float().mul_(scaling)
+    scores = _per_head(row_query, key, transpose=True).view(batch, heads, keys).float().mul_(scaling)
     allowed = _allowed(mask)[items, 0, position] if mask is not None else geometry.key_valid
     scores.masked_fill_(~allowed[:, None, :], float("-inf"))
     before = scores.softmax(-1)
@@ -235,8 +244,31 @@ def _pooled_row(
         active.observer(layer, before, after, geometry)
     if calibrate:
         weights = after.to(value.dtype).view(batch, kv_heads, heads // kv_heads, keys)
-        mixed = torch.stack([weights[b] @ value[b] for b in range(batch)])
-        output[items, position] = mixed.view(batch, heads, dim)
+        output[items, position] = _per_head(weights, value, transpose=False).reshape(batch, heads, dim)
+
+
+def _per_head(rows: torch.Tensor, keyed: torch.Tensor, transpose: bool) -> torch.Tensor:
+    """One batched matmul per head without copying K or V: rows (B, Hkv, G, n) against keyed (B, Hkv, K, D)
+    → rows @ keyedᵀ (B, Hkv, G, K) if `transpose`, else rows @ keyed (B, Hkv, G, D).
+
+    K and V are strided views of the (B, K, Hkv·D) projections, which a matmul batched over (B, Hkv) would
+    first copy whole. Seen as one (K, Hkv·D) matrix per item they need no copy: the rows are spread
+    block-diagonally over the heads (zeros elsewhere) for one matmul batched over B, and only the diagonal
+    head blocks of its result are kept. That does Hkv× the multiply-adds of a per-head product, which on
+    one row per passage is a fraction of a percent of the layer's attention.
+    """
+    batch, kv_heads, groups, _ = rows.shape
+    by_token = keyed.transpose(1, 2)  # (B, K, Hkv, D)
+    if by_token.stride(-1) != 1 or by_token.stride(-2) != by_token.shape[-1]:  # not (B, K, Hkv·D) memory
+        return rows @ (keyed.transpose(-1, -2) if transpose else keyed)
+    dim = keyed.shape[-1]
+    matrix = by_token.flatten(2)  # (B, K, Hkv·D), a view
+    eye = torch.eye(kv_heads, dtype=rows.dtype, device=rows.device)
+    if transpose:  # (B, Hkv·G, Hkv·D) @ (B, Hkv·D, K): head h's rows meet only head h's keys
+        spread = (rows[:, :, :, None, :] * eye[None, :, None, :, None]).view(batch, kv_heads * groups, kv_heads * dim)
+        return (spread @ matrix.transpose(1, 2)).view(batch, kv_heads, groups, -1)
+    mixed = (rows.flatten(1, 2) @ matrix).view(batch, kv_heads, groups, kv_heads, dim)  # every head's V, per row
+    return mixed.diagonal(dim1=1, dim2=3).permute(0, 3, 1, 2)  # head h's rows with head h's V
 
 
 class RunSums(NamedTuple):
@@ -300,7 +332,7 @@ def _mean_layer(
     sums = reuse.lookup(shared) if reuse is not None else None
     if sums is None:
         allowed = active.allowed(mask, query.shape[0], key.shape[2], query.device)
-        sums = _row_sums(query, key, value, allowed, scaling, geometry, by_size)
+        sums = _row_sums(query, key, value, allowed, scaling, geometry, by_size, active.basket_flags(allowed, geometry))
         if reuse is not None:
             reuse.offer(shared, sums)
     return _mean_rows(sums, value, geometry, active.spec, query.dtype)
@@ -314,8 +346,10 @@ def _row_sums(
     scaling: float,
     geometry: BasketGeometry,
     by_size: bool,
+    flags: tuple[tuple[tuple[bool, bool], ...], ...],
 ) -> RowSums:
-    """The attention half of a mean-pooling layer's calibration, one fused SDPA call per content basket.
+    """The attention half of a mean-pooling layer's calibration, one fused SDPA call per content basket
+    (`flags`: per run and basket, whether it needs a mask and has blind rows; see `_basket_flags`).
 
     SDPA's fused kernel returns a row's attention output renormalised inside basket b (O_b) and the log of
     the basket's mass (its log-sum-exp) when given the keys of b alone, so the B×H×Q×K matrix is never
@@ -329,8 +363,8 @@ def _row_sums(
     runs = tuple(
         _basket_outputs(query[run.begin : run.end], key[run.begin : run.end], value[run.begin : run.end],
                         allowed[run.begin : run.end], geometry.key_content[run.begin : run.end], run,
-                        geometry.basket_size, scaling, by_size)
-        for run in geometry.runs
+                        geometry.basket_size, scaling, by_size, run_flags)
+        for run, run_flags in zip(geometry.runs, flags, strict=True)
     )
     return RowSums(iso_scores, runs)
 
@@ -383,6 +417,7 @@ def _basket_outputs(
     size: int,
     scaling: float,
     by_size: bool,
+    flags: tuple[tuple[bool, bool], ...],
 ) -> RunSums:
     """For the items of one run, over its baskets: Σ_b e^(m_b − top)·O_b, Σ_b w_b·O_b, top, log Σ_b e^(m_b),
     the number of baskets each row sees and Σ_b w_b (`RunSums`).
@@ -402,23 +437,18 @@ def _basket_outputs(
     n_seen = torch.zeros((*allowed.shape[:3], 1), device=query.device)
     weights = torch.zeros_like(n_seen) if by_size else n_seen  # Σ_b w_b: for equal, the basket count itself
     positions = torch.arange(keys, device=query.device)
-    for lo in range(run.start, run.start + run.n_baskets * size, size):
-        hi = min(lo + size, keys)
-        begin, end = _kernel_window(lo, hi, keys)
-        inside = (positions[begin:end] >= lo) & (positions[begin:end] < hi)
-        visible = allowed[..., begin:end] & (content[:, begin:end] & inside)[:, None, None, :]
-        bias = None if bool(visible.all()) else (
-            torch.zeros(visible.shape, dtype=query.dtype, device=query.device).masked_fill_(~visible, float("-inf"))
-        )
+    for (lo, hi, begin, end), (masked, has_blind) in zip(_basket_windows(run, size, keys), flags, strict=True):
+        visible = _visible(allowed, content, positions, lo, hi, begin, end)
+        bias = _additive_bias(visible, query.dtype) if masked else None
         out, mass = _attention_with_lse(query, key[:, :, begin:end], value[:, :, begin:end], bias, scaling)
         out, mass = out.float(), mass[..., None]
-        blind = ~visible.any(-1)[..., None]  # (G, 1, Q or 1, 1): the kernel reports 0 and log-mass 0 there
+        blind = ~visible.any(-1)[..., None]  # (G, 1, Q or 1, 1): the row sees none of the basket's keys
         n_seen += ~blind
         count = visible.sum(-1, keepdim=True, dtype=torch.float32) if by_size else None  # w_b
         if count is not None:
             weights += count
-        if bool(blind.any()):
-            out, mass = out.masked_fill(blind, 0.0), mass.masked_fill(blind, float("-inf"))
+        if has_blind:  # kernels differ in what they report for a row that sees no key
+            out, mass = out.masked_fill_(blind, 0.0), mass.masked_fill(blind, float("-inf"))
         peak = torch.maximum(top, mass)
         rescale, weight = (top - peak).exp_(), (mass - peak).exp_()
         norm.mul_(rescale).add_(weight)
@@ -426,9 +456,7 @@ def _basket_outputs(
             mixed = out * weight
             even = out if count is None else out.mul_(count)  # the kernel's output is ours to update
         else:
-            if not bool((peak == top).all()):
-                mixed.mul_(rescale)
-            mixed.addcmul_(out, weight)
+            mixed.mul_(rescale).addcmul_(out, weight)
             if count is None:
                 even.add_(out)
             else:
@@ -438,6 +466,51 @@ def _basket_outputs(
         mixed = torch.zeros(query.shape, dtype=torch.float32, device=query.device)
         even = torch.zeros_like(mixed)
     return RunSums(mixed, even, top, top + norm.log(), n_seen, weights)
+
+
+def _basket_windows(run: Run, size: int, keys: int) -> list[tuple[int, int, int, int]]:
+    """Per content basket of the run: its keys [lo, hi) and the kernel's window [begin, end) around them."""
+    return [(lo, min(lo + size, keys), *_kernel_window(lo, min(lo + size, keys), keys))
+            for lo in range(run.start, run.start + run.n_baskets * size, size)]
+
+
+def _visible(
+    allowed: torch.Tensor, content: torch.Tensor, positions: torch.Tensor, lo: int, hi: int, begin: int, end: int
+) -> torch.Tensor:
+    """(G, 1, Q or 1, window): the keys of the window that are basket [lo, hi)'s content and that the row may see."""
+    inside = (positions[begin:end] >= lo) & (positions[begin:end] < hi)
+    return allowed[..., begin:end] & (content[:, begin:end] & inside)[:, None, None, :]
+
+
+def _basket_flags(allowed: torch.Tensor, geometry: BasketGeometry) -> tuple[tuple[tuple[bool, bool], ...], ...]:
+    """Per run and content basket: whether the kernel needs a mask (some key of its window is hidden from some
+    row) and whether some row sees none of the basket's keys. Both depend on the batch alone, so they are read
+    back once per batch, in one host sync for all baskets, and no layer asks the device again."""
+    keys = allowed.shape[-1]
+    positions = torch.arange(keys, device=allowed.device)
+    per_run, questions = [], []
+    for run in geometry.runs:
+        items = slice(run.begin, run.end)
+        windows = _basket_windows(run, geometry.basket_size, keys)
+        per_run.append(len(windows))
+        for window in windows:
+            visible = _visible(allowed[items], geometry.key_content[items], positions, *window)
+            questions += [~visible.all(), (~visible.any(-1)).any()]
+    answers = torch.stack(questions).tolist() if questions else []
+    flags, at = [], 0
+    for count in per_run:
+        flags.append(tuple(zip(answers[at : at + 2 * count : 2], answers[at + 1 : at + 2 * count : 2], strict=True)))
+        at += 2 * count
+    return tuple(flags)
+
+
+def _additive_bias(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """0 where a key is visible, −inf where not, in `dtype`, its rows padded in memory to a multiple of
+    `KERNEL_KEY_MULTIPLE` keys (the memory-efficient CUDA kernel reads the bias in aligned blocks)."""
+    width = visible.shape[-1]
+    padded = -(-width // KERNEL_KEY_MULTIPLE) * KERNEL_KEY_MULTIPLE
+    bias = torch.zeros((*visible.shape[:-1], padded), dtype=dtype, device=visible.device)[..., :width]
+    return bias.masked_fill_(~visible, float("-inf"))
 
 
 def _kernel_window(lo: int, hi: int, keys: int, multiple: int = KERNEL_KEY_MULTIPLE) -> tuple[int, int]:
@@ -456,50 +529,98 @@ def _attention_with_lse(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention output (B, H, Q, D) and the float32 log-sum-exp of each row's scores (B, H, Q).
 
-    On CPU this is SDPA's own fused kernel, which the public function runs but whose log-sum-exp it
-    drops: a private op, used only where `_cpu_kernel` found it answering as expected. Elsewhere (or
-    without it) the two are computed from the (B, H, Q, basket) scores, which one basket's keys keep
-    small (not measured on a GPU: this machine has none).
+    On CPU and CUDA this is one of SDPA's own fused kernels, which the public function runs but whose
+    log-sum-exp it drops: a private op, used only where `_fused_kernel` found it answering as expected.
+    Elsewhere (or without it) the two are computed from the (B, H, Q, basket) scores, which one basket's
+    keys keep small.
     """
-    kernel = _cpu_kernel() if query.device.type == "cpu" else None
+    kernel = _fused_kernel(query.device.type)
     if kernel is not None:
-        out, lse = kernel(query, key, value, attn_mask=bias, scale=scaling)[:2]
-        return out, lse
+        return kernel(query, key, value, bias, scaling)
     return _attention_with_lse_unfused(query, key, value, bias, scaling)
 
 
+FusedKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, float], tuple[torch.Tensor, torch.Tensor]]
+
+
+def _cpu_flash(op: Callable[..., tuple[torch.Tensor, ...]]) -> FusedKernel:
+    """SDPA's fused CPU kernel: (output, log-sum-exp (B, H, Q))."""
+
+    def kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bias: torch.Tensor | None, scale: float):
+        out, lse = op(query, key, value, attn_mask=bias, scale=scale)[:2]
+        return out, lse
+
+    return kernel
+
+
+def _cuda_efficient(op: Callable[..., tuple[torch.Tensor, ...]]) -> FusedKernel:
+    """SDPA's memory-efficient CUDA kernel, asked for its log-sum-exp: it takes the bias at full (B, H, Q, K)
+    shape (a broadcast view is enough) and returns the log-sum-exp with its rows padded to a block."""
+
+    def kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bias: torch.Tensor | None, scale: float):
+        rows = query.shape[2]
+        if bias is not None:
+            bias = bias.expand(query.shape[0], query.shape[1], rows, key.shape[2])
+        out, lse = op(query, key, value, bias, True, scale=scale)[:2]
+        return out, lse[..., :rows]
+
+    return kernel
+
+
+# Per device type: how to call its fused kernel, and the private op's name.
+FUSED_KERNELS: dict[str, tuple[Callable[[Callable[..., tuple[torch.Tensor, ...]]], FusedKernel], str]] = {
+    "cpu": (_cpu_flash, "_scaled_dot_product_flash_attention_for_cpu"),
+    "cuda": (_cuda_efficient, "_scaled_dot_product_efficient_attention"),
+}
+
+
 @cache
-def _cpu_kernel() -> Callable[..., tuple[torch.Tensor, ...]] | None:
-    """The fused CPU kernel behind SDPA, if this torch build has it and it answers our call as expected."""
-    return _probe_cpu_kernel(getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None))
-
-
-def _probe_cpu_kernel(op: Callable[..., tuple[torch.Tensor, ...]] | None) -> Callable[..., tuple[torch.Tensor, ...]] | None:
-    """`op` if, on a small masked call, it returns the attention output (B, H, Q, D) and the natural
-    log-sum-exp (B, H, Q) that the public ops give; else None (the caller falls back to those ops)."""
-    if op is None:
+def _fused_kernel(device_type: str) -> FusedKernel | None:
+    """The fused kernel behind SDPA on this device type, if this torch build has it and it answers our call as
+    expected (probed once per process on the current device); else None, said once."""
+    if device_type not in FUSED_KERNELS:
         return None
-    generator = torch.Generator().manual_seed(0)
-    query, key, value = (torch.randn(2, 3, 5, 8, generator=generator) for _ in range(3))
-    bias = torch.zeros(2, 1, 5, 5).masked_fill_(torch.ones(5, 5, dtype=torch.bool).triu(1), float("-inf"))
-    want_out, want_lse = _attention_with_lse_unfused(query, key, value, bias, 0.35)
+    wrap, name = FUSED_KERNELS[device_type]
+    op = getattr(torch.ops.aten, name, None)
+    kernel = _probe_kernel(wrap(op) if op is not None else None, torch.device(device_type))
+    if kernel is None:
+        warnings.warn(
+            f"posfair: torch's fused attention kernel {name} is missing or did not pass its probe on {device_type}; "
+            "mean-pooling calibration forms each basket's scores instead (slower, more memory)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return kernel
+
+
+def _probe_kernel(kernel: FusedKernel | None, device: torch.device) -> FusedKernel | None:
+    """`kernel` if, on a small masked call on `device` shaped as the engine calls it (views of (B, T, H, D)
+    projections, a key window, a bias from `_additive_bias`), it returns the attention output (B, H, Q, D)
+    and the natural log-sum-exp (B, H, Q) that the public ops give; else None (the caller falls back to them)."""
+    if kernel is None:
+        return None
     try:
-        out, lse = op(query, key, value, attn_mask=bias, scale=0.35)[:2]
+        generator = torch.Generator().manual_seed(0)
+        query, key, value = (torch.randn(2, 7, 3, 8, generator=generator).to(device).transpose(1, 2) for _ in range(3))
+        key, value = key[:, :, 1:6], value[:, :, 1:6]
+        bias = _additive_bias(torch.ones(7, 5, dtype=torch.bool, device=device).tril(1).expand(2, 1, 7, 5), query.dtype)
+        want_out, want_lse = _attention_with_lse_unfused(query, key, value, bias, 0.35)
+        out, lse = kernel(query, key, value, bias, 0.35)
         agrees = (
             out.shape == want_out.shape
             and lse.shape == want_lse.shape
             and torch.allclose(out, want_out, atol=1e-5)
             and torch.allclose(lse.float(), want_lse, atol=1e-5)
         )
-    except (RuntimeError, TypeError, ValueError, AttributeError):
+    except (RuntimeError, NotImplementedError, TypeError, ValueError, AttributeError, IndexError):
         return None
-    return op if agrees else None
+    return kernel if agrees else None
 
 
 def _attention_with_lse_unfused(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bias: torch.Tensor | None, scaling: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`_attention_with_lse` from the scores, for devices without the fused CPU kernel."""
+    """`_attention_with_lse` from the scores, for devices without a fused kernel that passed its probe."""
     scores = (query @ key.transpose(-1, -2)).float().mul_(scaling)
     if bias is not None:
         scores += bias

@@ -110,36 +110,56 @@ def choose_batching(model: LoadedModel, batch_size: int | None = None, batch_tok
 
 def auto_batch_tokens(model: LoadedModel, fraction: float = 0.5) -> int:
     """Padded tokens per batch: as many as `auto_batch_size` texts of the model's maximum length. Memory per
-    batch is then bounded as before: hidden states grow with tokens, and a batch's attention scores with
+    batch is then bounded as before: hidden states grow with tokens, and a batch's padding mask with
     tokens × its longest text, which is at most the maximum length."""
     return auto_batch_size(model, fraction) * model.max_length
 
 
-def auto_batch_size(model: LoadedModel, fraction: float = 0.5) -> int:
-    """The largest power of two whose forward pass fits in `fraction` of the device's free memory.
+def passage_bytes(model: LoadedModel) -> int:
+    """The working set of one passage of the model's maximum length inside one layer, as SDPA runs it.
 
-    Rough per-passage working set at the model's maximum length: the hidden states and feed-forward
-    intermediate of one layer in the model's dtype, plus one float32 heads × tokens × tokens matrix
-    (the most a layer holds at once). Capped per device kind, so the choice (part of every cache key)
-    does not move with the free memory of the moment unless memory is short.
+    SDPA's fused kernels (flash on CPU, memory-efficient on CUDA) never form the heads × tokens × tokens
+    scores: what grows with the square of the length is transformers' boolean (tokens, tokens) padding mask
+    and the additive copy of it in the model's dtype that SDPA makes. The rest is linear: the hidden states,
+    Q/K/V, the attention output and the feed-forward intermediate in the model's dtype, and the engine's
+    float32 rows (mean pooling: two basket sums and one basket's output, B×H×Q×D each; cls / last: a few
+    heads × tokens rows).
     """
     config = model.model.config
     tokens = model.max_length
     itemsize = torch.finfo(model.model.dtype).bits // 8
     hidden = int(config.hidden_size)
     intermediate = int(getattr(config, "intermediate_size", 4 * hidden))
-    per_passage = tokens * (6 * hidden + 2 * intermediate) * itemsize + int(config.num_attention_heads) * tokens**2 * 4
+    heads = int(config.num_attention_heads)
+    layer = tokens * (6 * hidden + 2 * intermediate) * itemsize
+    mask = tokens**2 * (1 + itemsize)
+    engine = 3 * tokens * hidden * 4 if model.spec.pooling == "mean" else 4 * heads * tokens * 4
+    return layer + mask + engine
+
+
+def auto_batch_size(model: LoadedModel, fraction: float = 0.5) -> int:
+    """The largest power of two whose forward pass (`passage_bytes` per passage) fits in `fraction` of the
+    device's free memory. Capped per device kind, so the choice (part of every cache key) does not move with
+    the free memory of the moment unless memory is short."""
     if model.device.type == "cuda":
         free, cap = torch.cuda.mem_get_info(model.device)[0], GPU_BATCH_CAP
     else:
         import psutil
 
         free, cap = psutil.virtual_memory().available, CPU_BATCH_CAP
-    fit = min(int(free * fraction // per_passage), cap)
+    fit = min(int(free * fraction // passage_bytes(model)), cap)
     size = 1
     while size * 2 <= fit:
         size *= 2
     return size
+
+
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`tensor` on `device`; to a GPU through pinned memory and without blocking the host, which can then queue
+    the forward while the copy runs (torch keeps the pinned buffer until the copy is done)."""
+    if device.type != "cuda" or tensor.device.type != "cpu":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
 
 
 class CalibratedEncoder:
@@ -298,7 +318,7 @@ def forward(
                 continue
             if ran is not None:
                 ran.append(i)
-            batch = {k: v.to(model.device) for k, v in batches.inputs[i].items()}
+            batch = {k: to_device(v, model.device) for k, v in batches.inputs[i].items()}
             with ExitStack() as scope:
                 if spec is not None:
                     scope.enter_context(calibrating(spec, observer, first_layer(i) if first_layer is not None else None))

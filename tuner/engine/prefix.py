@@ -32,7 +32,7 @@ from contextlib import ExitStack, contextmanager
 import torch
 
 from tuner.calibration import CalibrationConfig
-from tuner.engine.encoder import Batches, BatchScope
+from tuner.engine.encoder import Batches, BatchScope, to_device
 from tuner.engine.models import LoadedModel
 
 log = logging.getLogger(__name__)
@@ -106,7 +106,7 @@ class LayerStack:
             incoming = _hidden_of(args, kwargs)
             if states.shape != incoming.shape:
                 raise RuntimeError(f"cached hidden states {tuple(states.shape)} do not fit this batch {tuple(incoming.shape)}")
-            states = states.to(device=incoming.device, dtype=incoming.dtype)
+            states = to_device(states, incoming.device).to(dtype=incoming.dtype)
             if args:
                 return (states, *args[1:]), kwargs
             return args, {**kwargs, "hidden_states": states}
@@ -145,7 +145,9 @@ class LayerStack:
                 elif resumed.shape == full.shape and torch.equal(resumed, full):
                     good.append(layer)
                 else:
-                    log.warning("layer %d: a resumed pass does not reproduce the full forward; not cached", layer)
+                    log.warning("layer %d: a pass resumed there on %s does not reproduce the full forward bit for bit, so "
+                                "its inputs are not cached: trials calibrating from it run the full forward (slower)",
+                                layer, self.loaded.device)
         return good
 
 
@@ -232,6 +234,6 @@ def record_layer_inputs(model: LoadedModel, batches: Batches, stack: LayerStack,
         for i, inputs in enumerate(batches.inputs):
             with scope(i):
                 try:
-                    model.model(**{k: v.to(model.device) for k, v in inputs.items()})
+                    model.model(**{k: to_device(v, model.device) for k, v in inputs.items()})
                 except _Stop:
                     pass

@@ -15,10 +15,11 @@ from dataclasses import dataclass
 
 import torch
 
-from tuner.engine.encoder import Batches
+from tuner.engine.encoder import Batches, to_device
 from tuner.engine.models import LoadedModel
 
-PROBE_ROWS = 4  # the probe's passages: enough to fill a kernel, few enough to cost seconds even for bge-m3 on CPU
+PROBE_ROWS = 4  # on CPU: enough to fill the cores, few enough to cost seconds even for bge-m3
+WARMUP_TOKENS = 32  # a CPU warm-up pass: kernels and allocator touched, at a fraction of the probe's cost
 SLOW_STUDY_SECONDS = 3600.0  # beyond this the estimate comes with advice
 
 
@@ -41,17 +42,33 @@ class Probe:
 
 
 def probe(model: LoadedModel, batches: Batches) -> Probe:
-    """Time a plain forward of the first `PROBE_ROWS` passages of the first (longest) batch."""
+    """Time a plain forward of the first (longest) batch's first `probe_rows` passages, after an untimed warm-up.
+
+    The warm-up takes what only a first call pays (kernel selection, library start-up, the allocator's first
+    growth) out of the rate; on a GPU it is the probe itself, since the allocator grows to the batch's size,
+    and the timed pass is bracketed by synchronisations, so it counts the device's work and not the launches.
+    """
     first = batches.inputs[0]
-    rows = min(PROBE_ROWS, int(first["input_ids"].shape[0]))
-    inputs = {k: v[:rows].to(model.device) for k, v in first.items()}
+    rows = probe_rows(model.device, int(first["input_ids"].shape[0]))
+    inputs = {k: to_device(v[:rows], model.device) for k, v in first.items()}
+    cuda = model.device.type == "cuda"
+    warm_up = inputs if cuda else {k: v[:, :WARMUP_TOKENS] for k, v in inputs.items()}
     with torch.inference_mode():
+        model.model(**warm_up)
+        if cuda:
+            torch.cuda.synchronize(model.device)
         start = time.perf_counter()
         model.model(**inputs)
-        if model.device.type == "cuda":
+        if cuda:
             torch.cuda.synchronize(model.device)
         seconds = time.perf_counter() - start
     return Probe(str(model.device), rows, int(inputs["input_ids"].shape[1]), seconds)
+
+
+def probe_rows(device: torch.device, batch_rows: int) -> int:
+    """Passages in the probe: on a GPU the whole first batch (a few rows leave most of its cores idle and would
+    price a token several times too high), on CPU `PROBE_ROWS`."""
+    return batch_rows if device.type == "cuda" else min(PROBE_ROWS, batch_rows)
 
 
 def padded_tokens(model: LoadedModel, texts: Sequence[str]) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -126,7 +127,32 @@ def settings_in_force(settings: TuneSettings) -> dict[str, object]:
     values["tracking_uri"] = describe_store(settings.tracking_uri or default_tracking_uri())
     values["output"] = settings.output or EXPORTS / f"{values['study_name']}.yaml"
     values["batch_size"] = settings.batch_size or "chosen from the device's free memory"
+    values["devices"] = describe_devices(worker_devices(settings.workers))
     return values
+
+
+def worker_devices(workers: int) -> list[str | None]:
+    """The GPU of each of `workers` local processes (0: this one, then the workers it starts), round-robin over
+    the visible GPUs, as the CUDA_VISIBLE_DEVICES entry that process will see alone: the user's own
+    CUDA_VISIBLE_DEVICES is respected (its entries are handed out, in order), as Ray Tune gives each trial its
+    GPUs. None for every process where no GPU is visible."""
+    import torch
+
+    count = torch.cuda.device_count()
+    if count == 0:
+        return [None] * workers
+    given = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visible = [entry.strip() for entry in given.split(",")][:count] if given else [str(i) for i in range(count)]
+    return [visible[i % count] for i in range(workers)]
+
+
+def describe_devices(devices: list[str | None]) -> str:
+    """The settings table's line: which process computes where."""
+    if all(device is None for device in devices):
+        return "cpu (no CUDA device visible)"
+    if len(devices) == 1:
+        return f"GPU {devices[0]}"
+    return ", ".join(f"{'coordinator' if i == 0 else f'worker {i}'}: GPU {device}" for i, device in enumerate(devices))
 
 
 STUDY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")

@@ -9,9 +9,11 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import multiprocessing.process
+import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -29,7 +31,7 @@ from tuner.tracking.progress import StudyProgress
 from tuner.tuning.objective import SideSet, TrialObjective
 from tuner.tuning.search_space import trial_basket_shares
 from tuner.tuning.session import FLOOR_ATTR, Session, prepare
-from tuner.tuning.settings import TuneSettings
+from tuner.tuning.settings import TuneSettings, worker_devices
 from tuner.tuning.study import TrialsEnd, make_storage, run_trials
 
 log = logging.getLogger(__name__)
@@ -117,14 +119,31 @@ def _floor_set_by_coordinator(name: str, storage: str, heartbeat: int, timeout: 
 
 
 def start_workers(settings: TuneSettings, count: int) -> list[multiprocessing.process.BaseProcess]:
-    """Extra local worker processes on the same study (each loads its own model)."""
+    """Extra local worker processes on the same study (each loads its own model), each on its own GPU where
+    there are several (`worker_devices`: worker i sees only its GPU, as cuda:0; this process keeps the first)."""
     context = multiprocessing.get_context("spawn")
+    devices = worker_devices(count + 1)[1:]
     workers = [context.Process(target=_work, args=(replace(settings, workers=1, worker=True, worker_id=str(i + 1)),), daemon=False)
                for i in range(count)]
-    for worker in workers:
-        worker.start()
+    for worker, device in zip(workers, devices):
+        with _visible_device(device):
+            worker.start()
     return workers
 
+
+@contextmanager
+def _visible_device(device: str | None) -> Iterator[None]:
+    """A process started inside sees only `device` (None: the environment as it is); spawn copies the environment."""
+    saved = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if device is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = device
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = saved
 
 
 def _work(settings: TuneSettings) -> None:
