@@ -157,6 +157,7 @@ def run(
 
     _setup_logging()
     with _friendly_errors():
+        _stop_on_sigterm()
         settings = TuneSettings(
             model=model, pooling=pooling, dataset=dataset, heldout=heldout, general=general, max_general_drop=max_general_drop,
             trials=trials, seed=seed, hm_floor=hm_floor, max_ndcg_drop=parse_limit(max_ndcg_drop, "--max-ndcg-drop", 1, "0.005, half a point of nDCG@10"),
@@ -395,11 +396,27 @@ class _friendly_errors:
             raise typer.Exit(3)
         if isinstance(error, StoppedEarlyError):
             console.print(f"[red]stopped early:[/red] {escape(str(error))}")
-            raise typer.Exit(130 if error.interrupted else 4)
+            raise typer.Exit(error.exit_code)
+        if isinstance(error, KeyboardInterrupt):  # Ctrl-C or SIGTERM before the study's trials began
+            from tuner.tuning.study import Terminated
+
+            terminated = isinstance(error, Terminated)
+            console.print(f"[red]stopped early:[/red] {'terminated by SIGTERM' if terminated else 'interrupted'} before "
+                          "any trial ran here; nothing exported. Run the same command again to start or resume")
+            raise typer.Exit(143 if terminated else 130)
         if isinstance(error, (ValueError, RuntimeError, FileNotFoundError, PermissionError, IsADirectoryError)):
             console.print(f"[red]error:[/red] {escape(str(error))}")  # verbatim: markup would eat "[start, end]"
             raise typer.Exit(2)
         return False
+
+
+def _stop_on_sigterm() -> None:
+    """SIGTERM (a scheduler's stop) unwinds a run as Ctrl-C does: trial loop, parent run, temp folders, exit code."""
+    import signal
+
+    from tuner.tuning.study import raise_terminated
+
+    signal.signal(signal.SIGTERM, raise_terminated)
 
 
 def _setup_logging() -> None:

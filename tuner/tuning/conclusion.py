@@ -30,7 +30,9 @@ from tuner.tracking.runs import Tracker, describe_config, display_metrics, summa
 from tuner.tuning.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, is_reference_trial, trial_basket_shares, trial_config
 from tuner.tuning.session import FLOOR_ATTR, split_datasets
 from tuner.tuning.settings import EXPERIMENT, TuneSettings
-from tuner.tuning.study import HEARTBEAT_SECONDS, default_storage, make_storage, pareto_front, trial_by_number, winner
+from tuner.tuning.study import (
+    HEARTBEAT_SECONDS, OWNER_ATTR, claim_export, default_storage, make_storage, pareto_front, record_export, trial_by_number, winner,
+)
 
 log = logging.getLogger(__name__)
 
@@ -77,9 +79,14 @@ class TuneOutcome:
 def conclude(
     settings: TuneSettings, study: optuna.Study, tracker: Tracker, evaluator: Evaluator,
     heldout: list[PositionalDataset], floor: float, staging: Path, storage: str,
-) -> TuneOutcome:
-    """Pick the winner, score it on the held-out sets, export it, and close the parent run."""
+) -> TuneOutcome | None:
+    """Pick the winner, score it on the held-out sets, export it, and close the parent run; None when another
+    process finishing the study at the same time was elected to export it (`claim_export`)."""
     model = evaluator.model
+    elected = claim_export(study)
+    if elected is not None:
+        _leave_export_to(elected, study, tracker)
+        return None
     picked = winner(study, settings.selection)
     baseline = evaluator.run(None)
     reference = _trial_with(study, BASELINE_PARAMS)
@@ -98,6 +105,7 @@ def conclude(
     rows = _summary_rows(study, best, evaluator, heldout, settings)
     export_path, registered = _export_and_register(settings, model, study, best, rows, storage, evaluator.dataset, selection,
                                                    tracker, floor)
+    record_export(study, export_path)
     summary = staging / "summary.json"
     summary.write_text(json.dumps([_row_dict(r) for r in rows], indent=1), encoding="utf-8")
     _mark_winner(tracker, study, best, model, selection, registered)
@@ -111,6 +119,20 @@ def conclude(
     return TuneOutcome(study.study_name, best.number, _config_of(best, model), export_path, rows,
                        [t.number for t in pareto_front(study)], floor, tracker.uri, selection,
                        f"{registered.uri} (version {registered.version})" if registered else None)
+
+
+def _leave_export_to(elected: dict[str, object], study: optuna.Study, tracker: Tracker) -> None:
+    """Say which process exports (or exported) the study, and close this process's hold on the parent run."""
+    owner = elected.get(OWNER_ATTR) or {}
+    who = f"the other process (pid {owner.get('pid', '?')} on {owner.get('host', '?')})"  # type: ignore[union-attr]
+    trials = len(complete_trials(study))
+    if "export" in elected:
+        log.info("study %s is complete (%d trials) and its winner was exported by %s to %s, so not again here; "
+                 "`tune export --study-name %s` exports it again", study.study_name, trials, who, elected["export"], study.study_name)
+    else:
+        log.info("study %s is complete (%d trials); its winner is being exported by %s, so not again here",
+                 study.study_name, trials, who)
+    tracker.finish_study({}, [], {})
 
 
 def _nothing_feasible(study: optuna.Study, settings: TuneSettings, floor: float) -> str:

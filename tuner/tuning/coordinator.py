@@ -18,8 +18,8 @@ from tuner.tuning.worker import run_session_trials, start_workers
 log = logging.getLogger(__name__)
 
 
-def coordinate(session: Session) -> TuneOutcome:
-    """Run (or resume) the study and export its winner."""
+def coordinate(session: Session) -> TuneOutcome | None:
+    """Run (or resume) the study and export its winner (None: another process finishing it was elected to)."""
     settings, study, tracker, evaluator = session.settings, session.study, session.tracker, session.evaluator
     tuning, space = session.tuning, session.space
     workers = start_workers(settings, settings.workers - 1)  # they load while the baseline is measured
@@ -37,7 +37,7 @@ def coordinate(session: Session) -> TuneOutcome:
         session, floor, workers,
         lambda staging: conclude(settings, study, tracker, evaluator, session.heldout, floor, staging, session.storage),
     )
-    assert isinstance(outcome, TuneOutcome)
+    assert outcome is None or isinstance(outcome, TuneOutcome)
     return outcome
 
 

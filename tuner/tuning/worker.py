@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import optuna
 from optuna.trial import TrialState
@@ -30,7 +30,7 @@ from tuner.tuning.objective import SideSet, TrialObjective
 from tuner.tuning.search_space import trial_basket_shares
 from tuner.tuning.session import FLOOR_ATTR, Session, prepare
 from tuner.tuning.settings import TuneSettings
-from tuner.tuning.study import TrialsEnd, make_storage, run_trials
+from tuner.tuning.study import Terminated, TrialsEnd, make_storage, run_trials
 
 log = logging.getLogger(__name__)
 
@@ -71,11 +71,17 @@ def run_session_trials(
         evaluator.show_progress = False  # the trial bar (on a terminal) and the per-trial lines take over
         with StudyProgress(settings.trials, len(complete_trials(study)), bar=not settings.worker) as progress:
             ended = run_trials(study, objective, settings.trials, [partial(_log_trial, progress=progress)])
+        if ended.stopped == "terminated":  # a scheduler may have told only this process: pass the stop on
+            for worker in workers:
+                worker.terminate()
         for worker in workers:
             worker.join()
         if ended.short:
             _stop_short(ended, session)
         return conclude(staging) if conclude is not None else None
+    except KeyboardInterrupt as error:  # Ctrl-C or SIGTERM outside a trial (a side set's baseline, the conclusion)
+        _stop_short(TrialsEnd(len(complete_trials(study)), settings.trials, "terminated" if isinstance(error, Terminated)
+                              else "interrupted"), session)
     finally:
         for worker in workers:
             if worker.is_alive():
@@ -85,24 +91,28 @@ def run_session_trials(
 
 
 class StoppedEarlyError(RuntimeError):
-    """The study ended short of its trials (Ctrl-C, too many failures): nothing is exported as if complete."""
+    """The study ended short of its trials (Ctrl-C, SIGTERM, too many failures): nothing is exported as if complete."""
 
-    def __init__(self, message: str, interrupted: bool) -> None:
+    EXIT_CODES = {"interrupted": 130, "terminated": 143, "failures": 4}  # 128 + SIGINT, 128 + SIGTERM
+
+    def __init__(self, message: str, stopped: str) -> None:
         super().__init__(message)
-        self.interrupted = interrupted
+        self.exit_code = self.EXIT_CODES.get(stopped, 4)
 
 
-def _stop_short(ended: TrialsEnd, session: Session) -> None:
+def _stop_short(ended: TrialsEnd, session: Session) -> NoReturn:
     """Say that the study ended short, mark the MLflow parent run, and end with an error: no export."""
-    why = "interrupted" if ended.stopped == "interrupted" else f"{ended.failures} trials of this run failed"
+    signalled = ended.stopped in ("interrupted", "terminated")
+    why = ("terminated by SIGTERM" if ended.stopped == "terminated" else "interrupted" if signalled
+           else f"{ended.failures} trials of this run failed")
     requeued = f"; trial {ended.requeued} was aborted and is queued to run again" if ended.requeued is not None else ""
     message = (f"stopped early ({why}): {ended.complete} of {ended.target} trials complete{requeued}; nothing exported. "
                f"Run the same command again to resume, or `tune export --study-name {session.name}` to export the winner so far")
     if not session.settings.worker:
         session.tracker.finish_study({"complete_trials": ended.complete}, [],
                                      {"posfair.outcome": f"stopped early ({why}): {ended.complete} of {ended.target} trials"},
-                                     "KILLED" if ended.stopped == "interrupted" else "FAILED")
-    raise StoppedEarlyError(message, interrupted=ended.stopped == "interrupted")
+                                     "KILLED" if signalled else "FAILED")
+    raise StoppedEarlyError(message, ended.stopped or "failures")
 
 
 def _floor_set_by_coordinator(name: str, storage: str, heartbeat: int, timeout: float = 3600.0) -> float:
@@ -139,9 +149,17 @@ def quiet_libraries() -> None:
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    for handler in logging.getLogger("optuna").handlers:  # a trial aborted by a stop is said in one line, not a traceback
+        handler.addFilter(_no_traceback_for_a_stop)
     for noisy in ("mlflow", "alembic", "httpx", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
+
+
+def _no_traceback_for_a_stop(record: logging.LogRecord) -> bool:
+    if record.exc_info and isinstance(record.exc_info[1], KeyboardInterrupt):
+        record.exc_info = None
+    return True
 
 
 def _log_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial, progress: StudyProgress) -> None:
