@@ -576,3 +576,65 @@ def test_an_inline_layer_list_is_read_whole() -> None:
 ])
 def test_a_constraint_limit_out_of_range_is_refused_before_any_work(flag: str, value: str, message: str) -> None:
     assert message in tune("run", "--dataset", "wikipos-dev", flag, value)
+
+
+def encode_args(config: Path, source: Path, output: Path | str, *extra: str) -> list[str]:
+    return ["encode", "--config", str(config), "--input", str(source), "--output", str(output), *extra]
+
+
+@pytest.mark.parametrize("which", ["input", "input by another name", "config"])
+def test_encode_refuses_an_output_that_is_one_of_its_inputs(exported_yaml: dict, in_tmp: Path, which: str) -> None:
+    """Issue 24: `--output` equal to `--input` replaced the input text with the .npy, exit 0."""
+    config = write_config(in_tmp, exported_yaml)
+    docs = in_tmp / "docs.txt"
+    docs.write_text("w1 w2\n", encoding="utf-8")
+    target = {"input": docs, "config": config, "input by another name": in_tmp / "link.npy"}[which]
+    if which == "input by another name":
+        os.link(docs, target)
+    before = target.read_bytes()
+    output = tune(*encode_args(config, docs, target))
+    assert "writing it would destroy the input" in output
+    assert target.read_bytes() == before
+
+
+def test_encode_never_replaces_something_that_is_not_a_regular_file(exported_yaml: dict, in_tmp: Path) -> None:
+    """Issue 24: `--output` on a character device replaced the node with a regular file (as root, /dev/null
+    would go); a named pipe stands in for the device here, so the old code cannot harm this machine."""
+    from tuner.common.files import check_replaceable
+
+    config = write_config(in_tmp, exported_yaml)
+    (in_tmp / "docs.txt").write_text("w1 w2\n", encoding="utf-8")
+    os.mkfifo(in_tmp / "pipe")
+    assert "is a named pipe, not a file posfair may replace" in tune(*encode_args(config, in_tmp / "docs.txt", in_tmp / "pipe"))
+    assert stat.S_ISFIFO((in_tmp / "pipe").stat().st_mode)
+    with pytest.raises(ValueError, match="/dev/null is a character device"):
+        check_replaceable(Path("/dev/null"), "--output")
+
+
+def test_encode_keeps_a_read_only_output_unless_forced_and_keeps_its_mode(exported_yaml: dict, in_tmp: Path) -> None:
+    """Issue 24: an existing read-only .npy was silently replaced and came back 0644."""
+    config = write_config(in_tmp, exported_yaml)
+    (in_tmp / "docs.txt").write_text("w1 w2\n", encoding="utf-8")
+    target = in_tmp / "v.npy"
+    target.write_bytes(b"kept")
+    target.chmod(0o444)
+    if os.access(target, os.W_OK):  # root writes anything: the refusal needs CI's non-root user
+        require(False, "needs a non-root user (CI's posfair-ci) for a read-only file to be read-only")
+    assert "exists and is read-only; pass --force to replace it" in tune(*encode_args(config, in_tmp / "docs.txt", target))
+    assert target.read_bytes() == b"kept"
+    succeeds(*encode_args(config, in_tmp / "docs.txt", target, "--force"))
+    assert np.load(target).shape[0] == 1 and stat.S_IMODE(target.stat().st_mode) == 0o444
+
+
+def test_a_replaced_file_keeps_its_mode(exported_yaml: dict, in_tmp: Path) -> None:
+    """Issue 24: a replaced export or .npy came back with the umask's mode (0644), opening a private file to all."""
+    from tuner.engine.exported import ExportedConfig
+
+    config = write_config(in_tmp, exported_yaml)
+    (in_tmp / "docs.txt").write_text("w1 w2\n", encoding="utf-8")
+    for target in (in_tmp / "v.npy", in_tmp / "best.yaml"):
+        target.write_bytes(b"old")
+        target.chmod(0o600)
+    succeeds(*encode_args(config, in_tmp / "docs.txt", in_tmp / "v.npy"))
+    write_exported(ExportedConfig.model_validate(exported_yaml), in_tmp / "best.yaml")
+    assert [stat.S_IMODE((in_tmp / n).stat().st_mode) for n in ("v.npy", "best.yaml")] == [0o600, 0o600]

@@ -208,7 +208,7 @@ def evaluate(
 
         for path, flag in ((markdown, "--markdown"), (json_output, "--json")):
             if path is not None:
-                check_writable(path, flag)
+                check_writable(path, flag, inputs=config or ())
         inline_rows = [(inline, parse_inline(inline)) for inline in calibration or []]
         exports = [(path, load_exported(path)) for path in config or []]
         scored = load_benchmark(dataset)
@@ -267,6 +267,7 @@ def encode(
     queries: Annotated[bool, typer.Option("--queries", help="Encode as queries (never calibrated).")] = False,
     batch_size: BatchSize = None,
     trust_remote_code: TrustRemoteCode = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace --output even if it is read-only (never the input, a folder or a device).")] = False,
 ) -> None:
     """Encode documents (calibrated) or queries (plain) with an exported config.
 
@@ -278,13 +279,13 @@ def encode(
         from tuner.engine.encoder import CalibratedEncoder
         from tuner.engine.exported import load_exported
 
-        check_writable(output, "--output")
+        check_writable(output, "--output", inputs=(input, config), force=force)
         texts = read_texts(input)
         load_exported(config)  # a broken config fails before the model loads
         encoder = CalibratedEncoder.from_yaml(config, trust_remote_code=trust_remote_code)
         method = encoder.encode_query if queries else encoder.encode_document
         vectors = method(texts, batch_size=batch_size, show_progress_bar=True)
-        _save_atomically(vectors, output)
+        _save_atomically(vectors, output, force=force)
     console.print(f"{len(texts)} {'queries' if queries else 'documents'} → {escape(str(output))} {vectors.shape}"
                   + (f"; {encoder.truncated} truncated at {encoder.model.max_length} tokens" if encoder.truncated else ""))
 
@@ -372,10 +373,10 @@ def parse_bytes(text: str | None) -> int | None:
     return int(value)
 
 
-def _save_atomically(vectors: np.ndarray, path: Path) -> None:
+def _save_atomically(vectors: np.ndarray, path: Path, force: bool = False) -> None:
     from tuner.common.files import replacing
 
-    with replacing(path) as temporary, temporary.open("wb") as stream:
+    with replacing(path, force=force) as temporary, temporary.open("wb") as stream:
         np.save(stream, vectors)
 
 
