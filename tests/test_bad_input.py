@@ -638,3 +638,92 @@ def test_a_replaced_file_keeps_its_mode(exported_yaml: dict, in_tmp: Path) -> No
     succeeds(*encode_args(config, in_tmp / "docs.txt", in_tmp / "v.npy"))
     write_exported(ExportedConfig.model_validate(exported_yaml), in_tmp / "best.yaml")
     assert [stat.S_IMODE((in_tmp / n).stat().st_mode) for n in ("v.npy", "best.yaml")] == [0o600, 0o600]
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    ("w1 w2\n\nw3\n", "docs.txt:2: a blank line"),
+    ("w1 w2\n   \nw3\n", "docs.txt:2: a blank line"),
+])
+def test_encode_refuses_blank_lines_instead_of_dropping_rows(in_tmp: Path, content: str, message: str) -> None:
+    """Issue 24: blank and whitespace-only lines were dropped, so row k of the .npy was not line k."""
+    from tuner.data.texts import read_texts
+
+    (in_tmp / "docs.txt").write_text(content, encoding="utf-8")
+    with pytest.raises(ValueError, match=message):
+        read_texts(in_tmp / "docs.txt")
+
+
+def test_plain_text_splits_on_newlines_only(in_tmp: Path) -> None:
+    """Issue 24: form feed, U+0085 and U+2028 split a line (str.splitlines), so 3 lines gave 5 vectors."""
+    from tuner.data.texts import read_texts
+
+    (in_tmp / "docs.txt").write_bytes("a\x0cb\nc\u0085d\u2028e\r\nf\n".encode())
+    assert read_texts(in_tmp / "docs.txt") == ["a\x0cb", "c\u0085d\u2028e", "f"]
+
+
+@pytest.mark.parametrize("separator", ["\u2028", "\u2029", "\u0085"])
+def test_json_lines_accept_raw_separators_inside_strings(tiny_data: Path, in_tmp: Path, separator: str) -> None:
+    """Issue 24: valid JSON Lines with a raw U+2028 or U+0085 inside a string were refused as invalid JSON."""
+    from tuner.data.texts import read_texts
+
+    (in_tmp / "docs.jsonl").write_text(json.dumps({"text": f"a{separator}b"}, ensure_ascii=False) + "\n", encoding="utf-8")
+    assert read_texts(in_tmp / "docs.jsonl") == [f"a{separator}b"]
+    copy = copy_of(tiny_data, "separator")
+    edit_jsonl(copy / "corpus.jsonl", lambda docs: [{**docs[0], "text": docs[0]["text"] + separator + "x"}, *docs[1:]])
+    (copy / "corpus.jsonl").write_text((copy / "corpus.jsonl").read_text(encoding="utf-8").replace("\\u2028", "\u2028")
+                                       .replace("\\u2029", "\u2029").replace("\\u0085", "\u0085"), encoding="utf-8")
+    assert load_benchmark(f"jsonl:{copy}").corpus["d0"].endswith(separator + "x")
+
+
+def test_a_lone_surrogate_is_refused_naming_file_line_and_id(tiny_data: Path, in_tmp: Path) -> None:
+    """Issue 24: a lone surrogate (valid JSON, not encodable text) failed after the model loaded, naming nothing."""
+    from tuner.data.texts import read_texts
+
+    copy = copy_of(tiny_data, "surrogate")
+    edit_jsonl(copy / "corpus.jsonl", lambda docs: [docs[0], {**docs[1], "text": "a\ud800b"}, *docs[2:]])
+    with pytest.raises(ValueError, match=r"corpus\.jsonl:2: id 'd1': 'text' holds a lone surrogate \(U\+D800"):
+        load_benchmark(f"jsonl:{copy}")
+    (in_tmp / "docs.jsonl").write_text('{"text": "ok"}\n{"text": "a\\udc00"}\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"docs\.jsonl:2: 'text' holds a lone surrogate \(U\+DC00"):
+        read_texts(in_tmp / "docs.jsonl")
+
+
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+def test_a_nan_or_infinite_grade_is_refused_naming_the_line(tiny_data: Path, constant: str) -> None:
+    """Issue 24: NaN / Infinity grades ended in a bare `cannot convert float NaN to integer` or an OverflowError traceback."""
+    copy = copy_of(tiny_data, "nan")
+    lines = (copy / "queries.jsonl").read_text(encoding="utf-8").splitlines()
+    lines[1] = lines[1].replace('"relevant": ["d0"]', f'"relevant": {{"d0": {constant}}}')
+    (copy / "queries.jsonl").write_text("\n".join(lines), encoding="utf-8")
+    with pytest.raises(ValueError, match=rf"queries\.jsonl:2: {constant} is not a JSON number"):
+        load_benchmark(f"jsonl:{copy}")
+    (copy / "queries.jsonl").write_text("\n".join(lines[:1] + lines[2:]), encoding="utf-8")
+    (copy / "qrels.tsv").write_text(f"q0-begin\td0\t{constant.lower()}\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"qrels\.tsv:1: relevance .* is not a whole number"):
+        load_benchmark(f"jsonl:{copy}")
+
+
+def test_a_span_on_an_empty_document_names_file_and_line(tiny_data: Path) -> None:
+    """Issue 24: a span [0, 0] on an empty document ended in ZeroDivisionError, naming no file or line."""
+    copy = copy_of(tiny_data, "emptyspan")
+    edit_jsonl(copy / "corpus.jsonl", lambda docs: [{**docs[0], "text": ""}, *docs[1:]])
+    edit_jsonl(copy / "queries.jsonl", lambda queries: [{**{k: v for k, v in queries[0].items() if k != "group"}, "span": [0, 0]},
+                                                        *queries[1:]])
+    with pytest.raises(ValueError, match=r"queries\.jsonl:1: query 'q0-begin' has a span in document 'd0', which is empty"):
+        load_benchmark(f"jsonl:{copy}")
+
+
+def test_the_pyfunc_refuses_none_and_non_strings_and_reads_the_text_column_by_name() -> None:
+    """Issue 24: `predict([None])` embedded the word "None"; a DataFrame was read by position, not column."""
+    import pandas as pd
+
+    from tuner.tracking.registry import _texts
+
+    with pytest.raises(ValueError, match=r"input 1 is None, not a string"):
+        _texts(["a", None])
+    with pytest.raises(ValueError, match=r"input 0 is an int \(7\), not a string"):
+        _texts([7])
+    assert _texts(pd.DataFrame({"id": ["x", "y"], "text": ["a", "b"]})) == ["a", "b"]
+    assert _texts(pd.DataFrame({0: ["a"]})) == ["a"]
+    with pytest.raises(ValueError, match=r"columns \['id', 'body'\]: give one column, or one named 'text'"):
+        _texts(pd.DataFrame({"id": ["x"], "body": ["a"]}))
