@@ -727,3 +727,18 @@ def test_the_pyfunc_refuses_none_and_non_strings_and_reads_the_text_column_by_na
     assert _texts(pd.DataFrame({0: ["a"]})) == ["a"]
     with pytest.raises(ValueError, match=r"columns \['id', 'body'\]: give one column, or one named 'text'"):
         _texts(pd.DataFrame({"id": ["x"], "body": ["a"]}))
+
+
+@pytest.mark.parametrize("which", ["the same set", "a copy", "shared passages"])
+def test_a_heldout_set_that_overlaps_the_tuning_data_is_refused(tiny_model_dir, tiny_data: Path, in_tmp: Path, which: str) -> None:
+    """Issue 24: `--heldout` equal to `--dataset` was accepted, and the tuning split reported and exported as held out."""
+    held = tiny_data
+    if which != "the same set":
+        held = copy_of(tiny_data, "held")
+        if which == "shared passages":  # one query of its own on one of the tuning passages, the rest new
+            edit_jsonl(held / "queries.jsonl", lambda queries: [{**q, "id": f"h{q['id']}", "text": q["text"] + " x"} for q in queries])
+    args = tiny_run(tiny_model_dir("bert"), tiny_data)
+    args[args.index("--heldout") + 1] = f"jsonl:{held}"
+    output = tune(*args)
+    assert "is not held out" in output and "relevant passages" in output or "is the tuning set itself" in output, output
+    assert not (in_tmp / "mlruns").exists()
