@@ -742,3 +742,57 @@ def test_a_heldout_set_that_overlaps_the_tuning_data_is_refused(tiny_model_dir, 
     output = tune(*args)
     assert "is not held out" in output and "relevant passages" in output or "is the tuning set itself" in output, output
     assert not (in_tmp / "mlruns").exists()
+
+
+def test_a_stratum_with_too_few_queries_per_group_is_refused_before_the_model_loads(tiny_model_dir, tiny_data: Path, in_tmp: Path) -> None:
+    """Issue 24: a stratum of one query weighed as much as one of 107 (HM above every group's nDCG@10, PSI halved),
+    without a warning; and the failed start left a study that refused the fixed rerun."""
+    copy = copy_of(tiny_data, "stratum")
+    edit_jsonl(copy / "queries.jsonl", lambda queries: [{**q, "stratum": "short" if i == 0 else "long"} for i, q in enumerate(queries)])
+    output = tune(*tiny_run(tiny_model_dir("bert"), copy))
+    assert "stratum 'short' has 1 query in group 'begin', 0 in 'middle', 0 in 'end'" in output
+    assert "at least 5 per group" in output
+    assert not (in_tmp / "mlruns").exists()
+    edit_jsonl(copy / "queries.jsonl", lambda queries: [{**q, "stratum": "long"} for q in queries])
+    succeeds(*tiny_run(tiny_model_dir("bert"), copy, "--trials", "1"))
+
+
+def test_resuming_a_study_with_its_constraints_or_side_sets_changed_is_refused(tiny_model_dir, tiny_data: Path, in_tmp: Path) -> None:
+    """Issue 24: a study resumed with `--general --max-general-drop` added kept its earlier trials, never scored on
+    the general set, eligible to win."""
+    general = write_dataset(in_tmp / "general", docs=6, seed=2)
+    args = tiny_run(tiny_model_dir("bert"), tiny_data, "--trials", "1")
+    succeeds(*args)
+    output = tune(*args, "--trials", "2", "--general", f"jsonl:{general}", "--max-general-drop", "0.005")
+    assert "was created with other settings (general, general_fingerprint, max_general_drop)" in output
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("basket_sizes: [64, 128, 64]\n", "basket_sizes lists 64 twice; list each value once"),
+    ("depths: [last, last]\n", "depths lists 'last' twice"),
+    ("variants: [uniform, uniform]\n", "variants lists 'uniform' twice"),
+    ("strength_step: 0.3\n", "strength_step 0.3 does not divide 1"),
+])
+def test_a_search_space_with_duplicates_or_a_ragged_grid_is_refused(in_tmp: Path, text: str, message: str) -> None:
+    """Issue 24: duplicate --space values and a step that does not divide [0, 1] were accepted, with raw Optuna warnings."""
+    (in_tmp / "space.yaml").write_text(text, encoding="utf-8")
+    assert message in tune("--space", str(in_tmp / "space.yaml"), "--trials", "1")
+    assert not (in_tmp / "mlruns").exists()
+
+
+def test_a_search_space_without_the_paper_default_says_so() -> None:
+    """Issue 24: a strength_step that skips λ 0.5 dropped the paper-default trial without a word."""
+    from tuner.tuning.search_space import PAPER_DEFAULT_PARAMS, SearchSpace
+
+    space = SearchSpace(strength_step=0.2)
+    assert not space.admits(PAPER_DEFAULT_PARAMS)
+    assert "strength_step 0.2 skips λ 0.5" in space.outside(PAPER_DEFAULT_PARAMS)
+    assert "basket sizes [64, 256] lack 128" in SearchSpace(basket_sizes=(64, 256)).outside(PAPER_DEFAULT_PARAMS)
+    assert SearchSpace().outside(PAPER_DEFAULT_PARAMS) == ""
+
+
+def test_an_options_file_with_two_spellings_of_one_key_is_refused(in_tmp: Path) -> None:
+    """Issue 24: `hm-floor` and `hm_floor` in one options file: one silently won."""
+    (in_tmp / "opts.yaml").write_text("hm-floor: baseline\nhm_floor: 0.52\n", encoding="utf-8")
+    output = tune("--options", str(in_tmp / "opts.yaml"))
+    assert "are one option (--hm-floor); keep one" in output and "'hm_floor'" in output

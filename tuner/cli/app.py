@@ -87,7 +87,14 @@ def _options_file(ctx: typer.Context, value: Path | None) -> Path | None:
     if not isinstance(data, dict):
         raise typer.BadParameter(f"{value}: expected a mapping of option: value")
     params = {p.name: p for p in ctx.command.params}
-    normalised = {str(k).replace("-", "_"): v for k, v in data.items()}
+    normalised: dict[str, Any] = {}
+    spelled: dict[str, str] = {}
+    for key, option in data.items():
+        name = str(key).replace("-", "_")
+        if name in spelled:
+            raise typer.BadParameter(f"{value}: {shown(spelled[name])} and {shown(str(key))} are one option "
+                                     f"(--{name.replace('_', '-')}); keep one")
+        normalised[name], spelled[name] = option, str(key)
     unknown = sorted(set(normalised) - set(params))
     if unknown:
         raise typer.BadParameter(f"{value}: unknown option(s) {shown(unknown)}; known: {sorted(set(params) - {'options'})}")

@@ -30,9 +30,11 @@ def coordinate(session: Session) -> TuneOutcome | None:
     floor = HmFloor.parse(settings.hm_floor).resolve(baseline.report.hm)
     study.set_user_attr(FLOOR_ATTR, floor)
     describe_study(study, settings.pareto, floor, settings.hm_floor)
-    for reference in (BASELINE_PARAMS, PAPER_DEFAULT_PARAMS):
+    for reference, label in ((BASELINE_PARAMS, "the uncalibrated baseline"), (PAPER_DEFAULT_PARAMS, "the paper's default")):
         if space.admits(reference):
             enqueue_once(study, *space.reference_trial(reference))
+        else:
+            log.warning("%s is not in this search space (%s), so it is not run as a reference trial", label, space.outside(reference))
     outcome = run_session_trials(
         session, floor, workers,
         lambda staging: conclude(settings, study, tracker, evaluator, session.heldout, floor, staging, session.storage),

@@ -131,15 +131,14 @@ def open_study(
         study_name=name, storage=make_storage(storage, heartbeat), sampler=sampler, directions=directions, load_if_exists=True
     )
     stored = {k: study.user_attrs[k] for k in identity if k in study.user_attrs}
-    if not stored:
-        for key, value in identity.items():
-            study.set_user_attr(key, value)
-    elif stored != identity:
-        changed = sorted(k for k in identity if stored.get(k) != identity[k])
+    changed = sorted(k for k in identity if stored.get(k) != identity[k])  # a key an older posfair did not store: None
+    if changed and stored and any(t.state != TrialState.FAIL for t in study.get_trials(deepcopy=False)):
         raise StudyMismatchError(
             f"study {name!r} in {storage} was created with other settings ({', '.join(changed)}); "
             "resume it with the same options or choose another --study-name"
         )
+    for key in changed:  # a new study, or one whose start failed before any trial ran: no evidence is at stake
+        study.set_user_attr(key, identity[key])
     return study
 
 
