@@ -796,3 +796,16 @@ def test_an_options_file_with_two_spellings_of_one_key_is_refused(in_tmp: Path) 
     (in_tmp / "opts.yaml").write_text("hm-floor: baseline\nhm_floor: 0.52\n", encoding="utf-8")
     output = tune("--options", str(in_tmp / "opts.yaml"))
     assert "are one option (--hm-floor); keep one" in output and "'hm_floor'" in output
+
+
+def test_a_study_name_derived_from_a_long_path_is_shortened_with_a_digest(in_tmp: Path) -> None:
+    """Issue 24: a long dataset path made a 297-character default study name that failed with `File name too long`
+    only after every trial had run."""
+    from tuner.tuning.settings import STUDY_NAME, TuneSettings
+
+    deep = "jsonl:" + "/".join(["a-rather-long-folder-name"] * 12)
+    names = [TuneSettings(dataset=deep + end).study_name_from_alias("minilm") for end in ("/one", "/two")]
+    assert all(STUDY_NAME.match(name) and len(name) <= 200 for name in names) and names[0] != names[1]
+    assert names[0] == TuneSettings(dataset=deep + "/one").study_name_from_alias("minilm")  # stable: a rerun resumes it
+    assert TuneSettings(dataset="wikipos-dev").study_name_from_alias("minilm") == "minilm--wikipos-dev--seed0"
+    (in_tmp / names[0]).with_suffix(".yaml").write_text("fits", encoding="utf-8")
