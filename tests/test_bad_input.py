@@ -809,3 +809,41 @@ def test_a_study_name_derived_from_a_long_path_is_shortened_with_a_digest(in_tmp
     assert names[0] == TuneSettings(dataset=deep + "/one").study_name_from_alias("minilm")  # stable: a rerun resumes it
     assert TuneSettings(dataset="wikipos-dev").study_name_from_alias("minilm") == "minilm--wikipos-dev--seed0"
     (in_tmp / names[0]).with_suffix(".yaml").write_text("fits", encoding="utf-8")
+
+
+def test_a_full_disk_at_export_leaves_no_file_no_registry_version_and_a_failed_parent_run(
+        tiny_model_dir, tiny_data: Path, in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 24: ENOSPC at export ended in a traceback, left the parent run RUNNING and an orphan registry version."""
+    import errno
+
+    from mlflow.tracking import MlflowClient
+
+    import tuner.engine.exported
+    from tuner.common.files import replacing
+
+    def full_disk(path: Path, data: str, **_: object) -> Path:
+        with replacing(path) as temporary:
+            temporary.write_text(data[:10], encoding="utf-8")
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(tuner.engine.exported, "write_atomically", full_disk)
+    output = tune(*tiny_run(tiny_model_dir("bert"), tiny_data, "--output", str(in_tmp / "best.yaml")))
+    assert "No space left on device" in output and "nothing exported" in output
+    assert [p.name for p in in_tmp.iterdir() if "best" in p.name] == []
+    tracking = f"sqlite:///{in_tmp / 'mlruns' / 'mlflow.db'}"
+    client = MlflowClient(tracking, registry_uri=tracking)
+    assert client.search_model_versions() == []
+    parent = client.search_runs([client.get_experiment_by_name("posfair").experiment_id], "tags.`posfair.role` = 'study'")[0]
+    assert parent.info.status == "FAILED" and "No space left on device" in parent.data.tags["posfair.outcome"]
+
+
+def test_a_read_only_study_database_is_named_as_the_cause(tiny_model_dir, tiny_data: Path, in_tmp: Path) -> None:
+    """Issue 24: a read-only optuna.db gave Optuna's "invalid data ... exceeding max length" instead of the cause."""
+    args = tiny_run(tiny_model_dir("bert"), tiny_data, "--trials", "1")
+    succeeds(*args)
+    database = in_tmp / "mlruns" / "optuna.db"
+    database.chmod(0o444)
+    if os.access(database, os.W_OK):
+        require(False, "needs a non-root user (CI's posfair-ci) for a read-only file to be read-only")
+    output = tune(*args, "--trials", "2")
+    assert f"study storage {database} is read-only" in output and "chmod u+w" in output

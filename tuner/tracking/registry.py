@@ -108,6 +108,19 @@ def reserve_version(tracker: Tracker, model_alias: str, run_id: str, description
     return Registered(name, int(version.version), logged.model_id)
 
 
+def withdraw(tracker: Tracker, registered: Registered) -> None:
+    """Remove a reserved version whose YAML could not be written (and its registered model, left without
+    versions): the registry never holds a version without its export."""
+    from mlflow.tracking._tracking_service.utils import _use_tracking_uri
+
+    client = tracker.client
+    with _use_tracking_uri(tracker.uri):
+        client.delete_model_version(registered.name, str(registered.version))
+        if not client.search_model_versions(f"name = '{registered.name}'"):
+            client.delete_registered_model(registered.name)
+    client.delete_logged_model(registered.model_id)
+
+
 def publish(tracker: Tracker, registered: Registered, yaml_path: Path, dimension: int) -> None:
     """Write the pyfunc model (YAML artifact, signature) into the reserved version and make it the champion."""
     from mlflow.models import infer_signature

@@ -25,7 +25,7 @@ from tuner.evaluation.evaluator import Evaluation, Evaluator
 from tuner.evaluation.visible import within_reach
 from tuner.tracking.plots import optuna_figures, param_importances, pareto_scatter
 from tuner.tracking.progress import Phase
-from tuner.tracking.registry import Registered, publish, reserve_version
+from tuner.tracking.registry import Registered, publish, reserve_version, withdraw
 from tuner.tracking.runs import Tracker, describe_config, display_metrics, summary_metrics
 from tuner.tuning.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, is_reference_trial, trial_basket_shares, trial_config
 from tuner.tuning.session import FLOOR_ATTR, split_datasets
@@ -39,6 +39,10 @@ log = logging.getLogger(__name__)
 
 class NoFeasibleTrialError(RuntimeError):
     """No complete trial satisfied the constraints: nothing is exported."""
+
+
+class ExportFailedError(RuntimeError):
+    """The winner's YAML could not be written (a full disk): no file, no registry version, the parent run FAILED."""
 
 
 
@@ -103,8 +107,12 @@ def conclude(
         log.warning("no calibration is fairer than the uncalibrated model by more than the tuning split's noise: "
                     "the export keeps the model uncalibrated (strength 0); `--selection lowest` takes the lowest PSI")
     rows = _summary_rows(study, best, evaluator, heldout, settings)
-    export_path, registered = _export_and_register(settings, model, study, best, rows, storage, evaluator.dataset, selection,
-                                                   tracker, floor)
+    try:
+        export_path, registered = _export_and_register(settings, model, study, best, rows, storage, evaluator.dataset, selection,
+                                                       tracker, floor)
+    except ExportFailedError as error:
+        tracker.finish_study({}, figures, {"posfair.outcome": f"export failed: {error}"}, "FAILED")
+        raise
     record_export(study, export_path)
     summary = staging / "summary.json"
     summary.write_text(json.dumps([_row_dict(r) for r in rows], indent=1), encoding="utf-8")
@@ -294,10 +302,14 @@ def _export(settings: TuneSettings, model: LoadedModel, study: optuna.Study, bes
                    for name, held in winner_row.heldout.items() if held.delta is not None},
         **provenance,
     )
-    path = settings.output or EXPORTS / f"{study.study_name}.yaml"
+    path = _export_path(settings, study)
     if settings.output is None:
         path.parent.mkdir(parents=True, exist_ok=True)
     return write_exported(exported, path)
+
+
+def _export_path(settings: TuneSettings, study: optuna.Study) -> Path:
+    return settings.output or EXPORTS / f"{study.study_name}.yaml"
 
 
 def _row_dict(row: Row) -> dict[str, object]:
@@ -333,10 +345,18 @@ def _export_and_register(
         if settings.max_crops_psi is not None:
             constraints.append(f"crops PSI <= {settings.max_crops_psi} x uncalibrated (where crops exist)")
         objective = ("minimise PSI, maximise HM (Pareto)" if settings.pareto else "minimise PSI") + " subject to " + ", ".join(constraints)
-        path = _export(settings, model, study, best, rows, storage, tuning, selection, objective=objective,
-                       hm_floor=floor if floor == floor else None, mlflow_run_id=tracker.parent_id, tracking_uri=tracker.uri,
-                       registered_model=registered.name if registered else None,
-                       registered_version=registered.version if registered else None)
+        try:
+            path = _export(settings, model, study, best, rows, storage, tuning, selection, objective=objective,
+                           hm_floor=floor if floor == floor else None, mlflow_run_id=tracker.parent_id, tracking_uri=tracker.uri,
+                           registered_model=registered.name if registered else None,
+                           registered_version=registered.version if registered else None)
+        except OSError as error:  # a full disk, a vanished folder: the atomic write left nothing behind
+            if registered is not None:
+                withdraw(tracker, registered)
+            raise ExportFailedError(
+                f"cannot write the winner's YAML {_export_path(settings, study)}: {error.strerror or error}; nothing exported "
+                f"(no partial file, no registry version). Free space or choose another --output, then run "
+                f"`tune export --study-name {study.study_name}`") from None
         if registered is not None:
             try:
                 publish(tracker, registered, path, int(model.model.config.hidden_size))

@@ -87,7 +87,12 @@ def make_storage(url: str, heartbeat: int = HEARTBEAT_SECONDS) -> RDBStorage:
     Workers starting together on a new database race to create Optuna's tables; the loser retries.
     """
     if url.startswith("sqlite:///"):  # SQLite creates the file, not its folder
-        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        database = Path(url.removeprefix("sqlite:///"))
+        database.parent.mkdir(parents=True, exist_ok=True)
+        for path in (database, database.parent):  # SQLite writes its journal beside the file: both must be writable
+            if path.exists() and not os.access(path, os.W_OK):
+                raise ValueError(f"study storage {path} is read-only{' (its folder)' if path != database else ''}, so no trial "
+                                 f"could be recorded; make it writable (chmod u+w {path}) or choose another --storage")
     attempt = 0
     while True:
         try:
