@@ -132,3 +132,26 @@ def test_the_store_creation_race_on_alembic_version_is_retried(tmp_path: Path, m
     monkeypatch.setattr(tuner.tuning.study, "RDBStorage", racing)
     monkeypatch.setattr(tuner.tuning.study.time, "sleep", lambda seconds: None)
     assert isinstance(tuner.tuning.study.make_storage(f"sqlite:///{tmp_path / 'o.db'}"), real) and len(calls) == 2
+
+
+def test_mlruns_deleted_mid_run_stops_with_a_clear_error(tiny_model_dir, data: Path, tmp_path: Path) -> None:
+    """Deleting mlruns/ mid-run ended in `AssertionError: Should not reach.` (a traceback)."""
+    import shutil
+    import time
+
+    cmd = command(tiny_model_dir("bert"), data, "", "", 6, "--output", str(tmp_path / "best.yaml"), name="deleted")
+    for flag in ("--storage", "--tracking-uri"):  # the defaults: both stores under ./mlruns
+        del cmd[cmd.index(flag):cmd.index(flag) + 2]
+    run = subprocess.Popen(cmd, cwd=tmp_path, env=environment(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    storage = f"sqlite:///{tmp_path / 'mlruns' / 'optuna.db'}"
+    deadline = time.monotonic() + 300
+    while not (tmp_path / "mlruns" / "optuna.db").exists() or sum(t.state == COMPLETE for t in trials_of(storage, "deleted")) < 2:
+        assert run.poll() is None and time.monotonic() < deadline, run.communicate()[0][-3000:]
+        time.sleep(0.1)
+    while (tmp_path / "mlruns").exists():  # as `rm -rf mlruns` does, whatever the run writes meanwhile
+        shutil.rmtree(tmp_path / "mlruns", ignore_errors=True)
+    output = " ".join(run.communicate(timeout=300)[0].split())
+    assert run.returncode == 2, output[-3000:]
+    assert "Traceback" not in output and "Should not reach" not in output, output[-3000:]
+    assert "was deleted while the study ran" in output and "run the same command again" in output
+    assert not (tmp_path / "best.yaml").exists()

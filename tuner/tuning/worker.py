@@ -26,6 +26,7 @@ from tuner.data import PositionalDataset
 from tuner.engine.models import LoadedModel
 from tuner.evaluation.evaluator import Evaluator
 from tuner.tracking.progress import StudyProgress
+from tuner.tracking.runs import local_store
 from tuner.tuning.objective import SideSet, TrialObjective
 from tuner.tuning.search_space import trial_basket_shares
 from tuner.tuning.session import FLOOR_ATTR, Session, prepare
@@ -70,7 +71,13 @@ def run_session_trials(
         )
         evaluator.show_progress = False  # the trial bar (on a terminal) and the per-trial lines take over
         with StudyProgress(settings.trials, len(complete_trials(study)), bar=not settings.worker) as progress:
-            ended = run_trials(study, objective, settings.trials, [partial(_log_trial, progress=progress)])
+            stores = _local_stores(session)
+            try:
+                ended = run_trials(study, objective, settings.trials, [partial(_log_trial, progress=progress),
+                                                                       lambda s, trial: _require_stores(stores, trial.number)])
+            except Exception:  # noqa: BLE001 - whatever the storage raised, a deleted store is the cause to name
+                _require_stores(stores, None)
+                raise
         if ended.stopped == "terminated":  # a scheduler may have told only this process: pass the stop on
             for worker in workers:
                 worker.terminate()
@@ -88,6 +95,32 @@ def run_session_trials(
                 worker.terminate()
         tracker.flush()
         shutil.rmtree(staging, ignore_errors=True)
+
+
+class StoreLostError(RuntimeError):
+    """A local store (the study database, MLflow's) was deleted while the study ran: nothing more can be recorded."""
+
+
+def _local_stores(session: Session) -> dict[Path, int]:
+    """The study's SQLite files on this machine (Optuna's and MLflow's) with their inodes, watched while trials run."""
+    stores = [Path(session.storage.removeprefix("sqlite:///")) if session.storage.startswith("sqlite:///") else None,
+              local_store(session.tracker.uri)]
+    return {store.resolve(): store.stat().st_ino for store in stores if store is not None and store.exists()}
+
+
+def _require_stores(stores: dict[Path, int], trial: int | None) -> None:
+    """After each trial, and when the storage fails: a store deleted under the run (`rm -rf mlruns/`) stops it
+    with the cause, not with what Optuna or MLflow say about the empty database they create in its place."""
+    for store, inode in stores.items():
+        try:
+            same = store.stat().st_ino == inode
+        except FileNotFoundError:
+            same = False
+        if not same:
+            raise StoreLostError(
+                f"{store} was deleted while the study ran (was {store.parent.name}/ removed?), so nothing more can be "
+                f"recorded; stopped{f' after trial {trial}' if trial is not None else ''}. Restore it (from a backup or "
+                "the trash) and run the same command again to resume, or start afresh in an empty folder") from None
 
 
 class StoppedEarlyError(RuntimeError):
