@@ -56,7 +56,7 @@ def test_sigterm_stops_after_the_trial_like_ctrl_c_and_the_rerun_completes(
     assert parent.data.tags["posfair.outcome"] == f"stopped early (terminated by SIGTERM): {complete} of 5 trials"
     assert list((tmp_path / "tmp").glob("posfair-*")) == []
 
-    again = subprocess.run(cmd, cwd=tmp_path, env=environment(tmp_path), capture_output=True, text=True, timeout=600)
+    again = subprocess.run(cmd, cwd=tmp_path, env=environment(tmp_path), capture_output=True, text=True, timeout=600, check=False)
     assert again.returncode == 0, again.stderr[-3000:]
     assert sum(t.state == COMPLETE for t in trials_of(storage, name)) == 5 and (tmp_path / "best.yaml").exists()
     assert parent_run(tracking, name).info.status == "FINISHED"
@@ -85,7 +85,7 @@ def test_sigterm_past_the_grace_period_aborts_the_trial_and_the_rerun_runs_it_on
     assert parent_run(tracking, name).info.status == "KILLED"
     assert list((tmp_path / "tmp").glob("posfair-*")) == []
 
-    again = subprocess.run(cmd, cwd=tmp_path, env=environment(tmp_path), capture_output=True, text=True, timeout=600)
+    again = subprocess.run(cmd, cwd=tmp_path, env=environment(tmp_path), capture_output=True, text=True, timeout=600, check=False)
     assert again.returncode == 0, again.stderr[-3000:]
     assert sum(t.state == COMPLETE for t in trials_of(storage, name)) == 4
     assert_one_finished_run_per_complete_trial(storage, tracking, name)

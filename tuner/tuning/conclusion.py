@@ -31,7 +31,15 @@ from tuner.tuning.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, is_
 from tuner.tuning.session import FLOOR_ATTR, split_datasets
 from tuner.tuning.settings import EXPERIMENT, TuneSettings
 from tuner.tuning.study import (
-    HEARTBEAT_SECONDS, OWNER_ATTR, claim_export, default_storage, make_storage, pareto_front, record_export, trial_by_number, winner,
+    HEARTBEAT_SECONDS,
+    OWNER_ATTR,
+    claim_export,
+    default_storage,
+    make_storage,
+    pareto_front,
+    record_export,
+    trial_by_number,
+    winner,
 )
 
 log = logging.getLogger(__name__)

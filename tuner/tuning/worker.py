@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, ClassVar, NoReturn
 
 import optuna
 from optuna.trial import TrialState
@@ -75,7 +75,7 @@ def run_session_trials(
             try:
                 ended = run_trials(study, objective, settings.trials, [partial(_log_trial, progress=progress),
                                                                        lambda s, trial: _require_stores(stores, trial.number)])
-            except Exception:  # noqa: BLE001 - whatever the storage raised, a deleted store is the cause to name
+            except Exception:  # whatever the storage raised, a deleted store is the cause to name
                 _require_stores(stores, None)
                 raise
         if ended.stopped == "terminated":  # a scheduler may have told only this process: pass the stop on
@@ -126,7 +126,7 @@ def _require_stores(stores: dict[Path, int], trial: int | None) -> None:
 class StoppedEarlyError(RuntimeError):
     """The study ended short of its trials (Ctrl-C, SIGTERM, too many failures): nothing is exported as if complete."""
 
-    EXIT_CODES = {"interrupted": 130, "terminated": 143, "failures": 4}  # 128 + SIGINT, 128 + SIGTERM
+    EXIT_CODES: ClassVar[dict[str, int]] = {"interrupted": 130, "terminated": 143, "failures": 4}  # 128 + SIGINT, 128 + SIGTERM
 
     def __init__(self, message: str, stopped: str) -> None:
         super().__init__(message)
