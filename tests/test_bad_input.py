@@ -576,3 +576,274 @@ def test_an_inline_layer_list_is_read_whole() -> None:
 ])
 def test_a_constraint_limit_out_of_range_is_refused_before_any_work(flag: str, value: str, message: str) -> None:
     assert message in tune("run", "--dataset", "wikipos-dev", flag, value)
+
+
+def encode_args(config: Path, source: Path, output: Path | str, *extra: str) -> list[str]:
+    return ["encode", "--config", str(config), "--input", str(source), "--output", str(output), *extra]
+
+
+@pytest.mark.parametrize("which", ["input", "input by another name", "config"])
+def test_encode_refuses_an_output_that_is_one_of_its_inputs(exported_yaml: dict, in_tmp: Path, which: str) -> None:
+    """Issue 24: `--output` equal to `--input` replaced the input text with the .npy, exit 0."""
+    config = write_config(in_tmp, exported_yaml)
+    docs = in_tmp / "docs.txt"
+    docs.write_text("w1 w2\n", encoding="utf-8")
+    target = {"input": docs, "config": config, "input by another name": in_tmp / "link.npy"}[which]
+    if which == "input by another name":
+        os.link(docs, target)
+    before = target.read_bytes()
+    output = tune(*encode_args(config, docs, target))
+    assert "writing it would destroy the input" in output
+    assert target.read_bytes() == before
+
+
+def test_encode_never_replaces_something_that_is_not_a_regular_file(exported_yaml: dict, in_tmp: Path) -> None:
+    """Issue 24: `--output` on a character device replaced the node with a regular file (as root, /dev/null
+    would go); a named pipe stands in for the device here, so the old code cannot harm this machine."""
+    from tuner.common.files import check_replaceable
+
+    config = write_config(in_tmp, exported_yaml)
+    (in_tmp / "docs.txt").write_text("w1 w2\n", encoding="utf-8")
+    os.mkfifo(in_tmp / "pipe")
+    assert "is a named pipe, not a file posfair may replace" in tune(*encode_args(config, in_tmp / "docs.txt", in_tmp / "pipe"))
+    assert stat.S_ISFIFO((in_tmp / "pipe").stat().st_mode)
+    with pytest.raises(ValueError, match="/dev/null is a character device"):
+        check_replaceable(Path("/dev/null"), "--output")
+
+
+def test_encode_keeps_a_read_only_output_unless_forced_and_keeps_its_mode(exported_yaml: dict, in_tmp: Path) -> None:
+    """Issue 24: an existing read-only .npy was silently replaced and came back 0644."""
+    config = write_config(in_tmp, exported_yaml)
+    (in_tmp / "docs.txt").write_text("w1 w2\n", encoding="utf-8")
+    target = in_tmp / "v.npy"
+    target.write_bytes(b"kept")
+    target.chmod(0o444)
+    if os.access(target, os.W_OK):  # root writes anything: the refusal needs CI's non-root user
+        require(False, "needs a non-root user (CI's posfair-ci) for a read-only file to be read-only")
+    assert "exists and is read-only; pass --force to replace it" in tune(*encode_args(config, in_tmp / "docs.txt", target))
+    assert target.read_bytes() == b"kept"
+    succeeds(*encode_args(config, in_tmp / "docs.txt", target, "--force"))
+    assert np.load(target).shape[0] == 1 and stat.S_IMODE(target.stat().st_mode) == 0o444
+
+
+def test_a_replaced_file_keeps_its_mode(exported_yaml: dict, in_tmp: Path) -> None:
+    """Issue 24: a replaced export or .npy came back with the umask's mode (0644), opening a private file to all."""
+    from tuner.engine.exported import ExportedConfig
+
+    config = write_config(in_tmp, exported_yaml)
+    (in_tmp / "docs.txt").write_text("w1 w2\n", encoding="utf-8")
+    for target in (in_tmp / "v.npy", in_tmp / "best.yaml"):
+        target.write_bytes(b"old")
+        target.chmod(0o600)
+    succeeds(*encode_args(config, in_tmp / "docs.txt", in_tmp / "v.npy"))
+    write_exported(ExportedConfig.model_validate(exported_yaml), in_tmp / "best.yaml")
+    assert [stat.S_IMODE((in_tmp / n).stat().st_mode) for n in ("v.npy", "best.yaml")] == [0o600, 0o600]
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    ("w1 w2\n\nw3\n", "docs.txt:2: a blank line"),
+    ("w1 w2\n   \nw3\n", "docs.txt:2: a blank line"),
+])
+def test_encode_refuses_blank_lines_instead_of_dropping_rows(in_tmp: Path, content: str, message: str) -> None:
+    """Issue 24: blank and whitespace-only lines were dropped, so row k of the .npy was not line k."""
+    from tuner.data.texts import read_texts
+
+    (in_tmp / "docs.txt").write_text(content, encoding="utf-8")
+    with pytest.raises(ValueError, match=message):
+        read_texts(in_tmp / "docs.txt")
+
+
+def test_plain_text_splits_on_newlines_only(in_tmp: Path) -> None:
+    """Issue 24: form feed, U+0085 and U+2028 split a line (str.splitlines), so 3 lines gave 5 vectors."""
+    from tuner.data.texts import read_texts
+
+    (in_tmp / "docs.txt").write_bytes("a\x0cb\nc\u0085d\u2028e\r\nf\n".encode())
+    assert read_texts(in_tmp / "docs.txt") == ["a\x0cb", "c\u0085d\u2028e", "f"]
+
+
+@pytest.mark.parametrize("separator", ["\u2028", "\u2029", "\u0085"])
+def test_json_lines_accept_raw_separators_inside_strings(tiny_data: Path, in_tmp: Path, separator: str) -> None:
+    """Issue 24: valid JSON Lines with a raw U+2028 or U+0085 inside a string were refused as invalid JSON."""
+    from tuner.data.texts import read_texts
+
+    (in_tmp / "docs.jsonl").write_text(json.dumps({"text": f"a{separator}b"}, ensure_ascii=False) + "\n", encoding="utf-8")
+    assert read_texts(in_tmp / "docs.jsonl") == [f"a{separator}b"]
+    copy = copy_of(tiny_data, "separator")
+    edit_jsonl(copy / "corpus.jsonl", lambda docs: [{**docs[0], "text": docs[0]["text"] + separator + "x"}, *docs[1:]])
+    (copy / "corpus.jsonl").write_text((copy / "corpus.jsonl").read_text(encoding="utf-8").replace("\\u2028", "\u2028")
+                                       .replace("\\u2029", "\u2029").replace("\\u0085", "\u0085"), encoding="utf-8")
+    assert load_benchmark(f"jsonl:{copy}").corpus["d0"].endswith(separator + "x")
+
+
+def test_a_lone_surrogate_is_refused_naming_file_line_and_id(tiny_data: Path, in_tmp: Path) -> None:
+    """Issue 24: a lone surrogate (valid JSON, not encodable text) failed after the model loaded, naming nothing."""
+    from tuner.data.texts import read_texts
+
+    copy = copy_of(tiny_data, "surrogate")
+    edit_jsonl(copy / "corpus.jsonl", lambda docs: [docs[0], {**docs[1], "text": "a\ud800b"}, *docs[2:]])
+    with pytest.raises(ValueError, match=r"corpus\.jsonl:2: id 'd1': 'text' holds a lone surrogate \(U\+D800"):
+        load_benchmark(f"jsonl:{copy}")
+    (in_tmp / "docs.jsonl").write_text('{"text": "ok"}\n{"text": "a\\udc00"}\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"docs\.jsonl:2: 'text' holds a lone surrogate \(U\+DC00"):
+        read_texts(in_tmp / "docs.jsonl")
+
+
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+def test_a_nan_or_infinite_grade_is_refused_naming_the_line(tiny_data: Path, constant: str) -> None:
+    """Issue 24: NaN / Infinity grades ended in a bare `cannot convert float NaN to integer` or an OverflowError traceback."""
+    copy = copy_of(tiny_data, "nan")
+    lines = (copy / "queries.jsonl").read_text(encoding="utf-8").splitlines()
+    lines[1] = lines[1].replace('"relevant": ["d0"]', f'"relevant": {{"d0": {constant}}}')
+    (copy / "queries.jsonl").write_text("\n".join(lines), encoding="utf-8")
+    with pytest.raises(ValueError, match=rf"queries\.jsonl:2: {constant} is not a JSON number"):
+        load_benchmark(f"jsonl:{copy}")
+    (copy / "queries.jsonl").write_text("\n".join(lines[:1] + lines[2:]), encoding="utf-8")
+    (copy / "qrels.tsv").write_text(f"q0-begin\td0\t{constant.lower()}\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"qrels\.tsv:1: relevance .* is not a whole number"):
+        load_benchmark(f"jsonl:{copy}")
+
+
+def test_a_span_on_an_empty_document_names_file_and_line(tiny_data: Path) -> None:
+    """Issue 24: a span [0, 0] on an empty document ended in ZeroDivisionError, naming no file or line."""
+    copy = copy_of(tiny_data, "emptyspan")
+    edit_jsonl(copy / "corpus.jsonl", lambda docs: [{**docs[0], "text": ""}, *docs[1:]])
+    edit_jsonl(copy / "queries.jsonl", lambda queries: [{**{k: v for k, v in queries[0].items() if k != "group"}, "span": [0, 0]},
+                                                        *queries[1:]])
+    with pytest.raises(ValueError, match=r"queries\.jsonl:1: query 'q0-begin' has a span in document 'd0', which is empty"):
+        load_benchmark(f"jsonl:{copy}")
+
+
+def test_the_pyfunc_refuses_none_and_non_strings_and_reads_the_text_column_by_name() -> None:
+    """Issue 24: `predict([None])` embedded the word "None"; a DataFrame was read by position, not column."""
+    import pandas as pd
+
+    from tuner.tracking.registry import _texts
+
+    with pytest.raises(ValueError, match=r"input 1 is None, not a string"):
+        _texts(["a", None])
+    with pytest.raises(ValueError, match=r"input 0 is an int \(7\), not a string"):
+        _texts([7])
+    assert _texts(pd.DataFrame({"id": ["x", "y"], "text": ["a", "b"]})) == ["a", "b"]
+    assert _texts(pd.DataFrame({0: ["a"]})) == ["a"]
+    with pytest.raises(ValueError, match=r"columns \['id', 'body'\]: give one column, or one named 'text'"):
+        _texts(pd.DataFrame({"id": ["x"], "body": ["a"]}))
+
+
+@pytest.mark.parametrize("which", ["the same set", "a copy", "shared passages"])
+def test_a_heldout_set_that_overlaps_the_tuning_data_is_refused(tiny_model_dir, tiny_data: Path, in_tmp: Path, which: str) -> None:
+    """Issue 24: `--heldout` equal to `--dataset` was accepted, and the tuning split reported and exported as held out."""
+    held = tiny_data
+    if which != "the same set":
+        held = copy_of(tiny_data, "held")
+        if which == "shared passages":  # one query of its own on one of the tuning passages, the rest new
+            edit_jsonl(held / "queries.jsonl", lambda queries: [{**q, "id": f"h{q['id']}", "text": q["text"] + " x"} for q in queries])
+    args = tiny_run(tiny_model_dir("bert"), tiny_data)
+    args[args.index("--heldout") + 1] = f"jsonl:{held}"
+    output = tune(*args)
+    assert "is not held out" in output and "relevant passages" in output or "is the tuning set itself" in output, output
+    assert not (in_tmp / "mlruns").exists()
+
+
+def test_a_stratum_with_too_few_queries_per_group_is_refused_before_the_model_loads(tiny_model_dir, tiny_data: Path, in_tmp: Path) -> None:
+    """Issue 24: a stratum of one query weighed as much as one of 107 (HM above every group's nDCG@10, PSI halved),
+    without a warning; and the failed start left a study that refused the fixed rerun."""
+    copy = copy_of(tiny_data, "stratum")
+    edit_jsonl(copy / "queries.jsonl", lambda queries: [{**q, "stratum": "short" if i == 0 else "long"} for i, q in enumerate(queries)])
+    output = tune(*tiny_run(tiny_model_dir("bert"), copy))
+    assert "stratum 'short' has 1 query in group 'begin', 0 in 'middle', 0 in 'end'" in output
+    assert "at least 5 per group" in output
+    assert not (in_tmp / "mlruns").exists()
+    edit_jsonl(copy / "queries.jsonl", lambda queries: [{**q, "stratum": "long"} for q in queries])
+    succeeds(*tiny_run(tiny_model_dir("bert"), copy, "--trials", "1"))
+
+
+def test_resuming_a_study_with_its_constraints_or_side_sets_changed_is_refused(tiny_model_dir, tiny_data: Path, in_tmp: Path) -> None:
+    """Issue 24: a study resumed with `--general --max-general-drop` added kept its earlier trials, never scored on
+    the general set, eligible to win."""
+    general = write_dataset(in_tmp / "general", docs=6, seed=2)
+    args = tiny_run(tiny_model_dir("bert"), tiny_data, "--trials", "1")
+    succeeds(*args)
+    output = tune(*args, "--trials", "2", "--general", f"jsonl:{general}", "--max-general-drop", "0.005")
+    assert "was created with other settings (general, general_fingerprint, max_general_drop)" in output
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("basket_sizes: [64, 128, 64]\n", "basket_sizes lists 64 twice; list each value once"),
+    ("depths: [last, last]\n", "depths lists 'last' twice"),
+    ("variants: [uniform, uniform]\n", "variants lists 'uniform' twice"),
+    ("strength_step: 0.3\n", "strength_step 0.3 does not divide 1"),
+])
+def test_a_search_space_with_duplicates_or_a_ragged_grid_is_refused(in_tmp: Path, text: str, message: str) -> None:
+    """Issue 24: duplicate --space values and a step that does not divide [0, 1] were accepted, with raw Optuna warnings."""
+    (in_tmp / "space.yaml").write_text(text, encoding="utf-8")
+    assert message in tune("--space", str(in_tmp / "space.yaml"), "--trials", "1")
+    assert not (in_tmp / "mlruns").exists()
+
+
+def test_a_search_space_without_the_paper_default_says_so() -> None:
+    """Issue 24: a strength_step that skips λ 0.5 dropped the paper-default trial without a word."""
+    from tuner.tuning.search_space import PAPER_DEFAULT_PARAMS, SearchSpace
+
+    space = SearchSpace(strength_step=0.2)
+    assert not space.admits(PAPER_DEFAULT_PARAMS)
+    assert "strength_step 0.2 skips λ 0.5" in space.outside(PAPER_DEFAULT_PARAMS)
+    assert "basket sizes [64, 256] lack 128" in SearchSpace(basket_sizes=(64, 256)).outside(PAPER_DEFAULT_PARAMS)
+    assert SearchSpace().outside(PAPER_DEFAULT_PARAMS) == ""
+
+
+def test_an_options_file_with_two_spellings_of_one_key_is_refused(in_tmp: Path) -> None:
+    """Issue 24: `hm-floor` and `hm_floor` in one options file: one silently won."""
+    (in_tmp / "opts.yaml").write_text("hm-floor: baseline\nhm_floor: 0.52\n", encoding="utf-8")
+    output = tune("--options", str(in_tmp / "opts.yaml"))
+    assert "are one option (--hm-floor); keep one" in output and "'hm_floor'" in output
+
+
+def test_a_study_name_derived_from_a_long_path_is_shortened_with_a_digest(in_tmp: Path) -> None:
+    """Issue 24: a long dataset path made a 297-character default study name that failed with `File name too long`
+    only after every trial had run."""
+    from tuner.tuning.settings import STUDY_NAME, TuneSettings
+
+    deep = "jsonl:" + "/".join(["a-rather-long-folder-name"] * 12)
+    names = [TuneSettings(dataset=deep + end).study_name_from_alias("minilm") for end in ("/one", "/two")]
+    assert all(STUDY_NAME.match(name) and len(name) <= 200 for name in names) and names[0] != names[1]
+    assert names[0] == TuneSettings(dataset=deep + "/one").study_name_from_alias("minilm")  # stable: a rerun resumes it
+    assert TuneSettings(dataset="wikipos-dev").study_name_from_alias("minilm") == "minilm--wikipos-dev--seed0"
+    (in_tmp / names[0]).with_suffix(".yaml").write_text("fits", encoding="utf-8")
+
+
+def test_a_full_disk_at_export_leaves_no_file_no_registry_version_and_a_failed_parent_run(
+        tiny_model_dir, tiny_data: Path, in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 24: ENOSPC at export ended in a traceback, left the parent run RUNNING and an orphan registry version."""
+    import errno
+
+    from mlflow.tracking import MlflowClient
+
+    import tuner.engine.exported
+    from tuner.common.files import replacing
+
+    def full_disk(path: Path, data: str, **_: object) -> Path:
+        with replacing(path) as temporary:
+            temporary.write_text(data[:10], encoding="utf-8")
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(tuner.engine.exported, "write_atomically", full_disk)
+    output = tune(*tiny_run(tiny_model_dir("bert"), tiny_data, "--output", str(in_tmp / "best.yaml")))
+    assert "No space left on device" in output and "nothing exported" in output
+    assert [p.name for p in in_tmp.iterdir() if "best" in p.name] == []
+    tracking = f"sqlite:///{in_tmp / 'mlruns' / 'mlflow.db'}"
+    client = MlflowClient(tracking, registry_uri=tracking)
+    assert client.search_model_versions() == []
+    parent = client.search_runs([client.get_experiment_by_name("posfair").experiment_id], "tags.`posfair.role` = 'study'")[0]
+    assert parent.info.status == "FAILED" and "No space left on device" in parent.data.tags["posfair.outcome"]
+
+
+def test_a_read_only_study_database_is_named_as_the_cause(tiny_model_dir, tiny_data: Path, in_tmp: Path) -> None:
+    """Issue 24: a read-only optuna.db gave Optuna's "invalid data ... exceeding max length" instead of the cause."""
+    args = tiny_run(tiny_model_dir("bert"), tiny_data, "--trials", "1")
+    succeeds(*args)
+    database = in_tmp / "mlruns" / "optuna.db"
+    database.chmod(0o444)
+    if os.access(database, os.W_OK):
+        require(False, "needs a non-root user (CI's posfair-ci) for a read-only file to be read-only")
+    output = tune(*args, "--trials", "2")
+    assert f"study storage {database} is read-only" in output and "chmod u+w" in output

@@ -54,9 +54,9 @@ def write_dataset(folder: Path, docs: int = 12, seed: int = 0, words: int = 45) 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir) -> dict[str, object]:
     root = tmp_path_factory.mktemp("study")
-    dataset = write_dataset(root / "data")
+    dataset, held = write_dataset(root / "data"), write_dataset(root / "held", seed=1)
     settings = TuneSettings(
-        model=str(tiny_model_dir("bert")), pooling="cls", dataset=f"jsonl:{dataset}", heldout=f"jsonl:{dataset}",
+        model=str(tiny_model_dir("bert")), pooling="cls", dataset=f"jsonl:{dataset}", heldout=f"jsonl:{held}",
         trials=6, hm_floor="-50%", storage=f"sqlite:///{root / 'optuna.db'}", tracking_uri=f"sqlite:///{root / 'mlflow.db'}",
         output=root / "best.yaml", study_name="tiny", profile_docs=4, bootstrap=50,
         space=SearchSpace(basket_sizes=(8, 16, 128)),
@@ -156,7 +156,7 @@ def test_the_export_holds_the_winning_trial(workspace: dict) -> None:
     winning = optuna.load_study(study_name="tiny", storage=settings.storage).trials[outcome.winner_trial]
     exported = load_exported(settings.output)
     assert exported.provenance.trial == winning.number
-    held = f"jsonl:{Path(settings.dataset.removeprefix('jsonl:')).name}"
+    held = f"jsonl:{Path(settings.heldout.removeprefix('jsonl:')).name}"
     assert {"tuning", "tuning_baseline", f"heldout/{held}", f"heldout_baseline/{held}"} <= set(exported.metrics)
     assert exported.metrics["tuning"]["psi"] == pytest.approx(winning.user_attrs["psi"])
     assert exported.calibration.strength == pytest.approx(winning.params["strength"])

@@ -41,9 +41,11 @@ TEXTS = random_texts(5, 20, 60, seed=7)
 
 
 def tune_command(model: Path, data: Path, *extra: str) -> list[str]:
-    """Plain `tune` on the tiny model: every store, the study name and the output left to their defaults."""
+    """Plain `tune` on the tiny model: every store, the study name and the output left to their defaults; held out:
+    a set of other passages beside `data`."""
+    held = write_dataset(data.parent / "held", seed=1)
     return [sys.executable, "-m", "tuner.cli", "--model", str(model), "--pooling", "cls", "--dataset", f"jsonl:{data}",
-            "--heldout", f"jsonl:{data}", "--trials", str(TRIALS), "--hm-floor=-50%", "--selection", "lowest",
+            "--heldout", f"jsonl:{held}", "--trials", str(TRIALS), "--hm-floor=-50%", "--selection", "lowest",
             "--profile-docs", "2", "--bootstrap", "50", *extra]
 
 
@@ -195,7 +197,7 @@ def test_the_yaml_records_its_provenance(client: MlflowClient, default_run: dict
     assert provenance.registered_model == registered_name(str(default_run["model"]))
     version = client.get_model_version_by_alias(provenance.registered_model, "champion")
     assert provenance.registered_version == int(version.version)
-    assert provenance.heldout == [f"jsonl:{default_run['data'].name}"]
+    assert provenance.heldout == ["jsonl:held"]
     assert provenance.hm_floor == pytest.approx(the_study(default_run["work"]).user_attrs["floor_value"])
     assert provenance.hm_floor_rule == "-50%" and provenance.objective.startswith("minimise the worst PSI over the tuning structures")
     assert "no tuning structure's bias reversed" in provenance.objective

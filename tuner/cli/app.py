@@ -87,7 +87,14 @@ def _options_file(ctx: typer.Context, value: Path | None) -> Path | None:
     if not isinstance(data, dict):
         raise typer.BadParameter(f"{value}: expected a mapping of option: value")
     params = {p.name: p for p in ctx.command.params}
-    normalised = {str(k).replace("-", "_"): v for k, v in data.items()}
+    normalised: dict[str, Any] = {}
+    spelled: dict[str, str] = {}
+    for key, option in data.items():
+        name = str(key).replace("-", "_")
+        if name in spelled:
+            raise typer.BadParameter(f"{value}: {shown(spelled[name])} and {shown(str(key))} are one option "
+                                     f"(--{name.replace('_', '-')}); keep one")
+        normalised[name], spelled[name] = option, str(key)
     unknown = sorted(set(normalised) - set(params))
     if unknown:
         raise typer.BadParameter(f"{value}: unknown option(s) {shown(unknown)}; known: {sorted(set(params) - {'options'})}")
@@ -161,6 +168,7 @@ def run(
 
     _setup_logging()
     with _friendly_errors():
+        _stop_on_sigterm()
         settings = TuneSettings(
             model=model, pooling=pooling, dataset=dataset, heldout=heldout, general=general, max_general_drop=max_general_drop,
             trials=trials, seed=seed, hm_floor=hm_floor, max_ndcg_drop=parse_limit(max_ndcg_drop, "--max-ndcg-drop", 1, "0.005, half a point of nDCG@10"),
@@ -212,7 +220,7 @@ def evaluate(
 
         for path, flag in ((markdown, "--markdown"), (json_output, "--json")):
             if path is not None:
-                check_writable(path, flag)
+                check_writable(path, flag, inputs=config or ())
         inline_rows = [(inline, parse_inline(inline)) for inline in calibration or []]
         exports = [(path, load_exported(path)) for path in config or []]
         scored = load_benchmark(dataset)
@@ -271,6 +279,7 @@ def encode(
     queries: Annotated[bool, typer.Option("--queries", help="Encode as queries (never calibrated).")] = False,
     batch_size: BatchSize = None,
     trust_remote_code: TrustRemoteCode = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace --output even if it is read-only (never the input, a folder or a device).")] = False,
 ) -> None:
     """Encode documents (calibrated) or queries (plain) with an exported config.
 
@@ -282,13 +291,13 @@ def encode(
         from tuner.engine.encoder import CalibratedEncoder
         from tuner.engine.exported import load_exported
 
-        check_writable(output, "--output")
+        check_writable(output, "--output", inputs=(input, config), force=force)
         texts = read_texts(input)
         load_exported(config)  # a broken config fails before the model loads
         encoder = CalibratedEncoder.from_yaml(config, trust_remote_code=trust_remote_code)
         method = encoder.encode_query if queries else encoder.encode_document
         vectors = method(texts, batch_size=batch_size, show_progress_bar=True)
-        _save_atomically(vectors, output)
+        _save_atomically(vectors, output, force=force)
     console.print(f"{len(texts)} {'queries' if queries else 'documents'} → {escape(str(output))} {vectors.shape}"
                   + (f"; {encoder.truncated} truncated at {encoder.model.max_length} tokens" if encoder.truncated else ""))
 
@@ -376,10 +385,10 @@ def parse_bytes(text: str | None) -> int | None:
     return int(value)
 
 
-def _save_atomically(vectors: np.ndarray, path: Path) -> None:
+def _save_atomically(vectors: np.ndarray, path: Path, force: bool = False) -> None:
     from tuner.common.files import replacing
 
-    with replacing(path) as temporary, temporary.open("wb") as stream:
+    with replacing(path, force=force) as temporary, temporary.open("wb") as stream:
         np.save(stream, vectors)
 
 
@@ -400,11 +409,27 @@ class _friendly_errors:
             raise typer.Exit(3)
         if isinstance(error, StoppedEarlyError):
             console.print(f"[red]stopped early:[/red] {escape(str(error))}")
-            raise typer.Exit(130 if error.interrupted else 4)
+            raise typer.Exit(error.exit_code)
+        if isinstance(error, KeyboardInterrupt):  # Ctrl-C or SIGTERM before the study's trials began
+            from tuner.tuning.study import Terminated
+
+            terminated = isinstance(error, Terminated)
+            console.print(f"[red]stopped early:[/red] {'terminated by SIGTERM' if terminated else 'interrupted'} before "
+                          "any trial ran here; nothing exported. Run the same command again to start or resume")
+            raise typer.Exit(143 if terminated else 130)
         if isinstance(error, (ValueError, RuntimeError, FileNotFoundError, PermissionError, IsADirectoryError)):
             console.print(f"[red]error:[/red] {escape(str(error))}")  # verbatim: markup would eat "[start, end]"
             raise typer.Exit(2)
         return False
+
+
+def _stop_on_sigterm() -> None:
+    """SIGTERM (a scheduler's stop) unwinds a run as Ctrl-C does: trial loop, parent run, temp folders, exit code."""
+    import signal
+
+    from tuner.tuning.study import raise_terminated
+
+    signal.signal(signal.SIGTERM, raise_terminated)
 
 
 def _setup_logging() -> None:

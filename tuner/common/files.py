@@ -1,5 +1,5 @@
 """Files posfair writes: where they go by default, and how they are written (whole or not at all, with the
-user's umask).
+user's umask or the mode of the file replaced, never over an input, a device or a read-only file).
 
 `tempfile.mkstemp` creates its file 0600 whatever the umask, and renaming keeps that mode, so a plain
 atomic write would leave exports that nobody else can read; the mode is set from the umask before the rename.
@@ -8,8 +8,9 @@ atomic write would leave exports that nobody else can read; the mode is set from
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -30,8 +31,9 @@ def umask() -> int:
     return current
 
 
-def check_writable(path: Path, flag: str) -> None:
-    """Before any work: `path` can be created (its folder exists and is writable) and is not a folder."""
+def check_writable(path: Path, flag: str, *, inputs: Sequence[Path] = (), force: bool = False) -> None:
+    """Before any work: `path` can be created or replaced (see `check_replaceable`): its folder exists and is
+    writable, it is not a folder, and it is none of the run's `inputs` (the same file by inode, whatever the name)."""
     folder = path.parent if str(path.parent) else Path(".")
     if path.is_dir():
         raise ValueError(f"{flag} {path} is a folder; give a file name in it, e.g. {path / 'out'}{path.suffix}")
@@ -39,6 +41,27 @@ def check_writable(path: Path, flag: str) -> None:
         raise ValueError(f"{flag} {path}: folder {folder} does not exist; create it or choose another {flag}")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise ValueError(f"{flag} {path}: folder {folder} is not writable; choose another {flag}")
+    for source in inputs:
+        if path.exists() and source.exists() and os.path.samefile(path, source):
+            raise ValueError(f"{flag} {path} is the input {source} itself; writing it would destroy the input: choose another {flag}")
+    check_replaceable(path, flag, force=force)
+
+
+def check_replaceable(path: Path, flag: str = "output", *, force: bool = False) -> None:
+    """An existing `path` may be replaced only if it is a regular file the user may write (or `force`):
+    a device such as /dev/null, a pipe or a socket is never replaced by a file, and a read-only file is
+    kept unless the user says otherwise."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(mode):
+        kind = ("a character device" if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode)
+                else "a named pipe" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+        raise ValueError(f"{flag} {path} is {kind}, not a file posfair may replace; give the name of a regular file")
+    if not force and not os.access(path, os.W_OK):
+        raise ValueError(f"{flag} {path} exists and is read-only; "
+                         + ("pass --force to replace it, or choose another name" if flag == "--output" else "make it writable or choose another name"))
 
 
 def temporary_beside(path: Path, suffix: str = TEMPORARY_SUFFIX) -> Path:
@@ -49,21 +72,29 @@ def temporary_beside(path: Path, suffix: str = TEMPORARY_SUFFIX) -> Path:
 
 
 @contextmanager
-def replacing(path: Path, suffix: str = TEMPORARY_SUFFIX) -> Iterator[Path]:
-    """Yield a temporary file beside `path` to write; it replaces `path` (with the umask's mode) when the block
-    completes and is removed if the block fails, so a reader sees the whole old file or the whole new one."""
+def replacing(path: Path, suffix: str = TEMPORARY_SUFFIX, *, force: bool = False) -> Iterator[Path]:
+    """Yield a temporary file beside `path` to write; it replaces `path` when the block completes and is removed
+    if the block fails (a full disk included), so a reader sees the whole old file or the whole new one.
+
+    The new file keeps the mode of the file it replaces, or has the umask's; only a regular file is ever
+    replaced, and a read-only one only with `force` (`check_replaceable`)."""
+    check_replaceable(path, force=force)
     temporary = temporary_beside(path, suffix)
     try:
         yield temporary
-        os.chmod(temporary, 0o666 & ~umask())
+        try:
+            mode = stat.S_IMODE(os.stat(path).st_mode)
+        except FileNotFoundError:
+            mode = 0o666 & ~umask()
+        os.chmod(temporary, mode)
         os.replace(temporary, path)
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
 
 
-def write_atomically(path: Path, data: bytes | str) -> Path:
+def write_atomically(path: Path, data: bytes | str, *, force: bool = False) -> Path:
     """Write `data` (text as UTF-8) to `path` through `replacing`."""
-    with replacing(path) as temporary:
+    with replacing(path, force=force) as temporary:
         temporary.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
     return path

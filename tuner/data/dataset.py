@@ -175,16 +175,40 @@ class PositionalDataset:
         return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]
 
 
+MIN_STRATUM_QUERIES = 5
+"""Queries a stratum needs in each position group: HM and PSI are the mean over strata, so every stratum
+weighs alike, and a stratum of one query would outweigh the rest of the set."""
+
+
 def require_position_groups(dataset: PositionalDataset, flag: str) -> None:
-    """PSI compares position groups: a set scored for it needs queries in at least two of them.
+    """PSI compares position groups: a set scored for it needs queries in at least two of them, and each
+    stratum (when there are strata) at least `MIN_STRATUM_QUERIES` in every group.
 
     With one group (every query "all") PSI is 0 for any config, so the uncalibrated model would win by default.
     """
     filled = [label for label, count in dataset.group_sizes().items() if count > 0]
     if len(filled) >= 2:
+        _require_full_strata(dataset, flag, filled)
         return
     if not filled:
         raise ValueError(f"{flag} {dataset.name}: no query has a position group, so PSI cannot be computed; give each "
                          "query a 'group' (e.g. begin/middle/end) or a 'span', or use the set as --general")
     raise ValueError(f"{flag} {dataset.name}: every query is in the one position group {filled[0]!r}, so PSI would be 0 "
                      "for every config; label queries by where their answer sits (at least two groups, e.g. begin/middle/end)")
+
+
+def _require_full_strata(dataset: PositionalDataset, flag: str, groups: list[str]) -> None:
+    counts: dict[str, dict[str, int]] = {}
+    for qid, stratum in dataset.strata.items():
+        cell = counts.setdefault(stratum, dict.fromkeys(groups, 0))
+        for label in dataset.groups.get(qid, ()):
+            if label in cell:
+                cell[label] += 1
+    for stratum, cell in counts.items():
+        if min(cell.values()) < MIN_STRATUM_QUERIES:
+            first, *rest = cell.items()
+            spread = ", ".join([f"{first[1]} {'query' if first[1] == 1 else 'queries'} in group {first[0]!r}",
+                                *(f"{n} in {g!r}" for g, n in rest)])
+            raise ValueError(f"{flag} {dataset.name}: stratum {stratum!r} has {spread}; HM and PSI weigh every stratum alike, "
+                             f"so each needs at least {MIN_STRATUM_QUERIES} per group: merge it into a neighbouring stratum "
+                             "or drop its queries' 'stratum'")

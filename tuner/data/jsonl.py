@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import zlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -80,16 +81,61 @@ def read_text(path: Path) -> str:
         ) from error
 
 
+def lines_of(text: str) -> list[str]:
+    """A file's lines, split on "\n" only (a final newline ends the last line): `str.splitlines` would also
+    split on form feed, U+0085 and U+2028, which JSON allows raw inside strings and plain text keeps in a line.
+    A Windows line end's "\r" is dropped."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line.removesuffix("\r") for line in lines]
+
+
+class _NotJsonNumber(ValueError):
+    """NaN, Infinity or -Infinity: Python's json reads and writes them, JSON has no such numbers."""
+
+
+def _refuse_constant(name: str) -> object:
+    raise _NotJsonNumber(name)
+
+
+def parse_json_line(line: str, path: Path, number: int) -> Any:
+    """One line of JSON, strictly: NaN and Infinity are refused, and so is a string holding a lone surrogate
+    (a `\\ud800` escape, valid JSON but no text a tokenizer can read); errors name file, line and id."""
+    try:
+        record = json.loads(line, parse_constant=_refuse_constant)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}:{number}: not valid JSON ({error.msg}); write one JSON object per line") from error
+    except _NotJsonNumber as error:
+        raise ValueError(f"{path}:{number}: {error} is not a JSON number (Python's json writes it for nan or inf); "
+                         "write a number") from None
+    if "\\ud" in line.lower():  # only an escape can make a lone surrogate: UTF-8 cannot hold one
+        _no_lone_surrogates(record, path, number)
+    return record
+
+
+def _no_lone_surrogates(record: Any, path: Path, number: int) -> None:
+    identity = record.get("id", record.get("_id")) if isinstance(record, dict) else None
+    owner = f"id {shown(str(identity))}: " if isinstance(identity, (str, int)) else ""
+    pending: list[tuple[str, Any]] = [("", record)]
+    while pending:
+        key, value = pending.pop()
+        if isinstance(value, dict):
+            pending.extend((str(k), v) for k, v in value.items())
+        elif isinstance(value, list):
+            pending.extend((key, v) for v in value)
+        elif isinstance(value, str) and (found := next((c for c in value if "\ud800" <= c <= "\udfff"), None)):
+            where = f"'{key}' holds" if key else "a string holds"
+            raise ValueError(f"{path}:{number}: {owner}{where} a lone surrogate (U+{ord(found):04X}, from a \\u escape "
+                             "without its pair), which is not text; fix the escape or remove it")
+
+
 def read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, object) for every non-blank line; a line that is not a JSON object names file and line."""
-    for number, line in enumerate(read_text(path).splitlines(), start=1):
+    for number, line in enumerate(lines_of(read_text(path)), start=1):
         if not line.strip():
             continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            message = f"{path}:{number}: not valid JSON ({error.msg}); write one JSON object per line"
-            raise ValueError(message) from error
+        record = parse_json_line(line, path, number)
         if not isinstance(record, dict):
             raise ValueError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
         yield number, record
@@ -126,7 +172,7 @@ def unique(kind: str, key: str, lines: dict[str, int], path: Path, line: int) ->
 
 def grade(value: Any, where: str) -> int:
     """A relevance grade: a whole number (1.0 is 1); a fraction, a word or a boolean is refused."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value != int(value):
         raise ValueError(f"{where}: relevance {shown(value)} is not a whole number; grades are integers (0 = not relevant, 1, 2, ...)")
     return int(value)
 
@@ -135,7 +181,7 @@ def read_qrels_tsv(path: Path) -> dict[str, dict[str, int]]:
     """TREC-style `query-id<TAB>doc-id<TAB>relevance` lines, header optional (BEIR writes one)."""
     qrels: dict[str, dict[str, int]] = {}
     first = True
-    for number, line in enumerate(read_text(path).splitlines(), start=1):
+    for number, line in enumerate(lines_of(read_text(path)), start=1):
         if not line.strip():
             continue
         parts = [part.strip() for part in line.split("\t")]
@@ -269,6 +315,9 @@ def load_jsonl(
                 "a span is placed in its one relevant document, so give the query's 'group' explicitly instead"
             )
         document = corpus.get(relevant[0])
+        if document == "":
+            raise ValueError(f"{queries_path}:{line}: query {qid!r} has a span in document {relevant[0]!r}, which is empty; "
+                             "give the document its text, or the query a 'group' instead of a span")
         if document is not None:  # a missing document is reported by the dataset itself
             if not 0 <= start <= end <= len(document):
                 raise ValueError(

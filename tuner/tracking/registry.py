@@ -61,12 +61,25 @@ def _load_pyfunc(data_path: str) -> CalibratedEncoderModel:
 
 
 def _texts(model_input: Any) -> list[str]:
-    """A list, array or Series of strings, or a one-column DataFrame (how MLflow passes `inputs`)."""
-    if hasattr(model_input, "iloc") and getattr(model_input, "ndim", 1) == 2:
-        model_input = model_input.iloc[:, 0]
+    """The texts, one output row each: a string, a list, array or Series of strings, or a DataFrame's `text`
+    column (or its only column), as MLflow passes `inputs`. Anything but a string (None, a number) is refused
+    with its index: embedding its repr would return a vector for the word "None"."""
+    if hasattr(model_input, "columns"):
+        columns = list(model_input.columns)
+        if "text" in columns:
+            model_input = model_input["text"]
+        elif len(columns) == 1:
+            model_input = model_input.iloc[:, 0]
+        else:
+            raise ValueError(f"input columns {columns}: give one column, or one named 'text'")
     if isinstance(model_input, str):
         return [model_input]
-    return [str(text) for text in list(model_input)]
+    texts = list(model_input)
+    for index, text in enumerate(texts):
+        if not isinstance(text, str):
+            got = "None" if text is None else f"{'an' if type(text).__name__[0] in 'aeiou' else 'a'} {type(text).__name__} ({text!r:.40})"
+            raise ValueError(f"input {index} is {got}, not a string; pass texts only (\"\" for an empty one)")
+    return [str(text) for text in texts]
 
 
 @dataclass(frozen=True)
@@ -93,6 +106,19 @@ def reserve_version(tracker: Tracker, model_alias: str, run_id: str, description
         version = client.create_model_version(name, source=f"models:/{logged.model_id}", run_id=run_id,
                                               model_id=logged.model_id, tags=tags, description=description)
     return Registered(name, int(version.version), logged.model_id)
+
+
+def withdraw(tracker: Tracker, registered: Registered) -> None:
+    """Remove a reserved version whose YAML could not be written (and its registered model, left without
+    versions): the registry never holds a version without its export."""
+    from mlflow.tracking._tracking_service.utils import _use_tracking_uri
+
+    client = tracker.client
+    with _use_tracking_uri(tracker.uri):
+        client.delete_model_version(registered.name, str(registered.version))
+        if not client.search_model_versions(f"name = '{registered.name}'"):
+            client.delete_registered_model(registered.name)
+    client.delete_logged_model(registered.model_id)
 
 
 def publish(tracker: Tracker, registered: Registered, yaml_path: Path, dimension: int) -> None:

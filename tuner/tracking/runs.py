@@ -306,20 +306,23 @@ class Tracker:
     # --- the study's parent run -------------------------------------------------------------------
 
     def start_study(self, study: str, params: dict[str, object], tags: dict[str, str], description: str = "") -> str:
-        """Open (or, on resume, reopen) the study's parent run."""
-        existing = self.client.search_runs(
-            [self.experiment_id], f"tags.`posfair.study` = '{study}' and tags.`posfair.role` = 'study'", max_results=1
-        )
-        if existing:
-            self.parent_id = existing[0].info.run_id
-            self.client.update_run(self.parent_id, status="RUNNING")
-        else:
-            extra = {NOTE: description} if description else {}
-            run = self.client.create_run(
-                self.experiment_id, run_name=study, tags={"posfair.study": study, "posfair.role": "study", **tags, **extra}
+        """Open (or, on resume, reopen) the study's parent run; processes starting together on a local store
+        take its lock, so they share one parent run."""
+        experiment_id = self.experiment_id  # opened first: the store lock below is not re-entrant
+        with _store_lock(self.uri):
+            existing = self.client.search_runs(
+                [experiment_id], f"tags.`posfair.study` = '{study}' and tags.`posfair.role` = 'study'", max_results=1
             )
-            self.parent_id = run.info.run_id
-            self.client.log_batch(self.parent_id, params=_params(params))
+            if existing:
+                self.parent_id = existing[0].info.run_id
+                self.client.update_run(self.parent_id, status="RUNNING")
+            else:
+                extra = {NOTE: description} if description else {}
+                run = self.client.create_run(
+                    experiment_id, run_name=study, tags={"posfair.study": study, "posfair.role": "study", **tags, **extra}
+                )
+                self.parent_id = run.info.run_id
+                self.client.log_batch(self.parent_id, params=_params(params))
         return self.parent_id
 
     def finish_study(self, metrics: dict[str, float], artifacts: list[Path], tags: dict[str, str], status: str = "FINISHED") -> None:

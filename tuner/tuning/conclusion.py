@@ -25,18 +25,32 @@ from tuner.evaluation.evaluator import Evaluation, Evaluator
 from tuner.evaluation.visible import within_reach
 from tuner.tracking.plots import optuna_figures, param_importances, pareto_scatter
 from tuner.tracking.progress import Phase
-from tuner.tracking.registry import Registered, publish, reserve_version
+from tuner.tracking.registry import Registered, publish, reserve_version, withdraw
 from tuner.tracking.runs import Tracker, describe_config, display_metrics, summary_metrics
 from tuner.tuning.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, is_reference_trial, trial_basket_shares, trial_config
 from tuner.tuning.session import FLOOR_ATTR, split_datasets
 from tuner.tuning.settings import EXPERIMENT, TuneSettings
-from tuner.tuning.study import HEARTBEAT_SECONDS, default_storage, make_storage, pareto_front, trial_by_number, winner
+from tuner.tuning.study import (
+    HEARTBEAT_SECONDS,
+    OWNER_ATTR,
+    claim_export,
+    default_storage,
+    make_storage,
+    pareto_front,
+    record_export,
+    trial_by_number,
+    winner,
+)
 
 log = logging.getLogger(__name__)
 
 
 class NoFeasibleTrialError(RuntimeError):
     """No complete trial satisfied the constraints: nothing is exported."""
+
+
+class ExportFailedError(RuntimeError):
+    """The winner's YAML could not be written (a full disk): no file, no registry version, the parent run FAILED."""
 
 
 
@@ -82,9 +96,14 @@ class TuneOutcome:
 def conclude(
     settings: TuneSettings, study: optuna.Study, tracker: Tracker, evaluator: Evaluator,
     heldout: list[PositionalDataset], floor: float, staging: Path, storage: str,
-) -> TuneOutcome:
-    """Pick the winner, score it on the held-out sets, export it, and close the parent run."""
+) -> TuneOutcome | None:
+    """Pick the winner, score it on the held-out sets, export it, and close the parent run; None when another
+    process finishing the study at the same time was elected to export it (`claim_export`)."""
     model = evaluator.model
+    elected = claim_export(study)
+    if elected is not None:
+        _leave_export_to(elected, study, tracker)
+        return None
     picked = winner(study, settings.selection)
     baseline = evaluator.run(None)
     reference = _trial_with(study, BASELINE_PARAMS)
@@ -101,8 +120,13 @@ def conclude(
         log.warning("no calibration is fairer than the uncalibrated model by more than the tuning split's noise: "
                     "the export keeps the model uncalibrated (strength 0); `--selection lowest` takes the lowest PSI")
     rows = _summary_rows(study, best, evaluator, heldout, settings)
-    export_path, registered = _export_and_register(settings, model, study, best, rows, storage, evaluator.dataset, selection,
-                                                   tracker, floor)
+    try:
+        export_path, registered = _export_and_register(settings, model, study, best, rows, storage, evaluator.dataset, selection,
+                                                       tracker, floor)
+    except ExportFailedError as error:
+        tracker.finish_study({}, figures, {"posfair.outcome": f"export failed: {error}"}, "FAILED")
+        raise
+    record_export(study, export_path)
     summary = staging / "summary.json"
     summary.write_text(json.dumps([_row_dict(r) for r in rows], indent=1), encoding="utf-8")
     _mark_winner(tracker, study, best, model, selection, registered)
@@ -118,6 +142,20 @@ def conclude(
     return TuneOutcome(study.study_name, best.number, _config_of(best, model), export_path, rows,
                        [t.number for t in pareto_front(study)], floor, tracker.uri, selection,
                        f"{registered.uri} (version {registered.version})" if registered else None)
+
+
+def _leave_export_to(elected: dict[str, object], study: optuna.Study, tracker: Tracker) -> None:
+    """Say which process exports (or exported) the study, and close this process's hold on the parent run."""
+    owner = elected.get(OWNER_ATTR) or {}
+    who = f"the other process (pid {owner.get('pid', '?')} on {owner.get('host', '?')})"  # type: ignore[union-attr]
+    trials = len(complete_trials(study))
+    if "export" in elected:
+        log.info("study %s is complete (%d trials) and its winner was exported by %s to %s, so not again here; "
+                 "`tune export --study-name %s` exports it again", study.study_name, trials, who, elected["export"], study.study_name)
+    else:
+        log.info("study %s is complete (%d trials); its winner is being exported by %s, so not again here",
+                 study.study_name, trials, who)
+    tracker.finish_study({}, [], {})
 
 
 def _nothing_feasible(study: optuna.Study, settings: TuneSettings, floor: float) -> str:
@@ -284,10 +322,14 @@ def _export(settings: TuneSettings, model: LoadedModel, study: optuna.Study, bes
                    for name, held in winner_row.heldout.items() if held.delta is not None},
         **provenance,
     )
-    path = settings.output or EXPORTS / f"{study.study_name}.yaml"
+    path = _export_path(settings, study)
     if settings.output is None:
         path.parent.mkdir(parents=True, exist_ok=True)
     return write_exported(exported, path)
+
+
+def _export_path(settings: TuneSettings, study: optuna.Study) -> Path:
+    return settings.output or EXPORTS / f"{study.study_name}.yaml"
 
 
 def _row_dict(row: Row) -> dict[str, object]:
@@ -317,11 +359,19 @@ def _export_and_register(
             )
         except Exception as error:  # noqa: BLE001 - the registry is an extra; the export must not be lost to it
             log.warning("the winner is not registered in MLflow (%s: %s)", error.__class__.__name__, str(error).splitlines()[0] if str(error) else "")
-        path = _export(settings, model, study, best, rows, storage, tuning, selection, objective=describe_objective(settings),
-                       structures=best.user_attrs.get("structures", {}), layer_tokens=study_layer_tokens(study),
-                       hm_floor=floor if floor == floor else None, mlflow_run_id=tracker.parent_id, tracking_uri=tracker.uri,
-                       registered_model=registered.name if registered else None,
-                       registered_version=registered.version if registered else None)
+        try:
+            path = _export(settings, model, study, best, rows, storage, tuning, selection, objective=describe_objective(settings),
+                           structures=best.user_attrs.get("structures", {}), layer_tokens=study_layer_tokens(study),
+                           hm_floor=floor if floor == floor else None, mlflow_run_id=tracker.parent_id, tracking_uri=tracker.uri,
+                           registered_model=registered.name if registered else None,
+                           registered_version=registered.version if registered else None)
+        except OSError as error:  # a full disk, a vanished folder: the atomic write left nothing behind
+            if registered is not None:
+                withdraw(tracker, registered)
+            raise ExportFailedError(
+                f"cannot write the winner's YAML {_export_path(settings, study)}: {error.strerror or error}; nothing exported "
+                f"(no partial file, no registry version). Free space or choose another --output, then run "
+                f"`tune export --study-name {study.study_name}`") from None
         if registered is not None:
             try:
                 publish(tracker, registered, path, int(model.model.config.hidden_size))

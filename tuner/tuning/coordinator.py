@@ -18,8 +18,8 @@ from tuner.tuning.worker import run_session_trials, start_workers
 log = logging.getLogger(__name__)
 
 
-def coordinate(session: Session) -> TuneOutcome:
-    """Run (or resume) the study and export its winner."""
+def coordinate(session: Session) -> TuneOutcome | None:
+    """Run (or resume) the study and export its winner (None: another process finishing it was elected to)."""
     settings, study, tracker, evaluator = session.settings, session.study, session.tracker, session.evaluator
     tuning, space = session.tuning, session.space
     workers = start_workers(settings, settings.workers - 1)  # they load while the baseline is measured
@@ -30,14 +30,16 @@ def coordinate(session: Session) -> TuneOutcome:
     floor = HmFloor.parse(settings.hm_floor).resolve(baseline.report.hm)
     study.set_user_attr(FLOOR_ATTR, floor)
     describe_study(study, settings.pareto, floor, settings.hm_floor)
-    for reference in (BASELINE_PARAMS, PAPER_DEFAULT_PARAMS):
+    for reference, label in ((BASELINE_PARAMS, "the uncalibrated baseline"), (PAPER_DEFAULT_PARAMS, "the paper's default")):
         if space.admits(reference):
             enqueue_once(study, *space.reference_trial(reference))
+        else:
+            log.warning("%s is not in this search space (%s), so it is not run as a reference trial", label, space.outside(reference))
     outcome = run_session_trials(
         session, floor, workers,
         lambda staging: conclude(settings, study, tracker, evaluator, session.heldout, floor, staging, session.storage),
     )
-    assert isinstance(outcome, TuneOutcome)
+    assert outcome is None or isinstance(outcome, TuneOutcome)
     return outcome
 
 

@@ -152,8 +152,9 @@ class TrialObjective:
             artifacts = self._profile(trial.number, config, metrics)
         except optuna.TrialPruned:
             raise
-        except Exception as error:
-            reason = f"{error.__class__.__name__}: {error}"
+        except (Exception, KeyboardInterrupt) as error:  # an aborted trial's run is closed FAILED too, never left open
+            reason = ("aborted: the run was stopped (Ctrl-C or SIGTERM) and the trial queued again"
+                      if isinstance(error, KeyboardInterrupt) else f"{error.__class__.__name__}: {error}")
             trial.set_user_attr("failure_reason", reason)
             self.tracker.finish_trial(self.study_name, TrialRecord(
                 trial.number, "FAIL", params, {}, {"posfair.failure": reason[:4000]},

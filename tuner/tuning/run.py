@@ -20,7 +20,8 @@ __all__ = [
 
 
 def tune(settings: TuneSettings) -> TuneOutcome | None:
-    """Run (or resume) a study and export its winner; a `worker` only runs trials and returns None."""
+    """Run (or resume) a study and export its winner; None from a `worker` (it only runs trials) or when another
+    process finishing the study at the same time exports it."""
     session = prepare(settings)
     if settings.worker:
         run_as_worker(session)

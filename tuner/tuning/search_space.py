@@ -72,6 +72,14 @@ class SearchSpace:
         problems = []
         if not 0 < self.strength_step <= 1:
             problems.append(f"strength_step must be in (0, 1], got {self.strength_step}")
+        elif abs(1 / self.strength_step - round(1 / self.strength_step)) > 1e-6:
+            problems.append(f"strength_step {self.strength_step} does not divide 1, so the grid of λ would stop short of 1; "
+                            "use e.g. 0.05, 0.1, 0.125 or 0.25")
+        for key in ("depths", "basket_sizes", "variants"):
+            values = list(getattr(self, key))
+            twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
+            if twice is not None:
+                problems.append(f"{key} lists {shown(twice)} twice; list each value once")
         if not self.depths or set(self.depths) - set(DEPTHS):
             problems.append(f"depths must be a non-empty subset of {list(DEPTHS)}, got {list(self.depths)}")
         if not self.basket_sizes or any(int(b) < 1 for b in self.basket_sizes):
@@ -176,15 +184,23 @@ class SearchSpace:
             return self.weight_low <= float(value) <= self.weight_high  # type: ignore[arg-type]
         return value in {"depth": self.depths, "basket_size": self.basket_sizes, "variant": self.variants}.get(name, ())
 
-    def admits(self, params: dict[str, object]) -> bool:
+    def admits(self, params: Mapping[str, object]) -> bool:
         """Whether fixed parameters (the enqueued reference trials) lie inside this space. basket_shares
         never rules one out: a space offering several values offers both, and a fixed one lets the
         reference pin its own (`reference_trial`)."""
-        return (
-            params["depth"] in self.depths
-            and params["basket_size"] in self.basket_sizes
-            and params["variant"] in self.variants
-        )
+        return not self.outside(params)
+
+    def outside(self, params: Mapping[str, object]) -> str:
+        """Why fixed parameters lie outside this space ("" when they lie inside): what a user is told when
+        the paper's default cannot be run as a reference trial."""
+        strength = float(params["strength"])  # type: ignore[arg-type]
+        steps = strength / self.strength_step
+        reasons = [f"strength_step {self.strength_step:g} skips λ {strength:g}" if abs(steps - round(steps)) > 1e-6 else "",
+                   f"depths {list(self.depths)} lack {params['depth']}" if params["depth"] not in self.depths else "",
+                   f"basket sizes {list(self.basket_sizes)} lack {params['basket_size']}"
+                   if params["basket_size"] not in self.basket_sizes else "",
+                   f"variants {list(self.variants)} lack {params['variant']}" if params["variant"] not in self.variants else ""]
+        return "; ".join(reason for reason in reasons if reason)
 
 
 def config_of(

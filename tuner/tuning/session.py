@@ -80,6 +80,24 @@ def split_datasets(settings: TuneSettings) -> tuple[PositionalDataset, list[Posi
     return tuning, heldout
 
 
+def check_held_out(tuning: PositionalDataset, heldout: list[PositionalDataset]) -> None:
+    """A held-out set must be evidence the tuning never saw: neither the tuning set itself nor one whose relevant
+    passages (compared by text, whatever their ids) are relevant passages of the tuning set."""
+    def relevant(dataset: PositionalDataset) -> set[str]:
+        return {dataset.corpus[d] for judged in dataset.qrels.values() for d, grade in judged.items() if grade > 0 and d in dataset.corpus}
+
+    tuned = relevant(tuning)
+    for held in heldout:
+        if held.fingerprint() == tuning.fingerprint():
+            raise ValueError(f"--heldout {held.name} is the tuning set itself (--dataset {tuning.name}), so its figures would "
+                             "not be held out; choose a set built from other passages, or --heldout none")
+        theirs = relevant(held)
+        if shared := len(theirs & tuned):
+            raise ValueError(f"--heldout {held.name} is not held out: {shared} of its {len(theirs)} relevant passages are "
+                             f"relevant passages of the tuning set {tuning.name}; choose a set built from other passages, "
+                             "or --heldout none")
+
+
 def estimate_cost(
     evaluator: Evaluator, heldout: list[PositionalDataset], side: list[PositionalDataset], profile_docs: int,
     structures: Sequence[PositionalDataset] = (), prune: bool = False,
@@ -142,6 +160,7 @@ def prepare(settings: TuneSettings) -> Session:
     require_position_groups(tuning, "--dataset")
     for held in heldout:
         require_position_groups(held, "--heldout")
+    check_held_out(tuning, heldout)
     tracker = Tracker(settings.tracking_uri, EXPERIMENT)  # an unreachable server fails here; a store is made later
     storage = settings.storage or default_storage()
     check_storage_url(storage)  # a malformed URL fails here too; the database is created with the study
@@ -181,6 +200,9 @@ def prepare(settings: TuneSettings) -> Session:
         "max_crops_psi": settings.max_crops_psi,
         "max_reversal": settings.max_reversal,
         "structures": [s.name for s in structures],
+        "general": settings.general,
+        "general_fingerprint": general.fingerprint() if general is not None else None,
+        "max_general_drop": settings.max_general_drop,
         "space": space.as_dict(),
         "pareto": settings.pareto,
         "seed": settings.seed,

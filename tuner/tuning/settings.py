@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from dataclasses import dataclass, field
@@ -105,12 +106,18 @@ class TuneSettings:
         return self.study_name_from_alias(model.spec.alias)
 
     def study_name_from_alias(self, alias: str) -> str:
-        """Default: model--dataset--seedN, in characters safe for file names and MLflow filters."""
+        """Default: model--dataset--seedN, in characters safe for file names and MLflow filters; a name longer
+        than `--study-name` allows (a long dataset path) keeps its start and ends in a digest of the whole, so it
+        still fits a file name (mlruns/exports/NAME.yaml) and stays one name per study."""
         if self.study_name:
             return self.study_name
         suffix = ("-pareto" if self.pareto else "") + (f"-grid-{self.grid}" if self.grid else "")
         plain = f"{Path(alias).name}--{self.dataset}--seed{self.seed}{suffix}"
-        return re.sub(r"[^A-Za-z0-9._-]+", "_", plain)
+        safe = re.sub(r"[^A-Za-z0-9._-]+", "_", plain)
+        if len(safe) <= MAX_STUDY_NAME:
+            return safe
+        digest = hashlib.sha256(plain.encode("utf-8")).hexdigest()[:12]
+        return f"{safe[:MAX_STUDY_NAME - len(digest) - 2]}--{digest}"
 
 
 def settings_in_force(settings: TuneSettings) -> dict[str, object]:
@@ -155,7 +162,8 @@ def describe_devices(devices: list[str | None]) -> str:
     return ", ".join(f"{'coordinator' if i == 0 else f'worker {i}'}: GPU {device}" for i, device in enumerate(devices))
 
 
-STUDY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+MAX_STUDY_NAME = 200  # with ".yaml", well inside the 255 bytes of a file name
+STUDY_NAME = re.compile(rf"^[A-Za-z0-9][A-Za-z0-9._-]{{0,{MAX_STUDY_NAME - 1}}}$")
 
 
 def check_run_options(settings: TuneSettings) -> None:

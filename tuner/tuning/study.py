@@ -87,7 +87,12 @@ def make_storage(url: str, heartbeat: int = HEARTBEAT_SECONDS) -> RDBStorage:
     Workers starting together on a new database race to create Optuna's tables; the loser retries.
     """
     if url.startswith("sqlite:///"):  # SQLite creates the file, not its folder
-        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        database = Path(url.removeprefix("sqlite:///"))
+        database.parent.mkdir(parents=True, exist_ok=True)
+        for path in (database, database.parent):  # SQLite writes its journal beside the file: both must be writable
+            if path.exists() and not os.access(path, os.W_OK):
+                raise ValueError(f"study storage {path} is read-only{' (its folder)' if path != database else ''}, so no trial "
+                                 f"could be recorded; make it writable (chmod u+w {path}) or choose another --storage")
     attempt = 0
     while True:
         try:
@@ -102,7 +107,7 @@ def make_storage(url: str, heartbeat: int = HEARTBEAT_SECONDS) -> RDBStorage:
                 )
         except Exception as error:  # noqa: BLE001 - sqlalchemy raises many kinds for a bad URL
             attempt += 1
-            racing = any(sign in str(error) for sign in ("already exists", "duplicate key", "database is locked"))
+            racing = any(sign in str(error) for sign in ("already exists", "duplicate key", "database is locked", "UNIQUE constraint failed"))
             if not racing or attempt == SCHEMA_ATTEMPTS:
                 raise ValueError(
                     f"cannot open study storage {url!r}: {str(error).splitlines()[0]}. "
@@ -135,15 +140,14 @@ def open_study(
         study_name=name, storage=make_storage(storage, heartbeat), sampler=sampler, directions=directions, load_if_exists=True
     )
     stored = {k: study.user_attrs[k] for k in identity if k in study.user_attrs}
-    if not stored:
-        for key, value in identity.items():
-            study.set_user_attr(key, value)
-    elif stored != identity:
-        changed = sorted(k for k in identity if stored.get(k) != identity[k])
+    changed = sorted(k for k in identity if stored.get(k) != identity[k])  # a key an older posfair did not store: None
+    if changed and stored and any(t.state != TrialState.FAIL for t in study.get_trials(deepcopy=False)):
         raise StudyMismatchError(
             f"study {name!r} in {storage} was created with other settings ({', '.join(changed)}); "
             "resume it with the same options or choose another --study-name"
         )
+    for key in changed:  # a new study, or one whose start failed before any trial ran: no evidence is at stake
+        study.set_user_attr(key, identity[key])
     return study
 
 
@@ -182,7 +186,7 @@ class TrialsEnd:
 
     complete: int
     target: int
-    stopped: str | None = None  # None, "interrupted" or "failures"
+    stopped: str | None = None  # None, "interrupted" (Ctrl-C), "terminated" (SIGTERM) or "failures"
     failures: int = 0  # trials of this run that failed
     requeued: int | None = None  # a trial interrupted mid-way and queued to run again
 
@@ -229,6 +233,49 @@ def fail_dead_trials(study: optuna.Study) -> list[int]:
     return [t.number for t in failed]
 
 
+def _export_mark(study: optuna.Study) -> str:
+    """The name of the marker of an export of `study` as it stands (`~` is outside study names' characters)."""
+    return f"{study.study_name}~export~{len(complete_trials(study))}"
+
+
+def claim_export(study: optuna.Study) -> dict[str, object] | None:
+    """Elect the one process that exports `study` with its current complete trials: None if it is this one,
+    else what the elected one recorded (its `owner`, and `export`, the path, once written).
+
+    Processes that finish a study together all reach its conclusion; the election is the creation of a
+    marker study named after the study and its trial count, which the storage every process shares lets
+    exactly one of them create. A marker whose exporter died on this machine before it finished is taken over.
+    """
+    storage, mark = study._storage, _export_mark(study)
+    while True:
+        try:
+            mark_id = storage.create_new_study([optuna.study.StudyDirection.MINIMIZE], mark)
+        except optuna.exceptions.DuplicatedStudyError:
+            try:
+                mark_id = storage.get_study_id_from_name(mark)
+                attrs = storage.get_study_user_attrs(mark_id)
+            except KeyError:  # deleted by a process taking over: try again
+                continue
+            owner = attrs.get(OWNER_ATTR) or {}
+            if "export" in attrs or owner.get("host") != socket.gethostname() or _process_alive(int(owner.get("pid", os.getpid()))):
+                return attrs
+            log.warning("the export of study %s by process %s did not finish (it is gone); it is done here",
+                        study.study_name, owner["pid"])
+            try:
+                storage.delete_study(mark_id)
+            except KeyError:
+                pass
+            continue
+        storage.set_study_user_attr(mark_id, OWNER_ATTR, _owner())
+        return None
+
+
+def record_export(study: optuna.Study, path: Path) -> None:
+    """Mark the elected export as written (`claim_export`): later runs say where it is instead of exporting again."""
+    storage = study._storage
+    storage.set_study_user_attr(storage.get_study_id_from_name(_export_mark(study)), "export", str(path))
+
+
 def _requeue(study: optuna.Study, trials: Sequence[FrozenTrial]) -> None:
     """Queue failed trials again with what they had drawn (the storage's retry callback, as for stale ones)."""
     heartbeat_storage = study._storage  # a cache around the RDBStorage: ask it, whatever its class
@@ -248,8 +295,8 @@ def run_trials(
     At start, trials left RUNNING by a dead process of this machine are failed and re-queued, so they run
     before new ones. Trials RUNNING elsewhere are waited for: they complete, or the heartbeat check fails and
     re-queues them, and then they run here. The stop rule counts only the failures of this run (a study's
-    old failures are history). Ctrl-C stops after the current trial; a second Ctrl-C aborts it and queues
-    it again. The result says whether the target was reached, and if not, why.
+    old failures are history). Ctrl-C or SIGTERM stops after the current trial; a second signal (or, after
+    SIGTERM, the grace period's end) aborts it and queues it again. The result says whether the target was reached, and if not, why.
     """
     fail_dead_trials(study)
     failures_allowed = max(3, n_complete)
@@ -322,11 +369,11 @@ def run_trials(
                         raise
                     log.warning("trial %d was declared dead by another worker (missed heartbeats); it is re-run as a new "
                                 "trial and this worker goes on", current[0].number)
-        except KeyboardInterrupt:  # the second Ctrl-C: the running trial is aborted and queued to run again
+        except KeyboardInterrupt:  # a second signal or the grace period's end: the trial is aborted and queued again
             requeued = _abort(study, current[0]) if current else None
-            stopped: str | None = "interrupted"
+            stopped: str | None = interrupted() or "interrupted"
         else:
-            stopped = "interrupted" if interrupted() else "failures" if len(failed_here) >= failures_allowed else None
+            stopped = interrupted() or ("failures" if len(failed_here) >= failures_allowed else None)
     complete = len(finished(study))
     return TrialsEnd(complete, n_complete, stopped if complete < n_complete else None, len(failed_here), requeued)
 
@@ -350,26 +397,68 @@ def _failed_elsewhere(study: optuna.Study, trial: optuna.Trial) -> bool:
     return study._storage.get_trial(trial._trial_id).state == TrialState.FAIL
 
 
+STOP_GRACE_SECONDS = 20.0
+"""After SIGTERM, how long the running trial may take to finish before it is aborted and queued again
+(`POSFAIR_STOP_GRACE` overrides it): Slurm and Kubernetes send SIGKILL 30 s after SIGTERM by default."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's stop) outside the trial loop: unwound like Ctrl-C, but named for what it was."""
+
+
+def stop_grace() -> float:
+    """The grace period after SIGTERM, in seconds (`POSFAIR_STOP_GRACE`, else `STOP_GRACE_SECONDS`)."""
+    text = os.environ.get("POSFAIR_STOP_GRACE", "")
+    try:
+        return max(0.0, float(text)) if text else STOP_GRACE_SECONDS
+    except ValueError:
+        log.warning("POSFAIR_STOP_GRACE=%r is not a number of seconds; using %g", text, STOP_GRACE_SECONDS)
+        return STOP_GRACE_SECONDS
+
+
+def raise_terminated(signum: int, frame: object) -> None:
+    """A SIGTERM handler for the rest of a run: stop as Ctrl-C would."""
+    raise Terminated
+
+
 @contextmanager
-def _stop_after_current_trial(study: optuna.Study) -> Iterator[Callable[[], bool]]:
-    requested = False
+def _stop_after_current_trial(study: optuna.Study) -> Iterator[Callable[[], str | None]]:
+    """Ctrl-C or SIGTERM: finish the running trial, then stop. A second signal aborts the trial at once, and
+    after SIGTERM so does the end of the grace period (`stop_grace`), before the scheduler's SIGKILL. The
+    callable says what was asked: None, "interrupted" (SIGINT) or "terminated" (SIGTERM)."""
+    requested: str | None = None
+
+    def abort(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
 
     def handler(signum: int, frame: object) -> None:
         nonlocal requested
         if requested:
             raise KeyboardInterrupt
-        requested = True
-        log.warning("interrupt: finishing the current trial, then stopping (Ctrl-C again to abort now)")
+        if signum == signal.SIGTERM:
+            requested = "terminated"
+            grace = stop_grace()
+            log.warning("SIGTERM: finishing the current trial within %g s, then stopping (after that it is aborted and "
+                        "queued to run again)", grace)
+            signal.signal(signal.SIGALRM, abort)
+            signal.setitimer(signal.ITIMER_REAL, max(grace, 1e-3))
+        else:
+            requested = "interrupted"
+            log.warning("interrupt: finishing the current trial, then stopping (Ctrl-C again to abort now)")
 
     try:
-        previous = signal.signal(signal.SIGINT, handler)
+        previous = {number: signal.signal(number, handler) for number in (signal.SIGINT, signal.SIGTERM)}
     except ValueError:  # not the main thread: leave signals alone
-        yield lambda: False
+        yield lambda: None
         return
+    alarm = signal.getsignal(signal.SIGALRM)
     try:
         yield lambda: requested
     finally:
-        signal.signal(signal.SIGINT, previous)
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, alarm)
+        for number, action in previous.items():
+            signal.signal(number, action)
 
 
 def candidates(study: optuna.Study) -> list[Candidate]:

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, NoReturn
 
 import optuna
 from optuna.trial import TrialState
@@ -28,11 +28,12 @@ from tuner.data import PositionalDataset
 from tuner.engine.models import LoadedModel
 from tuner.evaluation.evaluator import Evaluator
 from tuner.tracking.progress import StudyProgress
+from tuner.tracking.runs import local_store
 from tuner.tuning.objective import SideSet, TrialObjective
 from tuner.tuning.search_space import trial_basket_shares
 from tuner.tuning.session import FLOOR_ATTR, Session, prepare
 from tuner.tuning.settings import TuneSettings, worker_devices
-from tuner.tuning.study import TrialsEnd, make_storage, run_trials
+from tuner.tuning.study import Terminated, TrialsEnd, make_storage, run_trials
 
 log = logging.getLogger(__name__)
 
@@ -73,12 +74,24 @@ def run_session_trials(
         )
         evaluator.show_progress = False  # the trial bar (on a terminal) and the per-trial lines take over
         with StudyProgress(settings.trials, len(finished(study)), bar=not settings.worker) as progress:
-            ended = run_trials(study, objective, settings.trials, [partial(_log_trial, progress=progress)])
+            stores = _local_stores(session)
+            try:
+                ended = run_trials(study, objective, settings.trials, [partial(_log_trial, progress=progress),
+                                                                       lambda s, trial: _require_stores(stores, trial.number)])
+            except Exception:  # whatever the storage raised, a deleted store is the cause to name
+                _require_stores(stores, None)
+                raise
+        if ended.stopped == "terminated":  # a scheduler may have told only this process: pass the stop on
+            for worker in workers:
+                worker.terminate()
         for worker in workers:
             worker.join()
         if ended.short:
             _stop_short(ended, session)
         return conclude(staging) if conclude is not None else None
+    except KeyboardInterrupt as error:  # Ctrl-C or SIGTERM outside a trial (a side set's baseline, the conclusion)
+        _stop_short(TrialsEnd(len(finished(study)), settings.trials, "terminated" if isinstance(error, Terminated)
+                              else "interrupted"), session)
     finally:
         for worker in workers:
             if worker.is_alive():
@@ -87,25 +100,55 @@ def run_session_trials(
         shutil.rmtree(staging, ignore_errors=True)
 
 
+class StoreLostError(RuntimeError):
+    """A local store (the study database, MLflow's) was deleted while the study ran: nothing more can be recorded."""
+
+
+def _local_stores(session: Session) -> dict[Path, int]:
+    """The study's SQLite files on this machine (Optuna's and MLflow's) with their inodes, watched while trials run."""
+    stores = [Path(session.storage.removeprefix("sqlite:///")) if session.storage.startswith("sqlite:///") else None,
+              local_store(session.tracker.uri)]
+    return {store.resolve(): store.stat().st_ino for store in stores if store is not None and store.exists()}
+
+
+def _require_stores(stores: dict[Path, int], trial: int | None) -> None:
+    """After each trial, and when the storage fails: a store deleted under the run (`rm -rf mlruns/`) stops it
+    with the cause, not with what Optuna or MLflow say about the empty database they create in its place."""
+    for store, inode in stores.items():
+        try:
+            same = store.stat().st_ino == inode
+        except FileNotFoundError:
+            same = False
+        if not same:
+            raise StoreLostError(
+                f"{store} was deleted while the study ran (was {store.parent.name}/ removed?), so nothing more can be "
+                f"recorded; stopped{f' after trial {trial}' if trial is not None else ''}. Restore it (from a backup or "
+                "the trash) and run the same command again to resume, or start afresh in an empty folder") from None
+
+
 class StoppedEarlyError(RuntimeError):
-    """The study ended short of its trials (Ctrl-C, too many failures): nothing is exported as if complete."""
+    """The study ended short of its trials (Ctrl-C, SIGTERM, too many failures): nothing is exported as if complete."""
 
-    def __init__(self, message: str, interrupted: bool) -> None:
+    EXIT_CODES: ClassVar[dict[str, int]] = {"interrupted": 130, "terminated": 143, "failures": 4}  # 128 + SIGINT, 128 + SIGTERM
+
+    def __init__(self, message: str, stopped: str) -> None:
         super().__init__(message)
-        self.interrupted = interrupted
+        self.exit_code = self.EXIT_CODES.get(stopped, 4)
 
 
-def _stop_short(ended: TrialsEnd, session: Session) -> None:
+def _stop_short(ended: TrialsEnd, session: Session) -> NoReturn:
     """Say that the study ended short, mark the MLflow parent run, and end with an error: no export."""
-    why = "interrupted" if ended.stopped == "interrupted" else f"{ended.failures} trials of this run failed"
+    signalled = ended.stopped in ("interrupted", "terminated")
+    why = ("terminated by SIGTERM" if ended.stopped == "terminated" else "interrupted" if signalled
+           else f"{ended.failures} trials of this run failed")
     requeued = f"; trial {ended.requeued} was aborted and is queued to run again" if ended.requeued is not None else ""
     message = (f"stopped early ({why}): {ended.complete} of {ended.target} trials complete{requeued}; nothing exported. "
                f"Run the same command again to resume, or `tune export --study-name {session.name}` to export the winner so far")
     if not session.settings.worker:
         session.tracker.finish_study({"complete_trials": ended.complete}, [],
                                      {"posfair.outcome": f"stopped early ({why}): {ended.complete} of {ended.target} trials"},
-                                     "KILLED" if ended.stopped == "interrupted" else "FAILED")
-    raise StoppedEarlyError(message, interrupted=ended.stopped == "interrupted")
+                                     "KILLED" if signalled else "FAILED")
+    raise StoppedEarlyError(message, ended.stopped or "failures")
 
 
 def _floor_set_by_coordinator(name: str, storage: str, heartbeat: int, timeout: float = 3600.0) -> float:
@@ -159,9 +202,17 @@ def quiet_libraries() -> None:
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    for handler in logging.getLogger("optuna").handlers:  # a trial aborted by a stop is said in one line, not a traceback
+        handler.addFilter(_no_traceback_for_a_stop)
     for noisy in ("mlflow", "alembic", "httpx", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
+
+
+def _no_traceback_for_a_stop(record: logging.LogRecord) -> bool:
+    if record.exc_info and isinstance(record.exc_info[1], KeyboardInterrupt):
+        record.exc_info = None
+    return True
 
 
 def _log_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial, progress: StudyProgress) -> None:

@@ -1,0 +1,157 @@
+"""Issue 24: a tuner run under a scheduler and beside itself, on real processes with real signals.
+
+SIGTERM (what Slurm, Kubernetes and spot instances send) must stop a run as Ctrl-C does; two identical
+`tune` commands on one fresh folder must export once. Each runs on SQLite and, where `.ci/run` provides
+them, on PostgreSQL with an MLflow server (the helpers of tests/test_workers.py and tests/test_accounting.py).
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tests.test_accounting import BACKENDS, COMPLETE, FAIL, WAITING, catch_running, environment, parent_run, trials_of
+from tests.test_study import write_dataset
+from tests.test_workers import command, finished_trial_numbers, study_backend, trial_runs
+from tuner.tracking.registry import registered_name
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_dataset(tmp_path_factory.mktemp("faults") / "data", docs=10)
+
+
+def assert_one_finished_run_per_complete_trial(storage: str, tracking: str, name: str) -> None:
+    trials = trials_of(storage, name)
+    assert finished_trial_numbers(tracking, name) == sorted(t.number for t in trials if t.state == COMPLETE)
+    for run in trial_runs(tracking, name):
+        number = int(run.data.tags["posfair.trial"])
+        if trials[number].state != COMPLETE:  # an aborted trial's run is closed as failed, without a trial's metrics
+            assert run.info.status in ("FAILED", "KILLED") and "psi" not in run.data.metrics, (number, run.info.status)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sigterm_stops_after_the_trial_like_ctrl_c_and_the_rerun_completes(
+        backend: str, tiny_model_dir, data: Path, tmp_path: Path) -> None:
+    """SIGTERM exited 143 with no message, left the trial and the parent run RUNNING and the temp folder behind."""
+    storage, tracking, name = study_backend(backend, tmp_path)
+    cmd = command(tiny_model_dir("bert"), data, storage, tracking, 5, "--output", str(tmp_path / "best.yaml"), name=name)
+    run = subprocess.Popen(cmd, cwd=tmp_path, env=environment(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    stopped = catch_running(run, storage, name, at_least=1)
+    run.send_signal(signal.SIGTERM)
+    output = " ".join(run.communicate(timeout=300)[0].split())
+    assert run.returncode == 143, output[-3000:]
+    trials = trials_of(storage, name)
+    assert trials[stopped].state == COMPLETE  # within the grace period the trial under way was finished
+    complete = sum(t.state == COMPLETE for t in trials)
+    assert f"stopped early (terminated by SIGTERM): {complete} of 5 trials complete; nothing exported" in output
+    assert "Traceback" not in output
+    assert not (tmp_path / "best.yaml").exists()
+    parent = parent_run(tracking, name)
+    assert parent.info.status == "KILLED"
+    assert parent.data.tags["posfair.outcome"] == f"stopped early (terminated by SIGTERM): {complete} of 5 trials"
+    assert list((tmp_path / "tmp").glob("posfair-*")) == []
+
+    again = subprocess.run(cmd, cwd=tmp_path, env=environment(tmp_path), capture_output=True, text=True, timeout=600, check=False)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert sum(t.state == COMPLETE for t in trials_of(storage, name)) == 5 and (tmp_path / "best.yaml").exists()
+    assert parent_run(tracking, name).info.status == "FINISHED"
+    assert_one_finished_run_per_complete_trial(storage, tracking, name)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sigterm_past_the_grace_period_aborts_the_trial_and_the_rerun_runs_it_once(
+        backend: str, tiny_model_dir, data: Path, tmp_path: Path) -> None:
+    """A trial longer than the grace period is aborted (its run FAILED, not FINISHED with metrics) and queued
+    again; after the rerun MLflow holds one FINISHED run per complete trial."""
+    storage, tracking, name = study_backend(backend, tmp_path)
+    cmd = command(tiny_model_dir("bert"), data, storage, tracking, 4, "--output", str(tmp_path / "best.yaml"), name=name)
+    env = {**environment(tmp_path), "POSFAIR_STOP_GRACE": "0"}
+    run = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    aborted = catch_running(run, storage, name, at_least=1)
+    run.send_signal(signal.SIGTERM)
+    output = " ".join(run.communicate(timeout=300)[0].split())
+    assert run.returncode == 143, output[-3000:]
+    assert "Traceback" not in output, output[output.index("Traceback") - 500:][:3000]
+    trials = trials_of(storage, name)
+    if trials[aborted].state == COMPLETE:
+        pytest.skip("the trial finished before the signal was handled; nothing was aborted")
+    assert trials[aborted].state == FAIL and f"trial {aborted} was aborted and is queued to run again" in output
+    assert [t.state for t in trials if t.system_attrs.get("failed_trial") == aborted] == [WAITING]
+    assert parent_run(tracking, name).info.status == "KILLED"
+    assert list((tmp_path / "tmp").glob("posfair-*")) == []
+
+    again = subprocess.run(cmd, cwd=tmp_path, env=environment(tmp_path), capture_output=True, text=True, timeout=600, check=False)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert sum(t.state == COMPLETE for t in trials_of(storage, name)) == 4
+    assert_one_finished_run_per_complete_trial(storage, tracking, name)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_two_identical_tunes_on_one_fresh_folder_export_once(backend: str, tiny_model_dir, data: Path, tmp_path: Path) -> None:
+    """Both exported and registered two versions; one exporter is now elected through the study storage."""
+    storage, tracking, name = study_backend(backend, tmp_path)
+    cmd = command(tiny_model_dir("bert"), data, storage, tracking, 6, "--output", str(tmp_path / "best.yaml"), name=name,
+                  heartbeat=10)
+    runs = [subprocess.Popen(cmd, cwd=tmp_path, env=environment(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True) for _ in range(2)]
+    outputs = [" ".join(run.communicate(timeout=600)[0].split()) for run in runs]
+    for run, output in zip(runs, outputs):
+        assert run.returncode == 0, output[-3000:]
+        assert "Traceback" not in output
+    assert sum(t.state == COMPLETE for t in trials_of(storage, name)) == 6
+    assert sum("exported config:" in output for output in outputs) == 1, outputs
+    assert any("exported by the other process" in output for output in outputs)
+    assert (tmp_path / "best.yaml").exists()
+    client = MlflowClient(tracking, registry_uri=tracking)
+    model = registered_name(str(tiny_model_dir("bert")))
+    versions = [v for v in client.search_model_versions(f"name = '{model}'") if v.tags.get("posfair.study") == name]
+    assert len(versions) == 1
+    assert_one_finished_run_per_complete_trial(storage, tracking, name)
+
+
+def test_the_store_creation_race_on_alembic_version_is_retried(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two processes creating one SQLite store in the same millisecond: the loser's `UNIQUE constraint failed:
+    alembic_version` was not retried and ended in advice to fix the URL."""
+    import sqlalchemy.exc
+
+    import tuner.tuning.study
+
+    real, calls = tuner.tuning.study.RDBStorage, []
+
+    def racing(*args: object, **kwargs: object) -> object:
+        calls.append(1)
+        if len(calls) == 1:
+            raise sqlalchemy.exc.IntegrityError("INSERT INTO alembic_version", {}, Exception("UNIQUE constraint failed: alembic_version.version_num"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tuner.tuning.study, "RDBStorage", racing)
+    monkeypatch.setattr(tuner.tuning.study.time, "sleep", lambda seconds: None)
+    assert isinstance(tuner.tuning.study.make_storage(f"sqlite:///{tmp_path / 'o.db'}"), real) and len(calls) == 2
+
+
+def test_mlruns_deleted_mid_run_stops_with_a_clear_error(tiny_model_dir, data: Path, tmp_path: Path) -> None:
+    """Deleting mlruns/ mid-run ended in `AssertionError: Should not reach.` (a traceback)."""
+    import shutil
+    import time
+
+    cmd = command(tiny_model_dir("bert"), data, "", "", 6, "--output", str(tmp_path / "best.yaml"), name="deleted")
+    for flag in ("--storage", "--tracking-uri"):  # the defaults: both stores under ./mlruns
+        del cmd[cmd.index(flag):cmd.index(flag) + 2]
+    run = subprocess.Popen(cmd, cwd=tmp_path, env=environment(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    storage = f"sqlite:///{tmp_path / 'mlruns' / 'optuna.db'}"
+    deadline = time.monotonic() + 300
+    while not (tmp_path / "mlruns" / "optuna.db").exists() or sum(t.state == COMPLETE for t in trials_of(storage, "deleted")) < 2:
+        assert run.poll() is None and time.monotonic() < deadline, run.communicate()[0][-3000:]
+        time.sleep(0.1)
+    while (tmp_path / "mlruns").exists():  # as `rm -rf mlruns` does, whatever the run writes meanwhile
+        shutil.rmtree(tmp_path / "mlruns", ignore_errors=True)
+    output = " ".join(run.communicate(timeout=300)[0].split())
+    assert run.returncode == 2, output[-3000:]
+    assert "Traceback" not in output and "Should not reach" not in output, output[-3000:]
+    assert "was deleted while the study ran" in output and "run the same command again" in output
+    assert not (tmp_path / "best.yaml").exists()
