@@ -31,6 +31,8 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
 from tuner.common.files import MLFLOW_DB
+from tuner.common.messages import UserError
+from tuner.common.options import check_tracking_uri
 
 log = logging.getLogger(__name__)
 
@@ -55,21 +57,8 @@ Run names mark the baseline (trial 0, no calibration), the paper default (trial 
 the winner, which is registered as the model posfair-MODEL with the alias `champion`."""
 
 
-class TrackingUnavailableError(RuntimeError):
+class TrackingUnavailableError(UserError, RuntimeError):
     """The tracking server or store cannot be used; the message names it and the fix."""
-
-
-TRACKING_SCHEMES = ("file", "sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks")
-
-
-def check_tracking_uri(uri: str) -> None:
-    """A tracking URI MLflow can use: a folder, or one of `TRACKING_SCHEMES` (with a driver, e.g. postgresql+psycopg)."""
-    scheme, colon, _ = uri.partition("://")
-    if colon and scheme.split("+")[0].lower() not in TRACKING_SCHEMES:
-        raise ValueError(
-            f"--tracking-uri {uri[:80]!r}: MLflow cannot use a {scheme[:20]!r} store; use e.g. http://127.0.0.1:5000, "
-            "sqlite:///mlruns/mlflow.db, postgresql://user:pass@host/db or a folder"
-        )
 
 
 def default_tracking_uri() -> str:

@@ -20,6 +20,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from tuner.common.messages import UserError
 from tuner.common.scratch import scratch_dir
 from tuner.common.trials import complete_trials
 from tuner.data import PositionalDataset
@@ -84,12 +85,15 @@ def run_session_trials(
         shutil.rmtree(staging, ignore_errors=True)
 
 
-class StoppedEarlyError(RuntimeError):
+class StoppedEarlyError(UserError, RuntimeError):
     """The study ended short of its trials (Ctrl-C, too many failures): nothing is exported as if complete."""
+
+    label = "stopped early"
 
     def __init__(self, message: str, interrupted: bool) -> None:
         super().__init__(message)
         self.interrupted = interrupted
+        self.exit_code = 130 if interrupted else 4  # 130: as a shell reports Ctrl-C
 
 
 def _stop_short(ended: TrialsEnd, session: Session) -> None:
@@ -110,7 +114,7 @@ def _floor_set_by_coordinator(name: str, storage: str, heartbeat: int, timeout: 
     deadline = time.monotonic() + timeout
     while FLOOR_ATTR not in (attrs := optuna.load_study(study_name=name, storage=make_storage(storage, heartbeat)).user_attrs):
         if time.monotonic() > deadline:
-            raise RuntimeError(f"no coordinator set the HM floor of study {name!r}; start `tune` without --worker first")
+            raise UserError(f"no coordinator set the HM floor of study {name!r}; start `tune` without --worker first")
         time.sleep(2)
     return float(attrs[FLOOR_ATTR])
 
