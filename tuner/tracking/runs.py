@@ -410,21 +410,49 @@ class Tracker:
     # --- retries ----------------------------------------------------------------------------------
 
     def flush(self) -> bool:
-        """Retry everything MLflow has not accepted yet; True when nothing is left pending."""
+        """Retry everything MLflow has not accepted yet, in order; True when nothing is left pending.
+
+        Only an outage keeps an action (and those after it) for the next flush. An action MLflow refuses for
+        any other reason would fail the same way forever and hold back every later log: it is logged with its
+        error and dropped, and the rest go on.
+        """
         while self._pending:
             try:
                 self._pending[0]()
             except TrackingUnavailableError:
                 raise
-            except Exception as error:  # noqa: BLE001 - a dead server must not end the study
-                log.warning("MLflow still unreachable (%s); %d log(s) kept for retry", error.__class__.__name__, len(self._pending))
-                return False
+            except Exception as error:  # noqa: BLE001 - neither a dead server nor a refused log may end the study
+                if _is_outage(error):
+                    log.warning("MLflow still unreachable (%s); %d log(s) kept for retry", error.__class__.__name__, len(self._pending))
+                    return False
+                log.warning("MLflow refused a log, dropped (%s: %s); the others go on", error.__class__.__name__,
+                            str(error).splitlines()[0] if str(error) else "")
             self._pending.pop(0)
         return True
 
     def _submit(self, action: Callable[[], None]) -> None:
         self._pending.append(action)
         self.flush()
+
+
+def _is_outage(error: BaseException) -> bool:
+    """Whether `error` means the store did not answer (refused or lost connection, timeout, a server or database
+    that is down or locked), read along the chain of causes: MLflow wraps what requests and SQLAlchemy raised."""
+    import requests
+    import sqlalchemy.exc
+    from mlflow.exceptions import MlflowException
+
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, (ConnectionError, TimeoutError, requests.ConnectionError, requests.Timeout, requests.exceptions.RetryError,
+                             sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError)):
+            return True
+        if isinstance(seen, MlflowException) and seen.get_http_status_code() in (502, 503, 504):  # TEMPORARILY_UNAVAILABLE
+            return True
+        if isinstance(seen, requests.HTTPError) and seen.response is not None and seen.response.status_code in (502, 503, 504):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _artifacts_beside_store(uri: str, store: Path, experiment_id: str) -> None:
