@@ -19,15 +19,15 @@ ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "transformers", "mlflow", "optuna", "sentence_transformers", "datasets")
 SECONDS = 2.0
 
-PROBE = """
+PROBE = f"""
 import json, sys
 from tuner.cli.app import app
 try:
     app(sys.argv[1:])
 except SystemExit as stop:
     code = stop.code
-print(json.dumps({"code": code, "heavy": sorted(m for m in %r if m in sys.modules)}))
-""" % (HEAVY,)
+print(json.dumps({{"code": code, "heavy": sorted(m for m in {HEAVY!r} if m in sys.modules)}}))
+"""
 
 
 def _answer(*args: str, cwd: Path) -> tuple[dict, float]:

@@ -110,7 +110,7 @@ def test_segments_are_whole_summaries_or_their_opening_sentence_of_unused_articl
          "J. R. R. Tolkien was an English writer and philologist."),
         ("The city lies on the river c. 30 km from the sea. It was founded in 1200.",
          "The city lies on the river c. 30 km from the sea."),
-        ("It is short. But this sentence makes the opening long enough to count.", 
+        ("It is short. But this sentence makes the opening long enough to count.",
          "It is short. But this sentence makes the opening long enough to count."),
         ("No full stop at all", "No full stop at all"),
     ],

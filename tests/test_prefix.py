@@ -170,12 +170,12 @@ def test_recording_only_stops_at_the_deepest_wanted_layer(tiny: LoadedModel) -> 
     handles = [layer.register_forward_pre_hook(lambda m, a, i=i: reached.append(i)) for i, layer in enumerate(stack.layers)]
     try:
         seen: list[tuple[int, int, tuple[int, ...]]] = []
-        record_layer_inputs(tiny, batches, stack, [1], lambda b, l, h: seen.append((b, l, tuple(h.shape))))
+        record_layer_inputs(tiny, batches, stack, [1], lambda b, layer, h: seen.append((b, layer, tuple(h.shape))))
     finally:
         for handle in handles:
             handle.remove()
     assert set(reached) == {0, 1}  # layer 2 never ran
-    assert [(b, l) for b, l, _ in seen] == [(0, 1), (1, 1)]
+    assert [(b, layer) for b, layer, _ in seen] == [(0, 1), (1, 1)]
     assert [s[:2] for *_, s in seen] == batches.shapes
 
 
