@@ -374,8 +374,8 @@ def _save_atomically(vectors: np.ndarray, path: Path) -> None:
 class _friendly_errors:
     """posfair's own failures end with one clear line and a non-zero exit; anything else is a bug and keeps its traceback.
 
-    Own failures: `UserError` (a model to download, a store to start, no feasible trial, a study stopped early),
-    option values refused with ValueError, and paths the user named that are missing or not writable.
+    Own failures: `UserError` (a model or benchmark to download, a store to start, a study stopped early), option
+    values refused with ValueError, paths the user named that are missing or not writable, and no feasible trial.
     """
 
     def __enter__(self) -> None:
