@@ -821,7 +821,7 @@ def agreement(columns: list[Column]) -> list[str]:
     lines = []
     for column in columns:
         def embedding(key: str, name: str = "embedding") -> list[list[float]] | None:
-            return (column.results.get(key, {}).get(name) or {}).get(column.pooling)
+            return (column.results.get(key, {}).get(name) or {}).get(column.pooling)  # noqa: B023 - called in this iteration
 
         pairs = {
             "engine vs oracle (calibrated)": (embedding("engine"), embedding("oracle")),

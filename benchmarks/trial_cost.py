@@ -160,7 +160,7 @@ def study_walls(model, dataset, args: argparse.Namespace, say: Callable[[str], N
     floor = 0.0
     for mode in modes:  # set-up as `tune` does it: evaluator, queries, baseline
         seconds, evaluator = timed(make[mode])
-        more, baseline = timed(lambda: evaluator.run(None))
+        more, baseline = timed(lambda: evaluator.run(None))  # noqa: B023 - called at once
         spent[mode] += seconds + more
         evaluators[mode], floor = evaluator, baseline.report.hm
         say(f"  {mode:<8} set-up ({what[mode]}) {seconds + more:6.1f} s")
@@ -173,7 +173,7 @@ def study_walls(model, dataset, args: argparse.Namespace, say: Callable[[str], N
         shift = trial.number % len(modes)
         line = []
         for mode in modes[shift:] + modes[:shift]:  # each evaluator goes first, second and third in turn
-            seconds, evaluation = timed(lambda: evaluators[mode].run(config))
+            seconds, evaluation = timed(lambda: evaluators[mode].run(config))  # noqa: B023 - called at once
             spent[mode] += seconds
             psi[mode].append(evaluation.report.psi)
             line.append(f"{mode} {seconds:5.1f} s")

@@ -46,3 +46,17 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+# Modules whose module-scoped fixtures run whole `tune` studies (or an MLflow server): under `make test`'s
+# `--dist loadgroup` each runs on one worker, so each such fixture runs once instead of once per worker that
+# drew one of its tests. Everything else is spread test by test.
+SHARED_RUNS = ("tests.test_tracking", "tests.test_study", "tests.test_headline", "tests.test_paths")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the marks
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        module = getattr(item, "module", None)
+        if module is not None and module.__name__ in SHARED_RUNS:
+            item.add_marker(pytest.mark.xdist_group(module.__name__))

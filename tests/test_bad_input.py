@@ -203,6 +203,36 @@ def test_a_malformed_cache_budget() -> None:
     assert "--cache-budget 'lots': write a size like 4GB" in tune("--cache-budget", "lots", "--trials", "1")
 
 
+@pytest.mark.parametrize("budget", ["-1", "-4GB", "-0.5MiB"])
+def test_a_negative_cache_budget(budget: str) -> None:
+    assert f"--cache-budget must not be negative, got '{budget}'" in tune("--cache-budget", budget, "--trials", "1")
+
+
+def test_a_bug_is_not_reported_as_bad_input(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only posfair's own errors become one-line messages: a RuntimeError from deep inside keeps its traceback."""
+    import tuner.tuning.run
+
+    def broken(settings: object) -> None:
+        raise RuntimeError("index 3 is out of bounds")
+
+    monkeypatch.setattr(tuner.tuning.run, "tune", broken)
+    result = runner.invoke(app, ["--trials", "1"])
+    assert isinstance(result.exception, RuntimeError) and not isinstance(result.exception, SystemExit)
+    assert "error: index 3" not in result.output
+
+
+def test_a_missing_model_is_reported_as_bad_input(monkeypatch: pytest.MonkeyPatch) -> None:
+    """posfair's RuntimeErrors that the user can fix (here: a model that is not downloaded) stay one line."""
+    import tuner.tuning.run
+    from tuner.engine.models import ModelUnavailableError
+
+    def unavailable(settings: object) -> None:
+        raise ModelUnavailableError("minilm is not in the Hugging Face cache; download it with ...")
+
+    monkeypatch.setattr(tuner.tuning.run, "tune", unavailable)
+    assert "error: minilm is not in the Hugging Face cache" in tune("--trials", "1")
+
+
 def test_a_malformed_inline_calibration() -> None:
     assert "write field=value pairs" in tune("evaluate", "--calibration", "strength", "--no-sea", "--general", "")
     assert "calibration config" in tune("evaluate", "--calibration", "strength=2", "--no-sea", "--general", "")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.ci import require
 from tuner.data.build_wikipos import MAX_TOKENS, MIN_SEGMENTS, SEPARATOR
 from tuner.data.dataset import FIFTHS, SLOT_THIRDS, THIRDS, slot_third, span_midpoint
 from tuner.data.wikipos import TRANSFER_SPLITS, load_wikipos, opening_sentence, read_records, split_filename
@@ -81,8 +82,8 @@ def test_sentences_and_mixed_fill_dev_s_budget_and_lengths_spread_over_it():
     assert quartiles[0] < 260 and quartiles[2] > 380, "a quarter of the passages below 260 tokens, a quarter above 380"
 
 
-@pytest.mark.skipif(not SOURCE.is_file(), reason=f"the WikiPos source {SOURCE} is absent")
 def test_segments_are_whole_summaries_or_their_opening_sentence_of_unused_articles():
+    require(SOURCE.is_file(), f"the WikiPos source {SOURCE} is absent (../shared beside the checkout, as .ci/run has it)")
     with gzip.open(SOURCE, "rt", encoding="utf-8") as handle:
         source = json.load(handle)
     dev_titles = {s["title"] for split in ("dev", "test", "general") for r in records(split) for s in r["segments"]}
@@ -109,7 +110,7 @@ def test_segments_are_whole_summaries_or_their_opening_sentence_of_unused_articl
          "J. R. R. Tolkien was an English writer and philologist."),
         ("The city lies on the river c. 30 km from the sea. It was founded in 1200.",
          "The city lies on the river c. 30 km from the sea."),
-        ("It is short. But this sentence makes the opening long enough to count.", 
+        ("It is short. But this sentence makes the opening long enough to count.",
          "It is short. But this sentence makes the opening long enough to count."),
         ("No full stop at all", "No full stop at all"),
     ],

@@ -33,3 +33,13 @@ def test_documents_are_calibrated_like_posfair_and_queries_are_not(minilm_config
     queries = model.encode_query([LONG], normalize_embeddings=True)
     assert np.abs(queries - ours.encode_query([LONG])).max() < 1e-5
     assert 1 - float(queries[0] @ documents[0]) > 1e-4  # the query path really skipped calibration
+
+
+def test_one_text_per_batch_gives_the_same_vectors(minilm_config: Path) -> None:
+    """sentence-transformers keeps one calibration context across its batches: every batch of another shape
+    or mask must get its own basket geometry (batch_size=1 makes every batch differ from the one before)."""
+    model = load_sentence_transformer(minilm_config)
+    texts = [LONG, "a short note", " ".join(LONG.split()[:120])]
+    expected = CalibratedEncoder.from_yaml(minilm_config).encode(texts)
+    one_by_one = model.encode(texts, batch_size=1, normalize_embeddings=True)
+    assert np.abs(one_by_one - expected).max() < 1e-5

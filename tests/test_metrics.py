@@ -229,6 +229,18 @@ def test_stratified_hm_and_psi_are_means_of_the_within_stratum_values() -> None:
     assert report.as_dict()["long/psi"] == 1.0 and report.as_dict()["long/n_end"] == 1
 
 
+def test_pooled_group_ndcg_weighs_each_query_once_not_each_stratum_once() -> None:
+    """A group's pooled nDCG@10 is the mean over its queries, so a stratum with more queries weighs more."""
+    qrels = {f"q{i}": {f"d{i}": 1} for i in range(5)}
+    run = {q: ranked(f"d{i}") for i, q in enumerate(qrels) if q != "q2"}  # q2 (long, begin) not retrieved: 0.0
+    groups = {"q0": ("begin",), "q1": ("begin",), "q2": ("begin",), "q3": ("end",), "q4": ("end",)}
+    strata = {"q0": "short", "q1": "short", "q2": "long", "q3": "short", "q4": "long"}
+    report, _ = evaluate(run, make_dataset(qrels, groups, ("begin", "end"), strata))
+    # begin: q0 1, q1 1, q2 0 over three queries = 2/3 (a mean of the stratum means would say (1 + 0) / 2)
+    assert report.group_ndcg10 == pytest.approx({"begin": 2 / 3, "end": 1.0})
+    assert report.group_counts == {"begin": 3, "end": 2}
+
+
 def test_group_without_queries_is_an_error() -> None:
     groups = {"q1": ("begin",), "q2": ("middle",)}
     with pytest.raises(ValueError, match="'end' has no query"):

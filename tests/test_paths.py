@@ -71,7 +71,7 @@ class Reference:
     def encode(self, texts: list[str], config: CalibrationConfig | None = None, prompt: str = "") -> np.ndarray:
         return np.stack([self.vector(text, config.model_dump_json() if config else None, prompt) for text in texts])
 
-    @functools.lru_cache(maxsize=None)
+    @functools.cache  # noqa: B019 - one oracle per module, kept for the whole run on purpose
     def vector(self, text: str, config_json: str | None, prompt: str) -> np.ndarray:
         batch = self.tokenizer([prompt + text], return_tensors="pt")
         with torch.inference_mode():

@@ -118,6 +118,31 @@ def test_a_batch_the_config_cannot_change_is_copied_from_the_baseline(tiny: Load
     assert np.abs(got[rows[0]] - baseline[rows[0]]).max() > 1e-4
 
 
+def test_a_batch_whose_longest_passage_exactly_fills_one_basket_is_encoded(tiny: LoadedModel, tmp_path: Path) -> None:
+    """The boundary of the copy: content (real tokens less the isolated ones) equal to the basket size is
+    calibrated (§3: a passage is left alone only when shorter than one basket), so that batch runs the model."""
+    dataset = tiny_dataset()
+    evaluator = Evaluator(tiny, dataset, BATCH, cache_dir=tmp_path, prefix_layers=())
+    baseline, _ = evaluator.document_vectors(None)
+    lengths = [int(b["attention_mask"].sum(-1).max()) for b in evaluator.batches().inputs]  # longest first
+    isolated = len(tiny.default_config().isolated_roles())
+    basket = lengths[1] - isolated  # batch 1's longest content is exactly one basket
+    encoded = [b for b, length in enumerate(lengths) if length - isolated >= basket]
+    assert encoded[:2] == [0, 1]
+    # CLS-Hard fixes [CLS]'s self-mass, so even a passage of one basket changes (CLS-Soft would leave it as it was)
+    config = tiny.default_config(variant="cls_hard", strength=0.8, basket_size=basket, layers=1.0)
+    forwards: list[int] = []
+    hook = tiny.model.register_forward_pre_hook(lambda *a: forwards.append(1))
+    try:
+        got, _ = evaluator.document_vectors(config)
+    finally:
+        hook.remove()
+    assert len(forwards) == len(encoded)
+    assert np.abs(got - scratch(tiny, dataset, config)).max() <= 1e-6
+    rows = evaluator.batches().rows
+    assert np.abs(got[rows[1]] - baseline[rows[1]]).max() > 1e-4
+
+
 def test_configs_that_resolve_to_the_same_calibration_share_one_pass(tiny: LoadedModel, tmp_path: Path) -> None:
     evaluator = Evaluator(tiny, tiny_dataset(), BATCH, cache_dir=tmp_path, prefix_layers=())
     last, _ = evaluator.document_vectors(tiny.default_config(strength=0.8, basket_size=8, layers="last"))
@@ -145,12 +170,12 @@ def test_recording_only_stops_at_the_deepest_wanted_layer(tiny: LoadedModel) -> 
     handles = [layer.register_forward_pre_hook(lambda m, a, i=i: reached.append(i)) for i, layer in enumerate(stack.layers)]
     try:
         seen: list[tuple[int, int, tuple[int, ...]]] = []
-        record_layer_inputs(tiny, batches, stack, [1], lambda b, l, h: seen.append((b, l, tuple(h.shape))))
+        record_layer_inputs(tiny, batches, stack, [1], lambda b, layer, h: seen.append((b, layer, tuple(h.shape))))
     finally:
         for handle in handles:
             handle.remove()
     assert set(reached) == {0, 1}  # layer 2 never ran
-    assert [(b, l) for b, l, _ in seen] == [(0, 1), (1, 1)]
+    assert [(b, layer) for b, layer, _ in seen] == [(0, 1), (1, 1)]
     assert [s[:2] for *_, s in seen] == batches.shapes
 
 

@@ -56,6 +56,23 @@ def test_ties_go_to_the_lower_objective_then_the_higher_hm_then_the_earlier_tria
     assert select([a, b, c, higher_hm]).winner == higher_hm
 
 
+def test_among_equally_mild_trials_the_lower_objective_wins_before_the_higher_hm():
+    """Objective first, HM second: the fairer of two equally mild trials wins even with the lower HM."""
+    fairer = Candidate(4, 0.040, 0.02, 0.010, (-0.01,), hm=0.50)
+    higher_hm = Candidate(3, 0.050, 0.02, 0.010, (-0.01,), hm=0.70)  # within one SE of the fairer one
+    for rule in ("one-se", "lowest"):
+        assert select([higher_hm, fairer], rule).winner == fairer
+
+
+def test_a_best_trial_without_a_standard_error_admits_only_its_own_objective():
+    """A NaN standard error (the bootstrap could not measure the noise) counts as no noise, not as endless
+    noise: otherwise every feasible trial, however unfair, would be within "one SE" and the mildest would win."""
+    best = trial(1, psi=0.020, se=float("nan"), drift=0.080)
+    mild_but_unfair = trial(2, psi=0.300, se=0.010, drift=0.001)
+    chosen = select([best, mild_but_unfair])
+    assert chosen.winner == best and chosen.threshold == pytest.approx(0.020) and chosen.eligible == (1,)
+
+
 def test_an_unknown_rule_is_refused_by_name():
     with pytest.raises(ValueError, match="one-se, lowest"):
         select([trial(0, 0.1, 0.0, 0.0)], "median")  # type: ignore[arg-type]

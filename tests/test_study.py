@@ -6,6 +6,9 @@ import json
 import os
 import random
 import signal
+import socket
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -26,7 +29,7 @@ from tuner.evaluation.evaluator import Evaluator
 from tuner.tuning.conclusion import reexport
 from tuner.tuning.run import NoFeasibleTrialError, TuneSettings, tune
 from tuner.tuning.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, SearchSpace, trial_basket_shares
-from tuner.tuning.study import open_study, run_trials, winner
+from tuner.tuning.study import OWNER_ATTR, open_study, run_trials, winner
 
 TRIAL_PARAMS = {"strength", "depth", "basket_size", "variant", "layers", "basket_shares"}
 # MLflow's names: on the console's scale (nDCG@10 and HM ×100, PSI 0–1), constraints as margins (>= 0: met)
@@ -283,6 +286,31 @@ def test_a_trial_failed_as_stale_by_another_process_does_not_kill_this_worker(tm
     run_trials(study, objective, 3)
     states = [t.state for t in optuna.load_study(study_name="stale", storage=storage).trials]
     assert states.count(optuna.trial.TrialState.COMPLETE) == 3 and states[1] == optuna.trial.TrialState.FAIL
+
+
+def test_a_trial_left_running_by_a_dead_local_process_is_rerun_before_any_new_trial(tmp_path: Path) -> None:
+    """README: a run killed and started again at once re-runs the interrupted trial, with what it had drawn,
+    before any new one (not only once the new ones have filled the study)."""
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    study = open_study("dead", storage, seed=0, pareto=False, identity={"k": 1})
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a process of this machine that has ended: the killed run
+    orphan = study.ask()
+    drawn = orphan.suggest_float("x", 0, 1)
+    orphan.set_user_attr(OWNER_ATTR, {"host": socket.gethostname(), "pid": gone.pid, "trial": orphan.number})
+    seen: list[float] = []
+
+    def objective(trial: optuna.Trial) -> float:
+        seen.append(x := trial.suggest_float("x", 0, 1))
+        trial.set_user_attr("psi", x)
+        trial.set_user_attr("hm", 1 - x)
+        trial.set_constraint("hm_floor", -1.0)
+        return x
+
+    run_trials(study, objective, 3)
+    assert seen[0] == drawn and len(seen) == 3
+    states = [t.state for t in optuna.load_study(study_name="dead", storage=storage).trials]
+    assert states == [optuna.trial.TrialState.FAIL] + [optuna.trial.TrialState.COMPLETE] * 3
 
 
 def test_a_real_mlflow_server_serves_the_trials_for_comparison(workspace: dict, tmp_path: Path) -> None:

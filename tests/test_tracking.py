@@ -24,6 +24,8 @@ import optuna
 import pytest
 import requests
 import yaml
+from mlflow.exceptions import MlflowException
+from mlflow.protos.databricks_pb2 import TEMPORARILY_UNAVAILABLE
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
@@ -34,7 +36,7 @@ from tests.tiny import random_texts
 from tuner.engine.encoder import CalibratedEncoder
 from tuner.engine.exported import load_exported
 from tuner.tracking.registry import registered_name
-from tuner.tracking.runs import DEFAULT_TRACKING_URI, KIND_TAG, NOTE, TRAINING_KIND
+from tuner.tracking.runs import DEFAULT_TRACKING_URI, KIND_TAG, NOTE, TRAINING_KIND, Tracker, TrialRecord
 
 TRIALS = 4
 TEXTS = random_texts(5, 20, 60, seed=7)
@@ -371,3 +373,50 @@ def test_two_runs_in_two_folders_of_one_process_log_to_their_own_stores(tiny_mod
         client = MlflowClient(f"sqlite:///{tmp_path / folder / 'mlruns' / 'mlflow.db'}")
         runs = client.search_runs([client.get_experiment_by_name("posfair").experiment_id], "tags.`posfair.role` = 'study'")
         assert [r.info.run_name for r in runs] == [f"study-{folder}"]
+
+
+def test_a_refused_log_is_dropped_with_its_error_and_the_later_logs_go_on(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """One log MLflow refuses (here: a param on a run that does not exist) would fail the same way at every retry;
+    it must not hold back the logs behind it."""
+    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "refusals")
+    done: list[str] = []
+    tracker._submit(lambda: tracker.client.log_param("0" * 32, "strength", "0.5"))
+    tracker._submit(lambda: done.append("the next log"))
+    assert done == ["the next log"] and tracker.flush()
+    assert "MLflow refused a log, dropped (MlflowException: Run with id=00000000000000000000000000000000 not found" in caplog.text
+
+
+@pytest.mark.parametrize("outage", ["connection refused", "database locked"])
+def test_an_outage_keeps_the_logs_in_order_until_the_store_answers(outage: str, tmp_path: Path) -> None:
+    """What MLflow raises when the server is gone (a wrapped ConnectionError) or its database is locked (503)."""
+    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "outages")
+    up, done = [False], []
+
+    def first() -> None:
+        if not up[0]:
+            if outage == "database locked":
+                raise MlflowException("(sqlite3.OperationalError) database is locked", error_code=TEMPORARILY_UNAVAILABLE)
+            try:
+                raise requests.ConnectionError("[Errno 111] Connection refused")
+            except requests.ConnectionError as error:  # as mlflow.utils.rest_utils wraps it
+                raise MlflowException(f"API request to http://127.0.0.1:1 failed with exception {error}")  # noqa: B904
+        done.append("first")
+
+    tracker._submit(first)
+    tracker._submit(lambda: done.append("second"))
+    assert done == [] and not tracker.flush()
+    up[0] = True
+    assert tracker.flush() and done == ["first", "second"]
+
+
+def test_a_trial_run_logged_late_keeps_the_trial_s_own_start_and_end(tmp_path: Path) -> None:
+    """After an outage a trial is logged long after it ran: its run spans the trial, not the moment of logging
+    (a default run logs each trial within a second of its end, so it cannot tell the two apart)."""
+    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "late")
+    tracker.start_study("late-study", {}, {})
+    hour_ago = int(time.time() * 1000) - 3_600_000
+    record = TrialRecord(number=3, state="COMPLETE", params={"strength": 0.5}, metrics={"psi": 0.1},
+                         start_ms=hour_ago, end_ms=hour_ago + 90_000)
+    tracker.finish_trial("late-study", record)
+    run = tracker.client.get_run(tracker.trial_run_id(3))
+    assert (run.info.status, run.info.start_time, run.info.end_time) == ("FINISHED", hour_ago, hour_ago + 90_000)

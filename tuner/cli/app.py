@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
-import numpy as np
 import typer
 from rich.console import Console
 from rich.logging import RichHandler
@@ -18,12 +17,18 @@ from rich.markup import escape
 from rich.table import Table
 from typer.core import TyperGroup
 
-from tuner.common.messages import shown
-from tuner.tuning.settings import DEFAULT_PROFILE_DOCS, DEFAULT_TRIALS, TuneSettings
-from tuner.tuning.study import HEARTBEAT_SECONDS
+from tuner.common.messages import UserError, shown
+from tuner.common.options import DEFAULT_PROFILE_DOCS, DEFAULT_TRIALS, HEARTBEAT_SECONDS, parse_bytes, parse_limit
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from tuner.tuning.conclusion import TuneOutcome
+    from tuner.tuning.search_space import SearchSpace
+    from tuner.tuning.settings import TuneSettings
+
+# Only the standard library, typer, rich and tuner.common load with this module: `tune -h` and option errors
+# answer without torch, transformers, MLflow or Optuna (tests/test_cli_speed.py). Commands import their work.
 
 PIPED_WIDTH = 160  # rich assumes 80 columns when not on a terminal, which truncates the result tables
 
@@ -164,11 +169,10 @@ def run(
     """Tune one model (the default command): Optuna search, MLflow tracking, exported YAML, registered model.
 
     Example: tune --model minilm --trials 8 --output best.yaml"""
-    from tuner.tuning.search_space import SearchSpace
-
     _setup_logging()
     with _friendly_errors():
-        _stop_on_sigterm()
+        from tuner.tuning.settings import TuneSettings
+
         settings = TuneSettings(
             model=model, pooling=pooling, dataset=dataset, heldout=heldout, general=general, max_general_drop=max_general_drop,
             trials=trials, seed=seed, hm_floor=hm_floor, max_ndcg_drop=parse_limit(max_ndcg_drop, "--max-ndcg-drop", 1, "0.005, half a point of nDCG@10"),
@@ -178,8 +182,10 @@ def run(
             tracking_uri=tracking_uri, output=output, batch_size=batch_size, batch_tokens=batch_tokens, profile_docs=profile_docs,
             bootstrap=bootstrap, trust_remote_code=trust_remote_code, revision=revision,
             workers=workers, worker=worker, heartbeat=heartbeat, cache_budget=parse_bytes(cache_budget),
-            space=SearchSpace.from_yaml(space) if space else SearchSpace(),
+            space=_space_from(space),
         )
+        _quiet_libraries()
+        _stop_on_sigterm()
         _print_settings(settings)
         from tuner.tuning.run import tune
 
@@ -212,16 +218,18 @@ def evaluate(
     _setup_logging()
     with _friendly_errors():
         from tuner.common.files import check_writable
+
+        for path, flag in ((markdown, "--markdown"), (json_output, "--json")):
+            if path is not None:
+                check_writable(path, flag, inputs=config or ())
+        inline_rows = [(inline, parse_inline(inline)) for inline in calibration or []]
         from tuner.data import load_benchmark, require_position_groups
         from tuner.engine.exported import load_exported
         from tuner.engine.models import load_model
         from tuner.evaluation.visible import within_reach
         from tuner.report.tables import render, run_evaluation, to_dict, to_markdown
 
-        for path, flag in ((markdown, "--markdown"), (json_output, "--json")):
-            if path is not None:
-                check_writable(path, flag, inputs=config or ())
-        inline_rows = [(inline, parse_inline(inline)) for inline in calibration or []]
+        _quiet_libraries()
         exports = [(path, load_exported(path)) for path in config or []]
         scored = load_benchmark(dataset)
         require_position_groups(scored, "--dataset")
@@ -267,6 +275,7 @@ def export(
     with _friendly_errors():
         from tuner.tuning.conclusion import reexport
 
+        _quiet_libraries()
         path = reexport(study_name, storage, output, tracking_uri, trust_remote_code, selection, trial)
     console.print(f"exported: [bold]{escape(str(path))}[/bold]")
 
@@ -288,11 +297,13 @@ def encode(
     with _friendly_errors():
         from tuner.common.files import check_writable
         from tuner.data.texts import read_texts
-        from tuner.engine.encoder import CalibratedEncoder
-        from tuner.engine.exported import load_exported
 
         check_writable(output, "--output", inputs=(input, config), force=force)
         texts = read_texts(input)
+        from tuner.engine.encoder import CalibratedEncoder
+        from tuner.engine.exported import load_exported
+
+        _quiet_libraries()
         load_exported(config)  # a broken config fails before the model loads
         encoder = CalibratedEncoder.from_yaml(config, trust_remote_code=trust_remote_code)
         method = encoder.encode_query if queries else encoder.encode_document
@@ -356,36 +367,18 @@ def parse_inline(text: str) -> dict[str, object]:
     return values
 
 
-def parse_limit(text: str, flag: str, upper: float, example: str) -> float | None:
-    """A constraint's limit: a number in [0, upper], or 'none' → None (the constraint is lifted)."""
-    if text.strip().lower() == "none":
+def _space_from(path: Path | None) -> SearchSpace | None:
+    """The search space of a YAML file; None (no file) lets TuneSettings make the default after its checks."""
+    if path is None:
         return None
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"{flag} {text!r}: write a number such as {example}, or none to lift the constraint") from None
-    if not (math.isfinite(value) and 0 <= value <= upper):
-        raise ValueError(f"{flag} must be a number from 0 to {upper:g} (e.g. {example}), got {text!r}")
-    return value
+    from tuner.tuning.search_space import SearchSpace
 
-
-def parse_bytes(text: str | None) -> int | None:
-    """'4GB', '512MiB', '0' → bytes; None stays None (the default budget)."""
-    if text is None:
-        return None
-    units = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-    number = text.strip().lower().rstrip("abcdefghijklmnopqrstuvwxyz")
-    unit = text.strip().lower()[len(number):]
-    try:
-        value = float(number) * units[unit]
-    except (ValueError, KeyError):
-        raise ValueError(f"--cache-budget {text!r}: write a size like 4GB, 512MiB or 0") from None
-    if value < 0:
-        raise ValueError(f"--cache-budget must not be negative, got {text!r}")
-    return int(value)
+    return SearchSpace.from_yaml(path)
 
 
 def _save_atomically(vectors: np.ndarray, path: Path, force: bool = False) -> None:
+    import numpy as np
+
     from tuner.common.files import replacing
 
     with replacing(path, force=force) as temporary, temporary.open("wb") as stream:
@@ -393,22 +386,18 @@ def _save_atomically(vectors: np.ndarray, path: Path, force: bool = False) -> No
 
 
 class _friendly_errors:
-    """Expected failures end with one clear line and a non-zero exit, not a traceback."""
+    """posfair's own failures end with one clear line and a non-zero exit; anything else is a bug and keeps its traceback.
+
+    Own failures: `UserError` (a model or benchmark to download, a store to start, a study stopped early), option
+    values refused with ValueError, paths the user named that are missing or not writable, and no feasible trial.
+    """
 
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, traceback: object) -> bool:
-        from tuner.tuning.conclusion import NoFeasibleTrialError
-        from tuner.tuning.worker import StoppedEarlyError
-
-        if error is None or kind is None:
-            return False
-        if isinstance(error, NoFeasibleTrialError):
-            console.print(f"[red]no feasible trial:[/red] {escape(str(error))}")
-            raise typer.Exit(3)
-        if isinstance(error, StoppedEarlyError):
-            console.print(f"[red]stopped early:[/red] {escape(str(error))}")
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, traceback: object) -> None:
+        if isinstance(error, UserError):
+            console.print(f"[red]{error.label}:[/red] {escape(str(error))}")  # verbatim: markup would eat "[start, end]"
             raise typer.Exit(error.exit_code)
         if isinstance(error, KeyboardInterrupt):  # Ctrl-C or SIGTERM before the study's trials began
             from tuner.tuning.study import Terminated
@@ -417,10 +406,15 @@ class _friendly_errors:
             console.print(f"[red]stopped early:[/red] {'terminated by SIGTERM' if terminated else 'interrupted'} before "
                           "any trial ran here; nothing exported. Run the same command again to start or resume")
             raise typer.Exit(143 if terminated else 130)
-        if isinstance(error, (ValueError, RuntimeError, FileNotFoundError, PermissionError, IsADirectoryError)):
-            console.print(f"[red]error:[/red] {escape(str(error))}")  # verbatim: markup would eat "[start, end]"
+        if isinstance(error, (ValueError, FileNotFoundError, PermissionError, IsADirectoryError)):
+            console.print(f"[red]error:[/red] {escape(str(error))}")
             raise typer.Exit(2)
-        return False
+        if isinstance(error, RuntimeError):  # imported only here: a run's or export's end, which loaded it already
+            from tuner.tuning.conclusion import NoFeasibleTrialError
+
+            if isinstance(error, NoFeasibleTrialError):
+                console.print(f"[red]no feasible trial:[/red] {escape(str(error))}")
+                raise typer.Exit(3)
 
 
 def _stop_on_sigterm() -> None:
@@ -433,10 +427,15 @@ def _stop_on_sigterm() -> None:
 
 
 def _setup_logging() -> None:
+    """posfair's log lines through rich; the libraries are quietened by `_quiet_libraries` once a command loads them."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s", handlers=[RichHandler(console=console, show_path=False)], force=True)
+
+
+def _quiet_libraries() -> None:
+    """After the option checks: quietening transformers and Optuna imports them (seconds), which an error need not wait for."""
     from tuner.tuning.worker import quiet_libraries
 
     quiet_libraries()
-    logging.basicConfig(level=logging.INFO, format="%(message)s", handlers=[RichHandler(console=console, show_path=False)], force=True)
 
 
 def _print_settings(settings: TuneSettings) -> None:

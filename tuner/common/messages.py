@@ -1,4 +1,5 @@
-"""How user input appears in error messages: shortened, so a 50 MB value never floods the terminal."""
+"""How user input appears in error messages (shortened, so a 50 MB value never floods the terminal), and the mark
+of an error that is the user's to fix rather than a bug."""
 
 from __future__ import annotations
 
@@ -16,3 +17,12 @@ _repr.maxlevel = 3
 def shown(value: object) -> str:
     """`repr(value)`, cut to about LIMIT characters (long strings keep their ends: `'abc...xyz'`)."""
     return _repr.repr(value)
+
+
+class UserError(Exception):
+    """A failure whose message tells the user what to change (a model to download, a store to start, a worker
+    without a coordinator). The CLI prints it as one line `label: message` and exits with `exit_code`; any other
+    exception is a bug and keeps its traceback. posfair's errors mix it in beside the built-in class they were."""
+
+    label = "error"
+    exit_code = 2

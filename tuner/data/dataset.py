@@ -8,6 +8,8 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from tuner.common.messages import UserError
+
 THIRDS: tuple[str, ...] = ("begin", "middle", "end")
 """Position groups of a passage cut into equal thirds: the paper's FineWeb-PosQ segments."""
 FIFTHS: tuple[str, ...] = tuple(f"fifth-{i}" for i in range(1, 6))
@@ -16,7 +18,7 @@ SLOT_THIRDS: tuple[str, ...] = ("early", "central", "late")
 """Position groups by segment slot rather than by character: the first, middle and last third of the slots."""
 
 
-class DatasetUnavailableError(RuntimeError):
+class DatasetUnavailableError(UserError, RuntimeError):
     """A benchmark's data cannot be reached from here (offline, not downloaded); the message says how to get it."""
 
 

@@ -246,5 +246,5 @@ def cached_snapshot(hub_id: str) -> Path | None:
         from huggingface_hub import snapshot_download
 
         return Path(snapshot_download(hub_id, repo_type="dataset", local_files_only=True))
-    except Exception:  # not cached, or an unusable cache: the caller explains how to download
+    except Exception:  # noqa: BLE001 - not cached, or an unusable cache: the caller explains how to download
         return None

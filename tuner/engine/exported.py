@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import subprocess
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
@@ -158,7 +158,7 @@ def build_export(
             dataset=dataset,
             dataset_fingerprint=dataset_fingerprint,
             seed=seed,
-            created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            created=datetime.now(UTC).isoformat(timespec="seconds"),
             posfair_version=__version__,
             selection_rule=selection_rule,
             selection=selection,

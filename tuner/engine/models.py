@@ -18,6 +18,7 @@ from transformers import AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTo
 
 from tuner.calibration import ATTENTION_NAME, calibrating
 from tuner.calibration.config import CalibrationConfig, PaddingSide, Pooling
+from tuner.common.messages import UserError
 
 log = logging.getLogger(__name__)
 
@@ -30,11 +31,11 @@ OFFSET_POSITIONS = frozenset({"roberta", "xlm-roberta", "xlm-roberta-xl", "camem
 QWEN3_QUERY_PROMPT = "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:"
 
 
-class ModelUnavailableError(RuntimeError):
+class ModelUnavailableError(UserError, RuntimeError):
     """The model is neither cached locally nor downloadable from here; the message says how to get it."""
 
 
-class UnsupportedModelError(RuntimeError):
+class UnsupportedModelError(UserError, RuntimeError):
     """The model cannot be calibrated (its attention does not go through transformers' interface)."""
 
 

@@ -31,6 +31,8 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
 from tuner.common.files import MLFLOW_DB
+from tuner.common.messages import UserError
+from tuner.common.options import check_tracking_uri
 
 log = logging.getLogger(__name__)
 
@@ -55,21 +57,8 @@ Run names mark the baseline (trial 0, no calibration), the paper default (trial 
 the winner, which is registered as the model posfair-MODEL with the alias `champion`."""
 
 
-class TrackingUnavailableError(RuntimeError):
+class TrackingUnavailableError(UserError, RuntimeError):
     """The tracking server or store cannot be used; the message names it and the fix."""
-
-
-TRACKING_SCHEMES = ("file", "sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks")
-
-
-def check_tracking_uri(uri: str) -> None:
-    """A tracking URI MLflow can use: a folder, or one of `TRACKING_SCHEMES` (with a driver, e.g. postgresql+psycopg)."""
-    scheme, colon, _ = uri.partition("://")
-    if colon and scheme.split("+")[0].lower() not in TRACKING_SCHEMES:
-        raise ValueError(
-            f"--tracking-uri {uri[:80]!r}: MLflow cannot use a {scheme[:20]!r} store; use e.g. http://127.0.0.1:5000, "
-            "sqlite:///mlruns/mlflow.db, postgresql://user:pass@host/db or a folder"
-        )
 
 
 def default_tracking_uri() -> str:
@@ -432,21 +421,49 @@ class Tracker:
     # --- retries ----------------------------------------------------------------------------------
 
     def flush(self) -> bool:
-        """Retry everything MLflow has not accepted yet; True when nothing is left pending."""
+        """Retry everything MLflow has not accepted yet, in order; True when nothing is left pending.
+
+        Only an outage keeps an action (and those after it) for the next flush. An action MLflow refuses for
+        any other reason would fail the same way forever and hold back every later log: it is logged with its
+        error and dropped, and the rest go on.
+        """
         while self._pending:
             try:
                 self._pending[0]()
             except TrackingUnavailableError:
                 raise
-            except Exception as error:  # noqa: BLE001 - a dead server must not end the study
-                log.warning("MLflow still unreachable (%s); %d log(s) kept for retry", error.__class__.__name__, len(self._pending))
-                return False
+            except Exception as error:  # noqa: BLE001 - neither a dead server nor a refused log may end the study
+                if _is_outage(error):
+                    log.warning("MLflow still unreachable (%s); %d log(s) kept for retry", error.__class__.__name__, len(self._pending))
+                    return False
+                log.warning("MLflow refused a log, dropped (%s: %s); the others go on", error.__class__.__name__,
+                            str(error).splitlines()[0] if str(error) else "")
             self._pending.pop(0)
         return True
 
     def _submit(self, action: Callable[[], None]) -> None:
         self._pending.append(action)
         self.flush()
+
+
+def _is_outage(error: BaseException) -> bool:
+    """Whether `error` means the store did not answer (refused or lost connection, timeout, a server or database
+    that is down or locked), read along the chain of causes: MLflow wraps what requests and SQLAlchemy raised."""
+    import requests
+    import sqlalchemy.exc
+    from mlflow.exceptions import MlflowException
+
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, (ConnectionError, TimeoutError, requests.ConnectionError, requests.Timeout, requests.exceptions.RetryError,
+                             sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError)):
+            return True
+        if isinstance(seen, MlflowException) and seen.get_http_status_code() in (502, 503, 504):  # TEMPORARILY_UNAVAILABLE
+            return True
+        if isinstance(seen, requests.HTTPError) and seen.response is not None and seen.response.status_code in (502, 503, 504):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _artifacts_beside_store(uri: str, store: Path, experiment_id: str) -> None:

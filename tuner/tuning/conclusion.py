@@ -16,6 +16,7 @@ from optuna.trial import TrialState
 from objectives import PairedBootstrap, PositionReport, Selection, paired_bootstrap
 from tuner.calibration import CalibrationConfig
 from tuner.common.files import EXPORTS, check_writable
+from tuner.common.messages import UserError
 from tuner.common.trials import complete_trials
 from tuner.data import PositionalDataset
 from tuner.engine.exported import build_export, write_exported
@@ -49,8 +50,10 @@ class NoFeasibleTrialError(RuntimeError):
     """No complete trial satisfied the constraints: nothing is exported."""
 
 
-class ExportFailedError(RuntimeError):
+class ExportFailedError(UserError, RuntimeError):
     """The winner's YAML could not be written (a full disk): no file, no registry version, the parent run FAILED."""
+
+    label = "export failed"
 
 
 

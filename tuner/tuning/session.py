@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import optuna
 
+from tuner.common.messages import UserError
 from tuner.common.scratch import clean_orphans
 from tuner.data import DatasetUnavailableError, PositionalDataset, load_benchmark, load_structures, require_position_groups
 from tuner.data import check_available as check_benchmark
@@ -33,7 +34,7 @@ log = logging.getLogger(__name__)
 FLOOR_ATTR = "floor_value"
 
 
-class UnavailableError(RuntimeError):
+class UnavailableError(UserError, RuntimeError):
     """What the run needs is neither here nor downloadable from here; the message lists every download."""
 
 

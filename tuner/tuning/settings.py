@@ -7,19 +7,19 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from objectives import RULES, Constraints, HmFloor
 from tuner.common.files import EXPORTS, check_writable
 from tuner.common.messages import shown
-from tuner.engine.models import REGISTRY, LoadedModel, resolve_spec
-from tuner.tracking.runs import check_tracking_uri
-from tuner.tuning.search_space import GRIDS, SearchSpace, grid_size
-from tuner.tuning.study import HEARTBEAT_SECONDS, default_storage
+from tuner.common.options import DEFAULT_PROFILE_DOCS, DEFAULT_TRIALS, GRID_NAMES, HEARTBEAT_SECONDS, check_tracking_uri
 
-DEFAULT_TRIALS = 16  # plain `tune` (MiniLM on WikiPos-dev): about 12 min on 2 idle CPU cores, measured (README)
-# Passages in each trial's attention profile: a diagnostic, not used by selection; its all-layer observed
-# pass cost a third of a trial at 16 passages (py-spy, default run), so 8.
-DEFAULT_PROFILE_DOCS = 8
+if TYPE_CHECKING:
+    from tuner.engine.models import LoadedModel
+    from tuner.tuning.search_space import SearchSpace
+
+# Light on purpose: the CLI builds TuneSettings to check the options, so the model registry (torch), the search
+# space (Optuna, torch) and the study (Optuna) are imported only once the checks have passed.
 EXPERIMENT = "posfair"
 
 
@@ -54,7 +54,7 @@ class TuneSettings:
     bootstrap: int = 1000
     trust_remote_code: bool = False
     revision: str | None = None
-    space: SearchSpace = field(default_factory=SearchSpace)
+    space: SearchSpace = None  # type: ignore[assignment]  # None: the default SearchSpace(), made after the checks
     cache_budget: int | None = None  # bytes of cached layer inputs (None: tuner.evaluation.store's default; 0: none)
     workers: int = 1
     worker: bool = False  # only run trials of a study another `tune` coordinates
@@ -63,9 +63,6 @@ class TuneSettings:
     dataset_defaulted: bool = field(default=False, init=False)  # whether `dataset` is the model's default
 
     def __post_init__(self) -> None:
-        if self.dataset is None:
-            object.__setattr__(self, "dataset", default_dataset(self.model))
-            object.__setattr__(self, "dataset_defaulted", True)
         if self.workers < 1:
             raise ValueError(f"--workers must be at least 1, got {self.workers}")
         if self.heartbeat < 1:
@@ -76,14 +73,8 @@ class TuneSettings:
             raise ValueError(f"--batch-size must be at least 1, got {self.batch_size}")
         if self.batch_tokens is not None and self.batch_tokens < 1:
             raise ValueError(f"--batch-tokens must be at least 1, got {self.batch_tokens}")
-        if self.grid is not None:
-            if self.grid not in GRIDS:
-                raise ValueError(f"--grid must be one of {', '.join(GRIDS)}, got {self.grid!r}")
-            self.space.check_grid(GRIDS[self.grid])
-            # the baseline, then every config of the grid (the enqueued paper default is one of them: its grid
-            # draw repeats it and does not count), each scored on every structure: the yardstick's full cost
-            object.__setattr__(self, "trials", 1 + grid_size(GRIDS[self.grid]))
-            object.__setattr__(self, "prune", False)
+        if self.grid is not None and self.grid not in GRID_NAMES:
+            raise ValueError(f"--grid must be one of {', '.join(GRID_NAMES)}, got {self.grid!r}")
         if self.max_crops_psi is not None and not self.structures:
             raise ValueError("--max-crops-psi reads the crops structure: drop --no-structures")
         if self.max_general_drop is not None and self.general is None:
@@ -95,6 +86,21 @@ class TuneSettings:
             raise ValueError(f"--selection must be one of {', '.join(RULES)}, got {self.selection!r}")
         if self.heldout in ("", "none"):
             object.__setattr__(self, "heldout", None)
+        if self.dataset is None:
+            object.__setattr__(self, "dataset", default_dataset(self.model))
+            object.__setattr__(self, "dataset_defaulted", True)
+        if self.space is None:
+            from tuner.tuning.search_space import SearchSpace
+
+            object.__setattr__(self, "space", SearchSpace())
+        if self.grid is not None:
+            from tuner.tuning.search_space import GRIDS, grid_size
+
+            self.space.check_grid(GRIDS[self.grid])
+            # the baseline, then every config of the grid (the enqueued paper default is one of them: its grid
+            # draw repeats it and does not count), each scored on every structure: the yardstick's full cost
+            object.__setattr__(self, "trials", 1 + grid_size(GRIDS[self.grid]))
+            object.__setattr__(self, "prune", False)
 
     def constraints(self, baseline_hm: float) -> Constraints:
         """What a trial must respect, given the uncalibrated HM on the tuning split."""
@@ -122,7 +128,9 @@ class TuneSettings:
 
 def settings_in_force(settings: TuneSettings) -> dict[str, object]:
     """The settings as the run will use them: defaults resolved to their values (nothing is created here)."""
+    from tuner.engine.models import resolve_spec
     from tuner.tracking.runs import default_tracking_uri, describe_store
+    from tuner.tuning.study import default_storage
 
     values = {k: v for k, v in vars(settings).items() if k != "dataset_defaulted"}
     try:
@@ -187,6 +195,8 @@ def check_run_options(settings: TuneSettings) -> None:
 
 def default_dataset(model: str) -> str:
     """FineWeb-PosQ for the registry's long-passage models (as the paper tunes them), else WikiPos-dev."""
+    from tuner.engine.models import REGISTRY
+
     spec = REGISTRY.get(model)
     return "fineweb-posq" if spec is not None and spec.long_passages else "wikipos-dev"
 

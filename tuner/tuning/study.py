@@ -29,11 +29,11 @@ from optuna.trial import FrozenTrial, TrialState
 from objectives import Candidate, Selection, select
 from objectives.selection import chosen
 from tuner.common.files import OPTUNA_DB
+from tuner.common.options import HEARTBEAT_SECONDS
 from tuner.common.trials import DUPLICATE_ATTR, SURPLUS_ATTR, complete_trials, constraints_of, counted, finished
 
 log = logging.getLogger(__name__)
 
-HEARTBEAT_SECONDS = 20  # a trial whose worker is silent for 3 heartbeats is failed and re-queued
 SCHEMA_ATTEMPTS = 5
 
 

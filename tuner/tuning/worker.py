@@ -22,6 +22,7 @@ from typing import Any, ClassVar, NoReturn
 import optuna
 from optuna.trial import TrialState
 
+from tuner.common.messages import UserError
 from tuner.common.scratch import scratch_dir
 from tuner.common.trials import DUPLICATE_ATTR, PRUNED_ATTR, SURPLUS_ATTR, finished
 from tuner.data import PositionalDataset
@@ -100,7 +101,7 @@ def run_session_trials(
         shutil.rmtree(staging, ignore_errors=True)
 
 
-class StoreLostError(RuntimeError):
+class StoreLostError(UserError, RuntimeError):
     """A local store (the study database, MLflow's) was deleted while the study ran: nothing more can be recorded."""
 
 
@@ -126,9 +127,10 @@ def _require_stores(stores: dict[Path, int], trial: int | None) -> None:
                 "the trash) and run the same command again to resume, or start afresh in an empty folder") from None
 
 
-class StoppedEarlyError(RuntimeError):
+class StoppedEarlyError(UserError, RuntimeError):
     """The study ended short of its trials (Ctrl-C, SIGTERM, too many failures): nothing is exported as if complete."""
 
+    label = "stopped early"
     EXIT_CODES: ClassVar[dict[str, int]] = {"interrupted": 130, "terminated": 143, "failures": 4}  # 128 + SIGINT, 128 + SIGTERM
 
     def __init__(self, message: str, stopped: str) -> None:
@@ -156,7 +158,7 @@ def _floor_set_by_coordinator(name: str, storage: str, heartbeat: int, timeout: 
     deadline = time.monotonic() + timeout
     while FLOOR_ATTR not in (attrs := optuna.load_study(study_name=name, storage=make_storage(storage, heartbeat)).user_attrs):
         if time.monotonic() > deadline:
-            raise RuntimeError(f"no coordinator set the HM floor of study {name!r}; start `tune` without --worker first")
+            raise UserError(f"no coordinator set the HM floor of study {name!r}; start `tune` without --worker first")
         time.sleep(2)
     return float(attrs[FLOOR_ATTR])
 
