@@ -190,16 +190,53 @@ def describe_config(params: Mapping[str, object], num_layers: int | None = None)
     return f"{variant}, λ {strength:.2f} on {where}, baskets of {params.get('basket_size')} tokens{shares}"
 
 
-def describe_outcome(metrics: Mapping[str, float]) -> str:
-    """What a complete trial scored, in the console's words and scale."""
-    text = f"PSI {metrics['psi']:.3f} (lower is fairer), HM {100 * metrics['hm']:.2f}"
-    if "hm_floor" in metrics:
-        met = metrics.get("constraint_hm_floor", 0.0) <= 0
-        text += f" {'≥' if met else '<'} floor {100 * metrics['hm_floor']:.2f}"
+CONSTRAINT_WORDS = {"hm_floor": "the HM floor", "ndcg_drop": "the nDCG@10 limit", "general_drop": "the general nDCG@10 limit",
+                    "crops_psi": "the crops PSI limit"}
+
+
+def missed_constraints(metrics: Mapping[str, float]) -> list[str]:
+    """The constraints a trial misses, by name, read from its constraint values (Optuna's: > 0 is missed)."""
+    return [name for name in CONSTRAINT_WORDS if metrics.get(f"constraint_{name}", 0.0) > 0]
+
+
+def hm_compared(metrics: Mapping[str, float]) -> float:
+    """The HM the floor was compared with (the lower bound under `significant`, else the point HM), as the
+    constraint value records it: floor − constraint."""
+    return metrics["hm_floor"] - metrics["constraint_hm_floor"]
+
+
+def describe_hm_rule(metrics: Mapping[str, float], conservative: bool) -> str:
+    """'HM 55.52, lower bound 53.95 < floor 55.31' (or 'HM 56.90 ≥ floor 55.31'): the comparison the HM floor made."""
+    text = f"HM {100 * metrics['hm']:.2f}"
+    if "constraint_hm_floor" not in metrics:
+        return text
+    sign = "<" if metrics["constraint_hm_floor"] > 0 else "≥"
+    compared = f", lower bound {100 * hm_compared(metrics):.2f}" if conservative else ""
+    return f"{text}{compared} {sign} floor {100 * metrics['hm_floor']:.2f}"
+
+
+def describe_verdict(metrics: Mapping[str, float]) -> str:
+    """'feasible', or 'misses the HM floor' / 'misses the HM floor and the nDCG@10 limit'."""
+    missed = [CONSTRAINT_WORDS[name] for name in missed_constraints(metrics)]
+    if not missed:
+        return "feasible"
+    return "misses " + (missed[0] if len(missed) == 1 else ", ".join(missed[:-1]) + " and " + missed[-1])
+
+
+def describe_feasibility(metrics: Mapping[str, float], conservative: bool) -> str:
+    """'HM 55.52, lower bound 53.95 < floor 55.31: misses the HM floor': the rule as it was applied, and what it decided."""
+    return f"{describe_hm_rule(metrics, conservative)}: {describe_verdict(metrics)}"
+
+
+def describe_outcome(metrics: Mapping[str, float], conservative: bool) -> str:
+    """What a complete trial scored and whether it is feasible, in the console's words and scale."""
+    text = f"PSI {metrics['psi']:.3f} (lower is fairer), {describe_hm_rule(metrics, conservative)}"
     if "ndcg10_delta" in metrics:
         text += f", nDCG@10 {100 * metrics['ndcg10_delta']:+.2f} vs uncalibrated"
-    feasible = metrics.get("feasible", 1.0) == 1.0
-    return text + (": feasible" if feasible else ": infeasible (misses a constraint)")
+        if metrics.get("constraint_ndcg_drop", 0.0) > 0:
+            lowest = metrics["ndcg10_delta"] + metrics["constraint_ndcg_drop"]  # the change the allowance permits
+            text += f" < {100 * lowest + 0.0:+.2f} allowed"
+    return f"{text}: {describe_verdict(metrics)}"
 
 
 def run_name(number: int, markers: list[str]) -> str:

@@ -84,7 +84,8 @@ def conclude(
     baseline = evaluator.run(None)
     reference = _trial_with(study, BASELINE_PARAMS)
     best = picked[0] if picked else None
-    figures = [pareto_scatter(study, floor, reference, best, staging / "pareto.png"), *optuna_figures(study, staging)]
+    figures = [pareto_scatter(study, floor, reference, best, staging / "pareto.png", settings.constraints(0.0).conservative),
+               *optuna_figures(study, staging)]
     if picked is None:
         tracker.finish_study({**summary_metrics("tuning/uncalibrated", baseline.report.as_dict(), None),
                               **display_metrics({"hm_floor": floor})}, figures, {"posfair.outcome": "no feasible trial"}, "FAILED")

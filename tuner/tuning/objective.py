@@ -12,13 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import optuna
+from optuna.study._constrained_optimization import _CONSTRAINTS_KEY
 
 from objectives import Constraints, PositionReport
 from objectives.evidence import trial_evidence
 from tuner.engine.encoder import CalibratedEncoder
 from tuner.evaluation.evaluator import Evaluator
 from tuner.evaluation.profile import AttentionProfile, plot_profile
-from tuner.tracking.runs import Tracker, TrialRecord, describe_config, describe_outcome
+from tuner.tracking.runs import Tracker, TrialRecord, describe_config, describe_feasibility, describe_outcome
 from tuner.tuning.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, SearchSpace, is_reference_trial
 
 
@@ -125,16 +126,18 @@ class TrialObjective:
             metrics["general_ndcg10_delta"] = general_delta
         if crops is not None:
             metrics.update(crops_psi=crops.psi, crops_hm=crops.hm, crops_ndcg10=crops.ndcg10)
-        attributes = {"metrics": metrics, "layers": layers, "psi": report.psi, "hm": report.hm,
-                      "psi_se": evidence.objective_se, "drift": evaluation.drift}
+        feasible = metrics["feasible"] == 1.0
+        feasibility = describe_feasibility(metrics, self.constraints.conservative)
+        attributes = {"feasible": f"{'yes' if feasible else 'NO'}: {feasibility}", "metrics": metrics, "layers": layers,
+                      "psi": report.psi, "hm": report.hm, "psi_se": evidence.objective_se, "drift": evaluation.drift}
         for key, value in attributes.items():
             trial.set_user_attr(key, value)
         for name, value in constraints.items():
             trial.set_constraint(name, value)
-        feasible = metrics["feasible"] == 1.0
+        mark_for_dashboard(trial, list(constraints.values()))
         self.tracker.finish_trial(self.study_name, TrialRecord(
             trial.number, "COMPLETE", params, metrics, {"posfair.feasible": "yes" if feasible else "no"}, artifacts,
-            description=f"{label}: {config_text}: {describe_outcome(metrics)}.",
+            description=f"{label}: {config_text}: {describe_outcome(metrics, self.constraints.conservative)}.",
             markers=markers + ([] if feasible else ["infeasible"]), start_ms=start_ms,
         ))
         if run_id is None and (run_id := self.tracker.trial_run_id(trial.number)):
@@ -149,6 +152,14 @@ class TrialObjective:
         json_path.write_text(json.dumps(data, indent=1), encoding="utf-8")
         image = plot_profile(data, folder / "attention_profile.png", f"trial {number}: pooled-row attention by layer")
         return [json_path, image]
+
+
+def mark_for_dashboard(trial: optuna.Trial, values: list[float]) -> None:
+    """Also store the constraint values as the list optuna-dashboard reads (0.21: the system attribute
+    `constraints`, the format of samplers' `constraints_func`), so its plots grey out infeasible trials;
+    it does not read `set_constraint`'s named values. Optuna reads both formats, so the values count
+    twice there: feasibility is unchanged and TPE's summed violations keep their order."""
+    trial.storage.set_trial_system_attr(trial._trial_id, _CONSTRAINTS_KEY, values)
 
 
 def reference_markers(trial: optuna.Trial) -> list[str]:
