@@ -122,6 +122,9 @@ def test_the_settings_table_shows_the_defaults_in_force(default_run: dict) -> No
     assert rows["study-name"] == re.sub(r"[^A-Za-z0-9._-]+", "_", name)
     assert rows["output"] == f"mlruns/exports/{rows['study-name']}.yaml"
     assert "None" not in (rows["storage"], rows["tracking-uri"], rows["output"], rows["study-name"])
+    assert "None" not in settings and "SearchSpace(" not in settings, "an unset option says what it means"
+    assert rows["general"] == "none: no general-retrieval check"
+    assert rows["space"] == "λ 0–1 in steps of 0.05; layers last, 25%, 50%; baskets 8, 16, 128; uniform, cls_soft, cls_hard (w 0.1–0.5); basket shares equal"
 
 
 def test_the_experiment_opens_in_the_model_training_view_with_a_description(client: MlflowClient) -> None:
@@ -185,6 +188,61 @@ def test_the_parent_run_holds_held_out_figures_with_their_intervals(client: Mlfl
     assert metrics[f"heldout/{name}/winner/hm_x100"] == pytest.approx(100 * held["hm"])
     assert metrics[f"heldout/{name}/uncalibrated/hm_x100"] == pytest.approx(100 * exported.metrics[f"heldout_baseline/{name}"]["hm"])
     assert metrics["tuning/winner/psi"] == pytest.approx(exported.metrics["tuning"]["psi"])
+
+
+def test_the_parent_run_names_the_winner_and_its_held_out_result(client: MlflowClient, default_run: dict) -> None:
+    """Two sentences on the study's run: the winner, its config and rule; its held-out change with intervals."""
+    parent, trials = runs_of(client)
+    exported = load_exported(default_run["yaml"])
+    winner = exported.provenance.trial
+    (name, intervals), = exported.provenance.intervals.items()
+    description = parent.data.tags[NOTE]
+    assert description.startswith(f"Winner: trial {winner}, ") and f"chosen by the {exported.provenance.selection_rule} rule" in description
+    assert ". Held out, against no calibration (95% paired-bootstrap intervals): " in description and description.endswith(".")
+    hm, psi = intervals["hm"], intervals["psi"]
+    assert f"{name} ΔHM {100 * hm[0]:+.2f} [{100 * hm[1]:+.2f}, {100 * hm[2]:+.2f}], ΔPSI {psi[0]:+.3f}" in description
+    metrics, winner_metrics = parent.data.metrics, trials[winner].data.metrics
+    for column in ("psi", "hm_x100", "feasible", "ndcg10_change_vs_uncalibrated_x100"):  # the trials' columns show the winner
+        assert metrics[column] == pytest.approx(winner_metrics[column], abs=1e-4)
+    assert metrics["heldout_winner_change_hm_x100"] == pytest.approx(100 * hm[0], abs=1e-4)
+    table = (Path(client.download_artifacts(parent.info.run_id, "heldout.md", str(default_run["work"] / "dl")))).read_text()
+    assert f"| {name} | Winner (trial {winner}) | {100 * exported.metrics[f'heldout/{name}']['hm']:.2f} |" in table
+
+
+def dashboard_api(storage: str, path: str) -> dict:
+    """optuna-dashboard's JSON API, called in-process through its WSGI app (what its web page reads)."""
+    from wsgiref.util import setup_testing_defaults
+
+    optuna_dashboard = pytest.importorskip("optuna_dashboard")
+    environ: dict = {"PATH_INFO": path}
+    setup_testing_defaults(environ)
+    status: list[str] = []
+    body = b"".join(optuna_dashboard.wsgi(storage)(environ, lambda code, headers, *rest: status.append(code)))
+    assert status[0].startswith("200"), (status, body[:300])
+    return json.loads(body)
+
+
+def test_optuna_dashboard_greys_infeasible_trials_and_the_study_names_the_winner(default_run: dict) -> None:
+    """The dashboard reads constraints as a list (0.21), and cuts non-string attributes at 1,024 characters;
+    its 'Best Trial' is the lowest PSI whatever the constraints, so the study says which trial won."""
+    study = the_study(default_run["work"])
+    storage = f"sqlite:///{default_run['work'] / 'mlruns' / 'optuna.db'}"
+    detail = dashboard_api(storage, f"/api/studies/{study._study_id}")
+    exported = load_exported(default_run["yaml"])
+    for shown in detail["trials"]:
+        trial = study.trials[shown["number"]]
+        if trial.state != optuna.trial.TrialState.COMPLETE:
+            continue
+        named = [v for k, v in trial.constraints.items() if not k.isdigit()]
+        assert shown["constraints"] == pytest.approx(named), "the dashboard's feasibility is the study's"
+        attrs = {a["key"]: a["value"] for a in shown["user_attrs"]}
+        assert attrs["feasible"].startswith("yes: " if all(v <= 0 for v in named) else "NO: ")
+        assert json.loads(attrs["metrics"]) == pytest.approx(trial.user_attrs["metrics"]), "the metrics JSON is not cut"
+    study_attrs = {a["key"]: a["value"] for a in detail["user_attrs"]}
+    assert study_attrs["winner"].startswith(f"Winner: trial {exported.provenance.trial}, ")
+    assert "feasible or not" in study_attrs["best trial in optuna-dashboard"]
+    lowest = min((t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE), key=lambda t: t.value)
+    assert [t["number"] for t in detail["best_trials"]] == [lowest.number], "what the README says the dashboard shows"
 
 
 def test_the_yaml_records_its_provenance(client: MlflowClient, default_run: dict) -> None:
