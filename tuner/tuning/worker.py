@@ -69,7 +69,7 @@ def run_session_trials(
             profile_docs=settings.profile_docs,
         )
         evaluator.show_progress = False  # the trial bar (on a terminal) and the per-trial lines take over
-        with StudyProgress(settings.trials, len(complete_trials(study)), bar=not settings.worker) as progress:
+        with StudyProgress(settings.trials, len(complete_trials(study)), bar=not settings.worker, workers=settings.workers) as progress:
             ended = run_trials(study, objective, settings.trials, [partial(_log_trial, progress=progress)])
         for worker in workers:
             worker.join()
