@@ -103,7 +103,7 @@ def test_the_log_file_shows_each_trial_with_progress_and_every_phase(default_run
     log = default_run["log"]
     for k in range(1, TRIALS + 1):
         line = re.search(rf"trial {k}/{TRIALS} complete · (best feasible so far: trial \d+ \(PSI [\d.]+, HM [\d.]+\)"
-                         rf"|no feasible trial yet) · elapsed [\dhms ]+ · (ETA [\dhms ]+|done)", log)
+                         rf"|no feasible trial yet) · elapsed [\dhms ]+ · (ETA [\dhms ]+|ETA after the first calibrating trial|done)", log)
         assert line, f"no progress line for trial {k}:\n{log[-3000:]}"
     assert re.search(r"baseline: encoding \d+ documents .*done in", log, re.S)
     assert re.search(r"held-out 1/1: scoring \d configs on jsonl:data \(12 documents, 36 queries\) \.\.\.", log)
