@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import subprocess
 import sys
 import textwrap
 from collections.abc import Iterable
@@ -337,7 +336,7 @@ def ui(
 
     Refuses to start on a store that does not exist (it would serve an empty one).
     Example: cd my-project && tune ui --port 5001"""
-    from tuner.tracking.runs import check_tracking_uri, describe_store, local_store, ui_command
+    from tuner.tracking.runs import check_tracking_uri, describe_store, local_store, serve_ui, training_view_url, ui_command
 
     with _friendly_errors():
         if tracking_uri is not None:
@@ -348,8 +347,11 @@ def ui(
         console.print(f"[red]error:[/red] no MLflow store at {escape(str(store.resolve()))}: run `tune` here first, change to the folder "
                       "that holds mlruns/, or pass --tracking-uri sqlite:///PATH/mlruns/mlflow.db")
         raise typer.Exit(2)
-    console.print(f"MLflow UI on http://{host}:{port}  store: {describe_store(uri)}", markup=False)
-    raise typer.Exit(subprocess.call(ui_command(uri, host, port)))
+    console.print(f"MLflow UI: {training_view_url(uri, host, port)}  (this link opens the model-training view; "
+                  "without it a browser opens the view it last used, GenAI at first: switch with the toggle at the "
+                  "top of the sidebar)", markup=False)
+    console.print(f"store: {describe_store(uri)}", markup=False)
+    raise typer.Exit(serve_ui(ui_command(uri, host, port)))
 
 
 def _default_tracking_uri() -> str:

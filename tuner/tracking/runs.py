@@ -21,6 +21,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -100,6 +101,66 @@ def ui_command(uri: str, host: str, port: int) -> list[str]:
     if store is not None:
         command += ["--default-artifact-root", str((store.parent / "artifacts").resolve())]
     return command
+
+
+def serve_ui(command: list[str], grace: float = 10.0) -> int:
+    """Run `mlflow ui` in its own process group until it exits or this process gets SIGTERM / SIGINT; then
+    stop the whole group (the server and the workers it forks; SIGKILL after `grace` seconds), so no
+    worker outlives `tune ui` and keeps the port. Returns the server's exit code (128 + signal if stopped)."""
+    import signal
+
+    server = subprocess.Popen(command, start_new_session=True)
+    stopped: list[int] = []
+
+    def stop(signum: int, _frame: object) -> None:
+        stopped.append(signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        while server.poll() is None and not stopped:
+            time.sleep(0.2)
+        _stop_group(server, grace)
+        server.wait()
+        return 128 + stopped[0] if stopped else server.returncode
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _stop_group(leader: subprocess.Popen[bytes], grace: float) -> None:
+    """SIGTERM to every process of the leader's group, SIGKILL to what is left after `grace` seconds; the
+    leader is reaped on the way (a zombie would still count as a member)."""
+    import signal
+
+    for signum, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 2.0)):
+        deadline = time.monotonic() + wait
+        try:
+            os.killpg(leader.pid, signum)
+        except ProcessLookupError:
+            return
+        while time.monotonic() < deadline:
+            leader.poll()
+            try:
+                os.killpg(leader.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
+
+
+def training_view_url(uri: str, host: str, port: int) -> str:
+    """The experiment's run list in MLflow's model-training view. MLflow 3.17's UI picks the view from the
+    URL's `workflowType` first, then from the browser's last choice (default: GenAI); the experiment's
+    `mlflow.experimentKind` tag does not decide it, so the link carries it."""
+    experiment = None
+    store = local_store(uri)
+    if store is None or store.exists():
+        try:
+            found = MlflowClient(f"sqlite:///{store.resolve()}" if store else uri).get_experiment_by_name("posfair")
+            experiment = found.experiment_id if found else None
+        except Exception:  # noqa: BLE001 - the link is a convenience; the UI itself reports a broken store
+            experiment = None
+    page = f"#/experiments/{experiment}/runs" if experiment else "#/experiments"
+    return f"http://{host}:{port}/{page}?workflowType=machine_learning"
 
 
 # --- metric names: the code's 0-1 names → names that say what they are, on the console's scale ----------
