@@ -322,8 +322,10 @@ def encode(
         method = encoder.encode_query if queries else encoder.encode_document
         vectors = method(texts, batch_size=batch_size, show_progress_bar=True)
         _save_atomically(vectors, output)
+    short = (f"; {encoder.too_short} shorter than one basket ({encoder.config.basket_size} tokens of content), left "
+             "uncalibrated" if encoder.too_short and encoder.config is not None and encoder.config.strength > 0 else "")
     console.print(f"{len(texts)} {'queries' if queries else 'documents'} → {escape(str(output))} {vectors.shape}"
-                  + (f"; {encoder.truncated} truncated at {encoder.model.max_length} tokens" if encoder.truncated else ""))
+                  + (f"; {encoder.truncated} truncated at {encoder.model.max_length} tokens" if encoder.truncated else "") + short)
 
 
 @app.command(cls=_Command, short_help="Open the MLflow UI on the project's store.")

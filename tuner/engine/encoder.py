@@ -153,6 +153,7 @@ class CalibratedEncoder:
         self.config = config
         self.spec = config.resolve(model.num_layers) if config is not None else None
         self.truncated = 0  # documents cut at the model's maximum length in the last encode call
+        self.too_short = 0  # documents of the last calibrated encode call whose content fills no basket: left uncalibrated
 
     @classmethod
     def from_yaml(cls, path: str | Path, **load_options: object) -> CalibratedEncoder:
@@ -239,6 +240,7 @@ class CalibratedEncoder:
         texts = [prompt + t for t in given]  # type: ignore[operator]
         batches = Batches.build(self.model, texts, *choose_batching(self.model, batch_size, batch_tokens))
         self.truncated = batches.truncated
+        self.too_short = too_short(batches, self.spec) if calibrate and self.spec is not None else 0
         vectors = forward(self.model, batches, self.spec if calibrate else None, observer=observer,
                           show_progress=show_progress_bar, normalize=normalize_embeddings)
         result = vectors[0] if single else vectors
@@ -247,6 +249,12 @@ class CalibratedEncoder:
         if not convert_to_numpy:
             return list(torch.from_numpy(vectors)) if not single else torch.from_numpy(result)
         return result
+
+
+def too_short(batches: Batches, spec: ResolvedCalibration) -> int:
+    """Texts whose content (real tokens less the isolated ones) fills no basket: calibration leaves them as they are."""
+    return sum(int((~fills_a_basket(b["attention_mask"].sum(-1), spec.basket_size, len(spec.policies))).sum())
+               for b in batches.inputs)
 
 
 BatchScope = Callable[[int], AbstractContextManager[object]]  # batch index → what to hold open around its forward
