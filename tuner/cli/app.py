@@ -350,8 +350,8 @@ def ui(
                       "that holds mlruns/, or pass --tracking-uri sqlite:///PATH/mlruns/mlflow.db")
         raise typer.Exit(2)
     console.print(f"MLflow UI: {training_view_url(uri, host, port)}  (this link opens the model-training view; "
-                  "without it a browser opens the view it last used, GenAI at first: switch with the toggle at the "
-                  "top of the sidebar)", markup=False)
+                  "without it a browser opens the view it last used, GenAI at first: switch with the sidebar's "
+                  "GenAI / Model training toggle)", markup=False)
     console.print(f"store: {describe_store(uri)}", markup=False)
     raise typer.Exit(serve_ui(ui_command(uri, host, port)))
 
