@@ -133,6 +133,21 @@ def test_the_experiment_opens_in_the_model_training_view_with_a_description(clie
     assert "Position Sensitivity Index" in experiment.tags[NOTE]
 
 
+def test_the_run_list_view_tune_ui_links_to_shows_columns_every_finished_run_has(client: MlflowClient) -> None:
+    """The shared view's columns are metrics the trials (and the study's row) really carry: none is empty."""
+    from tuner.tracking.runs import VIEW_TAG, training_view_url
+
+    experiment = client.get_experiment_by_name("posfair")
+    columns = json.loads(experiment.tags[VIEW_TAG])["selectedColumns"]
+    parent, trials = runs_of(client)
+    for column in columns:
+        name = column.removeprefix("metrics.`").removesuffix("`")
+        assert name in parent.data.metrics, column
+        assert name.startswith("heldout_") or all(name in t.data.metrics for t in trials), column
+    assert training_view_url(DEFAULT_TRACKING_URI, "127.0.0.1", 5000).endswith(
+        f"/#/experiments/{experiment.experiment_id}/runs?workflowType=machine_learning&viewStateShareKey=posfair")
+
+
 def test_runs_mark_baseline_paper_default_infeasible_trials_and_the_winner(client: MlflowClient, default_run: dict) -> None:
     parent, trials = runs_of(client)
     study = the_study(default_run["work"])
@@ -238,6 +253,7 @@ def test_optuna_dashboard_greys_infeasible_trials_and_the_study_names_the_winner
         attrs = {a["key"]: a["value"] for a in shown["user_attrs"]}
         assert attrs["feasible"].startswith("yes: " if all(v <= 0 for v in named) else "NO: ")
         assert json.loads(attrs["metrics"]) == pytest.approx(trial.user_attrs["metrics"]), "the metrics JSON is not cut"
+        assert len(attrs["metrics"]) < 1024 - 200, "room for the metrics of --general and --max-crops-psi"
     study_attrs = {a["key"]: a["value"] for a in detail["user_attrs"]}
     assert study_attrs["winner"].startswith(f"Winner: trial {exported.provenance.trial}, ")
     assert "feasible or not" in study_attrs["best trial in optuna-dashboard"]

@@ -19,6 +19,7 @@ and end times.
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import os
 import subprocess
@@ -43,6 +44,15 @@ KIND_TAG = "mlflow.experimentKind"  # MLflow 3 opens an experiment without it in
 TRAINING_KIND = "custom_model_development"  # the model-training view (runs, charts, models)
 NOTE = "mlflow.note.content"  # the description MLflow shows on a run or experiment page
 PARENT = "mlflow.parentRunId"
+# A run-list view stored on the experiment: MLflow 3.17's UI applies an experiment tag
+# `mlflow.sharedViewState.KEY` (JSON of its view state) when the address carries `viewStateShareKey=KEY`
+# (its "share view" feature). It is how a first visit sees the useful columns: the column choice otherwise
+# lives in each browser's local storage.
+VIEW_KEY = "posfair"
+VIEW_TAG = f"mlflow.sharedViewState.{VIEW_KEY}"
+RUN_LIST_COLUMNS = ("psi", "hm_x100", "feasible", "ndcg10_change_vs_uncalibrated_x100", "heldout_winner_change_hm_x100",
+                    "heldout_winner_change_psi")
+RUN_LIST_VIEW = json.dumps({"selectedColumns": [f"metrics.`{name}`" for name in RUN_LIST_COLUMNS]})
 
 EXPERIMENT_NOTE = """posfair tunes attention calibration (Michail et al., 2026) per model with Optuna.
 One parent run per study (its settings, the winner, held-out figures with 95% bootstrap intervals, plots,
@@ -148,19 +158,21 @@ def _stop_group(leader: subprocess.Popen[bytes], grace: float) -> None:
 
 
 def training_view_url(uri: str, host: str, port: int) -> str:
-    """The experiment's run list in MLflow's model-training view. MLflow 3.17's UI picks the view from the
-    URL's `workflowType` first, then from the browser's last choice (default: GenAI); the experiment's
-    `mlflow.experimentKind` tag does not decide it, so the link carries it."""
-    experiment = None
+    """The experiment's run list in MLflow's model-training view, with posfair's columns (`VIEW_TAG`).
+    MLflow 3.17's UI picks the view from the URL's `workflowType` first, then from the browser's last
+    choice (default: GenAI); the experiment's `mlflow.experimentKind` tag does not decide it, so the link
+    carries it."""
+    found = None
     store = local_store(uri)
     if store is None or store.exists():
         try:
             found = MlflowClient(f"sqlite:///{store.resolve()}" if store else uri).get_experiment_by_name("posfair")
-            experiment = found.experiment_id if found else None
         except Exception:  # noqa: BLE001 - the link is a convenience; the UI itself reports a broken store
-            experiment = None
-    page = f"#/experiments/{experiment}/runs" if experiment else "#/experiments"
-    return f"http://{host}:{port}/{page}?workflowType=machine_learning"
+            found = None
+    if found is None:
+        return f"http://{host}:{port}/#/experiments?workflowType=machine_learning"
+    view = f"&viewStateShareKey={VIEW_KEY}" if VIEW_TAG in found.tags else ""
+    return f"http://{host}:{port}/#/experiments/{found.experiment_id}/runs?workflowType=machine_learning{view}"
 
 
 # --- metric names: the code's 0-1 names → names that say what they are, on the console's scale ----------
@@ -379,7 +391,8 @@ class Tracker:
         found = self.client.get_experiment_by_name(self.experiment_name)
         if found is None:
             try:
-                experiment_id = self.client.create_experiment(self.experiment_name, tags={KIND_TAG: TRAINING_KIND, NOTE: EXPERIMENT_NOTE})
+                experiment_id = self.client.create_experiment(
+                    self.experiment_name, tags={KIND_TAG: TRAINING_KIND, NOTE: EXPERIMENT_NOTE, VIEW_TAG: RUN_LIST_VIEW})
             except Exception as error:  # noqa: BLE001 - another worker just created it: use theirs
                 found = self.client.get_experiment_by_name(self.experiment_name)
                 if found is None or "already exists" not in str(error).lower():
@@ -388,9 +401,9 @@ class Tracker:
             if store is not None:
                 _artifacts_beside_store(self.uri, store, experiment_id)
             return experiment_id
-        if found.tags.get(KIND_TAG) != TRAINING_KIND:  # a store made by an older posfair
-            self.client.set_experiment_tag(found.experiment_id, KIND_TAG, TRAINING_KIND)
-            self.client.set_experiment_tag(found.experiment_id, NOTE, EXPERIMENT_NOTE)
+        if found.tags.get(VIEW_TAG) != RUN_LIST_VIEW:  # a store made by an older posfair
+            for key, value in {KIND_TAG: TRAINING_KIND, NOTE: EXPERIMENT_NOTE, VIEW_TAG: RUN_LIST_VIEW}.items():
+                self.client.set_experiment_tag(found.experiment_id, key, value)
         return found.experiment_id
 
     # --- the study's parent run -------------------------------------------------------------------

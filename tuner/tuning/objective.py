@@ -128,7 +128,9 @@ class TrialObjective:
             metrics.update(crops_psi=crops.psi, crops_hm=crops.hm, crops_ndcg10=crops.ndcg10)
         feasible = metrics["feasible"] == 1.0
         feasibility = describe_feasibility(metrics, self.constraints.conservative)
-        attributes = {"feasible": f"{'yes' if feasible else 'NO'}: {feasibility}", "metrics": metrics, "layers": layers,
+        # 6 significant digits: the JSON stays under the 1,024 characters optuna-dashboard shows of a non-string attribute
+        shown = {k: float(f"{v:.6g}") for k, v in metrics.items()}
+        attributes = {"feasible": f"{'yes' if feasible else 'NO'}: {feasibility}", "metrics": shown, "layers": layers,
                       "psi": report.psi, "hm": report.hm, "psi_se": evidence.objective_se, "drift": evaluation.drift}
         for key, value in attributes.items():
             trial.set_user_attr(key, value)
