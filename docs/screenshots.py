@@ -54,8 +54,9 @@ def serving(command: list[str], cwd: Path, health: str, log: Path) -> Iterator[s
                 time.sleep(1)
         yield process
     finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=30)
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(timeout=30)
 
 
 def tune_fresh(folder: Path) -> None:
@@ -66,6 +67,7 @@ def tune_fresh(folder: Path) -> None:
 def shoot(project: Path) -> None:
     from playwright.sync_api import sync_playwright
 
+    os.chdir(project)  # the default store records its artifacts relative to the folder holding mlruns/
     storage = f"sqlite:///{project / 'mlruns' / 'optuna.db'}"
     (name,) = optuna.get_all_study_names(storage)
     study = optuna.load_study(study_name=name, storage=storage)
@@ -73,7 +75,7 @@ def shoot(project: Path) -> None:
     mlflow_port, dashboard_port = free_port(), free_port()
     logs = Path(tempfile.mkdtemp(prefix="screenshots-"))
     ui = [sys.executable, "-m", "tuner.cli", "ui", "--port", str(mlflow_port)]
-    dashboard = [sys.executable, "-m", "optuna_dashboard", storage, "--port", str(dashboard_port), "--host", "127.0.0.1"]
+    dashboard = [str(Path(sys.executable).with_name("optuna-dashboard")), storage, "--port", str(dashboard_port), "--host", "127.0.0.1"]
     with serving(ui, project, f"http://127.0.0.1:{mlflow_port}/health", logs / "ui.log"), \
             serving(dashboard, project, f"http://127.0.0.1:{dashboard_port}/api/studies", logs / "dashboard.log"), \
             sync_playwright() as playwright:
@@ -82,7 +84,10 @@ def shoot(project: Path) -> None:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         page = browser.new_page(viewport={"width": 1700, "height": 900})  # a new context: no stored view or columns
         mlflow_run_list(page, runs_url)
-        mlflow_parent_run(page, runs_url, parent_run(project, name))
+        parent = parent_run(project, name)
+        mlflow_parent_run(page, runs_url, parent)
+        copy_scatter(project, parent)
+        mlflow_winner_and_model(page, runs_url, project, name)
         dashboard_pages(page, f"http://127.0.0.1:{dashboard_port}", study)
         browser.close()
     print(f"winner: {winner}")
@@ -126,16 +131,50 @@ def parent_run(project: Path, study: str) -> str:
     return run.info.run_id
 
 
+def mlflow_winner_and_model(page: object, runs_url: str, project: Path, study: str) -> None:
+    """The winner's trial run (its description and duration) and the registered model with its `champion` alias."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{project / 'mlruns' / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("posfair")
+    (run,) = client.search_runs([experiment.experiment_id], f"tags.`posfair.study` = '{study}' and tags.`posfair.winner` = 'yes'")
+    page.goto(runs_url.replace("/runs?", f"/runs/{run.info.run_id}?"))
+    page.get_by_text("Winner (trial").first.wait_for(timeout=60_000)
+    close_assistant(page)
+    page.wait_for_timeout(1500)
+    page.screenshot(path=DOCS / "mlflow-trial.png")
+    (model,) = client.search_registered_models()
+    page.goto(runs_url.split("#")[0] + f"#/models/{model.name}?workflowType=machine_learning")
+    page.get_by_text("champion").first.wait_for(timeout=60_000)
+    close_assistant(page)
+    page.wait_for_timeout(1500)
+    page.screenshot(path=DOCS / "mlflow-registered-model.png")
+
+
+def copy_scatter(project: Path, parent_id: str) -> None:
+    """The parent run's PSI–HM scatter, as logged, to docs/pareto.png."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{project / 'mlruns' / 'mlflow.db'}")
+    local = Path(client.download_artifacts(parent_id, "pareto.png", tempfile.mkdtemp(prefix="scatter-")))
+    (DOCS / "pareto.png").write_bytes(local.read_bytes())
+
+
 def dashboard_pages(page: object, base: str, study: optuna.Study) -> None:
-    """The study page (Best Trial card, infeasible trials grey) and the trials list with each trial's `feasible`."""
+    """The study page (the Best Trial card, infeasible trials grey, the study attributes' last page with
+    `winner`), and the dashboard's Best Trial on its trial page, with its `feasible` attribute."""
     page.goto(f"{base}/dashboard/studies/{study._study_id}")
     page.get_by_text("Best Trial").first.wait_for(timeout=60_000)
+    page.get_by_label("last page").last.click()  # the study attributes' last page: `winner`, what Best Trial is
+    page.get_by_text("best trial in optuna-dashboard").first.wait_for(timeout=30_000)
+    page.evaluate("document.querySelectorAll('*').forEach(e => { e.scrollTop = 0; }); window.scrollTo(0, 0)")  # sticky header
     page.wait_for_timeout(3000)
     page.screenshot(path=DOCS / "optuna-dashboard.png", full_page=True)
-    page.goto(f"{base}/dashboard/studies/{study._study_id}/trials")
-    page.get_by_text("NO: ").first.wait_for(timeout=60_000)
+    best = min((t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE), key=lambda t: t.value)
+    page.goto(f"{base}/dashboard/studies/{study._study_id}/trials?numbers={best.number}")
+    page.get_by_text(best.user_attrs["feasible"][:20]).first.wait_for(timeout=60_000)
     page.wait_for_timeout(1500)
-    page.screenshot(path=DOCS / "optuna-dashboard-trials.png", full_page=True)
+    page.screenshot(path=DOCS / "optuna-dashboard-trials.png")  # the metrics JSON is one long line: the viewport only
 
 
 def main() -> None:
