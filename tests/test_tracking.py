@@ -107,7 +107,7 @@ def test_the_log_file_shows_each_trial_with_progress_and_every_phase(default_run
     log = default_run["log"]
     for k in range(1, TRIALS + 1):
         line = re.search(rf"trial {k}/{TRIALS} finished · (best feasible so far: trial \d+ \(PSI [\d.]+, HM [\d.]+\)"
-                         rf"|no feasible trial yet) · elapsed [\dhms ]+ · (ETA [\dhms ]+|done)", log)
+                         rf"|no feasible trial yet) · elapsed [\dhms ]+ · (ETA [\dhms ]+|ETA after the first calibrating trial|done)", log)
         assert line, f"no progress line for trial {k}:\n{log[-3000:]}"
     assert re.search(r"baseline: encoding \d+ documents .*done in", log, re.S)
     assert re.search(r"held-out 1/1: scoring \d configs on jsonl:data \(12 documents, 36 queries\) \.\.\.", log)
@@ -126,12 +126,30 @@ def test_the_settings_table_shows_the_defaults_in_force(default_run: dict) -> No
     assert rows["study-name"] == re.sub(r"[^A-Za-z0-9._-]+", "_", name)
     assert rows["output"] == f"mlruns/exports/{rows['study-name']}.yaml"
     assert "None" not in (rows["storage"], rows["tracking-uri"], rows["output"], rows["study-name"])
+    assert "None" not in settings and "SearchSpace(" not in settings, "an unset option says what it means"
+    assert rows["general"] == "none: no general-retrieval check"
+    assert rows["space"] == "λ 0–1 in steps of 0.05; layers last, 25%, 50%; baskets 8, 16, 128; uniform, cls_soft, cls_hard (w 0.1–0.5); basket shares equal"
 
 
 def test_the_experiment_opens_in_the_model_training_view_with_a_description(client: MlflowClient) -> None:
     experiment = client.get_experiment_by_name("posfair")
     assert experiment.tags[KIND_TAG] == TRAINING_KIND == "custom_model_development"
     assert "Position Sensitivity Index" in experiment.tags[NOTE]
+
+
+def test_the_run_list_view_tune_ui_links_to_shows_columns_every_finished_run_has(client: MlflowClient) -> None:
+    """The shared view's columns are metrics the trials (and the study's row) really carry: none is empty."""
+    from tuner.tracking.runs import VIEW_TAG, training_view_url
+
+    experiment = client.get_experiment_by_name("posfair")
+    columns = json.loads(experiment.tags[VIEW_TAG])["selectedColumns"]
+    parent, trials = runs_of(client)
+    for column in columns:
+        name = column.removeprefix("metrics.`").removesuffix("`")
+        assert name in parent.data.metrics, column
+        assert name.startswith("heldout_") or all(name in t.data.metrics for t in trials), column
+    assert training_view_url(DEFAULT_TRACKING_URI, "127.0.0.1", 5000).endswith(
+        f"/#/experiments/{experiment.experiment_id}/runs?workflowType=machine_learning&viewStateShareKey=posfair")
 
 
 def test_runs_mark_baseline_paper_default_infeasible_trials_and_the_winner(client: MlflowClient, default_run: dict) -> None:
@@ -147,7 +165,7 @@ def test_runs_mark_baseline_paper_default_infeasible_trials_and_the_winner(clien
         assert (" · winner" in name) == (number == winner) == (run.data.tags.get("posfair.winner") == "yes")
         description = run.data.tags[NOTE]
         assert f"PSI {metrics['psi']:.3f}" in description and f"HM {metrics['hm_x100']:.2f}" in description
-        assert ("infeasible" in description) == (not feasible)
+        assert (": misses " in description) == (not feasible), description
     assert trials[0].info.run_name.startswith("trial-0 · baseline") and "no calibration (λ 0)" in trials[0].data.tags[NOTE]
     assert trials[1].info.run_name.startswith("trial-1 · paper default") and "CLS-Soft, λ 0.50" in trials[1].data.tags[NOTE]
     assert trials[winner].data.tags[NOTE].startswith(f"Winner (trial {winner})")
@@ -189,6 +207,62 @@ def test_the_parent_run_holds_held_out_figures_with_their_intervals(client: Mlfl
     assert metrics[f"heldout/{name}/winner/hm_x100"] == pytest.approx(100 * held["hm"])
     assert metrics[f"heldout/{name}/uncalibrated/hm_x100"] == pytest.approx(100 * exported.metrics[f"heldout_baseline/{name}"]["hm"])
     assert metrics["tuning/winner/psi"] == pytest.approx(exported.metrics["tuning"]["psi"])
+
+
+def test_the_parent_run_names_the_winner_and_its_held_out_result(client: MlflowClient, default_run: dict) -> None:
+    """Two sentences on the study's run: the winner, its config and rule; its held-out change with intervals."""
+    parent, trials = runs_of(client)
+    exported = load_exported(default_run["yaml"])
+    winner = exported.provenance.trial
+    (name, intervals), = exported.provenance.intervals.items()
+    description = parent.data.tags[NOTE]
+    assert description.startswith(f"Winner: trial {winner}, ") and f"chosen by the {exported.provenance.selection_rule} rule" in description
+    assert ". Held out, against no calibration (95% paired-bootstrap intervals): " in description and description.endswith(".")
+    hm, psi = intervals["hm"], intervals["psi"]
+    assert f"{name} ΔHM {100 * hm[0]:+.2f} [{100 * hm[1]:+.2f}, {100 * hm[2]:+.2f}], ΔPSI {psi[0]:+.3f}" in description
+    metrics, winner_metrics = parent.data.metrics, trials[winner].data.metrics
+    for column in ("psi", "hm_x100", "feasible", "ndcg10_change_vs_uncalibrated_x100"):  # the trials' columns show the winner
+        assert metrics[column] == pytest.approx(winner_metrics[column], abs=1e-4)
+    assert metrics["heldout_winner_change_hm_x100"] == pytest.approx(100 * hm[0], abs=1e-4)
+    table = (Path(client.download_artifacts(parent.info.run_id, "heldout.md", str(default_run["work"] / "dl")))).read_text()
+    assert f"| {name} | Winner (trial {winner}) | {100 * exported.metrics[f'heldout/{name}']['hm']:.2f} |" in table
+
+
+def dashboard_api(storage: str, path: str) -> dict:
+    """optuna-dashboard's JSON API, called in-process through its WSGI app (what its web page reads)."""
+    from wsgiref.util import setup_testing_defaults
+
+    optuna_dashboard = pytest.importorskip("optuna_dashboard")
+    environ: dict = {"PATH_INFO": path}
+    setup_testing_defaults(environ)
+    status: list[str] = []
+    body = b"".join(optuna_dashboard.wsgi(storage)(environ, lambda code, headers, *rest: status.append(code)))
+    assert status[0].startswith("200"), (status, body[:300])
+    return json.loads(body)
+
+
+def test_optuna_dashboard_greys_infeasible_trials_and_the_study_names_the_winner(default_run: dict) -> None:
+    """The dashboard reads constraints as a list (0.21), and cuts non-string attributes at 1,024 characters;
+    its 'Best Trial' is the lowest PSI whatever the constraints, so the study says which trial won."""
+    study = the_study(default_run["work"])
+    storage = f"sqlite:///{default_run['work'] / 'mlruns' / 'optuna.db'}"
+    detail = dashboard_api(storage, f"/api/studies/{study._study_id}")
+    exported = load_exported(default_run["yaml"])
+    for shown in detail["trials"]:
+        trial = study.trials[shown["number"]]
+        if trial.state != optuna.trial.TrialState.COMPLETE:
+            continue
+        named = [v for k, v in trial.constraints.items() if not k.isdigit()]
+        assert shown["constraints"] == pytest.approx(named), "the dashboard's feasibility is the study's"
+        attrs = {a["key"]: a["value"] for a in shown["user_attrs"]}
+        assert attrs["feasible"].startswith("yes: " if all(v <= 0 for v in named) else "NO: ")
+        assert json.loads(attrs["metrics"]) == pytest.approx(trial.user_attrs["metrics"]), "the metrics JSON is not cut"
+        assert len(attrs["metrics"]) < 1024 - 200, "room for the metrics of --general and --max-crops-psi"
+    study_attrs = {a["key"]: a["value"] for a in detail["user_attrs"]}
+    assert study_attrs["winner"].startswith(f"Winner: trial {exported.provenance.trial}, ")
+    assert "feasible or not" in study_attrs["best trial in optuna-dashboard"]
+    lowest = min((t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE), key=lambda t: t.value)
+    assert [t["number"] for t in detail["best_trials"]] == [lowest.number], "what the README says the dashboard shows"
 
 
 def test_the_yaml_records_its_provenance(client: MlflowClient, default_run: dict) -> None:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import logging
 import math
-import subprocess
 import sys
+import textwrap
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -15,7 +16,7 @@ from rich.console import Console
 from rich.logging import RichHandler
 from rich.markup import escape
 from rich.table import Table
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from tuner.common.messages import UserError, shown
 from tuner.common.options import DEFAULT_PROFILE_DOCS, DEFAULT_TRIALS, HEARTBEAT_SECONDS, parse_bytes, parse_limit
@@ -43,8 +44,44 @@ console = _console(stderr=True)
 log = logging.getLogger("tuner")
 
 
+class _HelpFormatter(TyperCommand.context_class.formatter_class):  # typer's own copy of click's
+    """click's help, wrapped between words only: a flag such as --max-general-drop or a name such as
+    FineWeb-PosQ is never split at its hyphens (click's wrapper breaks on them)."""
+
+    def _wrap(self, text: str, width: int, indent: str = "") -> list[str]:
+        wrapper = textwrap.TextWrapper(width, initial_indent=indent, subsequent_indent=indent, break_on_hyphens=False,
+                                       break_long_words=False)
+        return [line for paragraph in text.split("\n\n") for line in [*wrapper.wrap(" ".join(paragraph.split())), ""]][:-1]
+
+    def write_text(self, text: str) -> None:
+        self.write("\n".join(self._wrap(text, self.width, " " * self.current_indent)) + "\n")
+
+    def write_dl(self, rows: Iterable[tuple[str, str]], col_max: int = 30, col_spacing: int = 2) -> None:
+        rows = list(rows)
+        first_col = min(max((len(first) for first, _ in rows), default=0), col_max) + col_spacing
+        for first, second in rows:
+            self.write(f"{'':>{self.current_indent}}{first}")
+            lines = self._wrap(second, max(self.width - first_col - self.current_indent, 10)) if second else []
+            if not lines:
+                self.write("\n")
+                continue
+            pad = " " * (first_col + self.current_indent)
+            self.write(" " * (first_col - len(first)) if len(first) <= first_col - col_spacing else "\n" + pad)
+            self.write(lines[0] + "\n" + "".join(f"{pad}{line}\n" if line else "\n" for line in lines[1:]))
+
+
+class _Context(TyperCommand.context_class):
+    formatter_class = _HelpFormatter
+
+
+class _Command(TyperCommand):
+    context_class = _Context
+
+
 class _RunByDefault(TyperGroup):
     """`tune --model x` means `tune run --model x`: run is the default subcommand."""
+
+    context_class = _Context
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         if not args or (args[0] not in self.commands and args[0] not in ("--help", "-h", "--version")):
@@ -60,6 +97,7 @@ app = typer.Typer(
     no_args_is_help=False,
     pretty_exceptions_enable=False,
     add_completion=False,
+    rich_markup_mode=None,  # click's help: wraps at the terminal's width between words; flags without a metavar
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
@@ -116,7 +154,7 @@ OptionsFile = Annotated[
                  is_eager=True, callback=_options_file, exists=True, dir_okay=False),
 ]
 Model = Annotated[str, typer.Option(help="Registry alias (minilm, bge-m3, qwen3-embedding-0.6b, ...) or a local folder.")]
-Dataset = Annotated[str, typer.Option(help="wikipos-dev|wikipos-test|wikipos-general|fineweb-posq, or posir:/jsonl:/beir:PATH.")]
+Dataset = Annotated[str, typer.Option(help="wikipos-dev, wikipos-test, wikipos-general, fineweb-posq, or posir:PATH, jsonl:PATH, beir:PATH.")]
 TrackingUri = Annotated[str | None, typer.Option(help="MLflow tracking server; default: a SQLite store under ./mlruns.")]
 Storage = Annotated[str | None, typer.Option(help="Optuna storage URL; default: sqlite:///mlruns/optuna.db.")]
 BatchSize = Annotated[
@@ -127,10 +165,10 @@ BatchTokens = Annotated[
 ]
 Seed = Annotated[int, typer.Option(min=0, max=2**32 - 1, help="Seed of the sampler and the bootstrap.")]
 Resamples = Annotated[int, typer.Option(min=1, help="Bootstrap resamples for the intervals.")]
-TrustRemoteCode = Annotated[bool, typer.Option(help="Allow a model's own code from its hub repository to run.")]
+TrustRemoteCode = Annotated[bool, typer.Option("--trust-remote-code", help="Allow a model's own code from its hub repository to run.")]
 
 
-@app.command()
+@app.command(cls=_Command, short_help="Tune one model (the default command).")
 def run(
     model: Model = "minilm",
     pooling: Annotated[str | None, typer.Option(help="cls|last|mean, for a model outside the registry.")] = None,
@@ -194,12 +232,12 @@ def run(
         _print_outcome(outcome)
 
 
-@app.command()
+@app.command(cls=_Command, short_help="The paper's tables for a model, with intervals.")
 def evaluate(
     model: Model = "minilm",
     dataset: Dataset = "wikipos-test",
-    config: Annotated[list[Path] | None, typer.Option(help="Exported YAML config(s) to compare; repeatable.")] = None,
-    calibration: Annotated[list[str] | None, typer.Option(help="An inline config row, e.g. strength=0.5,layers=last (over the paper default); repeatable.")] = None,
+    config: Annotated[list[Path] | None, typer.Option(metavar="YAML", help="Exported YAML config(s) to compare; repeatable.")] = None,
+    calibration: Annotated[list[str] | None, typer.Option(metavar="FIELD=VALUE,...", help="An inline config row, e.g. strength=0.5,layers=last (over the paper default); repeatable.")] = None,
     paper_default: Annotated[bool, typer.Option(help="Add the paper's default config row.")] = True,
     sea: Annotated[bool, typer.Option(help="Add the Segment Embed Average baseline.")] = True,
     general: Annotated[str | None, typer.Option(help="General-retrieval set for the original/shuffled table.")] = "wikipos-general",
@@ -255,13 +293,13 @@ def evaluate(
         json_output.write_text(json.dumps(to_dict(table), indent=1), encoding="utf-8")
 
 
-@app.command()
+@app.command(cls=_Command, short_help="Re-export a study's winner, or a trial you name.")
 def export(
     study_name: Annotated[str, typer.Option(help="The study to export the winner of.")],
     storage: Storage = None,
     output: Annotated[Path | None, typer.Option(help="Default: mlruns/exports/STUDY.yaml.")] = None,
     tracking_uri: Annotated[str | None, typer.Option(help="MLflow store to log the export to; default: the one the study logged to.")] = None,
-    trust_remote_code: Annotated[bool, typer.Option(help="Allow the model's own code (restored anyway if the study was tuned with it).")] = False,
+    trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="Allow the model's own code (restored anyway if the study was tuned with it).")] = False,
     selection: Annotated[str, typer.Option(help="'one-se' or 'lowest' (see `tune run --help`).")] = "one-se",
     trial: Annotated[int | None, typer.Option(min=0, help="Export this trial instead of the winner (as you chose).")] = None,
     options: OptionsFile = None,
@@ -280,7 +318,7 @@ def export(
     console.print(f"exported: [bold]{escape(str(path))}[/bold]")
 
 
-@app.command()
+@app.command(cls=_Command, short_help="Encode texts with an exported config.")
 def encode(
     config: Annotated[Path, typer.Option(help="Exported YAML config.")],
     input: Annotated[Path, typer.Option(help="JSONL with a 'text' field per line, or a .txt file with one text per line.")],
@@ -309,11 +347,13 @@ def encode(
         method = encoder.encode_query if queries else encoder.encode_document
         vectors = method(texts, batch_size=batch_size, show_progress_bar=True)
         _save_atomically(vectors, output, force=force)
+    short = (f"; {encoder.too_short} shorter than one basket ({encoder.config.basket_size} tokens of content), left "
+             "uncalibrated" if encoder.too_short and encoder.config is not None and encoder.config.strength > 0 else "")
     console.print(f"{len(texts)} {'queries' if queries else 'documents'} → {escape(str(output))} {vectors.shape}"
-                  + (f"; {encoder.truncated} truncated at {encoder.model.max_length} tokens" if encoder.truncated else ""))
+                  + (f"; {encoder.truncated} truncated at {encoder.model.max_length} tokens" if encoder.truncated else "") + short)
 
 
-@app.command()
+@app.command(cls=_Command, short_help="Open the MLflow UI on the project's store.")
 def ui(
     tracking_uri: Annotated[str | None, typer.Option(help="MLflow store to browse; default: ./mlruns/mlflow.db (the store `tune` writes here).")] = None,
     host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
@@ -323,7 +363,7 @@ def ui(
 
     Refuses to start on a store that does not exist (it would serve an empty one).
     Example: cd my-project && tune ui --port 5001"""
-    from tuner.tracking.runs import check_tracking_uri, describe_store, local_store, ui_command
+    from tuner.tracking.runs import check_tracking_uri, describe_store, local_store, serve_ui, training_view_url, ui_command
 
     with _friendly_errors():
         if tracking_uri is not None:
@@ -334,8 +374,11 @@ def ui(
         console.print(f"[red]error:[/red] no MLflow store at {escape(str(store.resolve()))}: run `tune` here first, change to the folder "
                       "that holds mlruns/, or pass --tracking-uri sqlite:///PATH/mlruns/mlflow.db")
         raise typer.Exit(2)
-    console.print(f"MLflow UI on http://{host}:{port}  store: {describe_store(uri)}", markup=False)
-    raise typer.Exit(subprocess.call(ui_command(uri, host, port)))
+    console.print(f"MLflow UI: {training_view_url(uri, host, port)}  (this link opens the model-training view; "
+                  "without it a browser opens the view it last used, GenAI at first: switch with the sidebar's "
+                  "GenAI / Model training toggle)", markup=False)
+    console.print(f"store: {describe_store(uri)}", markup=False)
+    raise typer.Exit(serve_ui(ui_command(uri, host, port)))
 
 
 def _default_tracking_uri() -> str:

@@ -24,8 +24,15 @@ def complete_trials(study: optuna.Study) -> list[FrozenTrial]:
 
 
 def constraints_of(trial: FrozenTrial) -> Sequence[float]:
-    """The trial's constraint values in Optuna's convention (≤ 0: met), as the objective set them."""
-    return list(trial.constraints.values())
+    """The trial's constraint values in Optuna's convention (≤ 0: met), as the objective set them by name
+    (without the unnamed copy kept for optuna-dashboard, which Optuna lists under '0', '1', ...)."""
+    return list(named_constraints(trial).values())
+
+
+def named_constraints(trial: FrozenTrial) -> dict[str, float]:
+    """{'hm_floor': ..., 'ndcg_drop': ...}: the named constraint values (`constraints_of`)."""
+    return {name: value for name, value in trial.constraints.items() if not name.isdigit()}
+
 
 
 def counted(trial: FrozenTrial) -> bool:

@@ -181,6 +181,7 @@ class CalibratedEncoder:
         self.spec = config.resolve(model.num_layers) if config is not None else None
         self.truncated = 0  # documents cut at the model's maximum length in the last encode call
         self.layer_tokens = 0  # padded tokens × layers the last encode call ran (`Batches.layer_tokens`)
+        self.too_short = 0  # documents of the last calibrated encode call whose content fills no basket: left uncalibrated
 
     @classmethod
     def from_yaml(cls, path: str | Path, **load_options: object) -> CalibratedEncoder:
@@ -268,6 +269,7 @@ class CalibratedEncoder:
         batches = Batches.build(self.model, texts, *choose_batching(self.model, batch_size, batch_tokens))
         self.truncated = batches.truncated
         ran: list[int] = []
+        self.too_short = too_short(batches, self.spec) if calibrate and self.spec is not None else 0
         vectors = forward(self.model, batches, self.spec if calibrate else None, observer=observer,
                           show_progress=show_progress_bar, normalize=normalize_embeddings, ran=ran)
         self.layer_tokens = batches.layer_tokens(ran, self.model.num_layers)
@@ -277,6 +279,12 @@ class CalibratedEncoder:
         if not convert_to_numpy:
             return list(torch.from_numpy(vectors)) if not single else torch.from_numpy(result)
         return result
+
+
+def too_short(batches: Batches, spec: ResolvedCalibration) -> int:
+    """Texts whose content (real tokens less the isolated ones) fills no basket: calibration leaves them as they are."""
+    return sum(int((~fills_a_basket(b["attention_mask"].sum(-1), spec.basket_size, len(spec.policies))).sum())
+               for b in batches.inputs)
 
 
 BatchScope = Callable[[int], AbstractContextManager[object]]  # batch index → what to hold open around its forward

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
@@ -13,23 +14,58 @@ import matplotlib.pyplot as plt  # noqa: E402
 import optuna  # noqa: E402
 from optuna.trial import FrozenTrial  # noqa: E402
 
-from tuner.common.trials import complete_trials, constraints_of  # noqa: E402
+from tuner.common.trials import complete_trials, named_constraints  # noqa: E402
 
 log = logging.getLogger(__name__)
 
 
-def pareto_scatter(study: optuna.Study, floor: float, baseline: FrozenTrial | None, best: FrozenTrial | None, path: Path) -> Path:
-    """Every complete trial as (PSI, HM), feasible or not, with the floor, the baseline and the winner."""
-    trials = complete_trials(study)
-    feasible = [t for t in trials if all(c <= 0 for c in constraints_of(t))]
-    infeasible = [t for t in trials if t not in feasible]
+@dataclass(frozen=True)
+class ScatterPoint:
+    """One trial as the PSI–HM scatter draws it (0–1 scale): its HM, the HM the floor was compared with
+    (`hm_compared`: the lower bound under `significant`), and what its constraint values decided."""
+
+    number: int
+    psi: float
+    hm: float
+    compared: float
+    missed: tuple[str, ...]
+
+
+def scatter_points(study: optuna.Study, floor: float) -> list[ScatterPoint]:
+    """Every complete trial's point, its comparison read back from its constraint value (floor − constraint)."""
+    points = []
+    for trial in complete_trials(study):
+        named = named_constraints(trial)
+        compared = floor - named["hm_floor"] if "hm_floor" in named else trial.user_attrs["hm"]
+        points.append(ScatterPoint(trial.number, trial.user_attrs["psi"], trial.user_attrs["hm"], compared,
+                                   tuple(name for name, value in named.items() if value > 0)))
+    return points
+
+
+def pareto_scatter(study: optuna.Study, floor: float, baseline: FrozenTrial | None, best: FrozenTrial | None, path: Path,
+                   conservative: bool = True) -> Path:
+    """Every complete trial as (PSI, HM), with what the floor was compared with: under `significant` a line
+    from the HM down to its bootstrap lower bound, which must clear the floor line. The groups are named by
+    the constraints they miss, so a trial above the line can be infeasible and says why."""
+    points = scatter_points(study, floor)
     figure, axis = plt.subplots(figsize=(6.5, 4.5))
-    for group, style, label in ((feasible, dict(c="tab:blue", marker="o"), "feasible"), (infeasible, dict(c="tab:gray", marker="x"), "below HM floor")):
-        axis.scatter([t.user_attrs["psi"] for t in group], [100 * t.user_attrs["hm"] for t in group], label=label, **style)
+    groups = (("feasible", lambda p: not p.missed, dict(c="tab:blue", marker="o")),
+              ("misses the HM floor", lambda p: "hm_floor" in p.missed, dict(c="tab:gray", marker="x")),
+              ("misses another constraint", lambda p: p.missed and "hm_floor" not in p.missed, dict(c="tab:orange", marker="x")))
+    for label, member, style in groups:
+        group = [p for p in points if member(p)]
+        if group:
+            axis.scatter([p.psi for p in group], [100 * p.hm for p in group], label=label, zorder=2, **style)
+    if conservative and points:
+        axis.vlines([p.psi for p in points], [100 * p.compared for p in points], [100 * p.hm for p in points],
+                    colors="tab:gray", linewidth=1, zorder=1)
+        axis.scatter([p.psi for p in points], [100 * p.compared for p in points], marker="_", s=80, c="black", zorder=2,
+                     label="HM lower bound (95%): compared with the floor")
     for trial, color, label in ((baseline, "tab:red", "no calibration"), (best, "gold", "winner")):
         if trial is not None:
             axis.scatter(trial.user_attrs["psi"], 100 * trial.user_attrs["hm"], marker="*", s=260, c=color, edgecolors="black", label=label, zorder=3)
-    axis.axhline(100 * floor, color="tab:red", linestyle="--", linewidth=1, label="HM floor")
+    axis.axhline(100 * floor, color="tab:red", linestyle="--", linewidth=1,
+                 label="HM floor (the lower bound must reach it)" if conservative else "HM floor")
     axis.set(xlabel="PSI (lower is fairer)", ylabel="HM of per-position nDCG@10", title=study.study_name)
     axis.legend(fontsize=8)
     figure.savefig(path, dpi=100, bbox_inches="tight")

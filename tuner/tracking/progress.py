@@ -40,8 +40,8 @@ def logging_console() -> object | None:
 class StudyProgress:
     """Counts complete trials towards `total` (those done before a resume included) and times the rest."""
 
-    def __init__(self, total: int, done: int, *, bar: bool = True) -> None:
-        self.total, self.done_at_start = total, done
+    def __init__(self, total: int, done: int, *, bar: bool = True, workers: int = 1) -> None:
+        self.total, self.done_at_start, self.workers = total, done, workers
         self.started = time.monotonic()
         self._bar = bar
         self._progress: object | None = None
@@ -70,10 +70,17 @@ class StudyProgress:
         if self._progress is not None:
             self._progress.update(self._task, completed=done)  # type: ignore[attr-defined]
         elapsed = time.monotonic() - self.started
-        new = done - self.done_at_start
-        eta = f"ETA {clock(elapsed / new * (self.total - done))}" if new > 0 and done < self.total else (
-            "done" if done >= self.total else "ETA after the first trial")
-        return f"{best_so_far(complete)} · elapsed {clock(elapsed)} · {eta}"
+        return f"{best_so_far(complete)} · elapsed {clock(elapsed)} · {self.eta(complete, done)}"
+
+    def eta(self, complete: list[FrozenTrial], done: int) -> str:
+        """The remaining trials at the mean duration of the calibrating trials so far (the baseline, λ 0,
+        reuses cached vectors and says nothing of a trial's cost), shared by the workers."""
+        if done >= self.total:
+            return "done"
+        seconds = [t.duration.total_seconds() for t in complete if t.duration is not None and t.params.get("strength", 1) != 0]
+        if not seconds:
+            return "ETA after the first calibrating trial"
+        return f"ETA {clock(sum(seconds) / len(seconds) * (self.total - done) / self.workers)}"
 
 
 def best_so_far(complete: list[FrozenTrial]) -> str:

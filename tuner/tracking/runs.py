@@ -19,8 +19,10 @@ and end times.
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import os
+import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -44,6 +46,15 @@ KIND_TAG = "mlflow.experimentKind"  # MLflow 3 opens an experiment without it in
 TRAINING_KIND = "custom_model_development"  # the model-training view (runs, charts, models)
 NOTE = "mlflow.note.content"  # the description MLflow shows on a run or experiment page
 PARENT = "mlflow.parentRunId"
+# A run-list view stored on the experiment: MLflow 3.17's UI applies an experiment tag
+# `mlflow.sharedViewState.KEY` (JSON of its view state) when the address carries `viewStateShareKey=KEY`
+# (its "share view" feature). It is how a first visit sees the useful columns: the column choice otherwise
+# lives in each browser's local storage.
+VIEW_KEY = "posfair"
+VIEW_TAG = f"mlflow.sharedViewState.{VIEW_KEY}"
+RUN_LIST_COLUMNS = ("psi", "hm_x100", "feasible", "ndcg10_change_vs_uncalibrated_x100", "heldout_winner_change_hm_x100",
+                    "heldout_winner_change_psi")
+RUN_LIST_VIEW = json.dumps({"selectedColumns": [f"metrics.`{name}`" for name in RUN_LIST_COLUMNS]})
 
 EXPERIMENT_NOTE = """posfair tunes attention calibration (Michail et al., 2026) per model with Optuna.
 One parent run per study (its settings, the winner, held-out figures with 95% bootstrap intervals, plots,
@@ -89,6 +100,68 @@ def ui_command(uri: str, host: str, port: int) -> list[str]:
     if store is not None:
         command += ["--default-artifact-root", str((store.parent / "artifacts").resolve())]
     return command
+
+
+def serve_ui(command: list[str], grace: float = 10.0) -> int:
+    """Run `mlflow ui` in its own process group until it exits or this process gets SIGTERM / SIGINT; then
+    stop the whole group (the server and the workers it forks; SIGKILL after `grace` seconds), so no
+    worker outlives `tune ui` and keeps the port. Returns the server's exit code (128 + signal if stopped)."""
+    import signal
+
+    server = subprocess.Popen(command, start_new_session=True)
+    stopped: list[int] = []
+
+    def stop(signum: int, _frame: object) -> None:
+        stopped.append(signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        while server.poll() is None and not stopped:
+            time.sleep(0.2)
+        _stop_group(server, grace)
+        server.wait()
+        return 128 + stopped[0] if stopped else server.returncode
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _stop_group(leader: subprocess.Popen[bytes], grace: float) -> None:
+    """SIGTERM to every process of the leader's group, SIGKILL to what is left after `grace` seconds; the
+    leader is reaped on the way (a zombie would still count as a member)."""
+    import signal
+
+    for signum, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 2.0)):
+        deadline = time.monotonic() + wait
+        try:
+            os.killpg(leader.pid, signum)
+        except ProcessLookupError:
+            return
+        while time.monotonic() < deadline:
+            leader.poll()
+            try:
+                os.killpg(leader.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
+
+
+def training_view_url(uri: str, host: str, port: int) -> str:
+    """The experiment's run list in MLflow's model-training view, with posfair's columns (`VIEW_TAG`).
+    MLflow 3.17's UI picks the view from the URL's `workflowType` first, then from the browser's last
+    choice (default: GenAI); the experiment's `mlflow.experimentKind` tag does not decide it, so the link
+    carries it."""
+    found = None
+    store = local_store(uri)
+    if store is None or store.exists():
+        try:
+            found = MlflowClient(f"sqlite:///{store.resolve()}" if store else uri).get_experiment_by_name("posfair")
+        except Exception:  # noqa: BLE001 - the link is a convenience; the UI itself reports a broken store
+            found = None
+    if found is None:
+        return f"http://{host}:{port}/#/experiments?workflowType=machine_learning"
+    view = f"&viewStateShareKey={VIEW_KEY}" if VIEW_TAG in found.tags else ""
+    return f"http://{host}:{port}/#/experiments/{found.experiment_id}/runs?workflowType=machine_learning{view}"
 
 
 # --- metric names: the code's 0-1 names → names that say what they are, on the console's scale ----------
@@ -183,16 +256,53 @@ def describe_config(params: Mapping[str, object], num_layers: int | None = None)
     return f"{variant}, λ {strength:.2f} on {where}, baskets of {params.get('basket_size')} tokens{shares}"
 
 
-def describe_outcome(metrics: Mapping[str, float]) -> str:
-    """What a complete trial scored, in the console's words and scale."""
-    text = f"PSI {metrics['psi']:.3f} (lower is fairer), HM {100 * metrics['hm']:.2f}"
-    if "hm_floor" in metrics:
-        met = metrics.get("constraint_hm_floor", 0.0) <= 0
-        text += f" {'≥' if met else '<'} floor {100 * metrics['hm_floor']:.2f}"
+CONSTRAINT_WORDS = {"hm_floor": "the HM floor", "ndcg_drop": "the nDCG@10 limit", "general_drop": "the general nDCG@10 limit",
+                    "crops_psi": "the crops PSI limit", "reversal": "the no-reversal rule (a tuning structure's bias turned round)"}
+
+
+def missed_constraints(metrics: Mapping[str, float]) -> list[str]:
+    """The constraints a trial misses, by name, read from its constraint values (Optuna's: > 0 is missed)."""
+    return [name for name in CONSTRAINT_WORDS if metrics.get(f"constraint_{name}", 0.0) > 0]
+
+
+def hm_compared(metrics: Mapping[str, float]) -> float:
+    """The HM the floor was compared with (the lower bound under `significant`, else the point HM), as the
+    constraint value records it: floor − constraint."""
+    return metrics["hm_floor"] - metrics["constraint_hm_floor"]
+
+
+def describe_hm_rule(metrics: Mapping[str, float], conservative: bool) -> str:
+    """'HM 55.52, lower bound 53.95 < floor 55.31' (or 'HM 56.90 ≥ floor 55.31'): the comparison the HM floor made."""
+    text = f"HM {100 * metrics['hm']:.2f}"
+    if "constraint_hm_floor" not in metrics:
+        return text
+    sign = "<" if metrics["constraint_hm_floor"] > 0 else "≥"
+    compared = f", lower bound {100 * hm_compared(metrics):.2f}" if conservative else ""
+    return f"{text}{compared} {sign} floor {100 * metrics['hm_floor']:.2f}"
+
+
+def describe_verdict(metrics: Mapping[str, float]) -> str:
+    """'feasible', or 'misses the HM floor' / 'misses the HM floor and the nDCG@10 limit'."""
+    missed = [CONSTRAINT_WORDS[name] for name in missed_constraints(metrics)]
+    if not missed:
+        return "feasible"
+    return "misses " + (missed[0] if len(missed) == 1 else ", ".join(missed[:-1]) + " and " + missed[-1])
+
+
+def describe_feasibility(metrics: Mapping[str, float], conservative: bool) -> str:
+    """'HM 55.52, lower bound 53.95 < floor 55.31: misses the HM floor': the rule as it was applied, and what it decided."""
+    return f"{describe_hm_rule(metrics, conservative)}: {describe_verdict(metrics)}"
+
+
+def describe_outcome(metrics: Mapping[str, float], conservative: bool) -> str:
+    """What a complete trial scored and whether it is feasible, in the console's words and scale."""
+    text = f"PSI {metrics['psi']:.3f} (lower is fairer), {describe_hm_rule(metrics, conservative)}"
     if "ndcg10_delta" in metrics:
         text += f", nDCG@10 {100 * metrics['ndcg10_delta']:+.2f} vs uncalibrated"
-    feasible = metrics.get("feasible", 1.0) == 1.0
-    return text + (": feasible" if feasible else ": infeasible (misses a constraint)")
+        if metrics.get("constraint_ndcg_drop", 0.0) > 0:
+            lowest = metrics["ndcg10_delta"] + metrics["constraint_ndcg_drop"]  # the change the allowance permits
+            text += f" < {100 * lowest + 0.0:+.2f} allowed"
+    return f"{text}: {describe_verdict(metrics)}"
 
 
 RUN_STATUS = {"COMPLETE": "FINISHED", "PRUNED": "KILLED", "FAIL": "FAILED"}
@@ -278,7 +388,8 @@ class Tracker:
         found = self.client.get_experiment_by_name(self.experiment_name)
         if found is None:
             try:
-                experiment_id = self.client.create_experiment(self.experiment_name, tags={KIND_TAG: TRAINING_KIND, NOTE: EXPERIMENT_NOTE})
+                experiment_id = self.client.create_experiment(
+                    self.experiment_name, tags={KIND_TAG: TRAINING_KIND, NOTE: EXPERIMENT_NOTE, VIEW_TAG: RUN_LIST_VIEW})
             except Exception as error:  # noqa: BLE001 - another worker just created it: use theirs
                 found = self.client.get_experiment_by_name(self.experiment_name)
                 if found is None or "already exists" not in str(error).lower():
@@ -287,9 +398,9 @@ class Tracker:
             if store is not None:
                 _artifacts_beside_store(self.uri, store, experiment_id)
             return experiment_id
-        if found.tags.get(KIND_TAG) != TRAINING_KIND:  # a store made by an older posfair
-            self.client.set_experiment_tag(found.experiment_id, KIND_TAG, TRAINING_KIND)
-            self.client.set_experiment_tag(found.experiment_id, NOTE, EXPERIMENT_NOTE)
+        if found.tags.get(VIEW_TAG) != RUN_LIST_VIEW:  # a store made by an older posfair
+            for key, value in {KIND_TAG: TRAINING_KIND, NOTE: EXPERIMENT_NOTE, VIEW_TAG: RUN_LIST_VIEW}.items():
+                self.client.set_experiment_tag(found.experiment_id, key, value)
         return found.experiment_id
 
     # --- the study's parent run -------------------------------------------------------------------

@@ -27,7 +27,7 @@ from tuner.evaluation.visible import within_reach
 from tuner.tracking.plots import optuna_figures, param_importances, pareto_scatter
 from tuner.tracking.progress import Phase
 from tuner.tracking.registry import Registered, publish, reserve_version, withdraw
-from tuner.tracking.runs import Tracker, describe_config, display_metrics, summary_metrics
+from tuner.tracking.runs import NOTE, Tracker, describe_config, display_metrics, summary_metrics
 from tuner.tuning.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, is_reference_trial, trial_basket_shares, trial_config
 from tuner.tuning.session import FLOOR_ATTR, split_datasets
 from tuner.tuning.settings import EXPERIMENT, TuneSettings
@@ -44,6 +44,11 @@ from tuner.tuning.study import (
 )
 
 log = logging.getLogger(__name__)
+
+
+DASHBOARD_BEST = ("optuna-dashboard's 'Best Trial' is the lowest PSI of all complete trials, feasible or not (it does not "
+                  "read constraints there); the exported winner is `winner` above, and each trial's `feasible` says yes or NO "
+                  "with the rule; infeasible trials are grey in the dashboard's plots")
 
 
 class NoFeasibleTrialError(RuntimeError):
@@ -111,7 +116,8 @@ def conclude(
     baseline = evaluator.run(None)
     reference = _trial_with(study, BASELINE_PARAMS)
     best = picked[0] if picked else None
-    figures = [pareto_scatter(study, floor, reference, best, staging / "pareto.png"), *optuna_figures(study, staging)]
+    figures = [pareto_scatter(study, floor, reference, best, staging / "pareto.png", settings.constraints(0.0).conservative),
+               *optuna_figures(study, staging)]
     if picked is None:
         tracker.finish_study({**summary_metrics("tuning/uncalibrated", baseline.report.as_dict(), None),
                               **display_metrics({"hm_floor": floor})}, figures, {"posfair.outcome": "no feasible trial"}, "FAILED")
@@ -132,15 +138,20 @@ def conclude(
     record_export(study, export_path)
     summary = staging / "summary.json"
     summary.write_text(json.dumps([_row_dict(r) for r in rows], indent=1), encoding="utf-8")
+    heldout_table = staging / "heldout.md"
+    heldout_table.write_text(heldout_markdown(rows), encoding="utf-8")
     _mark_winner(tracker, study, best, model, selection, registered)
+    description = study_conclusion(best, rows, model.num_layers, selection)
+    study.set_user_attr("winner", description)
+    study.set_user_attr("best trial in optuna-dashboard", DASHBOARD_BEST)
     tracker.finish_study(
         {**_row_metrics(rows), **display_metrics({"hm_floor": floor}), "winner_trial": best.number,
-         **{f"psi_importance/{k}": v for k, v in _importances(study).items()},
+         **winner_columns(best, rows), **{f"psi_importance/{k}": v for k, v in _importances(study).items()},
          **_structure_metrics(best), "cost/layer_tokens": float(study_layer_tokens(study)),
          "cost/heldout_layer_tokens": float(sum(row.heldout_layer_tokens for row in rows))},
-        [*figures, summary, export_path],
+        [*figures, heldout_table, summary, export_path],
         {"posfair.outcome": "exported", "posfair.export": str(export_path),
-         "posfair.selection_rule": selection.rule, "posfair.selection": selection.describe()},
+         "posfair.selection_rule": selection.rule, "posfair.selection": selection.describe(), NOTE: description},
     )
     return TuneOutcome(study.study_name, best.number, _config_of(best, model), export_path, rows,
                        [t.number for t in pareto_front(study)], floor, tracker.uri, selection,
@@ -420,6 +431,49 @@ def _structure_metrics(best: optuna.trial.FrozenTrial) -> dict[str, float]:
     for name, row in best.user_attrs.get("structures", {}).items():
         shown |= display_metrics(row, f"tuning/winner/structure/{name}/")
     return shown
+
+
+def study_conclusion(best: optuna.trial.FrozenTrial, rows: list[Row], num_layers: int, selection: Selection) -> str:
+    """The parent run's description, two sentences: the winner with its config and the rule that chose it,
+    then its change against no calibration on each held-out set."""
+    params = {**best.params, "layers": best.user_attrs.get("layers"), "basket_shares": trial_basket_shares(best)}
+    feasibility = best.user_attrs.get("feasible", "").partition(": ")[2] or f"HM {100 * best.user_attrs['hm']:.2f}"
+    first = (f"Winner: trial {best.number}, {describe_config(params, num_layers)}: PSI {best.user_attrs['psi']:.3f}, "
+             f"{feasibility.removesuffix(': feasible')}; chosen by the {selection.rule} rule ({selection.describe()}).")
+    held = [f"{name} ΔHM {h.delta.hm.format()}, ΔPSI {h.delta.psi.format(scale=1, digits=3)}, ΔnDCG@10 {h.delta.ndcg10.format()}"
+            if h.delta.hm and h.delta.psi else f"{name} ΔnDCG@10 {h.delta.ndcg10.format()}"
+            for name, h in rows[-1].heldout.items() if h.delta is not None]
+    second = ("Held out, against no calibration (95% paired-bootstrap intervals): " + "; ".join(held) + "."
+              if held else "No held-out set was scored.")
+    return f"{first} {second}"
+
+
+def heldout_markdown(rows: list[Row]) -> str:
+    """Every held-out set as one Markdown table: each config's HM, PSI, nDCG@10 and its change against no
+    calibration with the 95% interval (the console's held-out tables, as one artifact)."""
+    lines = ["# Held-out results", "",
+             "Change against no calibration on the same queries, with 95% paired-bootstrap intervals. "
+             "HM and nDCG@10 in points (x100), PSI 0-1 (lower is fairer).", "",
+             "| set | config | HM | PSI | nDCG@10 | ΔHM | ΔPSI | ΔnDCG@10 |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for name in rows[0].heldout:
+        for row in rows:
+            r, d = row.heldout[name].report, row.heldout[name].delta
+            lines.append(f"| {name} | {row.label} | {100 * r.hm:.2f} | {r.psi:.3f} | {100 * r.ndcg10:.2f} | "
+                         f"{d.hm.format() if d and d.hm else '–'} | {d.psi.format(scale=1, digits=3) if d and d.psi else '–'} | "
+                         f"{d.ndcg10.format() if d else '–'} |")
+    return "\n".join(lines) + "\n"
+
+
+def winner_columns(best: optuna.trial.FrozenTrial, rows: list[Row]) -> dict[str, float]:
+    """The winner's figures on the parent run under the trials' own column names (psi, hm_x100, feasible,
+    ndcg10_change_vs_uncalibrated_x100), so one set of run-list columns shows them on the study's row too,
+    and its change on the first held-out set as `heldout_winner_change_hm_x100` / `_psi`, rounded as shown."""
+    metrics = best.user_attrs.get("metrics", {})
+    columns = {k: v for k, v in display_metrics({k: metrics[k] for k in ("psi", "hm", "feasible", "ndcg10_delta") if k in metrics}).items()}
+    first = next((h.delta for h in rows[-1].heldout.values() if h.delta is not None), None)
+    if first is not None and first.hm is not None and first.psi is not None:
+        columns |= {"heldout_winner_change_hm_x100": 100 * first.hm.estimate, "heldout_winner_change_psi": first.psi.estimate}
+    return {k: round(v, 4) for k, v in columns.items()}
 
 
 def _row_metrics(rows: list[Row]) -> dict[str, float]:

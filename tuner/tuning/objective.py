@@ -25,16 +25,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import optuna
+from optuna.study._constrained_optimization import _CONSTRAINTS_KEY
 
 from objectives import Constraints, PerQuery, PositionReport
 from objectives.evidence import TrialEvidence, trial_evidence
 from objectives.robustness import RobustEvidence, StructureEvidence, certain_violations, prune_reason
 from tuner.calibration import CalibrationConfig
-from tuner.common.trials import DUPLICATE_ATTR, PRUNED_ATTR, calibration_key, complete_trials
+from tuner.common.trials import DUPLICATE_ATTR, PRUNED_ATTR, calibration_key, complete_trials, named_constraints
 from tuner.engine.encoder import CalibratedEncoder
 from tuner.evaluation.evaluator import Evaluation, Evaluator
 from tuner.evaluation.profile import AttentionProfile, plot_profile
-from tuner.tracking.runs import Tracker, TrialRecord, describe_config, describe_outcome
+from tuner.tracking.runs import Tracker, TrialRecord, describe_config, describe_feasibility, describe_outcome
 from tuner.tuning.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, SearchSpace, is_reference_trial
 from tuner.tuning.study import selection_threshold
 
@@ -165,7 +166,7 @@ class TrialObjective:
         feasible = metrics["feasible"] == 1.0
         self.tracker.finish_trial(self.study_name, TrialRecord(
             trial.number, "COMPLETE", params, metrics, {"posfair.feasible": "yes" if feasible else "no"}, artifacts,
-            description=f"{label}: {config_text}: {describe_outcome(metrics)}.",
+            description=f"{label}: {config_text}: {describe_outcome(metrics, self.constraints.conservative)}.",
             markers=markers + ([] if feasible else ["infeasible"]), start_ms=start_ms,
         ))
         if run_id is None and (run_id := self.tracker.trial_run_id(trial.number)):
@@ -275,7 +276,13 @@ class TrialObjective:
                 layers: list[int]) -> None:
         """What selection, the conclusion and the dashboard read back from Optuna."""
         report = scored.tuning.report
-        attributes = {"metrics": metrics, "layers": layers, "psi": report.psi, "hm": report.hm,
+        feasible = metrics["feasible"] == 1.0
+        feasibility = describe_feasibility(metrics, self.constraints.conservative)
+        # 6 significant digits, and the structures under their own attribute: the JSON stays under the 1,024
+        # characters optuna-dashboard shows of a non-string attribute
+        shown = {k: float(f"{v:.6g}") for k, v in metrics.items() if not k.startswith("structure/")}
+        attributes = {"feasible": f"{'yes' if feasible else 'NO'}: {feasibility}", "metrics": shown, "layers": layers,
+                      "psi": report.psi, "hm": report.hm,
                       "psi_se": scored.evidence.objective_se, "drift": scored.tuning.drift,
                       "robust_psi": scored.robust.objective, "robust_psi_se": scored.robust.objective_se,
                       "worst_structure": scored.robust.worst.name, "structures": scored.robust.per_structure(),
@@ -284,6 +291,7 @@ class TrialObjective:
             trial.set_user_attr(key, value)
         for name, value in constraints.items():
             trial.set_constraint(name, value)
+        mark_for_dashboard(trial, list(constraints.values()))
 
     def _record_pruned(self, trial: optuna.Trial, scored: Scored, params: dict[str, object], label: str, config_text: str,
                        markers: list[str], start_ms: int) -> None:
@@ -292,6 +300,7 @@ class TrialObjective:
         constraints = self._constraints(scored) | self._certain_violations(scored.evidence, scored.robust)
         for name, value in constraints.items():
             trial.set_constraint(name, value)
+        mark_for_dashboard(trial, list(constraints.values()))
         report = scored.tuning.report
         trial.set_user_attr("psi", report.psi)
         trial.set_user_attr("hm", report.hm)
@@ -328,8 +337,11 @@ class TrialObjective:
             if key in earlier.user_attrs:
                 trial.set_user_attr(key, earlier.user_attrs[key])
         trial.set_user_attr("layer_tokens", 0)
-        for name, value in earlier.constraints.items():
+        for name, value in named_constraints(earlier).items():
             trial.set_constraint(name, value)
+        mark_for_dashboard(trial, list(named_constraints(earlier).values()))
+        if "feasible" in earlier.user_attrs:
+            trial.set_user_attr("feasible", earlier.user_attrs["feasible"])
         metrics = {**earlier.user_attrs.get("metrics", {}), "cost/layer_tokens": 0.0}  # its figures, at no cost
         self.tracker.finish_trial(self.study_name, TrialRecord(
             trial.number, "COMPLETE", params, metrics, {"posfair.duplicate_of": str(earlier.number)},
@@ -348,6 +360,14 @@ def _cost(structure: SideSet) -> int:
         return 0
     batches = structure.evaluator.batches()
     return batches.layer_tokens(range(len(batches)), 1)
+
+
+def mark_for_dashboard(trial: optuna.Trial, values: list[float]) -> None:
+    """Also store the constraint values as the list optuna-dashboard reads (0.21: the system attribute
+    `constraints`, the format of samplers' `constraints_func`), so its plots grey out infeasible trials;
+    it does not read `set_constraint`'s named values. Optuna reads both formats, so the values count
+    twice there: feasibility is unchanged and TPE's summed violations keep their order."""
+    trial.storage.set_trial_system_attr(trial._trial_id, _CONSTRAINTS_KEY, values)
 
 
 def reference_markers(trial: optuna.Trial) -> list[str]:

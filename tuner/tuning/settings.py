@@ -143,7 +143,32 @@ def settings_in_force(settings: TuneSettings) -> dict[str, object]:
     values["output"] = settings.output or EXPORTS / f"{values['study_name']}.yaml"
     values["batch_size"] = settings.batch_size or "chosen from the device's free memory"
     values["devices"] = describe_devices(worker_devices(settings.workers))
+    values["space"] = describe_space(settings.space)
+    for name, meaning in UNSET.items():
+        if values.get(name) is None:
+            values[name] = meaning
     return values
+
+
+# What an option left unset (None) means, for the settings table: a bare "None" says nothing.
+UNSET = {
+    "pooling": "the model's own (registry)",
+    "heldout": "none: no held-out report",
+    "general": "none: no general-retrieval check",
+    "max_general_drop": "none: not constrained",
+    "max_ndcg_drop": "none: not constrained",
+    "max_crops_psi": "none: crops not scored",
+    "batch_tokens": "long-passage models: chosen from the device's free memory; others: by batch size",
+    "revision": "the local snapshot (or the hub's latest)",
+    "cache_budget": "tuner.evaluation.store's default",
+}
+
+
+def describe_space(space: SearchSpace) -> str:
+    """The search space in words, e.g. 'λ 0–1 in steps of 0.05; layers last, 25%, 50%; baskets 64, 128; ...'."""
+    variants = ", ".join(space.variants) + (f" (w {space.weight_low:g}–{space.weight_high:g})" if "cls_hard" in space.variants else "")
+    return (f"λ 0–1 in steps of {space.strength_step:g}; layers {', '.join(space.depths)}; "
+            f"baskets {', '.join(map(str, space.basket_sizes))}; {variants}; basket shares {', '.join(space.basket_shares)}")
 
 
 def worker_devices(workers: int) -> list[str | None]:

@@ -74,7 +74,7 @@ def run_session_trials(
             profile_docs=settings.profile_docs, selection=settings.selection, prune=settings.prune, repeat_limit=settings.trials,
         )
         evaluator.show_progress = False  # the trial bar (on a terminal) and the per-trial lines take over
-        with StudyProgress(settings.trials, len(finished(study)), bar=not settings.worker) as progress:
+        with StudyProgress(settings.trials, len(finished(study)), bar=not settings.worker, workers=settings.workers) as progress:
             stores = _local_stores(session)
             try:
                 ended = run_trials(study, objective, settings.trials, [partial(_log_trial, progress=progress),
@@ -224,13 +224,12 @@ def _log_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial, progress: S
         log.info("trial %d drew the calibration of trial %d again: not run, not counted", trial.number, attrs[DUPLICATE_ATTR])
         return
     if trial.state == TrialState.COMPLETE:
-        broken = [name for name, value in trial.constraints.items() if not value <= 0]
         truncated = int(attrs.get("metrics", {}).get("truncated_documents", 0))
         worst = f"  worst {attrs['robust_psi']:.3f} on {attrs['worst_structure']}" if "worst_structure" in attrs else ""
         log.info(
-            "trial %d: PSI %.3f ± %.3f%s  HM %.2f  ΔnDCG@10 %+.2f  drift %.4f  %s  (%s)  %.0f s%s", trial.number,
-            attrs["psi"], attrs.get("psi_se", 0.0), worst, 100 * attrs["hm"], 100 * attrs["metrics"].get("ndcg10_delta", 0.0),
-            attrs.get("drift", 0.0), "feasible" if not broken else "misses " + ", ".join(broken),
+            "trial %d: PSI %.3f ± %.3f%s  ΔnDCG@10 %+.2f  drift %.4f  %s  (%s)  %.0f s%s", trial.number,
+            attrs["psi"], attrs.get("psi_se", 0.0), worst, 100 * attrs["metrics"].get("ndcg10_delta", 0.0), attrs.get("drift", 0.0),
+            attrs.get("feasible", "").partition(": ")[2] or f"HM {100 * attrs['hm']:.2f}",
             ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                       for k, v in {**trial.params, "basket_shares": trial_basket_shares(trial)}.items()),
             trial.duration.total_seconds() if trial.duration else 0.0,

@@ -1,0 +1,192 @@
+"""The README's screenshots of MLflow and optuna-dashboard, from a fresh store, as a first-time user sees them.
+
+    python docs/screenshots.py                 # tune --trials 4 --heldout wikipos-test in a fresh folder, then shoot
+    python docs/screenshots.py --project DIR   # shoot an existing project (a folder holding mlruns/)
+
+It starts `tune ui` and `optuna-dashboard` on loopback ports, opens each page in a fresh headless Chromium
+(no stored browser state: a first visit) through Playwright, and writes docs/*.png. It needs Playwright's
+Python package and a Chromium (Debian: `apt-get install -y chromium`; set CHROMIUM to another binary) and
+optuna-dashboard (`pip install -e '.[test]'`). Nothing is clicked that a user would not click: the run list
+gets its columns from the view `tune ui`'s link opens (an experiment tag posfair writes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import optuna
+import requests
+
+DOCS = Path(__file__).resolve().parent
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/lib/chromium/chromium")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@contextmanager
+def serving(command: list[str], cwd: Path, health: str, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """A server in its own process group until it answers `health`; the whole group is stopped afterwards."""
+    with log.open("wb") as handle:
+        process = subprocess.Popen(command, cwd=cwd, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{command[:3]} did not start: {log.read_text(errors='replace')[-2000:]}")
+            try:
+                if requests.get(health, timeout=2).ok:
+                    break
+            except requests.RequestException:
+                time.sleep(1)
+        yield process
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(timeout=30)
+
+
+def tune_fresh(folder: Path) -> None:
+    """The short default-like run the screenshots show."""
+    subprocess.run([sys.executable, "-m", "tuner.cli", "--trials", "4", "--heldout", "wikipos-test"], cwd=folder, check=True)
+
+
+def shoot(project: Path) -> None:
+    from playwright.sync_api import sync_playwright
+
+    os.chdir(project)  # the default store records its artifacts relative to the folder holding mlruns/
+    storage = f"sqlite:///{project / 'mlruns' / 'optuna.db'}"
+    (name,) = optuna.get_all_study_names(storage)
+    study = optuna.load_study(study_name=name, storage=storage)
+    winner = study.user_attrs["winner"]
+    mlflow_port, dashboard_port = free_port(), free_port()
+    logs = Path(tempfile.mkdtemp(prefix="screenshots-"))
+    ui = [sys.executable, "-m", "tuner.cli", "ui", "--port", str(mlflow_port)]
+    dashboard = [str(Path(sys.executable).with_name("optuna-dashboard")), storage, "--port", str(dashboard_port), "--host", "127.0.0.1"]
+    with serving(ui, project, f"http://127.0.0.1:{mlflow_port}/health", logs / "ui.log"), \
+            serving(dashboard, project, f"http://127.0.0.1:{dashboard_port}/api/studies", logs / "dashboard.log"), \
+            sync_playwright() as playwright:
+        link = next(line for line in (logs / "ui.log").read_text().splitlines() if line.startswith("MLflow UI: "))
+        runs_url = link.split()[2]
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1700, "height": 900})  # a new context: no stored view or columns
+        mlflow_run_list(page, runs_url)
+        parent = parent_run(project, name)
+        mlflow_parent_run(page, runs_url, parent)
+        copy_scatter(project, parent)
+        mlflow_winner_and_model(page, runs_url, project, name)
+        dashboard_pages(page, f"http://127.0.0.1:{dashboard_port}", study)
+        browser.close()
+    print(f"winner: {winner}")
+
+
+def mlflow_run_list(page: object, runs_url: str) -> None:
+    """The run list as `tune ui`'s link opens it (model-training view, posfair's shared view with its
+    columns), the study's row expanded to show its trials, the assistant panel closed."""
+    page.goto(runs_url)
+    expand = page.locator("button[data-component-id$='runnamecellrenderer.tsx_46']").first
+    expand.wait_for(timeout=60_000)
+    close_assistant(page)
+    expand.click()
+    page.get_by_text("trial-0 · baseline").first.wait_for(timeout=30_000)
+    page.wait_for_timeout(1500)
+    page.screenshot(path=DOCS / "mlflow-runs.png")
+
+
+def close_assistant(page: object) -> None:
+    close = page.locator("button[data-component-id='mlflow.assistant.chat_panel.close']")
+    if close.count():
+        close.first.click()
+
+
+def mlflow_parent_run(page: object, runs_url: str, parent_id: str) -> None:
+    """The study's parent run: its description names the winner and the held-out result."""
+    page.goto(runs_url.replace("/runs?", f"/runs/{parent_id}?"))
+    page.get_by_text("Winner: trial").first.wait_for(timeout=60_000)
+    close_assistant(page)
+    page.wait_for_timeout(1500)
+    page.screenshot(path=DOCS / "mlflow-parent-run.png")
+
+
+def parent_run(project: Path, study: str) -> str:
+    """The study's MLflow parent run id."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{project / 'mlruns' / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("posfair")
+    (run,) = client.search_runs([experiment.experiment_id], f"tags.`posfair.study` = '{study}' and tags.`posfair.role` = 'study'")
+    return run.info.run_id
+
+
+def mlflow_winner_and_model(page: object, runs_url: str, project: Path, study: str) -> None:
+    """The winner's trial run (its description and duration) and the registered model with its `champion` alias."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{project / 'mlruns' / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("posfair")
+    (run,) = client.search_runs([experiment.experiment_id], f"tags.`posfair.study` = '{study}' and tags.`posfair.winner` = 'yes'")
+    page.goto(runs_url.replace("/runs?", f"/runs/{run.info.run_id}?"))
+    page.get_by_text("Winner (trial").first.wait_for(timeout=60_000)
+    close_assistant(page)
+    page.wait_for_timeout(1500)
+    page.screenshot(path=DOCS / "mlflow-trial.png")
+    (model,) = client.search_registered_models()
+    page.goto(runs_url.split("#")[0] + f"#/models/{model.name}?workflowType=machine_learning")
+    page.get_by_text("champion").first.wait_for(timeout=60_000)
+    close_assistant(page)
+    page.wait_for_timeout(1500)
+    page.screenshot(path=DOCS / "mlflow-registered-model.png")
+
+
+def copy_scatter(project: Path, parent_id: str) -> None:
+    """The parent run's PSI–HM scatter, as logged, to docs/pareto.png."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{project / 'mlruns' / 'mlflow.db'}")
+    local = Path(client.download_artifacts(parent_id, "pareto.png", tempfile.mkdtemp(prefix="scatter-")))
+    (DOCS / "pareto.png").write_bytes(local.read_bytes())
+
+
+def dashboard_pages(page: object, base: str, study: optuna.Study) -> None:
+    """The study page (the Best Trial card, infeasible trials grey, the study attributes' last page with
+    `winner`), and the dashboard's Best Trial on its trial page, with its `feasible` attribute."""
+    page.goto(f"{base}/dashboard/studies/{study._study_id}")
+    page.get_by_text("Best Trial").first.wait_for(timeout=60_000)
+    page.get_by_label("last page").last.click()  # the study attributes' last page: `winner`, what Best Trial is
+    page.get_by_text("best trial in optuna-dashboard").first.wait_for(timeout=30_000)
+    page.evaluate("document.querySelectorAll('*').forEach(e => { e.scrollTop = 0; }); window.scrollTo(0, 0)")  # sticky header
+    page.wait_for_timeout(3000)
+    page.screenshot(path=DOCS / "optuna-dashboard.png", full_page=True)
+    best = min((t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE), key=lambda t: t.value)
+    page.goto(f"{base}/dashboard/studies/{study._study_id}/trials?numbers={best.number}")
+    page.get_by_text(best.user_attrs["feasible"][:20]).first.wait_for(timeout=60_000)
+    page.wait_for_timeout(1500)
+    page.screenshot(path=DOCS / "optuna-dashboard-trials.png")  # the metrics JSON is one long line: the viewport only
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--project", type=Path, help="a folder holding mlruns/ (default: tune one in a fresh folder)")
+    args = parser.parse_args()
+    project = args.project
+    if project is None:
+        project = Path(tempfile.mkdtemp(prefix="posfair-screenshots-"))
+        tune_fresh(project)
+    shoot(project.resolve())
+
+
+if __name__ == "__main__":
+    main()

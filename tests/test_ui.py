@@ -1,0 +1,51 @@
+"""`tune ui` as a user runs it: a real process serving a real store on a loopback port, stopped by a signal."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import requests
+from mlflow.tracking import MlflowClient
+
+from tests.services import free_port
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_tune_ui_stops_its_whole_process_group_on_a_signal(tmp_path: Path, signum: int) -> None:
+    store = tmp_path / "mlruns" / "mlflow.db"
+    store.parent.mkdir()
+    MlflowClient(f"sqlite:///{store}").create_experiment("posfair")
+    port = free_port()
+    ui = subprocess.Popen([sys.executable, "-m", "tuner.cli", "ui", "--port", str(port)], cwd=tmp_path,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    served: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert ui.poll() is None and time.monotonic() < deadline, "tune ui did not start serving"
+            try:
+                if requests.get(f"http://127.0.0.1:{port}/health", timeout=2).ok:
+                    break
+            except requests.RequestException:
+                time.sleep(1)
+        served = psutil.Process(ui.pid).children(recursive=True)
+        assert served, "mlflow ui runs as a child"
+        ui.send_signal(signum)
+        output, _ = ui.communicate(timeout=60)
+        assert ui.returncode == 128 + signum, output
+        assert output.splitlines()[0].startswith("MLflow UI: http://127.0.0.1:") and "workflowType=machine_learning" in output
+        with pytest.raises(requests.RequestException):
+            requests.get(f"http://127.0.0.1:{port}/health", timeout=2)
+        assert [p.pid for p in served if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == [], "a server process outlived tune ui"
+    finally:
+        if ui.poll() is None:
+            ui.kill()
+        for process in served:  # what this test started, by id
+            if process.is_running():
+                process.kill()
