@@ -17,7 +17,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "transformers", "mlflow", "optuna", "sentence_transformers", "datasets")
-SECONDS = 2.0
+SECONDS = 2.0  # on an idle machine
+SLOWDOWN = 6.0  # a loaded machine slows every interpreter alike: the answer may take this many bare starts
 
 PROBE = f"""
 import json, sys
@@ -28,6 +29,16 @@ except SystemExit as stop:
     code = stop.code
 print(json.dumps({{"code": code, "heavy": sorted(m for m in {HEAVY!r} if m in sys.modules)}}))
 """
+
+
+def _bare_start() -> float:
+    """The best of three starts of a bare interpreter now: what the machine's load costs any process."""
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "pass"], check=True, timeout=120)
+        best = min(best, time.perf_counter() - start)
+    return best
 
 
 def _answer(*args: str, cwd: Path) -> tuple[dict, float]:
@@ -57,5 +68,6 @@ def _answer(*args: str, cwd: Path) -> tuple[dict, float]:
 def test_help_and_refused_options_load_no_heavy_library(args: list[str], code: int, tmp_path: Path) -> None:
     answer, seconds = _answer(*args, cwd=tmp_path)
     assert answer == {"code": code, "heavy": []}
-    assert seconds < SECONDS, f"tune {' '.join(args)} took {seconds:.2f} s"
+    bare = _bare_start()  # ~0.03 s idle; the heavy imports alone took ~13 s, hundreds of bare starts
+    assert seconds < max(SECONDS, SLOWDOWN * bare + 1.0), f"tune {' '.join(args)} took {seconds:.2f} s (a bare start {bare:.2f} s)"
     assert not (tmp_path / "mlruns").exists()

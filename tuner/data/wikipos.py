@@ -170,7 +170,8 @@ def openings_records(records: Iterator[dict[str, Any]], seed: int = 0) -> Iterat
         pool = by_topic[topic]
         rng.shuffle(pool)
         while pool:
-            members, used = [], 0
+            members: list[dict[str, Any]] = []
+            used = 0
             while pool and used + len(pool[0]["text"]) + len(SEGMENT_SEPARATOR) * bool(members) <= OPENINGS_CHARACTERS:
                 used += len(pool[0]["text"]) + len(SEGMENT_SEPARATOR) * bool(members)
                 members.append(pool.pop(0))

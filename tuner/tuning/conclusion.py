@@ -160,8 +160,8 @@ def conclude(
 
 def _leave_export_to(elected: dict[str, object], study: optuna.Study, tracker: Tracker) -> None:
     """Say which process exports (or exported) the study, and close this process's hold on the parent run."""
-    owner = elected.get(OWNER_ATTR) or {}
-    who = f"the other process (pid {owner.get('pid', '?')} on {owner.get('host', '?')})"  # type: ignore[union-attr]
+    owner: dict[str, object] = elected.get(OWNER_ATTR) or {}  # type: ignore[assignment]
+    who = f"the other process (pid {owner.get('pid', '?')} on {owner.get('host', '?')})"
     trials = len(complete_trials(study))
     if "export" in elected:
         log.info("study %s is complete (%d trials) and its winner was exported by %s to %s, so not again here; "
@@ -458,7 +458,8 @@ def heldout_markdown(rows: list[Row]) -> str:
     for name in rows[0].heldout:
         for row in rows:
             r, d = row.heldout[name].report, row.heldout[name].delta
-            lines.append(f"| {name} | {row.label} | {100 * r.hm:.2f} | {r.psi:.3f} | {100 * r.ndcg10:.2f} | "
+            hm, psi = (f"{100 * r.hm:.2f}", f"{r.psi:.3f}") if r.hm is not None and r.psi is not None else ("–", "–")
+            lines.append(f"| {name} | {row.label} | {hm} | {psi} | {100 * r.ndcg10:.2f} | "
                          f"{d.hm.format() if d and d.hm else '–'} | {d.psi.format(scale=1, digits=3) if d and d.psi else '–'} | "
                          f"{d.ndcg10.format() if d else '–'} |")
     return "\n".join(lines) + "\n"

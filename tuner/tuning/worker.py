@@ -68,7 +68,7 @@ def run_session_trials(
         objective = TrialObjective(
             evaluator, space, replace(settings.constraints(0.0), hm_floor=floor), tracker, name, staging,
             pareto=settings.pareto, general=_side_set(model, settings, general, cache_budget=0),  # short documents
-            structures=[_side_set(model, settings, s, prefix_layers=evaluator.cache.prefix_layers, cache_budget=settings.cache_budget)
+            structures=[SideSet(_evaluator(model, settings, s, prefix_layers=evaluator.cache.prefix_layers, cache_budget=settings.cache_budget))
                         if s.corpus != tuning.corpus else SideSet(_evaluator(model, settings, s, cache_budget=0), shares=evaluator)
                         for s in session.structures],
             profile_docs=settings.profile_docs, selection=settings.selection, prune=settings.prune, repeat_limit=settings.trials,
