@@ -21,7 +21,7 @@ from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
 from tests.test_study import write_dataset
-from tests.test_workers import command, finished_trial_numbers, polled, study_backend
+from tests.test_workers import command, done, finished_trial_numbers, polled, study_backend
 from tuner.cli.app import app
 from tuner.tuning.study import enqueue_once, open_study
 
@@ -114,7 +114,7 @@ def test_a_run_killed_mid_trial_and_rerun_at_once_reruns_the_trial_and_cleans_it
     assert trials[killed].state == FAIL
     assert [t.state for t in trials if t.system_attrs.get("failed_trial") == killed] == [COMPLETE]
     assert sorted(t.number for t in trials if t.state == COMPLETE) == finished_trial_numbers(tracking, name)
-    assert sum(t.state == COMPLETE for t in trials) == 4 and not [t for t in trials if t.state == RUNNING]
+    assert sum(done(t) for t in trials) == 4 and not [t for t in trials if t.state == RUNNING]
     assert list((tmp_path / "tmp").glob("posfair-*")) == []  # the killed run's folder is gone, the rerun's too
     assert f"trial {killed} was left RUNNING by process {victim.pid}, which is gone; it is re-run" in " ".join(rerun.stderr.split())
     assert (tmp_path / "best.yaml").exists()
@@ -133,7 +133,7 @@ def test_one_ctrl_c_stops_after_the_trial_says_so_exits_non_zero_and_exports_not
     assert run.returncode == 130, output[-3000:]
     trials = trials_of(storage, name)
     assert trials[interrupted].state == COMPLETE  # the trial under way was finished
-    complete = sum(t.state == COMPLETE for t in trials)
+    complete = sum(done(t) for t in trials)
     assert f"stopped early (interrupted): {complete} of 5 trials complete; nothing exported" in output
     assert not (tmp_path / "best.yaml").exists()
     parent = parent_run(tracking, name)
@@ -142,7 +142,7 @@ def test_one_ctrl_c_stops_after_the_trial_says_so_exits_non_zero_and_exports_not
 
     again = subprocess.run(cmd, cwd=tmp_path, env=environment(tmp_path), capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert sum(t.state == COMPLETE for t in trials_of(storage, name)) == 5 and (tmp_path / "best.yaml").exists()
+    assert sum(done(t) for t in trials_of(storage, name)) == 5 and (tmp_path / "best.yaml").exists()
     assert parent_run(tracking, name).info.status == "FINISHED"
 
 
@@ -170,7 +170,7 @@ def test_two_ctrl_cs_abort_the_trial_and_the_rerun_runs_it_again(backend: str, t
     assert again.returncode == 0, again.stderr[-3000:]
     trials = trials_of(storage, name)
     assert trials[queued[0].number].state == COMPLETE  # re-run before any new trial
-    assert sum(t.state == COMPLETE for t in trials) == 4 and (tmp_path / "best.yaml").exists()
+    assert sum(done(t) for t in trials) == 4 and (tmp_path / "best.yaml").exists()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -200,7 +200,7 @@ def test_failures_of_an_earlier_run_do_not_stop_a_fixed_rerun(backend: str, tiny
     fixed = CliRunner().invoke(app, args)
     assert fixed.exit_code == 0, fixed.output
     trials = trials_of(storage, name)
-    assert sum(t.state == FAIL for t in trials) == 4 and sum(t.state == COMPLETE for t in trials) == 4
+    assert sum(t.state == FAIL for t in trials) == 4 and sum(done(t) for t in trials) == 4
     assert (tmp_path / "best.yaml").exists()
 
 
@@ -213,7 +213,7 @@ def test_two_workers_draw_twelve_distinct_configurations(backend: str, tiny_mode
                   "--output", str(tmp_path / "best.yaml"), name=name, heartbeat=10)
     run = subprocess.run(cmd, cwd=tmp_path, env=environment(tmp_path), capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
-    complete = [t for t in optuna.load_study(study_name=name, storage=storage).trials if t.state == COMPLETE]
+    complete = [t for t in optuna.load_study(study_name=name, storage=storage).trials if done(t)]
     assert len(complete) == 12 and len({t.user_attrs["worker"] for t in complete}) == 2
     drawn = [tuple(sorted(t.params.items())) for t in complete if "fixed_params" not in t.system_attrs]
     assert len(drawn) == 10 and len(set(drawn)) == 10  # the two enqueued references aside, no configuration twice

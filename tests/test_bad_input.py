@@ -781,7 +781,7 @@ def test_a_stratum_with_too_few_queries_per_group_is_refused_before_the_model_lo
     edit_jsonl(copy / "queries.jsonl", lambda queries: [{**q, "stratum": "short" if i == 0 else "long"} for i, q in enumerate(queries)])
     output = tune(*tiny_run(tiny_model_dir("bert"), copy))
     assert "stratum 'short' has 1 query in group 'begin', 0 in 'middle', 0 in 'end'" in output
-    assert "at least 5 per group" in output
+    assert "at least 3 per group" in output
     assert not (in_tmp / "mlruns").exists()
     edit_jsonl(copy / "queries.jsonl", lambda queries: [{**q, "stratum": "long"} for q in queries])
     succeeds(*tiny_run(tiny_model_dir("bert"), copy, "--trials", "1"))

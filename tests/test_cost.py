@@ -25,7 +25,18 @@ def test_the_study_is_the_baseline_the_trials_and_what_is_encoded_once() -> None
     assert lines[1] == "corpus: 100 passages, 100,000 padded tokens (3 truncated at 1,000 tokens); one encode ≈ 50 s"
     assert lines[2] == ("one trial ≈ 55 s; this study (3 trials, with the baseline and the final scoring) ≈ 4 min; "
                         f"the default 16 trials ≈ {duration(60 + 16 * 55)}")
-    assert len(lines) == 3, "under an hour: no advice"
+    # layer-tokens: 1 layer here; the baseline and once-encoded 120,000, and 3 trials of 110,000
+    assert lines[3] == "layer-tokens (padded tokens × layers, resumed passes cost less): ≤ 450,000"
+    assert len(lines) == 4, "under an hour: no advice"
+
+
+def test_the_estimate_brackets_a_pruned_study_between_unpruned_and_every_trial_stopped_after_the_tuning_split() -> None:
+    # 6 layers; a trial encodes the corpus (100,000) and two structures (30,000); the references run every rung
+    cost = StudyCost(Probe("cpu", 4, 1000, 2.0), 100, 100_000, 0, 1000, per_trial_tokens=30_000, once_tokens=20_000,
+                     layers=6, structure_tokens=30_000)
+    full = 6 * (20_000 + 100_000 + 10 * 130_000)
+    pruned = full - 6 * 8 * 30_000
+    assert f"unpruned ≤ {full:,}; pruned ≥ {pruned:,}" in cost.describe(10, 16)[3]
     slow = StudyCost(Probe("cpu", 4, 1000, 200.0), 100, 100_000, 0, 1000, 0, 0)
     assert "run it on a GPU, with fewer --trials, or on --dataset wikipos-dev" in slow.describe(16, 16)[-1]
 

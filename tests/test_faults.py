@@ -16,7 +16,7 @@ from mlflow.tracking import MlflowClient
 
 from tests.test_accounting import BACKENDS, COMPLETE, FAIL, WAITING, catch_running, environment, parent_run, trials_of
 from tests.test_study import write_dataset
-from tests.test_workers import command, finished_trial_numbers, study_backend, trial_runs
+from tests.test_workers import command, done, finished_trial_numbers, study_backend, trial_runs
 from tuner.tracking.registry import registered_name
 
 
@@ -47,7 +47,7 @@ def test_sigterm_stops_after_the_trial_like_ctrl_c_and_the_rerun_completes(
     assert run.returncode == 143, output[-3000:]
     trials = trials_of(storage, name)
     assert trials[stopped].state == COMPLETE  # within the grace period the trial under way was finished
-    complete = sum(t.state == COMPLETE for t in trials)
+    complete = sum(done(t) for t in trials)
     assert f"stopped early (terminated by SIGTERM): {complete} of 5 trials complete; nothing exported" in output
     assert "Traceback" not in output
     assert not (tmp_path / "best.yaml").exists()
@@ -58,7 +58,7 @@ def test_sigterm_stops_after_the_trial_like_ctrl_c_and_the_rerun_completes(
 
     again = subprocess.run(cmd, cwd=tmp_path, env=environment(tmp_path), capture_output=True, text=True, timeout=600, check=False)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert sum(t.state == COMPLETE for t in trials_of(storage, name)) == 5 and (tmp_path / "best.yaml").exists()
+    assert sum(done(t) for t in trials_of(storage, name)) == 5 and (tmp_path / "best.yaml").exists()
     assert parent_run(tracking, name).info.status == "FINISHED"
     assert_one_finished_run_per_complete_trial(storage, tracking, name)
 
@@ -87,7 +87,7 @@ def test_sigterm_past_the_grace_period_aborts_the_trial_and_the_rerun_runs_it_on
 
     again = subprocess.run(cmd, cwd=tmp_path, env=environment(tmp_path), capture_output=True, text=True, timeout=600, check=False)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert sum(t.state == COMPLETE for t in trials_of(storage, name)) == 4
+    assert sum(done(t) for t in trials_of(storage, name)) == 4
     assert_one_finished_run_per_complete_trial(storage, tracking, name)
 
 
@@ -103,7 +103,7 @@ def test_two_identical_tunes_on_one_fresh_folder_export_once(backend: str, tiny_
     for run, output in zip(runs, outputs):
         assert run.returncode == 0, output[-3000:]
         assert "Traceback" not in output
-    assert sum(t.state == COMPLETE for t in trials_of(storage, name)) == 6
+    assert sum(done(t) for t in trials_of(storage, name)) == 6
     assert sum("exported config:" in output for output in outputs) == 1, outputs
     assert any("exported by the other process" in output for output in outputs)
     assert (tmp_path / "best.yaml").exists()
@@ -145,7 +145,7 @@ def test_mlruns_deleted_mid_run_stops_with_a_clear_error(tiny_model_dir, data: P
     run = subprocess.Popen(cmd, cwd=tmp_path, env=environment(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     storage = f"sqlite:///{tmp_path / 'mlruns' / 'optuna.db'}"
     deadline = time.monotonic() + 300
-    while not (tmp_path / "mlruns" / "optuna.db").exists() or sum(t.state == COMPLETE for t in trials_of(storage, "deleted")) < 2:
+    while not (tmp_path / "mlruns" / "optuna.db").exists() or sum(done(t) for t in trials_of(storage, "deleted")) < 2:
         assert run.poll() is None and time.monotonic() < deadline, run.communicate()[0][-3000:]
         time.sleep(0.1)
     while (tmp_path / "mlruns").exists():  # as `rm -rf mlruns` does, whatever the run writes meanwhile

@@ -21,8 +21,8 @@ def test_the_paper_grid_has_24_configs() -> None:
     assert grid_size(PAPER_GRID) == 2 * 2 * 2 * 3 == 24
     with pytest.raises(ConfigError, match="basket_size=256"):
         SearchSpace(basket_sizes=(64, 128)).check_grid(PAPER_GRID)
-    with pytest.raises(ConfigError, match="strength=0.5"):
-        SearchSpace(strength_step=0.3).check_grid(PAPER_GRID)
+    with pytest.raises(ConfigError, match="weight=0.3"):
+        SearchSpace(weight_low=0.35).check_grid(PAPER_GRID)
 
 
 def test_tune_grid_paper_runs_each_grid_config_once_and_the_baseline(tmp_path: Path) -> None:

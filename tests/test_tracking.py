@@ -110,7 +110,7 @@ def test_the_log_file_shows_each_trial_with_progress_and_every_phase(default_run
                          rf"|no feasible trial yet) · elapsed [\dhms ]+ · (ETA [\dhms ]+|ETA after the first calibrating trial|done)", log)
         assert line, f"no progress line for trial {k}:\n{log[-3000:]}"
     assert re.search(r"baseline: encoding \d+ documents .*done in", log, re.S)
-    assert re.search(r"held-out 1/1: scoring \d configs on jsonl:data \(12 documents, 36 queries\) \.\.\.", log)
+    assert re.search(r"held-out 1/1: scoring \d configs on jsonl:held \(12 documents, 36 queries\) \.\.\.", log)
     assert re.search(r"held-out 1/1: .* done in [\dhms ]+", log)
     assert "export: writing the winner's YAML and registering it in MLflow ... " in log
     assert "\r" not in log  # no progress bar redrawn into a file

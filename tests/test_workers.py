@@ -24,6 +24,7 @@ from mlflow.tracking import MlflowClient
 from tests.ci import require_mlflow_server, require_postgres
 from tests.services import fresh_postgres_database, running_mlflow_server
 from tests.test_study import write_dataset
+from tuner.common.trials import counted
 from tuner.tracking.runs import TrackingUnavailableError
 from tuner.tuning.run import TuneSettings, tune
 from tuner.tuning.search_space import SearchSpace
@@ -32,6 +33,12 @@ COMPLETE = optuna.trial.TrialState.COMPLETE
 
 
 @pytest.fixture(scope="module")
+
+def done(trial: optuna.trial.FrozenTrial) -> bool:
+    """A trial that counts towards --trials and has ended: complete (not a repeat of a config already run) or
+    pruned between rungs."""
+    return counted(trial) and trial.state != optuna.trial.TrialState.RUNNING
+
 def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_dataset(tmp_path_factory.mktemp("workers") / "data", docs=10)
 
@@ -105,7 +112,7 @@ def test_two_workers_on_one_study_finish_exactly_the_requested_trials(backend: s
     assert coordinator.returncode == 0, (tmp_path / "coordinator.log").read_text()[-3000:]
     assert other_machine.returncode == 0, (tmp_path / "other.log").read_text()[-3000:]
     study = optuna.load_study(study_name=name, storage=storage)
-    complete = [t for t in study.trials if t.state == COMPLETE]
+    complete = [t for t in study.trials if done(t)]
     assert len(complete) == 12
     assert len({t.number for t in study.trials}) == len(study.trials)
     assert len({t.user_attrs["worker"] for t in complete}) >= 2  # the trials really were shared
@@ -142,7 +149,7 @@ def test_a_worker_killed_mid_trial_is_detected_and_its_trial_rerun(backend: str,
     retried = [t for t in trials if t.system_attrs.get("failed_trial") == killed]
     assert len(retried) == 1 and retried[0].state == COMPLETE  # the killed trial re-run, once
     assert trials[killed].params.items() <= retried[0].params.items()  # with what it had drawn
-    complete = sorted(t.number for t in trials if t.state == COMPLETE)
+    complete = sorted(t.number for t in trials if done(t))
     assert len(complete) == 6
     assert finished_trial_numbers(tracking, name) == complete  # nothing lost, nothing logged twice
 
@@ -172,7 +179,7 @@ def test_a_trial_that_raises_is_recorded_as_failed_and_the_study_goes_on(tiny_se
     trials = optuna.load_study(study_name="shared", storage=tiny_settings.storage).trials
     failed = [t for t in trials if t.state == optuna.trial.TrialState.FAIL]
     assert failed and failed[0].user_attrs["failure_reason"] == "RuntimeError: CPU out of memory (simulated)"
-    assert sum(t.state == COMPLETE for t in trials) == 4
+    assert sum(done(t) for t in trials) == 4
     client = MlflowClient(tiny_settings.tracking_uri)
     runs = client.search_runs([client.get_experiment_by_name("posfair").experiment_id], "tags.`posfair.state` = 'FAIL'")
     assert runs and runs[0].data.tags["posfair.failure"].startswith("RuntimeError: CPU out of memory")
@@ -224,7 +231,7 @@ def test_a_tracking_server_killed_mid_study_and_restarted_loses_no_trial_log(tin
         output = " ".join(log.read_text().split())
         assert "MLflow still unreachable" in output and "kept for retry" in output  # the outage was felt
 
-        complete = {t.number: t for t in optuna.load_study(study_name="shared", storage=storage).trials if t.state == COMPLETE}
+        complete = {t.number: t for t in optuna.load_study(study_name="shared", storage=storage).trials if done(t)}
         assert sorted(complete) == list(range(trials))
         client = MlflowClient(server.uri)
         runs = trial_runs(server.uri)

@@ -177,7 +177,7 @@ class PositionalDataset:
         return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]
 
 
-MIN_STRATUM_QUERIES = 5
+MIN_STRATUM_QUERIES = 3
 """Queries a stratum needs in each position group: HM and PSI are the mean over strata, so every stratum
 weighs alike, and a stratum of one query would outweigh the rest of the set."""
 
