@@ -300,7 +300,8 @@ def qwen3_run(hub: FakeHub) -> dict:
     space = space_file(hub.root, "qwen-space.yaml", basket_sizes=[8, 16])
     result = run_tune(hub, "--model", "qwen3-embedding-0.6b", "--dataset", f"posir:{folder}", "--trials", "3",
                       "--batch-size", "2", "--hm-floor=-50%", "--space", str(space), "--output", str(work / "best.yaml"),
-                      "--tracking-uri", hub.tracking_uri, cwd=work)
+                      # a random model's nDCG@10 change and tilt are noise: this run tests the path, not selection
+                      "--max-ndcg-drop", "none", "--max-reversal", "none", "--tracking-uri", hub.tracking_uri, cwd=work)
     return {"result": result, "work": work, "folder": folder, "corpus": corpus, "queries": queries}
 
 

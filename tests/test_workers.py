@@ -32,13 +32,13 @@ from tuner.tuning.search_space import SearchSpace
 COMPLETE = optuna.trial.TrialState.COMPLETE
 
 
-@pytest.fixture(scope="module")
-
 def done(trial: optuna.trial.FrozenTrial) -> bool:
     """A trial that counts towards --trials and has ended: complete (not a repeat of a config already run) or
     pruned between rungs."""
     return counted(trial) and trial.state != optuna.trial.TrialState.RUNNING
 
+
+@pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_dataset(tmp_path_factory.mktemp("workers") / "data", docs=10)
 

@@ -82,7 +82,10 @@ def load_structures(name_or_path: str, tuning: PositionalDataset | None = None) 
 def length_halves(dataset: PositionalDataset) -> list[PositionalDataset]:
     """The queries whose relevant passage is shorter than the median passage, and those whose passage is not,
     each over the whole corpus (`-shorter`, `-longer`): over-correction shows first on the shorter passages,
-    whose last basket is partly filled. Empty unless both halves keep at least two position groups."""
+    whose last basket is partly filled. Empty unless both halves keep at least two position groups, and for a
+    stratified set (PosIR: PSI within length quartiles already compares passages of one length)."""
+    if dataset.strata:
+        return []
     lengths = sorted(len(text) for text in dataset.corpus.values())
     median = lengths[len(lengths) // 2]
     shorter = [q for q in dataset.queries if min(len(dataset.corpus[d]) for d in dataset.qrels[q]) < median]
