@@ -70,14 +70,21 @@ def default_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir) -> dic
 
 
 def forget_cached_stores() -> None:
-    """MLflow keeps one store per URI string per process (lru_cache); the relative default URI used by an
-    in-process `tune` in another folder earlier in the test session would otherwise answer from that folder."""
+    """MLflow keeps one store (lru_cache) and one pooled engine per URI string per process: the relative
+    default URI that this file's clients use from another folder earlier in the session would otherwise answer
+    from that folder."""
+    from mlflow.store.model_registry.sqlalchemy_store import SqlAlchemyStore as RegistryStore
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore as TrackingStore
     from mlflow.tracking._model_registry import utils as registry_utils
     from mlflow.tracking._tracking_service.utils import _tracking_store_registry
 
     _tracking_store_registry._get_store_with_resolved_uri.cache_clear()
     if registry_utils._model_registry_store_registry is not None:
         registry_utils._model_registry_store_registry._get_store_with_resolved_uri.cache_clear()
+    for store in (TrackingStore, RegistryStore):
+        engine = store._engine_map.pop(DEFAULT_TRACKING_URI, None)
+        if engine is not None:
+            engine.dispose()
 
 
 @pytest.fixture
@@ -442,6 +449,11 @@ def test_two_runs_in_two_folders_of_one_process_log_to_their_own_stores(tiny_mod
         tune(TuneSettings(model=str(tiny_model_dir("bert")), pooling="cls", dataset=f"jsonl:{data}", heldout=None, trials=1,
                           hm_floor="-90%", max_ndcg_drop=None, study_name=f"study-{folder}", profile_docs=1, bootstrap=10,
                           space=SearchSpace(basket_sizes=(8,)), selection="lowest"))
+    # A user's own client on the relative default, in a third folder, sees that folder's (empty) store: no
+    # connection of the runs above may stay open by a relative path (MLflow keeps engines per URI string).
+    (tmp_path / "c").mkdir()
+    monkeypatch.chdir(tmp_path / "c")
+    assert MlflowClient(DEFAULT_TRACKING_URI).get_experiment_by_name("posfair") is None
     forget_cached_stores()
     for folder in ("a", "b"):
         client = MlflowClient(f"sqlite:///{tmp_path / folder / 'mlruns' / 'mlflow.db'}")

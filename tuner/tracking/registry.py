@@ -99,7 +99,7 @@ def reserve_version(tracker: Tracker, model_alias: str, run_id: str, description
 
     client, name = tracker.client, registered_name(model_alias)
     logged = client.create_logged_model(tracker.experiment_id, name=name, source_run_id=run_id, tags=tags, model_type="embedding")
-    with _use_tracking_uri(tracker.uri):  # the registry looks the logged model up through the global tracking URI
+    with _use_tracking_uri(tracker.store_uri):  # the registry looks the logged model up through the global tracking URI
         if not client.search_registered_models(f"name = '{name}'"):
             client.create_registered_model(name, description=f"posfair's calibrated {model_alias} encoder: "
                                                                f"documents calibrated, queries plain (params.kind).")
@@ -114,7 +114,7 @@ def withdraw(tracker: Tracker, registered: Registered) -> None:
     from mlflow.tracking._tracking_service.utils import _use_tracking_uri
 
     client = tracker.client
-    with _use_tracking_uri(tracker.uri):
+    with _use_tracking_uri(tracker.store_uri):
         client.delete_model_version(registered.name, str(registered.version))
         if not client.search_model_versions(f"name = '{registered.name}'"):
             client.delete_registered_model(registered.name)

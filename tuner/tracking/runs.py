@@ -348,6 +348,7 @@ class Tracker:
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
             _check_server(self.uri)
         self._client: MlflowClient | None = None
+        self._store_uri = self.uri
         self._pending: list[Callable[[], None]] = []
         self._experiment_id: str | None = None
         self._trial_runs: dict[int, str] = {}
@@ -362,6 +363,13 @@ class Tracker:
         return self._client
 
     @property
+    def store_uri(self) -> str:
+        """The URI the client opened: a local store by its absolute path. Whatever MLflow reaches through its
+        global tracking URI must use this one, or a relative default would reach the folder that used it first."""
+        _ = self.client
+        return self._store_uri
+
+    @property
     def experiment_id(self) -> str:
         """The experiment, created (in the model-training view) on first use."""
         if self._experiment_id is None:
@@ -373,8 +381,8 @@ class Tracker:
                     # a client with a registry URI creates the registry's tables at once: only under the lock.
                     # It opens the store by its absolute path: MLflow caches one store per URI string per
                     # process, so the relative default would reach whichever folder used it first.
-                    absolute = f"sqlite:///{store.resolve()}" if store is not None else self.uri
-                    self._client = MlflowClient(absolute, registry_uri=absolute)
+                    self._store_uri = f"sqlite:///{store.resolve()}" if store is not None else self.uri
+                    self._client = MlflowClient(self._store_uri, registry_uri=self._store_uri)
                     self._experiment_id = self._open_experiment()
             except Exception as error:  # noqa: BLE001 - any failure here means the store is unusable
                 raise TrackingUnavailableError(
