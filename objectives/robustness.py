@@ -127,3 +127,22 @@ def prune_reason(robust: RobustEvidence, threshold: float | None, violations: Ma
             return (f"worst-case PSI {robust.objective:.3f} (on {robust.worst.name}) − {z:g} SE = {low:.3f} is above "
                     f"{threshold:.3f}, the most selection would take")
     return None
+
+
+def screen_prune_reason(screen: TrialEvidence, threshold: float | None, violations: Mapping[str, float],
+                        z: float = PRUNE_Z) -> str | None:
+    """Why a trial need not go past the pooled screen, or None to go on.
+
+    The screen's PSI is not a bound on the corpus's, so it is compared with the complete trials' PSI on the
+    same screen: `threshold` is the lowest of their screen PSI plus its standard error (None: no feasible
+    complete trial yet). A trial is pruned when its screen PSI less `z` standard errors is above it, or when a
+    constraint the screen bounds (HM, nDCG@10: a pool only raises them) is missed beyond noise.
+    """
+    if violations:
+        return "misses " + ", ".join(sorted(violations)) + " beyond noise on the pooled screen"
+    if threshold is not None and math.isfinite(threshold):
+        low = screen.objective - z * screen.objective_se
+        if low > threshold:
+            return (f"PSI on the pooled screen {screen.objective:.3f} − {z:g} SE = {low:.3f} is above {threshold:.3f}, "
+                    "the best complete trial's screen PSI + 1 SE")
+    return None

@@ -246,3 +246,43 @@ def test_two_processes_on_one_study_draw_different_first_trials(tmp_path: Path) 
         study = open_study("seeds", storage, seed=0, pareto=False, identity={"k": 1}, worker=worker)
         draws.append(study.ask().suggest_float("x", 0, 1))
     assert draws[0] != draws[1]
+
+
+POP_ALL = """
+import json, sys, time
+from pathlib import Path
+import optuna
+from tuner.tuning.study import make_storage
+optuna.logging.set_verbosity(optuna.logging.ERROR)
+study = optuna.load_study(study_name="queue", storage=make_storage(sys.argv[1]))
+Path(sys.argv[2]).touch()
+while not Path(sys.argv[3]).exists():
+    time.sleep(0.01)
+taken = []
+while (trial_id := study._pop_waiting_trial_id()) is not None:
+    taken.append(trial_id)
+print(json.dumps(taken))
+"""
+
+
+def test_two_processes_draining_one_sqlite_queue_never_take_the_same_trial(tmp_path: Path) -> None:
+    """Optuna claims a queued trial by reading WAITING and then writing RUNNING under SELECT ... FOR UPDATE,
+    which SQLite ignores: before `make_storage` took the write lock at BEGIN, two processes started together
+    took 7 of 300 queued trials both (and ran them twice: 'Cannot tell a COMPLETE trial')."""
+    import json
+    import sys
+
+    url = f"sqlite:///{tmp_path / 'queue.db'}"
+    study = optuna.create_study(study_name="queue", storage=url)
+    for i in range(300):
+        study.enqueue_trial({"x": i}, skip_if_exists=False)
+    go = tmp_path / "go"
+    processes = [subprocess.Popen([sys.executable, "-c", POP_ALL, url, str(tmp_path / f"ready-{i}"), str(go)], cwd=ROOT,
+                                  stdout=subprocess.PIPE, text=True) for i in range(2)]
+    deadline = time.monotonic() + 120
+    while not all((tmp_path / f"ready-{i}").exists() for i in range(2)):  # both loaded: start them together
+        assert time.monotonic() < deadline and all(p.poll() is None for p in processes)
+        time.sleep(0.05)
+    go.touch()
+    taken = [json.loads(p.communicate(timeout=300)[0]) for p in processes]
+    assert sorted(taken[0] + taken[1]) == sorted(t._trial_id for t in study.get_trials())  # every trial, each once

@@ -41,6 +41,16 @@ def test_the_estimate_brackets_a_pruned_study_between_unpruned_and_every_trial_s
     assert "run it on a GPU, with fewer --trials, or on --dataset wikipos-dev" in slow.describe(16, 16)[-1]
 
 
+def test_with_a_pooled_screen_the_pruned_bound_is_every_trial_but_the_references_stopped_after_it() -> None:
+    # 6 layers, 10 trials; each screens ≤ 12,000 tokens first; a trial past it encodes 100,000 + 30,000
+    cost = StudyCost(Probe("cpu", 4, 1000, 2.0), 100, 100_000, 0, 1000, per_trial_tokens=30_000, once_tokens=20_000,
+                     layers=6, structure_tokens=30_000, screen_tokens=12_000)
+    full = 6 * (20_000 + 100_000 + 10 * (130_000 + 12_000))
+    pruned = 6 * (20_000 + 100_000 + 2 * 130_000 + 10 * 12_000)
+    line = cost.describe(10, 16)[3]
+    assert f"unpruned ≤ {full:,}; pruned ≥ {pruned:,}" in line and "pooled screen of ≈ 12,000 tokens" in line
+
+
 def test_the_estimate_counts_the_corpus_batches_queries_and_a_held_out_corpus(tmp_path) -> None:
     model = load_model(str(save_tiny("bert", tmp_path / "bert")), pooling="cls")
 

@@ -14,7 +14,7 @@ import tuner.tuning.objective
 import tuner.tuning.session
 from objectives.robustness import prune_reason
 from tests.test_study import write_dataset
-from tuner.common.trials import PRUNED_ATTR, counted
+from tuner.common.trials import PRUNED_ATTR, SCREEN_ATTR, counted
 from tuner.data import load_benchmark
 from tuner.engine.exported import load_exported
 from tuner.tuning.run import TuneSettings, tune
@@ -72,3 +72,38 @@ def test_a_resumed_study_counts_its_pruned_trials_and_adds_only_what_is_missing(
 def test_the_pruning_rule_the_study_used_is_the_one_specified() -> None:
     """The study calls `objectives.robustness.prune_reason` itself, not a copy of it."""
     assert tuner.tuning.objective.prune_reason is prune_reason
+
+
+def test_a_trial_that_cannot_pass_the_pooled_screen_stops_there_at_a_fraction_of_the_cost(
+        tiny_model_dir, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """100 passages, one query per group in the screen: the pool holds at most 3 + 3 × 10 passages; rungs: the
+    screen, the tuning split and its two length halves. With a
+    screen threshold nothing can beat, every trial but the references stops after the screen, PRUNED, its rung
+    and reason recorded; the references run every rung and carry their screen figures."""
+    monkeypatch.setattr(tuner.tuning.objective, "screen_threshold", lambda study: -1.0)
+    settings = TuneSettings(
+        model=str(tiny_model_dir("bert")), pooling="cls", dataset=f"jsonl:{write_dataset(tmp_path / 'data', docs=100)}",
+        heldout=None, trials=4, hm_floor="-90%", max_ndcg_drop=None, max_reversal=None, storage=f"sqlite:///{tmp_path / 'o.db'}",
+        tracking_uri=f"sqlite:///{tmp_path / 'm.db'}", output=tmp_path / "best.yaml", study_name="screen", profile_docs=2,
+        bootstrap=20, space=SearchSpace(basket_sizes=(8, 16, 128)), selection="lowest", screen_queries=1,
+    )
+    with caplog.at_level("INFO"):
+        tune(settings)
+    screen_line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("pooled screen:"))
+    passages = int(screen_line.split(" over ")[1].split(" of ")[0])
+    assert screen_line.startswith("pooled screen: 3 queries over ") and passages <= 33
+    study = optuna.load_study(study_name="screen", storage=settings.storage)
+    references = [t for t in study.trials if t.number < 2]
+    pruned = [t for t in study.trials if t.state == optuna.trial.TrialState.PRUNED]
+    assert pruned and all(t.number > 1 for t in pruned)
+    assert all(t.state == optuna.trial.TrialState.COMPLETE and SCREEN_ATTR in t.user_attrs for t in references)
+    full_cost = max(t.user_attrs["layer_tokens"] for t in references)
+    for trial in pruned:
+        record = trial.user_attrs[PRUNED_ATTR]
+        assert record["rung"] == 0 and record["of"] == 4 and record["scored"] == ["jsonl:data-pool"]
+        assert "pooled screen" in record["reason"] and SCREEN_ATTR in trial.user_attrs
+        assert 0 < trial.user_attrs["layer_tokens"] < full_cost / 2  # the pool, not the corpus
+    client = MlflowClient(settings.tracking_uri)
+    run = client.search_runs([client.get_experiment_by_name("posfair").experiment_id], f"tags.`posfair.trial` = '{pruned[0].number}'")[0]
+    tag = run.data.tags["posfair.pruned"]
+    assert run.info.status == "KILLED" and tag.startswith("rung 0 of 4: ") and "pooled screen" in tag

@@ -443,6 +443,7 @@ def test_two_runs_in_two_folders_of_one_process_log_to_their_own_stores(tiny_mod
     from tuner.tuning.search_space import SearchSpace
 
     data = write_dataset(tmp_path / "data")
+    forget_cached_stores()  # what this file's own clients left open
     for folder in ("a", "b"):
         (tmp_path / folder).mkdir()
         monkeypatch.chdir(tmp_path / folder)

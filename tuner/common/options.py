@@ -14,6 +14,7 @@ DEFAULT_TRIALS = 16  # plain `tune` (MiniLM on WikiPos-dev): about 12 min on 2 i
 DEFAULT_PROFILE_DOCS = 8
 HEARTBEAT_SECONDS = 20  # a trial whose worker is silent for 3 heartbeats is failed and re-queued
 GRID_NAMES = ("paper",)  # `tune --grid`: the configs of `tuner.tuning.search_space.GRIDS`
+SCREEN_QUERIES = 48  # queries per position group (and stratum) in the pooled screen (`tuner.evaluation.pools`)
 TRACKING_SCHEMES = ("file", "sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks")
 
 

@@ -17,6 +17,7 @@ from optuna.trial import FrozenTrial, TrialState
 DUPLICATE_ATTR = "duplicate_of"  # the earlier trial whose calibration a trial drew again
 PRUNED_ATTR = "pruned"  # {"rung", "of", "reason", "scored"} of a trial stopped between rungs
 SURPLUS_ATTR = "surplus"  # a trial started when the study already had enough
+SCREEN_ATTR = "screen"  # {"psi", "psi_se", "hm"} of a trial on the study's pooled screen
 
 
 def complete_trials(study: optuna.Study) -> list[FrozenTrial]:

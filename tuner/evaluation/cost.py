@@ -89,6 +89,7 @@ class StudyCost:
     once_tokens       encoded once: queries, a general set's baseline, held-out scoring on another corpus
     layers            the model's depth: a token through every layer is `layers` layer-tokens
     structure_tokens  the part of `per_trial_tokens` a pruned trial skips (the later rungs: other structures)
+    screen_tokens     at most what the pooled screen encodes per trial (0: no screen), before the corpus
     """
 
     probe: Probe
@@ -100,6 +101,7 @@ class StudyCost:
     once_tokens: int
     layers: int = 1
     structure_tokens: int = 0
+    screen_tokens: int = 0
 
     def seconds(self, tokens: float) -> float:
         return tokens * self.probe.seconds_per_token
@@ -128,7 +130,14 @@ class StudyCost:
                if trials != default_trials else ""),
         ]
         full = self.layers * (self.once_tokens + self.corpus_tokens + trials * (self.corpus_tokens + self.per_trial_tokens))
-        if self.structure_tokens:
+        if self.screen_tokens:
+            # the references (2 trials) always run every rung; a pruned trial can stop after the screen
+            full += self.layers * trials * self.screen_tokens
+            floor = full - self.layers * max(trials - 2, 0) * (self.corpus_tokens + self.per_trial_tokens)
+            lines.append(f"layer-tokens (padded tokens × layers, resumed passes cost less): unpruned ≤ {full:,}; "
+                         f"pruned ≥ {floor:,} (every trial but the references stopped after the pooled screen of "
+                         f"≈ {self.screen_tokens:,} tokens; ≈ {duration(self.seconds(floor / self.layers))})")
+        elif self.structure_tokens:
             # the references (2 trials) always run every rung; a pruned trial stops after the tuning split
             floor = full - self.layers * max(trials - 2, 0) * self.structure_tokens
             lines.append(f"layer-tokens (padded tokens × layers, resumed passes cost less): unpruned ≤ {full:,}; "

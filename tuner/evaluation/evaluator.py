@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from objectives import PerQuery, PositionReport, evaluate, exact_search
+from objectives import PerQuery, PositionReport, Run, evaluate, exact_search
 from tuner.calibration import CalibrationConfig
 from tuner.data import PositionalDataset
 from tuner.engine.encoder import CalibratedEncoder, choose_batching, forward
@@ -43,6 +43,7 @@ class Evaluation:
     truncated: int
     drift: float = 0.0
     layer_tokens: int = 0  # what this run's passes cost (`Batches.layer_tokens`): 0 when every vector was at hand
+    run: Run = field(default_factory=dict, repr=False, compare=False)  # the top 100 per query it was scored from
 
 
 @dataclass
@@ -256,4 +257,4 @@ class Evaluator:
         queries = self.query_vectors() if queries is None else queries
         run = exact_search(queries, documents, self.query_ids, self.doc_ids, k=100)
         report, per_query = evaluate(run, self.dataset)
-        return Evaluation(report, per_query, seconds, truncated)
+        return Evaluation(report, per_query, seconds, truncated, run=run)

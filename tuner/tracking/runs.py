@@ -481,6 +481,8 @@ class Tracker:
             )
             run_id = run.info.run_id
             self.client.log_batch(run_id, params=_params(params))
+        elif not self.client.get_run(run_id).data.params:  # opened just before an outage cut off its params
+            self.client.log_batch(run_id, params=_params(params))
         self._trial_runs[number] = run_id
 
     def _close_trial(self, study: str, record: TrialRecord) -> None:

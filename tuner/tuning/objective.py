@@ -1,11 +1,15 @@
 """One Optuna trial: draw a config, score it rung by rung on the tuning structures, record it, log it.
 
-A trial is scored first on the tuning passages as they are, then on the same passages in other
-structures (`tuner.data.load_structures`: crops, openings), cheapest first. Its objective is the worst
+A trial is scored first on a pooled screen of the tuning split where one pays (`tuner.evaluation.pools`:
+a balanced sample of the queries over their relevant and top candidate passages), then on the tuning
+passages as they are, then on the same passages in other structures (`tuner.data.load_structures`:
+crops, openings), cheapest first. Its objective is the worst
 PSI over the structures and its bias must not be reversed on any of them (`objectives.robustness`).
 Between rungs a trial that can no longer be selected (worse beyond noise than the selection threshold
 of the complete trials, or missing a constraint beyond noise) is pruned: the remaining structures are
-not encoded. Reference trials (the baseline, the paper default) are never pruned, and a pruned trial is
+not encoded. On the screen, whose PSI bounds nothing, a trial is compared with the complete trials'
+screen PSI instead; its HM and nDCG@10 bound the corpus's from above, so a constraint missed there beyond
+noise is missed. Reference trials (the baseline, the paper default) are never pruned, and a pruned trial is
 never feasible: only a trial scored on every structure can win.
 
 A config the study already ran (the same resolved calibration, or λ 0, which is the baseline) is not
@@ -29,15 +33,15 @@ from optuna.study._constrained_optimization import _CONSTRAINTS_KEY
 
 from objectives import Constraints, PerQuery, PositionReport
 from objectives.evidence import TrialEvidence, trial_evidence
-from objectives.robustness import RobustEvidence, StructureEvidence, certain_violations, prune_reason
+from objectives.robustness import RobustEvidence, StructureEvidence, certain_violations, prune_reason, screen_prune_reason
 from tuner.calibration import CalibrationConfig
-from tuner.common.trials import DUPLICATE_ATTR, PRUNED_ATTR, calibration_key, complete_trials, named_constraints
+from tuner.common.trials import DUPLICATE_ATTR, PRUNED_ATTR, SCREEN_ATTR, calibration_key, complete_trials, named_constraints
 from tuner.engine.encoder import CalibratedEncoder
 from tuner.evaluation.evaluator import Evaluation, Evaluator
 from tuner.evaluation.profile import AttentionProfile, plot_profile
 from tuner.tracking.runs import Tracker, TrialRecord, describe_config, describe_feasibility, describe_outcome
 from tuner.tuning.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, SearchSpace, is_reference_trial
-from tuner.tuning.study import selection_threshold
+from tuner.tuning.study import screen_threshold, selection_threshold
 
 
 @dataclass
@@ -79,6 +83,7 @@ class Scored:
     crops: PositionReport | None
     layer_tokens: int
     pruned: str | None = None  # why the trial stopped before its last rung
+    screen: TrialEvidence | None = None  # on the pooled screen, where the study has one
 
 
 class TrialObjective:
@@ -101,6 +106,7 @@ class TrialObjective:
         pareto: bool = False,
         general: SideSet | None = None,
         structures: list[SideSet] | None = None,
+        screen: SideSet | None = None,
         profile_docs: int,
         selection: str = "one-se",
         prune: bool = True,
@@ -115,6 +121,7 @@ class TrialObjective:
         self.pareto = pareto
         self.general = general
         self.structures = sorted(structures or [], key=_cost)
+        self.screen = screen
         self.selection = selection
         self.prune = prune and not pareto  # Optuna's pruning reports are single-objective
         self.repeat_limit = repeat_limit  # repeats not counted at most (then the space is as good as exhausted)
@@ -182,35 +189,51 @@ class TrialObjective:
         return self._baseline
 
     def _score(self, trial: optuna.Trial, config: CalibrationConfig, reference: bool) -> Scored:
-        """The rungs: the tuning split, then each structure, stopping early when the trial cannot win."""
+        """The rungs: the screen, the tuning split, then each structure, stopping early when the trial cannot win."""
+        rungs = len(self.structures) + 1 + (self.screen is not None)
+        spent, screen = 0, None
+        if self.screen is not None:
+            pooled = self.screen.run(config)
+            spent += pooled.layer_tokens
+            screen = trial_evidence(self.screen.baseline.per_query, pooled.per_query, seed=trial.number)
+            trial.set_user_attr(SCREEN_ATTR, {"psi": screen.objective, "psi_se": screen.objective_se, "hm": screen.hm})
+            if self.prune and not reference:
+                trial.report(screen.objective, 0)
+                alone = RobustEvidence((StructureEvidence(self.screen.name, screen),))
+                reason = screen_prune_reason(screen, screen_threshold(trial.study), self._certain_violations(screen, alone, screen=True))
+                if reason is not None:
+                    trial.set_user_attr(PRUNED_ATTR, {"rung": 0, "of": rungs, "reason": reason, "scored": [self.screen.name]})
+                    return Scored(pooled, screen, alone, None, spent, pruned=reason, screen=screen)
         tuning = self.evaluator.run(config)
         report = tuning.report
         if report.hm is None or report.psi is None or not (math.isfinite(report.hm) and math.isfinite(report.psi)):
             raise ValueError(f"metrics are not finite (HM {report.hm}, PSI {report.psi})")
         evidence = trial_evidence(self.baseline(), tuning.per_query, seed=trial.number)
         seen = [StructureEvidence(self.evaluator.dataset.name, evidence)]
-        spent, crops = tuning.layer_tokens, None
-        for rung, structure in enumerate(self.structures):
+        spent, crops = spent + tuning.layer_tokens, None
+        for step, structure in enumerate(self.structures):
+            rung = step + (self.screen is not None)
             robust = RobustEvidence(tuple(seen))
             if self.prune and not reference:
                 trial.report(robust.objective, rung)
                 reason = prune_reason(robust, selection_threshold(trial.study, self.selection),
-                                      self._certain_violations(evidence, robust), [s.name for s in self.structures[rung:]])
+                                      self._certain_violations(evidence, robust), [s.name for s in self.structures[step:]])
                 if reason is not None:
-                    trial.set_user_attr(PRUNED_ATTR, {"rung": rung, "of": len(self.structures) + 1, "reason": reason,
+                    trial.set_user_attr(PRUNED_ATTR, {"rung": rung, "of": rungs, "reason": reason,
                                                       "scored": [s.name for s in seen]})
-                    return Scored(tuning, evidence, robust, crops, spent, pruned=reason)
+                    return Scored(tuning, evidence, robust, crops, spent, pruned=reason, screen=screen)
             result = structure.run(config)
             spent += result.layer_tokens
             seen.append(StructureEvidence(structure.name, trial_evidence(structure.baseline.per_query, result.per_query,
                                                                          seed=trial.number)))
             if structure.name.endswith("-crops"):
                 crops = result.report
-        return Scored(tuning, evidence, RobustEvidence(tuple(seen)), crops, spent)
+        return Scored(tuning, evidence, RobustEvidence(tuple(seen)), crops, spent, screen=screen)
 
-    def _certain_violations(self, evidence: TrialEvidence, robust: RobustEvidence) -> dict[str, float]:
+    def _certain_violations(self, evidence: TrialEvidence, robust: RobustEvidence, screen: bool = False) -> dict[str, float]:
+        """Constraints missed beyond noise; on the screen only those its scores bound (not the reversal)."""
         return certain_violations(evidence, robust, self.constraints.hm_floor, self.constraints.max_ndcg_drop,
-                                  self.constraints.max_reversal)
+                                  None if screen else self.constraints.max_reversal)
 
     def _constraints(self, scored: Scored, general_delta: float | None = None) -> dict[str, float]:
         """The named constraint values (≤ 0 met) from what the trial's rungs measured (all of them, unless pruned)."""
@@ -251,6 +274,9 @@ class TrialObjective:
             metrics.update({f"structure/{name}/{k}": v for k, v in row.items()})
         if general_delta is not None:
             metrics["general_ndcg10_delta"] = general_delta
+        if scored.screen is not None:
+            metrics.update({"screen/psi": scored.screen.objective, "screen/psi_se": scored.screen.objective_se,
+                            "screen/hm_x100": 100 * scored.screen.hm})
         if scored.crops is not None:
             metrics.update(crops_psi=scored.crops.psi or 0.0, crops_hm=scored.crops.hm or 0.0, crops_ndcg10=scored.crops.ndcg10)
         metrics["cost/layer_tokens"] = float(scored.layer_tokens)
@@ -280,7 +306,7 @@ class TrialObjective:
         feasibility = describe_feasibility(metrics, self.constraints.conservative)
         # 6 significant digits, and the structures under their own attribute: the JSON stays under the 1,024
         # characters optuna-dashboard shows of a non-string attribute
-        shown = {k: float(f"{v:.6g}") for k, v in metrics.items() if not k.startswith("structure/")}
+        shown = {k: float(f"{v:.6g}") for k, v in metrics.items() if not k.startswith(("structure/", "screen/"))}
         attributes = {"feasible": f"{'yes' if feasible else 'NO'}: {feasibility}", "metrics": shown, "layers": layers,
                       "psi": report.psi, "hm": report.hm,
                       "psi_se": scored.evidence.objective_se, "drift": scored.tuning.drift,
@@ -297,7 +323,8 @@ class TrialObjective:
                        markers: list[str], start_ms: int) -> None:
         """A pruned trial keeps what it measured, its partial constraint values (so TPE files it as infeasible
         when it was pruned for a constraint) and the rung and reason, in Optuna and in MLflow."""
-        constraints = self._constraints(scored) | self._certain_violations(scored.evidence, scored.robust)
+        on_screen = scored.screen is not None and scored.evidence is scored.screen  # stopped on the screen
+        constraints = self._constraints(scored) | self._certain_violations(scored.evidence, scored.robust, screen=on_screen)
         for name, value in constraints.items():
             trial.set_constraint(name, value)
         mark_for_dashboard(trial, list(constraints.values()))

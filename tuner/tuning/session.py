@@ -23,6 +23,7 @@ from tuner.data.wikipos import TRANSFER_SPLITS
 from tuner.engine.models import LoadedModel, ModelUnavailableError, check_consent, load_model, locate, resolve_spec
 from tuner.evaluation.cost import StudyCost, padded_tokens, probe
 from tuner.evaluation.evaluator import Evaluator
+from tuner.evaluation.pools import SCREEN_SHARE, most_passages
 from tuner.evaluation.visible import within_reach
 from tuner.tracking.runs import Tracker
 from tuner.tuning.search_space import GRIDS, SearchSpace
@@ -101,7 +102,7 @@ def check_held_out(tuning: PositionalDataset, heldout: list[PositionalDataset]) 
 
 def estimate_cost(
     evaluator: Evaluator, heldout: list[PositionalDataset], side: list[PositionalDataset], profile_docs: int,
-    structures: Sequence[PositionalDataset] = (), prune: bool = False,
+    structures: Sequence[PositionalDataset] = (), prune: bool = False, screen_passages: int = 0,
 ) -> StudyCost:
     """What this run will encode, priced by a probe on this device (see `tuner.evaluation.cost`)."""
     model, batches = evaluator.model, evaluator.batches()
@@ -118,8 +119,9 @@ def estimate_cost(
         once += extra_tokens + padded_tokens(model, list(extra.queries.values()))
         per_trial += extra_tokens
         rungs += extra_tokens if prune and extra in structures else 0
+    screen = batches.tokens() * screen_passages // max(len(tuning.corpus), 1)  # passages of average length
     return StudyCost(probe(model, batches), batches.count, batches.tokens(), batches.truncated, model.max_length,
-                     per_trial, once, model.num_layers, rungs)
+                     per_trial, once, model.num_layers, rungs, screen)
 
 
 def _fitting_space(space: SearchSpace, evaluator: Evaluator) -> SearchSpace:
@@ -184,7 +186,9 @@ def prepare(settings: TuneSettings) -> Session:
     if not settings.worker:
         side = [general] if general is not None else []
         encoded = [s for s in structures if s.corpus != tuning.corpus]  # length halves reuse the tuning vectors
-        cost = estimate_cost(evaluator, heldout, side, settings.profile_docs, encoded, settings.prune)
+        screen = most_passages(tuning, settings.screen_queries) if settings.screens else 0
+        cost = estimate_cost(evaluator, heldout, side, settings.profile_docs, encoded, settings.prune,
+                             screen if screen <= SCREEN_SHARE * len(tuning.corpus) else 0)
         for line in cost.describe(settings.trials, DEFAULT_TRIALS):
             log.info(line)
     name = settings.study_name_for(model)
@@ -209,6 +213,7 @@ def prepare(settings: TuneSettings) -> Session:
         "seed": settings.seed,
         "grid": settings.grid,
         "prune": settings.prune,
+        "screen_queries": settings.screen_queries,
     }
     worker_id = settings.worker_id or ("0" if not settings.worker else f"{socket.gethostname()}:{os.getpid()}")
     study = open_study(name, storage, seed=settings.seed, pareto=settings.pareto, identity=identity, heartbeat=settings.heartbeat,

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from objectives import RULES, Constraints, HmFloor
 from tuner.common.files import EXPORTS, check_writable
 from tuner.common.messages import shown
-from tuner.common.options import DEFAULT_PROFILE_DOCS, DEFAULT_TRIALS, GRID_NAMES, HEARTBEAT_SECONDS, check_tracking_uri
+from tuner.common.options import DEFAULT_PROFILE_DOCS, DEFAULT_TRIALS, GRID_NAMES, HEARTBEAT_SECONDS, SCREEN_QUERIES, check_tracking_uri
 
 if TYPE_CHECKING:
     from tuner.engine.models import LoadedModel
@@ -41,6 +41,7 @@ class TuneSettings:
     max_reversal: float | None = 0.0  # tilt against the uncalibrated direction on any tuning structure (None: unconstrained)
     structures: bool = True  # score every trial on the tuning passages' other structures too (`tuner.data.load_structures`)
     prune: bool = True  # stop a trial between rungs once it cannot win (`objectives.robustness.prune_reason`)
+    screen_queries: int = SCREEN_QUERIES  # per position group in the pooled screen that pruning scores first (`tuner.evaluation.pools`)
     grid: str | None = None  # "paper": run exactly the paper's 24 configs (GridSampler), at full fidelity
     selection: str = "one-se"
     pareto: bool = False
@@ -62,6 +63,11 @@ class TuneSettings:
     worker_id: str | None = None  # seeds this process's sampler: "0" coordinates, local workers 1, 2, ...; default host:pid
     dataset_defaulted: bool = field(default=False, init=False)  # whether `dataset` is the model's default
 
+    @property
+    def screens(self) -> bool:
+        """Whether trials are scored on a pooled screen first: only a single-objective search that prunes."""
+        return self.prune and not self.pareto and self.grid is None
+
     def __post_init__(self) -> None:
         if self.workers < 1:
             raise ValueError(f"--workers must be at least 1, got {self.workers}")
@@ -69,6 +75,8 @@ class TuneSettings:
             raise ValueError(f"--heartbeat must be at least 1 second, got {self.heartbeat}")
         if self.trials < 1:
             raise ValueError(f"--trials must be at least 1, got {self.trials}")
+        if self.screen_queries < 1:
+            raise ValueError(f"screen_queries must be at least 1 query per position group, got {self.screen_queries}")
         if self.batch_size is not None and self.batch_size < 1:
             raise ValueError(f"--batch-size must be at least 1, got {self.batch_size}")
         if self.batch_tokens is not None and self.batch_tokens < 1:

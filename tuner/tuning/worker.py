@@ -28,6 +28,7 @@ from tuner.common.trials import DUPLICATE_ATTR, PRUNED_ATTR, SURPLUS_ATTR, finis
 from tuner.data import PositionalDataset
 from tuner.engine.models import LoadedModel
 from tuner.evaluation.evaluator import Evaluator
+from tuner.evaluation.pools import SCREEN_SHARE, pool
 from tuner.tracking.progress import StudyProgress
 from tuner.tracking.runs import local_store
 from tuner.tuning.objective import SideSet, TrialObjective
@@ -71,6 +72,7 @@ def run_session_trials(
             structures=[SideSet(_evaluator(model, settings, s, prefix_layers=evaluator.cache.prefix_layers, cache_budget=settings.cache_budget))
                         if s.corpus != tuning.corpus else SideSet(_evaluator(model, settings, s, cache_budget=0), shares=evaluator)
                         for s in session.structures],
+            screen=_screen(session),
             profile_docs=settings.profile_docs, selection=settings.selection, prune=settings.prune, repeat_limit=settings.trials,
         )
         evaluator.show_progress = False  # the trial bar (on a terminal) and the per-trial lines take over
@@ -244,6 +246,27 @@ def _log_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial, progress: S
     else:
         log.warning("trial %d %s: %s", trial.number, trial.state.name, attrs.get("failure_reason", "interrupted"))
     log.info("trial %d/%d finished · %s", min(len(finished(study)), progress.total), progress.total, progress.status(study))
+
+
+def _screen(session: Session) -> SideSet | None:
+    """The pooled screen of the tuning split (`tuner.evaluation.pools`), when the study prunes and the pool is
+    at most `SCREEN_SHARE` of the corpus (a larger one would cost nearly what it saves). Built from the
+    uncalibrated ranking, which every process measures alike, so workers and resumed runs share one pool."""
+    settings, evaluator = session.settings, session.evaluator
+    if not settings.screens:
+        return None
+    pooled = pool(session.tuning, [evaluator.run(None).run], per_group=settings.screen_queries)
+    share = len(pooled.corpus) / len(session.tuning.corpus)
+    if share > SCREEN_SHARE:
+        if not settings.worker:
+            log.info("no pooled screen: a pool of %d queries would hold %.0f%% of %s's passages", len(pooled.queries),
+                     100 * share, session.tuning.name)
+        return None
+    if not settings.worker:
+        log.info("pooled screen: %d queries over %d of %s's %d passages (%.0f%%), scored first in every trial",
+                 len(pooled.queries), len(pooled.corpus), session.tuning.name, len(session.tuning.corpus), 100 * share)
+    return SideSet(_evaluator(session.model, settings, pooled, prefix_layers=evaluator.cache.prefix_layers,
+                              cache_budget=settings.cache_budget))
 
 
 def _side_set(model: LoadedModel, settings: TuneSettings, dataset: PositionalDataset | None, **cache: Any) -> SideSet | None:
