@@ -68,6 +68,20 @@ def test_a_second_study_reuses_queries_baseline_and_layer_inputs(bert: LoadedMod
     assert all(e == ["hit"] for e in events(again).values())
 
 
+def test_a_held_out_evaluator_keeps_each_configs_vectors_for_the_next_study(bert: LoadedModel, tmp_path: Path) -> None:
+    """`keep_on_disk`: a second study scoring the same config (the paper default on a held-out set) runs no pass
+    at all and gets the same vectors; another config, or an evaluator without it, is encoded as before."""
+    first, *_, vectors = study(bert, tmp_path, keep_on_disk=True)
+    again, *_, vectors2 = study(bert, tmp_path, keep_on_disk=True)
+    assert first.counts.resumed == {2: 1} and again.counts.resumed == {} and again.counts.full == 0
+    assert again.counts.layer_tokens == 0 and np.array_equal(vectors, vectors2)
+    other = bert.default_config(strength=0.4, basket_size=8, layers="last")
+    again.document_vectors(other)
+    assert again.counts.resumed == {2: 1}  # not on disk: encoded
+    plain, *_ = study(bert, tmp_path)
+    assert plain.counts.resumed == {2: 1}  # the tuning evaluators keep only what every trial shares
+
+
 def test_missing_layer_inputs_are_recorded_without_a_full_pass(bert: LoadedModel, tmp_path: Path) -> None:
     study(bert, tmp_path)
     for path in tmp_path.rglob("layer-input-*"):

@@ -14,6 +14,8 @@ goes in them for one model on one dataset, and keeps what lives in RAM only:
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import tempfile
@@ -171,6 +173,25 @@ class CachePolicy:
     def save_baseline(self, vectors: np.ndarray, truncated: int) -> None:
         if self.cache_dir:
             self.disk.save_array("baseline", self._document_key, vectors, truncated=truncated)
+
+    def load_calibrated(self, spec: ResolvedCalibration, shape: tuple[int, int]) -> tuple[np.ndarray, int] | None:
+        """A calibration's document vectors from disk (`Evaluator(keep_on_disk=True)`), or None."""
+        name, key = self._calibrated_entry(spec)
+        loaded = self.disk.load_array(name, key, shape) if self.cache_dir else None
+        return (loaded[0], int(loaded[1].get("truncated", 0))) if loaded is not None else None
+
+    def save_calibrated(self, spec: ResolvedCalibration, vectors: np.ndarray, truncated: int) -> None:
+        if self.cache_dir:
+            name, key = self._calibrated_entry(spec)
+            self.disk.save_array(name, key, vectors, truncated=truncated)
+
+    def _calibrated_entry(self, spec: ResolvedCalibration) -> tuple[str, dict]:
+        """The entry's file name and key: everything that makes two calibrations alike, and the documents'."""
+        calibration = {"layers": sorted(spec.layers), "strength": spec.strength, "basket_size": spec.basket_size,
+                       "weight": spec.weight, "pooling": spec.pooling, "policies": [list(p) for p in spec.policies],
+                       "basket_shares": spec.basket_shares}
+        digest = hashlib.sha256(json.dumps(calibration, sort_keys=True).encode()).hexdigest()[:16]
+        return f"calibrated-{digest}", {**self._document_key, "calibration": calibration}
 
     # ---------------------------------------------------------------------------- recent configs
 

@@ -64,6 +64,8 @@ class Evaluator:
     batch_size, batch_tokens  passages and padded tokens per batch (None: `encoder.choose_batching`)
     cache_dir, disk_cache, cache_budget, prefix_layers, ram_limit  what to keep and where (`CachePolicy`)
     reuse_baseline  copy baseline vectors for batches a config cannot change instead of encoding them
+    keep_on_disk    keep every calibration's document vectors in the disk cache too, for sets that studies score
+                    with the same configs (the held-out sets: the paper default, a re-exported winner)
     """
 
     def __init__(
@@ -80,6 +82,7 @@ class Evaluator:
         prefix_layers: Sequence[int] = (),
         ram_limit: int | None = None,
         reuse_baseline: bool = True,
+        keep_on_disk: bool = False,
     ) -> None:
         self.model = model
         self.dataset = dataset
@@ -94,6 +97,7 @@ class Evaluator:
         self.doc_ids = list(dataset.corpus)
         self.query_ids = list(dataset.queries)
         self.reuse_baseline = reuse_baseline
+        self.keep_on_disk = keep_on_disk
         self.counts = PassCounts()
         self.cache = CachePolicy(model, dataset, self.batch_size, self.batch_tokens, cache_dir=cache_dir,
                                  disk_cache=disk_cache, cache_budget=cache_budget, prefix_layers=prefix_layers,
@@ -149,6 +153,10 @@ class Evaluator:
         spec = CalibratedEncoder(self.model, config).spec  # validates pooling and layers
         assert spec is not None
         recent = self.cache.recent(spec)
+        if recent is None and self.keep_on_disk:
+            recent = self.cache.load_calibrated(spec, (len(self.doc_ids), self.dimension))
+            if recent is not None:
+                self.cache.keep(spec, *recent)
         if recent is not None:
             return recent
         batches = self.batches()
@@ -169,6 +177,8 @@ class Evaluator:
             self.counts.resumed[start] = self.counts.resumed.get(start, 0) + 1
         self.counts.layer_tokens += batches.layer_tokens(ran, self.model.num_layers - (start or 0))
         self.cache.keep(spec, vectors, batches.truncated)
+        if self.keep_on_disk:
+            self.cache.save_calibrated(spec, vectors, batches.truncated)
         return vectors, batches.truncated
 
     def baseline_vectors(self) -> tuple[np.ndarray, int]:

@@ -313,7 +313,7 @@ def _held_out_scorer(
 
         return shared
     own = Evaluator(evaluator.model, dataset, settings.batch_size, show_progress=sys.stderr.isatty(),
-                    batch_tokens=settings.batch_tokens, prefix_layers=starts)
+                    batch_tokens=settings.batch_tokens, prefix_layers=starts, keep_on_disk=True)
     return own.run
 
 
