@@ -69,6 +69,11 @@ STRUCTURES = ("crops", "openings")
 """The other structures a tuning set's own passages are re-built in, cheapest first (`load_structures`)."""
 
 
+def is_crops(dataset: PositionalDataset) -> bool:
+    """Whether a structure is a tuning set's crops (the one `--max-crops-psi` constrains)."""
+    return dataset.name.endswith("-crops")
+
+
 def load_structures(name_or_path: str, tuning: PositionalDataset | None = None) -> list[PositionalDataset]:
     """The tuning set's passages in other structures, made from its own passages and queries (so tuning data,
     never held-out data): crops (fewer, whole segments: shorter passages) and openings (the segments cut to

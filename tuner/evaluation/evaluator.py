@@ -262,6 +262,16 @@ class Evaluator:
         drift = float(np.mean(1.0 - np.einsum("ij,ij->i", documents, baseline, dtype=np.float64)))
         return replace(evaluation, drift=max(drift, 0.0))
 
+    def run_over(self, source: Evaluator, config: CalibrationConfig | None) -> Evaluation:
+        """This evaluator's queries scored over `source`'s document vectors (one corpus: a length half, a held-out
+        part of it), encoding only what `source` does not hold; the cost is what that encoding took."""
+        if source.doc_ids != self.doc_ids:
+            raise ValueError(f"{self.dataset.name} and {source.dataset.name} do not share one corpus in one order")
+        spent = source.counts.layer_tokens + self.counts.layer_tokens
+        documents, truncated = source.document_vectors(config)
+        scored = self.score(documents, truncated=truncated)
+        return replace(scored, layer_tokens=source.counts.layer_tokens + self.counts.layer_tokens - spent)
+
     def score(self, documents: np.ndarray, queries: np.ndarray | None = None, seconds: float = 0.0, truncated: int = 0) -> Evaluation:
         """Exact top-100 by inner product, then per-position nDCG@10 / Recall@10 with ir-measures."""
         queries = self.query_vectors() if queries is None else queries

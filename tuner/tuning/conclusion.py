@@ -7,7 +7,8 @@ import json
 import logging
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import optuna
@@ -304,14 +305,7 @@ def _held_out_scorer(
     where the configs start calibrating, so each config resumes there."""
     if dataset.corpus == evaluator.dataset.corpus:
         scorer = Evaluator(evaluator.model, dataset, evaluator.batch_size, batch_tokens=settings.batch_tokens, cache_budget=0)
-
-        def shared(config: CalibrationConfig | None) -> Evaluation:
-            spent = evaluator.counts.layer_tokens + scorer.counts.layer_tokens
-            documents, truncated = evaluator.document_vectors(config)
-            scored = scorer.score(documents, truncated=truncated)
-            return replace(scored, layer_tokens=evaluator.counts.layer_tokens + scorer.counts.layer_tokens - spent)
-
-        return shared
+        return partial(scorer.run_over, evaluator)
     own = Evaluator(evaluator.model, dataset, settings.batch_size, show_progress=sys.stderr.isatty(),
                     batch_tokens=settings.batch_tokens, prefix_layers=starts, keep_on_disk=True)
     return own.run

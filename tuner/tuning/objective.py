@@ -36,6 +36,7 @@ from objectives.evidence import TrialEvidence, trial_evidence
 from objectives.robustness import RobustEvidence, StructureEvidence, certain_violations, prune_reason, screen_prune_reason
 from tuner.calibration import CalibrationConfig
 from tuner.common.trials import DUPLICATE_ATTR, PRUNED_ATTR, SCREEN_ATTR, calibration_key, complete_trials, named_constraints
+from tuner.data import is_crops
 from tuner.engine.encoder import CalibratedEncoder
 from tuner.evaluation.evaluator import Evaluation, Evaluator
 from tuner.evaluation.profile import AttentionProfile, plot_profile
@@ -61,8 +62,7 @@ class SideSet:
     def run(self, config: CalibrationConfig | None) -> Evaluation:
         if self.shares is None:
             return self.evaluator.run(config)
-        documents, truncated = self.shares.document_vectors(config)  # the trial's own, already encoded
-        return self.evaluator.score(documents, truncated=truncated)
+        return self.evaluator.run_over(self.shares, config)  # the trial's own vectors, already encoded
 
     @property
     def name(self) -> str:
@@ -226,7 +226,7 @@ class TrialObjective:
             spent += result.layer_tokens
             seen.append(StructureEvidence(structure.name, trial_evidence(structure.baseline.per_query, result.per_query,
                                                                          seed=trial.number)))
-            if structure.name.endswith("-crops"):
+            if is_crops(structure.evaluator.dataset):
                 crops = result.report
         return Scored(tuning, evidence, RobustEvidence(tuple(seen)), crops, spent, screen=screen)
 
@@ -245,7 +245,7 @@ class TrialObjective:
                                        partial=scored.pruned is not None)
 
     def _crops_baseline(self) -> PositionReport | None:
-        return next((s.report for s in self.structures if s.name.endswith("-crops")), None)
+        return next((s.report for s in self.structures if is_crops(s.evaluator.dataset)), None)
 
     # ---------------------------------------------------------------------------------- recording
 

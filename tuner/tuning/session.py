@@ -17,7 +17,7 @@ import optuna
 
 from tuner.common.messages import UserError
 from tuner.common.scratch import clean_orphans
-from tuner.data import DatasetUnavailableError, PositionalDataset, load_benchmark, load_structures, require_position_groups
+from tuner.data import DatasetUnavailableError, PositionalDataset, is_crops, load_benchmark, load_structures, require_position_groups
 from tuner.data import check_available as check_benchmark
 from tuner.data.wikipos import TRANSFER_SPLITS
 from tuner.engine.models import LoadedModel, ModelUnavailableError, check_consent, load_model, locate, resolve_spec
@@ -181,7 +181,7 @@ def prepare(settings: TuneSettings) -> Session:
     structures = [within_reach(s, model) for s in load_structures(settings.dataset, tuning)] if settings.structures else []
     if settings.structures and not structures and not settings.worker:
         log.info("%s has no other structures (its passages' segments are unknown): trials are scored on it alone", tuning.name)
-    if settings.max_crops_psi is not None and not any(s.name.endswith("-crops") for s in structures) and not settings.worker:
+    if settings.max_crops_psi is not None and not any(is_crops(s) for s in structures) and not settings.worker:
         log.info("%s has no crops view (its passages' segments are unknown): --max-crops-psi does not apply", tuning.name)
     if not settings.worker:
         side = [general] if general is not None else []
