@@ -11,6 +11,7 @@ import multiprocessing
 import multiprocessing.process
 import os
 import shutil
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -206,15 +207,32 @@ def quiet_libraries() -> None:
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    for handler in logging.getLogger("optuna").handlers:  # a trial aborted by a stop is said in one line, not a traceback
-        handler.addFilter(_no_traceback_for_a_stop)
+    for handler in logging.getLogger("optuna").handlers:  # a stop or a lost store is said in one line, not a traceback
+        handler.addFilter(_no_traceback_for_the_environment)
+    threading.excepthook = _thread_error  # Optuna's heartbeat thread writing into a deleted store, say
     for noisy in ("mlflow", "alembic", "httpx", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 
-def _no_traceback_for_a_stop(record: logging.LogRecord) -> bool:
-    if record.exc_info and isinstance(record.exc_info[1], KeyboardInterrupt):
+def _thread_error(args: threading.ExceptHookArgs) -> None:
+    """A background thread's lost file or database in one line; anything else as Python prints it."""
+    import sqlalchemy.exc
+
+    if isinstance(args.exc_value, (OSError, sqlalchemy.exc.OperationalError)):
+        name = args.thread.name if args.thread is not None else "a background thread"
+        log.warning("%s stopped: %s", name, str(args.exc_value).splitlines()[0] if str(args.exc_value) else repr(args.exc_value))
+        return
+    threading.__excepthook__(args)
+
+
+def _no_traceback_for_the_environment(record: logging.LogRecord) -> bool:
+    """Optuna logs a failed trial's traceback. A stop (Ctrl-C, SIGTERM) or a file or database that went away
+    under the run is not a bug: its one line (with the error) is enough, and posfair says the cause and the fix.
+    Any other error keeps its traceback."""
+    import sqlalchemy.exc
+
+    if record.exc_info and isinstance(record.exc_info[1], (KeyboardInterrupt, OSError, sqlalchemy.exc.OperationalError)):
         record.exc_info = None
     return True
 
