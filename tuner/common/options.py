@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-DEFAULT_TRIALS = 16  # plain `tune` (MiniLM on WikiPos-dev): about 12 min on 2 idle CPU cores, measured (README)
+DEFAULT_TRIALS = 16  # plain `tune` (MiniLM on WikiPos-dev): 6–9 min on 2 idle CPU cores, measured (README)
 # Passages in each trial's attention profile: a diagnostic, not used by selection; its all-layer observed
 # pass cost a third of a trial at 16 passages (py-spy, default run), so 8.
 DEFAULT_PROFILE_DOCS = 8
