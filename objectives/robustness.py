@@ -119,14 +119,8 @@ def prune_reason(robust: RobustEvidence, threshold: float | None, violations: Ma
     """
     if not remaining:
         return None
-    if violations:
-        return "misses " + ", ".join(sorted(violations)) + " beyond noise"
-    if threshold is not None and math.isfinite(threshold):
-        low = robust.objective - z * robust.objective_se
-        if low > threshold:
-            return (f"worst-case PSI {robust.objective:.3f} (on {robust.worst.name}) − {z:g} SE = {low:.3f} is above "
-                    f"{threshold:.3f}, the most selection would take")
-    return None
+    return _beyond_noise(robust.objective, robust.objective_se, threshold, violations, z,
+                         f"worst-case PSI {robust.objective:.3f} (on {robust.worst.name})", "the most selection would take")
 
 
 def screen_prune_reason(screen: TrialEvidence, threshold: float | None, violations: Mapping[str, float],
@@ -138,11 +132,16 @@ def screen_prune_reason(screen: TrialEvidence, threshold: float | None, violatio
     complete trial yet). A trial is pruned when its screen PSI less `z` standard errors is above it, or when a
     constraint the screen bounds (HM, nDCG@10: a pool only raises them) is missed beyond noise.
     """
+    return _beyond_noise(screen.objective, screen.objective_se, threshold, violations, z,
+                         f"PSI on the pooled screen {screen.objective:.3f}", "the best complete trial's screen PSI + 1 SE",
+                         where=" on the pooled screen")
+
+
+def _beyond_noise(value: float, se: float, threshold: float | None, violations: Mapping[str, float], z: float,
+                  figure: str, limit: str, where: str = "") -> str | None:
+    """The reason both rules give: a constraint missed beyond noise, or `value` − `z` SE above `threshold`."""
     if violations:
-        return "misses " + ", ".join(sorted(violations)) + " beyond noise on the pooled screen"
-    if threshold is not None and math.isfinite(threshold):
-        low = screen.objective - z * screen.objective_se
-        if low > threshold:
-            return (f"PSI on the pooled screen {screen.objective:.3f} − {z:g} SE = {low:.3f} is above {threshold:.3f}, "
-                    "the best complete trial's screen PSI + 1 SE")
+        return "misses " + ", ".join(sorted(violations)) + " beyond noise" + where
+    if threshold is not None and math.isfinite(threshold) and value - z * se > threshold:
+        return f"{figure} − {z:g} SE = {value - z * se:.3f} is above {threshold:.3f}, {limit}"
     return None
