@@ -108,3 +108,18 @@ def test_with_one_of_them_missing_the_error_names_only_that_one(tmp_path, monkey
     output = tune_here("--model", "bge-m3", "--trials", "2", expect=2)
     assert f"hf download {BGE_M3}" in output and "FineWeb-PosQ --repo-type dataset" not in output
     assert not (tmp_path / "mlruns").exists()
+
+
+def test_every_trial_runs_the_rungs_of_fineweb_posq_its_tuning_part_and_its_length_halves(headline_run: dict) -> None:
+    """FineWeb-PosQ has no known segments: its structures are the tuning part's two length halves (scored from
+    the trial's own vectors). The exported winner records each rung's PSI and direction; the estimate says
+    the study's layer-tokens before any trial."""
+    output = headline_run["output"]
+    assert headline_run["result"].returncode == 0, output[-6000:]
+    exported = yaml.safe_load((headline_run["work"] / "mlruns/exports/bge-m3--fineweb-posq--seed0.yaml").read_text())
+    structures = exported["provenance"]["structures"]
+    assert set(structures) == {"fineweb-posq-tune", "fineweb-posq-tune-shorter", "fineweb-posq-tune-longer"}
+    assert all(0 <= s["psi"] <= 1 and "tilt" in s and "reversal" in s for s in structures.values())
+    assert re.search(r"layer-tokens \(padded tokens × layers, resumed passes cost less\): ≤ [\d,]+", output)
+    assert output.index("layer-tokens (padded tokens") < output.index("trial 0:")
+    assert re.search(r"no pooled screen: a pool of 45 queries would hold \d+% of fineweb-posq-tune's passages", output)
