@@ -69,7 +69,7 @@ def shoot(project: Path) -> None:
 
     os.chdir(project)  # the default store records its artifacts relative to the folder holding mlruns/
     storage = f"sqlite:///{project / 'mlruns' / 'optuna.db'}"
-    (name,) = optuna.get_all_study_names(storage)
+    (name,) = [n for n in optuna.get_all_study_names(storage) if "~" not in n]  # not the export marker (`claim_export`)
     study = optuna.load_study(study_name=name, storage=storage)
     winner = study.user_attrs["winner"]
     mlflow_port, dashboard_port = free_port(), free_port()
