@@ -92,6 +92,7 @@ def test_a_trial_that_cannot_pass_the_pooled_screen_stops_there_at_a_fraction_of
     screen_line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("pooled screen:"))
     passages = int(screen_line.split(" over ")[1].split(" of ")[0])
     assert screen_line.startswith("pooled screen: 3 queries over ") and passages <= 33
+    assert screen_line.endswith(f"of jsonl:data's 100 passages ({passages}%), scored first in every trial")
     study = optuna.load_study(study_name="screen", storage=settings.storage)
     references = [t for t in study.trials if t.number < 2]
     pruned = [t for t in study.trials if t.state == optuna.trial.TrialState.PRUNED]
@@ -105,5 +106,9 @@ def test_a_trial_that_cannot_pass_the_pooled_screen_stops_there_at_a_fraction_of
         assert 0 < trial.user_attrs["layer_tokens"] < full_cost / 2  # the pool, not the corpus
     client = MlflowClient(settings.tracking_uri)
     run = client.search_runs([client.get_experiment_by_name("posfair").experiment_id], f"tags.`posfair.trial` = '{pruned[0].number}'")[0]
+    screened = pruned[0].user_attrs[SCREEN_ATTR]
+    assert "psi" not in pruned[0].user_attrs and "psi" not in run.data.metrics  # the pool's PSI is not the split's
+    assert run.data.metrics["screen/psi"] == pytest.approx(screened["psi"])
+    assert run.data.metrics["screen/hm_x100"] == pytest.approx(100 * screened["hm"])
     tag = run.data.tags["posfair.pruned"]
     assert run.info.status == "KILLED" and tag.startswith("rung 0 of 4: ") and "pooled screen" in tag

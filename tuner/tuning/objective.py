@@ -275,8 +275,7 @@ class TrialObjective:
         if general_delta is not None:
             metrics["general_ndcg10_delta"] = general_delta
         if scored.screen is not None:
-            metrics.update({"screen/psi": scored.screen.objective, "screen/psi_se": scored.screen.objective_se,
-                            "screen/hm_x100": 100 * scored.screen.hm})
+            metrics.update(_screen_metrics(scored.screen))
         if scored.crops is not None:
             metrics.update(crops_psi=scored.crops.psi or 0.0, crops_hm=scored.crops.hm or 0.0, crops_ndcg10=scored.crops.ndcg10)
         metrics["cost/layer_tokens"] = float(scored.layer_tokens)
@@ -328,16 +327,19 @@ class TrialObjective:
         for name, value in constraints.items():
             trial.set_constraint(name, value)
         mark_for_dashboard(trial, list(constraints.values()))
-        report = scored.tuning.report
-        trial.set_user_attr("psi", report.psi)
-        trial.set_user_attr("hm", report.hm)
         trial.set_user_attr("layer_tokens", scored.layer_tokens)
         trial.set_user_attr("structures", scored.robust.per_structure())
         pruned = trial.user_attrs[PRUNED_ATTR]
-        metrics = {k: float(v) for k, v in report.as_dict().items() if v is not None}
+        if on_screen:  # the pool's figures are not the tuning split's: logged under their own names only
+            metrics = _screen_metrics(scored.evidence)
+        else:
+            report = scored.tuning.report
+            trial.set_user_attr("psi", report.psi)
+            trial.set_user_attr("hm", report.hm)
+            metrics = {k: float(v) for k, v in report.as_dict().items() if v is not None}
+            metrics["robust_psi"] = scored.robust.objective
         metrics |= {f"constraint_{name}": value for name, value in constraints.items()}
-        metrics |= {"cost/layer_tokens": float(scored.layer_tokens), "pruned_at_rung": float(pruned["rung"]),
-                    "robust_psi": scored.robust.objective}
+        metrics |= {"cost/layer_tokens": float(scored.layer_tokens), "pruned_at_rung": float(pruned["rung"])}
         self.tracker.finish_trial(self.study_name, TrialRecord(
             trial.number, "PRUNED", params, metrics,
             {"posfair.pruned": f"rung {pruned['rung']} of {pruned['of']}: {pruned['reason']}"[:4000]},
@@ -379,6 +381,11 @@ class TrialObjective:
         ))
         values = earlier.values
         return (values[0], values[1]) if self.pareto else values[0]
+
+
+def _screen_metrics(screen: TrialEvidence) -> dict[str, float]:
+    """A trial's figures on the pooled screen, named apart from the tuning split's."""
+    return {"screen/psi": screen.objective, "screen/psi_se": screen.objective_se, "screen/hm_x100": 100 * screen.hm}
 
 
 def _cost(structure: SideSet) -> int:
