@@ -76,7 +76,8 @@ def most_passages(dataset: PositionalDataset, per_group: int = SCREEN_QUERIES, d
 
 
 def top(scores: dict[str, float], depth: int) -> list[str]:
-    """The `depth` best documents of one query's run, ties to the lower id (`exact_search`'s order)."""
+    """The `depth` best documents of one query's run, ties to the lower id, so a pool never depends on the
+    order a run's dict happens to hold them in."""
     return [d for d, _ in sorted(scores.items(), key=lambda item: (-item[1], item[0]))[:depth]]
 
 

@@ -507,9 +507,9 @@ def selection_threshold(study: optuna.Study, rule: str) -> float | None:
 def screen_threshold(study: optuna.Study) -> float | None:
     """The screen PSI a trial must come within noise of to go past the pooled screen: the lowest screen PSI plus
     its standard error over the feasible complete trials that were screened; None while there is none."""
-    screened = [t.user_attrs[SCREEN_ATTR] for t in complete_trials(study)
-                if SCREEN_ATTR in t.user_attrs and DUPLICATE_ATTR not in t.user_attrs and all(c <= 0 for c in constraints_of(t))]
-    return min((s["psi"] + s["psi_se"] for s in screened), default=None)
+    trials = study.get_trials(deepcopy=False)
+    screened = [trials[c.trial_number].user_attrs.get(SCREEN_ATTR) for c in candidates(study) if c.feasible]
+    return min((s["psi"] + s["psi_se"] for s in screened if s is not None), default=None)
 
 
 def winner(study: optuna.Study, rule: str = "one-se") -> tuple[FrozenTrial, Selection] | None:

@@ -215,11 +215,16 @@ def quiet_libraries() -> None:
 
 
 
-def _thread_error(args: threading.ExceptHookArgs) -> None:
-    """A background thread's lost file or database in one line; anything else as Python prints it."""
+def _environment_lost(error: BaseException | None) -> bool:
+    """A file or database that went away under the run (not a bug): said in one line, without a traceback."""
     import sqlalchemy.exc
 
-    if isinstance(args.exc_value, (OSError, sqlalchemy.exc.OperationalError)):
+    return isinstance(error, (OSError, sqlalchemy.exc.OperationalError))
+
+
+def _thread_error(args: threading.ExceptHookArgs) -> None:
+    """A background thread's lost file or database in one line; anything else as Python prints it."""
+    if _environment_lost(args.exc_value):
         name = args.thread.name if args.thread is not None else "a background thread"
         log.warning("%s stopped: %s", name, str(args.exc_value).splitlines()[0] if str(args.exc_value) else repr(args.exc_value))
         return
@@ -230,9 +235,7 @@ def _no_traceback_for_the_environment(record: logging.LogRecord) -> bool:
     """Optuna logs a failed trial's traceback. A stop (Ctrl-C, SIGTERM) or a file or database that went away
     under the run is not a bug: its one line (with the error) is enough, and posfair says the cause and the fix.
     Any other error keeps its traceback."""
-    import sqlalchemy.exc
-
-    if record.exc_info and isinstance(record.exc_info[1], (KeyboardInterrupt, OSError, sqlalchemy.exc.OperationalError)):
+    if record.exc_info and (isinstance(record.exc_info[1], KeyboardInterrupt) or _environment_lost(record.exc_info[1])):
         record.exc_info = None
     return True
 
