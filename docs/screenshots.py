@@ -112,50 +112,52 @@ def close_assistant(page: object) -> None:
         close.first.click()
 
 
-def mlflow_parent_run(page: object, runs_url: str, parent_id: str) -> None:
-    """The study's parent run: its description names the winner and the held-out result."""
-    page.goto(runs_url.replace("/runs?", f"/runs/{parent_id}?"))
-    page.get_by_text("Winner: trial").first.wait_for(timeout=60_000)
+def mlflow_page(page: object, url: str, shown: str, name: str) -> None:
+    """One MLflow page, once `shown` is on it and the assistant panel is out of the way, to docs/NAME."""
+    page.goto(url)
+    page.get_by_text(shown).first.wait_for(timeout=60_000)
     close_assistant(page)
     page.wait_for_timeout(1500)
-    page.screenshot(path=DOCS / "mlflow-parent-run.png")
+    page.screenshot(path=DOCS / name)
+
+
+def mlflow_parent_run(page: object, runs_url: str, parent_id: str) -> None:
+    """The study's parent run: its description names the winner and the held-out result."""
+    mlflow_page(page, runs_url.replace("/runs?", f"/runs/{parent_id}?"), "Winner: trial", "mlflow-parent-run.png")
+
+
+def store(project: Path) -> object:
+    """A client on the project's default MLflow store."""
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(f"sqlite:///{project / 'mlruns' / 'mlflow.db'}")
+
+
+def study_run(project: Path, study: str, tag: str) -> object:
+    """The one run of `study` that carries `tag` (e.g. ``tags.`posfair.role` = 'study'``)."""
+    client = store(project)
+    experiment = client.get_experiment_by_name("posfair")
+    (run,) = client.search_runs([experiment.experiment_id], f"tags.`posfair.study` = '{study}' and {tag}")
+    return run
 
 
 def parent_run(project: Path, study: str) -> str:
     """The study's MLflow parent run id."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(f"sqlite:///{project / 'mlruns' / 'mlflow.db'}")
-    experiment = client.get_experiment_by_name("posfair")
-    (run,) = client.search_runs([experiment.experiment_id], f"tags.`posfair.study` = '{study}' and tags.`posfair.role` = 'study'")
-    return run.info.run_id
+    return study_run(project, study, "tags.`posfair.role` = 'study'").info.run_id
 
 
 def mlflow_winner_and_model(page: object, runs_url: str, project: Path, study: str) -> None:
     """The winner's trial run (its description and duration) and the registered model with its `champion` alias."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(f"sqlite:///{project / 'mlruns' / 'mlflow.db'}")
-    experiment = client.get_experiment_by_name("posfair")
-    (run,) = client.search_runs([experiment.experiment_id], f"tags.`posfair.study` = '{study}' and tags.`posfair.winner` = 'yes'")
-    page.goto(runs_url.replace("/runs?", f"/runs/{run.info.run_id}?"))
-    page.get_by_text("Winner (trial").first.wait_for(timeout=60_000)
-    close_assistant(page)
-    page.wait_for_timeout(1500)
-    page.screenshot(path=DOCS / "mlflow-trial.png")
-    (model,) = client.search_registered_models()
-    page.goto(runs_url.split("#")[0] + f"#/models/{model.name}?workflowType=machine_learning")
-    page.get_by_text("champion").first.wait_for(timeout=60_000)
-    close_assistant(page)
-    page.wait_for_timeout(1500)
-    page.screenshot(path=DOCS / "mlflow-registered-model.png")
+    run = study_run(project, study, "tags.`posfair.winner` = 'yes'")
+    mlflow_page(page, runs_url.replace("/runs?", f"/runs/{run.info.run_id}?"), "Winner (trial", "mlflow-trial.png")
+    (model,) = store(project).search_registered_models()
+    mlflow_page(page, runs_url.split("#")[0] + f"#/models/{model.name}?workflowType=machine_learning", "champion",
+                "mlflow-registered-model.png")
 
 
 def copy_scatter(project: Path, parent_id: str) -> None:
     """The parent run's PSI–HM scatter, as logged, to docs/pareto.png."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(f"sqlite:///{project / 'mlruns' / 'mlflow.db'}")
+    client = store(project)
     local = Path(client.download_artifacts(parent_id, "pareto.png", tempfile.mkdtemp(prefix="scatter-")))
     (DOCS / "pareto.png").write_bytes(local.read_bytes())
 
