@@ -1,8 +1,9 @@
 """A study's trial accounting under interruption and scale-out, tested on real processes with real signals.
 
 Issue 13's cases: a SIGKILLed run rerun at once (3), old failures counted against a fixed rerun (4), workers
-that drew the same trials (5), Ctrl-C once and twice (9). Each runs on SQLite and, where `.ci/run` provides
-them, on PostgreSQL with an MLflow server (the helpers of tests/test_workers.py).
+that drew the same trials (5), Ctrl-C twice (9; once: beside SIGTERM in tests/test_faults.py). Each runs on
+SQLite and, where `.ci/run` provides them, on PostgreSQL with an MLflow server (the helpers of
+tests/test_workers.py).
 """
 
 from __future__ import annotations
@@ -118,32 +119,6 @@ def test_a_run_killed_mid_trial_and_rerun_at_once_reruns_the_trial_and_cleans_it
     assert list((tmp_path / "tmp").glob("posfair-*")) == []  # the killed run's folder is gone, the rerun's too
     assert f"trial {killed} was left RUNNING by process {victim.pid}, which is gone; it is re-run" in " ".join(rerun.stderr.split())
     assert (tmp_path / "best.yaml").exists()
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_one_ctrl_c_stops_after_the_trial_says_so_exits_non_zero_and_exports_nothing(
-        backend: str, tiny_model_dir, data: Path, tmp_path: Path) -> None:
-    """Case 9: one Ctrl-C exported the winner of 2 of 4 trials, marked the parent FINISHED and exited 0."""
-    storage, tracking, name = study_backend(backend, tmp_path)
-    cmd = command(tiny_model_dir("bert"), data, storage, tracking, 5, "--output", str(tmp_path / "best.yaml"), name=name)
-    run = subprocess.Popen(cmd, cwd=tmp_path, env=environment(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    interrupted = catch_running(run, storage, name, at_least=1)
-    run.send_signal(signal.SIGINT)
-    output = " ".join(run.communicate(timeout=300)[0].split())
-    assert run.returncode == 130, output[-3000:]
-    trials = trials_of(storage, name)
-    assert trials[interrupted].state == COMPLETE  # the trial under way was finished
-    complete = sum(done(t) for t in trials)
-    assert f"stopped early (interrupted): {complete} of 5 trials complete; nothing exported" in output
-    assert not (tmp_path / "best.yaml").exists()
-    parent = parent_run(tracking, name)
-    assert parent.info.status == "KILLED"
-    assert parent.data.tags["posfair.outcome"] == f"stopped early (interrupted): {complete} of 5 trials"
-
-    again = subprocess.run(cmd, cwd=tmp_path, env=environment(tmp_path), capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert sum(done(t) for t in trials_of(storage, name)) == 5 and (tmp_path / "best.yaml").exists()
-    assert parent_run(tracking, name).info.status == "FINISHED"
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
