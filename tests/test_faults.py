@@ -189,6 +189,9 @@ def test_optunas_log_of_a_trial_that_lost_its_store_is_one_line_and_a_bug_keeps_
 
     assert logged(sqlalchemy.exc.OperationalError("INSERT", {}, Exception("no such table: trials"))).exc_info is None
     assert logged(FileNotFoundError(2, "No such file or directory")).exc_info is None
+    wrapped = optuna.exceptions.StorageInternalError("An exception is raised during the commit.")
+    wrapped.__cause__ = sqlalchemy.exc.OperationalError("INSERT", {}, Exception("attempt to write a readonly database"))
+    assert logged(wrapped).exc_info is None  # as Optuna's heartbeat thread raises it when mlruns/ is gone
     assert logged(KeyboardInterrupt()).exc_info is None
     assert logged(ValueError("a bug")).exc_info is not None
     assert optuna.logging.get_verbosity() == optuna.logging.WARNING

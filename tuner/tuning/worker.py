@@ -216,10 +216,15 @@ def quiet_libraries() -> None:
 
 
 def _environment_lost(error: BaseException | None) -> bool:
-    """A file or database that went away under the run (not a bug): said in one line, without a traceback."""
+    """A file or database that went away under the run (not a bug), also as the cause of what a library raised
+    (Optuna wraps it in StorageInternalError): said in one line, without a traceback."""
     import sqlalchemy.exc
 
-    return isinstance(error, (OSError, sqlalchemy.exc.OperationalError))
+    while error is not None:
+        if isinstance(error, (OSError, sqlalchemy.exc.OperationalError)):
+            return True
+        error = error.__cause__
+    return False
 
 
 def _thread_error(args: threading.ExceptHookArgs) -> None:
