@@ -14,7 +14,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import pytest
 import requests
+
+
+def as_logged(value: float, abs: float = 0.0) -> object:
+    """`value` as MLflow stores it: four significant digits (half a unit in the fourth: relative 5e-4), plus
+    `abs` for a figure derived from other rounded ones."""
+    return pytest.approx(value, rel=5e-4, abs=abs)
+
 
 START_SECONDS = 240  # a cold `mlflow server` on a busy 2-core machine has taken 46 s to answer
 

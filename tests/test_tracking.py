@@ -30,7 +30,7 @@ from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
 from tests.ci import MLFLOW
-from tests.services import free_port, running_mlflow_server
+from tests.services import as_logged, free_port, running_mlflow_server
 from tests.test_study import write_dataset
 from tests.tiny import random_texts
 from tuner.engine.encoder import CalibratedEncoder
@@ -171,11 +171,22 @@ def test_runs_mark_baseline_paper_default_infeasible_trials_and_the_winner(clien
         assert (" · infeasible" in name) == (not feasible) == (run.data.tags["posfair.feasible"] == "no")
         assert (" · winner" in name) == (number == winner) == (run.data.tags.get("posfair.winner") == "yes")
         description = run.data.tags[NOTE]
-        assert f"PSI {metrics['psi']:.3f}" in description and f"HM {metrics['hm_x100']:.2f}" in description
+        attrs = study.trials[number].user_attrs  # the figures the sentence was written from (MLflow's are rounded)
+        assert f"PSI {attrs['psi']:.3f}" in description and f"HM {100 * attrs['hm']:.2f}" in description
+        assert metrics["psi"] == as_logged(attrs["psi"]) and metrics["hm_x100"] == as_logged(100 * attrs["hm"])
         assert (": misses " in description) == (not feasible), description
     assert trials[0].info.run_name.startswith("trial-0 · baseline") and "no calibration (λ 0)" in trials[0].data.tags[NOTE]
     assert trials[1].info.run_name.startswith("trial-1 · paper default") and "CLS-Soft, λ 0.50" in trials[1].data.tags[NOTE]
     assert trials[winner].data.tags[NOTE].startswith(f"Winner (trial {winner})")
+
+
+def test_every_stored_metric_is_rounded_to_what_is_worth_reading(client: MlflowClient) -> None:
+    """MLflow's run list and charts print a stored float whole (57.171079012…): the store holds four significant
+    digits, and whole numbers (query counts, layer-tokens) every digit."""
+    parent, trials = runs_of(client)
+    values = [v for run in (parent, *trials) for v in run.data.metrics.values()]
+    assert len(values) > 100 and any(v != int(v) for v in values)
+    assert all(v == int(v) or float(f"{v:.4g}") == v for v in values), [v for v in values if float(f"{v:.4g}") != v][:5]
 
 
 def test_trial_runs_open_when_the_trial_starts_and_last_as_long_as_it(client: MlflowClient, default_run: dict) -> None:
@@ -207,13 +218,13 @@ def test_the_parent_run_holds_held_out_figures_with_their_intervals(client: Mlfl
     for metric, scale, shown in (("hm", 100, "hm_x100"), ("psi", 1, "psi"), ("ndcg10", 100, "ndcg10_x100")):
         estimate, low, high = intervals[metric]
         prefix = f"heldout/{name}/winner/change_{shown}"
-        assert metrics[prefix] == pytest.approx(scale * estimate)
-        assert metrics[f"{prefix}_ci_low"] == pytest.approx(scale * low) and metrics[f"{prefix}_ci_high"] == pytest.approx(scale * high)
+        assert metrics[prefix] == as_logged(scale * estimate)
+        assert metrics[f"{prefix}_ci_low"] == as_logged(scale * low) and metrics[f"{prefix}_ci_high"] == as_logged(scale * high)
         assert low <= estimate <= high
     held = exported.metrics[f"heldout/{name}"]
-    assert metrics[f"heldout/{name}/winner/hm_x100"] == pytest.approx(100 * held["hm"])
-    assert metrics[f"heldout/{name}/uncalibrated/hm_x100"] == pytest.approx(100 * exported.metrics[f"heldout_baseline/{name}"]["hm"])
-    assert metrics["tuning/winner/psi"] == pytest.approx(exported.metrics["tuning"]["psi"])
+    assert metrics[f"heldout/{name}/winner/hm_x100"] == as_logged(100 * held["hm"])
+    assert metrics[f"heldout/{name}/uncalibrated/hm_x100"] == as_logged(100 * exported.metrics[f"heldout_baseline/{name}"]["hm"])
+    assert metrics["tuning/winner/psi"] == as_logged(exported.metrics["tuning"]["psi"])
 
 
 def test_the_parent_run_names_the_winner_and_its_held_out_result(client: MlflowClient, default_run: dict) -> None:
@@ -230,7 +241,7 @@ def test_the_parent_run_names_the_winner_and_its_held_out_result(client: MlflowC
     metrics, winner_metrics = parent.data.metrics, trials[winner].data.metrics
     for column in ("psi", "hm_x100", "feasible", "ndcg10_change_vs_uncalibrated_x100"):  # the trials' columns show the winner
         assert metrics[column] == pytest.approx(winner_metrics[column], abs=1e-4)
-    assert metrics["heldout_winner_change_hm_x100"] == pytest.approx(100 * hm[0], abs=1e-4)
+    assert metrics["heldout_winner_change_hm_x100"] == as_logged(100 * hm[0])
     table = (Path(client.download_artifacts(parent.info.run_id, "heldout.md", str(default_run["work"] / "dl")))).read_text()
     assert f"| {name} | Winner (trial {winner}) | {100 * exported.metrics[f'heldout/{name}']['hm']:.2f} |" in table
 

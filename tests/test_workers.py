@@ -22,7 +22,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tests.ci import require_mlflow_server, require_postgres
-from tests.services import fresh_postgres_database, running_mlflow_server
+from tests.services import as_logged, fresh_postgres_database, running_mlflow_server
 from tests.test_study import write_dataset
 from tuner.common.trials import DUPLICATE_ATTR, counted
 from tuner.tracking.runs import TrackingUnavailableError
@@ -244,8 +244,8 @@ def test_a_tracking_server_killed_mid_study_and_restarted_loses_no_trial_log(tin
                 assert run.info.status == "KILLED"
                 continue
             assert run.info.status == "FINISHED"
-            assert run.data.metrics["psi"] == pytest.approx(trial.user_attrs["psi"])
-            assert run.data.metrics["hm_x100"] == pytest.approx(100 * trial.user_attrs["hm"])
+            assert run.data.metrics["psi"] == as_logged(trial.user_attrs["psi"])
+            assert run.data.metrics["hm_x100"] == as_logged(100 * trial.user_attrs["hm"])
             assert float(run.data.params["strength"]) == pytest.approx(trial.params["strength"])
             if DUPLICATE_ATTR not in trial.user_attrs:  # a repeat was not run: it has no profile of its own
                 assert {"attention_profile.json", "attention_profile.png"} <= {a.path for a in client.list_artifacts(run.info.run_id)}

@@ -21,6 +21,7 @@ from __future__ import annotations
 import fcntl
 import json
 import logging
+import math
 import os
 import subprocess
 import time
@@ -212,6 +213,19 @@ def metric_name(name: str) -> tuple[str, float]:
     if name.startswith("profile_") and name.endswith("_token_mass"):
         return f"last_layer_attention_on_{name.removeprefix('profile_').removesuffix('_mass')}_pct", _POINTS
     return name, 1.0
+
+
+SHOWN_DIGITS = 4
+"""Significant digits of a metric as MLflow stores and shows it: beyond the console's (PSI 0.265, HM 57.17) and
+below the noise of any figure posfair logs; whole numbers (passages, layer-tokens) keep every digit."""
+
+
+def shown(value: float) -> float:
+    """`value` to `SHOWN_DIGITS` significant digits, never fewer than its integer part: MLflow's run list and
+    charts print a stored float whole (57.171079012…), so the store holds what is worth reading."""
+    if value == 0 or not math.isfinite(value):
+        return value
+    return round(value, max(0, SHOWN_DIGITS - 1 - math.floor(math.log10(abs(value)))))
 
 
 def display_metrics(values: Mapping[str, float], prefix: str = "") -> dict[str, float]:
@@ -441,7 +455,7 @@ class Tracker:
             now = int(time.time() * 1000)
             self.client.log_batch(
                 self.parent_id,
-                metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()],
+                metrics=[Metric(k, shown(float(v)), now, 0) for k, v in metrics.items()],
                 tags=[RunTag(k, v[:MAX_TAG_LENGTH]) for k, v in tags.items()],
             )
             for path in artifacts:
@@ -497,7 +511,7 @@ class Tracker:
             return
         self.client.log_batch(
             run_id,
-            metrics=[Metric(k, v, record.end_ms, 0) for k, v in display_metrics(record.metrics).items()],
+            metrics=[Metric(k, shown(v), record.end_ms, 0) for k, v in display_metrics(record.metrics).items()],
             tags=[RunTag(k, v[:MAX_TAG_LENGTH]) for k, v in
                   {"posfair.state": record.state, NOTE: record.description, **record.tags}.items()],
         )

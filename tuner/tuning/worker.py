@@ -212,7 +212,9 @@ def quiet_libraries() -> None:
     threading.excepthook = _thread_error  # Optuna's heartbeat thread writing into a deleted store, say
     for noisy in ("mlflow", "alembic", "httpx", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-
+    # SQLAlchemy logs at ERROR only the cleanup failures it swallows (a cursor whose close a stop interrupted, with
+    # a traceback); every failure that matters is raised, and a garbage-collected connection also warns
+    logging.getLogger("sqlalchemy").setLevel(logging.CRITICAL)
 
 
 def _environment_lost(error: BaseException | None) -> bool:
