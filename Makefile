@@ -12,7 +12,7 @@ STAMP := $(VENV)/.posfair-installed
 # --dist loadgroup keeps each module marked in tests/conftest.py (a shared `tune` run as its fixture) on one worker.
 TEST_WORKERS ?= 3
 
-.PHONY: setup tune test lint format-check benchmarks
+.PHONY: setup tune test lint benchmarks
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
@@ -25,18 +25,15 @@ $(STAMP): pyproject.toml
 tune: setup
 	$(BIN)/tune $(ARGS)
 
-# make test: lint (ruff, mypy), then the suite. pytest's own exit status is make's: a failure, an error, or no
+# make test: lint (ruff check and format, mypy), then the suite. pytest's own exit status is make's: a failure, an error, or no
 # test collected at all (exit 5) fails the target.
 test: setup lint
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 lint: setup
 	$(BIN)/ruff check .
-	$(BIN)/mypy
-
-# Not yet part of `make test`: the tree is `ruff format`ted once, then this joins `lint`.
-format-check: setup
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 benchmarks: setup
 	$(BIN)/python -m benchmarks.overhead

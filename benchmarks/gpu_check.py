@@ -48,8 +48,16 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 # Ops that make the host wait for the device: a value read back (bool(t), t.item(), int(t)), a comparison
 # answered on the host, or an output whose size depends on the data (boolean indexing, nonzero).
-SYNC_OPS = {"aten._local_scalar_dense", "aten.is_nonzero", "aten.item", "aten.equal", "aten.nonzero",
-            "aten.masked_select", "aten.unique", "aten._unique2"}
+SYNC_OPS = {
+    "aten._local_scalar_dense",
+    "aten.is_nonzero",
+    "aten.item",
+    "aten.equal",
+    "aten.nonzero",
+    "aten.masked_select",
+    "aten.unique",
+    "aten._unique2",
+}
 SYNC_METHODS = {"tolist", "numpy"}  # read a tensor's data on the host without passing through the dispatcher
 
 
@@ -135,11 +143,15 @@ def plan_for(device: str, pairs: int | None = None) -> Plan:
     """The CUDA plan, or its reduced CPU form."""
     if device == "cuda":
         lengths, per_batch = (512, 2048, 8192), 32768
-        cases = tuple(Case(model, pooling, n, per_batch // n)
-                      for model, pooling in (("xlmr", "cls"), ("xlmr", "mean"), ("qwen3", "last")) for n in lengths)
+        cases = tuple(
+            Case(model, pooling, n, per_batch // n)
+            for model, pooling in (("xlmr", "cls"), ("xlmr", "mean"), ("qwen3", "last"))
+            for n in lengths
+        )
         return Plan("cuda", torch.bfloat16, "bge-m3", cases, pairs or 10, 3, 128, 512)
-    cases = tuple(Case(model, pooling, n, 2) for model, pooling in (("xlmr", "cls"), ("xlmr", "mean"), ("qwen3", "last"))
-                  for n in (64, 128))
+    cases = tuple(
+        Case(model, pooling, n, 2) for model, pooling in (("xlmr", "cls"), ("xlmr", "mean"), ("qwen3", "last")) for n in (64, 128)
+    )
     return Plan("cpu", torch.float32, "tiny", cases, pairs or 3, 1, 16, 64, threads=1)  # tiny: threads only contend
 
 
@@ -159,14 +171,33 @@ def build_model(case: Case, plan: Plan) -> torch.nn.Module:
     torch.manual_seed(0)
     if case.model == "xlmr":
         hidden, heads, intermediate, layers = WIDTHS[plan.width]
-        config = XLMRobertaConfig(vocab_size=8192, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-                                  intermediate_size=intermediate, max_position_embeddings=8194, type_vocab_size=1,
-                                  pad_token_id=1, bos_token_id=0, eos_token_id=2)
+        config = XLMRobertaConfig(
+            vocab_size=8192,
+            hidden_size=hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            intermediate_size=intermediate,
+            max_position_embeddings=8194,
+            type_vocab_size=1,
+            pad_token_id=1,
+            bos_token_id=0,
+            eos_token_id=2,
+        )
         model = XLMRobertaModel(config, add_pooling_layer=False)
     else:
-        config = Qwen3Config(vocab_size=8192, hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                             head_dim=32, intermediate_size=256, max_position_embeddings=8192, pad_token_id=0,
-                             bos_token_id=2, eos_token_id=3)
+        config = Qwen3Config(
+            vocab_size=8192,
+            hidden_size=128,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            intermediate_size=256,
+            max_position_embeddings=8192,
+            pad_token_id=0,
+            bos_token_id=2,
+            eos_token_id=3,
+        )
         model = Qwen3Model(config)
     model.set_attn_implementation(ATTENTION_NAME)
     return model.to(device=plan.device, dtype=plan.dtype).eval()
@@ -192,8 +223,15 @@ def inputs_for(case: Case, device: str) -> dict[str, torch.Tensor]:
 def spec_for(case: Case, plan: Plan, model: torch.nn.Module, **overrides: object) -> Any:
     from tuner.calibration import CalibrationConfig
 
-    values = {"variant": "cls_soft", "strength": 0.5, "basket_size": plan.basket, "layers": 0.5, "pooling": case.pooling,
-              "padding_side": "left" if case.model == "qwen3" else "right", **overrides}
+    values = {
+        "variant": "cls_soft",
+        "strength": 0.5,
+        "basket_size": plan.basket,
+        "layers": 0.5,
+        "pooling": case.pooling,
+        "padding_side": "left" if case.model == "qwen3" else "right",
+        **overrides,
+    }
     return CalibrationConfig(**values).resolve(model.config.num_hidden_layers)
 
 
@@ -250,8 +288,13 @@ def paired_times(plain: Callable[[], object], engine: Callable[[], object], plan
         for name in ("sdpa", "engine") if i % 2 == 0 else ("engine", "sdpa"):
             times[name].append(seconds_of(plain if name == "sdpa" else engine, plan.device))
     ratios = [e / p for e, p in zip(times["engine"], times["sdpa"], strict=True)]
-    return {"sdpa_s": statistics.median(times["sdpa"]), "engine_s": statistics.median(times["engine"]),
-            "ratio": statistics.median(ratios), "pairs": plan.pairs, "ratios": ratios}
+    return {
+        "sdpa_s": statistics.median(times["sdpa"]),
+        "engine_s": statistics.median(times["engine"]),
+        "ratio": statistics.median(ratios),
+        "pairs": plan.pairs,
+        "ratios": ratios,
+    }
 
 
 def resumes_bit_identically(model: torch.nn.Module, inputs: dict[str, torch.Tensor], spec: Any | None, layer: int) -> bool:
@@ -297,11 +340,17 @@ def against_oracle(case: Case, plan: Plan, model: torch.nn.Module) -> dict[str, 
     del full
 
     def compare(got: torch.Tensor) -> dict[str, float]:
-        return {"max_abs": float((got - oracle).abs().max()),
-                "min_cosine": float(torch.nn.functional.cosine_similarity(got, oracle, dim=-1).min())}
+        return {
+            "max_abs": float((got - oracle).abs().max()),
+            "min_cosine": float(torch.nn.functional.cosine_similarity(got, oracle, dim=-1).min()),
+        }
 
-    return {"length": small.length, "batch": small.batch, str(plan.dtype).removeprefix("torch."): compare(engine),
-            "float32": compare(engine32)}
+    return {
+        "length": small.length,
+        "batch": small.batch,
+        str(plan.dtype).removeprefix("torch."): compare(engine),
+        "float32": compare(engine32),
+    }
 
 
 def measure(case: Case, plan: Plan, model: torch.nn.Module) -> dict[str, Any]:
@@ -311,22 +360,30 @@ def measure(case: Case, plan: Plan, model: torch.nn.Module) -> dict[str, Any]:
     inputs = inputs_for(case, plan.device)
     spec = spec_for(case, plan, model)
     plain, engine = (lambda: forward(model, inputs, None)), (lambda: forward(model, inputs, spec))
-    result: dict[str, Any] = {"case": asdict(case), "title": case.title, "calibrated_layers": sorted(spec.layers),
-                              "time": paired_times(plain, engine, plan)}
+    result: dict[str, Any] = {
+        "case": asdict(case),
+        "title": case.title,
+        "calibrated_layers": sorted(spec.layers),
+        "time": paired_times(plain, engine, plan),
+    }
     sdpa_peak, engine_peak = peak_bytes(plain, plan.device), peak_bytes(engine, plan.device)
-    result["peak_mib"] = None if sdpa_peak is None else {
-        "sdpa": sdpa_peak / 2**20, "engine": engine_peak / 2**20, "extra": (engine_peak - sdpa_peak) / 2**20}  # type: ignore[operator]
+    result["peak_mib"] = (
+        None
+        if sdpa_peak is None
+        else {"sdpa": sdpa_peak / 2**20, "engine": engine_peak / 2**20, "extra": (engine_peak - sdpa_peak) / 2**20}
+    )  # type: ignore[operator]
     syncs = {}
     for name, run in (("sdpa", plain), ("engine", engine)):
         with HostSyncs() as counted:
             run()
         syncs[name] = counted.total
     result["host_syncs_per_forward"] = syncs
-    result["strength_0_is_sdpa_bit_for_bit"] = bool(torch.equal(forward(model, inputs, spec_for(case, plan, model, strength=0.0)),
-                                                                plain()))
+    result["strength_0_is_sdpa_bit_for_bit"] = bool(torch.equal(forward(model, inputs, spec_for(case, plan, model, strength=0.0)), plain()))
     first = min(spec.layers)
-    result["prefix_resume_bit_identical"] = {"plain": resumes_bit_identically(model, inputs, None, first),
-                                             "calibrated": resumes_bit_identically(model, inputs, spec, first)}
+    result["prefix_resume_bit_identical"] = {
+        "plain": resumes_bit_identically(model, inputs, None, first),
+        "calibrated": resumes_bit_identically(model, inputs, spec, first),
+    }
     result["fused_kernel"] = engine_module._fused_kernel(plan.device) is not None
     return result
 
@@ -348,9 +405,18 @@ def run(plan: Plan, budget_s: float, log: Callable[[str], None] = print) -> dict
 
 def _run(plan: Plan, budget_s: float, log: Callable[[str], None], began: float) -> dict[str, Any]:
     device_name = torch.cuda.get_device_name() if plan.device == "cuda" else "cpu"
-    out: dict[str, Any] = {"device": device_name, "mode": plan.device, "dtype": str(plan.dtype), "torch": torch.__version__,
-                           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "pairs": plan.pairs,
-                           "basket": plan.basket, "cases": [], "oracle": [], "skipped": []}
+    out: dict[str, Any] = {
+        "device": device_name,
+        "mode": plan.device,
+        "dtype": str(plan.dtype),
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "pairs": plan.pairs,
+        "basket": plan.basket,
+        "cases": [],
+        "oracle": [],
+        "skipped": [],
+    }
     models: dict[str, torch.nn.Module] = {}
     per_token_length: dict[str, float] = {}  # a model's last case: seconds ÷ its length (tokens a batch are fixed)
     for case in plan.cases:
@@ -368,8 +434,13 @@ def _run(plan: Plan, budget_s: float, log: Callable[[str], None], began: float) 
         log(row(result))
     for model_name, pooling in dict.fromkeys((c.model, c.pooling) for c in plan.cases):
         if model_name in models and time.perf_counter() - began < budget_s:
-            out["oracle"].append({"model": model_name, "pooling": pooling,
-                                  **against_oracle(Case(model_name, pooling, plan.oracle_length, 2), plan, models[model_name])})
+            out["oracle"].append(
+                {
+                    "model": model_name,
+                    "pooling": pooling,
+                    **against_oracle(Case(model_name, pooling, plan.oracle_length, 2), plan, models[model_name]),
+                }
+            )
     out["wall_s"] = time.perf_counter() - began
     return out
 
@@ -379,23 +450,31 @@ def row(result: dict[str, Any]) -> str:
     resumed = result["prefix_resume_bit_identical"]
     extra = "—" if peak is None else f"{peak['extra']:+.2f} MiB"
     same = "yes" if resumed["plain"] and resumed["calibrated"] else f"NO {resumed}"
-    return (f"| {result['title']} | {t['sdpa_s'] * 1e3:.1f} ms | {t['engine_s'] * 1e3:.1f} ms | {t['ratio']:.3f}× | "
-            f"{extra} | {syncs['engine']} (SDPA {syncs['sdpa']}) | "
-            f"{'yes' if result['strength_0_is_sdpa_bit_for_bit'] else 'NO'} | {same} |")
+    return (
+        f"| {result['title']} | {t['sdpa_s'] * 1e3:.1f} ms | {t['engine_s'] * 1e3:.1f} ms | {t['ratio']:.3f}× | "
+        f"{extra} | {syncs['engine']} (SDPA {syncs['sdpa']}) | "
+        f"{'yes' if result['strength_0_is_sdpa_bit_for_bit'] else 'NO'} | {same} |"
+    )
 
 
 def table(out: dict[str, Any]) -> str:
-    lines = [(f"{out['device']} ({out['mode']}, {out['dtype']}, torch {out['torch']}), {out['date']}; median of "
-              f"{out['pairs']} interleaved pairs; basket {out['basket']}"),
-             "",
-             "| case | SDPA | engine | engine ÷ SDPA | extra peak | host syncs / forward | λ 0 = SDPA | prefix resume = full |",
-             "|---|---:|---:|---:|---:|---:|---|---|"]
+    lines = [
+        (
+            f"{out['device']} ({out['mode']}, {out['dtype']}, torch {out['torch']}), {out['date']}; median of "
+            f"{out['pairs']} interleaved pairs; basket {out['basket']}"
+        ),
+        "",
+        "| case | SDPA | engine | engine ÷ SDPA | extra peak | host syncs / forward | λ 0 = SDPA | prefix resume = full |",
+        "|---|---:|---:|---:|---:|---:|---|---|",
+    ]
     lines += [row(result) for result in out["cases"]]
     lines += ["", "| model, pooling | dtype | max abs vs fp32 oracle | min cosine | float32 max abs |", "|---|---|---:|---:|---:|"]
     for entry in out["oracle"]:
         dtype = out["dtype"].removeprefix("torch.")
-        lines.append(f"| {entry['model']} {entry['pooling']} {entry['length']}×{entry['batch']} | {dtype} | "
-                     f"{entry[dtype]['max_abs']:.2e} | {entry[dtype]['min_cosine']:.6f} | {entry['float32']['max_abs']:.2e} |")
+        lines.append(
+            f"| {entry['model']} {entry['pooling']} {entry['length']}×{entry['batch']} | {dtype} | "
+            f"{entry[dtype]['max_abs']:.2e} | {entry[dtype]['min_cosine']:.6f} | {entry['float32']['max_abs']:.2e} |"
+        )
     if out["skipped"]:
         lines += ["", "skipped (time budget): " + ", ".join(out["skipped"])]
     lines += ["", f"wall time {out['wall_s']:.0f} s"]

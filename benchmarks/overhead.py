@@ -308,9 +308,7 @@ def small_op_latency_us(samples: int = 15) -> float:
     return statistics.median(times) * 1e6
 
 
-def time_attention_call(
-    module: Any, case: Case, spec: Any, mask: Any, heads: int, dim: int, repeats: int
-) -> dict[str, float]:
+def time_attention_call(module: Any, case: Case, spec: Any, mask: Any, heads: int, dim: int, repeats: int) -> dict[str, float]:
     """Time one calibrated layer's attention call alone: transformers' SDPA vs the engine, interleaved.
 
     Synthetic query/key/value with the model's own shapes and strides ((B, T, H, D) projections seen
@@ -324,9 +322,7 @@ def time_attention_call(
     from tuner.calibration.attention import calibrated_attention
 
     generator = torch.Generator().manual_seed(2)
-    q, k, v = (
-        torch.randn(case.batch, case.length, heads, dim, generator=generator).transpose(1, 2) for _ in range(3)
-    )
+    q, k, v = (torch.randn(case.batch, case.length, heads, dim, generator=generator).transpose(1, 2) for _ in range(3))
     allowed = None if bool(mask.all()) else mask.bool()[:, None, None, :].expand(-1, 1, case.length, -1)
     kwargs = {"scaling": module.scaling, "dropout": 0.0}
     plain, engine = [], []
@@ -361,9 +357,7 @@ def profile_call(case: Case, rows: int = 14) -> str:
     if case.threads > 0:
         torch.set_num_threads(case.threads)
     model, _, _, info = build(case)
-    spec = CalibrationConfig(**{**CALIBRATION, "basket_size": case.basket, "pooling": case.pooling}).resolve(
-        info["num_layers"]
-    )
+    spec = CalibrationConfig(**{**CALIBRATION, "basket_size": case.basket, "pooling": case.pooling}).resolve(info["num_layers"])
     module = next(m for m in model.modules() if getattr(m, "layer_idx", None) in spec.layers and hasattr(m, "scaling"))
     generator = torch.Generator().manual_seed(2)
     shape = (case.batch, case.length, info["heads"], info["head_dim"])
@@ -415,9 +409,7 @@ def measure(case: Case) -> dict[str, Any]:
     spec = config.resolve(info["num_layers"])
     calibrated = case.method in ("oracle", "engine")
     attention_modules = [
-        module
-        for module in model.modules()
-        if getattr(module, "layer_idx", None) in spec.layers and hasattr(module, "scaling")
+        module for module in model.modules() if getattr(module, "layer_idx", None) in spec.layers and hasattr(module, "scaling")
     ]
 
     def forward(ids_: Any, mask_: Any, calibrate: bool) -> tuple[float, Any]:
@@ -498,11 +490,7 @@ def measure(case: Case) -> dict[str, Any]:
             plain_embedding={name: value.float().tolist() for name, value in (plain_embedding or {}).items()},
         )
         if attention_modules and case.call_repeats > 0:
-            result.update(
-                time_attention_call(
-                    attention_modules[0], case, spec, mask, info["heads"], info["head_dim"], case.call_repeats
-                )
-            )
+            result.update(time_attention_call(attention_modules[0], case, spec, mask, info["heads"], info["head_dim"], case.call_repeats))
             if result["plain_time_s"]:
                 share = len(spec.layers) * result["call_extra_s"] / result["plain_time_s"]
                 result["call_estimated_ratio"] = 1.0 + share
@@ -544,10 +532,7 @@ def measure_noop(case: Case) -> dict[str, Any]:
             order = NOOP_CONDITIONS[i % 3 :] + NOOP_CONDITIONS[: i % 3]
             for name in order if i % 2 == 0 else order[::-1]:
                 times[name].append(forward(name))
-    ratios = {
-        name: statistics.median(t / p for t, p in zip(times[name], times["sdpa"], strict=True))
-        for name in NOOP_CONDITIONS[1:]
-    }
+    ratios = {name: statistics.median(t / p for t, p in zip(times[name], times["sdpa"], strict=True)) for name in NOOP_CONDITIONS[1:]}
     spec = specs["strength 0"]
     module = next(m for m in model.modules() if getattr(m, "layer_idx", None) in spec.layers and hasattr(m, "scaling"))
     forward_s = statistics.median(times["sdpa"])
@@ -573,8 +558,7 @@ def measure_noop(case: Case) -> dict[str, Any]:
 
 def noop_report(titles: list[str], results: list[dict[str, Any]], command: str) -> str:
     """One verdict line per column: the paired ratios to SDPA and whether the embeddings are SDPA's."""
-    out = [f"== Nothing to calibrate: engine ÷ SDPA, same process, interleaved (target ≤ {TARGET_NOOP_RATIO}×) ==",
-           f"Command: {command}"]
+    out = [f"== Nothing to calibrate: engine ÷ SDPA, same process, interleaved (target ≤ {TARGET_NOOP_RATIO}×) ==", f"Command: {command}"]
     for title, result in zip(titles, results, strict=True):
         ratios, diffs, calls = result["paired_ratio"], result["max_abs_diff"], result["calls"]
         sdpa = statistics.median(result["times_s"]["sdpa"])
@@ -635,8 +619,17 @@ class Column:
 
     def case(self, method: str, run: int = 1) -> Case:
         return Case(
-            self.model, method, self.length, self.batch, self.pooling, self.layers, self.repeats,
-            pad_one=self.pad_one, run=run, call_repeats=5 if self.length <= 1024 else 3, threads=self.threads,
+            self.model,
+            method,
+            self.length,
+            self.batch,
+            self.pooling,
+            self.layers,
+            self.repeats,
+            pad_one=self.pad_one,
+            run=run,
+            call_repeats=5 if self.length <= 1024 else 3,
+            threads=self.threads,
         )
 
     def same_forward(self, other: Column) -> bool:
@@ -821,6 +814,7 @@ def verdicts(columns: list[Column]) -> list[str]:
 def agreement(columns: list[Column]) -> list[str]:
     lines = []
     for column in columns:
+
         def embedding(key: str, name: str = "embedding") -> list[list[float]] | None:
             return (column.results.get(key, {}).get(name) or {}).get(column.pooling)  # noqa: B023 - called in this iteration
 
@@ -862,7 +856,8 @@ def report(columns: list[Column], command: str, wall_s: float | None = None) -> 
     shared = [c for c in columns if c.plain_from is not None]
     if shared:
         out.append(
-            "¹ " + "; ".join(f"{c.title} reuses the sdpa/eager processes of {c.plain_from.title}" for c in shared)
+            "¹ "
+            + "; ".join(f"{c.title} reuses the sdpa/eager processes of {c.plain_from.title}" for c in shared)
             + " (an uncalibrated forward does not depend on the pooling)"
         )
     pad = any(c.pad_one for c in columns)
@@ -896,13 +891,12 @@ def report(columns: list[Column], command: str, wall_s: float | None = None) -> 
     def get(column: Column, key: str, name: str) -> Any:
         return column.results.get(key, {}).get(name)
 
-    row("engine ÷ uncalibrated, same process (paired)", lambda c: f"{v:.3f}×" if (v := get(c, 'engine', 'paired_ratio')) else "—")
+    row("engine ÷ uncalibrated, same process (paired)", lambda c: f"{v:.3f}×" if (v := get(c, "engine", "paired_ratio")) else "—")
     row(
         "attention call of one calibrated layer: sdpa → engine",
-        lambda c: f"{v * 1e3:.1f} → {get(c, 'engine', 'call_engine_s') * 1e3:.1f} ms"
-        if (v := get(c, "engine", "call_sdpa_s")) else "—",
+        lambda c: f"{v * 1e3:.1f} → {get(c, 'engine', 'call_engine_s') * 1e3:.1f} ms" if (v := get(c, "engine", "call_sdpa_s")) else "—",
     )
-    row("engine ratio estimated from the attention call", lambda c: f"{v:.3f}×" if (v := get(c, 'engine', 'call_estimated_ratio')) else "—")
+    row("engine ratio estimated from the attention call", lambda c: f"{v:.3f}×" if (v := get(c, "engine", "call_estimated_ratio")) else "—")
     row("sdpa, second process (noise floor)", lambda c: cell(c, "sdpa#2"))
     row("extra peak: engine − sdpa", lambda c: _delta(c, "engine", "sdpa", "extra_kib"))
     row("extra peak: sdpa#2 − sdpa (noise)", lambda c: _delta(c, "sdpa#2", "sdpa", "extra_kib"))
@@ -939,12 +933,11 @@ def _delta(column: Column, a: str, b: str, name: str) -> str:
 
 def parse(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.overhead", description=__doc__.split("\n\n")[0],
+        prog="python -m benchmarks.overhead",
+        description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
-        "--quick", action="store_true", help="smoke run: XLM-R cls at 512 tokens and MiniLM, one timed forward each"
-    )
+    parser.add_argument("--quick", action="store_true", help="smoke run: XLM-R cls at 512 tokens and MiniLM, one timed forward each")
     parser.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048], help="XLM-R cls lengths")
     parser.add_argument("--mean-lengths", type=int, nargs="*", default=[512], help="XLM-R mean-pooling lengths (none: skip)")
     parser.add_argument("--layers", type=int, default=2, help="XLM-R layers (bge-m3 has 24; the last half is calibrated)")
@@ -955,11 +948,13 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--pad-one", action="store_true", help="pad the last item of each batch to 3/4 of the length")
     parser.add_argument("--json", help="also write the raw per-process results here")
     parser.add_argument(
-        "--profile", action="store_true",
+        "--profile",
+        action="store_true",
         help="instead of measuring, print a torch.profiler table of one engine attention call per column",
     )
     parser.add_argument(
-        "--noop", action="store_true",
+        "--noop",
+        action="store_true",
         help="instead, time the engine with nothing to calibrate (λ = 0; passages shorter than a basket) against "
         "SDPA: XLM-R cls and mean at --mean-lengths, and MiniLM",
     )

@@ -33,8 +33,12 @@ def configs(pooling: str, padding_side: str):
     grid = [dict(zip(PAPER_GRID, values)) for values in itertools.product(*PAPER_GRID.values())]
     grid = [p if p["variant"] == "cls_hard" else {k: v for k, v in p.items() if k != "weight"} for p in grid]
     grid = list({str(sorted(p.items())): p for p in grid}.values())
-    milder = [{"strength": s, "depth": d, "basket_size": 128, "variant": v, **({"weight": 0.3} if v == "cls_hard" else {})}
-              for s in (0.25, 0.75) for d in ("last", "50%") for v in ("cls_soft", "cls_hard")]
+    milder = [
+        {"strength": s, "depth": d, "basket_size": 128, "variant": v, **({"weight": 0.3} if v == "cls_hard" else {})}
+        for s in (0.25, 0.75)
+        for d in ("last", "50%")
+        for v in ("cls_soft", "cls_hard")
+    ]
     return [(p, config_of(p, SearchSpace().basket_shares[0], pooling, padding_side)) for p in grid + milder]  # type: ignore[arg-type]
 
 
@@ -42,8 +46,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="minilm")
     parser.add_argument("--dataset", default="wikipos-dev")
-    parser.add_argument("--per-group", type=int, nargs="+", default=[4, 12, SCREEN_QUERIES],
-                        help="queries per position group in the screen, one pool per value")
+    parser.add_argument(
+        "--per-group",
+        type=int,
+        nargs="+",
+        default=[4, 12, SCREEN_QUERIES],
+        help="queries per position group in the screen, one pool per value",
+    )
     parser.add_argument("--depth", type=int, default=SCREEN_DEPTH, help="candidates per reference ranking")
     args = parser.parse_args()
 
@@ -61,8 +70,10 @@ def main() -> None:
     for params, config in configs(model.spec.pooling, model.spec.padding_side):
         evaluation = full.run(config)
         rows.append((params, evaluation, full.document_vectors(config)[0], trial_evidence(base.per_query, evaluation.per_query)))
-    print(f"{args.dataset}: {len(dataset.corpus)} passages, {len(dataset.queries)} queries, {len(rows)} configs encoded "
-          f"over the corpus; pools simulated from those vectors (depth {args.depth}, the uncalibrated ranking)")
+    print(
+        f"{args.dataset}: {len(dataset.corpus)} passages, {len(dataset.queries)} queries, {len(rows)} configs encoded "
+        f"over the corpus; pools simulated from those vectors (depth {args.depth}, the uncalibrated ranking)"
+    )
     for per_group in args.per_group:
         report_pool(model, dataset, full, base, rows, per_group, args.depth)
 
@@ -92,18 +103,24 @@ def report_pool(model, dataset, full, base, rows, per_group: int, depth: int) ->
     eligible = {i for i in range(len(measured)) if full_psi[i] <= full_psi[best] + measured[best][0].objective_se}
     threshold = min(p + m[1].objective_se for p, m in zip(pool_psi, measured))
     pruned = {i for i in range(len(measured)) if pool_psi[i] - PRUNE_Z * measured[i][1].objective_se > threshold}
-    print(f"\n{per_group} queries per group: pool of {len(screen.queries)} queries over {len(screen.corpus)} passages "
-          f"({len(screen.corpus) / len(dataset.corpus):.0%} of the corpus); candidates' recall of the relevant passages "
-          f"{candidate_recall(dataset, sample, [base.run], depth):.3f}; every config's top 10 in the pool: min "
-          f"{min(m[2] for m in measured):.2f}, mean {np.mean([m[2] for m in measured]):.2f}")
+    print(
+        f"\n{per_group} queries per group: pool of {len(screen.queries)} queries over {len(screen.corpus)} passages "
+        f"({len(screen.corpus) / len(dataset.corpus):.0%} of the corpus); candidates' recall of the relevant passages "
+        f"{candidate_recall(dataset, sample, [base.run], depth):.3f}; every config's top 10 in the pool: min "
+        f"{min(m[2] for m in measured):.2f}, mean {np.mean([m[2] for m in measured]):.2f}"
+    )
     print(f"  Kendall τ with the corpus over {len(measured)} configs: PSI {tau_psi:.3f}, HM {tau_hm:.3f}")
-    print(f"  the screen rule against the best screened config: {len(pruned)} of {len(measured)} pruned; of the "
-          f"{len(eligible)} within one SE of the corpus's best PSI, pruned: {len(eligible & pruned)}")
+    print(
+        f"  the screen rule against the best screened config: {len(pruned)} of {len(measured)} pruned; of the "
+        f"{len(eligible)} within one SE of the corpus's best PSI, pruned: {len(eligible & pruned)}"
+    )
     for i, ((params, *_), (corpus_ev, pool_ev, coverage)) in enumerate(zip(rows, measured)):
         name = f"{params['variant']} λ{params['strength']} {params['depth']} B{params['basket_size']}"
-        print(f"  {name:32s} PSI {corpus_ev.objective:.3f} / pool {pool_ev.objective:.3f} ± {pool_ev.objective_se:.3f}  "
-              f"HM {100 * corpus_ev.hm:.2f} / pool {100 * pool_ev.hm:.2f}  top-10 in pool {coverage:.2f}"
-              f"{'  pruned' if i in pruned else ''}{'  (within 1 SE of the best)' if i in eligible else ''}")
+        print(
+            f"  {name:32s} PSI {corpus_ev.objective:.3f} / pool {pool_ev.objective:.3f} ± {pool_ev.objective_se:.3f}  "
+            f"HM {100 * corpus_ev.hm:.2f} / pool {100 * pool_ev.hm:.2f}  top-10 in pool {coverage:.2f}"
+            f"{'  pruned' if i in pruned else ''}{'  (within 1 SE of the best)' if i in eligible else ''}"
+        )
 
 
 if __name__ == "__main__":

@@ -41,9 +41,18 @@ HELDOUT = "wikipos-test,wikipos-sentences,wikipos-mixed,wikipos-lengths"
 def settings_for(arm: str, seed: int, folder: Path, args: argparse.Namespace, trials: int | None = None):
     from tuner.tuning.settings import TuneSettings
 
-    base = TuneSettings(model=args.model, dataset=args.dataset, heldout=args.heldout, seed=seed, trials=trials or args.trials,
-                        storage=f"sqlite:///{folder / 'optuna.db'}", tracking_uri=f"sqlite:///{folder / 'mlflow.db'}",
-                        output=folder / "winner.yaml", profile_docs=args.profile_docs, bootstrap=args.bootstrap)
+    base = TuneSettings(
+        model=args.model,
+        dataset=args.dataset,
+        heldout=args.heldout,
+        seed=seed,
+        trials=trials or args.trials,
+        storage=f"sqlite:///{folder / 'optuna.db'}",
+        tracking_uri=f"sqlite:///{folder / 'mlflow.db'}",
+        output=folder / "winner.yaml",
+        profile_docs=args.profile_docs,
+        bootstrap=args.bootstrap,
+    )
     if arm == "grid":
         return replace(base, grid="paper", prune=False)
     if arm == "tpe":
@@ -83,9 +92,14 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace, trials: int | None = 
         study = optuna.load_study(study_name=outcome.study, storage=settings.storage)
         states = [t.state.name for t in study.trials]
         return {
-            "arm": arm, "seed": seed, "trials": settings.trials, "seconds": round(seconds, 1),
-            "layer_tokens": study_layer_tokens(study), "pruned": states.count("PRUNED"),
-            "winner": outcome.winner_trial, "config": outcome.config.model_dump(include={"variant", "strength", "layers", "basket_size"}),
+            "arm": arm,
+            "seed": seed,
+            "trials": settings.trials,
+            "seconds": round(seconds, 1),
+            "layer_tokens": study_layer_tokens(study),
+            "pruned": states.count("PRUNED"),
+            "winner": outcome.winner_trial,
+            "config": outcome.config.model_dump(include={"variant", "strength", "layers", "basket_size"}),
             "heldout": heldout_cells(outcome),
         }
 
@@ -93,9 +107,12 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace, trials: int | None = 
 def table(results: list[dict[str, object]]) -> str:
     """The README's table: one row per arm and seed."""
     sets = sorted({name for r in results for name in r["heldout"]})  # type: ignore[union-attr]
-    lines = ["| arm | seed | layer-tokens (× grid) | pruned | winner | " + " | ".join(
-        f"{s.removeprefix('wikipos-')}: PSI× · ΔHM · ΔnDCG@10 · end−begin" for s in sets) + " |",
-             "|---|---:|---:|---:|---|" + "---|" * len(sets)]
+    lines = [
+        "| arm | seed | layer-tokens (× grid) | pruned | winner | "
+        + " | ".join(f"{s.removeprefix('wikipos-')}: PSI× · ΔHM · ΔnDCG@10 · end−begin" for s in sets)
+        + " |",
+        "|---|---:|---:|---:|---|" + "---|" * len(sets),
+    ]
     grid = next((r["layer_tokens"] for r in results if r["arm"] == "grid"), None)
     for r in results:
         c = r["config"]
@@ -104,8 +121,10 @@ def table(results: list[dict[str, object]]) -> str:
         for s in sets:
             h = r["heldout"].get(s)  # type: ignore[union-attr]
             cells.append(f"{h['psi_ratio']:.2f}× · {h['hm_delta']} · {h['ndcg_delta']} · {h['end_minus_begin']:+.1f}" if h else "")
-        lines.append(f"| {r['arm']} | {r['seed']} | {r['layer_tokens']:,}{share} | {r['pruned']} | "
-                     f"{c['variant']} λ {c['strength']:.2f} L{c['layers']} B{c['basket_size']} | " + " | ".join(cells) + " |")
+        lines.append(
+            f"| {r['arm']} | {r['seed']} | {r['layer_tokens']:,}{share} | {r['pruned']} | "
+            f"{c['variant']} λ {c['strength']:.2f} L{c['layers']} B{c['basket_size']} | " + " | ".join(cells) + " |"
+        )
     return "\n".join(lines)
 
 
@@ -127,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     quiet_libraries()
     results = []
     for arm in [a for a in args.arms if a != "robust-third"]:
-        for seed in (args.seeds if arm != "grid" else args.seeds[:1]):  # the grid draws nothing: one seed is all seeds
+        for seed in args.seeds if arm != "grid" else args.seeds[:1]:  # the grid draws nothing: one seed is all seeds
             results.append(run_arm(arm, seed, args))
             print(json.dumps(results[-1]), flush=True)
     if "robust-third" in args.arms:

@@ -23,8 +23,20 @@ import sys
 
 SETS = ("wikipos-dev", "wikipos-dev-crops", "wikipos-test", "wikipos-sentences", "wikipos-mixed", "wikipos-lengths")
 CONFIGS = (
-    "L1-B256-0.5", "L1-B128-0.5", "L2-B128-0.5", "L3-B128-0.5", "L1-B256-0.75", "L2-B256-0.75", "L1-B128-0.75",
-    "L2-B128-0.75", "L1-B256-1.0", "L1-B128-1.0", "L2-B128-1.0", "L2-B256-1.0", "L3-B256-1.0", "L6-B256-1.0",
+    "L1-B256-0.5",
+    "L1-B128-0.5",
+    "L2-B128-0.5",
+    "L3-B128-0.5",
+    "L1-B256-0.75",
+    "L2-B256-0.75",
+    "L1-B128-0.75",
+    "L2-B128-0.75",
+    "L1-B256-1.0",
+    "L1-B128-1.0",
+    "L2-B128-1.0",
+    "L2-B256-1.0",
+    "L3-B256-1.0",
+    "L6-B256-1.0",
 )
 
 
@@ -32,8 +44,9 @@ def config_of(key: str, pooling: str):
     from tuner.calibration import CalibrationConfig
 
     depth, basket, strength = key.split("-")
-    return CalibrationConfig(variant="cls_soft", strength=float(strength), layers=f"last:{depth[1:]}",
-                             basket_size=int(basket[1:]), pooling=pooling)
+    return CalibrationConfig(
+        variant="cls_soft", strength=float(strength), layers=f"last:{depth[1:]}", basket_size=int(basket[1:]), pooling=pooling
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -54,7 +67,9 @@ def main(argv: list[str] | None = None) -> None:
     floor = HmFloor.parse("significant")
     constraints = Constraints(floor.resolve(dev.report.hm), floor.conservative)
     rows, candidates = [], {"plain": [], "crops": []}
-    print(f"{'config':14}" + "".join(f"{name.removeprefix('wikipos-'):>22}" for name in SETS) + "   dev PSI ± SE  drift  feasible", flush=True)
+    print(
+        f"{'config':14}" + "".join(f"{name.removeprefix('wikipos-'):>22}" for name in SETS) + "   dev PSI ± SE  drift  feasible", flush=True
+    )
     for number, key in enumerate(args.configs, start=1):
         config = config_of(key, model.spec.pooling)
         runs = {name: ev.run(config) for name, ev in evaluators.items()}
@@ -68,15 +83,26 @@ def main(argv: list[str] | None = None) -> None:
         plain = tuple(v for k, v in values.items() if k != "crops_psi")
         drift = runs["wikipos-dev"].drift
         candidates["plain"].append(Candidate(number, runs["wikipos-dev"].report.psi, evidence.objective_se, drift, plain, evidence.hm))
-        candidates["crops"].append(Candidate(number, runs["wikipos-dev"].report.psi, evidence.objective_se, drift, tuple(values.values()), evidence.hm))
+        candidates["crops"].append(
+            Candidate(number, runs["wikipos-dev"].report.psi, evidence.objective_se, drift, tuple(values.values()), evidence.hm)
+        )
         feasible = ",".join(k for k, v in values.items() if v <= 0)
-        print(f"{key:14}" + "".join(f"{c:>22}" for c in cells)
-              + f"   {runs['wikipos-dev'].report.psi:.3f} ± {evidence.objective_se:.3f}  {drift:.4f}  {feasible}", flush=True)
+        print(
+            f"{key:14}"
+            + "".join(f"{c:>22}" for c in cells)
+            + f"   {runs['wikipos-dev'].report.psi:.3f} ± {evidence.objective_se:.3f}  {drift:.4f}  {feasible}",
+            flush=True,
+        )
         rows.append(key)
-    print("\ncells: PSI ratio to uncalibrated, ΔHM, ΔnDCG@10 (points); uncalibrated PSI per set: "
-          + ", ".join(f"{name.removeprefix('wikipos-')} {baseline[name].report.psi:.3f}" for name in SETS))
-    for label, rule, pool in (("lowest PSI (HM floor, nDCG)", "lowest", "plain"), ("one-se (HM floor, nDCG)", "one-se", "plain"),
-                              ("one-se + crops (default)", "one-se", "crops")):
+    print(
+        "\ncells: PSI ratio to uncalibrated, ΔHM, ΔnDCG@10 (points); uncalibrated PSI per set: "
+        + ", ".join(f"{name.removeprefix('wikipos-')} {baseline[name].report.psi:.3f}" for name in SETS)
+    )
+    for label, rule, pool in (
+        ("lowest PSI (HM floor, nDCG)", "lowest", "plain"),
+        ("one-se (HM floor, nDCG)", "one-se", "plain"),
+        ("one-se + crops (default)", "one-se", "crops"),
+    ):
         chosen = select(candidates[pool], rule)  # type: ignore[arg-type]
         print(f"{label:30} → {rows[chosen.winner.trial_number - 1] if chosen else 'nothing feasible'}")
 

@@ -62,9 +62,12 @@ def subsample(dataset, docs: int, seed: int):
     qrels = {q: {d: r for d, r in judged.items() if d in keep} for q, judged in dataset.qrels.items()}
     qrels = {q: judged for q, judged in qrels.items() if any(r > 0 for r in judged.values())}
     return PositionalDataset(
-        name=f"{dataset.name}[{docs} docs, seed {seed}]", corpus=corpus,
-        queries={q: t for q, t in dataset.queries.items() if q in qrels}, qrels=qrels,
-        groups={q: g for q, g in dataset.groups.items() if q in qrels}, group_order=dataset.group_order,
+        name=f"{dataset.name}[{docs} docs, seed {seed}]",
+        corpus=corpus,
+        queries={q: t for q, t in dataset.queries.items() if q in qrels},
+        qrels=qrels,
+        groups={q: g for q, g in dataset.groups.items() if q in qrels},
+        group_order=dataset.group_order,
         strata={q: s for q, s in dataset.strata.items() if q in qrels},
     )
 
@@ -88,9 +91,11 @@ def per_trial(model, dataset, args: argparse.Namespace, say: Callable[[str], Non
         model.model(**warm)  # first-call costs (allocator, kernels) stay out of every figure
     seconds_tokenise, batches = timed(evaluator.batches)
     seconds_baseline, _ = timed(evaluator.baseline_vectors)  # full plain pass + recording the layer inputs
-    say(f"tokenised once in {seconds_tokenise:.1f} s; baseline pass recording layers {list(evaluator.cached_layers())} "
+    say(
+        f"tokenised once in {seconds_tokenise:.1f} s; baseline pass recording layers {list(evaluator.cached_layers())} "
         f"in {seconds_baseline:.1f} s ({evaluator.cache.store.layer_bytes / 2**20:.0f} MiB per layer, "
-        f"{'in RAM' if all(x.in_memory for x in evaluator.cache.inputs.values()) else 'memory-mapped'})")
+        f"{'in RAM' if all(x.in_memory for x in evaluator.cache.inputs.values()) else 'memory-mapped'})"
+    )
     half = model.default_config(layers=0.5)  # CLS-Soft, λ 0.5, basket 128, last 3 of 6 layers
     last = model.default_config(layers="last")
     shared = FirstLayerSums(budget=2**40)  # the first calibrated layer's sums, as an earlier trial left them
@@ -102,16 +107,15 @@ def per_trial(model, dataset, args: argparse.Namespace, say: Callable[[str], Non
         inputs = evaluator.cache.inputs[start]
         if spec.pooling == "mean":  # an earlier trial at this depth and basket size leaves its first-layer sums
             earlier = model.default_config(variant="uniform", strength=0.9, layers=config.layers).resolve(model.num_layers)
-            forward(model, batches, earlier, around=resumed_from(evaluator.cache.stack, start, inputs.batch),
-                    first_layer=shared.for_batch)
+            forward(model, batches, earlier, around=resumed_from(evaluator.cache.stack, start, inputs.batch), first_layer=shared.for_batch)
         cases[f"{label}, scratch"] = lambda spec=spec: forward(model, batches, spec)
         cases[f"{label}, resumed from layer {start}"] = lambda spec=spec, start=start, inputs=inputs: forward(
-            model, batches, spec, around=resumed_from(evaluator.cache.stack, start, inputs.batch))
+            model, batches, spec, around=resumed_from(evaluator.cache.stack, start, inputs.batch)
+        )
         if spec.pooling == "mean":
-            cases[f"{label}, resumed from layer {start}, its sums shared"] = (
-                lambda spec=spec, start=start, inputs=inputs: forward(
-                    model, batches, spec, around=resumed_from(evaluator.cache.stack, start, inputs.batch),
-                    first_layer=shared.for_batch))
+            cases[f"{label}, resumed from layer {start}, its sums shared"] = lambda spec=spec, start=start, inputs=inputs: forward(
+                model, batches, spec, around=resumed_from(evaluator.cache.stack, start, inputs.batch), first_layer=shared.for_batch
+            )
     reference = "full uncalibrated encode"
     cases = {reference: lambda: forward(model, batches, None), **cases}
     times: dict[str, list[float]] = {k: [] for k in cases}
@@ -122,6 +126,7 @@ def per_trial(model, dataset, args: argparse.Namespace, say: Callable[[str], Non
             times[label].append(seconds)
             outputs[label] = out  # type: ignore[assignment]
             say(f"  repeat {repeat + 1}/{args.repeats}  {label:<32} {seconds:7.1f} s")
+
     def paired(label: str, over: str) -> float:
         return statistics.median(t / r for t, r in zip(times[label], times[over]))
 
@@ -132,8 +137,14 @@ def per_trial(model, dataset, args: argparse.Namespace, say: Callable[[str], Non
         for case in resumed:
             assert np.abs(outputs[scratch] - outputs[case]).max() <= 1e-6, f"{case}: differs from scratch"
             scratch_ratio[case] = paired(case, scratch)
-    return {"times": {k: statistics.median(v) for k, v in times.items()}, "ratios": ratios, "vs_scratch": scratch_ratio,
-            "baseline_seconds": seconds_baseline, "tokenise_seconds": seconds_tokenise, "reference": reference}
+    return {
+        "times": {k: statistics.median(v) for k, v in times.items()},
+        "ratios": ratios,
+        "vs_scratch": scratch_ratio,
+        "baseline_seconds": seconds_baseline,
+        "tokenise_seconds": seconds_tokenise,
+        "reference": reference,
+    }
 
 
 def study_walls(model, dataset, args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, object]:
@@ -155,8 +166,11 @@ def study_walls(model, dataset, args: argparse.Namespace, say: Callable[[str], N
         "cold": lambda: Evaluator(model, dataset, args.batch_size, cache_dir=folder / "cache"),
         "warm": lambda: Evaluator(model, dataset, args.batch_size, cache_dir=folder / "cache"),  # after cold wrote it
     }
-    what = {"uncached": "queries + baseline", "cold": "queries + baseline recording layer inputs, written to disk",
-            "warm": "queries + baseline read from disk"}
+    what = {
+        "uncached": "queries + baseline",
+        "cold": "queries + baseline recording layer inputs, written to disk",
+        "warm": "queries + baseline read from disk",
+    }
     floor = 0.0
     for mode in modes:  # set-up as `tune` does it: evaluator, queries, baseline
         seconds, evaluator = timed(make[mode])
@@ -196,8 +210,10 @@ def study_walls(model, dataset, args: argparse.Namespace, say: Callable[[str], N
     walls = {mode: spent[mode] + sampler for mode in spent}
     for mode in modes:
         sums = evaluators[mode].first_layer_sums()
-        say(f"{mode}: {walls[mode]:.0f} s, passes {evaluators[mode].counts}, first-layer sums reused in "
-            f"{sums.hits if sums else 0} batch passes ({sums.used / 2**20 if sums else 0:.0f} MiB)")
+        say(
+            f"{mode}: {walls[mode]:.0f} s, passes {evaluators[mode].counts}, first-layer sums reused in "
+            f"{sums.hits if sums else 0} batch passes ({sums.used / 2**20 if sums else 0:.0f} MiB)"
+        )
     say(f"Optuna's own time {sampler:.1f} s")
     same = all(np.allclose(psi[mode], psi["uncached"], rtol=0, atol=1e-9) for mode in modes)
     return {"walls": walls, "same_psi": same, "trials": len(depths), "depths": depths, "sampler": sampler}
@@ -222,10 +238,15 @@ def report(command: str, args: argparse.Namespace, dataset, trial: dict, study: 
     goals = {**dict.fromkeys(half_resumed, TARGET_HALF), **dict.fromkeys(last_resumed, TARGET_LAST)}
     for key in keys:
         mark = f"≤ {goals[key]}× {'met' if r[key] <= goals[key] else 'missed'}" if key in goals else ""
-        lines.append(f"| {key} | {t[key]:.1f} | {r[key]:.2f} | {s[key]:.2f} |  {mark} |" if key in s
-                     else f"| {key} | {t[key]:.1f} | {r[key]:.2f} | {'1.00' if 'scratch' in key else ''} | {mark} |")
-    lines.append(f"\nOnce per (model, revision, dataset): tokenising {trial['tokenise_seconds']:.1f} s; the baseline pass that "
-                 f"records the layer inputs {trial['baseline_seconds']:.1f} s (vs {t[ref]:.1f} s for a plain encode).")
+        lines.append(
+            f"| {key} | {t[key]:.1f} | {r[key]:.2f} | {s[key]:.2f} |  {mark} |"
+            if key in s
+            else f"| {key} | {t[key]:.1f} | {r[key]:.2f} | {'1.00' if 'scratch' in key else ''} | {mark} |"
+        )
+    lines.append(
+        f"\nOnce per (model, revision, dataset): tokenising {trial['tokenise_seconds']:.1f} s; the baseline pass that "
+        f"records the layer inputs {trial['baseline_seconds']:.1f} s (vs {t[ref]:.1f} s for a plain encode)."
+    )
     if study is not None:
         walls = study["walls"]
 
@@ -259,9 +280,13 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--skip-study", action="store_true")
-    parser.add_argument("--pooling", choices=("mean", "cls"), default="mean",
-                        help="mean: MiniLM as registered; cls: the same weights pooled by [CLS], where calibration "
-                        "recomputes only the pooled row (the cost profile of bge-m3 / Qwen3)")
+    parser.add_argument(
+        "--pooling",
+        choices=("mean", "cls"),
+        default="mean",
+        help="mean: MiniLM as registered; cls: the same weights pooled by [CLS], where calibration "
+        "recomputes only the pooled row (the cost profile of bge-m3 / Qwen3)",
+    )
     return parser.parse_args(argv)
 
 
@@ -282,7 +307,9 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     model = load_model("minilm", pooling=args.pooling)
     dataset = subsample(load_benchmark("wikipos-dev"), args.docs, args.seed)
-    say(f"MiniLM ({model.revision}, {args.pooling} pooling) on {dataset.name}: {len(dataset.corpus)} passages, {len(dataset.queries)} queries")
+    say(
+        f"MiniLM ({model.revision}, {args.pooling} pooling) on {dataset.name}: {len(dataset.corpus)} passages, {len(dataset.queries)} queries"
+    )
     trial = per_trial(model, dataset, args, say)
     study = None if args.skip_study else study_walls(model, dataset, args, say)
     command = ".venv/bin/python -m benchmarks.trial_cost " + " ".join(sys.argv[1:] if argv is None else argv)

@@ -76,9 +76,11 @@ def shoot(project: Path) -> None:
     logs = Path(tempfile.mkdtemp(prefix="screenshots-"))
     ui = [sys.executable, "-m", "tuner.cli", "ui", "--port", str(mlflow_port)]
     dashboard = [str(Path(sys.executable).with_name("optuna-dashboard")), storage, "--port", str(dashboard_port), "--host", "127.0.0.1"]
-    with serving(ui, project, f"http://127.0.0.1:{mlflow_port}/health", logs / "ui.log"), \
-            serving(dashboard, project, f"http://127.0.0.1:{dashboard_port}/api/studies", logs / "dashboard.log"), \
-            sync_playwright() as playwright:
+    with (
+        serving(ui, project, f"http://127.0.0.1:{mlflow_port}/health", logs / "ui.log"),
+        serving(dashboard, project, f"http://127.0.0.1:{dashboard_port}/api/studies", logs / "dashboard.log"),
+        sync_playwright() as playwright,
+    ):
         link = next(line for line in (logs / "ui.log").read_text().splitlines() if line.startswith("MLflow UI: "))
         runs_url = link.split()[2]
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
@@ -151,8 +153,9 @@ def mlflow_winner_and_model(page: object, runs_url: str, project: Path, study: s
     run = study_run(project, study, "tags.`posfair.winner` = 'yes'")
     mlflow_page(page, runs_url.replace("/runs?", f"/runs/{run.info.run_id}?"), "Winner (trial", "mlflow-trial.png")
     (model,) = store(project).search_registered_models()
-    mlflow_page(page, runs_url.split("#")[0] + f"#/models/{model.name}?workflowType=machine_learning", "champion",
-                "mlflow-registered-model.png")
+    mlflow_page(
+        page, runs_url.split("#")[0] + f"#/models/{model.name}?workflowType=machine_learning", "champion", "mlflow-registered-model.png"
+    )
 
 
 def copy_scatter(project: Path, parent_id: str) -> None:

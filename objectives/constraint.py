@@ -64,9 +64,7 @@ class HmFloor:
         if percent:
             sign, magnitude = percent.groups()
             if not sign:
-                raise ValueError(
-                    f"HM floor {text!r} is ambiguous: give a relative change a sign; accepted: {_ACCEPTED}"
-                )
+                raise ValueError(f"HM floor {text!r} is ambiguous: give a relative change a sign; accepted: {_ACCEPTED}")
             return cls("relative", (-1.0 if sign == "-" else 1.0) * float(magnitude) / 100)
         try:
             absolute = float(cleaned)
@@ -125,7 +123,9 @@ class Constraints:
 
     def __post_init__(self) -> None:
         if self.max_crops_psi is not None and not (math.isfinite(self.max_crops_psi) and self.max_crops_psi >= 0):
-            raise ValueError(f"max_crops_psi must be a multiple >= 0 of the uncalibrated crops PSI (1 = no worse), got {self.max_crops_psi}")
+            raise ValueError(
+                f"max_crops_psi must be a multiple >= 0 of the uncalibrated crops PSI (1 = no worse), got {self.max_crops_psi}"
+            )
         if self.max_reversal is not None and not (math.isfinite(self.max_reversal) and self.max_reversal >= 0):
             raise ValueError(f"max_reversal must be a tilt allowance >= 0 (0: no reversed bias), got {self.max_reversal}")
         for name in ("max_ndcg_drop", "max_general_drop"):
@@ -134,8 +134,14 @@ class Constraints:
                 raise ValueError(f"{name} must be a drop allowance >= 0 on the 0–1 scale (0.005 = half a point), got {value}")
 
     def values(
-        self, hm: float, hm_low: float, ndcg_delta: float, general_delta: float | None = None,
-        crops_psi: tuple[float, float] | None = None, reversal: float | None = None, partial: bool = False,
+        self,
+        hm: float,
+        hm_low: float,
+        ndcg_delta: float,
+        general_delta: float | None = None,
+        crops_psi: tuple[float, float] | None = None,
+        reversal: float | None = None,
+        partial: bool = False,
     ) -> dict[str, float]:
         """Named constraint values for one trial: `hm` and `hm_low` (the lower end of its 95% interval) on the
         tuning split, `ndcg_delta` its aggregate nDCG@10 minus the uncalibrated one, `general_delta` the same

@@ -33,9 +33,7 @@ class TrialEvidence:
     baseline_tilt: float | None = None
 
 
-def trial_evidence(
-    baseline: PerQuery, candidate: PerQuery, n_resamples: int = EVIDENCE_RESAMPLES, seed: int = 0
-) -> TrialEvidence:
+def trial_evidence(baseline: PerQuery, candidate: PerQuery, n_resamples: int = EVIDENCE_RESAMPLES, seed: int = 0) -> TrialEvidence:
     """PSI and its bootstrap standard error, HM and the ends of its 95% interval (the uncalibrated HM plus
     the 2.5th / 97.5th percentile of the paired HM change), the change in aggregate nDCG@10 (and the upper
     end of its interval), and the tilt with its standard error beside the uncalibrated tilt."""

@@ -345,9 +345,7 @@ def _per_query(run: Mapping[str, Mapping[str, float]], dataset: Judged) -> PerQu
 
     ndcg10, recall10 = score_queries(run, dataset.qrels, query_ids)
     positions, placed = _positions(dataset, query_ids) if group_order else (None, None)
-    per_query = PerQuery(
-        query_ids, ndcg10, recall10, group_order, membership, strata_order, stratum_membership, positions, placed
-    )
+    per_query = PerQuery(query_ids, ndcg10, recall10, group_order, membership, strata_order, stratum_membership, positions, placed)
     empty = np.argwhere(per_query.cell_counts() == 0)
     if len(empty):
         s, g = empty[0]

@@ -79,16 +79,26 @@ class RobustEvidence:
         """name → PSI, its standard error, tilt and reversal, for MLflow, the YAML and the console."""
         table = {}
         for s in self.structures:
-            row = {"psi": s.evidence.objective, "psi_se": s.evidence.objective_se, "hm": s.evidence.hm,
-                   "ndcg10_delta": s.evidence.ndcg_delta}
+            row = {
+                "psi": s.evidence.objective,
+                "psi_se": s.evidence.objective_se,
+                "hm": s.evidence.hm,
+                "ndcg10_delta": s.evidence.ndcg_delta,
+            }
             if s.reversal is not None and s.evidence.tilt is not None:
                 row |= {"tilt": s.evidence.tilt, "reversal": s.reversal}
             table[s.name] = row
         return table
 
 
-def certain_violations(tuning: TrialEvidence, robust: RobustEvidence, hm_floor: float, max_ndcg_drop: float | None,
-                       max_reversal: float | None, z: float = PRUNE_Z) -> dict[str, float]:
+def certain_violations(
+    tuning: TrialEvidence,
+    robust: RobustEvidence,
+    hm_floor: float,
+    max_ndcg_drop: float | None,
+    max_reversal: float | None,
+    z: float = PRUNE_Z,
+) -> dict[str, float]:
     """Constraints already missed beyond noise: even the favourable end of the interval misses the limit.
 
     Values in Optuna's convention (> 0 violated) for the constraints that are: the HM floor against the
@@ -107,8 +117,9 @@ def certain_violations(tuning: TrialEvidence, robust: RobustEvidence, hm_floor: 
     return found
 
 
-def prune_reason(robust: RobustEvidence, threshold: float | None, violations: Mapping[str, float],
-                 remaining: Sequence[str], z: float = PRUNE_Z) -> str | None:
+def prune_reason(
+    robust: RobustEvidence, threshold: float | None, violations: Mapping[str, float], remaining: Sequence[str], z: float = PRUNE_Z
+) -> str | None:
     """Why a trial need not be scored on the `remaining` structures, or None to go on.
 
     `threshold` is the objective a trial must reach to be eligible under the selection rule, from the
@@ -119,12 +130,18 @@ def prune_reason(robust: RobustEvidence, threshold: float | None, violations: Ma
     """
     if not remaining:
         return None
-    return _beyond_noise(robust.objective, robust.objective_se, threshold, violations, z,
-                         f"worst-case PSI {robust.objective:.3f} (on {robust.worst.name})", "the most selection would take")
+    return _beyond_noise(
+        robust.objective,
+        robust.objective_se,
+        threshold,
+        violations,
+        z,
+        f"worst-case PSI {robust.objective:.3f} (on {robust.worst.name})",
+        "the most selection would take",
+    )
 
 
-def screen_prune_reason(screen: TrialEvidence, threshold: float | None, violations: Mapping[str, float],
-                        z: float = PRUNE_Z) -> str | None:
+def screen_prune_reason(screen: TrialEvidence, threshold: float | None, violations: Mapping[str, float], z: float = PRUNE_Z) -> str | None:
     """Why a trial need not go past the pooled screen, or None to go on.
 
     The screen's PSI is not a bound on the corpus's, so it is compared with the complete trials' PSI on the
@@ -132,13 +149,21 @@ def screen_prune_reason(screen: TrialEvidence, threshold: float | None, violatio
     complete trial yet). A trial is pruned when its screen PSI less `z` standard errors is above it, or when a
     constraint the screen bounds (HM, nDCG@10: a pool only raises them) is missed beyond noise.
     """
-    return _beyond_noise(screen.objective, screen.objective_se, threshold, violations, z,
-                         f"PSI on the pooled screen {screen.objective:.3f}", "the best complete trial's screen PSI + 1 SE",
-                         where=" on the pooled screen")
+    return _beyond_noise(
+        screen.objective,
+        screen.objective_se,
+        threshold,
+        violations,
+        z,
+        f"PSI on the pooled screen {screen.objective:.3f}",
+        "the best complete trial's screen PSI + 1 SE",
+        where=" on the pooled screen",
+    )
 
 
-def _beyond_noise(value: float, se: float, threshold: float | None, violations: Mapping[str, float], z: float,
-                  figure: str, limit: str, where: str = "") -> str | None:
+def _beyond_noise(
+    value: float, se: float, threshold: float | None, violations: Mapping[str, float], z: float, figure: str, limit: str, where: str = ""
+) -> str | None:
     """The reason both rules give: a constraint missed beyond noise, or `value` − `z` SE above `threshold`."""
     if violations:
         return "misses " + ", ".join(sorted(violations)) + " beyond noise" + where

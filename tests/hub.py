@@ -92,16 +92,23 @@ class TinyRemoteModel(XLMRobertaModel):
 '''
 
 
-def add_tiny_model(cache: Path, repo_id: str, kind: str, *, max_length: int = 256, layers: int = 3,
-                   remote_code: bool = False, initializer_range: float = 0.5) -> tuple[Path, str]:
+def add_tiny_model(
+    cache: Path,
+    repo_id: str,
+    kind: str,
+    *,
+    max_length: int = 256,
+    layers: int = 3,
+    remote_code: bool = False,
+    initializer_range: float = 0.5,
+) -> tuple[Path, str]:
     """A tiny model of `kind` (tests.tiny) as `repo_id` in the cache; `remote_code` adds an auto_map'd class.
 
     Weights are drawn wider than transformers' default so different texts get clearly different vectors:
     rankings are then decided by margins far above float rounding, and can be recomputed exactly.
     """
     with tempfile.TemporaryDirectory(prefix="tiny-hub-model-") as scratch:
-        folder = save_tiny(kind, Path(scratch) / "model", layers=layers, max_length=max_length,
-                           initializer_range=initializer_range)
+        folder = save_tiny(kind, Path(scratch) / "model", layers=layers, max_length=max_length, initializer_range=initializer_range)
         if remote_code:
             (folder / "modeling_tiny_remote.py").write_text(REMOTE_MODELING, encoding="utf-8")
             config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
@@ -151,25 +158,43 @@ def fineweb_posq_rows(corpus: list[Passage], distractors: list[str] = ()) -> lis
     rows = []
     for passage in corpus:
         for third, (question, label) in enumerate(zip(passage.questions, THIRD_CLASSES)):
-            rows.append({
-                "question": question,
-                "content": passage.text,
-                "content_summary": " ".join(passage.text.split()[:8]),
-                "answer": question,
-                "question_level": "local",
-                "span": list(passage.span(third)),
-                "span_class": [label],
-            })
+            rows.append(
+                {
+                    "question": question,
+                    "content": passage.text,
+                    "content_summary": " ".join(passage.text.split()[:8]),
+                    "answer": question,
+                    "question_level": "local",
+                    "span": list(passage.span(third)),
+                    "span_class": [label],
+                }
+            )
     for text in distractors:
-        rows.append({"question": None, "content": text, "content_summary": None, "answer": None,
-                     "question_level": None, "span": None, "span_class": None})
+        rows.append(
+            {
+                "question": None,
+                "content": text,
+                "content_summary": None,
+                "answer": None,
+                "question_level": None,
+                "span": None,
+                "span_class": None,
+            }
+        )
     return rows
 
 
-FINEWEB_SCHEMA = pa.schema([
-    ("question", pa.string()), ("content", pa.string()), ("content_summary", pa.string()), ("answer", pa.string()),
-    ("question_level", pa.string()), ("span", pa.list_(pa.int32())), ("span_class", pa.list_(pa.string())),
-])
+FINEWEB_SCHEMA = pa.schema(
+    [
+        ("question", pa.string()),
+        ("content", pa.string()),
+        ("content_summary", pa.string()),
+        ("answer", pa.string()),
+        ("question_level", pa.string()),
+        ("span", pa.list_(pa.int32())),
+        ("span_class", pa.list_(pa.string())),
+    ]
+)
 
 
 def write_fineweb_posq(folder: Path, rows: list[dict]) -> Path:
@@ -194,12 +219,27 @@ def write_posir(folder: Path, corpus: dict[str, str], queries: list[dict]) -> Pa
     (folder / "qrels").mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist([{"_id": d, "text": t} for d, t in corpus.items()]), folder / "corpus.parquet")
     pq.write_table(
-        pa.Table.from_pylist([
-            {"_id": q["_id"], "text": q["text"], "pos_char_span": list(q["span"]) if q["span"] else None,
-             "pos_char_length": len(corpus[q["doc"]]), "pos_token_length": q["token_length"]}
-            for q in queries
-        ], schema=pa.schema([("_id", pa.string()), ("text", pa.string()), ("pos_char_span", pa.list_(pa.int64())),
-                             ("pos_char_length", pa.int64()), ("pos_token_length", pa.int64())])),
+        pa.Table.from_pylist(
+            [
+                {
+                    "_id": q["_id"],
+                    "text": q["text"],
+                    "pos_char_span": list(q["span"]) if q["span"] else None,
+                    "pos_char_length": len(corpus[q["doc"]]),
+                    "pos_token_length": q["token_length"],
+                }
+                for q in queries
+            ],
+            schema=pa.schema(
+                [
+                    ("_id", pa.string()),
+                    ("text", pa.string()),
+                    ("pos_char_span", pa.list_(pa.int64())),
+                    ("pos_char_length", pa.int64()),
+                    ("pos_token_length", pa.int64()),
+                ]
+            ),
+        ),
         folder / "queries.parquet",
     )
     pq.write_table(
@@ -216,11 +256,14 @@ def write_beir(folder: Path, corpus: dict[str, str], queries: dict[str, tuple[st
     """A BEIR folder; `queries` maps a query id to (text, relevant doc id)."""
     (folder / "qrels").mkdir(parents=True, exist_ok=True)
     (folder / "corpus.jsonl").write_text(
-        "".join(json.dumps({"_id": d, "title": "", "text": t}) + "\n" for d, t in corpus.items()), encoding="utf-8")
+        "".join(json.dumps({"_id": d, "title": "", "text": t}) + "\n" for d, t in corpus.items()), encoding="utf-8"
+    )
     (folder / "queries.jsonl").write_text(
-        "".join(json.dumps({"_id": q, "text": t}) + "\n" for q, (t, _) in queries.items()), encoding="utf-8")
+        "".join(json.dumps({"_id": q, "text": t}) + "\n" for q, (t, _) in queries.items()), encoding="utf-8"
+    )
     (folder / "qrels" / "test.tsv").write_text(
-        "query-id\tcorpus-id\tscore\n" + "".join(f"{q}\t{d}\t1\n" for q, (_, d) in queries.items()), encoding="utf-8")
+        "query-id\tcorpus-id\tscore\n" + "".join(f"{q}\t{d}\t1\n" for q, (_, d) in queries.items()), encoding="utf-8"
+    )
     return folder
 
 
@@ -262,9 +305,14 @@ class FakeHub:
         """This process's environment, pointed at the fake hub, offline, with caches under `root`."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_", "TRANSFORMERS_"))}
         env.update(
-            HF_HOME=str(self.home), HF_HUB_CACHE=str(self.cache), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-            POSFAIR_CACHE_DIR=str(self.root / "posfair-cache"), TOKENIZERS_PARALLELISM="false",
-            OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",  # tiny models: threads only add contention
+            HF_HOME=str(self.home),
+            HF_HUB_CACHE=str(self.cache),
+            HF_HUB_OFFLINE="1",
+            HF_DATASETS_OFFLINE="1",
+            POSFAIR_CACHE_DIR=str(self.root / "posfair-cache"),
+            TOKENIZERS_PARALLELISM="false",
+            OMP_NUM_THREADS="1",
+            MKL_NUM_THREADS="1",  # tiny models: threads only add contention
             COLUMNS="200",
         )
         env.update(extra)
@@ -280,8 +328,9 @@ def tune_command() -> list[str]:
 def run_tune(hub: FakeHub, *args: str, cwd: Path, timeout: float = 600, **env: str) -> subprocess.CompletedProcess[str]:
     """`tune ARGS...` as a user runs it, in `cwd`, offline against the fake hub; output is text."""
     cwd.mkdir(parents=True, exist_ok=True)
-    return subprocess.run([*tune_command(), *args], cwd=cwd, env=hub.env(**env), capture_output=True, text=True,
-                          timeout=timeout, check=False)
+    return subprocess.run(
+        [*tune_command(), *args], cwd=cwd, env=hub.env(**env), capture_output=True, text=True, timeout=timeout, check=False
+    )
 
 
 def use_in_this_process(hub: FakeHub, monkeypatch) -> FakeHub:

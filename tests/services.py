@@ -46,10 +46,25 @@ class MlflowServer:
         """Start the server (again, on the same port and store) and wait until it answers."""
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", self.backend,
-                 "--artifacts-destination", str(self.artifacts), "--host", "127.0.0.1", "--port", str(self.port),
-                 "--workers", "1"],
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                [
+                    sys.executable,
+                    "-m",
+                    "mlflow",
+                    "server",
+                    "--backend-store-uri",
+                    self.backend,
+                    "--artifacts-destination",
+                    str(self.artifacts),
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(self.port),
+                    "--workers",
+                    "1",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         deadline = time.monotonic() + START_SECONDS
         while not self.healthy():

@@ -26,8 +26,12 @@ from tests.test_workers import command, done, finished_trial_numbers, polled, st
 from tuner.cli.app import app
 from tuner.tuning.study import enqueue_once, open_study
 
-COMPLETE, RUNNING, FAIL, WAITING = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.RUNNING,
-                                    optuna.trial.TrialState.FAIL, optuna.trial.TrialState.WAITING)
+COMPLETE, RUNNING, FAIL, WAITING = (
+    optuna.trial.TrialState.COMPLETE,
+    optuna.trial.TrialState.RUNNING,
+    optuna.trial.TrialState.FAIL,
+    optuna.trial.TrialState.WAITING,
+)
 BACKENDS = ["sqlite", "postgresql+server"]
 
 
@@ -59,8 +63,13 @@ def catch_running(process: subprocess.Popen, storage: str, name: str, at_least: 
     half a second: code that records no owner is caught too)."""
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and process.poll() is None:
-        running = [t for t in trials_of(storage, name) if t.state == RUNNING and t.number >= at_least and
-                   ("owner" in t.user_attrs or (datetime.now() - t.datetime_start).total_seconds() > 0.5)]
+        running = [
+            t
+            for t in trials_of(storage, name)
+            if t.state == RUNNING
+            and t.number >= at_least
+            and ("owner" in t.user_attrs or (datetime.now() - t.datetime_start).total_seconds() > 0.5)
+        ]
         if running:
             return running[0].number
         time.sleep(0.05)
@@ -98,12 +107,12 @@ def parent_run(tracking: str, name: str):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_run_killed_mid_trial_and_rerun_at_once_reruns_the_trial_and_cleans_its_temp_folder(
-        backend: str, tiny_model_dir, data: Path, tmp_path: Path) -> None:
+    backend: str, tiny_model_dir, data: Path, tmp_path: Path
+) -> None:
     """Case 3: rerun within the heartbeat window (20 s, 3 beats), the old code ended with 3 COMPLETE + 1 RUNNING of
     4, exported from 3, exited 0, and left the killed process's temp folder behind."""
     storage, tracking, name = study_backend(backend, tmp_path)
-    cmd = command(tiny_model_dir("bert"), data, storage, tracking, 4, "--output", str(tmp_path / "best.yaml"),
-                  name=name, heartbeat=20)
+    cmd = command(tiny_model_dir("bert"), data, storage, tracking, 4, "--output", str(tmp_path / "best.yaml"), name=name, heartbeat=20)
     victim = subprocess.Popen(cmd, cwd=tmp_path, env=environment(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     killed = catch_running(victim, storage, name, at_least=2)
     victim.send_signal(signal.SIGKILL)
@@ -149,8 +158,9 @@ def test_two_ctrl_cs_abort_the_trial_and_the_rerun_runs_it_again(backend: str, t
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_failures_of_an_earlier_run_do_not_stop_a_fixed_rerun(backend: str, tiny_model_dir, data: Path, tmp_path: Path,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_failures_of_an_earlier_run_do_not_stop_a_fixed_rerun(
+    backend: str, tiny_model_dir, data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Case 4: after a first attempt whose trials failed, the fixed rerun stopped on the old failures, ran one trial
     and exported from 1 of 2 with exit 0."""
     from tuner.evaluation.evaluator import Evaluator
@@ -184,8 +194,21 @@ def test_two_workers_draw_twelve_distinct_configurations(backend: str, tiny_mode
     """Case 5: every process seeded its sampler alike, so workers drew identical trials (2 = 3, 4 = 5)."""
     storage, tracking, name = study_backend(backend, tmp_path)
     (tmp_path / "space.yaml").write_text("strength_step: 0.01\nbasket_sizes: [8, 16, 32, 64, 128]\n", encoding="utf-8")
-    cmd = command(tiny_model_dir("bert"), data, storage, tracking, 12, "--workers", "2", "--space", str(tmp_path / "space.yaml"),
-                  "--output", str(tmp_path / "best.yaml"), name=name, heartbeat=10)
+    cmd = command(
+        tiny_model_dir("bert"),
+        data,
+        storage,
+        tracking,
+        12,
+        "--workers",
+        "2",
+        "--space",
+        str(tmp_path / "space.yaml"),
+        "--output",
+        str(tmp_path / "best.yaml"),
+        name=name,
+        heartbeat=10,
+    )
     run = subprocess.run(cmd, cwd=tmp_path, env=environment(tmp_path), capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
     complete = [t for t in optuna.load_study(study_name=name, storage=storage).trials if done(t)]
@@ -252,8 +275,12 @@ def test_two_processes_draining_one_sqlite_queue_never_take_the_same_trial(tmp_p
     for i in range(300):
         study.enqueue_trial({"x": i}, skip_if_exists=False)
     go = tmp_path / "go"
-    processes = [subprocess.Popen([sys.executable, "-c", POP_ALL, url, str(tmp_path / f"ready-{i}"), str(go)], cwd=ROOT,
-                                  stdout=subprocess.PIPE, text=True) for i in range(2)]
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", POP_ALL, url, str(tmp_path / f"ready-{i}"), str(go)], cwd=ROOT, stdout=subprocess.PIPE, text=True
+        )
+        for i in range(2)
+    ]
     deadline = time.monotonic() + 120
     while not all((tmp_path / f"ready-{i}").exists() for i in range(2)):  # both loaded: start them together
         assert time.monotonic() < deadline and all(p.poll() is None for p in processes)

@@ -50,8 +50,17 @@ def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.fixture(scope="module")
 def exported_yaml(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir) -> dict:
     loaded = load_model(str(tiny_model_dir("bert")), pooling="cls")
-    exported = build_export(loaded, loaded.default_config(basket_size=8), {"tuning": {"hm": 0.5}}, study="s", trial=0,
-                            storage="sqlite://", dataset="d", dataset_fingerprint="f", seed=0)
+    exported = build_export(
+        loaded,
+        loaded.default_config(basket_size=8),
+        {"tuning": {"hm": 0.5}},
+        study="s",
+        trial=0,
+        storage="sqlite://",
+        dataset="d",
+        dataset_fingerprint="f",
+        seed=0,
+    )
     return exported.model_dump(mode="json", by_alias=True)
 
 
@@ -86,7 +95,9 @@ def encode_with(config: Path, folder: Path) -> str:
         ("model__source", "BAAI/bge-m3", "this config was made for another model"),
     ],
 )
-def test_an_invalid_or_foreign_config_is_refused_naming_the_field(exported_yaml: dict, in_tmp: Path, field: str, value: object, message: str) -> None:
+def test_an_invalid_or_foreign_config_is_refused_naming_the_field(
+    exported_yaml: dict, in_tmp: Path, field: str, value: object, message: str
+) -> None:
     assert message in encode_with(write_config(in_tmp, exported_yaml, **{field: value}), in_tmp)
     assert not (in_tmp / "out.npy").exists()
 
@@ -187,7 +198,9 @@ def test_an_export_path_that_cannot_be_written_leaves_no_partial_file(exported_y
     assert not folder.exists() or list(folder.iterdir()) == []
 
 
-def test_a_write_that_fails_midway_leaves_neither_the_file_nor_a_temporary(exported_yaml: dict, in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_write_that_fails_midway_leaves_neither_the_file_nor_a_temporary(
+    exported_yaml: dict, in_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from tuner.engine.exported import ExportedConfig
 
     def disk_full(*args: object) -> None:
@@ -262,8 +275,25 @@ def edit_jsonl(path: Path, change) -> None:
 
 
 def tiny_run(model: Path, data: Path, *extra: str) -> list[str]:
-    return ["run", "--model", str(model), "--pooling", "cls", "--dataset", f"jsonl:{data}", "--heldout", "",
-            "--trials", "2", "--hm-floor=-90%", "--profile-docs", "2", "--bootstrap", "20", *extra]
+    return [
+        "run",
+        "--model",
+        str(model),
+        "--pooling",
+        "cls",
+        "--dataset",
+        f"jsonl:{data}",
+        "--heldout",
+        "",
+        "--trials",
+        "2",
+        "--hm-floor=-90%",
+        "--profile-docs",
+        "2",
+        "--bootstrap",
+        "20",
+        *extra,
+    ]
 
 
 @pytest.mark.parametrize("value", ["-1", "0"])
@@ -271,16 +301,28 @@ def test_encode_refuses_a_batch_size_below_one(exported_yaml: dict, in_tmp: Path
     """Case 1: `--batch-size -1` saved uninitialised memory; 0 silently meant "auto"."""
     config = write_config(in_tmp, exported_yaml)
     (in_tmp / "docs.txt").write_text("w1 w2 w3\nw4 w5\n", encoding="utf-8")
-    output = tune("encode", "--config", str(config), "--input", str(in_tmp / "docs.txt"), "--output",
-                  str(in_tmp / "out.npy"), "--batch-size", value)
+    output = tune(
+        "encode", "--config", str(config), "--input", str(in_tmp / "docs.txt"), "--output", str(in_tmp / "out.npy"), "--batch-size", value
+    )
     assert "Invalid value for '--batch-size': Input should be greater than or equal to 1" in output
     assert not (in_tmp / "out.npy").exists()
 
 
 def test_evaluate_refuses_a_batch_size_below_one(tiny_data: Path) -> None:
     """Case 1: `tune evaluate --batch-size -1` printed a made-up Table 1."""
-    output = tune("evaluate", "--dataset", f"jsonl:{tiny_data}", "--batch-size", "-1", "--no-sea", "--general", "",
-                  "--no-shuffled", "--bootstrap", "10")
+    output = tune(
+        "evaluate",
+        "--dataset",
+        f"jsonl:{tiny_data}",
+        "--batch-size",
+        "-1",
+        "--no-sea",
+        "--general",
+        "",
+        "--no-shuffled",
+        "--bootstrap",
+        "10",
+    )
     assert "--batch-size" in output
 
 
@@ -345,8 +387,9 @@ def test_encode_reads_json_lines_by_any_usual_name(exported_yaml: dict, in_tmp: 
     np.testing.assert_array_equal(np.load(in_tmp / "lines.npy"), np.load(in_tmp / "plain.npy"))
 
 
-@pytest.mark.parametrize(("line", "got"), [('["a", "b"]', "got ['a', 'b']"), ('{"text": null}', "got 'text' None"),
-                                           ('{"text": 7}', "got 'text' 7")])
+@pytest.mark.parametrize(
+    ("line", "got"), [('["a", "b"]', "got ['a', 'b']"), ('{"text": null}', "got 'text' None"), ('{"text": 7}', "got 'text' 7")]
+)
 def test_encode_refuses_a_json_line_without_a_text_string(exported_yaml: dict, in_tmp: Path, line: str, got: str) -> None:
     """Case 7 and 12: a list line was embedded as its Python repr; null or a number ended in a traceback."""
     config = write_config(in_tmp, exported_yaml)
@@ -355,11 +398,14 @@ def test_encode_refuses_a_json_line_without_a_text_string(exported_yaml: dict, i
     assert f"docs.jsonl:2: expected a JSON object with a string 'text' field, {got}" in output
 
 
-@pytest.mark.parametrize(("key", "value", "message"), [
-    ("calibration__layers", True, "calibration.layers: True is a boolean; write a number"),
-    ("calibration__basket_size", True, "calibration.basket_size: True is a boolean; write a number"),
-    ("calibration__strength", True, "calibration.strength: True is a boolean; write a number"),
-])
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("calibration__layers", True, "calibration.layers: True is a boolean; write a number"),
+        ("calibration__basket_size", True, "calibration.basket_size: True is a boolean; write a number"),
+        ("calibration__strength", True, "calibration.strength: True is a boolean; write a number"),
+    ],
+)
 def test_a_boolean_where_a_number_is_meant_is_refused(exported_yaml: dict, in_tmp: Path, key: str, value: object, message: str) -> None:
     """Case 10: `layers: true` calibrated all layers and `basket_size: true` meant 1."""
     assert message in encode_with(write_config(in_tmp, exported_yaml, **{key: value}), in_tmp)
@@ -371,7 +417,9 @@ def test_a_duplicated_yaml_key_is_refused(exported_yaml: dict, in_tmp: Path) -> 
     text = path.read_text(encoding="utf-8").replace("  strength: 0.5\n", "  strength: 0.5\n  strength: 0.9\n")
     path.write_text(text, encoding="utf-8")
     line = text.splitlines().index("  strength: 0.9") + 1
-    assert f"config.yaml:{line}: key 'strength' appears twice in one mapping (first on line {line - 1}); keep one" in encode_with(path, in_tmp)
+    assert f"config.yaml:{line}: key 'strength' appears twice in one mapping (first on line {line - 1}); keep one" in encode_with(
+        path, in_tmp
+    )
 
 
 def test_a_basket_no_passage_can_fill_is_refused(exported_yaml: dict, in_tmp: Path) -> None:
@@ -431,11 +479,28 @@ def test_answers_past_the_truncation_point_are_dropped_with_a_count(in_tmp: Path
     copy = copy_of(tiny_data, "long")
     long_text = " ".join(["alpha"] * 40_000)  # 239,999 characters
     edit_jsonl(copy / "corpus.jsonl", lambda docs: [*docs, {"id": "long", "text": long_text}])
-    extra = [{"id": f"long-{group}", "text": "alpha", "relevant": ["long"], "span": [start, start + 5]}
-             for group, start in (("begin", 6), ("middle", 120_000), ("end", 239_990))]
+    extra = [
+        {"id": f"long-{group}", "text": "alpha", "relevant": ["long"], "span": [start, start + 5]}
+        for group, start in (("begin", 6), ("middle", 120_000), ("end", 239_990))
+    ]
     edit_jsonl(copy / "queries.jsonl", lambda queries: [*queries, *extra])
-    result = runner.invoke(app, ["evaluate", "--dataset", f"jsonl:{copy}", "--no-sea", "--general", "", "--no-shuffled",
-                                 "--bootstrap", "10", "--no-paper-default", "--json", str(in_tmp / "t.json")])
+    result = runner.invoke(
+        app,
+        [
+            "evaluate",
+            "--dataset",
+            f"jsonl:{copy}",
+            "--no-sea",
+            "--general",
+            "",
+            "--no-shuffled",
+            "--bootstrap",
+            "10",
+            "--no-paper-default",
+            "--json",
+            str(in_tmp / "t.json"),
+        ],
+    )
     assert result.exit_code == 0, result.output
     baseline = json.loads((in_tmp / "t.json").read_text())["rows"][0]["metrics"]
     assert baseline["n_queries"] == 36 + 1  # the begin query stays; middle and end are dropped
@@ -475,13 +540,16 @@ def test_encode_to_a_folder_is_refused_before_encoding(exported_yaml: dict, in_t
     assert f"--output {target} is a folder; give a file name in it" in output
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ("basket_sizes: [64\n", "space.yaml:2: not valid YAML"),
-    ("basket_sizes: 64\n", "basket_sizes must be a list of integers, e.g. basket_sizes: [64, 128]; got 64"),
-    ("strength_step: fine\n", "strength_step must be a number, e.g. strength_step: 0.05; got 'fine'"),
-    ("strength_step: true\n", "strength_step must be a number"),
-    ("basket_sizes: [64, 64.5]\n", "basket_sizes must be a list of integers"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("basket_sizes: [64\n", "space.yaml:2: not valid YAML"),
+        ("basket_sizes: 64\n", "basket_sizes must be a list of integers, e.g. basket_sizes: [64, 128]; got 64"),
+        ("strength_step: fine\n", "strength_step must be a number, e.g. strength_step: 0.05; got 'fine'"),
+        ("strength_step: true\n", "strength_step must be a number"),
+        ("basket_sizes: [64, 64.5]\n", "basket_sizes must be a list of integers"),
+    ],
+)
 def test_a_bad_search_space_file_is_one_line_not_a_traceback(in_tmp: Path, text: str, message: str) -> None:
     """Case 12: an unparsable --space file, `basket_sizes: 64` and `strength_step: fine` ended in tracebacks."""
     (in_tmp / "space.yaml").write_text(text, encoding="utf-8")
@@ -519,8 +587,11 @@ def test_encode_with_an_empty_or_folder_input_is_one_line(exported_yaml: dict, i
     config = write_config(in_tmp, exported_yaml)
     (in_tmp / "docs.txt").write_text("\n\n", encoding="utf-8")
     (in_tmp / "dir").mkdir()
-    inputs = {"empty": (config, in_tmp / "docs.txt"), "input-folder": (config, in_tmp / "dir"),
-              "config-folder": (in_tmp / "dir", in_tmp / "docs.txt")}[problem]
+    inputs = {
+        "empty": (config, in_tmp / "docs.txt"),
+        "input-folder": (config, in_tmp / "dir"),
+        "config-folder": (in_tmp / "dir", in_tmp / "docs.txt"),
+    }[problem]
     if problem == "config-folder":
         (in_tmp / "docs.txt").write_text("w1\n", encoding="utf-8")
     output = tune("encode", "--config", str(inputs[0]), "--input", str(inputs[1]), "--output", str(in_tmp / "o.npy"))
@@ -551,22 +622,29 @@ def test_error_text_keeps_its_brackets(tiny_data: Path) -> None:
     """Case 13: rich markup ate "[start, end]" out of the message."""
     copy = copy_of(tiny_data, "span")
     edit_jsonl(copy / "queries.jsonl", lambda queries: [{**queries[0], "span": "0-5"}, *queries[1:]])
-    assert "'span' must be [start, end] character offsets, got '0-5'" in tune("evaluate", "--dataset", f"jsonl:{copy}", "--no-sea", "--general", "")
+    assert "'span' must be [start, end] character offsets, got '0-5'" in tune(
+        "evaluate", "--dataset", f"jsonl:{copy}", "--no-sea", "--general", ""
+    )
 
 
 def test_a_reversed_span_is_called_reversed(tiny_data: Path) -> None:
     """Case 13: a reversed span was called "outside its document"."""
     copy = copy_of(tiny_data, "rev")
-    edit_jsonl(copy / "queries.jsonl", lambda queries: [{**{k: v for k, v in q.items() if k != "group"}, "span": [9, 2]}
-                                                         if i == 0 else q for i, q in enumerate(queries)])
+    edit_jsonl(
+        copy / "queries.jsonl",
+        lambda queries: [{**{k: v for k, v in q.items() if k != "group"}, "span": [9, 2]} if i == 0 else q for i, q in enumerate(queries)],
+    )
     with pytest.raises(ValueError, match=r"queries\.jsonl:1: span \[9, 2\] ends before it starts"):
         load_benchmark(f"jsonl:{copy}")
 
 
-@pytest.mark.parametrize(("relevant", "message"), [
-    ({"d0": "high"}, r"queries\.jsonl:1: document 'd0': relevance 'high' is not a whole number"),
-    ({"d0": 0.5}, r"queries\.jsonl:1: document 'd0': relevance 0.5 is not a whole number"),
-])
+@pytest.mark.parametrize(
+    ("relevant", "message"),
+    [
+        ({"d0": "high"}, r"queries\.jsonl:1: document 'd0': relevance 'high' is not a whole number"),
+        ({"d0": 0.5}, r"queries\.jsonl:1: document 'd0': relevance 0.5 is not a whole number"),
+    ],
+)
 def test_a_grade_that_is_not_a_whole_number_is_refused_naming_the_line(tiny_data: Path, relevant: dict, message: str) -> None:
     """Case 13: grade "high" gave a bare `invalid literal for int()`; 0.5 became 0."""
     copy = copy_of(tiny_data, "grade")
@@ -598,12 +676,15 @@ def test_an_inline_layer_list_is_read_whole() -> None:
         parse_inline("layers=[4,5")
 
 
-@pytest.mark.parametrize(("flag", "value", "message"), [
-    ("--max-ndcg-drop", "half", "--max-ndcg-drop 'half': write a number such as 0.005"),
-    ("--max-ndcg-drop", "2", "--max-ndcg-drop must be a number from 0 to 1"),
-    ("--max-crops-psi", "-1", "--max-crops-psi must be a number from 0 to inf"),
-    ("--max-crops-psi", "nan", "--max-crops-psi must be a number from 0 to inf"),
-])
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--max-ndcg-drop", "half", "--max-ndcg-drop 'half': write a number such as 0.005"),
+        ("--max-ndcg-drop", "2", "--max-ndcg-drop must be a number from 0 to 1"),
+        ("--max-crops-psi", "-1", "--max-crops-psi must be a number from 0 to inf"),
+        ("--max-crops-psi", "nan", "--max-crops-psi must be a number from 0 to inf"),
+    ],
+)
 def test_a_constraint_limit_out_of_range_is_refused_before_any_work(flag: str, value: str, message: str) -> None:
     assert message in tune("run", "--dataset", "wikipos-dev", flag, value)
 
@@ -670,10 +751,13 @@ def test_a_replaced_file_keeps_its_mode(exported_yaml: dict, in_tmp: Path) -> No
     assert [stat.S_IMODE((in_tmp / n).stat().st_mode) for n in ("v.npy", "best.yaml")] == [0o600, 0o600]
 
 
-@pytest.mark.parametrize(("content", "message"), [
-    ("w1 w2\n\nw3\n", "docs.txt:2: a blank line"),
-    ("w1 w2\n   \nw3\n", "docs.txt:2: a blank line"),
-])
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("w1 w2\n\nw3\n", "docs.txt:2: a blank line"),
+        ("w1 w2\n   \nw3\n", "docs.txt:2: a blank line"),
+    ],
+)
 def test_encode_refuses_blank_lines_instead_of_dropping_rows(in_tmp: Path, content: str, message: str) -> None:
     """Issue 24: blank and whitespace-only lines were dropped, so row k of the .npy was not line k."""
     from tuner.data.texts import read_texts
@@ -700,8 +784,14 @@ def test_json_lines_accept_raw_separators_inside_strings(tiny_data: Path, in_tmp
     assert read_texts(in_tmp / "docs.jsonl") == [f"a{separator}b"]
     copy = copy_of(tiny_data, "separator")
     edit_jsonl(copy / "corpus.jsonl", lambda docs: [{**docs[0], "text": docs[0]["text"] + separator + "x"}, *docs[1:]])
-    (copy / "corpus.jsonl").write_text((copy / "corpus.jsonl").read_text(encoding="utf-8").replace("\\u2028", "\u2028")
-                                       .replace("\\u2029", "\u2029").replace("\\u0085", "\u0085"), encoding="utf-8")
+    (copy / "corpus.jsonl").write_text(
+        (copy / "corpus.jsonl")
+        .read_text(encoding="utf-8")
+        .replace("\\u2028", "\u2028")
+        .replace("\\u2029", "\u2029")
+        .replace("\\u0085", "\u0085"),
+        encoding="utf-8",
+    )
     assert load_benchmark(f"jsonl:{copy}").corpus["d0"].endswith(separator + "x")
 
 
@@ -737,8 +827,9 @@ def test_a_span_on_an_empty_document_names_file_and_line(tiny_data: Path) -> Non
     """Issue 24: a span [0, 0] on an empty document ended in ZeroDivisionError, naming no file or line."""
     copy = copy_of(tiny_data, "emptyspan")
     edit_jsonl(copy / "corpus.jsonl", lambda docs: [{**docs[0], "text": ""}, *docs[1:]])
-    edit_jsonl(copy / "queries.jsonl", lambda queries: [{**{k: v for k, v in queries[0].items() if k != "group"}, "span": [0, 0]},
-                                                        *queries[1:]])
+    edit_jsonl(
+        copy / "queries.jsonl", lambda queries: [{**{k: v for k, v in queries[0].items() if k != "group"}, "span": [0, 0]}, *queries[1:]]
+    )
     with pytest.raises(ValueError, match=r"queries\.jsonl:1: query 'q0-begin' has a span in document 'd0', which is empty"):
         load_benchmark(f"jsonl:{copy}")
 
@@ -797,12 +888,15 @@ def test_resuming_a_study_with_its_constraints_or_side_sets_changed_is_refused(t
     assert "was created with other settings (general, general_fingerprint, max_general_drop)" in output
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ("basket_sizes: [64, 128, 64]\n", "basket_sizes lists 64 twice; list each value once"),
-    ("depths: [last, last]\n", "depths lists 'last' twice"),
-    ("variants: [uniform, uniform]\n", "variants lists 'uniform' twice"),
-    ("strength_step: 0.3\n", "strength_step 0.3 does not divide 1"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("basket_sizes: [64, 128, 64]\n", "basket_sizes lists 64 twice; list each value once"),
+        ("depths: [last, last]\n", "depths lists 'last' twice"),
+        ("variants: [uniform, uniform]\n", "variants lists 'uniform' twice"),
+        ("strength_step: 0.3\n", "strength_step 0.3 does not divide 1"),
+    ],
+)
 def test_a_search_space_with_duplicates_or_a_ragged_grid_is_refused(in_tmp: Path, text: str, message: str) -> None:
     """Issue 24: duplicate --space values and a step that does not divide [0, 1] were accepted, with raw Optuna warnings."""
     (in_tmp / "space.yaml").write_text(text, encoding="utf-8")
@@ -842,7 +936,8 @@ def test_a_study_name_derived_from_a_long_path_is_shortened_with_a_digest(in_tmp
 
 
 def test_a_full_disk_at_export_leaves_no_file_no_registry_version_and_a_failed_parent_run(
-        tiny_model_dir, tiny_data: Path, in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tiny_model_dir, tiny_data: Path, in_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Issue 24: ENOSPC at export ended in a traceback, left the parent run RUNNING and an orphan registry version."""
     import errno
 

@@ -20,8 +20,9 @@ CHUNK_TOKENS = 12
 def punctuated(sentences: int, seed: int) -> str:
     """`sentences` sentences of 4-8 words each, ending in a full stop."""
     rng = random.Random(seed)
-    return " ".join(" ".join(rng.choice(["w1", "w2", "w3", "w4", "w5", "w6", "w7"]) for _ in range(rng.randint(4, 8))) + "."
-                    for _ in range(sentences))
+    return " ".join(
+        " ".join(rng.choice(["w1", "w2", "w3", "w4", "w5", "w6", "w7"]) for _ in range(rng.randint(4, 8))) + "." for _ in range(sentences)
+    )
 
 
 LONG = punctuated(14, seed=0)  # ~95 tokens: several chunks
@@ -92,7 +93,9 @@ def test_sentences_split_at_delimiters_and_join_back() -> None:
     sentences = split_sentences(text)
     assert "".join(sentences) == text
     assert [s.strip() for s in sentences] == [
-        "The first sentence is here.", "Is this the second one? Yes!", "A new paragraph starts here.",
+        "The first sentence is here.",
+        "Is this the second one? Yes!",
+        "A new paragraph starts here.",
     ]  # "Yes!" is shorter than Chonkie's minimum sentence length and stays with its neighbour
 
 

@@ -58,7 +58,12 @@ def test_a_token_budget_leaves_the_vectors_as_they_were(xlmr: LoadedModel) -> No
 
 def test_long_passage_models_are_batched_by_tokens_and_minilm_as_before(xlmr: LoadedModel) -> None:
     assert {alias for alias, spec in REGISTRY.items() if spec.long_passages} == {
-        "bge-m3", "gte-multilingual-base", "qwen3-embedding-0.6b", "qwen3-embedding-4b", "qwen3-embedding-8b"}
+        "bge-m3",
+        "gte-multilingual-base",
+        "qwen3-embedding-0.6b",
+        "qwen3-embedding-4b",
+        "qwen3-embedding-8b",
+    }
     assert not REGISTRY["minilm"].long_passages
     assert choose_batching(xlmr) == (auto_batch_size(xlmr), None), "a model outside the registry: passages, as before"
     long = dataclasses.replace(xlmr, spec=dataclasses.replace(xlmr.spec, long_passages=True))
@@ -79,8 +84,9 @@ def bge_m3_shaped(dtype: torch.dtype, device: str) -> LoadedModel:
         def device(self) -> torch.device:
             return torch.device(device)
 
-    config = XLMRobertaConfig(hidden_size=1024, num_attention_heads=16, intermediate_size=4096, num_hidden_layers=24,
-                              max_position_embeddings=8194, pad_token_id=1)
+    config = XLMRobertaConfig(
+        hidden_size=1024, num_attention_heads=16, intermediate_size=4096, num_hidden_layers=24, max_position_embeddings=8194, pad_token_id=1
+    )
     model = SimpleNamespace(config=config, dtype=dtype)
     placed = Placed(REGISTRY["bge-m3"], model, SimpleNamespace(model_max_length=8192), "test")  # type: ignore[arg-type]
     assert placed.max_length == 8192
@@ -146,8 +152,9 @@ def test_half_precision_models_encode_and_resume_like_full_passes(tmp_path, dtyp
     config = model.default_config(strength=0.8, basket_size=8, layers="last:2")
     got = CalibratedEncoder(model, config).encode(texts, batch_size=4)
     assert got.dtype == np.float32 and np.allclose(np.linalg.norm(got, axis=1), 1, atol=1e-5)
-    oracle = dataclasses.replace(model, model=AutoModel.from_pretrained(folder, attn_implementation=register_reference(),
-                                                                        dtype=dtype).eval())
+    oracle = dataclasses.replace(
+        model, model=AutoModel.from_pretrained(folder, attn_implementation=register_reference(), dtype=dtype).eval()
+    )
     assert np.abs(got - CalibratedEncoder(oracle, config).encode(texts, batch_size=4)).max() < WHOLE_MODEL_TOLERANCE[dtype]
 
     # A trial resumed from half-precision layer inputs cached by the baseline pass equals the full pass.
@@ -167,7 +174,10 @@ def test_copies_to_a_gpu_go_through_pinned_memory_without_blocking_the_host(monk
     tokens = torch.ones(2, 3, dtype=torch.long)
     assert to_device(tokens, torch.device("cpu")) is tokens, "on CPU nothing is copied"
     copies = []
-    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: SimpleNamespace(
-        to=lambda device, non_blocking=False: copies.append((device, non_blocking)) or "on the gpu"))
+    monkeypatch.setattr(
+        torch.Tensor,
+        "pin_memory",
+        lambda self: SimpleNamespace(to=lambda device, non_blocking=False: copies.append((device, non_blocking)) or "on the gpu"),
+    )
     assert to_device(tokens, torch.device("cuda", 1)) == "on the gpu"
     assert copies == [(torch.device("cuda", 1), True)]

@@ -64,9 +64,7 @@ def test_child_entry_prints_one_result_line() -> None:
 def test_plan_reuses_plain_processes_for_the_mean_column() -> None:
     columns = plan(parse([]))
     titles = [c.title for c in columns]
-    assert titles == [
-        "XLM-R cls 512×8", "XLM-R cls 1024×8", "XLM-R cls 2048×8", "XLM-R mean 512×8", "MiniLM mean 512×16"
-    ]
+    assert titles == ["XLM-R cls 512×8", "XLM-R cls 1024×8", "XLM-R cls 2048×8", "XLM-R mean 512×8", "MiniLM mean 512×16"]
     assert columns[3].plain_from is columns[0]
     assert [c.title for c in plan(parse(["--quick"]))] == ["XLM-R cls 512×8", "MiniLM mean 512×16"]
 

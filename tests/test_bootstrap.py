@@ -14,9 +14,7 @@ from tuner.data.dataset import THIRDS, PositionalDataset
 N_QUERIES = 90
 
 
-def make_dataset(
-    stratified: bool = False, positional: bool = True, groups: dict[str, tuple[str, ...]] | None = None
-) -> PositionalDataset:
+def make_dataset(stratified: bool = False, positional: bool = True, groups: dict[str, tuple[str, ...]] | None = None) -> PositionalDataset:
     """N_QUERIES queries with one relevant document each, by default cycling through the thirds (and,
     when stratified, through two length strata); every fifth query also counts in "end"."""
     qids = [f"q{i}" for i in range(N_QUERIES)]
@@ -60,9 +58,7 @@ def test_identical_runs_give_exactly_zero_deltas_with_zero_width_intervals(strat
 
 @pytest.mark.parametrize("stratified", [False, True])
 def test_a_candidate_better_on_every_query_has_strictly_positive_intervals(stratified: bool) -> None:
-    result = paired_bootstrap(
-        per_query(BASELINE_RANKS, stratified=stratified), per_query(BETTER_RANKS, stratified=stratified)
-    )
+    result = paired_bootstrap(per_query(BASELINE_RANKS, stratified=stratified), per_query(BETTER_RANKS, stratified=stratified))
     assert result.hm is not None
     assert result.ndcg10.low > 0 and result.hm.low > 0
     assert all(interval.low > 0 for interval in result.groups.values())
@@ -145,8 +141,12 @@ def test_interval_formats_signed_points_or_raw_values() -> None:
 def test_summary_reports_hm_and_ndcg_in_points_and_psi_raw() -> None:
     # The README's "paper default" row: ΔHM +2.27 points, ΔPSI −0.107, ΔnDCG@10 +1.04 points.
     result = PairedBootstrap(
-        ndcg10=Interval(0.0104, 0.0040, 0.0173), hm=Interval(0.0227, 0.0146, 0.0308),
-        psi=Interval(-0.107, -0.137, -0.082), groups={}, n_resamples=1000, n_undefined=0,
+        ndcg10=Interval(0.0104, 0.0040, 0.0173),
+        hm=Interval(0.0227, 0.0146, 0.0308),
+        psi=Interval(-0.107, -0.137, -0.082),
+        groups={},
+        n_resamples=1000,
+        n_undefined=0,
     )
     assert result.summary() == "ΔHM +2.27 [+1.46, +3.08], ΔPSI -0.107 [-0.137, -0.082], ΔnDCG@10 +1.04 [+0.40, +1.73]"
 

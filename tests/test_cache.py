@@ -91,8 +91,9 @@ def test_missing_layer_inputs_are_recorded_without_a_full_pass(bert: LoadedModel
 
 
 @pytest.mark.parametrize("change", ["revision", "dataset", "document order", "engine version", "cache format", "local weights"])
-def test_a_changed_model_dataset_or_engine_invalidates_every_entry(bert: LoadedModel, tmp_path: Path, change: str,
-                                                                   monkeypatch: pytest.MonkeyPatch, tiny_model_dir) -> None:
+def test_a_changed_model_dataset_or_engine_invalidates_every_entry(
+    bert: LoadedModel, tmp_path: Path, change: str, monkeypatch: pytest.MonkeyPatch, tiny_model_dir
+) -> None:
     model, dataset = bert, tiny_dataset()
     if change == "local weights":  # a private copy of the model folder, to re-save
         model = load_model(str(shutil.copytree(tiny_model_dir("bert"), tmp_path / "model")), pooling="cls")
@@ -234,8 +235,16 @@ def test_writes_leave_no_temporary_files(bert: LoadedModel, tmp_path: Path) -> N
         path.unlink()
     study(bert, tmp_path)  # rewrites the baseline, sweeping the old leftover
     names = sorted(p.name for p in next(tmp_path.rglob("baseline.npy")).parent.iterdir())
-    assert names == ["baseline.json", "baseline.npy", "layer-input-001.bin", "layer-input-001.json",
-                     "layer-input-002.bin", "layer-input-002.json", "queries.json", "queries.npy"]
+    assert names == [
+        "baseline.json",
+        "baseline.npy",
+        "layer-input-001.bin",
+        "layer-input-001.json",
+        "layer-input-002.bin",
+        "layer-input-002.json",
+        "queries.json",
+        "queries.npy",
+    ]
     meta = json.loads(next(tmp_path.rglob("layer-input-002.json")).read_text())
     assert meta["key"]["model"]["revision"] == bert.revision and meta["key"]["engine"]["posfair"] == tuner.__version__
 

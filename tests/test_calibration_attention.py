@@ -114,8 +114,21 @@ def attention_cases(draw: st.DrawFn) -> tuple:
 
 @settings(max_examples=200, deadline=None)
 @given(attention_cases())
-@example((CalibrationConfig(pooling="cls", basket_size=3, strength=0.7, layers=[0]), [2, 26, 2, 2, 2, 2, 2, 29], 29,
-          False, True, False, "attribute", 1, 143, False, False))  # SDPA's own fp32 rounding
+@example(
+    (
+        CalibrationConfig(pooling="cls", basket_size=3, strength=0.7, layers=[0]),
+        [2, 26, 2, 2, 2, 2, 2, 29],
+        29,
+        False,
+        True,
+        False,
+        "attribute",
+        1,
+        143,
+        False,
+        False,
+    )
+)  # SDPA's own fp32 rounding
 def test_engine_matches_oracle_at_the_attention_interface(case: tuple) -> None:
     """Outputs of the real rows agree to 2e-6 + 1e-6 relative: values are of order 1, and float32 sums of up
     to 30 of them (SDPA's rows too) round by ~1e-6; the oracle runs in float64."""
@@ -237,9 +250,7 @@ def test_the_signature_is_transformers_sdpa_signature() -> None:
     """transformers calls attention functions by keyword, but the order must match for positional callers."""
     ours = list(inspect.signature(calibrated_attention).parameters)
     theirs = list(inspect.signature(sdpa_attention_forward).parameters)
-    assert ours[:8] == theirs[:8] == [
-        "module", "query", "key", "value", "attention_mask", "dropout", "scaling", "is_causal"
-    ]
+    assert ours[:8] == theirs[:8] == ["module", "query", "key", "value", "attention_mask", "dropout", "scaling", "is_causal"]
     q, k, v, key_valid = build_inputs([10, 10], False, 4, 4, torch.float32, 3)
     config = CalibrationConfig(strength=1.0, basket_size=3, layers=[0])
     with calibrating(config.resolve(1)):
@@ -280,8 +291,7 @@ def test_mean_pooling_under_any_mask_is_calibrate_rows_applied_to_the_masked_sof
 
     q, k, v, key_valid = build_inputs([23, 30, 11], False, 4, 2, torch.float32, 5)
     allowed = mask_of(key_valid, True)
-    spec = CalibrationConfig(pooling="mean", strength=0.8, basket_size=4, layers=[0], variant="cls_soft",
-                             basket_shares=shares).resolve(1)
+    spec = CalibrationConfig(pooling="mean", strength=0.8, basket_size=4, layers=[0], variant="cls_soft", basket_shares=shares).resolve(1)
     with calibrating(spec):
         got, _ = calibrated_attention(FakeAttention(0, 2, True), q, k, v, allowed, scaling=SCALE)
     keys = k.repeat_interleave(2, dim=1)
@@ -398,8 +408,9 @@ def test_a_kernel_that_fails_its_probe_is_said_once_and_the_engine_falls_back(mo
         allowed = mask_of(key_valid, False)
         config = CalibrationConfig(pooling="mean", strength=0.6, basket_size=3, layers=[0])
         got = engine(config, FakeAttention(0, 1, False), q, k, v, allowed)
-        assert torch.allclose(got[key_valid].double(), reference_attention(q, k, v, allowed, SCALE, config)[key_valid],
-                              atol=2e-6, rtol=1e-6)
+        assert torch.allclose(
+            got[key_valid].double(), reference_attention(q, k, v, allowed, SCALE, config)[key_valid], atol=2e-6, rtol=1e-6
+        )
     finally:
         engine_module._fused_kernel.cache_clear()
 

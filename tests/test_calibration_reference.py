@@ -48,8 +48,16 @@ def test_isolated_tokens_and_policies_follow_table_4_and_the_variants(fields: di
 
 @pytest.mark.parametrize(
     ("layers", "depth", "want"),
-    [([1, 3], 6, {1, 3}), ("last", 6, {5}), ("last:2", 6, {4, 5}), (0.5, 6, {3, 4, 5}), ("50%", 24, set(range(12, 24))),
-     (0.25, 6, {4, 5}), (0.01, 6, {5}), (1.0, 3, {0, 1, 2})],
+    [
+        ([1, 3], 6, {1, 3}),
+        ("last", 6, {5}),
+        ("last:2", 6, {4, 5}),
+        (0.5, 6, {3, 4, 5}),
+        ("50%", 24, set(range(12, 24))),
+        (0.25, 6, {4, 5}),
+        (0.01, 6, {5}),
+        (1.0, 3, {0, 1, 2}),
+    ],
 )
 def test_calibrated_layers(layers: object, depth: int, want: set[int]) -> None:
     """Explicit indices, the last k, or the final round(f · depth) layers (halves up, at least one)."""
@@ -143,8 +151,9 @@ def test_by_size_shares_by_hand() -> None:
     rows = torch.tensor([[True] + [False] * 7])
 
     def calibrated(variant: str, shares: str = "by_size") -> list[float]:
-        config = CalibrationConfig(pooling="cls", variant=variant, basket_size=3, strength=1.0, weight=0.3, layers=[0],
-                                   basket_shares=shares)
+        config = CalibrationConfig(
+            pooling="cls", variant=variant, basket_size=3, strength=1.0, weight=0.3, layers=[0], basket_shares=shares
+        )
         return reference_calibrate(a, every[:, 0, 0], every, rows, config)[0, 0, 0].tolist()
 
     def spread(cls: float, baskets: list[float]) -> list[float]:

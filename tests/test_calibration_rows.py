@@ -141,7 +141,11 @@ def test_cls_soft_keeps_the_self_mass_and_shares_the_rest() -> None:
 def test_cls_hard_fixes_the_self_mass_at_w() -> None:
     """a_cal_s = w; content baskets split 1 − w equally (§3.3)."""
     key_valid = torch.ones(1, 9, dtype=torch.bool)
-    got = engine(softmax_rows(key_valid[:, None, :].expand(-1, 1, -1), 2), key_valid, CalibrationConfig(variant="cls_hard", weight=0.3, strength=1.0, basket_size=4, pooling="cls", layers=[0]))[0, 0]
+    got = engine(
+        softmax_rows(key_valid[:, None, :].expand(-1, 1, -1), 2),
+        key_valid,
+        CalibrationConfig(variant="cls_hard", weight=0.3, strength=1.0, basket_size=4, pooling="cls", layers=[0]),
+    )[0, 0]
     assert torch.allclose(got[0], torch.tensor(0.3))
     assert torch.allclose(basket_masses(got, 1, 8, 4), torch.full((2,), 0.35))
 
@@ -159,7 +163,9 @@ def test_last_token_pooling_isolates_both_ends_under_left_padding() -> None:
     """Reference-code defaults for last pooling: first token keeps its mass, final token gets an equal share."""
     key_valid = torch.tensor([[False, False] + [True] * 10])  # 2 pads, first, 8 content, last
     attn = softmax_rows(key_valid[:, None, :].expand(-1, 1, -1), 4)
-    config = CalibrationConfig(pooling="last", padding_side="left", strength=1.0, basket_size=4, layers=[0], policies={"first": "original", "last": "equal"})
+    config = CalibrationConfig(
+        pooling="last", padding_side="left", strength=1.0, basket_size=4, layers=[0], policies={"first": "original", "last": "equal"}
+    )
     got = engine(attn, key_valid, config)[0, 0]
     assert torch.equal(got[:2], torch.zeros(2))
     assert torch.equal(got[2], attn[0, 0, 2])
@@ -184,8 +190,7 @@ BY_SIZE = torch.tensor([3 / 7, 3 / 7, 1 / 7])
 )
 def test_by_size_shares_the_remainder_by_basket_content(variant: str, isolated, remainder) -> None:
     attn = softmax_rows(SEVEN[:, None, :], 5)
-    config = CalibrationConfig(variant=variant, weight=0.3, strength=1.0, basket_size=3, pooling="cls", layers=[0],
-                               basket_shares="by_size")
+    config = CalibrationConfig(variant=variant, weight=0.3, strength=1.0, basket_size=3, pooling="cls", layers=[0], basket_shares="by_size")
     got = engine(attn, SEVEN, config)[0, 0]
     a_s = attn[0, 0, 0]
     assert torch.allclose(got[0], torch.as_tensor(isolated(a_s)))

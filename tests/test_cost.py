@@ -15,16 +15,25 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_the_study_is_the_baseline_the_trials_and_what_is_encoded_once() -> None:
-    cost = StudyCost(Probe("cpu", rows=4, length=1000, seconds=2.0), passages=100, corpus_tokens=100_000, truncated=3,
-                     max_length=1000, per_trial_tokens=10_000, once_tokens=20_000)
+    cost = StudyCost(
+        Probe("cpu", rows=4, length=1000, seconds=2.0),
+        passages=100,
+        corpus_tokens=100_000,
+        truncated=3,
+        max_length=1000,
+        per_trial_tokens=10_000,
+        once_tokens=20_000,
+    )
     assert cost.probe.seconds_per_token == 2.0 / 4000
     assert cost.trial_seconds == pytest.approx(110_000 / 2000)  # 55 s
     assert cost.study_seconds(3) == pytest.approx((20_000 + 100_000) / 2000 + 3 * 55)  # 225 s
     lines = cost.describe(trials=3, default_trials=16)
     assert "a probe of 4 passages × 1,000 tokens took 2.00 s (500 µs per token)" in lines[0]
     assert lines[1] == "corpus: 100 passages, 100,000 padded tokens (3 truncated at 1,000 tokens); one encode ≈ 50 s"
-    assert lines[2] == ("one trial ≈ 55 s; this study (3 trials, with the baseline and the final scoring) ≈ 4 min; "
-                        f"the default 16 trials ≈ {duration(60 + 16 * 55)}")
+    assert lines[2] == (
+        "one trial ≈ 55 s; this study (3 trials, with the baseline and the final scoring) ≈ 4 min; "
+        f"the default 16 trials ≈ {duration(60 + 16 * 55)}"
+    )
     # layer-tokens: 1 layer here; the baseline and once-encoded 120,000, and 3 trials of 110,000
     assert lines[3] == "layer-tokens (padded tokens × layers, resumed passes cost less): ≤ 450,000"
     assert len(lines) == 4, "under an hour: no advice"
@@ -32,8 +41,9 @@ def test_the_study_is_the_baseline_the_trials_and_what_is_encoded_once() -> None
 
 def test_the_estimate_brackets_a_pruned_study_between_unpruned_and_every_trial_stopped_after_the_tuning_split() -> None:
     # 6 layers; a trial encodes the corpus (100,000) and two structures (30,000); the references run every rung
-    cost = StudyCost(Probe("cpu", 4, 1000, 2.0), 100, 100_000, 0, 1000, per_trial_tokens=30_000, once_tokens=20_000,
-                     layers=6, structure_tokens=30_000)
+    cost = StudyCost(
+        Probe("cpu", 4, 1000, 2.0), 100, 100_000, 0, 1000, per_trial_tokens=30_000, once_tokens=20_000, layers=6, structure_tokens=30_000
+    )
     full = 6 * (20_000 + 100_000 + 10 * 130_000)
     pruned = full - 6 * 8 * 30_000
     assert f"unpruned ≤ {full:,}; pruned ≥ {pruned:,}" in cost.describe(10, 16)[3]
@@ -43,8 +53,18 @@ def test_the_estimate_brackets_a_pruned_study_between_unpruned_and_every_trial_s
 
 def test_with_a_pooled_screen_the_pruned_bound_is_every_trial_but_the_references_stopped_after_it() -> None:
     # 6 layers, 10 trials; each screens ≤ 12,000 tokens first; a trial past it encodes 100,000 + 30,000
-    cost = StudyCost(Probe("cpu", 4, 1000, 2.0), 100, 100_000, 0, 1000, per_trial_tokens=30_000, once_tokens=20_000,
-                     layers=6, structure_tokens=30_000, screen_tokens=12_000)
+    cost = StudyCost(
+        Probe("cpu", 4, 1000, 2.0),
+        100,
+        100_000,
+        0,
+        1000,
+        per_trial_tokens=30_000,
+        once_tokens=20_000,
+        layers=6,
+        structure_tokens=30_000,
+        screen_tokens=12_000,
+    )
     full = 6 * (20_000 + 100_000 + 10 * (130_000 + 12_000))
     pruned = 6 * (20_000 + 100_000 + 2 * 130_000 + 10 * 12_000)
     line = cost.describe(10, 16)[3]
@@ -56,8 +76,9 @@ def test_the_estimate_counts_the_corpus_batches_queries_and_a_held_out_corpus(tm
 
     def dataset(name: str, lengths: list[int], queries: int) -> PositionalDataset:
         corpus = {f"{name}{i}": " ".join(WORDS[:n]) for i, n in enumerate(lengths)}
-        return PositionalDataset(name, corpus, {f"q{name}{i}": "w1 w2 w3" for i in range(queries)},
-                                 {f"q{name}{i}": {f"{name}0": 1} for i in range(queries)})
+        return PositionalDataset(
+            name, corpus, {f"q{name}{i}": "w1 w2 w3" for i in range(queries)}, {f"q{name}{i}": {f"{name}0": 1} for i in range(queries)}
+        )
 
     tuning, heldout = dataset("t", [40, 30, 10], 2), dataset("h", [20, 20], 3)
     evaluator = Evaluator(model, tuning, batch_size=2, disk_cache=False)
@@ -81,8 +102,9 @@ def test_the_probe_is_timed_after_a_warm_up_and_fills_a_gpu_with_its_whole_batch
     model = load_model(str(save_tiny("bert", tmp_path / "bert")), pooling="cls")
     batches = Batches.build(model, [" ".join(WORDS[:60])] * 6, batch_size=6)
     shapes = []
-    handle = model.model.register_forward_pre_hook(lambda module, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)),
-                                                   with_kwargs=True)
+    handle = model.model.register_forward_pre_hook(
+        lambda module, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
+    )
     try:
         timed = probe(model, batches)
     finally:

@@ -94,9 +94,11 @@ def test_tune_and_heldout_split_by_passage_and_cover_all_queries(cache):
 
 @pytest.mark.parametrize(
     ("options", "message"),
-    [({"part": "test"}, "valid parts: all, tune, heldout"),
-     ({"part": "tune", "holdout_fraction": 1.0}, "between 0 and 1"),
-     ({"sample_per_group": 0}, "positive number or None")],
+    [
+        ({"part": "test"}, "valid parts: all, tune, heldout"),
+        ({"part": "tune", "holdout_fraction": 1.0}, "between 0 and 1"),
+        ({"sample_per_group": 0}, "positive number or None"),
+    ],
 )
 def test_bad_options_are_rejected_before_loading(options, message):
     with pytest.raises(ValueError, match=message):

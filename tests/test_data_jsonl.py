@@ -53,8 +53,7 @@ def test_qrels_come_from_relevant_fields_and_the_tsv_together():
 def test_other_labels_keep_their_first_appearance_order_unless_given(folder):
     (folder / "qrels.tsv").unlink()
     (folder / "queries.jsonl").write_text(
-        '{"id": "a", "text": "x", "relevant": ["d1"], "group": "late"}\n'
-        '{"id": "b", "text": "y", "relevant": ["d1"], "group": "early"}\n'
+        '{"id": "a", "text": "x", "relevant": ["d1"], "group": "late"}\n{"id": "b", "text": "y", "relevant": ["d1"], "group": "early"}\n'
     )
     assert load_jsonl(folder).group_order == ("late", "early")
     assert load_jsonl(folder, group_order=["early", "late"]).group_order == ("early", "late")

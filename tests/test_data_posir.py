@@ -36,8 +36,9 @@ def domain(tmp_path) -> Path:
     return folder
 
 
-@pytest.mark.parametrize(("tokens", "quartile"), [(1, "Q1"), (512, "Q1"), (513, "Q2"), (1024, "Q2"),
-                                                  (1536, "Q3"), (1537, "Q4"), (8000, "Q4")])
+@pytest.mark.parametrize(
+    ("tokens", "quartile"), [(1, "Q1"), (512, "Q1"), (513, "Q2"), (1024, "Q2"), (1536, "Q3"), (1537, "Q4"), (8000, "Q4")]
+)
 def test_length_quartiles_are_posir_buckets_closed_on_the_right(tokens, quartile):
     assert length_quartile(tokens) == quartile
 
@@ -66,17 +67,32 @@ def test_unplaceable_queries_count_for_aggregate_ndcg_only(domain):
 
 def test_column_and_file_names_can_be_overridden(tmp_path):
     folder = tmp_path / "custom"
-    renamed = [{"qid": r["_id"], "query": r["text"], "span": r["pos_char_span"], "tokens": r["pos_token_length"],
-                "doc": {"q1": "short", "q2": "short", "q3": "short", "q4": "long"}.get(r["_id"])} for r in rows("queries")]
+    renamed = [
+        {
+            "qid": r["_id"],
+            "query": r["text"],
+            "span": r["pos_char_span"],
+            "tokens": r["pos_token_length"],
+            "doc": {"q1": "short", "q2": "short", "q3": "short", "q4": "long"}.get(r["_id"]),
+        }
+        for r in rows("queries")
+    ]
     write(folder / "q.parquet", [r for r in renamed if r["doc"]])
     write(folder / "corpus.parquet", [{"_id": "short", "text": "x" * 400}, {"_id": "long", "text": "y" * 9000}])
     with pytest.warns(UserWarning, match="Q4"):  # q4 is alone in its quartile
         dataset = load_benchmark(
-            f"posir:{folder}", queries_file="q.parquet", query_id="qid", query_text="query", span="span",
-            token_length="tokens", char_length=None, relevant_doc="doc",
+            f"posir:{folder}",
+            queries_file="q.parquet",
+            query_id="qid",
+            query_text="query",
+            span="span",
+            token_length="tokens",
+            char_length=None,
+            relevant_doc="doc",
         )
-    assert dataset.qrels == {"q1": {"short": 1}, "q2": {"short": 1}, "q3": {"short": 1}, "q4": {"long": 1}}, \
+    assert dataset.qrels == {"q1": {"short": 1}, "q2": {"short": 1}, "q3": {"short": 1}, "q4": {"long": 1}}, (
         "no qrels file: the doc column is used"
+    )
     # char_length=None measures the relevant document: spans 0-40, 180-220, 360-400 of 400 characters.
     assert dataset.groups == {"q1": ("begin",), "q2": ("middle",), "q3": ("end",)}
 
@@ -117,16 +133,27 @@ def test_posir_scores_by_third_within_each_quartile_as_computed_by_hand(tmp_path
     spans = {"begin": (0, 30), "middle": (140, 160), "end": (270, 300)}
     # query: (pos_token_length, third or None, rank of its relevant document)
     plan = {
-        "a1": (300, "begin", 1), "a2": (300, "begin", 3), "a3": (300, "middle", 2), "a4": (300, "end", 4),  # Q1
-        "b1": (1200, "begin", 2), "b2": (1200, "middle", 1), "b3": (1200, "end", 1), "b4": (1200, "end", 3),  # Q3
-        "c1": (2000, "begin", 1), "c2": (2000, "end", 1),  # Q4 has no middle query: not comparable
+        "a1": (300, "begin", 1),
+        "a2": (300, "begin", 3),
+        "a3": (300, "middle", 2),
+        "a4": (300, "end", 4),  # Q1
+        "b1": (1200, "begin", 2),
+        "b2": (1200, "middle", 1),
+        "b3": (1200, "end", 1),
+        "b4": (1200, "end", 3),  # Q3
+        "c1": (2000, "begin", 1),
+        "c2": (2000, "end", 1),  # Q4 has no middle query: not comparable
         "u1": (300, None, 2),  # no span: aggregate only
     }
     corpus = {f"rel-{q}": "r" * 300 for q in plan} | {f"decoy{i}": "d" * 300 for i in range(3)}
-    write_posir(tmp_path / "eng-Latn" / "demo", corpus, [
-        {"_id": q, "text": f"query {q}", "doc": f"rel-{q}", "span": spans[third] if third else None, "token_length": tokens}
-        for q, (tokens, third, _) in plan.items()
-    ])
+    write_posir(
+        tmp_path / "eng-Latn" / "demo",
+        corpus,
+        [
+            {"_id": q, "text": f"query {q}", "doc": f"rel-{q}", "span": spans[third] if third else None, "token_length": tokens}
+            for q, (tokens, third, _) in plan.items()
+        ],
+    )
     with pytest.warns(UserWarning, match="Q4"):
         dataset = load_posir(tmp_path / "eng-Latn" / "demo")
     run = {}
@@ -152,8 +179,8 @@ def test_posir_scores_by_third_within_each_quartile_as_computed_by_hand(tmp_path
     assert report.psi == pytest.approx((psi["Q1"] + psi["Q3"]) / 2)
     assert report.hm == pytest.approx((hm["Q1"] + hm["Q3"]) / 2)
     assert report.group_counts == {"begin": 3, "middle": 2, "end": 3}, "pooled over the comparable quartiles"
-    assert report.group_ndcg10 == pytest.approx({"begin": (gain[1] + gain[3] + gain[2]) / 3,
-                                                 "middle": (gain[2] + gain[1]) / 2,
-                                                 "end": (gain[4] + gain[1] + gain[3]) / 3})
+    assert report.group_ndcg10 == pytest.approx(
+        {"begin": (gain[1] + gain[3] + gain[2]) / 3, "middle": (gain[2] + gain[1]) / 2, "end": (gain[4] + gain[1] + gain[3]) / 3}
+    )
     assert report.n_queries == 11
     assert report.ndcg10 == pytest.approx(sum(gain[rank] for _, _, rank in plan.values()) / 11), "every query counts"

@@ -44,7 +44,7 @@ def test_structures_hold_only_dev_s_articles_and_queries_so_no_held_out_passage(
 def test_openings_cut_each_summary_to_its_first_sentence_and_group_by_the_new_thirds():
     openings = load_structures("wikipos-dev")[1]
     dev_records = list(read_records((PACKAGED / split_filename("dev")).read_bytes()))
-    summaries = {s["title"]: r["text"][s["span"][0]:s["span"][1]] for r in dev_records for s in r["segments"]}
+    summaries = {s["title"]: r["text"][s["span"][0] : s["span"][1]] for r in dev_records for s in r["segments"]}
     from tuner.data.wikipos import openings_records
 
     records = list(openings_records(iter(dev_records)))
@@ -74,6 +74,7 @@ def test_a_set_without_segments_is_halved_by_passage_length_over_the_whole_corpu
     assert (shorter.name, longer.name) == ("jsonl:x-shorter", "jsonl:x-longer")
     assert shorter.corpus is dataset.corpus and longer.corpus is dataset.corpus  # no extra encoding: the tuning vectors serve
     assert set(shorter.queries) == {q for q in queries if q[1] in "012"} and set(longer.queries) == {q for q in queries if q[1] in "345"}
-    one_group = PositionalDataset("jsonl:y", corpus, queries, qrels, {q: ("begin",) if q[1] in "012" else groups[q] for q in queries},
-                                  ("begin", "middle", "end"))
+    one_group = PositionalDataset(
+        "jsonl:y", corpus, queries, qrels, {q: ("begin",) if q[1] in "012" else groups[q] for q in queries}, ("begin", "middle", "end")
+    )
     assert load_structures("jsonl:y", one_group) == []  # a half with one group has no PSI: no halves at all

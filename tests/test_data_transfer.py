@@ -45,7 +45,10 @@ def test_mixed_groups_are_thirds_of_the_slot_order_not_of_the_characters():
                 assert segment["query"]["group"] == expected
                 start, end = segment["span"]
                 disagree += ["begin", "middle", "end"][min(int(3 * (start + end) / 2 / len(record["text"])), 2)] != {
-                    "early": "begin", "central": "middle", "late": "end"}[expected]
+                    "early": "begin",
+                    "central": "middle",
+                    "late": "end",
+                }[expected]
     assert disagree > 50, "slot thirds should differ from character thirds for a fair share of queries"
 
 
@@ -106,12 +109,15 @@ def test_segments_are_whole_summaries_or_their_opening_sentence_of_unused_articl
     ("text", "first"),
     [
         ("Rome is the capital city of Italy. It is also the capital of Lazio.", "Rome is the capital city of Italy."),
-        ("J. R. R. Tolkien was an English writer and philologist. He wrote The Hobbit.",
-         "J. R. R. Tolkien was an English writer and philologist."),
-        ("The city lies on the river c. 30 km from the sea. It was founded in 1200.",
-         "The city lies on the river c. 30 km from the sea."),
-        ("It is short. But this sentence makes the opening long enough to count.",
-         "It is short. But this sentence makes the opening long enough to count."),
+        (
+            "J. R. R. Tolkien was an English writer and philologist. He wrote The Hobbit.",
+            "J. R. R. Tolkien was an English writer and philologist.",
+        ),
+        ("The city lies on the river c. 30 km from the sea. It was founded in 1200.", "The city lies on the river c. 30 km from the sea."),
+        (
+            "It is short. But this sentence makes the opening long enough to count.",
+            "It is short. But this sentence makes the opening long enough to count.",
+        ),
         ("No full stop at all", "No full stop at all"),
     ],
 )
@@ -133,9 +139,9 @@ def test_crops_are_windows_of_consecutive_dev_segments_regrouped_by_thirds():
         titles = [s["title"] for s in source["segments"]]
         window = [s["title"] for s in crop["segments"]]
         start = titles.index(window[0])
-        assert titles[start:start + len(window)] == window and 2 <= len(window) <= len(titles) - 1
+        assert titles[start : start + len(window)] == window and 2 <= len(window) <= len(titles) - 1
         sizes[len(window) == len(titles) - 1] += 1
-        pieces = [source["text"][a:b] for a, b in (s["span"] for s in source["segments"][start:start + len(window)])]
+        pieces = [source["text"][a:b] for a, b in (s["span"] for s in source["segments"][start : start + len(window)])]
         assert crop["text"] == SEPARATOR.join(pieces)
         for segment, piece, original in zip(crop["segments"], pieces, source["segments"][start:]):
             a, b = segment["span"]

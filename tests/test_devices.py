@@ -62,13 +62,17 @@ class RecordingContext:
         self.Process = Process
 
 
-@pytest.mark.parametrize(("count", "visible", "want"), [
-    (2, None, [("1", "1"), ("2", "0")]),
-    (2, "3,1", [("1", "1"), ("2", "3")]),
-    (0, None, [("1", None), ("2", None)]),
-])
-def test_each_started_worker_sees_only_its_gpu_and_the_environment_is_restored(gpus, monkeypatch, count: int,
-                                                                                visible: str | None, want: list) -> None:
+@pytest.mark.parametrize(
+    ("count", "visible", "want"),
+    [
+        (2, None, [("1", "1"), ("2", "0")]),
+        (2, "3,1", [("1", "1"), ("2", "3")]),
+        (0, None, [("1", None), ("2", None)]),
+    ],
+)
+def test_each_started_worker_sees_only_its_gpu_and_the_environment_is_restored(
+    gpus, monkeypatch, count: int, visible: str | None, want: list
+) -> None:
     gpus(count, visible)
     context = RecordingContext()
     monkeypatch.setattr(worker_module.multiprocessing, "get_context", lambda method: context)

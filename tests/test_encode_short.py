@@ -18,13 +18,16 @@ from tuner.engine.models import load_model
 def test_encode_counts_the_texts_shorter_than_one_basket(tiny_model_dir, tmp_path: Path) -> None:
     loaded = load_model(str(tiny_model_dir("bert")), pooling="cls")
     config = loaded.default_config(basket_size=16, strength=1.0, layers="last")
-    exported = build_export(loaded, config, {"tuning": {"hm": 0.5}}, study="s", trial=0, storage="sqlite://", dataset="d",
-                            dataset_fingerprint="f", seed=0)
+    exported = build_export(
+        loaded, config, {"tuning": {"hm": 0.5}}, study="s", trial=0, storage="sqlite://", dataset="d", dataset_fingerprint="f", seed=0
+    )
     (tmp_path / "best.yaml").write_text(yaml.safe_dump(exported.model_dump(mode="json", by_alias=True)), encoding="utf-8")
     texts = random_texts(3, 2, 5, seed=1) + random_texts(3, 40, 60, seed=2)
     (tmp_path / "docs.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
-    result = CliRunner().invoke(app, ["encode", "--config", str(tmp_path / "best.yaml"), "--input", str(tmp_path / "docs.txt"),
-                                      "--output", str(tmp_path / "emb.npy")])
+    result = CliRunner().invoke(
+        app,
+        ["encode", "--config", str(tmp_path / "best.yaml"), "--input", str(tmp_path / "docs.txt"), "--output", str(tmp_path / "emb.npy")],
+    )
     assert result.exit_code == 0, result.output
     said = " ".join(result.output.split())
     calibrated = np.load(tmp_path / "emb.npy")

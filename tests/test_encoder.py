@@ -60,7 +60,12 @@ def test_isolating_no_token_matches_the_oracle(tiny: LoadedModel) -> None:
     got = CalibratedEncoder(tiny, config).encode(TEXTS, batch_size=4)
     want = CalibratedEncoder(with_attention(tiny, register_reference()), config).encode(TEXTS, batch_size=4)
     assert np.abs(got - want).max() < 1e-5
-    assert np.abs(got - CalibratedEncoder(tiny, tiny.default_config(strength=0.8, basket_size=8, layers="last:2")).encode(TEXTS, batch_size=4)).max() > 1e-4
+    assert (
+        np.abs(
+            got - CalibratedEncoder(tiny, tiny.default_config(strength=0.8, basket_size=8, layers="last:2")).encode(TEXTS, batch_size=4)
+        ).max()
+        > 1e-4
+    )
 
 
 def test_strength_zero_and_short_documents_match_plain_sdpa(tiny: LoadedModel) -> None:
@@ -69,7 +74,10 @@ def test_strength_zero_and_short_documents_match_plain_sdpa(tiny: LoadedModel) -
     assert np.abs(at_zero - plain).max() < 1e-6
     short = [t for t in TEXTS if len(t.split()) < 6]
     long_basket = tiny.default_config(strength=1.0, basket_size=200, layers=1.0)
-    assert np.abs(CalibratedEncoder(tiny, long_basket).encode(short) - CalibratedEncoder(with_attention(tiny, "sdpa")).encode(short)).max() < 1e-6
+    assert (
+        np.abs(CalibratedEncoder(tiny, long_basket).encode(short) - CalibratedEncoder(with_attention(tiny, "sdpa")).encode(short)).max()
+        < 1e-6
+    )
 
 
 CAUSAL_TEXTS = random_texts(5, 10, 40, seed=3)  # different lengths: batched together they are left-padded

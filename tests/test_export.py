@@ -20,8 +20,17 @@ def tiny(tiny_model_dir) -> LoadedModel:
 
 
 def export(tiny: LoadedModel, path: Path, **config: object) -> Path:
-    exported = build_export(tiny, tiny.default_config(basket_size=8, strength=0.9, **config), {"tuning": {"hm": 0.5}},
-                            study="s", trial=0, storage="sqlite://", dataset="d", dataset_fingerprint="f", seed=0)
+    exported = build_export(
+        tiny,
+        tiny.default_config(basket_size=8, strength=0.9, **config),
+        {"tuning": {"hm": 0.5}},
+        study="s",
+        trial=0,
+        storage="sqlite://",
+        dataset="d",
+        dataset_fingerprint="f",
+        seed=0,
+    )
     return write_exported(exported, path)
 
 

@@ -40,7 +40,8 @@ STOPS = [(signal.SIGTERM, 143, "terminated by SIGTERM"), (signal.SIGINT, 130, "i
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(("stop", "code", "reason"), STOPS, ids=["sigterm", "ctrl-c"])
 def test_one_stop_finishes_the_trial_says_so_exits_non_zero_exports_nothing_and_the_rerun_completes(
-        backend: str, stop: signal.Signals, code: int, reason: str, tiny_model_dir, data: Path, tmp_path: Path) -> None:
+    backend: str, stop: signal.Signals, code: int, reason: str, tiny_model_dir, data: Path, tmp_path: Path
+) -> None:
     """SIGTERM (a scheduler's stop) exited 143 with no message, left the trial and the parent run RUNNING and the
     temp folder behind; one Ctrl-C (issue 13, case 9) exported the winner of 2 of 4 trials, marked the parent
     FINISHED and exited 0. Both now stop alike."""
@@ -71,7 +72,8 @@ def test_one_stop_finishes_the_trial_says_so_exits_non_zero_exports_nothing_and_
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_sigterm_past_the_grace_period_aborts_the_trial_and_the_rerun_runs_it_once(
-        backend: str, tiny_model_dir, data: Path, tmp_path: Path) -> None:
+    backend: str, tiny_model_dir, data: Path, tmp_path: Path
+) -> None:
     """A trial longer than the grace period is aborted (its run FAILED, not FINISHED with metrics) and queued
     again; after the rerun MLflow holds one FINISHED run per complete trial."""
     storage, tracking, name = study_backend(backend, tmp_path)
@@ -82,7 +84,7 @@ def test_sigterm_past_the_grace_period_aborts_the_trial_and_the_rerun_runs_it_on
     run.send_signal(signal.SIGTERM)
     output = " ".join(run.communicate(timeout=300)[0].split())
     assert run.returncode == 143, output[-3000:]
-    assert "Traceback" not in output, output[output.index("Traceback") - 500:][:3000]
+    assert "Traceback" not in output, output[output.index("Traceback") - 500 :][:3000]
     trials = trials_of(storage, name)
     if trials[aborted].state == COMPLETE:
         pytest.skip("the trial finished before the signal was handled; nothing was aborted")
@@ -101,10 +103,11 @@ def test_sigterm_past_the_grace_period_aborts_the_trial_and_the_rerun_runs_it_on
 def test_two_identical_tunes_on_one_fresh_folder_export_once(backend: str, tiny_model_dir, data: Path, tmp_path: Path) -> None:
     """Both exported and registered two versions; one exporter is now elected through the study storage."""
     storage, tracking, name = study_backend(backend, tmp_path)
-    cmd = command(tiny_model_dir("bert"), data, storage, tracking, 6, "--output", str(tmp_path / "best.yaml"), name=name,
-                  heartbeat=10)
-    runs = [subprocess.Popen(cmd, cwd=tmp_path, env=environment(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             text=True) for _ in range(2)]
+    cmd = command(tiny_model_dir("bert"), data, storage, tracking, 6, "--output", str(tmp_path / "best.yaml"), name=name, heartbeat=10)
+    runs = [
+        subprocess.Popen(cmd, cwd=tmp_path, env=environment(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for _ in range(2)
+    ]
     outputs = [" ".join(run.communicate(timeout=600)[0].split()) for run in runs]
     for run, output in zip(runs, outputs):
         assert run.returncode == 0, output[-3000:]
@@ -132,7 +135,9 @@ def test_the_store_creation_race_on_alembic_version_is_retried(tmp_path: Path, m
     def racing(*args: object, **kwargs: object) -> object:
         calls.append(1)
         if len(calls) == 1:
-            raise sqlalchemy.exc.IntegrityError("INSERT INTO alembic_version", {}, Exception("UNIQUE constraint failed: alembic_version.version_num"))
+            raise sqlalchemy.exc.IntegrityError(
+                "INSERT INTO alembic_version", {}, Exception("UNIQUE constraint failed: alembic_version.version_num")
+            )
         return real(*args, **kwargs)
 
     monkeypatch.setattr(tuner.tuning.study, "RDBStorage", racing)
@@ -147,7 +152,7 @@ def test_mlruns_deleted_mid_run_stops_with_a_clear_error(tiny_model_dir, data: P
 
     cmd = command(tiny_model_dir("bert"), data, "", "", 6, "--output", str(tmp_path / "best.yaml"), name="deleted", heartbeat=3600)
     for flag in ("--storage", "--tracking-uri"):  # the defaults: both stores under ./mlruns
-        del cmd[cmd.index(flag):cmd.index(flag) + 2]
+        del cmd[cmd.index(flag) : cmd.index(flag) + 2]
     run = subprocess.Popen(cmd, cwd=tmp_path, env=environment(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     storage = f"sqlite:///{tmp_path / 'mlruns' / 'optuna.db'}"
     deadline = time.monotonic() + 300
@@ -213,7 +218,9 @@ def test_a_cursor_close_that_a_stop_interrupted_is_not_logged_as_a_traceback(cap
     assert "Error closing cursor" not in caplog.text and "Traceback" not in caplog.text
 
 
-def test_a_background_thread_that_lost_its_store_says_so_in_one_line(caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture) -> None:
+def test_a_background_thread_that_lost_its_store_says_so_in_one_line(
+    caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture
+) -> None:
     """Optuna's heartbeat thread writing into a deleted `mlruns/` printed a traceback beside posfair's message."""
     import threading
 
@@ -225,8 +232,10 @@ def test_a_background_thread_that_lost_its_store_says_so_in_one_line(caplog: pyt
     try:
         quiet_libraries()
         for error in (sqlalchemy.exc.OperationalError("UPDATE", {}, Exception("no such table: trial_heartbeats")), ValueError("a bug")):
+
             def fail(error: Exception = error) -> None:
                 raise error
+
             worker = threading.Thread(target=fail, name="heartbeat")
             worker.start()
             worker.join()

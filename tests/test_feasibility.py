@@ -22,8 +22,15 @@ FLOOR, HM, HM_LOW = 0.5531, 0.5552, 0.5395  # issue 25's trial 3: point HM above
 def trial_metrics(constraints: Constraints, hm: float, hm_low: float, ndcg_delta: float) -> dict[str, float]:
     """A trial's metrics as TrialObjective records them."""
     values = constraints.values(hm, hm_low, ndcg_delta)
-    return {"psi": 0.063, "hm": hm, "hm_low": hm_low, "hm_floor": constraints.hm_floor, "ndcg10_delta": ndcg_delta,
-            **{f"constraint_{k}": v for k, v in values.items()}, "feasible": float(all(v <= 0 for v in values.values()))}
+    return {
+        "psi": 0.063,
+        "hm": hm,
+        "hm_low": hm_low,
+        "hm_floor": constraints.hm_floor,
+        "ndcg10_delta": ndcg_delta,
+        **{f"constraint_{k}": v for k, v in values.items()},
+        "feasible": float(all(v <= 0 for v in values.values())),
+    }
 
 
 def study_with(metrics: dict[str, float], conservative: bool) -> optuna.Study:
@@ -31,11 +38,21 @@ def study_with(metrics: dict[str, float], conservative: bool) -> optuna.Study:
     names = [k.removeprefix("constraint_") for k in metrics if k.startswith("constraint_")]
     system = {f"constraints:{n}": metrics[f"constraint_{n}"] for n in names} | {"constraints": [metrics[f"constraint_{n}"] for n in names]}
     feasible = "yes" if metrics["feasible"] else "NO"
-    study.add_trial(optuna.trial.create_trial(
-        params={"strength": 0.5}, distributions={"strength": FloatDistribution(0, 1)}, value=metrics["psi"], system_attrs=system,
-        user_attrs={"psi": metrics["psi"], "hm": metrics["hm"], "metrics": metrics,
-                    "feasible": f"{feasible}: {describe_feasibility(metrics, conservative)}"},
-        state=TrialState.COMPLETE))
+    study.add_trial(
+        optuna.trial.create_trial(
+            params={"strength": 0.5},
+            distributions={"strength": FloatDistribution(0, 1)},
+            value=metrics["psi"],
+            system_attrs=system,
+            user_attrs={
+                "psi": metrics["psi"],
+                "hm": metrics["hm"],
+                "metrics": metrics,
+                "feasible": f"{feasible}: {describe_feasibility(metrics, conservative)}",
+            },
+            state=TrialState.COMPLETE,
+        )
+    )
     return study
 
 

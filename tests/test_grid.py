@@ -29,9 +29,19 @@ def test_tune_grid_paper_runs_each_grid_config_once_and_the_baseline(tmp_path: P
     model = save_tiny("bert", tmp_path / "tiny-bert0", max_length=512)  # reads 512 tokens: a basket of 256 can fill
     data = write_dataset(tmp_path / "data", docs=6, words=95)  # content past 256 tokens: every grid basket fills
     settings = TuneSettings(
-        model=str(model), pooling="cls", dataset=f"jsonl:{data}", heldout=None, grid="paper",
-        hm_floor="-90%", max_ndcg_drop=None, max_reversal=None, storage=f"sqlite:///{tmp_path / 'o.db'}",
-        tracking_uri=f"sqlite:///{tmp_path / 'm.db'}", output=tmp_path / "best.yaml", profile_docs=1, bootstrap=10,
+        model=str(model),
+        pooling="cls",
+        dataset=f"jsonl:{data}",
+        heldout=None,
+        grid="paper",
+        hm_floor="-90%",
+        max_ndcg_drop=None,
+        max_reversal=None,
+        storage=f"sqlite:///{tmp_path / 'o.db'}",
+        tracking_uri=f"sqlite:///{tmp_path / 'm.db'}",
+        output=tmp_path / "best.yaml",
+        profile_docs=1,
+        bootstrap=10,
     )
     assert settings.trials == 25 and not settings.prune  # the baseline and 24 configs, each on every structure
     tune(settings)
@@ -39,10 +49,15 @@ def test_tune_grid_paper_runs_each_grid_config_once_and_the_baseline(tmp_path: P
     assert all(t.state != optuna.trial.TrialState.PRUNED for t in study.trials)
     ran = [t for t in study.trials if counted(t)]
     assert len(ran) == 25
-    drawn = {(t.params["strength"], t.params["depth"], t.params["basket_size"], t.params["variant"], t.params.get("weight"))
-             for t in ran if t.params["strength"] > 0}
-    expected = {(s, d, b, v, 0.3 if v == "cls_hard" else None)
-                for s, d, b, v in itertools.product(*(PAPER_GRID[k] for k in ("strength", "depth", "basket_size", "variant")))}
+    drawn = {
+        (t.params["strength"], t.params["depth"], t.params["basket_size"], t.params["variant"], t.params.get("weight"))
+        for t in ran
+        if t.params["strength"] > 0
+    }
+    expected = {
+        (s, d, b, v, 0.3 if v == "cls_hard" else None)
+        for s, d, b, v in itertools.product(*(PAPER_GRID[k] for k in ("strength", "depth", "basket_size", "variant")))
+    }
     assert drawn == expected
     repeats = [t for t in study.trials if DUPLICATE_ATTR in t.user_attrs]  # the enqueued paper default, drawn again by the grid
     assert [study.trials[t.user_attrs[DUPLICATE_ATTR]].user_attrs.get("role") for t in repeats] == ["paper default"]

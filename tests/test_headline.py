@@ -46,8 +46,12 @@ def test_plain_tune_bge_m3_tunes_on_fineweb_posq_from_the_cache_and_exports(head
     assert exported["provenance"]["dataset"] == "fineweb-posq-tune"
     # The authors' sampling keeps all 30 × 3 questions here (fewer than 1,000 per group); passages split in halves.
     for part in ("tuning", "heldout/fineweb-posq-heldout"):
-        assert {k: exported["metrics"][part][k] for k in ("n_begin", "n_middle", "n_end", "n_queries")} == \
-            {"n_begin": 15, "n_middle": 15, "n_end": 15, "n_queries": 45}
+        assert {k: exported["metrics"][part][k] for k in ("n_begin", "n_middle", "n_end", "n_queries")} == {
+            "n_begin": 15,
+            "n_middle": 15,
+            "n_end": 15,
+            "n_queries": 45,
+        }
 
 
 def test_batches_are_sized_by_tokens_and_truncation_is_counted_per_trial(headline_run: dict, corpus) -> None:
@@ -63,8 +67,10 @@ def test_batches_are_sized_by_tokens_and_truncation_is_counted_per_trial(headlin
         start += rows
     assert len(batches) > 1 and all(len(b) * b[0] <= budget for b in batches)
     sizes = [len(b) for b in batches]
-    assert (f"fineweb-posq-tune: {len(texts)} passages in {len(batches)} batch(es) of <= {budget} padded tokens "
-            f"({min(sizes)}-{max(sizes)} passages each)") in output
+    assert (
+        f"fineweb-posq-tune: {len(texts)} passages in {len(batches)} batch(es) of <= {budget} padded tokens "
+        f"({min(sizes)}-{max(sizes)} passages each)"
+    ) in output
     truncated = sum(len(t.split()) + 2 > MAX_LENGTH for t in texts)
     assert truncated > 0
     assert len(re.findall(rf"trial \d: PSI .*? {truncated} passages truncated", output)) == 2
@@ -77,8 +83,11 @@ def test_the_cost_is_estimated_before_the_study_starts(headline_run: dict) -> No
     assert estimate < output.index("baseline: encoding") < output.index("trial 0:")
     assert re.search(r"a probe of 4 passages × 1,024 tokens took [\d.]+ s", output), "the longest, truncated at 1,024"
     assert re.search(r"corpus: 32 passages, [\d,]+ padded tokens \(\d+ truncated at 1,024 tokens\); one encode ≈", output)
-    assert re.search(r"one trial ≈ [\d.]+ s; this study \(2 trials, with the baseline and the final scoring\) ≈ [\d.]+ "
-                     r"s(ec)?; the default 16 trials ≈", output)
+    assert re.search(
+        r"one trial ≈ [\d.]+ s; this study \(2 trials, with the baseline and the final scoring\) ≈ [\d.]+ "
+        r"s(ec)?; the default 16 trials ≈",
+        output,
+    )
 
 
 def test_without_the_model_or_the_data_it_fails_at_once_naming_both_downloads(tmp_path) -> None:

@@ -20,8 +20,16 @@ def test_the_counter_counts_each_kind_of_host_sync_and_nothing_else() -> None:
         _ = x * 2 + x.sum()
         _ = x.masked_fill(x > 2, 0.0)
     assert syncs.total == 0
-    for read_back in (lambda: bool((x > 2).any()), lambda: x.sum().item(), lambda: int(x.argmax()), lambda: x.tolist(),
-                      lambda: x[x > 2], lambda: torch.equal(x, x), lambda: x.nonzero(), lambda: x.numpy()):
+    for read_back in (
+        lambda: bool((x > 2).any()),
+        lambda: x.sum().item(),
+        lambda: int(x.argmax()),
+        lambda: x.tolist(),
+        lambda: x[x > 2],
+        lambda: torch.equal(x, x),
+        lambda: x.nonzero(),
+        lambda: x.numpy(),
+    ):
         with HostSyncs() as syncs:
             read_back()
         assert syncs.total == 1, read_back
@@ -41,8 +49,12 @@ def test_host_syncs_do_not_grow_with_baskets_or_layers(tiny_model_dir, one_threa
     texts = [" ".join(f"w{i % 200}" for i in range(n)) for n in (118, 88)]
     batch = model.tokenizer(texts, padding=True, return_tensors="pt")
     counts = {
-        (basket, layers): syncs_of_one_forward(model, batch, CalibrationConfig(
-            pooling=pooling, padding_side=model.spec.padding_side, strength=0.7, basket_size=basket, layers=layers))
-        for basket in (58, 2) for layers in ("last", 1.0)
+        (basket, layers): syncs_of_one_forward(
+            model,
+            batch,
+            CalibrationConfig(pooling=pooling, padding_side=model.spec.padding_side, strength=0.7, basket_size=basket, layers=layers),
+        )
+        for basket in (58, 2)
+        for layers in ("last", 1.0)
     }
     assert len(set(counts.values())) == 1, counts

@@ -18,8 +18,17 @@ LONG = " ".join(["The lighthouse keeper logged every ship that passed the northe
 @pytest.fixture(scope="module")
 def minilm_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
     loaded = load_model("minilm")
-    exported = build_export(loaded, loaded.default_config(strength=1.0, layers="last", basket_size=64), {"tuning": {}},
-                            study="s", trial=0, storage="sqlite://", dataset="d", dataset_fingerprint="f", seed=0)
+    exported = build_export(
+        loaded,
+        loaded.default_config(strength=1.0, layers="last", basket_size=64),
+        {"tuning": {}},
+        study="s",
+        trial=0,
+        storage="sqlite://",
+        dataset="d",
+        dataset_fingerprint="f",
+        seed=0,
+    )
     return write_exported(exported, tmp_path_factory.mktemp("st") / "best.yaml")
 
 

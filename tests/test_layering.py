@@ -17,16 +17,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("tuner", "objectives")
 LAYERS = (
-    "tuner.common",       # files, YAML, messages, trial readers: nothing of posfair
+    "tuner.common",  # files, YAML, messages, trial readers: nothing of posfair
     "tuner.calibration",  # the paper's §3 as code
-    "tuner.data",         # benchmarks → PositionalDataset
-    "tuner.engine",       # models, the forward loop, the exported YAML
-    "objectives",         # metrics, bootstrap, constraints, selection (imports nothing of tuner)
-    "tuner.evaluation",   # one config on one dataset, caches, cost
-    "tuner.tracking",     # MLflow, registry, plots, progress
-    "tuner.tuning",       # settings, space, objective, study, coordinator, workers, conclusion
-    "tuner.report",       # `tune evaluate`'s tables
-    "tuner.cli",          # the command line
+    "tuner.data",  # benchmarks → PositionalDataset
+    "tuner.engine",  # models, the forward loop, the exported YAML
+    "objectives",  # metrics, bootstrap, constraints, selection (imports nothing of tuner)
+    "tuner.evaluation",  # one config on one dataset, caches, cost
+    "tuner.tracking",  # MLflow, registry, plots, progress
+    "tuner.tuning",  # settings, space, objective, study, coordinator, workers, conclusion
+    "tuner.report",  # `tune evaluate`'s tables
+    "tuner.cli",  # the command line
 )
 MOST_IMPORTS = 19  # project modules one module may import (the hubs cli.app and tuning.conclusion are at it: issue 23 has them split)
 
@@ -207,8 +207,14 @@ def test_the_graph_reader_sees_relative_and_lazy_imports(tmp_path: Path) -> None
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text, encoding="utf-8")
     graph = import_graph(tmp_path)
-    assert graph == {"tuner": set(), "tuner.a": {"tuner.b"}, "tuner.b": {"tuner.c"}, "tuner.c": {"tuner.a"},
-                     "objectives": {"objectives.m"}, "objectives.m": set()}
+    assert graph == {
+        "tuner": set(),
+        "tuner.a": {"tuner.b"},
+        "tuner.b": {"tuner.c"},
+        "tuner.c": {"tuner.a"},
+        "objectives": {"objectives.m"},
+        "objectives.m": set(),
+    }
     assert cycles(graph) == [["tuner.a", "tuner.b", "tuner.c"]]
 
 

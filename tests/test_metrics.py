@@ -161,9 +161,15 @@ def test_metrics_score_plain_mappings_without_the_dataset_type() -> None:
 
     qrels = {"b": {"d1": 1}, "m": {"d2": 1}, "e": {"d3": 1}}
     run = {"b": ranked("d1"), "m": ranked(*filler(2), "d2"), "e": ranked(*filler(12), "d3")}
-    plain = SimpleNamespace(name="toy", queries={q: q for q in qrels}, qrels=qrels,
-                            groups={"b": ("begin",), "m": ("middle",), "e": ("end",)}, group_order=THIRDS,
-                            strata={}, positions={})
+    plain = SimpleNamespace(
+        name="toy",
+        queries={q: q for q in qrels},
+        qrels=qrels,
+        groups={"b": ("begin",), "m": ("middle",), "e": ("end",)},
+        group_order=THIRDS,
+        strata={},
+        positions={},
+    )
     report, _ = evaluate(run, plain)
     assert report.group_ndcg10 == {"begin": 1.0, "middle": pytest.approx(1 / math.log2(4)), "end": 0.0}
     assert report == evaluate(run, make_dataset(qrels, plain.groups))[0]
@@ -256,8 +262,7 @@ def test_a_grouped_query_of_a_stratified_dataset_needs_a_stratum() -> None:
 def test_a_query_without_a_position_needs_no_stratum_and_counts_for_aggregate_ndcg_only() -> None:
     qrels = {f"q{i}": {f"d{i}": 1} for i in range(3)}
     run = {"q0": ranked("d0"), "q1": ranked("x0", "d1"), "q2": ranked("x0", "x1", "d2")}  # 1, 1/log2(3), 0.5
-    report, _ = evaluate(run, make_dataset(qrels, {"q0": ("begin",), "q1": ("end",)}, ("begin", "end"),
-                                           {"q0": "short", "q1": "short"}))
+    report, _ = evaluate(run, make_dataset(qrels, {"q0": ("begin",), "q1": ("end",)}, ("begin", "end"), {"q0": "short", "q1": "short"}))
     assert report.group_counts == {"begin": 1, "end": 1} and report.strata[0].group_counts == {"begin": 1, "end": 1}
     assert report.psi == pytest.approx(1 - 1 / math.log2(3))
     assert report.ndcg10 == pytest.approx((1 + 1 / math.log2(3) + 0.5) / 3), "q2 counts in the aggregate"

@@ -105,6 +105,7 @@ def ndcg10(queries: np.ndarray, documents: np.ndarray, doc_ids: list[str], relev
 
 def figures(gains: dict[str, float], groups: dict[str, str], strata: dict[str, str] | None = None) -> dict[str, float]:
     """What PositionReport.as_dict should say: per-group nDCG@10 and counts, HM and PSI (means over strata)."""
+
     def within(qids: list[str]) -> tuple[dict[str, float], dict[str, int]]:
         members = {g: [gains[q] for q in qids if groups.get(q) == g] for g in THIRDS}
         return {g: sum(v) / len(v) for g, v in members.items()}, {g: len(v) for g, v in members.items()}
@@ -191,9 +192,25 @@ def bge_m3_run(hub: FakeHub, general_set) -> dict:
     work = hub.root / "bge-m3"
     space = space_file(hub.root, "bge-space.yaml", basket_sizes=[32, 64])
     result = run_tune(
-        hub, "--model", "bge-m3", "--dataset", f"fineweb-posq:{local}", "--trials", "3",
-        "--general", f"beir:{general_set[0]}", "--hm-floor=-50%", "--space", str(space), "--bootstrap", "50",
-        "--output", str(work / "best.yaml"), "--tracking-uri", hub.tracking_uri, cwd=work,
+        hub,
+        "--model",
+        "bge-m3",
+        "--dataset",
+        f"fineweb-posq:{local}",
+        "--trials",
+        "3",
+        "--general",
+        f"beir:{general_set[0]}",
+        "--hm-floor=-50%",
+        "--space",
+        str(space),
+        "--bootstrap",
+        "50",
+        "--output",
+        str(work / "best.yaml"),
+        "--tracking-uri",
+        hub.tracking_uri,
+        cwd=work,
     )
     return {"result": result, "work": work, "corpus": corpus, "distractors": distractors, "local": local}
 
@@ -214,10 +231,15 @@ def test_tune_bge_m3_on_fineweb_posq_scores_as_computed_independently(hub: FakeH
     calibration = CalibrationConfig(**exported["calibration"])
     assert calibration.strength > 0, "the fixture should make a calibrated config win; else the oracle check is void"
     documents = {None: model.encode(texts), "winner": model.encode(texts, calibration)}
-    for part, metrics, baseline in (("tune", "tuning", "tuning_baseline"),
-                                    ("heldout", "heldout/fineweb-posq-heldout", "heldout_baseline/fineweb-posq-heldout")):
-        dataset = load_benchmark(f"fineweb-posq:{bge_m3_run['local']}", part=part,  # which passages: the loader's split
-                                 cache_dir=str(hub.root / "datasets-cache"))
+    for part, metrics, baseline in (
+        ("tune", "tuning", "tuning_baseline"),
+        ("heldout", "heldout/fineweb-posq-heldout", "heldout_baseline/fineweb-posq-heldout"),
+    ):
+        dataset = load_benchmark(
+            f"fineweb-posq:{bge_m3_run['local']}",
+            part=part,  # which passages: the loader's split
+            cache_dir=str(hub.root / "datasets-cache"),
+        )
         questions = list(dataset.queries.values())
         assert len(questions) == 24, "8 of 16 passages per part, 3 questions each"
         queries = model.encode(questions)
@@ -233,14 +255,17 @@ def test_general_alone_is_a_reported_check_not_a_constraint(hub: FakeHub, bge_m3
     """`--general X` without `--max-general-drop`: trials log the general nDCG@10 change; only the HM floor constrains."""
     succeeded(bge_m3_run["result"])
     work = bge_m3_run["work"]
-    study = optuna.load_study(study_name=optuna.get_all_study_names(f"sqlite:///{work / 'mlruns/optuna.db'}")[0],
-                              storage=f"sqlite:///{work / 'mlruns/optuna.db'}")
+    study = optuna.load_study(
+        study_name=optuna.get_all_study_names(f"sqlite:///{work / 'mlruns/optuna.db'}")[0], storage=f"sqlite:///{work / 'mlruns/optuna.db'}"
+    )
     trials = study.trials
     assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE] * 3
     assert all(list(named_constraints(t)) == ["hm_floor", "ndcg_drop", "reversal"] for t in trials)  # no general_drop
     client = MlflowClient(hub.tracking_uri)
-    runs = client.search_runs([client.get_experiment_by_name("posfair").experiment_id],
-                              f"tags.`posfair.role` = 'trial' and tags.`posfair.study` = '{study.study_name}'")
+    runs = client.search_runs(
+        [client.get_experiment_by_name("posfair").experiment_id],
+        f"tags.`posfair.role` = 'trial' and tags.`posfair.study` = '{study.study_name}'",
+    )
     assert len(runs) == 3 and all(math.isfinite(r.data.metrics["general_ndcg10_change_vs_uncalibrated_x100"]) for r in runs)
 
 
@@ -286,10 +311,19 @@ def posir_fixture(folder: Path) -> tuple[Path, dict[str, str], list[dict]]:
         for t, label in enumerate(THIRDS):
             if (d + t) % 4 == 3:
                 continue
-            queries.append({"_id": f"{doc}-{label}", "text": passage.questions[t], "doc": doc, "span": passage.span(t),
-                            "token_length": 300 if d < 6 else 800, "group": label})
-    queries.append({"_id": "nospan", "text": " ".join(corpus["doc5"].split()[3:8]), "doc": "doc5", "span": None,
-                    "token_length": 300, "group": None})
+            queries.append(
+                {
+                    "_id": f"{doc}-{label}",
+                    "text": passage.questions[t],
+                    "doc": doc,
+                    "span": passage.span(t),
+                    "token_length": 300 if d < 6 else 800,
+                    "group": label,
+                }
+            )
+    queries.append(
+        {"_id": "nospan", "text": " ".join(corpus["doc5"].split()[3:8]), "doc": "doc5", "span": None, "token_length": 300, "group": None}
+    )
     return write_posir(folder, corpus, queries), corpus, queries
 
 
@@ -298,10 +332,30 @@ def qwen3_run(hub: FakeHub) -> dict:
     folder, corpus, queries = posir_fixture(hub.root / "PosIR-Benchmark-v1" / "eng-Latn" / "demo")
     work = hub.root / "qwen3"
     space = space_file(hub.root, "qwen-space.yaml", basket_sizes=[8, 16])
-    result = run_tune(hub, "--model", "qwen3-embedding-0.6b", "--dataset", f"posir:{folder}", "--trials", "3",
-                      "--batch-size", "2", "--hm-floor=-50%", "--space", str(space), "--output", str(work / "best.yaml"),
-                      # a random model's nDCG@10 change and tilt are noise: this run tests the path, not selection
-                      "--max-ndcg-drop", "none", "--max-reversal", "none", "--tracking-uri", hub.tracking_uri, cwd=work)
+    result = run_tune(
+        hub,
+        "--model",
+        "qwen3-embedding-0.6b",
+        "--dataset",
+        f"posir:{folder}",
+        "--trials",
+        "3",
+        "--batch-size",
+        "2",
+        "--hm-floor=-50%",
+        "--space",
+        str(space),
+        "--output",
+        str(work / "best.yaml"),
+        # a random model's nDCG@10 change and tilt are noise: this run tests the path, not selection
+        "--max-ndcg-drop",
+        "none",
+        "--max-reversal",
+        "none",
+        "--tracking-uri",
+        hub.tracking_uri,
+        cwd=work,
+    )
     return {"result": result, "work": work, "folder": folder, "corpus": corpus, "queries": queries}
 
 
@@ -324,8 +378,13 @@ def test_tune_qwen3_on_posir_with_padded_and_unpadded_batches(hub: FakeHub, qwen
     winner = CalibrationConfig(**exported["calibration"])
     assert winner.strength > 0 and winner.pooling == "last"
     baseline = qwen3_expected(hub, qwen3_run, None)
-    assert {k: baseline[k] for k in ("n_begin", "n_middle", "n_end", "Q1/n_begin", "Q2/n_end")} == \
-        {"n_begin": 9, "n_middle": 9, "n_end": 9, "Q1/n_begin": 5, "Q2/n_end": 5}
+    assert {k: baseline[k] for k in ("n_begin", "n_middle", "n_end", "Q1/n_begin", "Q2/n_end")} == {
+        "n_begin": 9,
+        "n_middle": 9,
+        "n_end": 9,
+        "Q1/n_begin": 5,
+        "Q2/n_end": 5,
+    }
     assert baseline["n_queries"] == 28, "27 placed queries and one without a span"
     assert_figures(exported["metrics"]["tuning_baseline"], baseline, "baseline")
     assert_figures(exported["metrics"]["tuning"], qwen3_expected(hub, qwen3_run, winner), "winner (oracle)")
@@ -336,9 +395,21 @@ def test_tune_evaluate_qwen3_on_posir(this_process_on_the_hub: FakeHub, qwen3_ru
     succeeded(qwen3_run["result"])
     work = qwen3_run["work"]
     output = tune_here(
-        "evaluate", "--model", "qwen3-embedding-0.6b", "--dataset", f"posir:{qwen3_run['folder']}",
-        "--config", str(work / "best.yaml"), "--no-sea", "--general", "", "--no-shuffled", "--bootstrap", "20",
-        "--json", str(work / "evaluate.json"),
+        "evaluate",
+        "--model",
+        "qwen3-embedding-0.6b",
+        "--dataset",
+        f"posir:{qwen3_run['folder']}",
+        "--config",
+        str(work / "best.yaml"),
+        "--no-sea",
+        "--general",
+        "",
+        "--no-shuffled",
+        "--bootstrap",
+        "20",
+        "--json",
+        str(work / "evaluate.json"),
     )
     assert "No calibration" in output
     table = json.loads((work / "evaluate.json").read_text(encoding="utf-8"))
@@ -370,8 +441,21 @@ def test_tune_evaluate_on_a_jsonl_folder_and_a_beir_general_set(this_process_on_
     (folder / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries))
     work = hub.root / "evaluate"
     work.mkdir()
-    tune_here("evaluate", "--model", "bge-m3", "--dataset", f"jsonl:{folder}", "--general", f"beir:{general_set[0]}",
-              "--no-sea", "--no-shuffled", "--bootstrap", "20", "--json", str(work / "evaluate.json"))
+    tune_here(
+        "evaluate",
+        "--model",
+        "bge-m3",
+        "--dataset",
+        f"jsonl:{folder}",
+        "--general",
+        f"beir:{general_set[0]}",
+        "--no-sea",
+        "--no-shuffled",
+        "--bootstrap",
+        "20",
+        "--json",
+        str(work / "evaluate.json"),
+    )
     table = json.loads((work / "evaluate.json").read_text(encoding="utf-8"))
     model = reference(hub.snapshot(BGE_M3), "cls")
     documents = model.encode(list(corpus.values()))
@@ -382,8 +466,9 @@ def test_tune_evaluate_on_a_jsonl_folder_and_a_beir_general_set(this_process_on_
 
     _, general_corpus, general_queries = general_set
     general_docs = model.encode(list(general_corpus.values()))
-    general_gains = ndcg10(model.encode([t for t, _ in general_queries.values()]), general_docs, list(general_corpus),
-                           [d for _, d in general_queries.values()])
+    general_gains = ndcg10(
+        model.encode([t for t, _ in general_queries.values()]), general_docs, list(general_corpus), [d for _, d in general_queries.values()]
+    )
     assert table["general"]["dataset"] == "beir:beir-general"
     assert table["general"]["rows"][0]["original"]["ndcg10"] == pytest.approx(sum(general_gains) / 8, abs=1e-6)
 
@@ -400,20 +485,48 @@ def test_tune_export_restores_revision_and_remote_code_and_logs_where_asked(this
     work = hub.root / "gte"
     tuned_revision = hub.revisions[GTE_MULTILINGUAL]
     storage = f"sqlite:///{work / 'optuna.db'}"
-    succeeded(run_tune(
-        hub, "--model", "gte-multilingual-base", "--trust-remote-code", "--dataset", f"jsonl:{data}", "--trials", "2",
-        "--hm-floor=-50%", "--max-ndcg-drop", "none",
-        "--space", str(space_file(hub.root, "gte-space.yaml", basket_sizes=[16, 32])),
-        "--storage", storage, "--tracking-uri", hub.tracking_uri, "--study-name", "gte",
-        "--output", str(work / "tuned.yaml"), cwd=work,
-    ))
+    succeeded(
+        run_tune(
+            hub,
+            "--model",
+            "gte-multilingual-base",
+            "--trust-remote-code",
+            "--dataset",
+            f"jsonl:{data}",
+            "--trials",
+            "2",
+            "--hm-floor=-50%",
+            "--max-ndcg-drop",
+            "none",
+            "--space",
+            str(space_file(hub.root, "gte-space.yaml", basket_sizes=[16, 32])),
+            "--storage",
+            storage,
+            "--tracking-uri",
+            hub.tracking_uri,
+            "--study-name",
+            "gte",
+            "--output",
+            str(work / "tuned.yaml"),
+            cwd=work,
+        )
+    )
     # The hub moves on: a new commit on main, which a re-export must not pick up.
     moved = save_tiny("xlmr", hub.root / "gte-next", layers=3, initializer_range=0.5)
     (moved / "README.md").write_text("a newer revision\n", encoding="utf-8")
     add_repo(hub.cache, GTE_MULTILINGUAL, moved)
 
-    output = tune_here("export", "--study-name", "gte", "--storage", storage, "--tracking-uri",
-                       f"sqlite:///{work / 'exports.db'}", "--output", str(work / "again.yaml"))
+    output = tune_here(
+        "export",
+        "--study-name",
+        "gte",
+        "--storage",
+        storage,
+        "--tracking-uri",
+        f"sqlite:///{work / 'exports.db'}",
+        "--output",
+        str(work / "again.yaml"),
+    )
     again = yaml.safe_load((work / "again.yaml").read_text(encoding="utf-8"))
     tuned = yaml.safe_load((work / "tuned.yaml").read_text(encoding="utf-8"))
     assert again["model"]["revision"] == tuned_revision and again["calibration"] == tuned["calibration"]

@@ -55,8 +55,9 @@ def test_the_sample_is_balanced_within_each_stratum() -> None:
     strata = {q: ("short" if int(q[1:4]) < 20 else "long") for q in dataset.queries}
     stratified = PositionalDataset(dataset.name, dataset.corpus, dataset.queries, dataset.qrels, dataset.groups, GROUPS, strata)
     sample = balanced_queries(stratified, 5)
-    assert {(s, g): sum(strata[q] == s and dataset.groups[q][0] == g for q in sample)
-            for s in ("short", "long") for g in GROUPS} == {(s, g): 5 for s in ("short", "long") for g in GROUPS}
+    assert {(s, g): sum(strata[q] == s and dataset.groups[q][0] == g for q in sample) for s in ("short", "long") for g in GROUPS} == {
+        (s, g): 5 for s in ("short", "long") for g in GROUPS
+    }
 
 
 def test_the_pool_holds_every_relevant_passage_and_each_rankings_top_candidates_and_nothing_else() -> None:
@@ -72,7 +73,8 @@ def test_the_pool_holds_every_relevant_passage_and_each_rankings_top_candidates_
     assert set(pooled.corpus) == expected
     assert pool(dataset, [reference, other], per_group=4, depth=10) == pooled  # deterministic
     assert candidate_recall(dataset, sample, [reference, other]) == pytest.approx(
-        np.mean([dataset.qrels[q].keys() <= set(top(reference[q], 10)) | set(top(other[q], 10)) for q in sample]))
+        np.mean([dataset.qrels[q].keys() <= set(top(reference[q], 10)) | set(top(other[q], 10)) for q in sample])
+    )
 
 
 def test_on_the_pool_no_query_scores_below_its_corpus_score_and_the_reference_scores_exactly_the_same() -> None:

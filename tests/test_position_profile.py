@@ -80,9 +80,12 @@ def test_tilt_worked_by_hand_on_three_groups():
     # begin 1.0, middle 0.5, end 0.0 and 1.0 at centres 1/6, 1/2, 5/6, 5/6: mean x 7/12, mean y 5/8,
     # Sxy = -5/24, Sxx = 11/36, slope = -15/22, tilt = slope / (5/8) = -12/11
     data = PositionalDataset(
-        name="toy", corpus={f"d{i}": "p" for i in range(4)} | {"x0": "f", "x1": "f"},
-        queries={f"q{i}": "q" for i in range(4)}, qrels={f"q{i}": {f"d{i}": 1} for i in range(4)},
-        groups={"q0": ("begin",), "q1": ("middle",), "q2": ("end",), "q3": ("end",)}, group_order=THIRDS,
+        name="toy",
+        corpus={f"d{i}": "p" for i in range(4)} | {"x0": "f", "x1": "f"},
+        queries={f"q{i}": "q" for i in range(4)},
+        qrels={f"q{i}": {f"d{i}": 1} for i in range(4)},
+        groups={"q0": ("begin",), "q1": ("middle",), "q2": ("end",), "q3": ("end",)},
+        group_order=THIRDS,
     )
     report, _ = evaluate({"q0": ranked("d0"), "q1": ranked("x0", "x1", "d1"), "q3": ranked("d3")}, data)
     assert report.tilt == pytest.approx(-12 / 11)

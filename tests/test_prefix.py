@@ -56,15 +56,16 @@ def tiny(request: pytest.FixtureRequest, tiny_model_dir) -> LoadedModel:
 
 def configs(model: LoadedModel) -> list[CalibrationConfig]:
     """Calibration starting at layer 2 (last), at layer 1 (last:2) and at layer 0 (all), of a 3-layer model."""
-    return [model.default_config(variant=v, strength=0.8, basket_size=8, layers=layers)
-            for v, layers in (("cls_soft", "last"), ("cls_hard", "last:2"), ("uniform", 1.0))]
+    return [
+        model.default_config(variant=v, strength=0.8, basket_size=8, layers=layers)
+        for v, layers in (("cls_soft", "last"), ("cls_hard", "last:2"), ("uniform", 1.0))
+    ]
 
 
 @pytest.mark.parametrize("ram", ["in memory", "memory-mapped"])
 def test_a_resumed_trial_equals_a_trial_from_scratch(tiny: LoadedModel, tmp_path: Path, ram: str) -> None:
     dataset = tiny_dataset()
-    evaluator = Evaluator(tiny, dataset, BATCH, cache_dir=tmp_path, prefix_layers=(1, 2),
-                          ram_limit=None if ram == "in memory" else 0)
+    evaluator = Evaluator(tiny, dataset, BATCH, cache_dir=tmp_path, prefix_layers=(1, 2), ram_limit=None if ram == "in memory" else 0)
     baseline, _ = evaluator.run(None), None
     assert evaluator.cached_layers() == (1, 2)
     assert all(inputs.in_memory == (ram == "in memory") for inputs in evaluator.cache.inputs.values())
@@ -192,9 +193,12 @@ def test_a_model_whose_layers_share_state_is_not_resumed_there(tiny_model_dir, c
     try:
         with caplog.at_level("WARNING", logger="tuner.engine.prefix"):
             assert LayerStack(model).resumable([1, 2]) == [2]
-        assert [r.getMessage() for r in caplog.records] == [(
-            "layer 1: a pass resumed there on cpu does not reproduce the full forward bit for bit, so its inputs are not "
-            "cached: trials calibrating from it run the full forward (slower)")]
+        assert [r.getMessage() for r in caplog.records] == [
+            (
+                "layer 1: a pass resumed there on cpu does not reproduce the full forward bit for bit, so its inputs are not "
+                "cached: trials calibrating from it run the full forward (slower)"
+            )
+        ]
         dataset = tiny_dataset()
         evaluator = Evaluator(model, dataset, BATCH, disk_cache=False, prefix_layers=(1, 2))
         config = model.default_config(strength=0.8, basket_size=8, layers="last:2")  # starts at layer 1

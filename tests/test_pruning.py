@@ -31,10 +31,22 @@ def pruning_study(tiny_model_dir, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(tuner.tuning.session, "load_structures", lambda name, tuning=None: [structure])
     monkeypatch.setattr(tuner.tuning.objective, "selection_threshold", lambda study, rule: -1.0)  # nothing can beat it
     settings = TuneSettings(
-        model=str(tiny_model_dir("bert")), pooling="cls", dataset=f"jsonl:{write_dataset(tmp_path / 'data')}", heldout=None,
-        trials=4, hm_floor="-90%", max_ndcg_drop=None, max_reversal=None, storage=f"sqlite:///{tmp_path / 'o.db'}",
-        tracking_uri=f"sqlite:///{tmp_path / 'm.db'}", output=tmp_path / "best.yaml", study_name="pruning", profile_docs=2,
-        bootstrap=20, space=SearchSpace(basket_sizes=(8, 16, 128)), selection="lowest",  # 128: the references are in the space
+        model=str(tiny_model_dir("bert")),
+        pooling="cls",
+        dataset=f"jsonl:{write_dataset(tmp_path / 'data')}",
+        heldout=None,
+        trials=4,
+        hm_floor="-90%",
+        max_ndcg_drop=None,
+        max_reversal=None,
+        storage=f"sqlite:///{tmp_path / 'o.db'}",
+        tracking_uri=f"sqlite:///{tmp_path / 'm.db'}",
+        output=tmp_path / "best.yaml",
+        study_name="pruning",
+        profile_docs=2,
+        bootstrap=20,
+        space=SearchSpace(basket_sizes=(8, 16, 128)),
+        selection="lowest",  # 128: the references are in the space
     )
     return settings, tune(settings)
 
@@ -76,17 +88,31 @@ def test_the_pruning_rule_the_study_used_is_the_one_specified() -> None:
 
 
 def test_a_trial_that_cannot_pass_the_pooled_screen_stops_there_at_a_fraction_of_the_cost(
-        tiny_model_dir, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    tiny_model_dir, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     """100 passages, one query per group in the screen: the pool holds at most 3 + 3 × 10 passages; rungs: the
     screen, the tuning split and its two length halves. With a
     screen threshold nothing can beat, every trial but the references stops after the screen, PRUNED, its rung
     and reason recorded; the references run every rung and carry their screen figures."""
     monkeypatch.setattr(tuner.tuning.objective, "screen_threshold", lambda study: -1.0)
     settings = TuneSettings(
-        model=str(tiny_model_dir("bert")), pooling="cls", dataset=f"jsonl:{write_dataset(tmp_path / 'data', docs=100)}",
-        heldout=None, trials=4, hm_floor="-90%", max_ndcg_drop=None, max_reversal=None, storage=f"sqlite:///{tmp_path / 'o.db'}",
-        tracking_uri=f"sqlite:///{tmp_path / 'm.db'}", output=tmp_path / "best.yaml", study_name="screen", profile_docs=2,
-        bootstrap=20, space=SearchSpace(basket_sizes=(8, 16, 128)), selection="lowest", screen_queries=1,
+        model=str(tiny_model_dir("bert")),
+        pooling="cls",
+        dataset=f"jsonl:{write_dataset(tmp_path / 'data', docs=100)}",
+        heldout=None,
+        trials=4,
+        hm_floor="-90%",
+        max_ndcg_drop=None,
+        max_reversal=None,
+        storage=f"sqlite:///{tmp_path / 'o.db'}",
+        tracking_uri=f"sqlite:///{tmp_path / 'm.db'}",
+        output=tmp_path / "best.yaml",
+        study_name="screen",
+        profile_docs=2,
+        bootstrap=20,
+        space=SearchSpace(basket_sizes=(8, 16, 128)),
+        selection="lowest",
+        screen_queries=1,
     )
     with caplog.at_level("INFO"):
         tune(settings)

@@ -79,8 +79,16 @@ def test_without_general_the_shuffle_check_reuses_the_positional_scores(table: E
 
 
 def test_general_set_without_shuffling(tiny: LoadedModel) -> None:
-    result = run_evaluation(tiny, positional(), [("λ1", tiny.default_config(strength=1.0, basket_size=8))],
-                            sea=False, general=general(), shuffled=False, n_resamples=20, batch_size=4)
+    result = run_evaluation(
+        tiny,
+        positional(),
+        [("λ1", tiny.default_config(strength=1.0, basket_size=8))],
+        sea=False,
+        general=general(),
+        shuffled=False,
+        n_resamples=20,
+        batch_size=4,
+    )
     assert [row.name for row in result.rows] == [BASELINE, "λ1"]
     assert result.general is not None and result.general.dataset == "toy-general"
     assert all(row.shuffled is None and row.original.hm is None for row in result.general.rows)

@@ -13,8 +13,18 @@ from objectives.robustness import RobustEvidence, StructureEvidence, certain_vio
 from objectives.selection import Candidate, select
 
 
-def evidence(psi: float, se: float = 0.02, tilt: float | None = None, baseline_tilt: float | None = -0.5, tilt_se: float = 0.05,
-             hm: float = 0.55, hm_low: float = 0.53, hm_high: float = 0.57, ndcg: float = 0.01, ndcg_high: float = 0.02) -> TrialEvidence:
+def evidence(
+    psi: float,
+    se: float = 0.02,
+    tilt: float | None = None,
+    baseline_tilt: float | None = -0.5,
+    tilt_se: float = 0.05,
+    hm: float = 0.55,
+    hm_low: float = 0.53,
+    hm_high: float = 0.57,
+    ndcg: float = 0.01,
+    ndcg_high: float = 0.02,
+) -> TrialEvidence:
     return TrialEvidence(psi, se, hm, hm_low, ndcg, hm_high, ndcg_high, tilt, tilt_se, baseline_tilt)
 
 
@@ -65,8 +75,15 @@ def test_the_lowest_dev_psi_that_reverses_the_bias_on_one_structure_loses_to_a_m
     chosen = select([candidate(6, edge, drift=0.06), candidate(2, milder, drift=0.01)])
     assert chosen.winner.trial_number == 2
     # without the reversal it is the worst case that decides: the edge's crops PSI 0.18 is beyond 0.09 + 0.03
-    assert select([Candidate(6, edge.objective, edge.objective_se, 0.06, (-0.01,)),
-                   Candidate(2, milder.objective, milder.objective_se, 0.01, (-0.01,))]).winner.trial_number == 2
+    assert (
+        select(
+            [
+                Candidate(6, edge.objective, edge.objective_se, 0.06, (-0.01,)),
+                Candidate(2, milder.objective, milder.objective_se, 0.01, (-0.01,)),
+            ]
+        ).winner.trial_number
+        == 2
+    )
     better_everywhere = robust(("dev", evidence(0.02, 0.01, tilt=-0.01)), ("crops", evidence(0.03, 0.01, tilt=-0.02)))
     assert select([candidate(6, better_everywhere, drift=0.06), candidate(2, milder, drift=0.01)]).winner.trial_number == 6
 

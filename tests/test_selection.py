@@ -80,8 +80,15 @@ def test_an_unknown_rule_is_refused_by_name():
 
 def per_query(scores: list[float], groups: list[int]) -> PerQuery:
     membership = np.eye(3)[groups]
-    return PerQuery(tuple(f"q{i}" for i in range(len(scores))), np.array(scores), np.zeros(len(scores)),
-                    ("begin", "middle", "end"), membership, (), np.ones((len(scores), 1)))
+    return PerQuery(
+        tuple(f"q{i}" for i in range(len(scores))),
+        np.array(scores),
+        np.zeros(len(scores)),
+        ("begin", "middle", "end"),
+        membership,
+        (),
+        np.ones((len(scores), 1)),
+    )
 
 
 def test_trial_evidence_point_values_match_the_report_and_the_se_matches_a_hand_bootstrap():

@@ -33,10 +33,23 @@ from tuner.tuning.study import OWNER_ATTR, open_study, run_trials, winner
 
 TRIAL_PARAMS = {"strength", "depth", "basket_size", "variant", "layers", "basket_shares"}
 # MLflow's names: on the console's scale (nDCG@10 and HM ×100, PSI 0–1), constraints as margins (>= 0: met)
-TRIAL_METRICS = {"ndcg10_begin_x100", "ndcg10_middle_x100", "ndcg10_end_x100", "hm_x100", "psi", "ndcg10_x100", "recall10_x100",
-                 "hm_margin_over_floor_x100", "ndcg10_drop_allowance_left_x100", "ndcg10_change_vs_uncalibrated_x100",
-                 "drift_from_uncalibrated_vectors", "psi_std_error", "feasible", "encode_seconds",
-                 "last_layer_attention_on_first_tenth_pct"}
+TRIAL_METRICS = {
+    "ndcg10_begin_x100",
+    "ndcg10_middle_x100",
+    "ndcg10_end_x100",
+    "hm_x100",
+    "psi",
+    "ndcg10_x100",
+    "recall10_x100",
+    "hm_margin_over_floor_x100",
+    "ndcg10_drop_allowance_left_x100",
+    "ndcg10_change_vs_uncalibrated_x100",
+    "drift_from_uncalibrated_vectors",
+    "psi_std_error",
+    "feasible",
+    "encode_seconds",
+    "last_layer_attention_on_first_tenth_pct",
+}
 
 
 def write_dataset(folder: Path, docs: int = 12, seed: int = 0, words: int = 45) -> Path:
@@ -59,9 +72,18 @@ def workspace(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir) -> dict[
     root = tmp_path_factory.mktemp("study")
     dataset, held = write_dataset(root / "data"), write_dataset(root / "held", seed=1)
     settings = TuneSettings(
-        model=str(tiny_model_dir("bert")), pooling="cls", dataset=f"jsonl:{dataset}", heldout=f"jsonl:{held}",
-        trials=6, hm_floor="-50%", storage=f"sqlite:///{root / 'optuna.db'}", tracking_uri=f"sqlite:///{root / 'mlflow.db'}",
-        output=root / "best.yaml", study_name="tiny", profile_docs=4, bootstrap=50,
+        model=str(tiny_model_dir("bert")),
+        pooling="cls",
+        dataset=f"jsonl:{dataset}",
+        heldout=f"jsonl:{held}",
+        trials=6,
+        hm_floor="-50%",
+        storage=f"sqlite:///{root / 'optuna.db'}",
+        tracking_uri=f"sqlite:///{root / 'mlflow.db'}",
+        output=root / "best.yaml",
+        study_name="tiny",
+        profile_docs=4,
+        bootstrap=50,
         space=SearchSpace(basket_sizes=(8, 16, 128)),
         selection="lowest",  # a random model's PSI is noise, so the default one-SE rule keeps it uncalibrated
     )
@@ -101,7 +123,10 @@ def test_a_six_trial_study_logs_six_nested_runs_with_params_metrics_and_profiles
         assert run.info.status == "FINISHED" and trial.state == optuna.trial.TrialState.COMPLETE
         assert TRIAL_PARAMS <= set(params) and TRIAL_METRICS <= set(metrics)
         assert (params["variant"], params["depth"], int(params["basket_size"])) == (
-            trial.params["variant"], trial.params["depth"], trial.params["basket_size"])
+            trial.params["variant"],
+            trial.params["depth"],
+            trial.params["basket_size"],
+        )
         assert float(params["strength"]) == pytest.approx(trial.params["strength"])
         assert json.loads(params["layers"]) == trial.user_attrs["layers"]
         begin, middle, end = (metrics[f"ndcg10_{g}_x100"] for g in ("begin", "middle", "end"))
@@ -119,11 +144,15 @@ def test_a_six_trial_study_logs_six_nested_runs_with_params_metrics_and_profiles
         assert metrics["hm_margin_over_floor_x100"] == as_logged(hm - 100 * floor, abs=0.01)
         assert metrics["ndcg10_drop_allowance_left_x100"] == metrics["ndcg10_change_vs_uncalibrated_x100"]  # no drop allowed
         # feasible: every margin met — the HM floor, no nDCG@10 loss, and no structure of the tuning passages with its bias reversed
-        reversal = [metrics[f"structure/{s}/tilt_reversal_x100"] for s in trial.user_attrs["structures"]
-                    if f"structure/{s}/tilt_reversal_x100" in metrics]
+        reversal = [
+            metrics[f"structure/{s}/tilt_reversal_x100"]
+            for s in trial.user_attrs["structures"]
+            if f"structure/{s}/tilt_reversal_x100" in metrics
+        ]
         assert metrics.get("tilt_reversal_allowance_left_x100", 0) == as_logged(-max(reversal, default=0)) or not reversal
-        assert metrics["feasible"] == float(trial.user_attrs["hm"] >= floor and metrics["ndcg10_change_vs_uncalibrated_x100"] >= 0
-                                            and max(reversal, default=0) <= 0)
+        assert metrics["feasible"] == float(
+            trial.user_attrs["hm"] >= floor and metrics["ndcg10_change_vs_uncalibrated_x100"] >= 0 and max(reversal, default=0) <= 0
+        )
         drift = metrics["drift_from_uncalibrated_vectors"]
         assert drift >= 0 and (trial.params["strength"] > 0 or drift == 0)
         folder = Path(client.download_artifacts(run.info.run_id, "", str(tmp_path / run.info.run_id)))
@@ -188,8 +217,12 @@ def test_an_exported_trial_loads_back_and_encodes_as_the_trial_scored(workspace:
     # The trial's config, built here from what Optuna stored (not through tune's own conversion).
     model = load_model(settings.model, pooling="cls")
     drawn = CalibrationConfig(
-        variant=chosen.params["variant"], strength=chosen.params["strength"], layers=chosen.user_attrs["layers"],
-        basket_size=chosen.params["basket_size"], pooling="cls", basket_shares=trial_basket_shares(chosen),
+        variant=chosen.params["variant"],
+        strength=chosen.params["strength"],
+        layers=chosen.user_attrs["layers"],
+        basket_size=chosen.params["basket_size"],
+        pooling="cls",
+        basket_shares=trial_basket_shares(chosen),
         **({"weight": chosen.params["weight"]} if "weight" in chosen.params else {}),
     )
     evaluator = Evaluator(model, load_benchmark(settings.dataset), disk_cache=False)
@@ -216,25 +249,37 @@ def test_rerunning_resumes_the_study_without_repeating_trials(workspace: dict) -
 
 
 def test_same_seed_same_trials(workspace: dict, tmp_path: Path) -> None:
-    settings = replace(workspace["settings"], storage=f"sqlite:///{tmp_path / 'again.db'}",
-                       tracking_uri=f"sqlite:///{tmp_path / 'again-mlflow.db'}", output=tmp_path / "again.yaml")
+    settings = replace(
+        workspace["settings"],
+        storage=f"sqlite:///{tmp_path / 'again.db'}",
+        tracking_uri=f"sqlite:///{tmp_path / 'again-mlflow.db'}",
+        output=tmp_path / "again.yaml",
+    )
     tune(settings)
     again = optuna.load_study(study_name="tiny", storage=settings.storage).trials
-    first = optuna.load_study(study_name="tiny", storage=workspace["settings"].storage).trials[:len(again)]
+    first = optuna.load_study(study_name="tiny", storage=workspace["settings"].storage).trials[: len(again)]
     assert [t.params for t in again] == [t.params for t in first]
 
 
 def test_a_floor_no_trial_reaches_ends_without_an_export(workspace: dict, tmp_path: Path) -> None:
-    settings = replace(workspace["settings"], trials=2, hm_floor="0.999", study_name="unreachable",
-                       storage=f"sqlite:///{tmp_path / 'o.db'}", tracking_uri=f"sqlite:///{tmp_path / 'm.db'}", output=tmp_path / "none.yaml")
+    settings = replace(
+        workspace["settings"],
+        trials=2,
+        hm_floor="0.999",
+        study_name="unreachable",
+        storage=f"sqlite:///{tmp_path / 'o.db'}",
+        tracking_uri=f"sqlite:///{tmp_path / 'm.db'}",
+        output=tmp_path / "none.yaml",
+    )
     with pytest.raises(NoFeasibleTrialError, match=r"no trial met the constraints; nothing exported. HM floor 99.90"):
         tune(settings)
     assert not (tmp_path / "none.yaml").exists()
 
 
 def add_trial(study: optuna.Study, psi: float, hm: float, floor_gap: float) -> None:
-    trial = optuna.trial.create_trial(params={}, distributions={}, value=psi, user_attrs={"psi": psi, "hm": hm},
-                                      system_attrs={"constraints:hm_floor": floor_gap})
+    trial = optuna.trial.create_trial(
+        params={}, distributions={}, value=psi, user_attrs={"psi": psi, "hm": hm}, system_attrs={"constraints:hm_floor": floor_gap}
+    )
     study.add_trial(trial)
 
 
@@ -323,9 +368,15 @@ def test_a_real_mlflow_server_serves_the_trials_for_comparison(workspace: dict, 
         base = f"{server.uri}/api/2.0/mlflow"
         experiment = requests.get(f"{base}/experiments/get-by-name", params={"experiment_name": "posfair"}, timeout=10)
         experiment_id = experiment.json()["experiment"]["experiment_id"]
-        found = requests.post(f"{base}/runs/search", json={
-            "experiment_ids": [experiment_id], "filter": "tags.`posfair.role` = 'trial' and tags.`posfair.study` = 'tiny'",
-            "max_results": 100}, timeout=10).json()["runs"]
+        found = requests.post(
+            f"{base}/runs/search",
+            json={
+                "experiment_ids": [experiment_id],
+                "filter": "tags.`posfair.role` = 'trial' and tags.`posfair.study` = 'tiny'",
+                "max_results": 100,
+            },
+            timeout=10,
+        ).json()["runs"]
     assert len(found) >= 6
     for run in found:
         params = {p["key"] for p in run["data"]["params"]}
@@ -356,10 +407,23 @@ def test_each_trial_is_constrained_by_its_psi_on_the_crops_against_the_uncalibra
     crops = replace(load_benchmark(f"jsonl:{write_dataset(tmp_path / 'crops', docs=8, seed=5)}"), name="tiny-crops")
     monkeypatch.setattr(tuner.tuning.session, "load_structures", lambda name, tuning=None: [crops])
     settings = TuneSettings(
-        model=str(tiny_model_dir("bert")), pooling="cls", dataset=f"jsonl:{write_dataset(tmp_path / 'data')}", heldout=None,
-        trials=3, hm_floor="-90%", max_ndcg_drop=None, storage=f"sqlite:///{tmp_path / 'o.db'}",
-        tracking_uri=f"sqlite:///{tmp_path / 'm.db'}", output=tmp_path / "best.yaml", study_name="crops", profile_docs=2,
-        bootstrap=20, space=SearchSpace(basket_sizes=(8, 16)), selection="lowest", max_crops_psi=1.0, prune=False,
+        model=str(tiny_model_dir("bert")),
+        pooling="cls",
+        dataset=f"jsonl:{write_dataset(tmp_path / 'data')}",
+        heldout=None,
+        trials=3,
+        hm_floor="-90%",
+        max_ndcg_drop=None,
+        storage=f"sqlite:///{tmp_path / 'o.db'}",
+        tracking_uri=f"sqlite:///{tmp_path / 'm.db'}",
+        output=tmp_path / "best.yaml",
+        study_name="crops",
+        profile_docs=2,
+        bootstrap=20,
+        space=SearchSpace(basket_sizes=(8, 16)),
+        selection="lowest",
+        max_crops_psi=1.0,
+        prune=False,
     )
     tune(settings)
     model = load_model(settings.model, pooling="cls")
@@ -369,9 +433,14 @@ def test_each_trial_is_constrained_by_its_psi_on_the_crops_against_the_uncalibra
     for trial in study.trials[1:]:  # trial 0 is the uncalibrated model itself
         if DUPLICATE_ATTR in trial.user_attrs:
             continue
-        config = CalibrationConfig(variant=trial.params["variant"], strength=trial.params["strength"],
-                                   layers=trial.user_attrs["layers"], basket_size=trial.params["basket_size"], pooling="cls",
-                                   **({"weight": trial.params["weight"]} if "weight" in trial.params else {}))
+        config = CalibrationConfig(
+            variant=trial.params["variant"],
+            strength=trial.params["strength"],
+            layers=trial.user_attrs["layers"],
+            basket_size=trial.params["basket_size"],
+            pooling="cls",
+            **({"weight": trial.params["weight"]} if "weight" in trial.params else {}),
+        )
         psi = evaluator.run(config).report.psi
         assert trial.user_attrs["metrics"]["crops_psi"] == pytest.approx(psi, rel=1e-5)  # the attribute keeps 6 significant digits
         assert trial.constraints["crops_psi"] == pytest.approx(psi - uncalibrated, abs=1e-9)

@@ -46,9 +46,29 @@ def tune_command(model: Path, data: Path, *extra: str) -> list[str]:
     """Plain `tune` on the tiny model: every store, the study name and the output left to their defaults; held out:
     a set of other passages beside `data`."""
     held = write_dataset(data.parent / "held", seed=1)
-    return [sys.executable, "-m", "tuner.cli", "--model", str(model), "--pooling", "cls", "--dataset", f"jsonl:{data}",
-            "--heldout", f"jsonl:{held}", "--trials", str(TRIALS), "--hm-floor=-50%", "--selection", "lowest",
-            "--profile-docs", "2", "--bootstrap", "50", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "tuner.cli",
+        "--model",
+        str(model),
+        "--pooling",
+        "cls",
+        "--dataset",
+        f"jsonl:{data}",
+        "--heldout",
+        f"jsonl:{held}",
+        "--trials",
+        str(TRIALS),
+        "--hm-floor=-50%",
+        "--selection",
+        "lowest",
+        "--profile-docs",
+        "2",
+        "--bootstrap",
+        "50",
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +80,14 @@ def default_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir) -> dic
     work.mkdir()
     log_file = root / "tune.log"
     with log_file.open("w") as handle:
-        done = subprocess.run([*tune_command(tiny_model_dir("bert"), data), "--space", str(root / "space.yaml")], cwd=work,
-                              stdout=handle, stderr=subprocess.STDOUT, timeout=900, env={**os.environ, "COLUMNS": "200"})
+        done = subprocess.run(
+            [*tune_command(tiny_model_dir("bert"), data), "--space", str(root / "space.yaml")],
+            cwd=work,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            timeout=900,
+            env={**os.environ, "COLUMNS": "200"},
+        )
     log = log_file.read_text(encoding="utf-8")
     assert done.returncode == 0, log[-4000:]
     exports = list((work / "mlruns" / "exports").glob("*.yaml"))
@@ -113,8 +139,11 @@ def test_the_log_file_shows_each_trial_with_progress_and_every_phase(default_run
     """No terminal: one progress line per trial (k/N, best feasible so far, elapsed, ETA) and a line per phase."""
     log = default_run["log"]
     for k in range(1, TRIALS + 1):
-        line = re.search(rf"trial {k}/{TRIALS} finished · (best feasible so far: trial \d+ \(PSI [\d.]+, HM [\d.]+\)"
-                         rf"|no feasible trial yet) · elapsed [\dhms ]+ · (ETA [\dhms ]+|ETA after the first calibrating trial|done)", log)
+        line = re.search(
+            rf"trial {k}/{TRIALS} finished · (best feasible so far: trial \d+ \(PSI [\d.]+, HM [\d.]+\)"
+            rf"|no feasible trial yet) · elapsed [\dhms ]+ · (ETA [\dhms ]+|ETA after the first calibrating trial|done)",
+            log,
+        )
         assert line, f"no progress line for trial {k}:\n{log[-3000:]}"
     assert re.search(r"baseline: encoding \d+ documents .*done in", log, re.S)
     assert re.search(r"held-out 1/1: scoring \d configs on jsonl:held \(12 documents, 36 queries\) \.\.\.", log)
@@ -135,7 +164,10 @@ def test_the_settings_table_shows_the_defaults_in_force(default_run: dict) -> No
     assert "None" not in (rows["storage"], rows["tracking-uri"], rows["output"], rows["study-name"])
     assert "None" not in settings and "SearchSpace(" not in settings, "an unset option says what it means"
     assert rows["general"] == "none: no general-retrieval check"
-    assert rows["space"] == "λ 0–1 in steps of 0.05; layers last, 25%, 50%; baskets 8, 16, 128; uniform, cls_soft, cls_hard (w 0.1–0.5); basket shares equal"
+    assert (
+        rows["space"]
+        == "λ 0–1 in steps of 0.05; layers last, 25%, 50%; baskets 8, 16, 128; uniform, cls_soft, cls_hard (w 0.1–0.5); basket shares equal"
+    )
 
 
 def test_the_experiment_opens_in_the_model_training_view_with_a_description(client: MlflowClient) -> None:
@@ -156,7 +188,8 @@ def test_the_run_list_view_tune_ui_links_to_shows_columns_every_finished_run_has
         assert name in parent.data.metrics, column
         assert name.startswith("heldout_") or all(name in t.data.metrics for t in trials), column
     assert training_view_url(DEFAULT_TRACKING_URI, "127.0.0.1", 5000).endswith(
-        f"/#/experiments/{experiment.experiment_id}/runs?workflowType=machine_learning&viewStateShareKey=posfair")
+        f"/#/experiments/{experiment.experiment_id}/runs?workflowType=machine_learning&viewStateShareKey=posfair"
+    )
 
 
 def test_runs_mark_baseline_paper_default_infeasible_trials_and_the_winner(client: MlflowClient, default_run: dict) -> None:
@@ -213,7 +246,7 @@ def test_optuna_names_the_objective_and_explains_the_study(default_run: dict) ->
 def test_the_parent_run_holds_held_out_figures_with_their_intervals(client: MlflowClient, default_run: dict) -> None:
     parent, _ = runs_of(client)
     exported = load_exported(default_run["yaml"])
-    (name, intervals), = exported.provenance.intervals.items()
+    ((name, intervals),) = exported.provenance.intervals.items()
     metrics = parent.data.metrics
     for metric, scale, shown in (("hm", 100, "hm_x100"), ("psi", 1, "psi"), ("ndcg10", 100, "ndcg10_x100")):
         estimate, low, high = intervals[metric]
@@ -232,7 +265,7 @@ def test_the_parent_run_names_the_winner_and_its_held_out_result(client: MlflowC
     parent, trials = runs_of(client)
     exported = load_exported(default_run["yaml"])
     winner = exported.provenance.trial
-    (name, intervals), = exported.provenance.intervals.items()
+    ((name, intervals),) = exported.provenance.intervals.items()
     description = parent.data.tags[NOTE]
     assert description.startswith(f"Winner: trial {winner}, ") and f"chosen by the {exported.provenance.selection_rule} rule" in description
     assert ". Held out, against no calibration (95% paired-bootstrap intervals): " in description and description.endswith(".")
@@ -396,10 +429,25 @@ def server_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir) -> dict
     (root / "space.yaml").write_text("basket_sizes: [8, 16, 128]\n", encoding="utf-8")
 
     def run(uri: str) -> dict[str, object]:
-        done = subprocess.run([*tune_command(tiny_model_dir("bert"), data), "--space", str(root / "space.yaml"),
-                               "--tracking-uri", uri, "--storage", f"sqlite:///{root / 'optuna.db'}",
-                               "--study-name", f"served-{os.getpid()}-{time.time_ns()}", "--output", str(root / "best.yaml")],
-                              cwd=root, capture_output=True, text=True, timeout=900)
+        done = subprocess.run(
+            [
+                *tune_command(tiny_model_dir("bert"), data),
+                "--space",
+                str(root / "space.yaml"),
+                "--tracking-uri",
+                uri,
+                "--storage",
+                f"sqlite:///{root / 'optuna.db'}",
+                "--study-name",
+                f"served-{os.getpid()}-{time.time_ns()}",
+                "--output",
+                str(root / "best.yaml"),
+            ],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         return {"uri": uri, "yaml": root / "best.yaml", "model": tiny_model_dir("bert"), "root": root}
 
@@ -420,11 +468,33 @@ def test_the_champion_loads_from_the_server_and_is_served_over_rest(server_run: 
     assert np.abs(np.asarray(mlflow.pyfunc.load_model(uri).predict(TEXTS)) - want).max() < 1e-6
     port = free_port()
     log = (server_run["root"] / "serve.log").open("w")
-    serve = subprocess.Popen([sys.executable, "-m", "mlflow", "models", "serve", "-m", uri, "--env-manager", "local",
-                              "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                             env={**os.environ, "MLFLOW_TRACKING_URI": server_run["uri"],  # the venv's uvicorn, as when activated
-                                  "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"})
+    serve = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "models",
+            "serve",
+            "-m",
+            uri,
+            "--env-manager",
+            "local",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env={
+            **os.environ,
+            "MLFLOW_TRACKING_URI": server_run["uri"],  # the venv's uvicorn, as when activated
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        },
+    )
     try:
         deadline = time.monotonic() + 240
         while True:
@@ -438,7 +508,9 @@ def test_the_champion_loads_from_the_server_and_is_served_over_rest(server_run: 
         answer = requests.post(f"http://127.0.0.1:{port}/invocations", json={"inputs": TEXTS}, timeout=120)
         assert answer.ok, answer.text
         assert np.abs(np.asarray(answer.json()["predictions"], dtype=np.float64) - want).max() < 1e-6
-        queries = requests.post(f"http://127.0.0.1:{port}/invocations", json={"inputs": TEXTS[:2], "params": {"kind": "query"}}, timeout=120)
+        queries = requests.post(
+            f"http://127.0.0.1:{port}/invocations", json={"inputs": TEXTS[:2], "params": {"kind": "query"}}, timeout=120
+        )
         assert np.abs(np.asarray(queries.json()["predictions"]) - encoder.encode_query(TEXTS[:2])).max() < 1e-6
     finally:
         os.killpg(serve.pid, 15)
@@ -446,8 +518,9 @@ def test_the_champion_loads_from_the_server_and_is_served_over_rest(server_run: 
         log.close()
 
 
-def test_two_runs_in_two_folders_of_one_process_log_to_their_own_stores(tiny_model_dir, tmp_path: Path,
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_two_runs_in_two_folders_of_one_process_log_to_their_own_stores(
+    tiny_model_dir, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The default store is named by a relative URI (portable), but MLflow caches stores per URI string: a second
     `tune()` in another folder of the same process must still log to its own folder's store."""
     from tuner.tuning.run import TuneSettings, tune
@@ -458,9 +531,22 @@ def test_two_runs_in_two_folders_of_one_process_log_to_their_own_stores(tiny_mod
     for folder in ("a", "b"):
         (tmp_path / folder).mkdir()
         monkeypatch.chdir(tmp_path / folder)
-        tune(TuneSettings(model=str(tiny_model_dir("bert")), pooling="cls", dataset=f"jsonl:{data}", heldout=None, trials=1,
-                          hm_floor="-90%", max_ndcg_drop=None, study_name=f"study-{folder}", profile_docs=1, bootstrap=10,
-                          space=SearchSpace(basket_sizes=(8,)), selection="lowest"))
+        tune(
+            TuneSettings(
+                model=str(tiny_model_dir("bert")),
+                pooling="cls",
+                dataset=f"jsonl:{data}",
+                heldout=None,
+                trials=1,
+                hm_floor="-90%",
+                max_ndcg_drop=None,
+                study_name=f"study-{folder}",
+                profile_docs=1,
+                bootstrap=10,
+                space=SearchSpace(basket_sizes=(8,)),
+                selection="lowest",
+            )
+        )
     # A user's own client on the relative default, in a third folder, sees that folder's (empty) store: no
     # connection of the runs above may stay open by a relative path (MLflow keeps engines per URI string).
     (tmp_path / "c").mkdir()
@@ -513,8 +599,9 @@ def test_a_trial_run_logged_late_keeps_the_trial_s_own_start_and_end(tmp_path: P
     tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "late")
     tracker.start_study("late-study", {}, {})
     hour_ago = int(time.time() * 1000) - 3_600_000
-    record = TrialRecord(number=3, state="COMPLETE", params={"strength": 0.5}, metrics={"psi": 0.1},
-                         start_ms=hour_ago, end_ms=hour_ago + 90_000)
+    record = TrialRecord(
+        number=3, state="COMPLETE", params={"strength": 0.5}, metrics={"psi": 0.1}, start_ms=hour_ago, end_ms=hour_ago + 90_000
+    )
     tracker.finish_trial("late-study", record)
     run = tracker.client.get_run(tracker.trial_run_id(3))
     assert (run.info.status, run.info.start_time, run.info.end_time) == ("FINISHED", hour_ago, hour_ago + 90_000)

@@ -22,8 +22,13 @@ def test_tune_ui_stops_its_whole_process_group_on_a_signal(tmp_path: Path, signu
     store.parent.mkdir()
     MlflowClient(f"sqlite:///{store}").create_experiment("posfair")
     port = free_port()
-    ui = subprocess.Popen([sys.executable, "-m", "tuner.cli", "ui", "--port", str(port)], cwd=tmp_path,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ui = subprocess.Popen(
+        [sys.executable, "-m", "tuner.cli", "ui", "--port", str(port)],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     served: list[psutil.Process] = []
     try:
         deadline = time.monotonic() + 180

@@ -43,13 +43,40 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_dataset(tmp_path_factory.mktemp("workers") / "data", docs=10)
 
 
-def command(model: Path, data: Path, storage: str, tracking: str, trials: int, *extra: str, name: str = "shared",
-            heartbeat: int = 1) -> list[str]:
+def command(
+    model: Path, data: Path, storage: str, tracking: str, trials: int, *extra: str, name: str = "shared", heartbeat: int = 1
+) -> list[str]:
     """`tune run` on the tiny model; a 1-second heartbeat lets a killed worker's trial be found in 3 s."""
-    return [sys.executable, "-m", "tuner.cli", "run", "--model", str(model), "--pooling", "cls",
-            "--dataset", f"jsonl:{data}", "--heldout", "", "--trials", str(trials), "--hm-floor=-90%",
-            "--storage", storage, "--tracking-uri", tracking, "--study-name", name, "--profile-docs", "2",
-            "--heartbeat", str(heartbeat), "--bootstrap", "20", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "tuner.cli",
+        "run",
+        "--model",
+        str(model),
+        "--pooling",
+        "cls",
+        "--dataset",
+        f"jsonl:{data}",
+        "--heldout",
+        "",
+        "--trials",
+        str(trials),
+        "--hm-floor=-90%",
+        "--storage",
+        storage,
+        "--tracking-uri",
+        tracking,
+        "--study-name",
+        name,
+        "--profile-docs",
+        "2",
+        "--heartbeat",
+        str(heartbeat),
+        "--bootstrap",
+        "20",
+        *extra,
+    ]
 
 
 def trial_runs(tracking: str, name: str = "shared") -> list:
@@ -102,8 +129,12 @@ def test_two_workers_on_one_study_finish_exactly_the_requested_trials(backend: s
     # failed as dead under its own running trial (Optuna then ends that worker: optuna/optuna#5470).
     base = command(tiny_model_dir("bert"), data, storage, tracking, 12, name=name, heartbeat=10)
     logs = {role: (tmp_path / f"{role}.log").open("w") for role in ("coordinator", "other")}
-    coordinator = subprocess.Popen([*base, "--workers", "2", "--output", str(tmp_path / "best.yaml")], cwd=tmp_path,
-                                   stdout=logs["coordinator"], stderr=subprocess.STDOUT)
+    coordinator = subprocess.Popen(
+        [*base, "--workers", "2", "--output", str(tmp_path / "best.yaml")],
+        cwd=tmp_path,
+        stdout=logs["coordinator"],
+        stderr=subprocess.STDOUT,
+    )
     other_machine = subprocess.Popen([*base, "--worker"], cwd=tmp_path, stdout=logs["other"], stderr=subprocess.STDOUT)
     for process in (coordinator, other_machine):
         process.wait(timeout=600)
@@ -158,14 +189,25 @@ def test_a_worker_killed_mid_trial_is_detected_and_its_trial_rerun(backend: str,
 @pytest.fixture
 def tiny_settings(tiny_model_dir, data: Path, tmp_path: Path) -> TuneSettings:
     return TuneSettings(
-        model=str(tiny_model_dir("bert")), pooling="cls", dataset=f"jsonl:{data}", heldout=None, trials=4,
-        hm_floor="-90%", storage=f"sqlite:///{tmp_path / 'o.db'}", tracking_uri=f"sqlite:///{tmp_path / 'm.db'}",
-        output=tmp_path / "best.yaml", study_name="shared", profile_docs=2, bootstrap=20,
+        model=str(tiny_model_dir("bert")),
+        pooling="cls",
+        dataset=f"jsonl:{data}",
+        heldout=None,
+        trials=4,
+        hm_floor="-90%",
+        storage=f"sqlite:///{tmp_path / 'o.db'}",
+        tracking_uri=f"sqlite:///{tmp_path / 'm.db'}",
+        output=tmp_path / "best.yaml",
+        study_name="shared",
+        profile_docs=2,
+        bootstrap=20,
         space=SearchSpace(basket_sizes=(8, 128)),
     )
 
 
-def test_a_trial_that_raises_is_recorded_as_failed_and_the_study_goes_on(tiny_settings: TuneSettings, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_trial_that_raises_is_recorded_as_failed_and_the_study_goes_on(
+    tiny_settings: TuneSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from tuner.evaluation.evaluator import Evaluator
 
     real_run = Evaluator.run

@@ -51,16 +51,23 @@ def build_model(kind: str, layers: int = 3, max_length: int = 256, initializer_r
     XLM-R's [CLS] vectors agree to 1e-6, so its rankings would be decided by rounding)."""
     torch.manual_seed(0)
     vocab = len(WORDS) + 4
-    common = {"vocab_size": vocab, "hidden_size": 32, "num_hidden_layers": layers, "num_attention_heads": 4,
-              "intermediate_size": 64, "initializer_range": initializer_range}
+    common = {
+        "vocab_size": vocab,
+        "hidden_size": 32,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 4,
+        "intermediate_size": 64,
+        "initializer_range": initializer_range,
+    }
     if kind == "bert":
         config = BertConfig(**common, max_position_embeddings=max_length, pad_token_id=0)
         return BertModel(config, add_pooling_layer=False)
     if kind == "xlmr":
         config = XLMRobertaConfig(**common, max_position_embeddings=max_length + 2, pad_token_id=1)
         return XLMRobertaModel(config, add_pooling_layer=False)
-    config = Qwen3Config(**common, num_key_value_heads=2, head_dim=8, max_position_embeddings=max_length,
-                         pad_token_id=0, eos_token_id=3, bos_token_id=2)
+    config = Qwen3Config(
+        **common, num_key_value_heads=2, head_dim=8, max_position_embeddings=max_length, pad_token_id=0, eos_token_id=3, bos_token_id=2
+    )
     return Qwen3Model(config)
 
 

@@ -361,17 +361,24 @@ def _row_sums(
     iso_seen = allowed.gather(-1, geometry.isolated[:, None, None, :].expand(*allowed.shape[:3], -1))
     iso_scores.masked_fill_(~iso_seen, float("-inf"))
     runs = tuple(
-        _basket_outputs(query[run.begin : run.end], key[run.begin : run.end], value[run.begin : run.end],
-                        allowed[run.begin : run.end], geometry.key_content[run.begin : run.end], run,
-                        geometry.basket_size, scaling, by_size, run_flags)
+        _basket_outputs(
+            query[run.begin : run.end],
+            key[run.begin : run.end],
+            value[run.begin : run.end],
+            allowed[run.begin : run.end],
+            geometry.key_content[run.begin : run.end],
+            run,
+            geometry.basket_size,
+            scaling,
+            by_size,
+            run_flags,
+        )
         for run, run_flags in zip(geometry.runs, flags, strict=True)
     )
     return RowSums(iso_scores, runs)
 
 
-def _mean_rows(
-    sums: RowSums, value: torch.Tensor, geometry: BasketGeometry, spec: ResolvedCalibration, dtype: torch.dtype
-) -> torch.Tensor:
+def _mean_rows(sums: RowSums, value: torch.Tensor, geometry: BasketGeometry, spec: ResolvedCalibration, dtype: torch.dtype) -> torch.Tensor:
     """Every row calibrated: the blend of its basket outputs (`_row_sums`) by λ, variant and w → (B, Q, H, D).
 
     A content key's calibrated weight is a_j·(λ·share_b/mass_b + 1 − λ) (see `calibrate_rows`), so a row's
@@ -470,13 +477,13 @@ def _basket_outputs(
 
 def _basket_windows(run: Run, size: int, keys: int) -> list[tuple[int, int, int, int]]:
     """Per content basket of the run: its keys [lo, hi) and the kernel's window [begin, end) around them."""
-    return [(lo, min(lo + size, keys), *_kernel_window(lo, min(lo + size, keys), keys))
-            for lo in range(run.start, run.start + run.n_baskets * size, size)]
+    return [
+        (lo, min(lo + size, keys), *_kernel_window(lo, min(lo + size, keys), keys))
+        for lo in range(run.start, run.start + run.n_baskets * size, size)
+    ]
 
 
-def _visible(
-    allowed: torch.Tensor, content: torch.Tensor, positions: torch.Tensor, lo: int, hi: int, begin: int, end: int
-) -> torch.Tensor:
+def _visible(allowed: torch.Tensor, content: torch.Tensor, positions: torch.Tensor, lo: int, hi: int, begin: int, end: int) -> torch.Tensor:
     """(G, 1, Q or 1, window): the keys of the window that are basket [lo, hi)'s content and that the row may see."""
     inside = (positions[begin:end] >= lo) & (positions[begin:end] < hi)
     return allowed[..., begin:end] & (content[:, begin:end] & inside)[:, None, None, :]

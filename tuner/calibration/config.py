@@ -141,9 +141,7 @@ class CalibrationConfig(BaseModel):
         if isinstance(spec, list):
             beyond = [i for i in spec if i >= num_layers]
             if beyond:
-                raise ConfigError(
-                    f"layers: {beyond} beyond the model's depth; allowed indices are 0..{num_layers - 1}"
-                )
+                raise ConfigError(f"layers: {beyond} beyond the model's depth; allowed indices are 0..{num_layers - 1}")
             return tuple(spec)
         if isinstance(spec, str):
             match = _LAST_K.match(spec)

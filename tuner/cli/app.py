@@ -49,8 +49,9 @@ class _HelpFormatter(TyperCommand.context_class.formatter_class):  # typer's own
     FineWeb-PosQ is never split at its hyphens (click's wrapper breaks on them)."""
 
     def _wrap(self, text: str, width: int, indent: str = "") -> list[str]:
-        wrapper = textwrap.TextWrapper(width, initial_indent=indent, subsequent_indent=indent, break_on_hyphens=False,
-                                       break_long_words=False)
+        wrapper = textwrap.TextWrapper(
+            width, initial_indent=indent, subsequent_indent=indent, break_on_hyphens=False, break_long_words=False
+        )
         return [line for paragraph in text.split("\n\n") for line in [*wrapper.wrap(" ".join(paragraph.split())), ""]][:-1]
 
     def write_text(self, text: str) -> None:
@@ -135,8 +136,9 @@ def _options_file(ctx: typer.Context, value: Path | None) -> Path | None:
     for key, option in data.items():
         name = str(key).replace("-", "_")
         if name in spelled:
-            raise typer.BadParameter(f"{value}: {shown(spelled[name])} and {shown(str(key))} are one option "
-                                     f"(--{name.replace('_', '-')}); keep one")
+            raise typer.BadParameter(
+                f"{value}: {shown(spelled[name])} and {shown(str(key))} are one option (--{name.replace('_', '-')}); keep one"
+            )
         normalised[name], spelled[name] = option, str(key)
     unknown = sorted(set(normalised) - set(params))
     if unknown:
@@ -150,18 +152,28 @@ def _options_file(ctx: typer.Context, value: Path | None) -> Path | None:
 
 OptionsFile = Annotated[
     Path | None,
-    typer.Option("--options", help="YAML file of options (keys as the long flags); flags override it.",
-                 is_eager=True, callback=_options_file, exists=True, dir_okay=False),
+    typer.Option(
+        "--options",
+        help="YAML file of options (keys as the long flags); flags override it.",
+        is_eager=True,
+        callback=_options_file,
+        exists=True,
+        dir_okay=False,
+    ),
 ]
 Model = Annotated[str, typer.Option(help="Registry alias (minilm, bge-m3, qwen3-embedding-0.6b, ...) or a local folder.")]
-Dataset = Annotated[str, typer.Option(help="wikipos-dev, wikipos-test, wikipos-general, fineweb-posq, or posir:PATH, jsonl:PATH, beir:PATH.")]
+Dataset = Annotated[
+    str, typer.Option(help="wikipos-dev, wikipos-test, wikipos-general, fineweb-posq, or posir:PATH, jsonl:PATH, beir:PATH.")
+]
 TrackingUri = Annotated[str | None, typer.Option(help="MLflow tracking server; default: a SQLite store under ./mlruns.")]
 Storage = Annotated[str | None, typer.Option(help="Optuna storage URL; default: sqlite:///mlruns/optuna.db.")]
-BatchSize = Annotated[
-    int | None, typer.Option(min=1, help="Documents per forward pass; default: chosen from the device's free memory.")
-]
+BatchSize = Annotated[int | None, typer.Option(min=1, help="Documents per forward pass; default: chosen from the device's free memory.")]
 BatchTokens = Annotated[
-    int | None, typer.Option(min=1, help="Padded tokens per forward pass (rows × longest text); default for long-passage models: chosen from the device's free memory.")
+    int | None,
+    typer.Option(
+        min=1,
+        help="Padded tokens per forward pass (rows × longest text); default for long-passage models: chosen from the device's free memory.",
+    ),
 ]
 Seed = Annotated[int, typer.Option(min=0, max=2**32 - 1, help="Seed of the sampler and the bootstrap.")]
 Resamples = Annotated[int, typer.Option(min=1, help="Bootstrap resamples for the intervals.")]
@@ -172,36 +184,88 @@ TrustRemoteCode = Annotated[bool, typer.Option("--trust-remote-code", help="Allo
 def run(
     model: Model = "minilm",
     pooling: Annotated[str | None, typer.Option(help="cls|last|mean, for a model outside the registry.")] = None,
-    dataset: Annotated[str | None, typer.Option(help="Benchmark to tune on (see `tune evaluate --help`); default: fineweb-posq for bge-m3, qwen3-embedding-* and gte-multilingual-base, wikipos-dev otherwise.")] = None,
+    dataset: Annotated[
+        str | None,
+        typer.Option(
+            help="Benchmark to tune on (see `tune evaluate --help`); default: fineweb-posq for bge-m3, qwen3-embedding-* and gte-multilingual-base, wikipos-dev otherwise."
+        ),
+    ] = None,
     trials: Annotated[int, typer.Option(help="Complete trials to reach (failed ones do not count).")] = DEFAULT_TRIALS,
-    hm_floor: Annotated[str, typer.Option(help="'significant' (HM's 95% lower bound above the uncalibrated HM), 'baseline' (HM at least the uncalibrated HM), a value like 0.52, or relative like -1%.")] = "significant",
-    max_ndcg_drop: Annotated[str, typer.Option(help="How far aggregate nDCG@10 may fall below the uncalibrated model's (0–1 scale, e.g. 0.005); 'none' lifts the constraint.")] = "0",
-    max_crops_psi: Annotated[str, typer.Option(help="PSI on the tuning passages re-cut shorter (WikiPos sets) may be at most this multiple of the uncalibrated PSI there, e.g. 1 (no less fair than no calibration); 'none' (the default): not scored.")] = "none",
-    max_reversal: Annotated[str, typer.Option(help="How far a trial may turn the bias round on a tuning structure (tilt against the uncalibrated direction); 'none' lifts it.")] = "0",
-    structures: Annotated[bool, typer.Option(help="Score trials on the tuning passages' other structures too (WikiPos: crops, openings).")] = True,
+    hm_floor: Annotated[
+        str,
+        typer.Option(
+            help="'significant' (HM's 95% lower bound above the uncalibrated HM), 'baseline' (HM at least the uncalibrated HM), a value like 0.52, or relative like -1%."
+        ),
+    ] = "significant",
+    max_ndcg_drop: Annotated[
+        str,
+        typer.Option(
+            help="How far aggregate nDCG@10 may fall below the uncalibrated model's (0–1 scale, e.g. 0.005); 'none' lifts the constraint."
+        ),
+    ] = "0",
+    max_crops_psi: Annotated[
+        str,
+        typer.Option(
+            help="PSI on the tuning passages re-cut shorter (WikiPos sets) may be at most this multiple of the uncalibrated PSI there, e.g. 1 (no less fair than no calibration); 'none' (the default): not scored."
+        ),
+    ] = "none",
+    max_reversal: Annotated[
+        str,
+        typer.Option(
+            help="How far a trial may turn the bias round on a tuning structure (tilt against the uncalibrated direction); 'none' lifts it."
+        ),
+    ] = "0",
+    structures: Annotated[
+        bool, typer.Option(help="Score trials on the tuning passages' other structures too (WikiPos: crops, openings).")
+    ] = True,
     prune: Annotated[bool, typer.Option(help="Stop a trial between structures once it cannot win.")] = True,
     grid: Annotated[str | None, typer.Option(help="'paper': run exactly the paper's 24 configs (its grid), unpruned.")] = None,
-    selection: Annotated[str, typer.Option(help="How the winner is named: 'one-se' (the mildest trial within one standard error of the lowest PSI) or 'lowest' (the lowest PSI).")] = "one-se",
-    heldout: Annotated[str | None, typer.Option(help="Held-out benchmark(s) for the final report, comma-separated; 'auto': WikiPos-test and the WikiPos transfer sets for WikiPos-dev, FineWeb-PosQ's held-out part for FineWeb-PosQ; 'none' for none.")] = "auto",
-    general: Annotated[str | None, typer.Option(help="General-retrieval check, e.g. wikipos-general: its nDCG@10 change is logged every trial; a constraint only with --max-general-drop.")] = None,
-    max_general_drop: Annotated[float | None, typer.Option(help="Second constraint: general nDCG@10 may drop at most this much (0–1 scale).")] = None,
+    selection: Annotated[
+        str,
+        typer.Option(
+            help="How the winner is named: 'one-se' (the mildest trial within one standard error of the lowest PSI) or 'lowest' (the lowest PSI)."
+        ),
+    ] = "one-se",
+    heldout: Annotated[
+        str | None,
+        typer.Option(
+            help="Held-out benchmark(s) for the final report, comma-separated; 'auto': WikiPos-test and the WikiPos transfer sets for WikiPos-dev, FineWeb-PosQ's held-out part for FineWeb-PosQ; 'none' for none."
+        ),
+    ] = "auto",
+    general: Annotated[
+        str | None,
+        typer.Option(
+            help="General-retrieval check, e.g. wikipos-general: its nDCG@10 change is logged every trial; a constraint only with --max-general-drop."
+        ),
+    ] = None,
+    max_general_drop: Annotated[
+        float | None, typer.Option(help="Second constraint: general nDCG@10 may drop at most this much (0–1 scale).")
+    ] = None,
     pareto: Annotated[bool, typer.Option("--pareto", help="Two-objective search (PSI down, HM up); reports the front.")] = False,
     seed: Seed = 0,
     study_name: Annotated[str | None, typer.Option(help="Default: model--dataset--seedN.")] = None,
     storage: Storage = None,
     tracking_uri: TrackingUri = None,
     output: Annotated[Path | None, typer.Option(help="Where to write the winner's YAML; default mlruns/exports/STUDY.yaml.")] = None,
-    space: Annotated[Path | None, typer.Option(help="YAML search space (strength_step, depths, basket_sizes, variants, weight_low/high).")] = None,
+    space: Annotated[
+        Path | None, typer.Option(help="YAML search space (strength_step, depths, basket_sizes, variants, weight_low/high).")
+    ] = None,
     batch_size: BatchSize = None,
     batch_tokens: BatchTokens = None,
     profile_docs: Annotated[int, typer.Option(help="Documents in each trial's attention profile.")] = DEFAULT_PROFILE_DOCS,
     bootstrap: Annotated[int, typer.Option(help="Bootstrap resamples for the held-out intervals.")] = 1000,
     revision: Annotated[str | None, typer.Option(help="Hub revision of the model.")] = None,
     trust_remote_code: TrustRemoteCode = False,
-    cache_budget: Annotated[str | None, typer.Option(help="Disk/RAM for cached layer inputs, e.g. 4GB or 0 (none); default: tuner.evaluation.store's budget.")] = None,
+    cache_budget: Annotated[
+        str | None, typer.Option(help="Disk/RAM for cached layer inputs, e.g. 4GB or 0 (none); default: tuner.evaluation.store's budget.")
+    ] = None,
     workers: Annotated[int, typer.Option(help="Local worker processes on this study (each loads the model).")] = 1,
-    worker: Annotated[bool, typer.Option("--worker", help="Only run trials of a study another `tune` coordinates (other machines).")] = False,
-    heartbeat: Annotated[int, typer.Option(help="Seconds between worker heartbeats; a trial silent for 3 is failed and re-run.")] = HEARTBEAT_SECONDS,
+    worker: Annotated[
+        bool, typer.Option("--worker", help="Only run trials of a study another `tune` coordinates (other machines).")
+    ] = False,
+    heartbeat: Annotated[
+        int, typer.Option(help="Seconds between worker heartbeats; a trial silent for 3 is failed and re-run.")
+    ] = HEARTBEAT_SECONDS,
     options: OptionsFile = None,
 ) -> None:
     """Tune one model (the default command): Optuna search, MLflow tracking, exported YAML, registered model.
@@ -212,14 +276,37 @@ def run(
         from tuner.tuning.settings import TuneSettings
 
         settings = TuneSettings(
-            model=model, pooling=pooling, dataset=dataset, heldout=heldout, general=general, max_general_drop=max_general_drop,
-            trials=trials, seed=seed, hm_floor=hm_floor, max_ndcg_drop=parse_limit(max_ndcg_drop, "--max-ndcg-drop", 1, "0.005, half a point of nDCG@10"),
+            model=model,
+            pooling=pooling,
+            dataset=dataset,
+            heldout=heldout,
+            general=general,
+            max_general_drop=max_general_drop,
+            trials=trials,
+            seed=seed,
+            hm_floor=hm_floor,
+            max_ndcg_drop=parse_limit(max_ndcg_drop, "--max-ndcg-drop", 1, "0.005, half a point of nDCG@10"),
             max_crops_psi=parse_limit(max_crops_psi, "--max-crops-psi", math.inf, "1, no less fair than uncalibrated"),
             max_reversal=parse_limit(max_reversal, "--max-reversal", math.inf, "0, the end never favoured where the beginning was"),
-            structures=structures, prune=prune, grid=grid, selection=selection, pareto=pareto, storage=storage, study_name=study_name,
-            tracking_uri=tracking_uri, output=output, batch_size=batch_size, batch_tokens=batch_tokens, profile_docs=profile_docs,
-            bootstrap=bootstrap, trust_remote_code=trust_remote_code, revision=revision,
-            workers=workers, worker=worker, heartbeat=heartbeat, cache_budget=parse_bytes(cache_budget),
+            structures=structures,
+            prune=prune,
+            grid=grid,
+            selection=selection,
+            pareto=pareto,
+            storage=storage,
+            study_name=study_name,
+            tracking_uri=tracking_uri,
+            output=output,
+            batch_size=batch_size,
+            batch_tokens=batch_tokens,
+            profile_docs=profile_docs,
+            bootstrap=bootstrap,
+            trust_remote_code=trust_remote_code,
+            revision=revision,
+            workers=workers,
+            worker=worker,
+            heartbeat=heartbeat,
+            cache_budget=parse_bytes(cache_budget),
             space=_space_from(space),
         )
         _quiet_libraries()
@@ -237,7 +324,12 @@ def evaluate(
     model: Model = "minilm",
     dataset: Dataset = "wikipos-test",
     config: Annotated[list[Path] | None, typer.Option(metavar="YAML", help="Exported YAML config(s) to compare; repeatable.")] = None,
-    calibration: Annotated[list[str] | None, typer.Option(metavar="FIELD=VALUE,...", help="An inline config row, e.g. strength=0.5,layers=last (over the paper default); repeatable.")] = None,
+    calibration: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="FIELD=VALUE,...", help="An inline config row, e.g. strength=0.5,layers=last (over the paper default); repeatable."
+        ),
+    ] = None,
     paper_default: Annotated[bool, typer.Option(help="Add the paper's default config row.")] = True,
     sea: Annotated[bool, typer.Option(help="Add the Segment Embed Average baseline.")] = True,
     general: Annotated[str | None, typer.Option(help="General-retrieval set for the original/shuffled table.")] = "wikipos-general",
@@ -246,7 +338,9 @@ def evaluate(
     seed: Seed = 0,
     batch_size: BatchSize = None,
     markdown: Annotated[Path | None, typer.Option(help="Also write the tables as Markdown here.")] = None,
-    json_output: Annotated[Path | None, typer.Option("--json", help="Also write every figure (0–1 scale, per group and stratum, with counts) as JSON here.")] = None,
+    json_output: Annotated[
+        Path | None, typer.Option("--json", help="Also write every figure (0–1 scale, per group and stratum, with counts) as JSON here.")
+    ] = None,
     trust_remote_code: TrustRemoteCode = False,
     options: OptionsFile = None,
 ) -> None:
@@ -282,9 +376,15 @@ def evaluate(
             exported.check_model(loaded)
             configs.append((f"{path.name} (trial {exported.provenance.trial})", exported.calibration))
         table = run_evaluation(
-            loaded, within_reach(scored, loaded), configs, sea=sea,
-            general=general_set, shuffled=shuffled,
-            n_resamples=bootstrap, seed=seed, batch_size=batch_size,
+            loaded,
+            within_reach(scored, loaded),
+            configs,
+            sea=sea,
+            general=general_set,
+            shuffled=shuffled,
+            n_resamples=bootstrap,
+            seed=seed,
+            batch_size=batch_size,
         )
     render(table, _console())
     if markdown:
@@ -298,8 +398,12 @@ def export(
     study_name: Annotated[str, typer.Option(help="The study to export the winner of.")],
     storage: Storage = None,
     output: Annotated[Path | None, typer.Option(help="Default: mlruns/exports/STUDY.yaml.")] = None,
-    tracking_uri: Annotated[str | None, typer.Option(help="MLflow store to log the export to; default: the one the study logged to.")] = None,
-    trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="Allow the model's own code (restored anyway if the study was tuned with it).")] = False,
+    tracking_uri: Annotated[
+        str | None, typer.Option(help="MLflow store to log the export to; default: the one the study logged to.")
+    ] = None,
+    trust_remote_code: Annotated[
+        bool, typer.Option("--trust-remote-code", help="Allow the model's own code (restored anyway if the study was tuned with it).")
+    ] = False,
     selection: Annotated[str, typer.Option(help="'one-se' or 'lowest' (see `tune run --help`).")] = "one-se",
     trial: Annotated[int | None, typer.Option(min=0, help="Export this trial instead of the winner (as you chose).")] = None,
     options: OptionsFile = None,
@@ -326,7 +430,9 @@ def encode(
     queries: Annotated[bool, typer.Option("--queries", help="Encode as queries (never calibrated).")] = False,
     batch_size: BatchSize = None,
     trust_remote_code: TrustRemoteCode = False,
-    force: Annotated[bool, typer.Option("--force", help="Replace --output even if it is read-only (never the input, a folder or a device).")] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace --output even if it is read-only (never the input, a folder or a device).")
+    ] = False,
 ) -> None:
     """Encode documents (calibrated) or queries (plain) with an exported config.
 
@@ -347,15 +453,23 @@ def encode(
         method = encoder.encode_query if queries else encoder.encode_document
         vectors = method(texts, batch_size=batch_size, show_progress_bar=True)
         _save_atomically(vectors, output, force=force)
-    short = (f"; {encoder.too_short} shorter than one basket ({encoder.config.basket_size} tokens of content), left "
-             "uncalibrated" if encoder.too_short and encoder.config is not None and encoder.config.strength > 0 else "")
-    console.print(f"{len(texts)} {'queries' if queries else 'documents'} → {escape(str(output))} {vectors.shape}"
-                  + (f"; {encoder.truncated} truncated at {encoder.model.max_length} tokens" if encoder.truncated else "") + short)
+    short = (
+        f"; {encoder.too_short} shorter than one basket ({encoder.config.basket_size} tokens of content), left uncalibrated"
+        if encoder.too_short and encoder.config is not None and encoder.config.strength > 0
+        else ""
+    )
+    console.print(
+        f"{len(texts)} {'queries' if queries else 'documents'} → {escape(str(output))} {vectors.shape}"
+        + (f"; {encoder.truncated} truncated at {encoder.model.max_length} tokens" if encoder.truncated else "")
+        + short
+    )
 
 
 @app.command(cls=_Command, short_help="Open the MLflow UI on the project's store.")
 def ui(
-    tracking_uri: Annotated[str | None, typer.Option(help="MLflow store to browse; default: ./mlruns/mlflow.db (the store `tune` writes here).")] = None,
+    tracking_uri: Annotated[
+        str | None, typer.Option(help="MLflow store to browse; default: ./mlruns/mlflow.db (the store `tune` writes here).")
+    ] = None,
     host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = 5000,
 ) -> None:
@@ -371,12 +485,17 @@ def ui(
     uri = tracking_uri or _default_tracking_uri()
     store = local_store(uri)
     if store is not None and not store.exists():
-        console.print(f"[red]error:[/red] no MLflow store at {escape(str(store.resolve()))}: run `tune` here first, change to the folder "
-                      "that holds mlruns/, or pass --tracking-uri sqlite:///PATH/mlruns/mlflow.db")
+        console.print(
+            f"[red]error:[/red] no MLflow store at {escape(str(store.resolve()))}: run `tune` here first, change to the folder "
+            "that holds mlruns/, or pass --tracking-uri sqlite:///PATH/mlruns/mlflow.db"
+        )
         raise typer.Exit(2)
-    console.print(f"MLflow UI: {training_view_url(uri, host, port)}  (this link opens the model-training view; "
-                  "without it a browser opens the view it last used, GenAI at first: switch with the sidebar's "
-                  "GenAI / Model training toggle)", markup=False)
+    console.print(
+        f"MLflow UI: {training_view_url(uri, host, port)}  (this link opens the model-training view; "
+        "without it a browser opens the view it last used, GenAI at first: switch with the sidebar's "
+        "GenAI / Model training toggle)",
+        markup=False,
+    )
     console.print(f"store: {describe_store(uri)}", markup=False)
     raise typer.Exit(serve_ui(ui_command(uri, host, port)))
 
@@ -446,8 +565,10 @@ class _friendly_errors:
             from tuner.tuning.study import Terminated
 
             terminated = isinstance(error, Terminated)
-            console.print(f"[red]stopped early:[/red] {'terminated by SIGTERM' if terminated else 'interrupted'} before "
-                          "any trial ran here; nothing exported. Run the same command again to start or resume")
+            console.print(
+                f"[red]stopped early:[/red] {'terminated by SIGTERM' if terminated else 'interrupted'} before "
+                "any trial ran here; nothing exported. Run the same command again to start or resume"
+            )
             raise typer.Exit(143 if terminated else 130)
         if isinstance(error, (ValueError, FileNotFoundError, PermissionError, IsADirectoryError)):
             console.print(f"[red]error:[/red] {escape(str(error))}")
@@ -503,8 +624,14 @@ def _print_outcome(outcome: TuneOutcome) -> None:
         tuning.add_column(column, justify="right" if column else "left")
     for row in outcome.rows:
         r = row.tuning
-        tuning.add_row(row.label, *(f"{100 * r.group_ndcg10[g]:.2f}" for g in groups), f"{100 * r.hm:.2f}",
-                       f"{r.psi:.3f}", f"{100 * r.ndcg10:.2f}", f"{100 * r.recall10:.2f}")
+        tuning.add_row(
+            row.label,
+            *(f"{100 * r.group_ndcg10[g]:.2f}" for g in groups),
+            f"{100 * r.hm:.2f}",
+            f"{r.psi:.3f}",
+            f"{100 * r.ndcg10:.2f}",
+            f"{100 * r.recall10:.2f}",
+        )
     out.print(tuning)
     for name in outcome.rows[0].heldout:
         held = Table(title=f"held out, {name}: Δ vs no calibration, 95% paired-bootstrap intervals")
@@ -512,21 +639,31 @@ def _print_outcome(outcome: TuneOutcome) -> None:
             held.add_column(column, justify="right" if column else "left")
         for row in outcome.rows:
             r, d = row.heldout[name].report, row.heldout[name].delta
-            held.add_row(row.label, f"{100 * r.hm:.2f}", f"{r.psi:.3f}", f"{100 * r.ndcg10:.2f}",
-                         d.hm.format() if d and d.hm else "–", d.psi.format(scale=1, digits=3) if d and d.psi else "–",
-                         d.ndcg10.format() if d else "–")
+            held.add_row(
+                row.label,
+                f"{100 * r.hm:.2f}",
+                f"{r.psi:.3f}",
+                f"{100 * r.ndcg10:.2f}",
+                d.hm.format() if d and d.hm else "–",
+                d.psi.format(scale=1, digits=3) if d and d.psi else "–",
+                d.ndcg10.format() if d else "–",
+            )
         out.print(held)
     winner = outcome.config
-    console.print(f"winner: trial {outcome.winner_trial}: {winner.variant}, λ {winner.strength}, layers {winner.layers}, "
-                  f"basket {winner.basket_size}" + (f", w {winner.weight}" if winner.variant == "cls_hard" else ""))
+    console.print(
+        f"winner: trial {outcome.winner_trial}: {winner.variant}, λ {winner.strength}, layers {winner.layers}, "
+        f"basket {winner.basket_size}" + (f", w {winner.weight}" if winner.variant == "cls_hard" else "")
+    )
     console.print(f"chosen by the {outcome.selection.rule} rule: {outcome.selection.describe()}", markup=False)
     if outcome.pareto:
         console.print(f"feasible Pareto front (PSI↓, HM↑): trials {outcome.pareto}")
     console.print(f"exported config: [bold]{escape(str(outcome.export_path))}[/bold]")
     console.print(f"MLflow: {outcome.tracking_uri}  (browse with `tune ui`)", markup=False)
     if outcome.registered:
-        console.print(f"registered model: {outcome.registered}  (mlflow.pyfunc.load_model or `mlflow models serve -m ... "
-                      "--env-manager local`)", markup=False)
+        console.print(
+            f"registered model: {outcome.registered}  (mlflow.pyfunc.load_model or `mlflow models serve -m ... --env-manager local`)",
+            markup=False,
+        )
 
 
 if __name__ == "__main__":

@@ -56,12 +56,23 @@ def check_replaceable(path: Path, flag: str = "output", *, force: bool = False) 
     except FileNotFoundError:
         return
     if not stat.S_ISREG(mode):
-        kind = ("a character device" if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode)
-                else "a named pipe" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+        kind = (
+            "a character device"
+            if stat.S_ISCHR(mode)
+            else "a block device"
+            if stat.S_ISBLK(mode)
+            else "a named pipe"
+            if stat.S_ISFIFO(mode)
+            else "a socket"
+            if stat.S_ISSOCK(mode)
+            else "not a regular file"
+        )
         raise ValueError(f"{flag} {path} is {kind}, not a file posfair may replace; give the name of a regular file")
     if not force and not os.access(path, os.W_OK):
-        raise ValueError(f"{flag} {path} exists and is read-only; "
-                         + ("pass --force to replace it, or choose another name" if flag == "--output" else "make it writable or choose another name"))
+        raise ValueError(
+            f"{flag} {path} exists and is read-only; "
+            + ("pass --force to replace it, or choose another name" if flag == "--output" else "make it writable or choose another name")
+        )
 
 
 def temporary_beside(path: Path, suffix: str = TEMPORARY_SUFFIX) -> Path:

@@ -47,7 +47,7 @@ def parse_bytes(text: str | None) -> int | None:
         return None
     units = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
     number = text.strip().lower().rstrip("abcdefghijklmnopqrstuvwxyz")
-    unit = text.strip().lower()[len(number):]
+    unit = text.strip().lower()[len(number) :]
     try:
         value = float(number) * units[unit]
     except (ValueError, KeyError):

@@ -35,7 +35,6 @@ def named_constraints(trial: FrozenTrial) -> dict[str, float]:
     return {name: value for name, value in trial.constraints.items() if not name.isdigit()}
 
 
-
 def counted(trial: FrozenTrial) -> bool:
     """Whether a trial counts towards `--trials`: running, complete (not a repeat) or pruned between rungs."""
     if trial.state in (TrialState.RUNNING, TrialState.COMPLETE):

@@ -4,6 +4,13 @@ from tuner.data.dataset import DatasetUnavailableError, PositionalDataset, requi
 from tuner.data.registry import check_available, is_crops, known_benchmarks, load_benchmark, load_crops, load_structures
 
 __all__ = [
-    "DatasetUnavailableError", "PositionalDataset", "check_available", "is_crops", "known_benchmarks", "load_benchmark", "load_crops", "load_structures",
+    "DatasetUnavailableError",
+    "PositionalDataset",
+    "check_available",
+    "is_crops",
+    "known_benchmarks",
+    "load_benchmark",
+    "load_crops",
+    "load_structures",
     "require_position_groups",
 ]

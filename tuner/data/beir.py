@@ -20,9 +20,7 @@ from tuner.data.dataset import PositionalDataset
 from tuner.data.jsonl import field, read_jsonl, read_qrels_tsv, require_file
 
 
-def load_beir(
-    path: str | Path, *, split: str = "test", include_title: bool = True, name: str | None = None
-) -> PositionalDataset:
+def load_beir(path: str | Path, *, split: str = "test", include_title: bool = True, name: str | None = None) -> PositionalDataset:
     """Load a BEIR-format folder as a general-retrieval dataset named `beir:<folder name>`."""
     folder = Path(path)
     if not folder.is_dir():
@@ -42,10 +40,7 @@ def load_beir(
         corpus[doc_id] = f"{title} {body}" if include_title and title else body
 
     qrels = {qid: judged for qid, judged in read_qrels_tsv(qrels_path).items() if any(r > 0 for r in judged.values())}
-    all_queries = {
-        str(field(r, "_id", queries_path, n)): str(field(r, "text", queries_path, n))
-        for n, r in read_jsonl(queries_path)
-    }
+    all_queries = {str(field(r, "_id", queries_path, n)): str(field(r, "text", queries_path, n)) for n, r in read_jsonl(queries_path)}
     missing = [qid for qid in qrels if qid not in all_queries]
     if missing:
         raise ValueError(f"{qrels_path} judges queries missing from {queries_path}: {missing[:5]!r}")

@@ -103,14 +103,12 @@ class PositionalDataset:
             judged = self.qrels.get(qid)
             if not judged or not any(rel > 0 for rel in judged.values()):
                 raise ValueError(
-                    f"{where}: query {qid!r} has no relevant document in qrels; "
-                    "add a judgement with relevance > 0 for it or drop the query"
+                    f"{where}: query {qid!r} has no relevant document in qrels; add a judgement with relevance > 0 for it or drop the query"
                 )
         for qid, judged in self.qrels.items():
             if qid not in self.queries:
                 raise ValueError(
-                    f"{where}: qrels judge query {qid!r}, which is not among the queries; "
-                    "add the query text or drop its judgements"
+                    f"{where}: qrels judge query {qid!r}, which is not among the queries; add the query text or drop its judgements"
                 )
             for doc_id in judged:
                 if doc_id not in self.corpus:
@@ -193,10 +191,14 @@ def require_position_groups(dataset: PositionalDataset, flag: str) -> None:
         _require_full_strata(dataset, flag, filled)
         return
     if not filled:
-        raise ValueError(f"{flag} {dataset.name}: no query has a position group, so PSI cannot be computed; give each "
-                         "query a 'group' (e.g. begin/middle/end) or a 'span', or use the set as --general")
-    raise ValueError(f"{flag} {dataset.name}: every query is in the one position group {filled[0]!r}, so PSI would be 0 "
-                     "for every config; label queries by where their answer sits (at least two groups, e.g. begin/middle/end)")
+        raise ValueError(
+            f"{flag} {dataset.name}: no query has a position group, so PSI cannot be computed; give each "
+            "query a 'group' (e.g. begin/middle/end) or a 'span', or use the set as --general"
+        )
+    raise ValueError(
+        f"{flag} {dataset.name}: every query is in the one position group {filled[0]!r}, so PSI would be 0 "
+        "for every config; label queries by where their answer sits (at least two groups, e.g. begin/middle/end)"
+    )
 
 
 def _require_full_strata(dataset: PositionalDataset, flag: str, groups: list[str]) -> None:
@@ -209,8 +211,11 @@ def _require_full_strata(dataset: PositionalDataset, flag: str, groups: list[str
     for stratum, cell in counts.items():
         if min(cell.values()) < MIN_STRATUM_QUERIES:
             first, *rest = cell.items()
-            spread = ", ".join([f"{first[1]} {'query' if first[1] == 1 else 'queries'} in group {first[0]!r}",
-                                *(f"{n} in {g!r}" for g, n in rest)])
-            raise ValueError(f"{flag} {dataset.name}: stratum {stratum!r} has {spread}; HM and PSI weigh every stratum alike, "
-                             f"so each needs at least {MIN_STRATUM_QUERIES} per group: merge it into a neighbouring stratum "
-                             "or drop its queries' 'stratum'")
+            spread = ", ".join(
+                [f"{first[1]} {'query' if first[1] == 1 else 'queries'} in group {first[0]!r}", *(f"{n} in {g!r}" for g, n in rest)]
+            )
+            raise ValueError(
+                f"{flag} {dataset.name}: stratum {stratum!r} has {spread}; HM and PSI weigh every stratum alike, "
+                f"so each needs at least {MIN_STRATUM_QUERIES} per group: merge it into a neighbouring stratum "
+                "or drop its queries' 'stratum'"
+            )

@@ -171,9 +171,7 @@ def read_rows(source: str | Path | None, cache_dir: str | None) -> datasets.Data
         return read_local(Path(source), cache_dir)
     if source is None or str(source) == HUB_ID:
         return read_hub(HUB_ID, cache_dir)
-    raise FileNotFoundError(
-        f"FineWeb-PosQ source {source} does not exist; pass a local file or folder, or no source for the Hub"
-    )
+    raise FileNotFoundError(f"FineWeb-PosQ source {source} does not exist; pass a local file or folder, or no source for the Hub")
 
 
 def read_local(path: Path, cache_dir: str | None) -> datasets.Dataset:

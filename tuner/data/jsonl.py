@@ -107,8 +107,9 @@ def parse_json_line(line: str, path: Path, number: int) -> Any:
     except json.JSONDecodeError as error:
         raise ValueError(f"{path}:{number}: not valid JSON ({error.msg}); write one JSON object per line") from error
     except _NotJsonNumber as error:
-        raise ValueError(f"{path}:{number}: {error} is not a JSON number (Python's json writes it for nan or inf); "
-                         "write a number") from None
+        raise ValueError(
+            f"{path}:{number}: {error} is not a JSON number (Python's json writes it for nan or inf); write a number"
+        ) from None
     if "\\ud" in line.lower():  # only an escape can make a lone surrogate: UTF-8 cannot hold one
         _no_lone_surrogates(record, path, number)
     return record
@@ -126,8 +127,10 @@ def _no_lone_surrogates(record: Any, path: Path, number: int) -> None:
             pending.extend((key, v) for v in value)
         elif isinstance(value, str) and (found := next((c for c in value if "\ud800" <= c <= "\udfff"), None)):
             where = f"'{key}' holds" if key else "a string holds"
-            raise ValueError(f"{path}:{number}: {owner}{where} a lone surrogate (U+{ord(found):04X}, from a \\u escape "
-                             "without its pair), which is not text; fix the escape or remove it")
+            raise ValueError(
+                f"{path}:{number}: {owner}{where} a lone surrogate (U+{ord(found):04X}, from a \\u escape "
+                "without its pair), which is not text; fix the escape or remove it"
+            )
 
 
 def read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -166,8 +169,10 @@ def text_field(record: dict[str, Any], path: Path, line: int) -> str:
 def unique(kind: str, key: str, lines: dict[str, int], path: Path, line: int) -> None:
     """A second record with an id already seen (as text: 1 and "1" are one id) names both lines."""
     if key in lines:
-        raise ValueError(f"{path}:{line}: {kind} id {shown(key)} appears twice (first on line {lines[key]}; 1 and \"1\" "
-                         f"count as one id); {kind} ids must be unique")
+        raise ValueError(
+            f'{path}:{line}: {kind} id {shown(key)} appears twice (first on line {lines[key]}; 1 and "1" '
+            f"count as one id); {kind} ids must be unique"
+        )
 
 
 def grade(value: Any, where: str) -> int:
@@ -186,9 +191,7 @@ def read_qrels_tsv(path: Path) -> dict[str, dict[str, int]]:
             continue
         parts = [part.strip() for part in line.split("\t")]
         if len(parts) != 3:
-            raise ValueError(
-                f"{path}:{number}: expected 3 tab-separated columns query-id, doc-id, relevance; got {len(parts)}"
-            )
+            raise ValueError(f"{path}:{number}: expected 3 tab-separated columns query-id, doc-id, relevance; got {len(parts)}")
         qid, doc_id, rel = parts
         try:
             number_read = float(rel)
@@ -228,8 +231,10 @@ def check_labels(groups: dict[str, tuple[str, ...]], lines: dict[str, int], path
     for label in seen:
         key = " ".join(label.split()).casefold()
         if key in folded:
-            raise ValueError(f"{path}:{where[label]}: group {shown(label)} differs from {shown(folded[key])} only in case "
-                             "or spaces; write one label the same way everywhere")
+            raise ValueError(
+                f"{path}:{where[label]}: group {shown(label)} differs from {shown(folded[key])} only in case "
+                "or spaces; write one label the same way everywhere"
+            )
         folded[key] = label
 
 
@@ -296,8 +301,7 @@ def load_jsonl(
             if not (isinstance(span, list) and len(span) == 2 and all(isinstance(x, int) for x in span)):
                 raise ValueError(f"{queries_path}:{line}: 'span' must be [start, end] character offsets, got {shown(span)}")
             if span[1] < span[0]:
-                raise ValueError(f"{queries_path}:{line}: span {span} ends before it starts; write it as [start, end] "
-                                 "with start <= end")
+                raise ValueError(f"{queries_path}:{line}: span {span} ends before it starts; write it as [start, end] with start <= end")
             spans[qid] = (span[0], span[1], line)
 
     qrels_path = find_file(folder, qrels_file)
@@ -316,8 +320,10 @@ def load_jsonl(
             )
         document = corpus.get(relevant[0])
         if document == "":
-            raise ValueError(f"{queries_path}:{line}: query {qid!r} has a span in document {relevant[0]!r}, which is empty; "
-                             "give the document its text, or the query a 'group' instead of a span")
+            raise ValueError(
+                f"{queries_path}:{line}: query {qid!r} has a span in document {relevant[0]!r}, which is empty; "
+                "give the document its text, or the query a 'group' instead of a span"
+            )
         if document is not None:  # a missing document is reported by the dataset itself
             if not 0 <= start <= end <= len(document):
                 raise ValueError(

@@ -113,9 +113,7 @@ def _read_qrels(path: Path, layout: PosIRLayout) -> dict[str, dict[str, int]]:
     return qrels
 
 
-def load_posir(
-    path: str | Path, *, layout: PosIRLayout | None = None, name: str | None = None, **overrides: Any
-) -> PositionalDataset:
+def load_posir(path: str | Path, *, layout: PosIRLayout | None = None, name: str | None = None, **overrides: Any) -> PositionalDataset:
     """Load one PosIR dataset folder; `overrides` replace `PosIRLayout` fields (file and column names)."""
     known = {f.name for f in dataclasses.fields(PosIRLayout)}
     unknown = sorted(set(overrides) - known)
@@ -173,9 +171,7 @@ def load_posir(
     )
 
 
-def comparable_positions(
-    placed: dict[str, tuple[str, str]], where: Path | str
-) -> tuple[dict[str, tuple[str, ...]], dict[str, str]]:
+def comparable_positions(placed: dict[str, tuple[str, str]], where: Path | str) -> tuple[dict[str, tuple[str, ...]], dict[str, str]]:
     """Groups (thirds) and strata (quartiles) of the placed queries whose quartile covers all three thirds."""
     thirds_of: dict[str, set[str]] = {}
     for quartile, third in placed.values():

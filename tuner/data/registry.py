@@ -95,7 +95,9 @@ def length_halves(dataset: PositionalDataset) -> list[PositionalDataset]:
     median = lengths[len(lengths) // 2]
     shorter = [q for q in dataset.queries if min(len(dataset.corpus[d]) for d in dataset.qrels[q]) < median]
     longer = [q for q in dataset.queries if q not in set(shorter)]
-    halves = [dataset.subset(shorter, f"{dataset.name}-shorter"), dataset.subset(longer, f"{dataset.name}-longer")] if shorter and longer else []
+    halves = (
+        [dataset.subset(shorter, f"{dataset.name}-shorter"), dataset.subset(longer, f"{dataset.name}-longer")] if shorter and longer else []
+    )
     return halves if all(sum(n > 0 for n in h.group_sizes().values()) >= 2 for h in halves) else []
 
 

@@ -26,7 +26,7 @@ def read_texts(path: Path) -> list[str]:
     'text' is an error. Plain text is split on "\n" only (`lines_of`), and a blank line is refused, never
     dropped: row k of the output is line k. In JSON Lines a blank line is no record and is skipped."""
     if path.is_dir():
-        raise ValueError(f"--input {path} is a folder; give a .jsonl file ({{\"text\": ...}} per line) or a .txt file")
+        raise ValueError(f'--input {path} is a folder; give a .jsonl file ({{"text": ...}} per line) or a .txt file')
     if not path.is_file():
         raise FileNotFoundError(f"--input {path}: no such file")
     lines = lines_of(read_text(path))
@@ -36,8 +36,10 @@ def read_texts(path: Path) -> list[str]:
     for number, line in enumerate(lines, 1):
         if not is_jsonl(path):
             if not line.strip():
-                raise ValueError(f"{path}:{number}: a blank line; each line is one text (row {number} of the output), so "
-                                 "remove it, or write JSON Lines ({\"text\": \"\"}) to encode an empty text on purpose")
+                raise ValueError(
+                    f"{path}:{number}: a blank line; each line is one text (row {number} of the output), so "
+                    'remove it, or write JSON Lines ({"text": ""}) to encode an empty text on purpose'
+                )
             texts.append(line)
             continue
         if not line.strip():

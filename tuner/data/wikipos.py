@@ -42,15 +42,18 @@ from tuner.data.dataset import FIFTHS, SLOT_THIRDS, THIRDS, PositionalDataset, s
 SPLITS: tuple[str, ...] = ("dev", "test", "general", "sentences", "mixed", "lengths")
 TRANSFER_SPLITS: tuple[str, ...] = ("sentences", "mixed", "lengths")
 GROUP_ORDER: dict[str, tuple[str, ...]] = {
-    "dev": THIRDS, "test": THIRDS, "general": (), "sentences": FIFTHS, "mixed": SLOT_THIRDS, "lengths": THIRDS,
+    "dev": THIRDS,
+    "test": THIRDS,
+    "general": (),
+    "sentences": FIFTHS,
+    "mixed": SLOT_THIRDS,
+    "lengths": THIRDS,
 }
 SEGMENT_SEPARATOR = "\n\n"
 """Between a passage's summaries, as the builder joins them (a crop joins its window the same way)."""
 MIN_SENTENCE_WORDS = 6
 # A period after one of these (or after a single letter, an initial) does not end a sentence.
-ABBREVIATIONS = frozenset(
-    "c ca cf st mt dr mr mrs ms jr sr vs no nos gen col lt ft fr rev prof approx est fl b d u.s e.g i.e etc".split()
-)
+ABBREVIATIONS = frozenset("c ca cf st mt dr mr mrs ms jr sr vs no nos gen col lt ft fr rev prof approx est fl b d u.s e.g i.e etc".split())
 OPENINGS_CHARACTERS = 1800
 """A re-packed passage of opening sentences holds at most this many characters (~450 MiniLM tokens)."""
 OPENINGS_MIN_SEGMENTS = 6
@@ -71,9 +74,7 @@ def read_records(data: bytes) -> Iterator[dict[str, Any]]:
             yield json.loads(line)
 
 
-def dataset_from_records(
-    name: str, records: Iterator[dict[str, Any]], group_order: tuple[str, ...] = THIRDS
-) -> PositionalDataset:
+def dataset_from_records(name: str, records: Iterator[dict[str, Any]], group_order: tuple[str, ...] = THIRDS) -> PositionalDataset:
     """Assemble a dataset from WikiPos records: each query is relevant to the document holding its segment."""
     corpus: dict[str, str] = {}
     queries: dict[str, str] = {}
@@ -118,7 +119,7 @@ def crop_records(records: Iterator[dict[str, Any]], seed: int = 0) -> Iterator[d
             continue
         size = rng.randint(2, len(segments) - 1)
         start = rng.randint(0, len(segments) - size)
-        window = segments[start:start + size]
+        window = segments[start : start + size]
         texts = [record["text"][a:b] for a, b in (segment["span"] for segment in window)]
         text = SEGMENT_SEPARATOR.join(texts)
         cropped, offset = [], 0
@@ -164,7 +165,8 @@ def openings_records(records: Iterator[dict[str, Any]], seed: int = 0) -> Iterat
         for segment in record["segments"]:
             a, b = segment["span"]
             by_topic.setdefault(record.get("topic", ""), []).append(
-                {**segment, "text": opening_sentence(record["text"][a:b]), "source": record["id"]})
+                {**segment, "text": opening_sentence(record["text"][a:b]), "source": record["id"]}
+            )
     number = 0
     for topic in sorted(by_topic):
         pool = by_topic[topic]

@@ -61,8 +61,7 @@ class Batches:
             if max_tokens is not None:  # the first text is the batch's longest: it sets the padded length
                 size = min(size, max(1, max_tokens // min(lengths[order[start]], max_length)))
             index = order[start : start + size]
-            batch = tokenizer([texts[i] for i in index], padding=True, truncation=True, max_length=max_length,
-                              return_tensors="pt")
+            batch = tokenizer([texts[i] for i in index], padding=True, truncation=True, max_length=max_length, return_tensors="pt")
             inputs.append(dict(batch))
             rows.append(index)
             start += size
@@ -213,9 +212,17 @@ class CalibratedEncoder:
         """Queries: never calibrated; `prompt` defaults to the model's query prompt (e.g. Qwen3-Embedding's
         instruction). The other keywords are `encode`'s."""
         prompt = self.model.spec.query_prompt if prompt is None else prompt
-        return self._encode(sentences, calibrate=False, prompt=prompt, batch_size=batch_size, show_progress_bar=show_progress_bar,
-                            convert_to_numpy=convert_to_numpy, convert_to_tensor=convert_to_tensor,
-                            normalize_embeddings=normalize_embeddings, batch_tokens=batch_tokens)
+        return self._encode(
+            sentences,
+            calibrate=False,
+            prompt=prompt,
+            batch_size=batch_size,
+            show_progress_bar=show_progress_bar,
+            convert_to_numpy=convert_to_numpy,
+            convert_to_tensor=convert_to_tensor,
+            normalize_embeddings=normalize_embeddings,
+            batch_tokens=batch_tokens,
+        )
 
     def encode_document(
         self,
@@ -241,9 +248,18 @@ class CalibratedEncoder:
           False returns the pooled vectors as they are;
         - `batch_tokens`: at most this many padded tokens per forward pass (long passages).
         """
-        return self._encode(sentences, calibrate=True, prompt=prompt or "", batch_size=batch_size, show_progress_bar=show_progress_bar,
-                            convert_to_numpy=convert_to_numpy, convert_to_tensor=convert_to_tensor,
-                            normalize_embeddings=normalize_embeddings, batch_tokens=batch_tokens, observer=observer)
+        return self._encode(
+            sentences,
+            calibrate=True,
+            prompt=prompt or "",
+            batch_size=batch_size,
+            show_progress_bar=show_progress_bar,
+            convert_to_numpy=convert_to_numpy,
+            convert_to_tensor=convert_to_tensor,
+            normalize_embeddings=normalize_embeddings,
+            batch_tokens=batch_tokens,
+            observer=observer,
+        )
 
     encode = encode_document
 
@@ -270,8 +286,15 @@ class CalibratedEncoder:
         self.truncated = batches.truncated
         ran: list[int] = []
         self.too_short = too_short(batches, self.spec) if calibrate and self.spec is not None else 0
-        vectors = forward(self.model, batches, self.spec if calibrate else None, observer=observer,
-                          show_progress=show_progress_bar, normalize=normalize_embeddings, ran=ran)
+        vectors = forward(
+            self.model,
+            batches,
+            self.spec if calibrate else None,
+            observer=observer,
+            show_progress=show_progress_bar,
+            normalize=normalize_embeddings,
+            ran=ran,
+        )
         self.layer_tokens = batches.layer_tokens(ran, self.model.num_layers)
         result = vectors[0] if single else vectors
         if convert_to_tensor:
@@ -283,8 +306,7 @@ class CalibratedEncoder:
 
 def too_short(batches: Batches, spec: ResolvedCalibration) -> int:
     """Texts whose content (real tokens less the isolated ones) fills no basket: calibration leaves them as they are."""
-    return sum(int((~fills_a_basket(b["attention_mask"].sum(-1), spec.basket_size, len(spec.policies))).sum())
-               for b in batches.inputs)
+    return sum(int((~fills_a_basket(b["attention_mask"].sum(-1), spec.basket_size, len(spec.policies))).sum()) for b in batches.inputs)
 
 
 BatchScope = Callable[[int], AbstractContextManager[object]]  # batch index → what to hold open around its forward

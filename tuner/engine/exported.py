@@ -74,7 +74,7 @@ class Provenance(_Strict):
     structures: dict[str, dict[str, float]] = Field(
         default_factory=dict,
         description="tuning structure → the winner's psi, psi_se, hm, ndcg10_delta and, where positions are known, tilt and "
-                    "reversal (> 0: the end favoured where the beginning was): why it won (objectives.robustness)",
+        "reversal (> 0: the end favoured where the beginning was): why it won (objectives.robustness)",
     )
     layer_tokens: int | None = Field(None, description="what the study's trials cost: padded tokens × layers run")
     mlflow_run_id: str | None = Field(None, description="the study's parent run in MLflow")
@@ -183,8 +183,9 @@ def git_commit() -> str | None:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=source, capture_output=True, text=True, timeout=5)
         if commit.returncode != 0:
             return None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "."], cwd=source,
-                               capture_output=True, text=True, timeout=5).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no", "."], cwd=source, capture_output=True, text=True, timeout=5
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
     return commit.stdout.strip() + (" (modified)" if dirty else "")

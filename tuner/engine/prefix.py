@@ -124,8 +124,9 @@ class LayerStack:
     def resumable(self, wanted: Sequence[int]) -> list[int]:
         """The wanted layers from which a resumed pass reproduces the full forward on a probe batch."""
         tokenizer = self.loaded.tokenizer
-        batch = tokenizer(list(PROBE_TEXTS), padding=True, truncation=True, max_length=self.loaded.max_length,
-                          return_tensors="pt").to(self.loaded.device)
+        batch = tokenizer(list(PROBE_TEXTS), padding=True, truncation=True, max_length=self.loaded.max_length, return_tensors="pt").to(
+            self.loaded.device
+        )
         recorded: dict[int, torch.Tensor] = {}
         model = self.loaded.model
         good = []
@@ -145,9 +146,12 @@ class LayerStack:
                 elif resumed.shape == full.shape and torch.equal(resumed, full):
                     good.append(layer)
                 else:
-                    log.warning("layer %d: a pass resumed there on %s does not reproduce the full forward bit for bit, so "
-                                "its inputs are not cached: trials calibrating from it run the full forward (slower)",
-                                layer, self.loaded.device)
+                    log.warning(
+                        "layer %d: a pass resumed there on %s does not reproduce the full forward bit for bit, so "
+                        "its inputs are not cached: trials calibrating from it run the full forward (slower)",
+                        layer,
+                        self.loaded.device,
+                    )
         return good
 
 

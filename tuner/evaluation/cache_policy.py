@@ -142,18 +142,27 @@ class CachePolicy:
             # one folder per dataset content: a changed or shuffled copy never evicts the original's entries
             folder = self.cache_dir / slug(model.spec.source) / f"{slug(dataset.name)}-{fingerprint[:12]}"
         else:
-            self._temporary = tempfile.TemporaryDirectory(prefix=f"posfair-layer-inputs-{os.getpid()}-")  # tuner.common.scratch cleans it if killed
+            self._temporary = tempfile.TemporaryDirectory(
+                prefix=f"posfair-layer-inputs-{os.getpid()}-"
+            )  # tuner.common.scratch cleans it if killed
             folder = Path(self._temporary.name)
         self.disk = DiskCache(folder)
         doc_ids, query_ids = list(dataset.corpus), list(dataset.queries)
-        base = {"engine": engine_identity(), "model": model_identity(model),
-                "dataset": {"name": dataset.name, "fingerprint": fingerprint}, "batch_size": batch_size,
-                **({"batch_tokens": batch_tokens} if batch_tokens is not None else {})}
+        base = {
+            "engine": engine_identity(),
+            "model": model_identity(model),
+            "dataset": {"name": dataset.name, "fingerprint": fingerprint},
+            "batch_size": batch_size,
+            **({"batch_tokens": batch_tokens} if batch_tokens is not None else {}),
+        }
         prompt = model.spec.query_prompt
-        self._query_key = {**base, "kind": "queries", "prompt": prompt,
-                           "texts": texts_digest(query_ids, [dataset.queries[q] for q in query_ids])}
-        self._document_key = {**base, "kind": "documents",
-                              "texts": texts_digest(doc_ids, [dataset.corpus[d] for d in doc_ids])}
+        self._query_key = {
+            **base,
+            "kind": "queries",
+            "prompt": prompt,
+            "texts": texts_digest(query_ids, [dataset.queries[q] for q in query_ids]),
+        }
+        self._document_key = {**base, "kind": "documents", "texts": texts_digest(doc_ids, [dataset.corpus[d] for d in doc_ids])}
 
     # --------------------------------------------------------------------------- vectors on disk
 
@@ -187,9 +196,15 @@ class CachePolicy:
 
     def _calibrated_entry(self, spec: ResolvedCalibration) -> tuple[str, dict]:
         """The entry's file name and key: everything that makes two calibrations alike, and the documents'."""
-        calibration = {"layers": sorted(spec.layers), "strength": spec.strength, "basket_size": spec.basket_size,
-                       "weight": spec.weight, "pooling": spec.pooling, "policies": [list(p) for p in spec.policies],
-                       "basket_shares": spec.basket_shares}
+        calibration = {
+            "layers": sorted(spec.layers),
+            "strength": spec.strength,
+            "basket_size": spec.basket_size,
+            "weight": spec.weight,
+            "pooling": spec.pooling,
+            "policies": [list(p) for p in spec.policies],
+            "basket_shares": spec.basket_shares,
+        }
         digest = hashlib.sha256(json.dumps(calibration, sort_keys=True).encode()).hexdigest()[:16]
         return f"calibrated-{digest}", {**self._document_key, "calibration": calibration}
 
@@ -222,12 +237,16 @@ class CachePolicy:
             log.warning("%s: %s; every trial runs the full forward pass", self.model.spec.alias, error)
             return
         hidden = int(self.model.model.config.hidden_size)
-        self.store = LayerInputStore(self.disk, self._document_key, batches.shapes, hidden, self.model.model.dtype,
-                                     self.ram_limit)
+        self.store = LayerInputStore(self.disk, self._document_key, batches.shapes, hidden, self.model.model.dtype, self.ram_limit)
         chosen = self.store.budget_layers(self.prefix_layers, self.cache_budget)
         if len(chosen) < len(self.prefix_layers):
-            log.info("cache budget holds %d of %d layer inputs (%.0f MiB each): caching layers %s",
-                     len(chosen), len(self.prefix_layers), self.store.layer_bytes / 2**20, list(chosen))
+            log.info(
+                "cache budget holds %d of %d layer inputs (%.0f MiB each): caching layers %s",
+                len(chosen),
+                len(self.prefix_layers),
+                self.store.layer_bytes / 2**20,
+                list(chosen),
+            )
         chosen = self.stack.resumable(chosen) if chosen else []
         for layer in chosen:
             if self.store.load(layer) is not None:

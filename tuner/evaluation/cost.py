@@ -126,28 +126,37 @@ class StudyCost:
             + f"; one encode ≈ {duration(self.seconds(self.corpus_tokens))}",
             f"one trial ≈ {duration(self.trial_seconds)}; this study ({trials} trials, with the baseline and the final "
             f"scoring) ≈ {duration(self.study_seconds(trials))}"
-            + (f"; the default {default_trials} trials ≈ {duration(self.study_seconds(default_trials))}"
-               if trials != default_trials else ""),
+            + (
+                f"; the default {default_trials} trials ≈ {duration(self.study_seconds(default_trials))}"
+                if trials != default_trials
+                else ""
+            ),
         ]
         full = self.layers * (self.once_tokens + self.corpus_tokens + trials * (self.corpus_tokens + self.per_trial_tokens))
         if self.screen_tokens:
             # the references (2 trials) always run every rung; a pruned trial can stop after the screen
             full += self.layers * trials * self.screen_tokens
             floor = full - self.layers * max(trials - 2, 0) * (self.corpus_tokens + self.per_trial_tokens)
-            lines.append(f"layer-tokens (padded tokens × layers, resumed passes cost less): unpruned ≤ {full:,}; "
-                         f"pruned ≥ {floor:,} (every trial but the references stopped after the pooled screen of "
-                         f"≈ {self.screen_tokens:,} tokens; ≈ {duration(self.seconds(floor / self.layers))})")
+            lines.append(
+                f"layer-tokens (padded tokens × layers, resumed passes cost less): unpruned ≤ {full:,}; "
+                f"pruned ≥ {floor:,} (every trial but the references stopped after the pooled screen of "
+                f"≈ {self.screen_tokens:,} tokens; ≈ {duration(self.seconds(floor / self.layers))})"
+            )
         elif self.structure_tokens:
             # the references (2 trials) always run every rung; a pruned trial stops after the tuning split
             floor = full - self.layers * max(trials - 2, 0) * self.structure_tokens
-            lines.append(f"layer-tokens (padded tokens × layers, resumed passes cost less): unpruned ≤ {full:,}; "
-                         f"pruned ≥ {floor:,} (every trial but the references stopped after the tuning split; "
-                         f"≈ {duration(self.seconds(floor / self.layers))})")
+            lines.append(
+                f"layer-tokens (padded tokens × layers, resumed passes cost less): unpruned ≤ {full:,}; "
+                f"pruned ≥ {floor:,} (every trial but the references stopped after the tuning split; "
+                f"≈ {duration(self.seconds(floor / self.layers))})"
+            )
         else:
             lines.append(f"layer-tokens (padded tokens × layers, resumed passes cost less): ≤ {full:,}")
         if self.study_seconds(trials) > SLOW_STUDY_SECONDS:
-            lines.append(f"that is long on {p.device}: stop now (Ctrl-C; the same command resumes) and run it on a GPU, "
-                         "with fewer --trials, or on --dataset wikipos-dev")
+            lines.append(
+                f"that is long on {p.device}: stop now (Ctrl-C; the same command resumes) and run it on a GPU, "
+                "with fewer --trials, or on --dataset wikipos-dev"
+            )
         return lines
 
 

@@ -88,9 +88,14 @@ class Evaluator:
         self.dataset = dataset
         self.batch_size, self.batch_tokens = choose_batching(model, batch_size, batch_tokens)
         if batch_tokens is None and self.batch_tokens is not None:
-            log.info("batches of up to %d tokens (%d passages of %s's %d), chosen from the free memory of %s",
-                     self.batch_tokens, self.batch_tokens // model.max_length, model.spec.alias, model.max_length,
-                     model.device)
+            log.info(
+                "batches of up to %d tokens (%d passages of %s's %d), chosen from the free memory of %s",
+                self.batch_tokens,
+                self.batch_tokens // model.max_length,
+                model.spec.alias,
+                model.max_length,
+                model.device,
+            )
         elif batch_size is None and self.batch_tokens is None:
             log.info("batch size %d, chosen from the free memory of %s", self.batch_size, model.device)
         self.show_progress = show_progress
@@ -99,9 +104,17 @@ class Evaluator:
         self.reuse_baseline = reuse_baseline
         self.keep_on_disk = keep_on_disk
         self.counts = PassCounts()
-        self.cache = CachePolicy(model, dataset, self.batch_size, self.batch_tokens, cache_dir=cache_dir,
-                                 disk_cache=disk_cache, cache_budget=cache_budget, prefix_layers=prefix_layers,
-                                 ram_limit=ram_limit)
+        self.cache = CachePolicy(
+            model,
+            dataset,
+            self.batch_size,
+            self.batch_tokens,
+            cache_dir=cache_dir,
+            disk_cache=disk_cache,
+            cache_budget=cache_budget,
+            prefix_layers=prefix_layers,
+            ram_limit=ram_limit,
+        )
         self._queries: np.ndarray | None = None
         self._baseline: tuple[np.ndarray, int] | None = None
         self._batches: Batches | None = None
@@ -122,7 +135,8 @@ class Evaluator:
             else:
                 encoder = CalibratedEncoder(self.model)
                 self._queries = encoder.encode_query(
-                    [self.dataset.queries[q] for q in self.query_ids], batch_size=self.batch_size,
+                    [self.dataset.queries[q] for q in self.query_ids],
+                    batch_size=self.batch_size,
                     batch_tokens=self.batch_tokens,
                     show_progress_bar=self.show_progress,
                 )
@@ -138,8 +152,15 @@ class Evaluator:
             self._batches = Batches.build(self.model, self._doc_texts, self.batch_size, self.batch_tokens)
             if self.batch_tokens is not None:
                 sizes = [rows for rows, _ in self._batches.shapes]
-                log.info("%s: %d passages in %d batch(es) of <= %d padded tokens (%d-%d passages each)", self.dataset.name,
-                         self._batches.count, len(sizes), self.batch_tokens, min(sizes, default=0), max(sizes, default=0))
+                log.info(
+                    "%s: %d passages in %d batch(es) of <= %d padded tokens (%d-%d passages each)",
+                    self.dataset.name,
+                    self._batches.count,
+                    len(sizes),
+                    self.batch_tokens,
+                    min(sizes, default=0),
+                    max(sizes, default=0),
+                )
         return self._batches
 
     def longest_content(self) -> int:
@@ -166,14 +187,23 @@ class Evaluator:
         first_layer = sums.for_batch if sums is not None else None
         ran: list[int] = []
         if start is None:
-            vectors = forward(self.model, batches, spec, baseline=baseline, first_layer=first_layer,
-                              show_progress=self.show_progress, ran=ran)
+            vectors = forward(
+                self.model, batches, spec, baseline=baseline, first_layer=first_layer, show_progress=self.show_progress, ran=ran
+            )
             self.counts.full += 1
         else:
             assert self.cache.stack is not None
             around = resumed_from(self.cache.stack, start, self.cache.inputs[start].batch)
-            vectors = forward(self.model, batches, spec, baseline=baseline, first_layer=first_layer, around=around,
-                              show_progress=self.show_progress, ran=ran)
+            vectors = forward(
+                self.model,
+                batches,
+                spec,
+                baseline=baseline,
+                first_layer=first_layer,
+                around=around,
+                show_progress=self.show_progress,
+                ran=ran,
+            )
             self.counts.resumed[start] = self.counts.resumed.get(start, 0) + 1
         self.counts.layer_tokens += batches.layer_tokens(ran, self.model.num_layers - (start or 0))
         self.cache.keep(spec, vectors, batches.truncated)
@@ -231,8 +261,13 @@ class Evaluator:
         else:
             assert self.cache.stack is not None
             with store.recording(missing):
-                vectors = forward(self.model, batches, None, around=recorded_into(self.cache.stack, missing, store.record),
-                                  show_progress=self.show_progress)
+                vectors = forward(
+                    self.model,
+                    batches,
+                    None,
+                    around=recorded_into(self.cache.stack, missing, store.record),
+                    show_progress=self.show_progress,
+                )
             self.cache.recorded(missing)
         self.counts.full += 1
         return vectors

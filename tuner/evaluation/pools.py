@@ -46,8 +46,9 @@ def balanced_queries(dataset: PositionalDataset, per_group: int, seed: int = 0) 
     return sorted(chosen)
 
 
-def pool(dataset: PositionalDataset, rankings: Sequence[Run], per_group: int = SCREEN_QUERIES,
-         depth: int = SCREEN_DEPTH, seed: int = 0) -> PositionalDataset:
+def pool(
+    dataset: PositionalDataset, rankings: Sequence[Run], per_group: int = SCREEN_QUERIES, depth: int = SCREEN_DEPTH, seed: int = 0
+) -> PositionalDataset:
     """The balanced sample of queries over their pool: every relevant passage of theirs and the top `depth`
     of each reference ranking (`rankings`, runs over the full corpus)."""
     if depth < 10:
@@ -63,8 +64,7 @@ def pool(dataset: PositionalDataset, rankings: Sequence[Run], per_group: int = S
     subset = dataset.subset(qids, name=f"{dataset.name}-pool")
     corpus = {d: text for d, text in dataset.corpus.items() if d in kept}
     qrels = {qid: {d: rel for d, rel in judged.items() if d in corpus} for qid, judged in subset.qrels.items()}
-    return PositionalDataset(subset.name, corpus, subset.queries, qrels, subset.groups, subset.group_order,
-                             subset.strata, subset.positions)
+    return PositionalDataset(subset.name, corpus, subset.queries, qrels, subset.groups, subset.group_order, subset.strata, subset.positions)
 
 
 def most_passages(dataset: PositionalDataset, per_group: int = SCREEN_QUERIES, depth: int = SCREEN_DEPTH, rankings: int = 1) -> int:

@@ -76,8 +76,7 @@ def checksum(data: bytes | memoryview | np.ndarray, algorithm: str = CHECKSUM) -
 def engine_identity() -> dict[str, object]:
     import transformers
 
-    return {"format": CACHE_FORMAT, "posfair": tuner.__version__, "torch": torch.__version__,
-            "transformers": transformers.__version__}
+    return {"format": CACHE_FORMAT, "posfair": tuner.__version__, "torch": torch.__version__, "transformers": transformers.__version__}
 
 
 def model_identity(model: Any) -> dict[str, object]:
@@ -128,8 +127,11 @@ def slug(text: str, keep: int = 48) -> str:
 def _differences(want: object, got: object, path: str = "") -> list[str]:
     """Dotted names of the key fields that differ (e.g. `model.revision`)."""
     if isinstance(want, dict) and isinstance(got, dict):
-        return [d for k in sorted(set(want) | set(got), key=str)
-                for d in _differences(want.get(k), got.get(k), f"{path}.{k}" if path else str(k))]
+        return [
+            d
+            for k in sorted(set(want) | set(got), key=str)
+            for d in _differences(want.get(k), got.get(k), f"{path}.{k}" if path else str(k))
+        ]
     return [] if want == got else [path or "key"]
 
 
@@ -190,15 +192,22 @@ class DiskCache:
 
     def _commit(self, name: str, data_name: str, temporary: Path, key: dict, size: int, digest: str, extra: dict) -> None:
         os.replace(temporary, self.folder / data_name)
-        meta = {"format": CACHE_FORMAT, "key": key, "file": data_name, "bytes": size,
-                "checksum": {"algorithm": CHECKSUM, "value": digest}, **extra}
+        meta = {
+            "format": CACHE_FORMAT,
+            "key": key,
+            "file": data_name,
+            "bytes": size,
+            "checksum": {"algorithm": CHECKSUM, "value": digest},
+            **extra,
+        }
         write_atomically(self._meta_path(name), json.dumps(meta, indent=1))
         self._note(name, "written")
 
     # -- arrays (.npy) --------------------------------------------------------------------------------
 
-    def load_array(self, name: str, key: dict, shape: tuple[int, ...] | None = None,
-                   dtype: str = "float32") -> tuple[np.ndarray, dict] | None:
+    def load_array(
+        self, name: str, key: dict, shape: tuple[int, ...] | None = None, dtype: str = "float32"
+    ) -> tuple[np.ndarray, dict] | None:
         """The verified array (with its metadata), or None when missing, stale or corrupt."""
         meta = self._metadata(name, key)
         if meta is None:
@@ -375,8 +384,9 @@ class LayerInputStore:
     memory), the rest are memory-mapped from their files.
     """
 
-    def __init__(self, cache: DiskCache, key: dict, shapes: Sequence[tuple[int, int]], hidden: int, dtype: torch.dtype,
-                 ram_limit: int | None = None) -> None:
+    def __init__(
+        self, cache: DiskCache, key: dict, shapes: Sequence[tuple[int, int]], hidden: int, dtype: torch.dtype, ram_limit: int | None = None
+    ) -> None:
         self.cache, self.key, self.dtype = cache, key, dtype
         self.shapes = [(rows, length, hidden) for rows, length in shapes]
         itemsize = torch.empty((), dtype=dtype).element_size()
@@ -401,8 +411,7 @@ class LayerInputStore:
         return path.stat().st_size if path.exists() else None
 
     def layer_key(self, layer: int) -> dict:
-        return {**self.key, "layer": layer, "dtype": str(self.dtype).removeprefix("torch."),
-                "shapes": [list(s) for s in self.shapes]}
+        return {**self.key, "layer": layer, "dtype": str(self.dtype).removeprefix("torch."), "shapes": [list(s) for s in self.shapes]}
 
     @staticmethod
     def name(layer: int) -> str:

@@ -35,20 +35,30 @@ def within_reach(dataset: PositionalDataset, model: LoadedModel) -> PositionalDa
     if not documents:
         return dataset
     if not model.tokenizer.is_fast:
-        log.warning("%s: a slow tokenizer gives no character offsets; queries are not checked against truncation",
-                    model.spec.alias)
+        log.warning("%s: a slow tokenizer gives no character offsets; queries are not checked against truncation", model.spec.alias)
         return dataset
     seen = dict(zip(documents, seen_characters(model, [dataset.corpus[d] for d in documents])))
-    beyond = [qid for qid, (doc, position) in placed.items()
-              if seen[doc] < len(dataset.corpus[doc].rstrip()) and position * len(dataset.corpus[doc]) >= seen[doc]]
+    beyond = [
+        qid
+        for qid, (doc, position) in placed.items()
+        if seen[doc] < len(dataset.corpus[doc].rstrip()) and position * len(dataset.corpus[doc]) >= seen[doc]
+    ]
     if not beyond:
         return dataset
-    log.warning("%s: %d of %d queries dropped: their answer lies past the %d tokens %s reads of their document "
-                "(e.g. %s)", dataset.name, len(beyond), len(dataset.queries), model.max_length, model.spec.alias,
-                beyond[0])
+    log.warning(
+        "%s: %d of %d queries dropped: their answer lies past the %d tokens %s reads of their document (e.g. %s)",
+        dataset.name,
+        len(beyond),
+        len(dataset.queries),
+        model.max_length,
+        model.spec.alias,
+        beyond[0],
+    )
     dropped = set(beyond)
     keep = [qid for qid in dataset.queries if qid not in dropped]
     if not keep:
-        raise ValueError(f"{dataset.name}: every query's answer lies past the {model.max_length} tokens "
-                         f"{model.spec.alias} reads; use shorter passages or a model with a longer maximum")
+        raise ValueError(
+            f"{dataset.name}: every query's answer lies past the {model.max_length} tokens "
+            f"{model.spec.alias} reads; use shorter passages or a model with a longer maximum"
+        )
     return dataset.subset(keep)

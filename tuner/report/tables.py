@@ -168,24 +168,34 @@ def _main_grid(table: EvaluationTable) -> Grid:
         f"with 95% paired-bootstrap CI over {table.n_resamples} resamples)"
     )
     headers = [
-        "Indexing method", *table.group_order, "HM", "PSI ↓", "nDCG@10", "Recall@10",
-        "ΔHM", "ΔPSI", "ΔnDCG@10", "truncated",
+        "Indexing method",
+        *table.group_order,
+        "HM",
+        "PSI ↓",
+        "nDCG@10",
+        "Recall@10",
+        "ΔHM",
+        "ΔPSI",
+        "ΔnDCG@10",
+        "truncated",
     ]
     rows = []
     for row in table.rows:
         report, deltas = row.report, row.deltas
-        rows.append([
-            row.name,
-            *(_points(report.group_ndcg10[group]) for group in table.group_order),
-            _points(report.hm),
-            _psi(report.psi),
-            _points(report.ndcg10),
-            _points(report.recall10),
-            "—" if deltas is None or deltas.hm is None else deltas.hm.format(),
-            "—" if deltas is None or deltas.psi is None else deltas.psi.format(scale=1, digits=3),
-            "—" if deltas is None else deltas.ndcg10.format(),
-            str(row.truncated),
-        ])
+        rows.append(
+            [
+                row.name,
+                *(_points(report.group_ndcg10[group]) for group in table.group_order),
+                _points(report.hm),
+                _psi(report.psi),
+                _points(report.ndcg10),
+                _points(report.recall10),
+                "—" if deltas is None or deltas.hm is None else deltas.hm.format(),
+                "—" if deltas is None or deltas.psi is None else deltas.psi.format(scale=1, digits=3),
+                "—" if deltas is None else deltas.ndcg10.format(),
+                str(row.truncated),
+            ]
+        )
     return title, headers, rows
 
 
@@ -197,7 +207,11 @@ def _general_grid(table: EvaluationTable, general: GeneralTable) -> Grid:
     headers = ["Indexing method", "nDCG@10 Original", "Recall@10 Original"]
     if with_shuffle:
         headers = [
-            "Indexing method", "nDCG@10 Original", "nDCG@10 Shuffled", "Recall@10 Original", "Recall@10 Shuffled",
+            "Indexing method",
+            "nDCG@10 Original",
+            "nDCG@10 Shuffled",
+            "Recall@10 Original",
+            "Recall@10 Shuffled",
             "nDCG@10 Shuffled − Original",
         ]
     base = general.rows[0]
@@ -208,19 +222,20 @@ def _general_grid(table: EvaluationTable, general: GeneralTable) -> Grid:
     rows = []
     for row in general.rows:
         is_base = row is base
-        original = [cell(row.original.ndcg10, base.original.ndcg10, is_base),
-                    cell(row.original.recall10, base.original.recall10, is_base)]
+        original = [cell(row.original.ndcg10, base.original.ndcg10, is_base), cell(row.original.recall10, base.original.recall10, is_base)]
         if row.shuffled is None or base.shuffled is None:
             rows.append([row.name, *original])
             continue
-        rows.append([
-            row.name,
-            original[0],
-            cell(row.shuffled.ndcg10, base.shuffled.ndcg10, is_base),
-            original[1],
-            cell(row.shuffled.recall10, base.shuffled.recall10, is_base),
-            f"{(row.shuffled.ndcg10 - row.original.ndcg10) * 100:+.2f}",
-        ])
+        rows.append(
+            [
+                row.name,
+                original[0],
+                cell(row.shuffled.ndcg10, base.shuffled.ndcg10, is_base),
+                original[1],
+                cell(row.shuffled.recall10, base.shuffled.recall10, is_base),
+                f"{(row.shuffled.ndcg10 - row.original.ndcg10) * 100:+.2f}",
+            ]
+        )
     return title, headers, rows
 
 
@@ -275,7 +290,9 @@ def to_dict(table: EvaluationTable) -> dict[str, Any]:
             }
             for row in table.rows
         ],
-        "general": None if general is None else {
+        "general": None
+        if general is None
+        else {
             "dataset": general.dataset,
             "shuffle_seed": general.shuffle_seed,
             "rows": [

@@ -37,35 +37,65 @@ def scatter_points(study: optuna.Study, floor: float) -> list[ScatterPoint]:
     for trial in complete_trials(study):
         named = named_constraints(trial)
         compared = floor - named["hm_floor"] if "hm_floor" in named else trial.user_attrs["hm"]
-        points.append(ScatterPoint(trial.number, trial.user_attrs["psi"], trial.user_attrs["hm"], compared,
-                                   tuple(name for name, value in named.items() if value > 0)))
+        points.append(
+            ScatterPoint(
+                trial.number,
+                trial.user_attrs["psi"],
+                trial.user_attrs["hm"],
+                compared,
+                tuple(name for name, value in named.items() if value > 0),
+            )
+        )
     return points
 
 
-def pareto_scatter(study: optuna.Study, floor: float, baseline: FrozenTrial | None, best: FrozenTrial | None, path: Path,
-                   conservative: bool = True) -> Path:
+def pareto_scatter(
+    study: optuna.Study, floor: float, baseline: FrozenTrial | None, best: FrozenTrial | None, path: Path, conservative: bool = True
+) -> Path:
     """Every complete trial as (PSI, HM), with what the floor was compared with: under `significant` a line
     from the HM down to its bootstrap lower bound, which must clear the floor line. The groups are named by
     the constraints they miss, so a trial above the line can be infeasible and says why."""
     points = scatter_points(study, floor)
     figure, axis = plt.subplots(figsize=(6.5, 4.5))
-    groups = (("feasible", lambda p: not p.missed, dict(c="tab:blue", marker="o")),
-              ("misses the HM floor", lambda p: "hm_floor" in p.missed, dict(c="tab:gray", marker="x")),
-              ("misses another constraint", lambda p: p.missed and "hm_floor" not in p.missed, dict(c="tab:orange", marker="x")))
+    groups = (
+        ("feasible", lambda p: not p.missed, dict(c="tab:blue", marker="o")),
+        ("misses the HM floor", lambda p: "hm_floor" in p.missed, dict(c="tab:gray", marker="x")),
+        ("misses another constraint", lambda p: p.missed and "hm_floor" not in p.missed, dict(c="tab:orange", marker="x")),
+    )
     for label, member, style in groups:
         group = [p for p in points if member(p)]
         if group:
             axis.scatter([p.psi for p in group], [100 * p.hm for p in group], label=label, zorder=2, **style)
     if conservative and points:
-        axis.vlines([p.psi for p in points], [100 * p.compared for p in points], [100 * p.hm for p in points],
-                    colors="tab:gray", linewidth=1, zorder=1)
-        axis.scatter([p.psi for p in points], [100 * p.compared for p in points], marker="_", s=80, c="black", zorder=2,
-                     label="HM lower bound (95%): compared with the floor")
+        axis.vlines(
+            [p.psi for p in points],
+            [100 * p.compared for p in points],
+            [100 * p.hm for p in points],
+            colors="tab:gray",
+            linewidth=1,
+            zorder=1,
+        )
+        axis.scatter(
+            [p.psi for p in points],
+            [100 * p.compared for p in points],
+            marker="_",
+            s=80,
+            c="black",
+            zorder=2,
+            label="HM lower bound (95%): compared with the floor",
+        )
     for trial, color, label in ((baseline, "tab:red", "no calibration"), (best, "gold", "winner")):
         if trial is not None:
-            axis.scatter(trial.user_attrs["psi"], 100 * trial.user_attrs["hm"], marker="*", s=260, c=color, edgecolors="black", label=label, zorder=3)
-    axis.axhline(100 * floor, color="tab:red", linestyle="--", linewidth=1,
-                 label="HM floor (the lower bound must reach it)" if conservative else "HM floor")
+            axis.scatter(
+                trial.user_attrs["psi"], 100 * trial.user_attrs["hm"], marker="*", s=260, c=color, edgecolors="black", label=label, zorder=3
+            )
+    axis.axhline(
+        100 * floor,
+        color="tab:red",
+        linestyle="--",
+        linewidth=1,
+        label="HM floor (the lower bound must reach it)" if conservative else "HM floor",
+    )
     axis.set(xlabel="PSI (lower is fairer)", ylabel="HM of per-position nDCG@10", title=study.study_name)
     axis.legend(fontsize=8)
     figure.savefig(path, dpi=100, bbox_inches="tight")
@@ -89,8 +119,10 @@ def optuna_figures(study: optuna.Study, folder: Path) -> list[Path]:
     target = {"target": lambda t: t.values[0], "target_name": "PSI"} if len(study.directions) > 1 else {"target_name": "PSI"}
     params = unconditional_params(study)
     paths = []
-    for name, plot, extra in (("history.png", optuna_plots.plot_optimization_history, {}),
-                              ("importances.png", optuna_plots.plot_param_importances, {"params": params})):
+    for name, plot, extra in (
+        ("history.png", optuna_plots.plot_optimization_history, {}),
+        ("importances.png", optuna_plots.plot_param_importances, {"params": params}),
+    ):
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")

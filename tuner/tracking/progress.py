@@ -52,8 +52,8 @@ class StudyProgress:
         if console is not None:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-            progress = Progress(TextColumn("trials"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                console=console, transient=True)  # type: ignore[arg-type]
+            columns = (TextColumn("trials"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+            progress = Progress(*columns, console=console, transient=True)  # type: ignore[arg-type]
             progress.start()
             self._task = progress.add_task("trials", total=self.total, completed=self.done_at_start)
             self._progress = progress

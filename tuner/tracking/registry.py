@@ -9,7 +9,6 @@ encoder weights are loaded as the YAML says (the registry alias, hub revision or
 `CalibratedEncoder.from_yaml` does, so the serving machine needs the base model as `tune encode` does.
 """
 
-
 from __future__ import annotations
 
 import logging
@@ -78,7 +77,7 @@ def _texts(model_input: Any) -> list[str]:
     for index, text in enumerate(texts):
         if not isinstance(text, str):
             got = "None" if text is None else f"{'an' if type(text).__name__[0] in 'aeiou' else 'a'} {type(text).__name__} ({text!r:.40})"
-            raise ValueError(f"input {index} is {got}, not a string; pass texts only (\"\" for an empty one)")
+            raise ValueError(f'input {index} is {got}, not a string; pass texts only ("" for an empty one)')
     return [str(text) for text in texts]
 
 
@@ -101,10 +100,12 @@ def reserve_version(tracker: Tracker, model_alias: str, run_id: str, description
     logged = client.create_logged_model(tracker.experiment_id, name=name, source_run_id=run_id, tags=tags, model_type="embedding")
     with _use_tracking_uri(tracker.store_uri):  # the registry looks the logged model up through the global tracking URI
         if not client.search_registered_models(f"name = '{name}'"):
-            client.create_registered_model(name, description=f"posfair's calibrated {model_alias} encoder: "
-                                                               f"documents calibrated, queries plain (params.kind).")
-        version = client.create_model_version(name, source=f"models:/{logged.model_id}", run_id=run_id,
-                                              model_id=logged.model_id, tags=tags, description=description)
+            client.create_registered_model(
+                name, description=f"posfair's calibrated {model_alias} encoder: documents calibrated, queries plain (params.kind)."
+            )
+        version = client.create_model_version(
+            name, source=f"models:/{logged.model_id}", run_id=run_id, model_id=logged.model_id, tags=tags, description=description
+        )
     return Registered(name, int(version.version), logged.model_id)
 
 
@@ -129,14 +130,19 @@ def publish(tracker: Tracker, registered: Registered, yaml_path: Path, dimension
     signature = infer_signature(example, np.zeros((2, dimension), dtype=np.float32), params={"kind": "document"})
     with tempfile.TemporaryDirectory(prefix="posfair-model-") as folder:
         mlflow.pyfunc.save_model(
-            Path(folder) / "model", loader_module=__name__, data_path=str(yaml_path),
-            signature=signature, input_example=example, pip_requirements=_requirements(),
+            Path(folder) / "model",
+            loader_module=__name__,
+            data_path=str(yaml_path),
+            signature=signature,
+            input_example=example,
+            pip_requirements=_requirements(),
         )
         tracker.client.log_model_artifacts(registered.model_id, str(Path(folder) / "model"))
     tracker.client.finalize_logged_model(registered.model_id, "READY")
     tracker.client.set_registered_model_alias(registered.name, CHAMPION, str(registered.version))
-    log.info("registered %s version %d as %s (load: mlflow.pyfunc.load_model(%r))",
-             registered.name, registered.version, CHAMPION, registered.uri)
+    log.info(
+        "registered %s version %d as %s (load: mlflow.pyfunc.load_model(%r))", registered.name, registered.version, CHAMPION, registered.uri
+    )
 
 
 def _requirements() -> list[str]:

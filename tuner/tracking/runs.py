@@ -53,8 +53,14 @@ PARENT = "mlflow.parentRunId"
 # lives in each browser's local storage.
 VIEW_KEY = "posfair"
 VIEW_TAG = f"mlflow.sharedViewState.{VIEW_KEY}"
-RUN_LIST_COLUMNS = ("psi", "hm_x100", "feasible", "ndcg10_change_vs_uncalibrated_x100", "heldout_winner_change_hm_x100",
-                    "heldout_winner_change_psi")
+RUN_LIST_COLUMNS = (
+    "psi",
+    "hm_x100",
+    "feasible",
+    "ndcg10_change_vs_uncalibrated_x100",
+    "heldout_winner_change_hm_x100",
+    "heldout_winner_change_psi",
+)
 RUN_LIST_VIEW = json.dumps({"selectedColumns": [f"metrics.`{name}`" for name in RUN_LIST_COLUMNS]})
 
 EXPERIMENT_NOTE = """posfair tunes attention calibration (Michail et al., 2026) per model with Optuna.
@@ -237,16 +243,20 @@ def display_metrics(values: Mapping[str, float], prefix: str = "") -> dict[str, 
     return shown
 
 
-def summary_metrics(prefix: str, report: Mapping[str, float | None],
-                    intervals: Mapping[str, tuple[float, float, float]] | None) -> dict[str, float]:
+def summary_metrics(
+    prefix: str, report: Mapping[str, float | None], intervals: Mapping[str, tuple[float, float, float]] | None
+) -> dict[str, float]:
     """A config's headline figures under `prefix/` and, with `intervals` (metric → estimate, low, high: the
     change against no calibration), `prefix/change_<metric>` with `_ci_low` / `_ci_high`."""
     headline = {k: v for k, v in report.items() if v is not None and "/" not in k and not k.startswith("n_")}
     shown = display_metrics(headline, f"{prefix}/")  # type: ignore[arg-type]
     for metric, (estimate, low, high) in (intervals or {}).items():
         name, factor = metric_name(metric)
-        shown |= {f"{prefix}/change_{name}": estimate * factor, f"{prefix}/change_{name}_ci_low": low * factor,
-                  f"{prefix}/change_{name}_ci_high": high * factor}
+        shown |= {
+            f"{prefix}/change_{name}": estimate * factor,
+            f"{prefix}/change_{name}_ci_low": low * factor,
+            f"{prefix}/change_{name}_ci_high": high * factor,
+        }
     return shown
 
 
@@ -270,8 +280,13 @@ def describe_config(params: Mapping[str, object], num_layers: int | None = None)
     return f"{variant}, λ {strength:.2f} on {where}, baskets of {params.get('basket_size')} tokens{shares}"
 
 
-CONSTRAINT_WORDS = {"hm_floor": "the HM floor", "ndcg_drop": "the nDCG@10 limit", "general_drop": "the general nDCG@10 limit",
-                    "crops_psi": "the crops PSI limit", "reversal": "the no-reversal rule (a tuning structure's bias turned round)"}
+CONSTRAINT_WORDS = {
+    "hm_floor": "the HM floor",
+    "ndcg_drop": "the nDCG@10 limit",
+    "general_drop": "the general nDCG@10 limit",
+    "crops_psi": "the crops PSI limit",
+    "reversal": "the no-reversal rule (a tuning structure's bias turned round)",
+}
 
 
 def missed_constraints(metrics: Mapping[str, float]) -> list[str]:
@@ -411,7 +426,8 @@ class Tracker:
         if found is None:
             try:
                 experiment_id = self.client.create_experiment(
-                    self.experiment_name, tags={KIND_TAG: TRAINING_KIND, NOTE: EXPERIMENT_NOTE, VIEW_TAG: RUN_LIST_VIEW})
+                    self.experiment_name, tags={KIND_TAG: TRAINING_KIND, NOTE: EXPERIMENT_NOTE, VIEW_TAG: RUN_LIST_VIEW}
+                )
             except Exception as error:  # noqa: BLE001 - another worker just created it: use theirs
                 found = self.client.get_experiment_by_name(self.experiment_name)
                 if found is None or "already exists" not in str(error).lower():
@@ -467,8 +483,9 @@ class Tracker:
 
     # --- trial runs -------------------------------------------------------------------------------
 
-    def start_trial(self, study: str, number: int, params: dict[str, object], description: str,
-                    markers: list[str], tags: dict[str, str] | None = None) -> str | None:
+    def start_trial(
+        self, study: str, number: int, params: dict[str, object], description: str, markers: list[str], tags: dict[str, str] | None = None
+    ) -> str | None:
         """Open the trial's run now (shown as running); its id, or None while MLflow is unreachable."""
         start = int(time.time() * 1000)
         self._submit(lambda: self._open_trial(study, number, params, description, markers, tags or {}, start))
@@ -481,8 +498,9 @@ class Tracker:
     def trial_run_id(self, number: int) -> str | None:
         return self._trial_runs.get(number)
 
-    def _open_trial(self, study: str, number: int, params: dict[str, object], description: str,
-                    markers: list[str], tags: dict[str, str], start: int) -> None:
+    def _open_trial(
+        self, study: str, number: int, params: dict[str, object], description: str, markers: list[str], tags: dict[str, str], start: int
+    ) -> None:
         assert self.parent_id is not None
         run_id = self._existing_trial_run(study, number)
         if run_id is None:
@@ -490,8 +508,15 @@ class Tracker:
                 self.experiment_id,
                 run_name=run_name(number, markers),
                 start_time=start,
-                tags={PARENT: self.parent_id, "posfair.study": study, "posfair.role": "trial",
-                      "posfair.trial": str(number), "posfair.state": "RUNNING", NOTE: description, **tags},
+                tags={
+                    PARENT: self.parent_id,
+                    "posfair.study": study,
+                    "posfair.role": "trial",
+                    "posfair.trial": str(number),
+                    "posfair.state": "RUNNING",
+                    NOTE: description,
+                    **tags,
+                },
             )
             run_id = run.info.run_id
             self.client.log_batch(run_id, params=_params(params))
@@ -504,16 +529,16 @@ class Tracker:
         assert self.parent_id is not None
         run_id = self._trial_runs.get(record.number) or self._existing_trial_run(study, record.number)
         if run_id is None:
-            self._open_trial(study, record.number, record.params, record.description, record.markers, {},
-                             record.start_ms or record.end_ms)
+            self._open_trial(study, record.number, record.params, record.description, record.markers, {}, record.start_ms or record.end_ms)
             run_id = self._trial_runs[record.number]
         elif self.client.get_run(run_id).info.status in ("FINISHED", "FAILED", "KILLED"):
             return
         self.client.log_batch(
             run_id,
             metrics=[Metric(k, shown(v), record.end_ms, 0) for k, v in display_metrics(record.metrics).items()],
-            tags=[RunTag(k, v[:MAX_TAG_LENGTH]) for k, v in
-                  {"posfair.state": record.state, NOTE: record.description, **record.tags}.items()],
+            tags=[
+                RunTag(k, v[:MAX_TAG_LENGTH]) for k, v in {"posfair.state": record.state, NOTE: record.description, **record.tags}.items()
+            ],
         )
         self.client.update_run(run_id, name=run_name(record.number, record.markers))
         for path in record.artifacts:
@@ -571,8 +596,11 @@ class Tracker:
                 if _is_outage(error):
                     log.warning("MLflow still unreachable (%s); %d log(s) kept for retry", error.__class__.__name__, len(self._pending))
                     return False
-                log.warning("MLflow refused a log, dropped (%s: %s); the others go on", error.__class__.__name__,
-                            str(error).splitlines()[0] if str(error) else "")
+                log.warning(
+                    "MLflow refused a log, dropped (%s: %s); the others go on",
+                    error.__class__.__name__,
+                    str(error).splitlines()[0] if str(error) else "",
+                )
             self._pending.pop(0)
         return True
 
@@ -590,8 +618,18 @@ def _is_outage(error: BaseException) -> bool:
 
     seen: BaseException | None = error
     while seen is not None:
-        if isinstance(seen, (ConnectionError, TimeoutError, requests.ConnectionError, requests.Timeout, requests.exceptions.RetryError,
-                             sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError)):
+        if isinstance(
+            seen,
+            (
+                ConnectionError,
+                TimeoutError,
+                requests.ConnectionError,
+                requests.Timeout,
+                requests.exceptions.RetryError,
+                sqlalchemy.exc.OperationalError,
+                sqlalchemy.exc.InterfaceError,
+            ),
+        ):
             return True
         if isinstance(seen, MlflowException) and seen.get_http_status_code() in (502, 503, 504):  # TEMPORARILY_UNAVAILABLE
             return True
@@ -618,8 +656,10 @@ def _artifacts_beside_store(uri: str, store: Path, experiment_id: str) -> None:
     engine = sqlalchemy.create_engine(uri)
     try:
         with engine.begin() as connection:
-            connection.execute(sqlalchemy.text("UPDATE experiments SET artifact_location = :location WHERE experiment_id = :id"),
-                               {"location": location, "id": int(experiment_id)})
+            connection.execute(
+                sqlalchemy.text("UPDATE experiments SET artifact_location = :location WHERE experiment_id = :id"),
+                {"location": location, "id": int(experiment_id)},
+            )
     finally:
         engine.dispose()
 

@@ -47,9 +47,11 @@ from tuner.tuning.study import (
 log = logging.getLogger(__name__)
 
 
-DASHBOARD_BEST = ("optuna-dashboard's 'Best Trial' is the lowest PSI of all complete trials, feasible or not (it does not "
-                  "read constraints there); the exported winner is `winner` above, and each trial's `feasible` says yes or NO "
-                  "with the rule; infeasible trials are grey in the dashboard's plots")
+DASHBOARD_BEST = (
+    "optuna-dashboard's 'Best Trial' is the lowest PSI of all complete trials, feasible or not (it does not "
+    "read constraints there); the exported winner is `winner` above, and each trial's `feasible` says yes or NO "
+    "with the rule; infeasible trials are grey in the dashboard's plots"
+)
 
 
 class NoFeasibleTrialError(RuntimeError):
@@ -60,7 +62,6 @@ class ExportFailedError(UserError, RuntimeError):
     """The winner's YAML could not be written (a full disk): no file, no registry version, the parent run FAILED."""
 
     label = "export failed"
-
 
 
 @dataclass(frozen=True)
@@ -101,10 +102,15 @@ class TuneOutcome:
     registered: str | None = None  # models:/NAME@champion, when the winner was registered
 
 
-
 def conclude(
-    settings: TuneSettings, study: optuna.Study, tracker: Tracker, evaluator: Evaluator,
-    heldout: list[PositionalDataset], floor: float, staging: Path, storage: str,
+    settings: TuneSettings,
+    study: optuna.Study,
+    tracker: Tracker,
+    evaluator: Evaluator,
+    heldout: list[PositionalDataset],
+    floor: float,
+    staging: Path,
+    storage: str,
 ) -> TuneOutcome | None:
     """Pick the winner, score it on the held-out sets, export it, and close the parent run; None when another
     process finishing the study at the same time was elected to export it (`claim_export`)."""
@@ -117,22 +123,31 @@ def conclude(
     baseline = evaluator.run(None)
     reference = _trial_with(study, BASELINE_PARAMS)
     best = picked[0] if picked else None
-    figures = [pareto_scatter(study, floor, reference, best, staging / "pareto.png", settings.constraints(0.0).conservative),
-               *optuna_figures(study, staging)]
+    figures = [
+        pareto_scatter(study, floor, reference, best, staging / "pareto.png", settings.constraints(0.0).conservative),
+        *optuna_figures(study, staging),
+    ]
     if picked is None:
-        tracker.finish_study({**summary_metrics("tuning/uncalibrated", baseline.report.as_dict(), None),
-                              **display_metrics({"hm_floor": floor})}, figures, {"posfair.outcome": "no feasible trial"}, "FAILED")
+        tracker.finish_study(
+            {**summary_metrics("tuning/uncalibrated", baseline.report.as_dict(), None), **display_metrics({"hm_floor": floor})},
+            figures,
+            {"posfair.outcome": "no feasible trial"},
+            "FAILED",
+        )
         raise NoFeasibleTrialError(_nothing_feasible(study, settings, floor))
     best, selection = picked
     log.info("winner: %s", selection.describe())
     tracker.close_stale_trials(study.study_name, [t.number for t in study.trials if t.state == TrialState.FAIL])
     if best.params.get("strength") == 0:
-        log.warning("no calibration is fairer than the uncalibrated model by more than the tuning split's noise: "
-                    "the export keeps the model uncalibrated (strength 0); `--selection lowest` takes the lowest PSI")
+        log.warning(
+            "no calibration is fairer than the uncalibrated model by more than the tuning split's noise: "
+            "the export keeps the model uncalibrated (strength 0); `--selection lowest` takes the lowest PSI"
+        )
     rows = _summary_rows(study, best, evaluator, heldout, settings)
     try:
-        export_path, registered = _export_and_register(settings, model, study, best, rows, storage, evaluator.dataset, selection,
-                                                       tracker, floor)
+        export_path, registered = _export_and_register(
+            settings, model, study, best, rows, storage, evaluator.dataset, selection, tracker, floor
+        )
     except ExportFailedError as error:
         tracker.finish_study({}, figures, {"posfair.outcome": f"export failed: {error}"}, "FAILED")
         raise
@@ -146,17 +161,37 @@ def conclude(
     study.set_user_attr("winner", description)
     study.set_user_attr("best trial in optuna-dashboard", DASHBOARD_BEST)
     tracker.finish_study(
-        {**_row_metrics(rows), **display_metrics({"hm_floor": floor}), "winner_trial": best.number,
-         **winner_columns(best, rows), **{f"psi_importance/{k}": v for k, v in _importances(study).items()},
-         **_structure_metrics(best), "cost/layer_tokens": float(study_layer_tokens(study)),
-         "cost/heldout_layer_tokens": float(sum(row.heldout_layer_tokens for row in rows))},
+        {
+            **_row_metrics(rows),
+            **display_metrics({"hm_floor": floor}),
+            "winner_trial": best.number,
+            **winner_columns(best, rows),
+            **{f"psi_importance/{k}": v for k, v in _importances(study).items()},
+            **_structure_metrics(best),
+            "cost/layer_tokens": float(study_layer_tokens(study)),
+            "cost/heldout_layer_tokens": float(sum(row.heldout_layer_tokens for row in rows)),
+        },
         [*figures, heldout_table, summary, export_path],
-        {"posfair.outcome": "exported", "posfair.export": str(export_path),
-         "posfair.selection_rule": selection.rule, "posfair.selection": selection.describe(), NOTE: description},
+        {
+            "posfair.outcome": "exported",
+            "posfair.export": str(export_path),
+            "posfair.selection_rule": selection.rule,
+            "posfair.selection": selection.describe(),
+            NOTE: description,
+        },
     )
-    return TuneOutcome(study.study_name, best.number, _config_of(best, model), export_path, rows,
-                       [t.number for t in pareto_front(study)], floor, tracker.uri, selection,
-                       f"{registered.uri} (version {registered.version})" if registered else None)
+    return TuneOutcome(
+        study.study_name,
+        best.number,
+        _config_of(best, model),
+        export_path,
+        rows,
+        [t.number for t in pareto_front(study)],
+        floor,
+        tracker.uri,
+        selection,
+        f"{registered.uri} (version {registered.version})" if registered else None,
+    )
 
 
 def _leave_export_to(elected: dict[str, object], study: optuna.Study, tracker: Tracker) -> None:
@@ -165,40 +200,58 @@ def _leave_export_to(elected: dict[str, object], study: optuna.Study, tracker: T
     who = f"the other process (pid {owner.get('pid', '?')} on {owner.get('host', '?')})"
     trials = len(complete_trials(study))
     if "export" in elected:
-        log.info("study %s is complete (%d trials) and its winner was exported by %s to %s, so not again here; "
-                 "`tune export --study-name %s` exports it again", study.study_name, trials, who, elected["export"], study.study_name)
+        log.info(
+            "study %s is complete (%d trials) and its winner was exported by %s to %s, so not again here; "
+            "`tune export --study-name %s` exports it again",
+            study.study_name,
+            trials,
+            who,
+            elected["export"],
+            study.study_name,
+        )
     else:
-        log.info("study %s is complete (%d trials); its winner is being exported by %s, so not again here",
-                 study.study_name, trials, who)
+        log.info("study %s is complete (%d trials); its winner is being exported by %s, so not again here", study.study_name, trials, who)
     tracker.finish_study({}, [], {})
 
 
 def _nothing_feasible(study: optuna.Study, settings: TuneSettings, floor: float) -> str:
     """Why no trial won: the best each constraint saw, and what to relax."""
     complete = complete_trials(study)
-    worst = {name: min((t.constraints.get(name, 0.0) for t in complete), default=float("nan"))
-             for name in ("hm_floor", "ndcg_drop", "general_drop", "crops_psi", "reversal")}
-    parts = [f"no trial met the constraints; nothing exported. HM floor {100 * floor:.2f} ({settings.hm_floor})"
-             f", missed by at least {100 * worst['hm_floor']:.2f} points" if worst["hm_floor"] > 0 else ""]
+    worst = {
+        name: min((t.constraints.get(name, 0.0) for t in complete), default=float("nan"))
+        for name in ("hm_floor", "ndcg_drop", "general_drop", "crops_psi", "reversal")
+    }
+    parts = [
+        f"no trial met the constraints; nothing exported. HM floor {100 * floor:.2f} ({settings.hm_floor})"
+        f", missed by at least {100 * worst['hm_floor']:.2f} points"
+        if worst["hm_floor"] > 0
+        else ""
+    ]
     if worst["ndcg_drop"] > 0:
         parts.append(f"every trial lost aggregate nDCG@10 (the smallest loss beyond the allowance: {100 * worst['ndcg_drop']:.2f} points)")
     if worst["crops_psi"] > 0:
         parts.append("every trial made the crops (the tuning passages re-cut shorter) less fair than --max-crops-psi allows")
     if worst["reversal"] > 0:
-        parts.append("every trial reversed the bias on a tuning structure (the end favoured where the beginning was; "
-                     "--max-reversal none lifts this)")
+        parts.append(
+            "every trial reversed the bias on a tuning structure (the end favoured where the beginning was; --max-reversal none lifts this)"
+        )
     if worst["general_drop"] > 0:
-        parts.append(f"every trial dropped general nDCG@10 beyond --max-general-drop (by at least {100 * worst['general_drop']:.2f} points)")
+        parts.append(
+            f"every trial dropped general nDCG@10 beyond --max-general-drop (by at least {100 * worst['general_drop']:.2f} points)"
+        )
     return "; ".join(p for p in parts if p) + (
-        ". Relax --hm-floor (e.g. baseline or -1%) or --max-ndcg-drop (e.g. 0.005), widen the search space, "
-        "or run more --trials."
+        ". Relax --hm-floor (e.g. baseline or -1%) or --max-ndcg-drop (e.g. 0.005), widen the search space, or run more --trials."
     )
 
 
-
 def reexport(
-    study_name: str, storage: str | None, output: Path | None, tracking_uri: str | None, trust_remote_code: bool = False,
-    selection: str = "one-se", trial: int | None = None,
+    study_name: str,
+    storage: str | None,
+    output: Path | None,
+    tracking_uri: str | None,
+    trust_remote_code: bool = False,
+    selection: str = "one-se",
+    trial: int | None = None,
 ) -> Path:
     """Export a stored study's current winner again (or its trial `trial`, as the user chose), re-scoring
     it (and the baseline) on every split.
@@ -213,49 +266,79 @@ def reexport(
     except KeyError:
         raise ValueError(f"no study {study_name!r} in {storage}; see the study names in `tune ui` or the tune output") from None
     attrs = study.user_attrs
-    lacking = [key for key in ("model_name", "pooling", "dataset_name", "seed", "hm_floor", "pareto", "revision",
-                               "dataset_fingerprint") if key not in attrs]
+    lacking = [
+        key
+        for key in ("model_name", "pooling", "dataset_name", "seed", "hm_floor", "pareto", "revision", "dataset_fingerprint")
+        if key not in attrs
+    ]
     if lacking:
-        raise ValueError(f"study {study_name!r} in {storage} was not made by `tune` (it lacks {', '.join(lacking)}); "
-                         "only studies that `tune` ran can be exported")
+        raise ValueError(
+            f"study {study_name!r} in {storage} was not made by `tune` (it lacks {', '.join(lacking)}); "
+            "only studies that `tune` ran can be exported"
+        )
     if output is not None:
         check_writable(output, "--output")
     tracker = Tracker(tracking_uri or attrs.get("tracking_uri"), EXPERIMENT)  # an unreachable server fails here
     settings = TuneSettings(
-        model=attrs["model_name"], pooling=attrs["pooling"], dataset=attrs["dataset_name"], seed=attrs["seed"], hm_floor=attrs["hm_floor"],
-        max_ndcg_drop=attrs.get("max_ndcg_drop"), max_crops_psi=attrs.get("max_crops_psi"), selection=selection,
-        pareto=attrs["pareto"], storage=storage, study_name=study_name, output=output, tracking_uri=tracker.uri,
-        heldout=attrs.get("heldout", "auto"), trust_remote_code=trust_remote_code or bool(attrs.get("trust_remote_code")),
+        model=attrs["model_name"],
+        pooling=attrs["pooling"],
+        dataset=attrs["dataset_name"],
+        seed=attrs["seed"],
+        hm_floor=attrs["hm_floor"],
+        max_ndcg_drop=attrs.get("max_ndcg_drop"),
+        max_crops_psi=attrs.get("max_crops_psi"),
+        selection=selection,
+        pareto=attrs["pareto"],
+        storage=storage,
+        study_name=study_name,
+        output=output,
+        tracking_uri=tracker.uri,
+        heldout=attrs.get("heldout", "auto"),
+        trust_remote_code=trust_remote_code or bool(attrs.get("trust_remote_code")),
         revision=hub_revision(attrs["revision"]),
     )
     picked = winner(study, selection) if trial is None else trial_by_number(study, trial)
     if picked is None:
         raise NoFeasibleTrialError(f"study {study_name!r} has no feasible complete trial; nothing to export")
     best, chosen = picked
-    model = load_model(settings.model, revision=settings.revision, trust_remote_code=settings.trust_remote_code,
-                       pooling=settings.pooling)  # type: ignore[arg-type]
+    model = load_model(settings.model, revision=settings.revision, trust_remote_code=settings.trust_remote_code, pooling=settings.pooling)  # type: ignore[arg-type]
     if model.revision != attrs["revision"]:
-        raise ValueError(f"study {study_name!r} tuned {attrs['model']} at revision {attrs['revision']}, "
-                         f"but {model.revision} loaded; restore that revision locally to re-export")
+        raise ValueError(
+            f"study {study_name!r} tuned {attrs['model']} at revision {attrs['revision']}, "
+            f"but {model.revision} loaded; restore that revision locally to re-export"
+        )
     tuning, heldout = split_datasets(settings)
     tuning, heldout = within_reach(tuning, model), [within_reach(held, model) for held in heldout]  # as `tune` scored them
     if tuning.fingerprint() != attrs["dataset_fingerprint"]:
         raise ValueError(f"dataset {settings.dataset!r} changed since study {study_name!r} ran (fingerprint differs)")
-    rows = _summary_rows(study, best, Evaluator(model, tuning, settings.batch_size, batch_tokens=settings.batch_tokens,
-                                               prefix_layers=settings.space.starting_layers(model.num_layers)),
-                         heldout, settings)
-    tracker.start_study(study_name, params=dict(attrs),
-                        tags={"posfair.model": model.spec.alias, "posfair.dataset": tuning.name})
+    rows = _summary_rows(
+        study,
+        best,
+        Evaluator(
+            model,
+            tuning,
+            settings.batch_size,
+            batch_tokens=settings.batch_tokens,
+            prefix_layers=settings.space.starting_layers(model.num_layers),
+        ),
+        heldout,
+        settings,
+    )
+    tracker.start_study(study_name, params=dict(attrs), tags={"posfair.model": model.spec.alias, "posfair.dataset": tuning.name})
     floor = float(attrs.get(FLOOR_ATTR, float("nan")))
     path, registered = _export_and_register(settings, model, study, best, rows, storage, tuning, chosen, tracker, floor)
     _mark_winner(tracker, study, best, model, chosen, registered)
     tracker.finish_study(
         {**_row_metrics(rows), "winner_trial": best.number},
-        [path], {"posfair.outcome": "re-exported", "posfair.export": str(path),
-                 "posfair.selection_rule": chosen.rule, "posfair.selection": chosen.describe()},
+        [path],
+        {
+            "posfair.outcome": "re-exported",
+            "posfair.export": str(path),
+            "posfair.selection_rule": chosen.rule,
+            "posfair.selection": chosen.describe(),
+        },
     )
     return path
-
 
 
 def _config_of(trial: optuna.trial.FrozenTrial, model: LoadedModel) -> CalibrationConfig:
@@ -267,8 +350,11 @@ def _trial_with(study: optuna.Study, reference: dict[str, object]) -> optuna.tri
 
 
 def _summary_rows(
-    study: optuna.Study, best: optuna.trial.FrozenTrial, evaluator: Evaluator,
-    heldout: list[PositionalDataset], settings: TuneSettings,
+    study: optuna.Study,
+    best: optuna.trial.FrozenTrial,
+    evaluator: Evaluator,
+    heldout: list[PositionalDataset],
+    settings: TuneSettings,
 ) -> list[Row]:
     """No calibration, the paper's default, and the winner; held-out figures with bootstrap intervals."""
     model = evaluator.model
@@ -281,19 +367,26 @@ def _summary_rows(
     starts = starting_layers((c for _, _, c in configs), model.num_layers)
     held: dict[str, dict[str, HeldOut]] = {label: {} for label, _, _ in configs}
     for number, dataset in enumerate(heldout, 1):
-        with Phase(f"held-out {number}/{len(heldout)}: scoring {len(configs)} configs on {dataset.name} "
-                   f"({len(dataset.corpus)} documents, {len(dataset.queries)} queries)"):
+        with Phase(
+            f"held-out {number}/{len(heldout)}: scoring {len(configs)} configs on {dataset.name} "
+            f"({len(dataset.corpus)} documents, {len(dataset.queries)} queries)"
+        ):
             scorer = _held_out_scorer(evaluator, dataset, starts, settings)
             baseline = scorer(None)
             for label, _, config in configs:
                 result = scorer(config) if config is not None else baseline
                 delta = paired_bootstrap(baseline.per_query, result.per_query, settings.bootstrap, settings.seed) if config else None
-                held[label][dataset.name] = HeldOut(result.report, delta, result.layer_tokens if config is not None else baseline.layer_tokens)
-                log.info("held-out %s: %s scored (%s)", dataset.name, label,
-                         delta.summary() if delta else f"nDCG@10 {100 * result.report.ndcg10:.2f}")
+                held[label][dataset.name] = HeldOut(
+                    result.report, delta, result.layer_tokens if config is not None else baseline.layer_tokens
+                )
+                log.info(
+                    "held-out %s: %s scored (%s)",
+                    dataset.name,
+                    label,
+                    delta.summary() if delta else f"nDCG@10 {100 * result.report.ndcg10:.2f}",
+                )
     return [
-        Row(label, trial.number if trial else None, config, evaluator.run(config).report, held[label])
-        for label, trial, config in configs
+        Row(label, trial.number if trial else None, config, evaluator.run(config).report, held[label]) for label, trial, config in configs
     ]
 
 
@@ -306,28 +399,56 @@ def _held_out_scorer(
     if dataset.corpus == evaluator.dataset.corpus:
         scorer = Evaluator(evaluator.model, dataset, evaluator.batch_size, batch_tokens=settings.batch_tokens, cache_budget=0)
         return partial(scorer.run_over, evaluator)
-    own = Evaluator(evaluator.model, dataset, settings.batch_size, show_progress=sys.stderr.isatty(),
-                    batch_tokens=settings.batch_tokens, prefix_layers=starts, keep_on_disk=True)
+    own = Evaluator(
+        evaluator.model,
+        dataset,
+        settings.batch_size,
+        show_progress=sys.stderr.isatty(),
+        batch_tokens=settings.batch_tokens,
+        prefix_layers=starts,
+        keep_on_disk=True,
+    )
     return own.run
 
 
-def _export(settings: TuneSettings, model: LoadedModel, study: optuna.Study, best: optuna.trial.FrozenTrial,
-            rows: list[Row], storage: str, tuning: PositionalDataset, selection: Selection, **provenance: object) -> Path:
+def _export(
+    settings: TuneSettings,
+    model: LoadedModel,
+    study: optuna.Study,
+    best: optuna.trial.FrozenTrial,
+    rows: list[Row],
+    storage: str,
+    tuning: PositionalDataset,
+    selection: Selection,
+    **provenance: object,
+) -> Path:
     winner_row, baseline_row = rows[-1], rows[0]
     metrics: dict[str, dict[str, float | None]] = {
-        "tuning": winner_row.tuning.as_dict(), "tuning_baseline": baseline_row.tuning.as_dict(),
+        "tuning": winner_row.tuning.as_dict(),
+        "tuning_baseline": baseline_row.tuning.as_dict(),
     }
     for name, held in winner_row.heldout.items():
         metrics[f"heldout/{name}"] = held.report.as_dict()
         metrics[f"heldout_baseline/{name}"] = baseline_row.heldout[name].report.as_dict()
     exported = build_export(
-        model, _config_of(best, model), {k: {m: (float(v) if v is not None else None) for m, v in d.items()} for k, d in metrics.items()},
-        study=study.study_name, trial=best.number, storage=storage, dataset=tuning.name,
-        dataset_fingerprint=tuning.fingerprint(), seed=settings.seed,
-        selection_rule=selection.rule, selection=selection.describe(),
-        heldout=list(winner_row.heldout), hm_floor_rule=settings.hm_floor,
-        intervals={name: {k: list(v) for k, v in held.delta.intervals().items()}
-                   for name, held in winner_row.heldout.items() if held.delta is not None},
+        model,
+        _config_of(best, model),
+        {k: {m: (float(v) if v is not None else None) for m, v in d.items()} for k, d in metrics.items()},
+        study=study.study_name,
+        trial=best.number,
+        storage=storage,
+        dataset=tuning.name,
+        dataset_fingerprint=tuning.fingerprint(),
+        seed=settings.seed,
+        selection_rule=selection.rule,
+        selection=selection.describe(),
+        heldout=list(winner_row.heldout),
+        hm_floor_rule=settings.hm_floor,
+        intervals={
+            name: {k: list(v) for k, v in held.delta.intervals().items()}
+            for name, held in winner_row.heldout.items()
+            if held.delta is not None
+        },
         **provenance,
     )
     path = _export_path(settings, study)
@@ -346,14 +467,23 @@ def _row_dict(row: Row) -> dict[str, object]:
         "trial": row.trial,
         "config": row.config.model_dump() if row.config else None,
         "tuning": row.tuning.as_dict(),
-        "heldout": {name: {"metrics": h.report.as_dict(), "delta": h.delta.summary() if h.delta else None}
-                    for name, h in row.heldout.items()},
+        "heldout": {
+            name: {"metrics": h.report.as_dict(), "delta": h.delta.summary() if h.delta else None} for name, h in row.heldout.items()
+        },
     }
 
 
 def _export_and_register(
-    settings: TuneSettings, model: LoadedModel, study: optuna.Study, best: optuna.trial.FrozenTrial, rows: list[Row],
-    storage: str, tuning: PositionalDataset, selection: Selection, tracker: Tracker, floor: float,
+    settings: TuneSettings,
+    model: LoadedModel,
+    study: optuna.Study,
+    best: optuna.trial.FrozenTrial,
+    rows: list[Row],
+    storage: str,
+    tuning: PositionalDataset,
+    selection: Selection,
+    tracker: Tracker,
+    floor: float,
 ) -> tuple[Path, Registered | None]:
     """Write the YAML and register it as an MLflow model (`tuner.tracking.registry`), each naming the other: the
     registry version is reserved first, so the YAML it carries records it. A registry failure leaves a
@@ -362,29 +492,54 @@ def _export_and_register(
         registered = None
         try:
             registered = reserve_version(
-                tracker, model.spec.alias, tracker.parent_id or "", f"Study {study.study_name}, trial {best.number}: {selection.describe()}",
+                tracker,
+                model.spec.alias,
+                tracker.parent_id or "",
+                f"Study {study.study_name}, trial {best.number}: {selection.describe()}",
                 {"posfair.study": study.study_name, "posfair.trial": str(best.number), "posfair.dataset": tuning.name},
             )
         except Exception as error:  # noqa: BLE001 - the registry is an extra; the export must not be lost to it
-            log.warning("the winner is not registered in MLflow (%s: %s)", error.__class__.__name__, str(error).splitlines()[0] if str(error) else "")
+            log.warning(
+                "the winner is not registered in MLflow (%s: %s)",
+                error.__class__.__name__,
+                str(error).splitlines()[0] if str(error) else "",
+            )
         try:
-            path = _export(settings, model, study, best, rows, storage, tuning, selection, objective=describe_objective(settings),
-                           structures=best.user_attrs.get("structures", {}), layer_tokens=study_layer_tokens(study),
-                           hm_floor=floor if floor == floor else None, mlflow_run_id=tracker.parent_id, tracking_uri=tracker.uri,
-                           registered_model=registered.name if registered else None,
-                           registered_version=registered.version if registered else None)
+            path = _export(
+                settings,
+                model,
+                study,
+                best,
+                rows,
+                storage,
+                tuning,
+                selection,
+                objective=describe_objective(settings),
+                structures=best.user_attrs.get("structures", {}),
+                layer_tokens=study_layer_tokens(study),
+                hm_floor=floor if floor == floor else None,
+                mlflow_run_id=tracker.parent_id,
+                tracking_uri=tracker.uri,
+                registered_model=registered.name if registered else None,
+                registered_version=registered.version if registered else None,
+            )
         except OSError as error:  # a full disk, a vanished folder: the atomic write left nothing behind
             if registered is not None:
                 withdraw(tracker, registered)
             raise ExportFailedError(
                 f"cannot write the winner's YAML {_export_path(settings, study)}: {error.strerror or error}; nothing exported "
                 f"(no partial file, no registry version). Free space or choose another --output, then run "
-                f"`tune export --study-name {study.study_name}`") from None
+                f"`tune export --study-name {study.study_name}`"
+            ) from None
         if registered is not None:
             try:
                 publish(tracker, registered, path, int(model.model.config.hidden_size))
             except Exception as error:  # noqa: BLE001 - as above
-                log.warning("the winner's MLflow model was not written (%s: %s)", error.__class__.__name__, str(error).splitlines()[0] if str(error) else "")
+                log.warning(
+                    "the winner's MLflow model was not written (%s: %s)",
+                    error.__class__.__name__,
+                    str(error).splitlines()[0] if str(error) else "",
+                )
     return path, registered
 
 
@@ -406,14 +561,23 @@ def study_layer_tokens(study: optuna.Study) -> int:
     return int(sum(t.user_attrs.get("layer_tokens", 0) for t in study.get_trials(deepcopy=False)))
 
 
-def _mark_winner(tracker: Tracker, study: optuna.Study, best: optuna.trial.FrozenTrial, model: LoadedModel,
-                 selection: Selection, registered: Registered | None) -> None:
+def _mark_winner(
+    tracker: Tracker,
+    study: optuna.Study,
+    best: optuna.trial.FrozenTrial,
+    model: LoadedModel,
+    selection: Selection,
+    registered: Registered | None,
+) -> None:
     """Name the winner's run (and keep its reference marker): what wins is visible in the run list."""
     markers = [m for m in (best.user_attrs.get("role"),) if m] + ["winner"]
     params = {**best.params, "layers": best.user_attrs.get("layers"), "basket_shares": trial_basket_shares(best)}
     where = f" Registered as {registered.uri} (version {registered.version})." if registered else ""
     tracker.mark_trial(
-        study.study_name, best.number, markers, {"posfair.winner": "yes"},
+        study.study_name,
+        best.number,
+        markers,
+        {"posfair.winner": "yes"},
         f"Winner (trial {best.number}): {describe_config(params, model.num_layers)}: PSI {best.user_attrs['psi']:.3f}, "
         f"HM {100 * best.user_attrs['hm']:.2f}. Chosen by the {selection.rule} rule: {selection.describe()}.{where}",
     )
@@ -432,30 +596,46 @@ def study_conclusion(best: optuna.trial.FrozenTrial, rows: list[Row], num_layers
     then its change against no calibration on each held-out set."""
     params = {**best.params, "layers": best.user_attrs.get("layers"), "basket_shares": trial_basket_shares(best)}
     feasibility = best.user_attrs.get("feasible", "").partition(": ")[2] or f"HM {100 * best.user_attrs['hm']:.2f}"
-    first = (f"Winner: trial {best.number}, {describe_config(params, num_layers)}: PSI {best.user_attrs['psi']:.3f}, "
-             f"{feasibility.removesuffix(': feasible')}; chosen by the {selection.rule} rule ({selection.describe()}).")
-    held = [f"{name} ΔHM {h.delta.hm.format()}, ΔPSI {h.delta.psi.format(scale=1, digits=3)}, ΔnDCG@10 {h.delta.ndcg10.format()}"
-            if h.delta.hm and h.delta.psi else f"{name} ΔnDCG@10 {h.delta.ndcg10.format()}"
-            for name, h in rows[-1].heldout.items() if h.delta is not None]
-    second = ("Held out, against no calibration (95% paired-bootstrap intervals): " + "; ".join(held) + "."
-              if held else "No held-out set was scored.")
+    first = (
+        f"Winner: trial {best.number}, {describe_config(params, num_layers)}: PSI {best.user_attrs['psi']:.3f}, "
+        f"{feasibility.removesuffix(': feasible')}; chosen by the {selection.rule} rule ({selection.describe()})."
+    )
+    held = [
+        f"{name} ΔHM {h.delta.hm.format()}, ΔPSI {h.delta.psi.format(scale=1, digits=3)}, ΔnDCG@10 {h.delta.ndcg10.format()}"
+        if h.delta.hm and h.delta.psi
+        else f"{name} ΔnDCG@10 {h.delta.ndcg10.format()}"
+        for name, h in rows[-1].heldout.items()
+        if h.delta is not None
+    ]
+    second = (
+        "Held out, against no calibration (95% paired-bootstrap intervals): " + "; ".join(held) + "."
+        if held
+        else "No held-out set was scored."
+    )
     return f"{first} {second}"
 
 
 def heldout_markdown(rows: list[Row]) -> str:
     """Every held-out set as one Markdown table: each config's HM, PSI, nDCG@10 and its change against no
     calibration with the 95% interval (the console's held-out tables, as one artifact)."""
-    lines = ["# Held-out results", "",
-             "Change against no calibration on the same queries, with 95% paired-bootstrap intervals. "
-             "HM and nDCG@10 in points (x100), PSI 0-1 (lower is fairer).", "",
-             "| set | config | HM | PSI | nDCG@10 | ΔHM | ΔPSI | ΔnDCG@10 |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "# Held-out results",
+        "",
+        "Change against no calibration on the same queries, with 95% paired-bootstrap intervals. "
+        "HM and nDCG@10 in points (x100), PSI 0-1 (lower is fairer).",
+        "",
+        "| set | config | HM | PSI | nDCG@10 | ΔHM | ΔPSI | ΔnDCG@10 |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for name in rows[0].heldout:
         for row in rows:
             r, d = row.heldout[name].report, row.heldout[name].delta
             hm, psi = (f"{100 * r.hm:.2f}", f"{r.psi:.3f}") if r.hm is not None and r.psi is not None else ("–", "–")
-            lines.append(f"| {name} | {row.label} | {hm} | {psi} | {100 * r.ndcg10:.2f} | "
-                         f"{d.hm.format() if d and d.hm else '–'} | {d.psi.format(scale=1, digits=3) if d and d.psi else '–'} | "
-                         f"{d.ndcg10.format() if d else '–'} |")
+            lines.append(
+                f"| {name} | {row.label} | {hm} | {psi} | {100 * r.ndcg10:.2f} | "
+                f"{d.hm.format() if d and d.hm else '–'} | {d.psi.format(scale=1, digits=3) if d and d.psi else '–'} | "
+                f"{d.ndcg10.format() if d else '–'} |"
+            )
     return "\n".join(lines) + "\n"
 
 

@@ -36,7 +36,9 @@ def coordinate(session: Session) -> TuneOutcome | None:
         else:
             log.warning("%s is not in this search space (%s), so it is not run as a reference trial", label, space.outside(reference))
     outcome = run_session_trials(
-        session, floor, workers,
+        session,
+        floor,
+        workers,
         lambda staging: conclude(settings, study, tracker, evaluator, session.heldout, floor, staging, session.storage),
     )
     assert outcome is None or isinstance(outcome, TuneOutcome)
@@ -46,4 +48,3 @@ def coordinate(session: Session) -> TuneOutcome | None:
 def _reload_attrs(settings: TuneSettings, tracker: Tracker) -> dict[str, object]:
     """Study attributes beyond its identity: how to load the model again, where its runs are logged."""
     return {"trust_remote_code": settings.trust_remote_code, "tracking_uri": tracker.uri, "heldout": settings.heldout}
-

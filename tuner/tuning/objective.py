@@ -134,8 +134,11 @@ class TrialObjective:
         model = self.evaluator.model
         config = self.space.suggest(trial, model.spec.pooling, model.spec.padding_side)
         layers = list(config.resolve_layers(model.num_layers))
-        params = {**{k: round(v, 6) if isinstance(v, float) else v for k, v in trial.params.items()}, "layers": layers,
-                  "basket_shares": config.basket_shares}  # a parameter or fixed by the space: logged either way
+        params = {
+            **{k: round(v, 6) if isinstance(v, float) else v for k, v in trial.params.items()},
+            "layers": layers,
+            "basket_shares": config.basket_shares,
+        }  # a parameter or fixed by the space: logged either way
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
         key = calibration_key(params)
         trial.set_user_attr("calibration", key)
@@ -161,21 +164,42 @@ class TrialObjective:
         except optuna.TrialPruned:
             raise
         except (Exception, KeyboardInterrupt) as error:  # an aborted trial's run is closed FAILED too, never left open
-            reason = ("aborted: the run was stopped (Ctrl-C or SIGTERM) and the trial queued again"
-                      if isinstance(error, KeyboardInterrupt) else f"{error.__class__.__name__}: {error}")
+            reason = (
+                "aborted: the run was stopped (Ctrl-C or SIGTERM) and the trial queued again"
+                if isinstance(error, KeyboardInterrupt)
+                else f"{error.__class__.__name__}: {error}"
+            )
             trial.set_user_attr("failure_reason", reason)
-            self.tracker.finish_trial(self.study_name, TrialRecord(
-                trial.number, "FAIL", params, {}, {"posfair.failure": reason[:4000]},
-                description=f"{label} failed: {config_text}; {reason[:300]}", markers=[*markers, "failed"], start_ms=start_ms,
-            ))
+            self.tracker.finish_trial(
+                self.study_name,
+                TrialRecord(
+                    trial.number,
+                    "FAIL",
+                    params,
+                    {},
+                    {"posfair.failure": reason[:4000]},
+                    description=f"{label} failed: {config_text}; {reason[:300]}",
+                    markers=[*markers, "failed"],
+                    start_ms=start_ms,
+                ),
+            )
             raise
         self._record(trial, scored, metrics, constraints, layers)
         feasible = metrics["feasible"] == 1.0
-        self.tracker.finish_trial(self.study_name, TrialRecord(
-            trial.number, "COMPLETE", params, metrics, {"posfair.feasible": "yes" if feasible else "no"}, artifacts,
-            description=f"{label}: {config_text}: {describe_outcome(metrics, self.constraints.conservative)}.",
-            markers=markers + ([] if feasible else ["infeasible"]), start_ms=start_ms,
-        ))
+        self.tracker.finish_trial(
+            self.study_name,
+            TrialRecord(
+                trial.number,
+                "COMPLETE",
+                params,
+                metrics,
+                {"posfair.feasible": "yes" if feasible else "no"},
+                artifacts,
+                description=f"{label}: {config_text}: {describe_outcome(metrics, self.constraints.conservative)}.",
+                markers=markers + ([] if feasible else ["infeasible"]),
+                start_ms=start_ms,
+            ),
+        )
         if run_id is None and (run_id := self.tracker.trial_run_id(trial.number)):
             trial.set_user_attr("mlflow_run_id", run_id)
         return (scored.robust.objective, scored.tuning.report.hm) if self.pareto else scored.robust.objective  # type: ignore[return-value]
@@ -216,33 +240,44 @@ class TrialObjective:
             robust = RobustEvidence(tuple(seen))
             if self.prune and not reference:
                 trial.report(robust.objective, rung)
-                reason = prune_reason(robust, selection_threshold(trial.study, self.selection),
-                                      self._certain_violations(evidence, robust), [s.name for s in self.structures[step:]])
+                reason = prune_reason(
+                    robust,
+                    selection_threshold(trial.study, self.selection),
+                    self._certain_violations(evidence, robust),
+                    [s.name for s in self.structures[step:]],
+                )
                 if reason is not None:
-                    trial.set_user_attr(PRUNED_ATTR, {"rung": rung, "of": rungs, "reason": reason,
-                                                      "scored": [s.name for s in seen]})
+                    trial.set_user_attr(PRUNED_ATTR, {"rung": rung, "of": rungs, "reason": reason, "scored": [s.name for s in seen]})
                     return Scored(tuning, evidence, robust, crops, spent, pruned=reason, screen=screen)
             result = structure.run(config)
             spent += result.layer_tokens
-            seen.append(StructureEvidence(structure.name, trial_evidence(structure.baseline.per_query, result.per_query,
-                                                                         seed=trial.number)))
+            seen.append(
+                StructureEvidence(structure.name, trial_evidence(structure.baseline.per_query, result.per_query, seed=trial.number))
+            )
             if is_crops(structure.evaluator.dataset):
                 crops = result.report
         return Scored(tuning, evidence, RobustEvidence(tuple(seen)), crops, spent, screen=screen)
 
     def _certain_violations(self, evidence: TrialEvidence, robust: RobustEvidence, screen: bool = False) -> dict[str, float]:
         """Constraints missed beyond noise; on the screen only those its scores bound (not the reversal)."""
-        return certain_violations(evidence, robust, self.constraints.hm_floor, self.constraints.max_ndcg_drop,
-                                  None if screen else self.constraints.max_reversal)
+        return certain_violations(
+            evidence, robust, self.constraints.hm_floor, self.constraints.max_ndcg_drop, None if screen else self.constraints.max_reversal
+        )
 
     def _constraints(self, scored: Scored, general_delta: float | None = None) -> dict[str, float]:
         """The named constraint values (≤ 0 met) from what the trial's rungs measured (all of them, unless pruned)."""
         evidence = scored.evidence
         crops = self._crops_baseline()
         crops_psi = (scored.crops.psi, crops.psi) if scored.crops is not None and crops is not None else None
-        return self.constraints.values(evidence.hm, evidence.hm_low, evidence.ndcg_delta, general_delta, crops_psi,  # type: ignore[arg-type]
-                                       reversal=scored.robust.reversal(self.constraints.max_reversal or 0.0),
-                                       partial=scored.pruned is not None)
+        return self.constraints.values(
+            evidence.hm,
+            evidence.hm_low,
+            evidence.ndcg_delta,
+            general_delta,
+            crops_psi,  # type: ignore[arg-type]
+            reversal=scored.robust.reversal(self.constraints.max_reversal or 0.0),
+            partial=scored.pruned is not None,
+        )
 
     def _crops_baseline(self) -> PositionReport | None:
         return next((s.report for s in self.structures if is_crops(s.evaluator.dataset)), None)
@@ -285,8 +320,7 @@ class TrialObjective:
         """The pooled row's attention on a few passages (diagnostic only: selection never reads it)."""
         profile = AttentionProfile()
         encoder = CalibratedEncoder(self.evaluator.model, config)
-        encoder.encode(self.profile_texts, batch_size=self.evaluator.batch_size, batch_tokens=self.evaluator.batch_tokens,
-                       observer=profile)
+        encoder.encode(self.profile_texts, batch_size=self.evaluator.batch_size, batch_tokens=self.evaluator.batch_tokens, observer=profile)
         metrics.update(profile.summary())
         metrics["cost/layer_tokens"] += encoder.layer_tokens
         folder = self.staging / f"trial-{number}"
@@ -297,8 +331,9 @@ class TrialObjective:
         image = plot_profile(data, folder / "attention_profile.png", f"trial {number}: pooled-row attention by layer")
         return [json_path, image]
 
-    def _record(self, trial: optuna.Trial, scored: Scored, metrics: dict[str, float], constraints: dict[str, float],
-                layers: list[int]) -> None:
+    def _record(
+        self, trial: optuna.Trial, scored: Scored, metrics: dict[str, float], constraints: dict[str, float], layers: list[int]
+    ) -> None:
         """What selection, the conclusion and the dashboard read back from Optuna."""
         report = scored.tuning.report
         feasible = metrics["feasible"] == 1.0
@@ -306,20 +341,36 @@ class TrialObjective:
         # 6 significant digits, and the structures under their own attribute: the JSON stays under the 1,024
         # characters optuna-dashboard shows of a non-string attribute
         shown = {k: float(f"{v:.6g}") for k, v in metrics.items() if not k.startswith(("structure/", "screen/"))}
-        attributes = {"feasible": f"{'yes' if feasible else 'NO'}: {feasibility}", "metrics": shown, "layers": layers,
-                      "psi": report.psi, "hm": report.hm,
-                      "psi_se": scored.evidence.objective_se, "drift": scored.tuning.drift,
-                      "robust_psi": scored.robust.objective, "robust_psi_se": scored.robust.objective_se,
-                      "worst_structure": scored.robust.worst.name, "structures": scored.robust.per_structure(),
-                      "layer_tokens": int(metrics["cost/layer_tokens"])}
+        attributes = {
+            "feasible": f"{'yes' if feasible else 'NO'}: {feasibility}",
+            "metrics": shown,
+            "layers": layers,
+            "psi": report.psi,
+            "hm": report.hm,
+            "psi_se": scored.evidence.objective_se,
+            "drift": scored.tuning.drift,
+            "robust_psi": scored.robust.objective,
+            "robust_psi_se": scored.robust.objective_se,
+            "worst_structure": scored.robust.worst.name,
+            "structures": scored.robust.per_structure(),
+            "layer_tokens": int(metrics["cost/layer_tokens"]),
+        }
         for key, value in attributes.items():
             trial.set_user_attr(key, value)
         for name, value in constraints.items():
             trial.set_constraint(name, value)
         mark_for_dashboard(trial, list(constraints.values()))
 
-    def _record_pruned(self, trial: optuna.Trial, scored: Scored, params: dict[str, object], label: str, config_text: str,
-                       markers: list[str], start_ms: int) -> None:
+    def _record_pruned(
+        self,
+        trial: optuna.Trial,
+        scored: Scored,
+        params: dict[str, object],
+        label: str,
+        config_text: str,
+        markers: list[str],
+        start_ms: int,
+    ) -> None:
         """A pruned trial keeps what it measured, its partial constraint values (so TPE files it as infeasible
         when it was pruned for a constraint) and the rung and reason, in Optuna and in MLflow."""
         on_screen = scored.screen is not None and scored.evidence is scored.screen  # stopped on the screen
@@ -340,13 +391,19 @@ class TrialObjective:
             metrics["robust_psi"] = scored.robust.objective
         metrics |= {f"constraint_{name}": value for name, value in constraints.items()}
         metrics |= {"cost/layer_tokens": float(scored.layer_tokens), "pruned_at_rung": float(pruned["rung"])}
-        self.tracker.finish_trial(self.study_name, TrialRecord(
-            trial.number, "PRUNED", params, metrics,
-            {"posfair.pruned": f"rung {pruned['rung']} of {pruned['of']}: {pruned['reason']}"[:4000]},
-            description=f"{label}: {config_text}: pruned after {', '.join(pruned['scored'])} ({pruned['reason']}); "
-                        "never a candidate.",
-            markers=[*markers, "pruned"], start_ms=start_ms,
-        ))
+        self.tracker.finish_trial(
+            self.study_name,
+            TrialRecord(
+                trial.number,
+                "PRUNED",
+                params,
+                metrics,
+                {"posfair.pruned": f"rung {pruned['rung']} of {pruned['of']}: {pruned['reason']}"[:4000]},
+                description=f"{label}: {config_text}: pruned after {', '.join(pruned['scored'])} ({pruned['reason']}); never a candidate.",
+                markers=[*markers, "pruned"],
+                start_ms=start_ms,
+            ),
+        )
 
     # ---------------------------------------------------------------------------------- repeats
 
@@ -356,8 +413,14 @@ class TrialObjective:
         complete = complete_trials(trial.study)
         if sum(DUPLICATE_ATTR in t.user_attrs for t in complete) >= self.repeat_limit:
             return None
-        return next((t for t in complete if t.number != trial.number and DUPLICATE_ATTR not in t.user_attrs
-                     and t.user_attrs.get("calibration") == key), None)
+        return next(
+            (
+                t
+                for t in complete
+                if t.number != trial.number and DUPLICATE_ATTR not in t.user_attrs and t.user_attrs.get("calibration") == key
+            ),
+            None,
+        )
 
     def _repeat(self, trial: optuna.Trial, earlier: optuna.trial.FrozenTrial, params: dict[str, object]) -> float | tuple[float, float]:
         """Tell Optuna what the earlier trial measured (the sampler learns the truth) without running it again."""
@@ -372,13 +435,21 @@ class TrialObjective:
         if "feasible" in earlier.user_attrs:
             trial.set_user_attr("feasible", earlier.user_attrs["feasible"])
         metrics = {**earlier.user_attrs.get("metrics", {}), "cost/layer_tokens": 0.0}  # its figures, at no cost
-        self.tracker.finish_trial(self.study_name, TrialRecord(
-            trial.number, "COMPLETE", params, metrics, {"posfair.duplicate_of": str(earlier.number)},
-            description=f"Trial {trial.number} drew the calibration of trial {earlier.number} again "
-                        f"({describe_config(params, self.evaluator.model.num_layers)}): not run again and not counted "
-                        "towards --trials.",
-            markers=["duplicate"], start_ms=int(time.time() * 1000),
-        ))
+        self.tracker.finish_trial(
+            self.study_name,
+            TrialRecord(
+                trial.number,
+                "COMPLETE",
+                params,
+                metrics,
+                {"posfair.duplicate_of": str(earlier.number)},
+                description=f"Trial {trial.number} drew the calibration of trial {earlier.number} again "
+                f"({describe_config(params, self.evaluator.model.num_layers)}): not run again and not counted "
+                "towards --trials.",
+                markers=["duplicate"],
+                start_ms=int(time.time() * 1000),
+            ),
+        )
         values = earlier.values
         return (values[0], values[1]) if self.pareto else values[0]
 

@@ -14,8 +14,15 @@ from tuner.tuning.settings import DEFAULT_TRIALS, TuneSettings, dataset_reason
 from tuner.tuning.worker import StoppedEarlyError, quiet_libraries, run_as_worker
 
 __all__ = [
-    "DEFAULT_TRIALS", "NoFeasibleTrialError", "StoppedEarlyError", "TuneOutcome", "TuneSettings", "dataset_reason", "quiet_libraries",
-    "reexport", "tune",
+    "DEFAULT_TRIALS",
+    "NoFeasibleTrialError",
+    "StoppedEarlyError",
+    "TuneOutcome",
+    "TuneSettings",
+    "dataset_reason",
+    "quiet_libraries",
+    "reexport",
+    "tune",
 ]
 
 

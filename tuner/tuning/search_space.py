@@ -23,12 +23,20 @@ DEPTHS: dict[str, str | float] = {"last": "last", "25%": 0.25, "50%": 0.5, "75%"
 # trials; the baseline (λ 0) calibrates nothing and needs no shares.
 BASELINE_PARAMS: dict[str, object] = {"strength": 0.0, "depth": "last", "basket_size": 128, "variant": "cls_soft"}
 PAPER_DEFAULT_PARAMS: dict[str, object] = {
-    "strength": 0.5, "depth": "50%", "basket_size": 128, "variant": "cls_soft", "basket_shares": "equal",
+    "strength": 0.5,
+    "depth": "50%",
+    "basket_size": 128,
+    "variant": "cls_soft",
+    "basket_shares": "equal",
 }
 # The paper's own grid (§4): λ ∈ {0.5, 1}, the last layer or the last 50%, baskets of 128 or 256, the three
 # variants (CLS-Hard with w 0.3): 24 configs, `tune --grid paper`, the yardstick of the search's cost.
 PAPER_GRID: dict[str, list[object]] = {
-    "strength": [0.5, 1.0], "depth": ["last", "50%"], "basket_size": [128, 256], "variant": list(VARIANTS), "weight": [0.3],
+    "strength": [0.5, 1.0],
+    "depth": ["last", "50%"],
+    "basket_size": [128, 256],
+    "variant": list(VARIANTS),
+    "weight": [0.3],
 }
 GRIDS = {"paper": PAPER_GRID}
 
@@ -73,8 +81,10 @@ class SearchSpace:
         if not 0 < self.strength_step <= 1:
             problems.append(f"strength_step must be in (0, 1], got {self.strength_step}")
         elif abs(1 / self.strength_step - round(1 / self.strength_step)) > 1e-6:
-            problems.append(f"strength_step {self.strength_step} does not divide 1, so the grid of λ would stop short of 1; "
-                            "use e.g. 0.05, 0.1, 0.125 or 0.25")
+            problems.append(
+                f"strength_step {self.strength_step} does not divide 1, so the grid of λ would stop short of 1; "
+                "use e.g. 0.05, 0.1, 0.125 or 0.25"
+            )
         for key in ("depths", "basket_sizes", "variants"):
             values = list(getattr(self, key))
             twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
@@ -105,8 +115,9 @@ class SearchSpace:
             raise ConfigError(f"--space {path}: expected a mapping of setting: value, e.g. basket_sizes: [64, 128]")
         unknown = set(data) - set(cls.__dataclass_fields__)
         if unknown:
-            raise ConfigError(f"--space {path}: unknown search-space keys {sorted(map(str, unknown))}; "
-                              f"known: {sorted(cls.__dataclass_fields__)}")
+            raise ConfigError(
+                f"--space {path}: unknown search-space keys {sorted(map(str, unknown))}; known: {sorted(cls.__dataclass_fields__)}"
+            )
         problems = [problem for key, value in data.items() if (problem := _type_problem(key, value))]
         if problems:
             raise ConfigError(f"--space {path}: " + "; ".join(problems))
@@ -195,16 +206,22 @@ class SearchSpace:
         the paper's default cannot be run as a reference trial."""
         strength = float(params["strength"])  # type: ignore[arg-type]
         steps = strength / self.strength_step
-        reasons = [f"strength_step {self.strength_step:g} skips λ {strength:g}" if abs(steps - round(steps)) > 1e-6 else "",
-                   f"depths {list(self.depths)} lack {params['depth']}" if params["depth"] not in self.depths else "",
-                   f"basket sizes {list(self.basket_sizes)} lack {params['basket_size']}"
-                   if params["basket_size"] not in self.basket_sizes else "",
-                   f"variants {list(self.variants)} lack {params['variant']}" if params["variant"] not in self.variants else ""]
+        reasons = [
+            f"strength_step {self.strength_step:g} skips λ {strength:g}" if abs(steps - round(steps)) > 1e-6 else "",
+            f"depths {list(self.depths)} lack {params['depth']}" if params["depth"] not in self.depths else "",
+            f"basket sizes {list(self.basket_sizes)} lack {params['basket_size']}"
+            if params["basket_size"] not in self.basket_sizes
+            else "",
+            f"variants {list(self.variants)} lack {params['variant']}" if params["variant"] not in self.variants else "",
+        ]
         return "; ".join(reason for reason in reasons if reason)
 
 
 def config_of(
-    params: Mapping[str, object], basket_shares: str, pooling: Pooling, padding_side: PaddingSide,
+    params: Mapping[str, object],
+    basket_shares: str,
+    pooling: Pooling,
+    padding_side: PaddingSide,
     layers: list[int] | None = None,
 ) -> CalibrationConfig:
     """A trial's parameters as a config: the one place they become one, for a trial being run (`suggest`)

@@ -58,8 +58,10 @@ def check_available(settings: TuneSettings) -> None:
         except DatasetUnavailableError as error:
             problems.append(str(error))
             if name == settings.dataset and settings.dataset_defaulted:
-                problems.append(f"{name} is {settings.model}'s default dataset; to tune offline on the embedded "
-                                "WikiPos instead, add --dataset wikipos-dev")
+                problems.append(
+                    f"{name} is {settings.model}'s default dataset; to tune offline on the embedded "
+                    "WikiPos instead, add --dataset wikipos-dev"
+                )
     if problems:
         raise UnavailableError("\n".join(problems))
 
@@ -85,24 +87,34 @@ def split_datasets(settings: TuneSettings) -> tuple[PositionalDataset, list[Posi
 def check_held_out(tuning: PositionalDataset, heldout: list[PositionalDataset]) -> None:
     """A held-out set must be evidence the tuning never saw: neither the tuning set itself nor one whose relevant
     passages (compared by text, whatever their ids) are relevant passages of the tuning set."""
+
     def relevant(dataset: PositionalDataset) -> set[str]:
         return {dataset.corpus[d] for judged in dataset.qrels.values() for d, grade in judged.items() if grade > 0 and d in dataset.corpus}
 
     tuned = relevant(tuning)
     for held in heldout:
         if held.fingerprint() == tuning.fingerprint():
-            raise ValueError(f"--heldout {held.name} is the tuning set itself (--dataset {tuning.name}), so its figures would "
-                             "not be held out; choose a set built from other passages, or --heldout none")
+            raise ValueError(
+                f"--heldout {held.name} is the tuning set itself (--dataset {tuning.name}), so its figures would "
+                "not be held out; choose a set built from other passages, or --heldout none"
+            )
         theirs = relevant(held)
         if shared := len(theirs & tuned):
-            raise ValueError(f"--heldout {held.name} is not held out: {shared} of its {len(theirs)} relevant passages are "
-                             f"relevant passages of the tuning set {tuning.name}; choose a set built from other passages, "
-                             "or --heldout none")
+            raise ValueError(
+                f"--heldout {held.name} is not held out: {shared} of its {len(theirs)} relevant passages are "
+                f"relevant passages of the tuning set {tuning.name}; choose a set built from other passages, "
+                "or --heldout none"
+            )
 
 
 def estimate_cost(
-    evaluator: Evaluator, heldout: list[PositionalDataset], side: list[PositionalDataset], profile_docs: int,
-    structures: Sequence[PositionalDataset] = (), prune: bool = False, screen_passages: int = 0,
+    evaluator: Evaluator,
+    heldout: list[PositionalDataset],
+    side: list[PositionalDataset],
+    profile_docs: int,
+    structures: Sequence[PositionalDataset] = (),
+    prune: bool = False,
+    screen_passages: int = 0,
 ) -> StudyCost:
     """What this run will encode, priced by a probe on this device (see `tuner.evaluation.cost`)."""
     model, batches = evaluator.model, evaluator.batches()
@@ -120,8 +132,18 @@ def estimate_cost(
         per_trial += extra_tokens
         rungs += extra_tokens if prune and extra in structures else 0
     screen = batches.tokens() * screen_passages // max(len(tuning.corpus), 1)  # passages of average length
-    return StudyCost(probe(model, batches), batches.count, batches.tokens(), batches.truncated, model.max_length,
-                     per_trial, once, model.num_layers, rungs, screen)
+    return StudyCost(
+        probe(model, batches),
+        batches.count,
+        batches.tokens(),
+        batches.truncated,
+        model.max_length,
+        per_trial,
+        once,
+        model.num_layers,
+        rungs,
+        screen,
+    )
 
 
 def _fitting_space(space: SearchSpace, evaluator: Evaluator) -> SearchSpace:
@@ -132,7 +154,6 @@ def _fitting_space(space: SearchSpace, evaluator: Evaluator) -> SearchSpace:
         dropped = sorted(set(space.basket_sizes) - set(fitting.basket_sizes))
         log.info("basket sizes %s dropped from the search: the longest passage has %d content tokens", dropped, longest)
     return fitting
-
 
 
 @dataclass(frozen=True)
@@ -168,12 +189,16 @@ def prepare(settings: TuneSettings) -> Session:
     storage = settings.storage or default_storage()
     check_storage_url(storage)  # a malformed URL fails here too; the database is created with the study
     clean_orphans()  # temporary folders of killed runs
-    model = load_model(settings.model, revision=settings.revision, trust_remote_code=settings.trust_remote_code,
-                       pooling=settings.pooling)  # type: ignore[arg-type]
+    model = load_model(settings.model, revision=settings.revision, trust_remote_code=settings.trust_remote_code, pooling=settings.pooling)  # type: ignore[arg-type]
     tuning, heldout = within_reach(tuning, model), [within_reach(held, model) for held in heldout]
     evaluator = Evaluator(
-        model, tuning, settings.batch_size, show_progress=sys.stderr.isatty() and not settings.worker, batch_tokens=settings.batch_tokens,
-        cache_budget=settings.cache_budget, prefix_layers=settings.space.starting_layers(model.num_layers),
+        model,
+        tuning,
+        settings.batch_size,
+        show_progress=sys.stderr.isatty() and not settings.worker,
+        batch_tokens=settings.batch_tokens,
+        cache_budget=settings.cache_budget,
+        prefix_layers=settings.space.starting_layers(model.num_layers),
     )
     space = _fitting_space(settings.space, evaluator)
     if settings.grid is not None:
@@ -187,8 +212,15 @@ def prepare(settings: TuneSettings) -> Session:
         side = [general] if general is not None else []
         encoded = [s for s in structures if s.corpus != tuning.corpus]  # length halves reuse the tuning vectors
         screen = most_passages(tuning, settings.screen_queries) if settings.screens else 0
-        cost = estimate_cost(evaluator, heldout, side, settings.profile_docs, encoded, settings.prune,
-                             screen if screen <= SCREEN_SHARE * len(tuning.corpus) else 0)
+        cost = estimate_cost(
+            evaluator,
+            heldout,
+            side,
+            settings.profile_docs,
+            encoded,
+            settings.prune,
+            screen if screen <= SCREEN_SHARE * len(tuning.corpus) else 0,
+        )
         for line in cost.describe(settings.trials, DEFAULT_TRIALS):
             log.info(line)
     name = settings.study_name_for(model)
@@ -216,6 +248,14 @@ def prepare(settings: TuneSettings) -> Session:
         "screen_queries": settings.screen_queries,
     }
     worker_id = settings.worker_id or ("0" if not settings.worker else f"{socket.gethostname()}:{os.getpid()}")
-    study = open_study(name, storage, seed=settings.seed, pareto=settings.pareto, identity=identity, heartbeat=settings.heartbeat,
-                       worker=worker_id, grid=GRIDS[settings.grid] if settings.grid else None)
+    study = open_study(
+        name,
+        storage,
+        seed=settings.seed,
+        pareto=settings.pareto,
+        identity=identity,
+        heartbeat=settings.heartbeat,
+        worker=worker_id,
+        grid=GRIDS[settings.grid] if settings.grid else None,
+    )
     return Session(settings, tracker, storage, model, tuning, heldout, evaluator, space, general, structures, name, identity, study)

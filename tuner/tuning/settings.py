@@ -113,8 +113,9 @@ class TuneSettings:
     def constraints(self, baseline_hm: float) -> Constraints:
         """What a trial must respect, given the uncalibrated HM on the tuning split."""
         floor = HmFloor.parse(self.hm_floor)
-        return Constraints(floor.resolve(baseline_hm), floor.conservative, self.max_ndcg_drop, self.max_general_drop,
-                           self.max_crops_psi, self.max_reversal)
+        return Constraints(
+            floor.resolve(baseline_hm), floor.conservative, self.max_ndcg_drop, self.max_general_drop, self.max_crops_psi, self.max_reversal
+        )
 
     def study_name_for(self, model: LoadedModel) -> str:
         return self.study_name_from_alias(model.spec.alias)
@@ -131,7 +132,7 @@ class TuneSettings:
         if len(safe) <= MAX_STUDY_NAME:
             return safe
         digest = hashlib.sha256(plain.encode("utf-8")).hexdigest()[:12]
-        return f"{safe[:MAX_STUDY_NAME - len(digest) - 2]}--{digest}"
+        return f"{safe[: MAX_STUDY_NAME - len(digest) - 2]}--{digest}"
 
 
 def settings_in_force(settings: TuneSettings) -> dict[str, object]:
@@ -177,8 +178,10 @@ UNSET = {
 def describe_space(space: SearchSpace) -> str:
     """The search space in words, e.g. 'λ 0–1 in steps of 0.05; layers last, 25%, 50%; baskets 64, 128; ...'."""
     variants = ", ".join(space.variants) + (f" (w {space.weight_low:g}–{space.weight_high:g})" if "cls_hard" in space.variants else "")
-    return (f"λ 0–1 in steps of {space.strength_step:g}; layers {', '.join(space.depths)}; "
-            f"baskets {', '.join(map(str, space.basket_sizes))}; {variants}; basket shares {', '.join(space.basket_shares)}")
+    return (
+        f"λ 0–1 in steps of {space.strength_step:g}; layers {', '.join(space.depths)}; "
+        f"baskets {', '.join(map(str, space.basket_sizes))}; {variants}; basket shares {', '.join(space.basket_shares)}"
+    )
 
 
 def worker_devices(workers: int) -> list[str | None]:
@@ -220,8 +223,10 @@ def check_run_options(settings: TuneSettings) -> None:
     if not 0 <= settings.seed < 2**32:
         raise ValueError(f"--seed must be between 0 and 4294967295, got {settings.seed}")
     if settings.study_name is not None and not STUDY_NAME.match(settings.study_name):
-        raise ValueError(f"--study-name {shown(settings.study_name)}: use letters, digits, '.', '_' and '-' (up to 200, "
-                         "not starting with '.' or '-'); the name becomes a file name under mlruns/exports")
+        raise ValueError(
+            f"--study-name {shown(settings.study_name)}: use letters, digits, '.', '_' and '-' (up to 200, "
+            "not starting with '.' or '-'); the name becomes a file name under mlruns/exports"
+        )
     if settings.output is not None:
         check_writable(settings.output, "--output")
     if settings.tracking_uri is not None:
@@ -241,8 +246,9 @@ def dataset_reason(settings: TuneSettings) -> str:
     if not settings.dataset_defaulted:
         return "given with --dataset"
     if settings.dataset == "fineweb-posq":
-        return (f"default for {settings.model}, a long-passage model: FineWeb-PosQ's web passages of 500-1,024 words, "
-                "as the paper tunes; the authors' sampling (1,000 questions per position group, seed 42), tuned on "
-                "half the passages, reported on the other half. Offline alternative: --dataset wikipos-dev")
+        return (
+            f"default for {settings.model}, a long-passage model: FineWeb-PosQ's web passages of 500-1,024 words, "
+            "as the paper tunes; the authors' sampling (1,000 questions per position group, seed 42), tuned on "
+            "half the passages, reported on the other half. Offline alternative: --dataset wikipos-dev"
+        )
     return "default: WikiPos-dev, embedded in posfair (passages of <= 512 tokens); reported on WikiPos-test"
-

@@ -94,8 +94,10 @@ def make_storage(url: str, heartbeat: int = HEARTBEAT_SECONDS) -> RDBStorage:
         database.parent.mkdir(parents=True, exist_ok=True)
         for path in (database, database.parent):  # SQLite writes its journal beside the file: both must be writable
             if path.exists() and not os.access(path, os.W_OK):
-                raise ValueError(f"study storage {path} is read-only{' (its folder)' if path != database else ''}, so no trial "
-                                 f"could be recorded; make it writable (chmod u+w {path}) or choose another --storage")
+                raise ValueError(
+                    f"study storage {path} is read-only{' (its folder)' if path != database else ''}, so no trial "
+                    f"could be recorded; make it writable (chmod u+w {path}) or choose another --storage"
+                )
     attempt = 0
     while True:
         try:
@@ -106,15 +108,19 @@ def make_storage(url: str, heartbeat: int = HEARTBEAT_SECONDS) -> RDBStorage:
                     heartbeat_interval=heartbeat,
                     grace_period=3 * heartbeat,
                     heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=2),
-                    engine_kwargs={"pool_pre_ping": True, **({"connect_args": {"timeout": SQLITE_WAIT_SECONDS}}
-                                                             if url.startswith("sqlite") else {})},
+                    engine_kwargs={
+                        "pool_pre_ping": True,
+                        **({"connect_args": {"timeout": SQLITE_WAIT_SECONDS}} if url.startswith("sqlite") else {}),
+                    },
                 )
                 if url.startswith("sqlite"):
                     _take_the_write_lock_first(storage.engine)
                 return storage
         except Exception as error:  # noqa: BLE001 - sqlalchemy raises many kinds for a bad URL
             attempt += 1
-            racing = any(sign in str(error) for sign in ("already exists", "duplicate key", "database is locked", "UNIQUE constraint failed"))
+            racing = any(
+                sign in str(error) for sign in ("already exists", "duplicate key", "database is locked", "UNIQUE constraint failed")
+            )
             if not racing or attempt == SCHEMA_ATTEMPTS:
                 raise ValueError(
                     f"cannot open study storage {url!r}: {str(error).splitlines()[0]}. "
@@ -141,8 +147,15 @@ def _take_the_write_lock_first(engine: sqlalchemy.engine.Engine) -> None:
 
 
 def open_study(
-    name: str, storage: str, *, seed: int, pareto: bool, identity: dict[str, object], heartbeat: int = HEARTBEAT_SECONDS,
-    worker: str = "0", grid: Mapping[str, Sequence[object]] | None = None,
+    name: str,
+    storage: str,
+    *,
+    seed: int,
+    pareto: bool,
+    identity: dict[str, object],
+    heartbeat: int = HEARTBEAT_SECONDS,
+    worker: str = "0",
+    grid: Mapping[str, Sequence[object]] | None = None,
 ) -> optuna.Study:
     """Create or resume a study; `identity` (model, dataset, floor, space...) must match on resume. The sampler
     is seeded from `seed` and the `worker` identity (`sampler_seed`); with `grid`, Optuna's `GridSampler`
@@ -182,8 +195,9 @@ def enqueue_once(study: optuna.Study, params: dict[str, object], user_attrs: dic
     are empty until then), so both are compared: a second `tune` on the study never queues them again.
     """
     attrs = user_attrs or {}
-    if not any(_fixed_params(t) == params and all(t.user_attrs.get(k) == v for k, v in attrs.items())
-               for t in study.get_trials(deepcopy=False)):
+    if not any(
+        _fixed_params(t) == params and all(t.user_attrs.get(k) == v for k, v in attrs.items()) for t in study.get_trials(deepcopy=False)
+    ):
         study.enqueue_trial(params, user_attrs=attrs or None)
 
 
@@ -252,8 +266,9 @@ def fail_dead_trials(study: optuna.Study) -> list[int]:
             pass  # another process got there first
     _requeue(study, failed)
     for trial in failed:
-        log.warning("trial %d was left RUNNING by process %s, which is gone; it is re-run", trial.number,
-                    trial.user_attrs[OWNER_ATTR]["pid"])
+        log.warning(
+            "trial %d was left RUNNING by process %s, which is gone; it is re-run", trial.number, trial.user_attrs[OWNER_ATTR]["pid"]
+        )
     return [t.number for t in failed]
 
 
@@ -283,8 +298,7 @@ def claim_export(study: optuna.Study) -> dict[str, object] | None:
             owner = attrs.get(OWNER_ATTR) or {}
             if "export" in attrs or owner.get("host") != socket.gethostname() or _process_alive(int(owner.get("pid", os.getpid()))):
                 return attrs
-            log.warning("the export of study %s by process %s did not finish (it is gone); it is done here",
-                        study.study_name, owner["pid"])
+            log.warning("the export of study %s by process %s did not finish (it is gone); it is done here", study.study_name, owner["pid"])
             try:
                 storage.delete_study(mark_id)
             except KeyError:
@@ -303,14 +317,19 @@ def record_export(study: optuna.Study, path: Path) -> None:
 def _requeue(study: optuna.Study, trials: Sequence[FrozenTrial]) -> None:
     """Queue failed trials again with what they had drawn (the storage's retry callback, as for stale ones)."""
     heartbeat_storage = study._storage  # a cache around the RDBStorage: ask it, whatever its class
-    retry = heartbeat_storage.get_heartbeat_stale_trial_callback() if hasattr(heartbeat_storage, "get_heartbeat_stale_trial_callback") else None
+    retry = (
+        heartbeat_storage.get_heartbeat_stale_trial_callback() if hasattr(heartbeat_storage, "get_heartbeat_stale_trial_callback") else None
+    )
     for trial in trials:
         if retry is not None:
             retry(study, study._storage.get_trial(trial._trial_id))
 
 
 def run_trials(
-    study: optuna.Study, objective: Callable[[optuna.Trial], object], n_complete: int, callbacks: Sequence[TrialCallback] = (),
+    study: optuna.Study,
+    objective: Callable[[optuna.Trial], object],
+    n_complete: int,
+    callbacks: Sequence[TrialCallback] = (),
     poll_seconds: float = 2.0,
 ) -> TrialsEnd:
     """Run until `n_complete` trials are finished (complete, or pruned between rungs); failed trials are
@@ -347,9 +366,13 @@ def run_trials(
             raise optuna.TrialPruned(f"the study already has {n_complete} trials")
         system = study._storage.get_trial(trial._trial_id).system_attrs
         fixed = system.get("fixed_params")
-        if fixed and "failed_trial" not in system and any(
-            "failed_trial" not in t.system_attrs and t.state not in (TrialState.FAIL, TrialState.PRUNED)
-            and _fixed_params(t) == fixed for t in ahead
+        if (
+            fixed
+            and "failed_trial" not in system
+            and any(
+                "failed_trial" not in t.system_attrs and t.state not in (TrialState.FAIL, TrialState.PRUNED) and _fixed_params(t) == fixed
+                for t in ahead
+            )
         ):
             trial.set_user_attr(SURPLUS_ATTR, True)
             raise optuna.TrialPruned("these fixed parameters are already queued in an earlier trial")
@@ -368,8 +391,10 @@ def run_trials(
             while len(finished(study)) < n_complete and not interrupted() and len(failed_here) < failures_allowed:
                 if not room(study):  # the rest are running elsewhere: wait until they complete or are found dead
                     if not waiting_said:
-                        log.info("waiting for %d trial(s) running in other processes",
-                                 len(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))))
+                        log.info(
+                            "waiting for %d trial(s) running in other processes",
+                            len(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))),
+                        )
                         waiting_said = True
                     time.sleep(poll_seconds)
                     fail_dead_trials(study)
@@ -391,8 +416,11 @@ def run_trials(
                 except (ValueError, AssertionError):  # optuna#5470: Optuna cannot tell a trial failed by another process
                     if not (current and _failed_elsewhere(study, current[0])):
                         raise
-                    log.warning("trial %d was declared dead by another worker (missed heartbeats); it is re-run as a new "
-                                "trial and this worker goes on", current[0].number)
+                    log.warning(
+                        "trial %d was declared dead by another worker (missed heartbeats); it is re-run as a new "
+                        "trial and this worker goes on",
+                        current[0].number,
+                    )
         except KeyboardInterrupt:  # a second signal or the grace period's end: the trial is aborted and queued again
             requeued = _abort(study, current[0]) if current else None
             stopped: str | None = interrupted() or "interrupted"
@@ -462,8 +490,9 @@ def _stop_after_current_trial(study: optuna.Study) -> Iterator[Callable[[], str 
         if signum == signal.SIGTERM:
             requested = "terminated"
             grace = stop_grace()
-            log.warning("SIGTERM: finishing the current trial within %g s, then stopping (after that it is aborted and "
-                        "queued to run again)", grace)
+            log.warning(
+                "SIGTERM: finishing the current trial within %g s, then stopping (after that it is aborted and queued to run again)", grace
+            )
             signal.signal(signal.SIGALRM, abort)
             signal.setitimer(signal.ITIMER_REAL, max(grace, 1e-3))
         else:
@@ -490,10 +519,16 @@ def candidates(study: optuna.Study) -> list[Candidate]:
     tuning PSI for trials recorded before structures), its standard error, drift and constraint values.
     A repeat of an earlier trial is that trial, so it is not a candidate of its own."""
     return [
-        Candidate(t.number, t.user_attrs.get("robust_psi", t.user_attrs["psi"]),
-                  t.user_attrs.get("robust_psi_se", t.user_attrs.get("psi_se", 0.0)), t.user_attrs.get("drift", 0.0),
-                  tuple(constraints_of(t)), t.user_attrs["hm"])
-        for t in complete_trials(study) if DUPLICATE_ATTR not in t.user_attrs
+        Candidate(
+            t.number,
+            t.user_attrs.get("robust_psi", t.user_attrs["psi"]),
+            t.user_attrs.get("robust_psi_se", t.user_attrs.get("psi_se", 0.0)),
+            t.user_attrs.get("drift", 0.0),
+            tuple(constraints_of(t)),
+            t.user_attrs["hm"],
+        )
+        for t in complete_trials(study)
+        if DUPLICATE_ATTR not in t.user_attrs
     ]
 
 
@@ -524,8 +559,10 @@ def trial_by_number(study: optuna.Study, number: int) -> tuple[FrozenTrial, Sele
     found = {c.trial_number: c for c in candidates(study)}
     if number not in found:
         complete = sorted(found)
-        raise ValueError(f"--trial {number}: study {study.study_name!r} has no complete trial {number}; "
-                         f"complete trials: {complete[:20]}{' …' if len(complete) > 20 else ''}")
+        raise ValueError(
+            f"--trial {number}: study {study.study_name!r} has no complete trial {number}; "
+            f"complete trials: {complete[:20]}{' …' if len(complete) > 20 else ''}"
+        )
     if not found[number].feasible:
         log.warning("trial %d misses a constraint of the study; exported as asked", number)
     return study.trials[number], chosen(found[number])

@@ -50,7 +50,9 @@ def run_as_worker(session: Session) -> None:
 
 
 def run_session_trials(
-    session: Session, floor: float, workers: list[multiprocessing.process.BaseProcess],
+    session: Session,
+    floor: float,
+    workers: list[multiprocessing.process.BaseProcess],
     conclude: Callable[[Path], object] | None = None,
 ) -> object:
     """Open the study's parent run, run trials until the study has enough, wait for the local `workers`,
@@ -63,25 +65,41 @@ def run_session_trials(
         params={**identity, "floor_value": floor, "trials": settings.trials, "storage": storage},
         tags={"posfair.model": model.spec.alias, "posfair.dataset": tuning.name},
         description=f"Study {name}: {settings.trials} trials tuning {model.spec.alias} on {tuning.name}; "
-                    f"lowest PSI subject to HM >= {100 * floor:.2f} (--hm-floor {settings.hm_floor}).",
+        f"lowest PSI subject to HM >= {100 * floor:.2f} (--hm-floor {settings.hm_floor}).",
     )
     staging = scratch_dir()
     try:
         objective = TrialObjective(
-            evaluator, space, replace(settings.constraints(0.0), hm_floor=floor), tracker, name, staging,
-            pareto=settings.pareto, general=_side_set(model, settings, general, cache_budget=0),  # short documents
-            structures=[SideSet(_evaluator(model, settings, s, prefix_layers=evaluator.cache.prefix_layers, cache_budget=settings.cache_budget))
-                        if s.corpus != tuning.corpus else SideSet(_evaluator(model, settings, s, cache_budget=0), shares=evaluator)
-                        for s in session.structures],
+            evaluator,
+            space,
+            replace(settings.constraints(0.0), hm_floor=floor),
+            tracker,
+            name,
+            staging,
+            pareto=settings.pareto,
+            general=_side_set(model, settings, general, cache_budget=0),  # short documents
+            structures=[
+                SideSet(_evaluator(model, settings, s, prefix_layers=evaluator.cache.prefix_layers, cache_budget=settings.cache_budget))
+                if s.corpus != tuning.corpus
+                else SideSet(_evaluator(model, settings, s, cache_budget=0), shares=evaluator)
+                for s in session.structures
+            ],
             screen=_screen(session),
-            profile_docs=settings.profile_docs, selection=settings.selection, prune=settings.prune, repeat_limit=settings.trials,
+            profile_docs=settings.profile_docs,
+            selection=settings.selection,
+            prune=settings.prune,
+            repeat_limit=settings.trials,
         )
         evaluator.show_progress = False  # the trial bar (on a terminal) and the per-trial lines take over
         with StudyProgress(settings.trials, len(finished(study)), bar=not settings.worker, workers=settings.workers) as progress:
             stores = _local_stores(session)
             try:
-                ended = run_trials(study, objective, settings.trials, [partial(_log_trial, progress=progress),
-                                                                       lambda s, trial: _require_stores(stores, trial.number)])
+                ended = run_trials(
+                    study,
+                    objective,
+                    settings.trials,
+                    [partial(_log_trial, progress=progress), lambda s, trial: _require_stores(stores, trial.number)],
+                )
             except Exception:  # whatever the storage raised, a deleted store is the cause to name
                 _require_stores(stores, None)
                 raise
@@ -94,8 +112,9 @@ def run_session_trials(
             _stop_short(ended, session)
         return conclude(staging) if conclude is not None else None
     except KeyboardInterrupt as error:  # Ctrl-C or SIGTERM outside a trial (a side set's baseline, the conclusion)
-        _stop_short(TrialsEnd(len(finished(study)), settings.trials, "terminated" if isinstance(error, Terminated)
-                              else "interrupted"), session)
+        _stop_short(
+            TrialsEnd(len(finished(study)), settings.trials, "terminated" if isinstance(error, Terminated) else "interrupted"), session
+        )
     finally:
         for worker in workers:
             if worker.is_alive():
@@ -110,8 +129,10 @@ class StoreLostError(UserError, RuntimeError):
 
 def _local_stores(session: Session) -> dict[Path, int]:
     """The study's SQLite files on this machine (Optuna's and MLflow's) with their inodes, watched while trials run."""
-    stores = [Path(session.storage.removeprefix("sqlite:///")) if session.storage.startswith("sqlite:///") else None,
-              local_store(session.tracker.uri)]
+    stores = [
+        Path(session.storage.removeprefix("sqlite:///")) if session.storage.startswith("sqlite:///") else None,
+        local_store(session.tracker.uri),
+    ]
     return {store.resolve(): store.stat().st_ino for store in stores if store is not None and store.exists()}
 
 
@@ -127,7 +148,8 @@ def _require_stores(stores: dict[Path, int], trial: int | None) -> None:
             raise StoreLostError(
                 f"{store} was deleted while the study ran (was {store.parent.name}/ removed?), so nothing more can be "
                 f"recorded; stopped{f' after trial {trial}' if trial is not None else ''}. Restore it (from a backup or "
-                "the trash) and run the same command again to resume, or start afresh in an empty folder") from None
+                "the trash) and run the same command again to resume, or start afresh in an empty folder"
+            ) from None
 
 
 class StoppedEarlyError(UserError, RuntimeError):
@@ -144,15 +166,25 @@ class StoppedEarlyError(UserError, RuntimeError):
 def _stop_short(ended: TrialsEnd, session: Session) -> NoReturn:
     """Say that the study ended short, mark the MLflow parent run, and end with an error: no export."""
     signalled = ended.stopped in ("interrupted", "terminated")
-    why = ("terminated by SIGTERM" if ended.stopped == "terminated" else "interrupted" if signalled
-           else f"{ended.failures} trials of this run failed")
+    why = (
+        "terminated by SIGTERM"
+        if ended.stopped == "terminated"
+        else "interrupted"
+        if signalled
+        else f"{ended.failures} trials of this run failed"
+    )
     requeued = f"; trial {ended.requeued} was aborted and is queued to run again" if ended.requeued is not None else ""
-    message = (f"stopped early ({why}): {ended.complete} of {ended.target} trials complete{requeued}; nothing exported. "
-               f"Run the same command again to resume, or `tune export --study-name {session.name}` to export the winner so far")
+    message = (
+        f"stopped early ({why}): {ended.complete} of {ended.target} trials complete{requeued}; nothing exported. "
+        f"Run the same command again to resume, or `tune export --study-name {session.name}` to export the winner so far"
+    )
     if not session.settings.worker:
-        session.tracker.finish_study({"complete_trials": ended.complete}, [],
-                                     {"posfair.outcome": f"stopped early ({why}): {ended.complete} of {ended.target} trials"},
-                                     "KILLED" if signalled else "FAILED")
+        session.tracker.finish_study(
+            {"complete_trials": ended.complete},
+            [],
+            {"posfair.outcome": f"stopped early ({why}): {ended.complete} of {ended.target} trials"},
+            "KILLED" if signalled else "FAILED",
+        )
     raise StoppedEarlyError(message, ended.stopped or "failures")
 
 
@@ -171,8 +203,10 @@ def start_workers(settings: TuneSettings, count: int) -> list[multiprocessing.pr
     there are several (`worker_devices`: worker i sees only its GPU, as cuda:0; this process keeps the first)."""
     context = multiprocessing.get_context("spawn")
     devices = worker_devices(count + 1)[1:]
-    workers = [context.Process(target=_work, args=(replace(settings, workers=1, worker=True, worker_id=str(i + 1)),), daemon=False)
-               for i in range(count)]
+    workers = [
+        context.Process(target=_work, args=(replace(settings, workers=1, worker=True, worker_id=str(i + 1)),), daemon=False)
+        for i in range(count)
+    ]
     for worker, device in zip(workers, devices):
         with _visible_device(device):
             worker.start()
@@ -257,18 +291,31 @@ def _log_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial, progress: S
         truncated = int(attrs.get("metrics", {}).get("truncated_documents", 0))
         worst = f"  worst {attrs['robust_psi']:.3f} on {attrs['worst_structure']}" if "worst_structure" in attrs else ""
         log.info(
-            "trial %d: PSI %.3f ± %.3f%s  ΔnDCG@10 %+.2f  drift %.4f  %s  (%s)  %.0f s%s", trial.number,
-            attrs["psi"], attrs.get("psi_se", 0.0), worst, 100 * attrs["metrics"].get("ndcg10_delta", 0.0), attrs.get("drift", 0.0),
+            "trial %d: PSI %.3f ± %.3f%s  ΔnDCG@10 %+.2f  drift %.4f  %s  (%s)  %.0f s%s",
+            trial.number,
+            attrs["psi"],
+            attrs.get("psi_se", 0.0),
+            worst,
+            100 * attrs["metrics"].get("ndcg10_delta", 0.0),
+            attrs.get("drift", 0.0),
             attrs.get("feasible", "").partition(": ")[2] or f"HM {100 * attrs['hm']:.2f}",
-            ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                      for k, v in {**trial.params, "basket_shares": trial_basket_shares(trial)}.items()),
+            ", ".join(
+                f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                for k, v in {**trial.params, "basket_shares": trial_basket_shares(trial)}.items()
+            ),
             trial.duration.total_seconds() if trial.duration else 0.0,
             f"  {truncated} passages truncated" if truncated else "",
         )
     elif trial.state == TrialState.PRUNED and PRUNED_ATTR in attrs:
         pruned = attrs[PRUNED_ATTR]
-        log.info("trial %d pruned after rung %d of %d (%s): %s", trial.number, pruned["rung"], pruned["of"],
-                 ", ".join(pruned["scored"]), pruned["reason"])
+        log.info(
+            "trial %d pruned after rung %d of %d (%s): %s",
+            trial.number,
+            pruned["rung"],
+            pruned["of"],
+            ", ".join(pruned["scored"]),
+            pruned["reason"],
+        )
     elif attrs.get(SURPLUS_ATTR):
         return
     else:
@@ -287,14 +334,25 @@ def _screen(session: Session) -> SideSet | None:
     share = len(pooled.corpus) / len(session.tuning.corpus)
     if share > SCREEN_SHARE:
         if not settings.worker:
-            log.info("no pooled screen: a pool of %d queries would hold %.0f%% of %s's passages", len(pooled.queries),
-                     100 * share, session.tuning.name)
+            log.info(
+                "no pooled screen: a pool of %d queries would hold %.0f%% of %s's passages",
+                len(pooled.queries),
+                100 * share,
+                session.tuning.name,
+            )
         return None
     if not settings.worker:
-        log.info("pooled screen: %d queries over %d of %s's %d passages (%.0f%%), scored first in every trial",
-                 len(pooled.queries), len(pooled.corpus), session.tuning.name, len(session.tuning.corpus), 100 * share)
-    return SideSet(_evaluator(session.model, settings, pooled, prefix_layers=evaluator.cache.prefix_layers,
-                              cache_budget=settings.cache_budget))
+        log.info(
+            "pooled screen: %d queries over %d of %s's %d passages (%.0f%%), scored first in every trial",
+            len(pooled.queries),
+            len(pooled.corpus),
+            session.tuning.name,
+            len(session.tuning.corpus),
+            100 * share,
+        )
+    return SideSet(
+        _evaluator(session.model, settings, pooled, prefix_layers=evaluator.cache.prefix_layers, cache_budget=settings.cache_budget)
+    )
 
 
 def _side_set(model: LoadedModel, settings: TuneSettings, dataset: PositionalDataset | None, **cache: Any) -> SideSet | None:
