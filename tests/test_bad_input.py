@@ -960,6 +960,11 @@ def test_a_full_disk_at_export_leaves_no_file_no_registry_version_and_a_failed_p
     assert client.search_model_versions() == []
     parent = client.search_runs([client.get_experiment_by_name("posfair").experiment_id], "tags.`posfair.role` = 'study'")[0]
     assert parent.info.status == "FAILED" and "No space left on device" in parent.data.tags["posfair.outcome"]
+    # `tune export` of that study on the same full disk: the parent run it reopened is closed FAILED, not left RUNNING
+    output = tune("export", "--study-name", parent.data.tags["posfair.study"], "--output", str(in_tmp / "again.yaml"))
+    assert "No space left on device" in output and not (in_tmp / "again.yaml").exists()
+    parent = client.get_run(parent.info.run_id)
+    assert parent.info.status == "FAILED" and "No space left on device" in parent.data.tags["posfair.outcome"]
 
 
 def test_a_read_only_study_database_is_named_as_the_cause(tiny_model_dir, tiny_data: Path, in_tmp: Path) -> None:

@@ -20,7 +20,8 @@ import logging
 import os
 import tempfile
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,9 +31,9 @@ from tuner.calibration import ResolvedCalibration
 from tuner.calibration.attention import RowSums
 from tuner.common.files import CACHE
 from tuner.data import PositionalDataset
-from tuner.engine.encoder import Batches
+from tuner.engine.encoder import Batches, BatchScope
 from tuner.engine.models import LoadedModel
-from tuner.engine.prefix import LayerStack, ResumeUnsupportedError
+from tuner.engine.prefix import LayerStack, ResumeUnsupportedError, Sink, resumed_from
 from tuner.evaluation.store import (
     DEFAULT_BUDGET,
     DiskCache,
@@ -96,6 +97,16 @@ class BatchSums:
             owner.used += sums.nbytes
 
 
+@dataclass(frozen=True)
+class LayerRecording:
+    """What one pass over the corpus records (`CachePolicy.recording`): the layers whose inputs it hands to
+    `sink`, hooked on `stack` (`tuner.engine.prefix.recorded_into`, `record_layer_inputs`)."""
+
+    stack: LayerStack
+    layers: list[int]
+    sink: Sink
+
+
 class CachePolicy:
     """What one evaluator (one model on one dataset, batched one way) keeps, where, and within what budget.
 
@@ -108,6 +119,7 @@ class CachePolicy:
                   (`tuner.engine.prefix.starting_layers`); none by default
     ram_limit     bytes of layer inputs held in RAM; the rest are memory-mapped (None: half the
                   available memory)
+    keep_on_disk  keep every calibration's document vectors in the disk cache too (`calibrated`, `encoded`)
     """
 
     def __init__(
@@ -122,8 +134,10 @@ class CachePolicy:
         cache_budget: int | None = None,
         prefix_layers: Sequence[int] = (),
         ram_limit: int | None = None,
+        keep_on_disk: bool = False,
     ) -> None:
         self.model = model
+        self.keep_on_disk = keep_on_disk
         self.cache_budget = cache_budget
         self.prefix_layers = tuple(sorted({int(x) for x in prefix_layers if 0 < int(x) < model.num_layers}))
         self.ram_limit = ram_limit
@@ -222,6 +236,24 @@ class CachePolicy:
         while len(self._recent) > RECENT_CONFIGS:
             self._recent.popitem(last=False)
 
+    def calibrated(self, spec: ResolvedCalibration, shape: tuple[int, int]) -> tuple[np.ndarray, int] | None:
+        """A calibration's document vectors if they are at hand (a recent config's, else with `keep_on_disk` the
+        disk cache's, kept as recent from then on), and how many documents were truncated; None: encode them.
+        Where vectors are looked for, and in what order, is this policy's to decide, not the evaluator's."""
+        found = self.recent(spec)
+        if found is None and self.keep_on_disk:
+            found = self.load_calibrated(spec, shape)
+            if found is not None:
+                self.keep(spec, *found)
+        return found
+
+    def encoded(self, spec: ResolvedCalibration, vectors: np.ndarray, truncated: int) -> None:
+        """Keep a calibration's freshly encoded vectors where `calibrated` will look: as recent, and with
+        `keep_on_disk` in the disk cache too."""
+        self.keep(spec, vectors, truncated)
+        if self.keep_on_disk:
+            self.save_calibrated(spec, vectors, truncated)
+
     # ------------------------------------------------------------------------------ layer inputs
 
     def plan_layer_inputs(self, batches: Batches) -> None:
@@ -263,6 +295,47 @@ class CachePolicy:
                 self.inputs[layer] = self.store.loaded[layer]
             else:
                 log.warning("layer %d: the recorded inputs did not read back; trials from it run the full pass", layer)
+
+    def needs_recording(self) -> bool:
+        """Whether planned layer inputs are still unrecorded: the next pass over the corpus should record them
+        (`recording`). False before `plan_layer_inputs`."""
+        return self.store is not None and bool(self.missing)
+
+    @contextmanager
+    def recording(self) -> Iterator[LayerRecording]:
+        """Record the missing layer inputs during the block, a pass over the corpus that hooks the yielded
+        `LayerRecording`: if the block completes they are committed and read back, ready to resume from
+        (`recorded`); if it raises they are discarded. The policy, not the pass, keeps the books of what is
+        recorded. Only when `needs_recording`."""
+        assert self.store is not None and self.stack is not None
+        layers = list(self.missing)
+        with self.store.recording(layers):
+            yield LayerRecording(self.stack, layers, self.store.record)
+        self.recorded(layers)
+
+    def may_resume(self, first_calibrated: int) -> bool:
+        """Whether a calibration whose first calibrated layer is `first_calibrated` could skip layers: a layer
+        worth caching (`prefix_layers`) lies at or before it. Layer 0 has nothing before it. Asks no planning,
+        so a config that cannot resume costs no pass."""
+        return first_calibrated > 0 and any(layer <= first_calibrated for layer in self.prefix_layers)
+
+    def resume_layer(self, first_calibrated: int) -> int | None:
+        """The deepest layer at or before `first_calibrated` whose inputs are recorded: where the config's pass
+        resumes; None: it runs the full forward."""
+        usable = [layer for layer in self.inputs if layer <= first_calibrated]
+        return max(usable) if usable else None
+
+    def resumed_from(self, layer: int) -> BatchScope:
+        """For `encoder.forward`: each batch runs only the layers from `layer` on (a `resume_layer`), from its
+        recorded inputs."""
+        assert self.stack is not None
+        return resumed_from(self.stack, layer, self.inputs[layer].batch)
+
+    def cached_layers(self, batches: Batches) -> tuple[int, ...]:
+        """The layers whose inputs are cached or will be recorded by the next pass over the corpus (planning
+        them first if need be)."""
+        self.plan_layer_inputs(batches)
+        return tuple(sorted({*self.inputs, *self.missing}))
 
     def first_layer_sums(self, batches: Batches) -> FirstLayerSums | None:
         """Sums shared by trials with the same first calibrated layer (mean pooling), held in RAM within

@@ -26,7 +26,7 @@ from tuner.calibration import CalibrationConfig
 from tuner.data import PositionalDataset
 from tuner.engine.encoder import CalibratedEncoder, choose_batching, forward
 from tuner.engine.models import LoadedModel
-from tuner.engine.prefix import Batches, record_layer_inputs, recorded_into, resumed_from
+from tuner.engine.prefix import Batches, record_layer_inputs, recorded_into
 from tuner.evaluation.cache_policy import CachePolicy, FirstLayerSums
 
 log = logging.getLogger(__name__)
@@ -102,7 +102,6 @@ class Evaluator:
         self.doc_ids = list(dataset.corpus)
         self.query_ids = list(dataset.queries)
         self.reuse_baseline = reuse_baseline
-        self.keep_on_disk = keep_on_disk
         self.counts = PassCounts()
         self.cache = CachePolicy(
             model,
@@ -114,11 +113,17 @@ class Evaluator:
             cache_budget=cache_budget,
             prefix_layers=prefix_layers,
             ram_limit=ram_limit,
+            keep_on_disk=keep_on_disk,
         )
         self._queries: np.ndarray | None = None
         self._baseline: tuple[np.ndarray, int] | None = None
         self._batches: Batches | None = None
         self._doc_texts = [dataset.corpus[d] for d in self.doc_ids]
+
+    @property
+    def keep_on_disk(self) -> bool:
+        """Whether every calibration's document vectors also go to the disk cache (`CachePolicy.keep_on_disk`)."""
+        return self.cache.keep_on_disk
 
     @property
     def dimension(self) -> int:
@@ -173,13 +178,9 @@ class Evaluator:
             return self.baseline_vectors()
         spec = CalibratedEncoder(self.model, config).spec  # validates pooling and layers
         assert spec is not None
-        recent = self.cache.recent(spec)
-        if recent is None and self.keep_on_disk:
-            recent = self.cache.load_calibrated(spec, (len(self.doc_ids), self.dimension))
-            if recent is not None:
-                self.cache.keep(spec, *recent)
-        if recent is not None:
-            return recent
+        at_hand = self.cache.calibrated(spec, (len(self.doc_ids), self.dimension))
+        if at_hand is not None:
+            return at_hand
         batches = self.batches()
         baseline = self._baseline[0] if self.reuse_baseline and self._baseline is not None else None
         start = self.resume_layer(min(spec.layers))
@@ -192,23 +193,19 @@ class Evaluator:
             )
             self.counts.full += 1
         else:
-            assert self.cache.stack is not None
-            around = resumed_from(self.cache.stack, start, self.cache.inputs[start].batch)
             vectors = forward(
                 self.model,
                 batches,
                 spec,
                 baseline=baseline,
                 first_layer=first_layer,
-                around=around,
+                around=self.cache.resumed_from(start),
                 show_progress=self.show_progress,
                 ran=ran,
             )
             self.counts.resumed[start] = self.counts.resumed.get(start, 0) + 1
         self.counts.layer_tokens += batches.layer_tokens(ran, self.model.num_layers - (start or 0))
-        self.cache.keep(spec, vectors, batches.truncated)
-        if self.keep_on_disk:
-            self.cache.save_calibrated(spec, vectors, batches.truncated)
+        self.cache.encoded(spec, vectors, batches.truncated)
         return vectors, batches.truncated
 
     def baseline_vectors(self) -> tuple[np.ndarray, int]:
@@ -228,21 +225,19 @@ class Evaluator:
 
     def resume_layer(self, first_calibrated: int) -> int | None:
         """The deepest cached layer at or before the first calibrated one (recording it if needed)."""
-        if first_calibrated <= 0 or not any(layer <= first_calibrated for layer in self.cache.prefix_layers):
+        if not self.cache.may_resume(first_calibrated):
             return None
         self.cache.plan_layer_inputs(self.batches())
-        if self.cache.missing:
+        if self.cache.needs_recording():
             if self._baseline is None and not self._baseline_on_disk():
                 self.baseline_vectors()  # one full pass: the baseline, recording the inputs on the way
             else:
                 self._recording_pass()
-        usable = [layer for layer in self.cache.inputs if layer <= first_calibrated]
-        return max(usable) if usable else None
+        return self.cache.resume_layer(first_calibrated)
 
     def cached_layers(self) -> tuple[int, ...]:
         """The layers whose inputs are cached (or will be recorded by the next pass over the corpus)."""
-        self.cache.plan_layer_inputs(self.batches())
-        return tuple(sorted({*self.cache.inputs, *self.cache.missing}))
+        return self.cache.cached_layers(self.batches())
 
     def _baseline_on_disk(self) -> bool:
         """Load valid baseline vectors from the disk cache, if there are any."""
@@ -254,33 +249,29 @@ class Evaluator:
 
     def _baseline_pass(self) -> np.ndarray:
         """A plain pass over the corpus, recording the missing layer inputs on the way."""
-        store, missing, batches = self.cache.store, list(self.cache.missing), self.batches()
+        batches = self.batches()
         self.counts.layer_tokens += batches.layer_tokens(range(len(batches)), self.model.num_layers)
-        if store is None or not missing:
+        if not self.cache.needs_recording():
             vectors = forward(self.model, batches, None, show_progress=self.show_progress)
         else:
-            assert self.cache.stack is not None
-            with store.recording(missing):
+            with self.cache.recording() as recording:
                 vectors = forward(
                     self.model,
                     batches,
                     None,
-                    around=recorded_into(self.cache.stack, missing, store.record),
+                    around=recorded_into(recording.stack, recording.layers, recording.sink),
                     show_progress=self.show_progress,
                 )
-            self.cache.recorded(missing)
         self.counts.full += 1
         return vectors
 
     def _recording_pass(self) -> None:
         """Record the missing layer inputs only (the baseline is known), stopping each batch at the deepest."""
-        store, missing = self.cache.store, list(self.cache.missing)
-        assert store is not None and self.cache.stack is not None
-        with store.recording(missing):
-            record_layer_inputs(self.model, self.batches(), self.cache.stack, missing, store.record)
+        with self.cache.recording() as recording:
+            record_layer_inputs(self.model, self.batches(), recording.stack, recording.layers, recording.sink)
         self.counts.recorded += 1
-        self.counts.layer_tokens += self.batches().layer_tokens(range(len(self.batches())), max(missing))  # layers 0..deepest-1 run
-        self.cache.recorded(missing)
+        deepest = max(recording.layers)  # layers 0..deepest-1 run
+        self.counts.layer_tokens += self.batches().layer_tokens(range(len(self.batches())), deepest)
 
     # ------------------------------------------------------------------------------------- scoring
 

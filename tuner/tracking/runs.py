@@ -99,10 +99,12 @@ def describe_store(uri: str) -> str:
 
 
 def ui_command(uri: str, host: str, port: int) -> list[str]:
-    """`mlflow ui` on a store; started in the working folder, where the default store's relative paths resolve."""
+    """`mlflow ui` on a store; started in the working folder, where the default store's relative paths resolve.
+    One server worker: the UI serves one person's browser, and each of MLflow's default four imports the whole
+    server at start (on 2 cores, four took about twice as long to answer as one)."""
     import sys
 
-    command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", host, "--port", str(port)]
+    command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", host, "--port", str(port), "--workers", "1"]
     store = local_store(uri)
     if store is not None:
         command += ["--default-artifact-root", str((store.parent / "artifacts").resolve())]

@@ -144,41 +144,20 @@ def conclude(
             "the export keeps the model uncalibrated (strength 0); `--selection lowest` takes the lowest PSI"
         )
     rows = _summary_rows(study, best, evaluator, heldout, settings)
-    try:
-        export_path, registered = _export_and_register(
-            settings, model, study, best, rows, storage, evaluator.dataset, selection, tracker, floor
-        )
-    except ExportFailedError as error:
-        tracker.finish_study({}, figures, {"posfair.outcome": f"export failed: {error}"}, "FAILED")
-        raise
-    record_export(study, export_path)
-    summary = staging / "summary.json"
-    summary.write_text(json.dumps([_row_dict(r) for r in rows], indent=1), encoding="utf-8")
-    heldout_table = staging / "heldout.md"
-    heldout_table.write_text(heldout_markdown(rows), encoding="utf-8")
-    _mark_winner(tracker, study, best, model, selection, registered)
-    description = study_conclusion(best, rows, model.num_layers, selection)
-    study.set_user_attr("winner", description)
-    study.set_user_attr("best trial in optuna-dashboard", DASHBOARD_BEST)
-    tracker.finish_study(
-        {
-            **_row_metrics(rows),
-            **display_metrics({"hm_floor": floor}),
-            "winner_trial": best.number,
-            **winner_columns(best, rows),
-            **{f"psi_importance/{k}": v for k, v in _importances(study).items()},
-            **_structure_metrics(best),
-            "cost/layer_tokens": float(study_layer_tokens(study)),
-            "cost/heldout_layer_tokens": float(sum(row.heldout_layer_tokens for row in rows)),
-        },
-        [*figures, heldout_table, summary, export_path],
-        {
-            "posfair.outcome": "exported",
-            "posfair.export": str(export_path),
-            "posfair.selection_rule": selection.rule,
-            "posfair.selection": selection.describe(),
-            NOTE: description,
-        },
+    export_path, registered = _export_and_close(
+        settings,
+        model,
+        study,
+        best,
+        rows,
+        storage,
+        evaluator.dataset,
+        selection,
+        tracker,
+        floor,
+        outcome="exported",
+        exported=partial(_concluded, study, best, rows, model, selection, staging, figures, floor),
+        failure_artifacts=figures,
     )
     return TuneOutcome(
         study.study_name,
@@ -326,18 +305,7 @@ def reexport(
     )
     tracker.start_study(study_name, params=dict(attrs), tags={"posfair.model": model.spec.alias, "posfair.dataset": tuning.name})
     floor = float(attrs.get(FLOOR_ATTR, float("nan")))
-    path, registered = _export_and_register(settings, model, study, best, rows, storage, tuning, chosen, tracker, floor)
-    _mark_winner(tracker, study, best, model, chosen, registered)
-    tracker.finish_study(
-        {**_row_metrics(rows), "winner_trial": best.number},
-        [path],
-        {
-            "posfair.outcome": "re-exported",
-            "posfair.export": str(path),
-            "posfair.selection_rule": chosen.rule,
-            "posfair.selection": chosen.describe(),
-        },
-    )
+    path, _ = _export_and_close(settings, model, study, best, rows, storage, tuning, chosen, tracker, floor, outcome="re-exported")
     return path
 
 
@@ -541,6 +509,98 @@ def _export_and_register(
                     str(error).splitlines()[0] if str(error) else "",
                 )
     return path, registered
+
+
+@dataclass(frozen=True)
+class _Closing:
+    """What a caller of `_export_and_close` adds to the common close of the parent run."""
+
+    metrics: dict[str, float] = field(default_factory=dict)
+    artifacts: list[Path] = field(default_factory=list)  # logged before the YAML
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+def _export_and_close(
+    settings: TuneSettings,
+    model: LoadedModel,
+    study: optuna.Study,
+    best: optuna.trial.FrozenTrial,
+    rows: list[Row],
+    storage: str,
+    tuning: PositionalDataset,
+    selection: Selection,
+    tracker: Tracker,
+    floor: float,
+    *,
+    outcome: str,
+    exported: Callable[[Path], _Closing] = lambda path: _Closing(),
+    failure_artifacts: Sequence[Path] = (),
+) -> tuple[Path, Registered | None]:
+    """The end `conclude` and `reexport` share: export and register the winner (`_export_and_register`), mark
+    its run (`_mark_winner`), and close the parent run with the summary rows' metrics, the winner's number,
+    the YAML and the tags both set (`posfair.outcome` = `outcome`, the export's path, the selection rule and
+    its reasoning).
+
+    What differs comes in as arguments. `exported(path)` runs once the YAML is written, before the winner is
+    marked: what may only follow a successful export (`conclude` records it for later runs and writes the
+    files it logs), returning what it adds to the close. A failed export closes the parent run FAILED (with
+    `failure_artifacts`) before the error goes on: neither a study nor a re-export leaves it RUNNING.
+    """
+    try:
+        path, registered = _export_and_register(settings, model, study, best, rows, storage, tuning, selection, tracker, floor)
+    except ExportFailedError as error:
+        tracker.finish_study({}, list(failure_artifacts), {"posfair.outcome": f"export failed: {error}"}, "FAILED")
+        raise
+    extra = exported(path)
+    _mark_winner(tracker, study, best, model, selection, registered)
+    tracker.finish_study(
+        {**_row_metrics(rows), "winner_trial": best.number, **extra.metrics},
+        [*extra.artifacts, path],
+        {
+            "posfair.outcome": outcome,
+            "posfair.export": str(path),
+            "posfair.selection_rule": selection.rule,
+            "posfair.selection": selection.describe(),
+            **extra.tags,
+        },
+    )
+    return path, registered
+
+
+def _concluded(
+    study: optuna.Study,
+    best: optuna.trial.FrozenTrial,
+    rows: list[Row],
+    model: LoadedModel,
+    selection: Selection,
+    staging: Path,
+    figures: Sequence[Path],
+    floor: float,
+    path: Path,
+) -> _Closing:
+    """What `conclude` does once the winner's YAML is at `path` (`_export_and_close`): record the export for
+    later runs (`record_export`), write the summary and held-out table, describe the winner on the study, and
+    return what the parent run's close adds (the study's figures and costs, the description)."""
+    record_export(study, path)
+    summary = staging / "summary.json"
+    summary.write_text(json.dumps([_row_dict(r) for r in rows], indent=1), encoding="utf-8")
+    heldout_table = staging / "heldout.md"
+    heldout_table.write_text(heldout_markdown(rows), encoding="utf-8")
+    description = study_conclusion(best, rows, model.num_layers, selection)
+    study.set_user_attr("winner", description)
+    study.set_user_attr("best trial in optuna-dashboard", DASHBOARD_BEST)
+    return _Closing(
+        {
+            **display_metrics({"hm_floor": floor}),
+            **winner_columns(best, rows),
+            **{f"psi_importance/{k}": v for k, v in _importances(study).items()},
+            **_structure_metrics(best),
+            "cost/layer_tokens": float(study_layer_tokens(study)),
+            "cost/heldout_layer_tokens": float(sum(row.heldout_layer_tokens for row in rows)),
+        },
+        [*figures, heldout_table, summary],
+        {NOTE: description},
+    )
 
 
 def describe_objective(settings: TuneSettings) -> str:

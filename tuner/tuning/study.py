@@ -356,26 +356,13 @@ def run_trials(
             study.stop()
 
     def reserved(trial: optuna.Trial) -> object:
-        """A trial started by a worker that lost the race for the last slot is pruned, never run; so is a
-        queued trial another process already took (two `tune` processes that queued the same reference)."""
+        """Own the trial, prune it if it is surplus (`_surplus_reason`), else run the objective."""
         current[:] = [trial]
         trial.set_user_attr(OWNER_ATTR, {**_owner(), "trial": trial.number})
-        ahead = [t for t in study.get_trials(deepcopy=False) if t.number < trial.number]
-        if sum(counted(t) for t in ahead) >= n_complete:
+        reason = _surplus_reason(study, trial, n_complete)
+        if reason is not None:
             trial.set_user_attr(SURPLUS_ATTR, True)
-            raise optuna.TrialPruned(f"the study already has {n_complete} trials")
-        system = study._storage.get_trial(trial._trial_id).system_attrs
-        fixed = system.get("fixed_params")
-        if (
-            fixed
-            and "failed_trial" not in system
-            and any(
-                "failed_trial" not in t.system_attrs and t.state not in (TrialState.FAIL, TrialState.PRUNED) and _fixed_params(t) == fixed
-                for t in ahead
-            )
-        ):
-            trial.set_user_attr(SURPLUS_ATTR, True)
-            raise optuna.TrialPruned("these fixed parameters are already queued in an earlier trial")
+            raise optuna.TrialPruned(reason)
         return objective(trial)
 
     def stop_on_too_many_failures(study: optuna.Study, trial: FrozenTrial) -> None:
@@ -390,15 +377,8 @@ def run_trials(
         try:
             while len(finished(study)) < n_complete and not interrupted() and len(failed_here) < failures_allowed:
                 if not room(study):  # the rest are running elsewhere: wait until they complete or are found dead
-                    if not waiting_said:
-                        log.info(
-                            "waiting for %d trial(s) running in other processes",
-                            len(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))),
-                        )
-                        waiting_said = True
-                    time.sleep(poll_seconds)
-                    fail_dead_trials(study)
-                    optuna.storages.fail_stale_trials(study)
+                    _wait_for_other_processes(study, poll_seconds, announce=not waiting_said)
+                    waiting_said = True
                     continue
                 try:
                     study.optimize(
@@ -428,6 +408,44 @@ def run_trials(
             stopped = interrupted() or ("failures" if len(failed_here) >= failures_allowed else None)
     complete = len(finished(study))
     return TrialsEnd(complete, n_complete, stopped if complete < n_complete else None, len(failed_here), requeued)
+
+
+def _surplus_reason(study: optuna.Study, trial: optuna.Trial, n_complete: int) -> str | None:
+    """Why `trial`, just started, must not run (the reason it is pruned with), or None to run it.
+
+    It is surplus when the trials before it already count `n_complete` (a worker that lost the race for the
+    last slot), or when it is a queued trial whose fixed parameters an earlier trial, neither failed nor
+    pruned, already holds (two `tune` processes that queued the same reference). A trial re-queued after a
+    failure (`failed_trial`) is a retry, never a repeat, and earlier retries do not make it one either.
+    """
+    ahead = [t for t in study.get_trials(deepcopy=False) if t.number < trial.number]
+    if sum(counted(t) for t in ahead) >= n_complete:
+        return f"the study already has {n_complete} trials"
+    system = study._storage.get_trial(trial._trial_id).system_attrs
+    fixed = system.get("fixed_params")
+    if (
+        fixed
+        and "failed_trial" not in system
+        and any(
+            "failed_trial" not in t.system_attrs and t.state not in (TrialState.FAIL, TrialState.PRUNED) and _fixed_params(t) == fixed
+            for t in ahead
+        )
+    ):
+        return "these fixed parameters are already queued in an earlier trial"
+    return None
+
+
+def _wait_for_other_processes(study: optuna.Study, poll_seconds: float, announce: bool) -> None:
+    """One wait for the trials running in other processes (saying so first when `announce`): sleep a poll, then
+    fail and re-queue those whose process is gone here (`fail_dead_trials`) or whose heartbeat stopped."""
+    if announce:
+        log.info(
+            "waiting for %d trial(s) running in other processes",
+            len(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))),
+        )
+    time.sleep(poll_seconds)
+    fail_dead_trials(study)
+    optuna.storages.fail_stale_trials(study)
 
 
 def _abort(study: optuna.Study, trial: optuna.Trial) -> int | None:
