@@ -23,6 +23,29 @@ from tuner.tuning.search_space import SearchSpace
 from tuner.tuning.study import candidates
 
 
+def tiny_study(model: Path, data: Path, folder: Path, name: str, **changes: object) -> TuneSettings:
+    """A 4-trial study of the tiny model on `data`, with every constraint but the HM floor (−90%) lifted."""
+    return TuneSettings(
+        model=str(model),
+        pooling="cls",
+        dataset=f"jsonl:{data}",
+        heldout=None,
+        trials=4,
+        hm_floor="-90%",
+        max_ndcg_drop=None,
+        max_reversal=None,
+        storage=f"sqlite:///{folder / 'o.db'}",
+        tracking_uri=f"sqlite:///{folder / 'm.db'}",
+        output=folder / "best.yaml",
+        study_name=name,
+        profile_docs=2,
+        bootstrap=20,
+        space=SearchSpace(basket_sizes=(8, 16, 128)),  # 128: the references are in the space
+        selection="lowest",
+        **changes,
+    )
+
+
 @pytest.fixture()
 def pruning_study(tiny_model_dir, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """A tiny study with one extra structure, in which every non-reference trial that a real rule would not
@@ -30,24 +53,7 @@ def pruning_study(tiny_model_dir, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     structure = replace(load_benchmark(f"jsonl:{write_dataset(tmp_path / 'other', docs=8, seed=3)}"), name="tiny-openings")
     monkeypatch.setattr(tuner.tuning.session, "load_structures", lambda name, tuning=None: [structure])
     monkeypatch.setattr(tuner.tuning.objective, "selection_threshold", lambda study, rule: -1.0)  # nothing can beat it
-    settings = TuneSettings(
-        model=str(tiny_model_dir("bert")),
-        pooling="cls",
-        dataset=f"jsonl:{write_dataset(tmp_path / 'data')}",
-        heldout=None,
-        trials=4,
-        hm_floor="-90%",
-        max_ndcg_drop=None,
-        max_reversal=None,
-        storage=f"sqlite:///{tmp_path / 'o.db'}",
-        tracking_uri=f"sqlite:///{tmp_path / 'm.db'}",
-        output=tmp_path / "best.yaml",
-        study_name="pruning",
-        profile_docs=2,
-        bootstrap=20,
-        space=SearchSpace(basket_sizes=(8, 16, 128)),
-        selection="lowest",  # 128: the references are in the space
-    )
+    settings = tiny_study(tiny_model_dir("bert"), write_dataset(tmp_path / "data"), tmp_path, "pruning")
     return settings, tune(settings)
 
 
@@ -95,25 +101,7 @@ def test_a_trial_that_cannot_pass_the_pooled_screen_stops_there_at_a_fraction_of
     screen threshold nothing can beat, every trial but the references stops after the screen, PRUNED, its rung
     and reason recorded; the references run every rung and carry their screen figures."""
     monkeypatch.setattr(tuner.tuning.objective, "screen_threshold", lambda study: -1.0)
-    settings = TuneSettings(
-        model=str(tiny_model_dir("bert")),
-        pooling="cls",
-        dataset=f"jsonl:{write_dataset(tmp_path / 'data', docs=100)}",
-        heldout=None,
-        trials=4,
-        hm_floor="-90%",
-        max_ndcg_drop=None,
-        max_reversal=None,
-        storage=f"sqlite:///{tmp_path / 'o.db'}",
-        tracking_uri=f"sqlite:///{tmp_path / 'm.db'}",
-        output=tmp_path / "best.yaml",
-        study_name="screen",
-        profile_docs=2,
-        bootstrap=20,
-        space=SearchSpace(basket_sizes=(8, 16, 128)),
-        selection="lowest",
-        screen_queries=1,
-    )
+    settings = tiny_study(tiny_model_dir("bert"), write_dataset(tmp_path / "data", docs=100), tmp_path, "screen", screen_queries=1)
     with caplog.at_level("INFO"):
         tune(settings)
     screen_line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("pooled screen:"))

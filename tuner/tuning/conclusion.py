@@ -145,16 +145,7 @@ def conclude(
         )
     rows = _summary_rows(study, best, evaluator, heldout, settings)
     export_path, registered = _export_and_close(
-        settings,
-        model,
-        study,
-        best,
-        rows,
-        storage,
-        evaluator.dataset,
-        selection,
-        tracker,
-        floor,
+        _Winning(settings, model, study, best, rows, storage, evaluator.dataset, selection, tracker, floor),
         outcome="exported",
         exported=partial(_concluded, study, best, rows, model, selection, staging, figures, floor),
         failure_artifacts=figures,
@@ -305,7 +296,9 @@ def reexport(
     )
     tracker.start_study(study_name, params=dict(attrs), tags={"posfair.model": model.spec.alias, "posfair.dataset": tuning.name})
     floor = float(attrs.get(FLOOR_ATTR, float("nan")))
-    path, _ = _export_and_close(settings, model, study, best, rows, storage, tuning, chosen, tracker, floor, outcome="re-exported")
+    path, _ = _export_and_close(
+        _Winning(settings, model, study, best, rows, storage, tuning, chosen, tracker, floor), outcome="re-exported"
+    )
     return path
 
 
@@ -379,18 +372,25 @@ def _held_out_scorer(
     return own.run
 
 
-def _export(
-    settings: TuneSettings,
-    model: LoadedModel,
-    study: optuna.Study,
-    best: optuna.trial.FrozenTrial,
-    rows: list[Row],
-    storage: str,
-    tuning: PositionalDataset,
-    selection: Selection,
-    **provenance: object,
-) -> Path:
-    winner_row, baseline_row = rows[-1], rows[0]
+@dataclass(frozen=True)
+class _Winning:
+    """What exporting a study's winner reads: the run's settings and model, the study, its chosen trial and why,
+    the summary rows it was scored in, the tuning set, the stores it came from and the HM floor it cleared."""
+
+    settings: TuneSettings
+    model: LoadedModel
+    study: optuna.Study
+    best: optuna.trial.FrozenTrial
+    rows: list[Row]
+    storage: str
+    tuning: PositionalDataset
+    selection: Selection
+    tracker: Tracker
+    floor: float
+
+
+def _export(winning: _Winning, **provenance: object) -> Path:
+    winner_row, baseline_row = winning.rows[-1], winning.rows[0]
     metrics: dict[str, dict[str, float | None]] = {
         "tuning": winner_row.tuning.as_dict(),
         "tuning_baseline": baseline_row.tuning.as_dict(),
@@ -399,19 +399,19 @@ def _export(
         metrics[f"heldout/{name}"] = held.report.as_dict()
         metrics[f"heldout_baseline/{name}"] = baseline_row.heldout[name].report.as_dict()
     exported = build_export(
-        model,
-        _config_of(best, model),
+        winning.model,
+        _config_of(winning.best, winning.model),
         {k: {m: (float(v) if v is not None else None) for m, v in d.items()} for k, d in metrics.items()},
-        study=study.study_name,
-        trial=best.number,
-        storage=storage,
-        dataset=tuning.name,
-        dataset_fingerprint=tuning.fingerprint(),
-        seed=settings.seed,
-        selection_rule=selection.rule,
-        selection=selection.describe(),
+        study=winning.study.study_name,
+        trial=winning.best.number,
+        storage=winning.storage,
+        dataset=winning.tuning.name,
+        dataset_fingerprint=winning.tuning.fingerprint(),
+        seed=winning.settings.seed,
+        selection_rule=winning.selection.rule,
+        selection=winning.selection.describe(),
         heldout=list(winner_row.heldout),
-        hm_floor_rule=settings.hm_floor,
+        hm_floor_rule=winning.settings.hm_floor,
         intervals={
             name: {k: list(v) for k, v in held.delta.intervals().items()}
             for name, held in winner_row.heldout.items()
@@ -419,8 +419,8 @@ def _export(
         },
         **provenance,
     )
-    path = _export_path(settings, study)
-    if settings.output is None:
+    path = _export_path(winning.settings, winning.study)
+    if winning.settings.output is None:
         path.parent.mkdir(parents=True, exist_ok=True)
     return write_exported(exported, path)
 
@@ -441,18 +441,7 @@ def _row_dict(row: Row) -> dict[str, object]:
     }
 
 
-def _export_and_register(
-    settings: TuneSettings,
-    model: LoadedModel,
-    study: optuna.Study,
-    best: optuna.trial.FrozenTrial,
-    rows: list[Row],
-    storage: str,
-    tuning: PositionalDataset,
-    selection: Selection,
-    tracker: Tracker,
-    floor: float,
-) -> tuple[Path, Registered | None]:
+def _export_and_register(winning: _Winning) -> tuple[Path, Registered | None]:
     """Write the YAML and register it as an MLflow model (`tuner.tracking.registry`), each naming the other: the
     registry version is reserved first, so the YAML it carries records it. A registry failure leaves a
     warning and the YAML (without a version), never a lost study."""
@@ -460,11 +449,15 @@ def _export_and_register(
         registered = None
         try:
             registered = reserve_version(
-                tracker,
-                model.spec.alias,
-                tracker.parent_id or "",
-                f"Study {study.study_name}, trial {best.number}: {selection.describe()}",
-                {"posfair.study": study.study_name, "posfair.trial": str(best.number), "posfair.dataset": tuning.name},
+                winning.tracker,
+                winning.model.spec.alias,
+                winning.tracker.parent_id or "",
+                f"Study {winning.study.study_name}, trial {winning.best.number}: {winning.selection.describe()}",
+                {
+                    "posfair.study": winning.study.study_name,
+                    "posfair.trial": str(winning.best.number),
+                    "posfair.dataset": winning.tuning.name,
+                },
             )
         except Exception as error:  # noqa: BLE001 - the registry is an extra; the export must not be lost to it
             log.warning(
@@ -474,34 +467,27 @@ def _export_and_register(
             )
         try:
             path = _export(
-                settings,
-                model,
-                study,
-                best,
-                rows,
-                storage,
-                tuning,
-                selection,
-                objective=describe_objective(settings),
-                structures=best.user_attrs.get("structures", {}),
-                layer_tokens=study_layer_tokens(study),
-                hm_floor=floor if floor == floor else None,
-                mlflow_run_id=tracker.parent_id,
-                tracking_uri=tracker.uri,
+                winning,
+                objective=describe_objective(winning.settings),
+                structures=winning.best.user_attrs.get("structures", {}),
+                layer_tokens=study_layer_tokens(winning.study),
+                hm_floor=winning.floor if winning.floor == winning.floor else None,  # NaN: a re-exported study that recorded none
+                mlflow_run_id=winning.tracker.parent_id,
+                tracking_uri=winning.tracker.uri,
                 registered_model=registered.name if registered else None,
                 registered_version=registered.version if registered else None,
             )
         except OSError as error:  # a full disk, a vanished folder: the atomic write left nothing behind
             if registered is not None:
-                withdraw(tracker, registered)
+                withdraw(winning.tracker, registered)
             raise ExportFailedError(
-                f"cannot write the winner's YAML {_export_path(settings, study)}: {error.strerror or error}; nothing exported "
+                f"cannot write the winner's YAML {_export_path(winning.settings, winning.study)}: {error.strerror or error}; nothing exported "
                 f"(no partial file, no registry version). Free space or choose another --output, then run "
-                f"`tune export --study-name {study.study_name}`"
+                f"`tune export --study-name {winning.study.study_name}`"
             ) from None
         if registered is not None:
             try:
-                publish(tracker, registered, path, int(model.model.config.hidden_size))
+                publish(winning.tracker, registered, path, int(winning.model.model.config.hidden_size))
             except Exception as error:  # noqa: BLE001 - as above
                 log.warning(
                     "the winner's MLflow model was not written (%s: %s)",
@@ -521,16 +507,7 @@ class _Closing:
 
 
 def _export_and_close(
-    settings: TuneSettings,
-    model: LoadedModel,
-    study: optuna.Study,
-    best: optuna.trial.FrozenTrial,
-    rows: list[Row],
-    storage: str,
-    tuning: PositionalDataset,
-    selection: Selection,
-    tracker: Tracker,
-    floor: float,
+    winning: _Winning,
     *,
     outcome: str,
     exported: Callable[[Path], _Closing] = lambda path: _Closing(),
@@ -546,15 +523,16 @@ def _export_and_close(
     files it logs), returning what it adds to the close. A failed export closes the parent run FAILED (with
     `failure_artifacts`) before the error goes on: neither a study nor a re-export leaves it RUNNING.
     """
+    tracker, best, selection = winning.tracker, winning.best, winning.selection
     try:
-        path, registered = _export_and_register(settings, model, study, best, rows, storage, tuning, selection, tracker, floor)
+        path, registered = _export_and_register(winning)
     except ExportFailedError as error:
         tracker.finish_study({}, list(failure_artifacts), {"posfair.outcome": f"export failed: {error}"}, "FAILED")
         raise
     extra = exported(path)
-    _mark_winner(tracker, study, best, model, selection, registered)
+    _mark_winner(tracker, winning.study, best, winning.model, selection, registered)
     tracker.finish_study(
-        {**_row_metrics(rows), "winner_trial": best.number, **extra.metrics},
+        {**_row_metrics(winning.rows), "winner_trial": best.number, **extra.metrics},
         [*extra.artifacts, path],
         {
             "posfair.outcome": outcome,
