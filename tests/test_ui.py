@@ -41,6 +41,8 @@ def test_tune_ui_stops_its_whole_process_group_on_a_signal(tmp_path: Path, signu
                 time.sleep(1)
         served = psutil.Process(ui.pid).children(recursive=True)
         assert served, "mlflow ui runs as a child"
+        command = next(p.cmdline() for p in served if "mlflow" in p.cmdline())
+        assert command[command.index("--workers") + 1] == "1"  # one server worker, for one browser
         ui.send_signal(signum)
         output, _ = ui.communicate(timeout=60)
         assert ui.returncode == 128 + signum, output
