@@ -137,6 +137,20 @@ def test_a_malformed_storage_url() -> None:
     assert "cannot open study storage 'nosuchdb://x'" in tune("--storage", "nosuchdb://x", "--trials", "1")
 
 
+def test_a_storage_error_without_a_message_is_still_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The storage message took the cause's first line with `splitlines()[0]`: an empty message raised IndexError."""
+    import sqlalchemy
+
+    from tuner.tuning.study import check_storage_url
+
+    def fails(url: str) -> None:
+        raise sqlalchemy.exc.ArgumentError("")
+
+    monkeypatch.setattr(sqlalchemy.engine, "make_url", fails)
+    with pytest.raises(ValueError, match=r"^cannot open study storage 'sqlite:///x\.db'\. Use e\.g\. sqlite:///"):
+        check_storage_url("sqlite:///x.db")
+
+
 def test_an_unknown_dataset() -> None:
     assert "unknown benchmark 'wikipos-train'" in tune("--dataset", "wikipos-train", "--trials", "1")
 

@@ -19,6 +19,13 @@ def shown(value: object) -> str:
     return _repr.repr(value)
 
 
+def first_line(error: BaseException | None) -> str:
+    """An error's message to its first line ('' for an empty one, or none): what a one-line report of a
+    library's error shows, where the rest is a traceback or a dump of SQL."""
+    text = "" if error is None else str(error)
+    return text.splitlines()[0] if text.strip() else ""
+
+
 class UserError(Exception):
     """A failure whose message tells the user what to change (a model to download, a store to start, a worker
     without a coordinator). The CLI prints it as one line `label: message` and exits with `exit_code`; any other

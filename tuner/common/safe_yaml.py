@@ -14,6 +14,8 @@ from typing import Any
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from tuner.common.messages import first_line
+
 MAX_NODES = 100_000
 """Scalars, lists and mappings a document may expand to: far beyond any config or options file."""
 
@@ -88,7 +90,7 @@ def loads(text: str, source: str = "<yaml>", max_nodes: int = MAX_NODES) -> Any:
         line = f":{error.problem_mark.line + 1}" if error.problem_mark else ""
         raise YamlError(f"{source}{line}: not valid YAML: {error.problem}") from None
     except yaml.YAMLError as error:
-        raise YamlError(f"{source}: not valid YAML: {str(error).splitlines()[0]}") from None
+        raise YamlError(f"{source}: not valid YAML: {first_line(error)}") from None
     except RecursionError:
         raise YamlError(f"{source}: nested too deeply to read") from None
     finally:

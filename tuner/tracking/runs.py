@@ -33,8 +33,8 @@ from pathlib import Path
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
-from tuner.common.files import MLFLOW_DB
-from tuner.common.messages import UserError
+from tuner.common.files import ARTIFACTS, MLFLOW_DB
+from tuner.common.messages import UserError, first_line
 from tuner.common.options import check_tracking_uri
 
 log = logging.getLogger(__name__)
@@ -107,7 +107,7 @@ def ui_command(uri: str, host: str, port: int) -> list[str]:
     command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", host, "--port", str(port), "--workers", "1"]
     store = local_store(uri)
     if store is not None:
-        command += ["--default-artifact-root", str((store.parent / "artifacts").resolve())]
+        command += ["--default-artifact-root", str((store.parent / ARTIFACTS.name).resolve())]
     return command
 
 
@@ -265,7 +265,6 @@ def summary_metrics(
 # --- descriptions ------------------------------------------------------------------------------------
 
 VARIANTS = {"uniform": "Uniform", "cls_soft": "CLS-Soft", "cls_hard": "CLS-Hard"}
-REFERENCES = {"baseline": "baseline (no calibration)", "paper-default": "paper default"}
 
 
 def describe_config(params: Mapping[str, object], num_layers: int | None = None) -> str:
@@ -418,7 +417,7 @@ class Tracker:
             except Exception as error:  # noqa: BLE001 - any failure here means the store is unusable
                 raise TrackingUnavailableError(
                     f"cannot use the MLflow tracking store {self.uri!r} ({error.__class__.__name__}: "
-                    f"{str(error).splitlines()[0] if str(error) else ''}). Start the server or fix --tracking-uri."
+                    f"{first_line(error)}). Start the server or fix --tracking-uri."
                 ) from None
         return self._experiment_id
 
@@ -601,7 +600,7 @@ class Tracker:
                 log.warning(
                     "MLflow refused a log, dropped (%s: %s); the others go on",
                     error.__class__.__name__,
-                    str(error).splitlines()[0] if str(error) else "",
+                    first_line(error),
                 )
             self._pending.pop(0)
         return True
@@ -653,7 +652,7 @@ def _artifacts_beside_store(uri: str, store: Path, experiment_id: str) -> None:
     """
     import sqlalchemy
 
-    folder = store.parent / "artifacts" / experiment_id
+    folder = store.parent / ARTIFACTS.name / experiment_id
     location = folder.as_uri() if store.is_absolute() else folder.as_posix()
     engine = sqlalchemy.create_engine(uri)
     try:

@@ -17,7 +17,7 @@ from optuna.trial import TrialState
 from objectives import PairedBootstrap, PositionReport, Selection, paired_bootstrap
 from tuner.calibration import CalibrationConfig
 from tuner.common.files import EXPORTS, check_writable
-from tuner.common.messages import UserError
+from tuner.common.messages import UserError, first_line
 from tuner.common.trials import complete_trials
 from tuner.data import PositionalDataset
 from tuner.engine.exported import build_export, write_exported
@@ -463,7 +463,7 @@ def _export_and_register(winning: _Winning) -> tuple[Path, Registered | None]:
             log.warning(
                 "the winner is not registered in MLflow (%s: %s)",
                 error.__class__.__name__,
-                str(error).splitlines()[0] if str(error) else "",
+                first_line(error),
             )
         try:
             path = _export(
@@ -492,7 +492,7 @@ def _export_and_register(winning: _Winning) -> tuple[Path, Registered | None]:
                 log.warning(
                     "the winner's MLflow model was not written (%s: %s)",
                     error.__class__.__name__,
-                    str(error).splitlines()[0] if str(error) else "",
+                    first_line(error),
                 )
     return path, registered
 

@@ -31,6 +31,7 @@ from optuna.trial import FrozenTrial, TrialState
 from objectives import Candidate, Selection, select
 from objectives.selection import chosen
 from tuner.common.files import OPTUNA_DB
+from tuner.common.messages import first_line
 from tuner.common.options import HEARTBEAT_SECONDS
 from tuner.common.trials import DUPLICATE_ATTR, SCREEN_ATTR, SURPLUS_ATTR, complete_trials, constraints_of, counted, finished
 
@@ -56,10 +57,16 @@ def check_storage_url(url: str) -> None:
     try:
         sqlalchemy.engine.make_url(url).get_dialect()
     except Exception as error:  # noqa: BLE001 - sqlalchemy raises many kinds for a bad URL
-        raise ValueError(
-            f"cannot open study storage {url!r}: {str(error).splitlines()[0]}. "
-            "Use e.g. sqlite:///mlruns/optuna.db, postgresql://user:pass@host/db or mysql://user:pass@host/db"
-        ) from None
+        raise _unusable_storage(url, error) from None
+
+
+def _unusable_storage(url: str, error: BaseException) -> ValueError:
+    """What a storage URL that cannot be opened is told: the cause's first line and what a URL looks like."""
+    cause = first_line(error)
+    return ValueError(
+        f"cannot open study storage {url!r}{f': {cause}' if cause else ''}. "
+        "Use e.g. sqlite:///mlruns/optuna.db, postgresql://user:pass@host/db or mysql://user:pass@host/db"
+    )
 
 
 def describe_study(study: optuna.Study, pareto: bool, floor: float, floor_rule: str) -> None:
@@ -122,10 +129,7 @@ def make_storage(url: str, heartbeat: int = HEARTBEAT_SECONDS) -> RDBStorage:
                 sign in str(error) for sign in ("already exists", "duplicate key", "database is locked", "UNIQUE constraint failed")
             )
             if not racing or attempt == SCHEMA_ATTEMPTS:
-                raise ValueError(
-                    f"cannot open study storage {url!r}: {str(error).splitlines()[0]}. "
-                    "Use e.g. sqlite:///mlruns/optuna.db, postgresql://user:pass@host/db or mysql://user:pass@host/db"
-                ) from None
+                raise _unusable_storage(url, error) from None
             time.sleep(attempt)
 
 
@@ -587,7 +591,8 @@ def trial_by_number(study: optuna.Study, number: int) -> tuple[FrozenTrial, Sele
 
 
 def pareto_front(study: optuna.Study) -> list[FrozenTrial]:
-    """Feasible, non-dominated trials in (PSI down, HM up)."""
+    """Feasible, non-dominated trials in (PSI down, HM up), from each trial's recorded PSI and HM: a
+    single-objective study has them too, where Optuna's `best_trials` is only the lowest PSI."""
     feasible = [t for t in complete_trials(study) if all(c <= 0 for c in constraints_of(t))]
     return [
         t

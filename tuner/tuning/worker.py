@@ -23,7 +23,7 @@ from typing import Any, ClassVar, NoReturn
 import optuna
 from optuna.trial import TrialState
 
-from tuner.common.messages import UserError
+from tuner.common.messages import UserError, first_line
 from tuner.common.scratch import scratch_dir
 from tuner.common.trials import DUPLICATE_ATTR, PRUNED_ATTR, SURPLUS_ATTR, finished
 from tuner.data import PositionalDataset
@@ -62,7 +62,7 @@ def run_session_trials(
     general, identity = session.general, session.identity
     tracker.start_study(
         name,
-        params={**identity, "floor_value": floor, "trials": settings.trials, "storage": storage},
+        params={**identity, FLOOR_ATTR: floor, "trials": settings.trials, "storage": storage},
         tags={"posfair.model": model.spec.alias, "posfair.dataset": tuning.name},
         description=f"Study {name}: {settings.trials} trials tuning {model.spec.alias} on {tuning.name}; "
         f"lowest PSI subject to HM >= {100 * floor:.2f} (--hm-floor {settings.hm_floor}).",
@@ -267,7 +267,7 @@ def _thread_error(args: threading.ExceptHookArgs) -> None:
     """A background thread's lost file or database in one line; anything else as Python prints it."""
     if _environment_lost(args.exc_value):
         name = args.thread.name if args.thread is not None else "a background thread"
-        log.warning("%s stopped: %s", name, str(args.exc_value).splitlines()[0] if str(args.exc_value) else repr(args.exc_value))
+        log.warning("%s stopped: %s", name, first_line(args.exc_value) or repr(args.exc_value))
         return
     threading.__excepthook__(args)
 
