@@ -7,6 +7,7 @@ them, on PostgreSQL with an MLflow server (the helpers of tests/test_workers.py 
 
 from __future__ import annotations
 
+import logging
 import signal
 import subprocess
 from pathlib import Path
@@ -216,6 +217,26 @@ def test_a_cursor_close_that_a_stop_interrupted_is_not_logged_as_a_traceback(cap
     except AttributeError:
         engine.pool.logger.error("Error closing cursor", exc_info=True)  # SQLAlchemy's own call, on its own logger
     assert "Error closing cursor" not in caplog.text and "Traceback" not in caplog.text
+
+
+def test_mlflows_own_log_of_a_write_into_a_deleted_store_is_dropped(caplog: pytest.LogCaptureFixture) -> None:
+    """Which write hits a deleted `mlruns/` first is timing: when it is MLflow's, its SQL store logged the
+    traceback and the SQL statement (`_logger.exception`) before raising what posfair reports in one line."""
+    import sqlalchemy.exc
+
+    from tuner.tuning.worker import quiet_libraries
+
+    quiet_libraries()
+    mlflow_store = logging.getLogger("mlflow.store.db.utils")  # the logger of MLflow's make_managed_session
+    for error in (
+        sqlalchemy.exc.OperationalError("INSERT INTO runs", {}, Exception("attempt to write a readonly database")),
+        ValueError("a bug"),
+    ):
+        try:
+            raise error
+        except Exception as caught:  # noqa: BLE001 - the record carries whatever was raised
+            mlflow_store.exception("SQLAlchemy database error. The following exception is caught.\n%s", caught)
+    assert "readonly database" not in caplog.text and "a bug" in caplog.text
 
 
 def test_a_background_thread_that_lost_its_store_says_so_in_one_line(

@@ -25,6 +25,7 @@ import os
 import random
 import socket
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,6 +44,34 @@ from tuner.evaluation.profile import AttentionProfile, plot_profile
 from tuner.tracking.runs import Tracker, TrialRecord, describe_config, describe_feasibility, describe_outcome
 from tuner.tuning.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, SearchSpace, is_reference_trial
 from tuner.tuning.study import screen_threshold, selection_threshold
+
+
+@dataclass(frozen=True)
+class _Opened:
+    """A trial's MLflow run as `TrialObjective._open` opened it: what every record of its end repeats."""
+
+    number: int
+    params: dict[str, object]
+    label: str  # "Trial 3", "Trial 1 (paper default)"
+    config_text: str  # the config in words (`describe_config`)
+    markers: list[str]  # the reference role, if any
+    start_ms: int
+
+    def ended(
+        self, state: str, metrics: dict[str, float], tags: dict[str, str], outcome: str, marker: str | None, artifacts: Sequence[Path] = ()
+    ) -> TrialRecord:
+        """The run's end: `outcome` follows the label in its description, `marker` joins the run name's markers."""
+        return TrialRecord(
+            self.number,
+            state,
+            self.params,
+            metrics,
+            tags,
+            list(artifacts),
+            description=f"{self.label}{outcome}",
+            markers=[*self.markers, *([marker] if marker else [])],
+            start_ms=self.start_ms,
+        )
 
 
 @dataclass
@@ -131,6 +160,7 @@ class TrialObjective:
         self.profile_texts = [evaluator.dataset.corpus[d] for d in ids[:profile_docs]]
 
     def __call__(self, trial: optuna.Trial) -> float | tuple[float, float]:
+        """Draw a config; a repeat of one the study ran tells its values, anything else is scored and logged."""
         model = self.evaluator.model
         config = self.space.suggest(trial, model.spec.pooling, model.spec.padding_side)
         layers = list(config.resolve_layers(model.num_layers))
@@ -145,64 +175,70 @@ class TrialObjective:
         repeated = self._repeat_of(trial, key)  # the enqueued references run first, so a later draw of theirs repeats them
         if repeated is not None:
             return self._repeat(trial, repeated, params)
-        markers = reference_markers(trial)
-        if markers:
-            trial.set_user_attr("role", markers[0])
-        label = f"Trial {trial.number}" + (f" ({markers[0]})" if markers else "")
-        config_text = describe_config(params, model.num_layers)
-        start_ms = int(time.time() * 1000)
-        run_id = self.tracker.start_trial(self.study_name, trial.number, params, f"{label}, running: {config_text}.", markers)
-        if run_id:
-            trial.set_user_attr("mlflow_run_id", run_id)
+        opened = self._open(trial, params)
         try:
-            scored = self._score(trial, config, reference=bool(markers))
+            scored = self._score(trial, config, reference=bool(opened.markers))
             if scored.pruned is not None:
-                self._record_pruned(trial, scored, params, label, config_text, markers, start_ms)
+                self._record_pruned(trial, scored, opened)
                 raise optuna.TrialPruned(scored.pruned)
             metrics, constraints = self._metrics(scored, config)
             artifacts = self._profile(trial.number, config, metrics)
         except optuna.TrialPruned:
             raise
         except (Exception, KeyboardInterrupt) as error:  # an aborted trial's run is closed FAILED too, never left open
-            reason = (
-                "aborted: the run was stopped (Ctrl-C or SIGTERM) and the trial queued again"
-                if isinstance(error, KeyboardInterrupt)
-                else f"{error.__class__.__name__}: {error}"
-            )
-            trial.set_user_attr("failure_reason", reason)
-            self.tracker.finish_trial(
-                self.study_name,
-                TrialRecord(
-                    trial.number,
-                    "FAIL",
-                    params,
-                    {},
-                    {"posfair.failure": reason[:4000]},
-                    description=f"{label} failed: {config_text}; {reason[:300]}",
-                    markers=[*markers, "failed"],
-                    start_ms=start_ms,
-                ),
-            )
+            self._record_failure(trial, error, opened)
             raise
         self._record(trial, scored, metrics, constraints, layers)
+        self._record_complete(trial, opened, metrics, artifacts)
+        return (scored.robust.objective, scored.tuning.report.hm) if self.pareto else scored.robust.objective  # type: ignore[return-value]
+
+    def _open(self, trial: optuna.Trial, params: dict[str, object]) -> _Opened:
+        """Mark a reference trial's role and open its MLflow run, described as running; what its end repeats."""
+        markers = reference_markers(trial)
+        if markers:
+            trial.set_user_attr("role", markers[0])
+        opened = _Opened(
+            trial.number,
+            params,
+            f"Trial {trial.number}" + (f" ({markers[0]})" if markers else ""),
+            describe_config(params, self.evaluator.model.num_layers),
+            markers,
+            int(time.time() * 1000),
+        )
+        run_id = self.tracker.start_trial(self.study_name, trial.number, params, f"{opened.label}, running: {opened.config_text}.", markers)
+        if run_id:
+            trial.set_user_attr("mlflow_run_id", run_id)
+        return opened
+
+    def _record_failure(self, trial: optuna.Trial, error: BaseException, opened: _Opened) -> None:
+        """A failed or aborted trial says why, in Optuna and in its MLflow run (closed FAILED, never left open)."""
+        reason = (
+            "aborted: the run was stopped (Ctrl-C or SIGTERM) and the trial queued again"
+            if isinstance(error, KeyboardInterrupt)
+            else f"{error.__class__.__name__}: {error}"
+        )
+        trial.set_user_attr("failure_reason", reason)
+        self.tracker.finish_trial(
+            self.study_name,
+            opened.ended("FAIL", {}, {"posfair.failure": reason[:4000]}, f" failed: {opened.config_text}; {reason[:300]}", "failed"),
+        )
+
+    def _record_complete(self, trial: optuna.Trial, opened: _Opened, metrics: dict[str, float], artifacts: list[Path]) -> None:
+        """A complete trial's MLflow run: its figures, profile and the sentence that says whether it is feasible."""
         feasible = metrics["feasible"] == 1.0
         self.tracker.finish_trial(
             self.study_name,
-            TrialRecord(
-                trial.number,
+            opened.ended(
                 "COMPLETE",
-                params,
                 metrics,
                 {"posfair.feasible": "yes" if feasible else "no"},
+                f": {opened.config_text}: {describe_outcome(metrics, self.constraints.conservative)}.",
+                None if feasible else "infeasible",
                 artifacts,
-                description=f"{label}: {config_text}: {describe_outcome(metrics, self.constraints.conservative)}.",
-                markers=markers + ([] if feasible else ["infeasible"]),
-                start_ms=start_ms,
             ),
         )
-        if run_id is None and (run_id := self.tracker.trial_run_id(trial.number)):
+        if "mlflow_run_id" not in trial.user_attrs and (run_id := self.tracker.trial_run_id(trial.number)):
             trial.set_user_attr("mlflow_run_id", run_id)
-        return (scored.robust.objective, scored.tuning.report.hm) if self.pareto else scored.robust.objective  # type: ignore[return-value]
 
     # ---------------------------------------------------------------------------------- scoring
 
@@ -361,16 +397,7 @@ class TrialObjective:
             trial.set_constraint(name, value)
         mark_for_dashboard(trial, list(constraints.values()))
 
-    def _record_pruned(
-        self,
-        trial: optuna.Trial,
-        scored: Scored,
-        params: dict[str, object],
-        label: str,
-        config_text: str,
-        markers: list[str],
-        start_ms: int,
-    ) -> None:
+    def _record_pruned(self, trial: optuna.Trial, scored: Scored, opened: _Opened) -> None:
         """A pruned trial keeps what it measured, its partial constraint values (so TPE files it as infeasible
         when it was pruned for a constraint) and the rung and reason, in Optuna and in MLflow."""
         on_screen = scored.screen is not None and scored.evidence is scored.screen  # stopped on the screen
@@ -393,15 +420,12 @@ class TrialObjective:
         metrics |= {"cost/layer_tokens": float(scored.layer_tokens), "pruned_at_rung": float(pruned["rung"])}
         self.tracker.finish_trial(
             self.study_name,
-            TrialRecord(
-                trial.number,
+            opened.ended(
                 "PRUNED",
-                params,
                 metrics,
                 {"posfair.pruned": f"rung {pruned['rung']} of {pruned['of']}: {pruned['reason']}"[:4000]},
-                description=f"{label}: {config_text}: pruned after {', '.join(pruned['scored'])} ({pruned['reason']}); never a candidate.",
-                markers=[*markers, "pruned"],
-                start_ms=start_ms,
+                f": {opened.config_text}: pruned after {', '.join(pruned['scored'])} ({pruned['reason']}); never a candidate.",
+                "pruned",
             ),
         )
 

@@ -249,6 +249,8 @@ def quiet_libraries() -> None:
     # SQLAlchemy logs at ERROR only the cleanup failures it swallows (a cursor whose close a stop interrupted, with
     # a traceback); every failure that matters is raised, and a garbage-collected connection also warns
     logging.getLogger("sqlalchemy").setLevel(logging.CRITICAL)
+    # MLflow's SQL store logs a failed write's traceback and SQL before it raises; posfair says it in one line
+    logging.getLogger("mlflow.store.db.utils").addFilter(_not_a_lost_store)
 
 
 def _environment_lost(error: BaseException | None) -> bool:
@@ -270,6 +272,11 @@ def _thread_error(args: threading.ExceptHookArgs) -> None:
         log.warning("%s stopped: %s", name, first_line(args.exc_value) or repr(args.exc_value))
         return
     threading.__excepthook__(args)
+
+
+def _not_a_lost_store(record: logging.LogRecord) -> bool:
+    """Drop a library's log of a file or database that went away under the run (it raises that error too)."""
+    return not (record.exc_info and _environment_lost(record.exc_info[1]))
 
 
 def _no_traceback_for_the_environment(record: logging.LogRecord) -> bool:
