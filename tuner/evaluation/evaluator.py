@@ -121,11 +121,6 @@ class Evaluator:
         self._doc_texts = [dataset.corpus[d] for d in self.doc_ids]
 
     @property
-    def keep_on_disk(self) -> bool:
-        """Whether every calibration's document vectors also go to the disk cache (`CachePolicy.keep_on_disk`)."""
-        return self.cache.keep_on_disk
-
-    @property
     def dimension(self) -> int:
         return int(self.model.model.config.hidden_size)
 

@@ -228,12 +228,17 @@ SHOWN_DIGITS = 4
 below the noise of any figure posfair logs; whole numbers (passages, layer-tokens) keep every digit."""
 
 
-def shown(value: float) -> float:
+def significant(value: float) -> float:
     """`value` to `SHOWN_DIGITS` significant digits, never fewer than its integer part: MLflow's run list and
     charts print a stored float whole (57.171079012…), so the store holds what is worth reading."""
     if value == 0 or not math.isfinite(value):
         return value
     return round(value, max(0, SHOWN_DIGITS - 1 - math.floor(math.log10(abs(value)))))
+
+
+def _stored(metrics: Mapping[str, float], timestamp: int) -> list[Metric]:
+    """Display-named metrics as MLflow gets them: each to `significant` digits, all at one time."""
+    return [Metric(name, significant(float(value)), timestamp, 0) for name, value in metrics.items()]
 
 
 def display_metrics(values: Mapping[str, float], prefix: str = "") -> dict[str, float]:
@@ -472,7 +477,7 @@ class Tracker:
             now = int(time.time() * 1000)
             self.client.log_batch(
                 self.parent_id,
-                metrics=[Metric(k, shown(float(v)), now, 0) for k, v in metrics.items()],
+                metrics=_stored(metrics, now),
                 tags=[RunTag(k, v[:MAX_TAG_LENGTH]) for k, v in tags.items()],
             )
             for path in artifacts:
@@ -536,7 +541,7 @@ class Tracker:
             return
         self.client.log_batch(
             run_id,
-            metrics=[Metric(k, shown(v), record.end_ms, 0) for k, v in display_metrics(record.metrics).items()],
+            metrics=_stored(display_metrics(record.metrics), record.end_ms),
             tags=[
                 RunTag(k, v[:MAX_TAG_LENGTH]) for k, v in {"posfair.state": record.state, NOTE: record.description, **record.tags}.items()
             ],

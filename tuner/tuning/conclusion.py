@@ -147,7 +147,7 @@ def conclude(
     export_path, registered = _export_and_close(
         _Winning(settings, model, study, best, rows, storage, evaluator.dataset, selection, tracker, floor),
         outcome="exported",
-        exported=partial(_concluded, study, best, rows, model, selection, staging, figures, floor),
+        exported=partial(_concluded, staging, figures),
         failure_artifacts=figures,
     )
     return TuneOutcome(
@@ -510,7 +510,7 @@ def _export_and_close(
     winning: _Winning,
     *,
     outcome: str,
-    exported: Callable[[Path], _Closing] = lambda path: _Closing(),
+    exported: Callable[[_Winning, Path], _Closing] = lambda winning, path: _Closing(),
     failure_artifacts: Sequence[Path] = (),
 ) -> tuple[Path, Registered | None]:
     """The end `conclude` and `reexport` share: export and register the winner (`_export_and_register`), mark
@@ -518,7 +518,7 @@ def _export_and_close(
     the YAML and the tags both set (`posfair.outcome` = `outcome`, the export's path, the selection rule and
     its reasoning).
 
-    What differs comes in as arguments. `exported(path)` runs once the YAML is written, before the winner is
+    What differs comes in as arguments. `exported(winning, path)` runs once the YAML is written, before the winner is
     marked: what may only follow a successful export (`conclude` records it for later runs and writes the
     files it logs), returning what it adds to the close. A failed export closes the parent run FAILED (with
     `failure_artifacts`) before the error goes on: neither a study nor a re-export leaves it RUNNING.
@@ -529,7 +529,7 @@ def _export_and_close(
     except ExportFailedError as error:
         tracker.finish_study({}, list(failure_artifacts), {"posfair.outcome": f"export failed: {error}"}, "FAILED")
         raise
-    extra = exported(path)
+    extra = exported(winning, path)
     _mark_winner(tracker, winning.study, best, winning.model, selection, registered)
     tracker.finish_study(
         {**_row_metrics(winning.rows), "winner_trial": best.number, **extra.metrics},
@@ -545,31 +545,22 @@ def _export_and_close(
     return path, registered
 
 
-def _concluded(
-    study: optuna.Study,
-    best: optuna.trial.FrozenTrial,
-    rows: list[Row],
-    model: LoadedModel,
-    selection: Selection,
-    staging: Path,
-    figures: Sequence[Path],
-    floor: float,
-    path: Path,
-) -> _Closing:
+def _concluded(staging: Path, figures: Sequence[Path], winning: _Winning, path: Path) -> _Closing:
     """What `conclude` does once the winner's YAML is at `path` (`_export_and_close`): record the export for
     later runs (`record_export`), write the summary and held-out table, describe the winner on the study, and
     return what the parent run's close adds (the study's figures and costs, the description)."""
+    study, best, rows = winning.study, winning.best, winning.rows
     record_export(study, path)
     summary = staging / "summary.json"
     summary.write_text(json.dumps([_row_dict(r) for r in rows], indent=1), encoding="utf-8")
     heldout_table = staging / "heldout.md"
     heldout_table.write_text(heldout_markdown(rows), encoding="utf-8")
-    description = study_conclusion(best, rows, model.num_layers, selection)
+    description = study_conclusion(best, rows, winning.model.num_layers, winning.selection)
     study.set_user_attr("winner", description)
     study.set_user_attr("best trial in optuna-dashboard", DASHBOARD_BEST)
     return _Closing(
         {
-            **display_metrics({"hm_floor": floor}),
+            **display_metrics({"hm_floor": winning.floor}),
             **winner_columns(best, rows),
             **{f"psi_importance/{k}": v for k, v in _importances(study).items()},
             **_structure_metrics(best),

@@ -52,10 +52,14 @@ class _Opened:
 
     number: int
     params: dict[str, object]
-    label: str  # "Trial 3", "Trial 1 (paper default)"
     config_text: str  # the config in words (`describe_config`)
     markers: list[str]  # the reference role, if any
     start_ms: int
+
+    @property
+    def label(self) -> str:
+        """How its descriptions name the trial: "Trial 3", "Trial 1 (paper default)"."""
+        return f"Trial {self.number}" + (f" ({self.markers[0]})" if self.markers else "")
 
     def ended(
         self, state: str, metrics: dict[str, float], tags: dict[str, str], outcome: str, marker: str | None, artifacts: Sequence[Path] = ()
@@ -197,14 +201,7 @@ class TrialObjective:
         markers = reference_markers(trial)
         if markers:
             trial.set_user_attr("role", markers[0])
-        opened = _Opened(
-            trial.number,
-            params,
-            f"Trial {trial.number}" + (f" ({markers[0]})" if markers else ""),
-            describe_config(params, self.evaluator.model.num_layers),
-            markers,
-            int(time.time() * 1000),
-        )
+        opened = _Opened(trial.number, params, describe_config(params, self.evaluator.model.num_layers), markers, int(time.time() * 1000))
         run_id = self.tracker.start_trial(self.study_name, trial.number, params, f"{opened.label}, running: {opened.config_text}.", markers)
         if run_id:
             trial.set_user_attr("mlflow_run_id", run_id)
