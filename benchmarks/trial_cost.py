@@ -78,14 +78,21 @@ def timed(step: Callable[[], object]) -> tuple[float, object]:
     return time.perf_counter() - start, out
 
 
+def _starting_layers(model) -> tuple[int, ...]:
+    """The layers `tune` caches the inputs of for this search space's depths (its evaluators get them from
+    `SearchSpace.starting_layers`; an Evaluator caches none by default)."""
+    from tuner.tuning.search_space import DEPTHS, SearchSpace
+
+    return SearchSpace(depths=tuple(DEPTHS)).starting_layers(model.num_layers)
+
+
 def per_trial(model, dataset, args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, object]:
     from tuner.engine.encoder import forward
-    from tuner.engine.prefix import resumed_from
     from tuner.evaluation.cache_policy import FirstLayerSums
     from tuner.evaluation.evaluator import Evaluator
 
     folder = Path(tempfile.mkdtemp(prefix="posfair-trial-cost-"))
-    evaluator = Evaluator(model, dataset, args.batch_size, cache_dir=folder)
+    evaluator = Evaluator(model, dataset, args.batch_size, cache_dir=folder, prefix_layers=_starting_layers(model))
     warm = model.tokenizer(["warm-up " * 60] * 2, return_tensors="pt").to(model.device)
     with torch.inference_mode():
         model.model(**warm)  # first-call costs (allocator, kernels) stay out of every figure
@@ -104,17 +111,16 @@ def per_trial(model, dataset, args: argparse.Namespace, say: Callable[[str], Non
         spec = config.resolve(model.num_layers)
         start = evaluator.resume_layer(min(spec.layers))
         assert start == min(spec.layers), (label, start)
-        inputs = evaluator.cache.inputs[start]
         if spec.pooling == "mean":  # an earlier trial at this depth and basket size leaves its first-layer sums
             earlier = model.default_config(variant="uniform", strength=0.9, layers=config.layers).resolve(model.num_layers)
-            forward(model, batches, earlier, around=resumed_from(evaluator.cache.stack, start, inputs.batch), first_layer=shared.for_batch)
+            forward(model, batches, earlier, around=evaluator.cache.resumed_from(start), first_layer=shared.for_batch)
         cases[f"{label}, scratch"] = lambda spec=spec: forward(model, batches, spec)
-        cases[f"{label}, resumed from layer {start}"] = lambda spec=spec, start=start, inputs=inputs: forward(
-            model, batches, spec, around=resumed_from(evaluator.cache.stack, start, inputs.batch)
+        cases[f"{label}, resumed from layer {start}"] = lambda spec=spec, start=start: forward(
+            model, batches, spec, around=evaluator.cache.resumed_from(start)
         )
         if spec.pooling == "mean":
-            cases[f"{label}, resumed from layer {start}, its sums shared"] = lambda spec=spec, start=start, inputs=inputs: forward(
-                model, batches, spec, around=resumed_from(evaluator.cache.stack, start, inputs.batch), first_layer=shared.for_batch
+            cases[f"{label}, resumed from layer {start}, its sums shared"] = lambda spec=spec, start=start: forward(
+                model, batches, spec, around=evaluator.cache.resumed_from(start), first_layer=shared.for_batch
             )
     reference = "full uncalibrated encode"
     cases = {reference: lambda: forward(model, batches, None), **cases}
@@ -161,10 +167,11 @@ def study_walls(model, dataset, args: argparse.Namespace, say: Callable[[str], N
     psi: dict[str, list[float]] = {mode: [] for mode in modes}
     depths: list[str] = []
     evaluators: dict[str, Evaluator] = {}
+    prefix = _starting_layers(model)
     make = {
         "uncached": lambda: Evaluator(model, dataset, args.batch_size, disk_cache=False, cache_budget=0, reuse_baseline=False),
-        "cold": lambda: Evaluator(model, dataset, args.batch_size, cache_dir=folder / "cache"),
-        "warm": lambda: Evaluator(model, dataset, args.batch_size, cache_dir=folder / "cache"),  # after cold wrote it
+        "cold": lambda: Evaluator(model, dataset, args.batch_size, cache_dir=folder / "cache", prefix_layers=prefix),
+        "warm": lambda: Evaluator(model, dataset, args.batch_size, cache_dir=folder / "cache", prefix_layers=prefix),  # after cold
     }
     what = {
         "uncached": "queries + baseline",
