@@ -95,6 +95,11 @@ def test_nothing_to_calibrate_is_timed_against_sdpa_and_gives_sdpas_embeddings(p
     text = noop_report([f"tiny XLM-R {pooling} 40×2"], [result], "python -m benchmarks.overhead --noop")
     assert f"tiny XLM-R {pooling} 40×2, strength 0: paired " in text
     assert f"tiny XLM-R {pooling} 40×2, short passages: paired " in text and "from the attention call" in text
+    # the line states the estimate it has: a ratio when positive, never a negative one printed as a ratio
+    result["calls"]["strength 0"]["estimated_ratio"], result["calls"]["short passages"]["estimated_ratio"] = 1.25, -0.5
+    lines = noop_report(["t"], [result], "cmd").splitlines()
+    assert "from the attention call 1.250× [FAIL]" in next(line for line in lines if "t, strength 0:" in line)
+    assert "from the attention call no ratio (the difference is noise)" in next(line for line in lines if "t, short passages:" in line)
 
 
 def test_noop_plan_covers_pooled_and_mean_columns() -> None:

@@ -174,7 +174,6 @@ def test_mlruns_deleted_mid_run_stops_with_a_clear_error(tiny_model_dir, data: P
 def test_optunas_log_of_a_trial_that_lost_its_store_is_one_line_and_a_bug_keeps_its_traceback() -> None:
     """Which write of a trial hits a deleted `mlruns/` first is timing: when it is Optuna's, Optuna logs the
     trial's traceback. The console handler's filter keeps such records to their line; a bug's stays whole."""
-    import logging
     import sys
 
     import optuna
