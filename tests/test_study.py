@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import random
@@ -29,7 +30,7 @@ from tuner.evaluation.evaluator import Evaluator
 from tuner.tuning.conclusion import reexport
 from tuner.tuning.run import NoFeasibleTrialError, TuneSettings, tune
 from tuner.tuning.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, SearchSpace, trial_basket_shares
-from tuner.tuning.study import OWNER_ATTR, open_study, run_trials, winner
+from tuner.tuning.study import OWNER_ATTR, fail_dead_trials, open_study, run_trials, winner
 
 TRIAL_PARAMS = {"strength", "depth", "basket_size", "variant", "layers", "basket_shares"}
 # MLflow's names: on the console's scale (nDCG@10 and HM ×100, PSI 0–1), constraints as margins (>= 0: met)
@@ -358,6 +359,43 @@ def test_a_trial_left_running_by_a_dead_local_process_is_rerun_before_any_new_tr
     assert seen[0] == drawn and len(seen) == 3
     states = [t.state for t in optuna.load_study(study_name="dead", storage=storage).trials]
     assert states == [optuna.trial.TrialState.FAIL] + [optuna.trial.TrialState.COMPLETE] * 3
+
+
+@pytest.mark.timeout(120)
+def test_a_trial_whose_process_died_before_its_first_heartbeat_is_rerun_not_waited_for(tmp_path: Path) -> None:
+    """A process killed between Optuna creating its trial and the first heartbeat (or posfair's owner mark)
+    leaves a RUNNING trial that Optuna's stale check never fails (it has no heartbeat to go stale). Once it is
+    older than the grace period it is failed and re-queued, instead of being waited for forever (CI hung
+    600 s on this when the kill landed in that window)."""
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    study = open_study("orphan", storage, seed=0, pareto=False, identity={"k": 1}, heartbeat=1)
+    started = datetime.datetime.now() - datetime.timedelta(seconds=10)  # past the grace period of 3 heartbeats
+    template = optuna.trial.FrozenTrial(
+        number=0, state=optuna.trial.TrialState.RUNNING, value=None, datetime_start=started, datetime_complete=None,
+        params={}, distributions={}, user_attrs={}, system_attrs={}, intermediate_values={}, trial_id=0,
+    )
+    study._storage.create_new_trial(study._study_id, template_trial=template)
+
+    def objective(trial: optuna.Trial) -> float:
+        trial.set_user_attr("psi", x := trial.suggest_float("x", 0, 1))
+        trial.set_user_attr("hm", 1 - x)
+        trial.set_constraint("hm_floor", -1.0)
+        return x
+
+    end = run_trials(study, objective, 1, poll_seconds=0.2)
+    assert end.complete == 1
+    states = [t.state for t in optuna.load_study(study_name="orphan", storage=storage).trials]
+    assert states == [optuna.trial.TrialState.FAIL, optuna.trial.TrialState.COMPLETE]
+
+
+def test_a_trial_just_created_by_a_live_process_is_not_taken_for_an_orphan(tmp_path: Path) -> None:
+    """The counterpart: an ownerless RUNNING trial younger than the grace period may be a live process's
+    trial a moment before its owner mark, so it is left alone."""
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    study = open_study("young", storage, seed=0, pareto=False, identity={"k": 1}, heartbeat=20)
+    young = study.ask()
+    assert fail_dead_trials(study) == []
+    assert study._storage.get_trial(young._trial_id).state == optuna.trial.TrialState.RUNNING
 
 
 def test_a_real_mlflow_server_serves_the_trials_for_comparison(workspace: dict, tmp_path: Path) -> None:

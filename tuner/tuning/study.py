@@ -8,6 +8,7 @@ study still ends with the requested number of complete trials.
 
 from __future__ import annotations
 
+import datetime
 import logging
 import os
 import signal
@@ -39,6 +40,7 @@ log = logging.getLogger(__name__)
 
 SCHEMA_ATTEMPTS = 5
 SQLITE_WAIT_SECONDS = 60  # how long a process waits for another's write lock on a SQLite study
+GRACE_HEARTBEATS = 3  # a trial silent for this many heartbeats is stale: failed and re-queued
 
 
 class StudyMismatchError(ValueError):
@@ -113,7 +115,7 @@ def make_storage(url: str, heartbeat: int = HEARTBEAT_SECONDS) -> RDBStorage:
                 storage = RDBStorage(
                     url,
                     heartbeat_interval=heartbeat,
-                    grace_period=3 * heartbeat,
+                    grace_period=GRACE_HEARTBEATS * heartbeat,
                     heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=2),
                     engine_kwargs={
                         "pool_pre_ping": True,
@@ -252,16 +254,21 @@ def _process_alive(pid: int) -> bool:
 
 
 def fail_dead_trials(study: optuna.Study) -> list[int]:
-    """RUNNING trials whose process on this machine is gone: failed now and re-queued (like a stale heartbeat,
-    without waiting for one). Trials of other machines are left to the heartbeat check. Returns their numbers."""
+    """RUNNING trials whose process is known to be gone, failed now and re-queued (like a stale heartbeat,
+    without waiting for one); returns their numbers. Known gone: its owner is a process of this machine that
+    has ended, or it has no owner mark a grace period after it started (`_orphaned`). Trials of live processes
+    and of other machines' owners are left to the heartbeat check."""
     storage = study._storage
     here = socket.gethostname()
     failed = []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        owner = trial.user_attrs.get(OWNER_ATTR) or {}
-        if owner.get("host") != here or owner.get("trial") != trial.number or owner.get("pid") == os.getpid():
+        owner = trial.user_attrs.get(OWNER_ATTR)
+        if owner is None:
+            if not _orphaned(study, trial):
+                continue
+        elif owner.get("host") != here or owner.get("trial") != trial.number or owner.get("pid") == os.getpid():
             continue
-        if _process_alive(int(owner["pid"])):
+        elif _process_alive(int(owner["pid"])):
             continue
         try:
             if storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL):
@@ -270,10 +277,24 @@ def fail_dead_trials(study: optuna.Study) -> list[int]:
             pass  # another process got there first
     _requeue(study, failed)
     for trial in failed:
+        owner = trial.user_attrs.get(OWNER_ATTR)
         log.warning(
-            "trial %d was left RUNNING by process %s, which is gone; it is re-run", trial.number, trial.user_attrs[OWNER_ATTR]["pid"]
+            "trial %d was left RUNNING by %s, which is gone; it is re-run",
+            trial.number,
+            f"process {owner['pid']}" if owner else "a process that stopped as it began the trial",
         )
     return [t.number for t in failed]
+
+
+def _orphaned(study: optuna.Study, trial: FrozenTrial) -> bool:
+    """Whether an ownerless RUNNING trial is a dead process's. A live posfair process marks its trial's owner
+    within milliseconds of Optuna creating it (`run_trials`), and Optuna records no heartbeat before then, so
+    a process killed in between leaves a trial that Optuna's stale check never fails. Its start is its last
+    sign of life: older than the grace period, it is as stale as a heartbeat that old."""
+    interval = study._storage.get_heartbeat_interval()
+    if interval is None or trial.datetime_start is None:
+        return False
+    return datetime.datetime.now() - trial.datetime_start > datetime.timedelta(seconds=GRACE_HEARTBEATS * interval)
 
 
 def _export_mark(study: optuna.Study) -> str:
