@@ -21,6 +21,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
+from tests import forkserver
 from tests.test_study import write_dataset
 from tests.test_workers import command, done, finished_trial_numbers, polled, study_backend
 from tuner.cli.app import app
@@ -113,12 +114,12 @@ def test_a_run_killed_mid_trial_and_rerun_at_once_reruns_the_trial_and_cleans_it
     4, exported from 3, exited 0, and left the killed process's temp folder behind."""
     storage, tracking, name = study_backend(backend, tmp_path)
     cmd = command(tiny_model_dir("bert"), data, storage, tracking, 4, "--output", str(tmp_path / "best.yaml"), name=name, heartbeat=20)
-    victim = subprocess.Popen(cmd, cwd=tmp_path, env=environment(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    victim = forkserver.popen(cmd, cwd=tmp_path, env=environment(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     killed = catch_running(victim, storage, name, at_least=2)
     victim.send_signal(signal.SIGKILL)
     victim.wait(timeout=30)
     assert list((tmp_path / "tmp").glob("posfair-*")), "the killed run had no temp folder to leave"
-    rerun = subprocess.run(cmd, cwd=tmp_path, env=environment(tmp_path), capture_output=True, text=True, timeout=600)
+    rerun = forkserver.run(cmd, cwd=tmp_path, env=environment(tmp_path), capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stdout[-2000:] + rerun.stderr[-2000:]
     trials = optuna.load_study(study_name=name, storage=storage).trials
     assert trials[killed].state == FAIL
@@ -135,7 +136,7 @@ def test_two_ctrl_cs_abort_the_trial_and_the_rerun_runs_it_again(backend: str, t
     """Case 9: after two Ctrl-Cs the interrupted trial was left FAILED, never re-run, and gone from the summary."""
     storage, tracking, name = study_backend(backend, tmp_path)
     cmd = command(tiny_model_dir("bert"), data, storage, tracking, 4, "--output", str(tmp_path / "best.yaml"), name=name)
-    run = subprocess.Popen(cmd, cwd=tmp_path, env=environment(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    run = forkserver.popen(cmd, cwd=tmp_path, env=environment(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     aborted = catch_running(run, storage, name, at_least=2)  # caught as it starts: a whole trial ahead
     printed = Output(run)
     run.send_signal(signal.SIGINT)
@@ -150,7 +151,7 @@ def test_two_ctrl_cs_abort_the_trial_and_the_rerun_runs_it_again(backend: str, t
     queued = [t for t in trials if t.system_attrs.get("failed_trial") == aborted]
     assert [t.state for t in queued] == [WAITING] and queued[0].params == trials[aborted].params
 
-    again = subprocess.run(cmd, cwd=tmp_path, env=environment(tmp_path), capture_output=True, text=True, timeout=600)
+    again = forkserver.run(cmd, cwd=tmp_path, env=environment(tmp_path), capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     trials = trials_of(storage, name)
     assert trials[queued[0].number].state == COMPLETE  # re-run before any new trial
@@ -209,7 +210,7 @@ def test_two_workers_draw_twelve_distinct_configurations(backend: str, tiny_mode
         name=name,
         heartbeat=10,
     )
-    run = subprocess.run(cmd, cwd=tmp_path, env=environment(tmp_path), capture_output=True, text=True, timeout=900)
+    run = forkserver.run(cmd, cwd=tmp_path, env=environment(tmp_path), capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
     complete = [t for t in optuna.load_study(study_name=name, storage=storage).trials if done(t)]
     assert len(complete) == 12 and len({t.user_attrs["worker"] for t in complete}) == 2
@@ -276,7 +277,7 @@ def test_two_processes_draining_one_sqlite_queue_never_take_the_same_trial(tmp_p
         study.enqueue_trial({"x": i}, skip_if_exists=False)
     go = tmp_path / "go"
     processes = [
-        subprocess.Popen(
+        forkserver.popen(
             [sys.executable, "-c", POP_ALL, url, str(tmp_path / f"ready-{i}"), str(go)], cwd=ROOT, stdout=subprocess.PIPE, text=True
         )
         for i in range(2)

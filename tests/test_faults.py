@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from tests import forkserver
 from tests.test_accounting import BACKENDS, COMPLETE, FAIL, WAITING, catch_running, environment, parent_run, trials_of
 from tests.test_study import write_dataset
 from tests.test_workers import command, done, finished_trial_numbers, study_backend, trial_runs
@@ -48,7 +49,7 @@ def test_one_stop_finishes_the_trial_says_so_exits_non_zero_exports_nothing_and_
     FINISHED and exited 0. Both now stop alike."""
     storage, tracking, name = study_backend(backend, tmp_path)
     cmd = command(tiny_model_dir("bert"), data, storage, tracking, 5, "--output", str(tmp_path / "best.yaml"), name=name)
-    run = subprocess.Popen(cmd, cwd=tmp_path, env=environment(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    run = forkserver.popen(cmd, cwd=tmp_path, env=environment(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     stopped = catch_running(run, storage, name, at_least=1)
     run.send_signal(stop)
     output = " ".join(run.communicate(timeout=300)[0].split())
@@ -64,7 +65,7 @@ def test_one_stop_finishes_the_trial_says_so_exits_non_zero_exports_nothing_and_
     assert parent.data.tags["posfair.outcome"] == f"stopped early ({reason}): {complete} of 5 trials"
     assert list((tmp_path / "tmp").glob("posfair-*")) == []
 
-    again = subprocess.run(cmd, cwd=tmp_path, env=environment(tmp_path), capture_output=True, text=True, timeout=600, check=False)
+    again = forkserver.run(cmd, cwd=tmp_path, env=environment(tmp_path), capture_output=True, text=True, timeout=600, check=False)
     assert again.returncode == 0, again.stderr[-3000:]
     assert sum(done(t) for t in trials_of(storage, name)) == 5 and (tmp_path / "best.yaml").exists()
     assert parent_run(tracking, name).info.status == "FINISHED"
@@ -80,7 +81,7 @@ def test_sigterm_past_the_grace_period_aborts_the_trial_and_the_rerun_runs_it_on
     storage, tracking, name = study_backend(backend, tmp_path)
     cmd = command(tiny_model_dir("bert"), data, storage, tracking, 4, "--output", str(tmp_path / "best.yaml"), name=name)
     env = {**environment(tmp_path), "POSFAIR_STOP_GRACE": "0"}
-    run = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    run = forkserver.popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     aborted = catch_running(run, storage, name, at_least=1)
     run.send_signal(signal.SIGTERM)
     output = " ".join(run.communicate(timeout=300)[0].split())
@@ -94,7 +95,7 @@ def test_sigterm_past_the_grace_period_aborts_the_trial_and_the_rerun_runs_it_on
     assert parent_run(tracking, name).info.status == "KILLED"
     assert list((tmp_path / "tmp").glob("posfair-*")) == []
 
-    again = subprocess.run(cmd, cwd=tmp_path, env=environment(tmp_path), capture_output=True, text=True, timeout=600, check=False)
+    again = forkserver.run(cmd, cwd=tmp_path, env=environment(tmp_path), capture_output=True, text=True, timeout=600, check=False)
     assert again.returncode == 0, again.stderr[-3000:]
     assert sum(done(t) for t in trials_of(storage, name)) == 4
     assert_one_finished_run_per_complete_trial(storage, tracking, name)
@@ -106,7 +107,7 @@ def test_two_identical_tunes_on_one_fresh_folder_export_once(backend: str, tiny_
     storage, tracking, name = study_backend(backend, tmp_path)
     cmd = command(tiny_model_dir("bert"), data, storage, tracking, 6, "--output", str(tmp_path / "best.yaml"), name=name, heartbeat=10)
     runs = [
-        subprocess.Popen(cmd, cwd=tmp_path, env=environment(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        forkserver.popen(cmd, cwd=tmp_path, env=environment(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for _ in range(2)
     ]
     outputs = [" ".join(run.communicate(timeout=600)[0].split()) for run in runs]
@@ -154,7 +155,7 @@ def test_mlruns_deleted_mid_run_stops_with_a_clear_error(tiny_model_dir, data: P
     cmd = command(tiny_model_dir("bert"), data, "", "", 6, "--output", str(tmp_path / "best.yaml"), name="deleted", heartbeat=3600)
     for flag in ("--storage", "--tracking-uri"):  # the defaults: both stores under ./mlruns
         del cmd[cmd.index(flag) : cmd.index(flag) + 2]
-    run = subprocess.Popen(cmd, cwd=tmp_path, env=environment(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    run = forkserver.popen(cmd, cwd=tmp_path, env=environment(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     storage = f"sqlite:///{tmp_path / 'mlruns' / 'optuna.db'}"
     deadline = time.monotonic() + 300
     while not (tmp_path / "mlruns" / "optuna.db").exists() or sum(done(t) for t in trials_of(storage, "deleted")) < 2:

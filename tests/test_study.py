@@ -371,8 +371,17 @@ def test_a_trial_whose_process_died_before_its_first_heartbeat_is_rerun_not_wait
     study = open_study("orphan", storage, seed=0, pareto=False, identity={"k": 1}, heartbeat=1)
     started = datetime.datetime.now() - datetime.timedelta(seconds=10)  # past the grace period of 3 heartbeats
     template = optuna.trial.FrozenTrial(
-        number=0, state=optuna.trial.TrialState.RUNNING, value=None, datetime_start=started, datetime_complete=None,
-        params={}, distributions={}, user_attrs={}, system_attrs={}, intermediate_values={}, trial_id=0,
+        number=0,
+        state=optuna.trial.TrialState.RUNNING,
+        value=None,
+        datetime_start=started,
+        datetime_complete=None,
+        params={},
+        distributions={},
+        user_attrs={},
+        system_attrs={},
+        intermediate_values={},
+        trial_id=0,
     )
     study._storage.create_new_trial(study._study_id, template_trial=template)
 

@@ -29,6 +29,7 @@ from mlflow.protos.databricks_pb2 import TEMPORARILY_UNAVAILABLE
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
+from tests import forkserver
 from tests.ci import MLFLOW
 from tests.services import as_logged, free_port, running_mlflow_server
 from tests.test_study import write_dataset
@@ -80,7 +81,7 @@ def default_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir) -> dic
     work.mkdir()
     log_file = root / "tune.log"
     with log_file.open("w") as handle:
-        done = subprocess.run(
+        done = forkserver.run(
             [*tune_command(tiny_model_dir("bert"), data), "--space", str(root / "space.yaml")],
             cwd=work,
             stdout=handle,
@@ -429,7 +430,7 @@ def server_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir) -> dict
     (root / "space.yaml").write_text("basket_sizes: [8, 16, 128]\n", encoding="utf-8")
 
     def run(uri: str) -> dict[str, object]:
-        done = subprocess.run(
+        done = forkserver.run(
             [
                 *tune_command(tiny_model_dir("bert"), data),
                 "--space",

@@ -13,6 +13,7 @@ import pytest
 import requests
 from mlflow.tracking import MlflowClient
 
+from tests import forkserver
 from tests.services import free_port
 
 
@@ -22,7 +23,7 @@ def test_tune_ui_stops_its_whole_process_group_on_a_signal(tmp_path: Path, signu
     store.parent.mkdir()
     MlflowClient(f"sqlite:///{store}").create_experiment("posfair")
     port = free_port()
-    ui = subprocess.Popen(
+    ui = forkserver.popen(
         [sys.executable, "-m", "tuner.cli", "ui", "--port", str(port)],
         cwd=tmp_path,
         stdout=subprocess.PIPE,

@@ -19,8 +19,10 @@ from pathlib import Path
 
 import optuna
 import pytest
+import sqlalchemy
 from mlflow.tracking import MlflowClient
 
+from tests import forkserver
 from tests.ci import require_mlflow_server, require_postgres
 from tests.services import as_logged, fresh_postgres_database, running_mlflow_server
 from tests.test_study import write_dataset
@@ -102,7 +104,13 @@ def study_backend(backend: str, tmp_path: Path) -> tuple[str, str, str]:
 @cache
 def polled(url: str) -> optuna.storages.RDBStorage:
     """One storage (one connection pool) per URL for the polling loops: a fresh `load_study(storage=url)` every
-    50 ms opens a new pool each time and exhausts PostgreSQL's connection limit."""
+    50 ms opens a new pool each time and exhausts PostgreSQL's connection limit. A poll may race the `tune`
+    process that is creating the store's tables (both then stamp Optuna's schema version): it tries again."""
+    for _ in range(50):
+        try:
+            return optuna.storages.RDBStorage(url)
+        except sqlalchemy.exc.IntegrityError:
+            time.sleep(0.1)
     return optuna.storages.RDBStorage(url)
 
 
@@ -129,13 +137,13 @@ def test_two_workers_on_one_study_finish_exactly_the_requested_trials(backend: s
     # failed as dead under its own running trial (Optuna then ends that worker: optuna/optuna#5470).
     base = command(tiny_model_dir("bert"), data, storage, tracking, 12, name=name, heartbeat=10)
     logs = {role: (tmp_path / f"{role}.log").open("w") for role in ("coordinator", "other")}
-    coordinator = subprocess.Popen(
+    coordinator = forkserver.popen(
         [*base, "--workers", "2", "--output", str(tmp_path / "best.yaml")],
         cwd=tmp_path,
         stdout=logs["coordinator"],
         stderr=subprocess.STDOUT,
     )
-    other_machine = subprocess.Popen([*base, "--worker"], cwd=tmp_path, stdout=logs["other"], stderr=subprocess.STDOUT)
+    other_machine = forkserver.popen([*base, "--worker"], cwd=tmp_path, stdout=logs["other"], stderr=subprocess.STDOUT)
     for process in (coordinator, other_machine):
         process.wait(timeout=600)
     for log in logs.values():
@@ -158,7 +166,7 @@ def test_a_worker_killed_mid_trial_is_detected_and_its_trial_rerun(backend: str,
     """SIGKILL the only worker while trial >= 2 runs; after 3 missed heartbeats the same command resumes."""
     storage, tracking, name = study_backend(backend, tmp_path)
     cmd = command(tiny_model_dir("bert"), data, storage, tracking, 6, name=name)
-    victim = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    victim = forkserver.popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     killed = None
     deadline = time.monotonic() + 300
     while killed is None and time.monotonic() < deadline and victim.poll() is None:
@@ -173,7 +181,7 @@ def test_a_worker_killed_mid_trial_is_detected_and_its_trial_rerun(backend: str,
     victim.wait(timeout=30)
     assert killed is not None, "no trial was caught running"
     time.sleep(3.5)  # past the grace period of 3 heartbeats
-    rerun = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    rerun = forkserver.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stdout[-2000:] + rerun.stderr[-2000:]
     trials = optuna.load_study(study_name=name, storage=storage).trials
     assert len({t.number for t in trials}) == len(trials)  # no trial number twice
@@ -255,7 +263,7 @@ def test_a_tracking_server_killed_mid_study_and_restarted_loses_no_trial_log(tin
         cmd = command(tiny_model_dir("bert"), data, storage, server.uri, trials, heartbeat=20)  # held below: must not look dead
         log = tmp_path / "tune.log"
         with log.open("w") as out:
-            study = subprocess.Popen(cmd, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT)
+            study = forkserver.popen(cmd, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT)
         try:
             wait_until(lambda: complete_count(storage) >= 2, study, log)
             server.kill()

@@ -27,6 +27,7 @@ import optuna
 import sqlalchemy
 from optuna.exceptions import ExperimentalWarning
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+from optuna.storages._heartbeat import BaseHeartbeat  # the storages that have heartbeats (not exported)
 from optuna.trial import FrozenTrial, TrialState
 
 from objectives import Candidate, Selection, select
@@ -291,7 +292,8 @@ def _orphaned(study: optuna.Study, trial: FrozenTrial) -> bool:
     within milliseconds of Optuna creating it (`run_trials`), and Optuna records no heartbeat before then, so
     a process killed in between leaves a trial that Optuna's stale check never fails. Its start is its last
     sign of life: older than the grace period, it is as stale as a heartbeat that old."""
-    interval = study._storage.get_heartbeat_interval()
+    storage = study._storage
+    interval = storage.get_heartbeat_interval() if isinstance(storage, BaseHeartbeat) else None
     if interval is None or trial.datetime_start is None:
         return False
     return datetime.datetime.now() - trial.datetime_start > datetime.timedelta(seconds=GRACE_HEARTBEATS * interval)
