@@ -73,8 +73,9 @@ def serve(path: str) -> dict[str, Any]:
     gc.freeze()  # the children's collections skip what is here: otherwise each one would copy it all (copy-on-write)
     parent = os.getppid()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
+    listener.bind(f"{path}.binding")
     listener.listen(64)
+    os.rename(f"{path}.binding", path)  # the path appears once connections are accepted
     children: dict[int, socket.socket] = {}
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ)

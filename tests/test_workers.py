@@ -109,7 +109,7 @@ def polled(url: str) -> optuna.storages.RDBStorage:
     for _ in range(50):
         try:
             return optuna.storages.RDBStorage(url)
-        except sqlalchemy.exc.IntegrityError:
+        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError):  # "already exists", "locked"
             time.sleep(0.1)
     return optuna.storages.RDBStorage(url)
 
