@@ -131,6 +131,29 @@ def _become(request: dict[str, Any], fds: Sequence[int]) -> None:
     sys.argv = ["-m", *request["args"]]  # run_module puts the module's file first, as `python -m` does
 
 
+def _exit(status: object) -> None:
+    """End the child as the interpreter ends a program that returned or raised SystemExit, without tearing
+    down the modules it inherited: that teardown touches every object the server imported, so each child
+    would copy the server's whole heap (copy-on-write) only to free it (~0.7 s a child here). What a program
+    can observe of its exit still happens, in the interpreter's order: non-daemon threads are joined, atexit
+    callbacks run, the standard streams are flushed. Any other exception ends it the usual way."""
+    if status is None:
+        code = 0
+    elif isinstance(status, int):
+        code = status
+    else:
+        print(status, file=sys.stderr)
+        code = 1
+    threading._shutdown()  # type: ignore[attr-defined]
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code & 0xFF)
+
+
 # ---------------------------------------------------------------------------------------------- the client
 
 
@@ -320,4 +343,9 @@ def run(
 
 if __name__ == "__main__":
     serve(sys.argv[1])  # returns in a child only, set up as `python -m tuner.cli ARGS` would be
-    runpy.run_module("tuner.cli", run_name="__main__", alter_sys=True)
+    try:
+        runpy.run_module("tuner.cli", run_name="__main__", alter_sys=True)
+        status: object = 0
+    except SystemExit as exit:
+        status = exit.code
+    _exit(status)
