@@ -54,8 +54,18 @@ def one_thread():
 SHARED_RUNS = ("tests.test_tracking", "tests.test_study", "tests.test_headline", "tests.test_paths")
 
 
+# The modules whose tests (or shared runs) take longest, started first: a long one drawn last would leave the
+# other workers idle at the end of the suite (the slowest tests, from `--durations`, are theirs).
+SLOW_FIRST = (*SHARED_RUNS, "tests.test_accounting", "tests.test_workers", "tests.test_ui", "tests.test_faults", "tests.test_grid")
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        module = getattr(item, "module", None)
+        return SLOW_FIRST.index(module.__name__) if module is not None and module.__name__ in SLOW_FIRST else len(SLOW_FIRST)
+
+    items.sort(key=rank)  # stable: each module keeps its own order
     for item in items:
         module = getattr(item, "module", None)
         if module is not None and module.__name__ in SHARED_RUNS:

@@ -21,6 +21,7 @@ import json
 import os
 import runpy
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
@@ -55,7 +56,7 @@ LIBRARIES = (
     "pydantic",
     "yaml",
 )
-TUNE = ("-m", "tuner.cli")
+TUNE_COMMAND = (sys.executable, "-m", "tuner.cli")  # `tune` as the tests start it; the server runs these
 _STATUS_POLL_SECONDS = 0.02
 
 
@@ -229,7 +230,7 @@ class TuneProcess:
     def poll(self) -> int | None:
         return self.wait(timeout=0, raising=False)
 
-    def wait(self, timeout: float | None = None, raising: bool = True) -> int | None:  # type: ignore[override]
+    def wait(self, timeout: float | None = None, raising: bool = True) -> int | None:
         if self.returncode is None:
             self.returncode = self._line(timeout)
             if self.returncode is not None:
@@ -288,6 +289,7 @@ def _server_path() -> str:
     with _server_lock:
         if "path" not in _server:
             folder = tempfile.mkdtemp(prefix="posfair-forkserver-")
+            atexit.register(shutil.rmtree, folder, ignore_errors=True)  # after the server's stop (registered below)
             path = os.path.join(folder, "socket")
             process = subprocess.Popen(
                 [sys.executable, "-m", "tests.forkserver", path],
@@ -310,7 +312,7 @@ def is_tune(args: Sequence[str]) -> bool:
     """Whether `args` is a `tune` command that the fork server runs (`POSFAIR_TEST_FRESH_INTERPRETERS=1`: none is,
     so that every command gets a fresh interpreter, as a user's does)."""
     fresh = os.environ.get("POSFAIR_TEST_FRESH_INTERPRETERS", "") == "1"
-    return not fresh and len(args) > 2 and args[0] == sys.executable and tuple(args[1:3]) == TUNE
+    return not fresh and tuple(args[:3]) == TUNE_COMMAND
 
 
 def popen(args: Sequence[str], **kwargs: Any) -> TuneProcess | subprocess.Popen[Any]:

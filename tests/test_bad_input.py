@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 
 from tests.ci import require
 from tests.test_study import write_dataset
+from tests.tiny import tiny_tune_options
 from tuner.cli.app import app
 from tuner.data import load_benchmark
 from tuner.engine.exported import ExportError, build_export, write_exported
@@ -289,25 +290,7 @@ def edit_jsonl(path: Path, change) -> None:
 
 
 def tiny_run(model: Path, data: Path, *extra: str) -> list[str]:
-    return [
-        "run",
-        "--model",
-        str(model),
-        "--pooling",
-        "cls",
-        "--dataset",
-        f"jsonl:{data}",
-        "--heldout",
-        "",
-        "--trials",
-        "2",
-        "--hm-floor=-90%",
-        "--profile-docs",
-        "2",
-        "--bootstrap",
-        "20",
-        *extra,
-    ]
+    return ["run", *tiny_tune_options(model, data), *extra]
 
 
 @pytest.mark.parametrize("value", ["-1", "0"])

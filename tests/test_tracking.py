@@ -33,7 +33,7 @@ from tests import forkserver
 from tests.ci import MLFLOW
 from tests.services import as_logged, free_port, running_mlflow_server
 from tests.test_study import write_dataset
-from tests.tiny import random_texts
+from tests.tiny import random_texts, tiny_tune_options
 from tuner.engine.encoder import CalibratedEncoder
 from tuner.engine.exported import load_exported
 from tuner.tracking.registry import registered_name
@@ -47,29 +47,8 @@ def tune_command(model: Path, data: Path, *extra: str) -> list[str]:
     """Plain `tune` on the tiny model: every store, the study name and the output left to their defaults; held out:
     a set of other passages beside `data`."""
     held = write_dataset(data.parent / "held", seed=1)
-    return [
-        sys.executable,
-        "-m",
-        "tuner.cli",
-        "--model",
-        str(model),
-        "--pooling",
-        "cls",
-        "--dataset",
-        f"jsonl:{data}",
-        "--heldout",
-        f"jsonl:{held}",
-        "--trials",
-        str(TRIALS),
-        "--hm-floor=-50%",
-        "--selection",
-        "lowest",
-        "--profile-docs",
-        "2",
-        "--bootstrap",
-        "50",
-        *extra,
-    ]
+    options = tiny_tune_options(model, data, trials=TRIALS, heldout=f"jsonl:{held}", hm_floor="-50%", bootstrap=50)
+    return [*forkserver.TUNE_COMMAND, *options, "--selection", "lowest", *extra]
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -26,6 +25,7 @@ from tests import forkserver
 from tests.ci import require_mlflow_server, require_postgres
 from tests.services import as_logged, fresh_postgres_database, running_mlflow_server
 from tests.test_study import write_dataset
+from tests.tiny import tiny_tune_options
 from tuner.common.trials import DUPLICATE_ATTR, counted
 from tuner.tracking.runs import TrackingUnavailableError
 from tuner.tuning.run import TuneSettings, tune
@@ -50,33 +50,17 @@ def command(
 ) -> list[str]:
     """`tune run` on the tiny model; a 1-second heartbeat lets a killed worker's trial be found in 3 s."""
     return [
-        sys.executable,
-        "-m",
-        "tuner.cli",
+        *forkserver.TUNE_COMMAND,
         "run",
-        "--model",
-        str(model),
-        "--pooling",
-        "cls",
-        "--dataset",
-        f"jsonl:{data}",
-        "--heldout",
-        "",
-        "--trials",
-        str(trials),
-        "--hm-floor=-90%",
+        *tiny_tune_options(model, data, trials=trials),
         "--storage",
         storage,
         "--tracking-uri",
         tracking,
         "--study-name",
         name,
-        "--profile-docs",
-        "2",
         "--heartbeat",
         str(heartbeat),
-        "--bootstrap",
-        "20",
         *extra,
     ]
 

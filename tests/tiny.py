@@ -81,3 +81,27 @@ def save_tiny(kind: str, folder: Path, layers: int = 3, max_length: int = 256, i
 def random_texts(count: int, low: int, high: int, seed: int = 0) -> list[str]:
     rng = random.Random(seed)
     return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(low, high))) for _ in range(count)]
+
+
+def tiny_tune_options(
+    model: Path, data: Path, *, trials: int = 2, heldout: str = "", hm_floor: str = "-90%", bootstrap: int = 20
+) -> list[str]:
+    """The options of the tests' small `tune` runs: the tiny model (CLS pooling) on a JSONL folder, `heldout` as
+    given ("" for none), a floor any tiny model clears, 2 profile passages, a short bootstrap."""
+    return [
+        "--model",
+        str(model),
+        "--pooling",
+        "cls",
+        "--dataset",
+        f"jsonl:{data}",
+        "--heldout",
+        heldout,
+        "--trials",
+        str(trials),
+        f"--hm-floor={hm_floor}",
+        "--profile-docs",
+        "2",
+        "--bootstrap",
+        str(bootstrap),
+    ]
