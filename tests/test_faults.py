@@ -12,6 +12,7 @@ import signal
 import subprocess
 from pathlib import Path
 
+import optuna
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -32,7 +33,9 @@ def assert_one_finished_run_per_complete_trial(storage: str, tracking: str, name
     assert finished_trial_numbers(tracking, name) == sorted(t.number for t in trials if t.state == COMPLETE)
     for run in trial_runs(tracking, name):
         number = int(run.data.tags["posfair.trial"])
-        if trials[number].state != COMPLETE:  # an aborted trial's run is closed as failed, without a trial's metrics
+        if trials[number].state == optuna.trial.TrialState.PRUNED:  # stopped at a rung: its figures there, marked pruned
+            assert run.info.status == "KILLED" and run.data.tags.get("posfair.state") == "PRUNED", (number, run.info.status)
+        elif trials[number].state != COMPLETE:  # an aborted trial's run is closed as failed, without a trial's metrics
             assert run.info.status in ("FAILED", "KILLED") and "psi" not in run.data.metrics, (number, run.info.status)
 
 
