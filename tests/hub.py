@@ -45,6 +45,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tests import forkserver
 from tests.tiny import WORDS, save_tiny
 
 BGE_M3 = "BAAI/bge-m3"
@@ -328,7 +329,7 @@ def tune_command() -> list[str]:
 def run_tune(hub: FakeHub, *args: str, cwd: Path, timeout: float = 600, **env: str) -> subprocess.CompletedProcess[str]:
     """`tune ARGS...` as a user runs it, in `cwd`, offline against the fake hub; output is text."""
     cwd.mkdir(parents=True, exist_ok=True)
-    return subprocess.run(
+    return forkserver.run(
         [*tune_command(), *args], cwd=cwd, env=hub.env(**env), capture_output=True, text=True, timeout=timeout, check=False
     )
 
