@@ -1,16 +1,16 @@
-"""A fork server for the suite's `tune` processes (`python -m tuner.cli ...`, or the `tune` console script).
+"""A fork server for the suite's `tune` processes (`python -m tuner.cli ...`).
 
 Every such process spends most of its life importing torch, transformers, MLflow, Optuna and matplotlib
 (~8 s on this machine) before it does anything, and the fault tests start well over a hundred of them. The
 server imports those libraries once (`LIBRARIES`; posfair itself is not imported, so each process builds
 posfair's own state afresh) and forks one child per command. The child takes the command's working folder,
-environment, arguments and standard streams and runs `tuner.cli` as `python -m` would (or the console
-script as its interpreter would): its pid is real, so a test signals it directly (SIGINT, SIGTERM,
-SIGKILL), and its exit status is the interpreter's. A test gets a `Popen`-like `TuneProcess`.
+environment, arguments and standard streams and runs `tuner.cli` as `python -m` would: its pid is real, so a
+test signals it directly (SIGINT, SIGTERM, SIGKILL), and its exit status is the interpreter's (an uncaught
+KeyboardInterrupt still ends it by SIGINT). A test gets a `Popen`-like `TuneProcess`.
 
-What differs from a fresh interpreter: the child's parent is the server, which reaps it and reports its
-status, and the libraries were imported before the child existed. So that what they read at import is what
-a fresh interpreter would read, each distinct environment gets its own server (`_server_path`).
+What differs from a fresh interpreter: library state set at import time comes from the server's environment
+(the suite's, which the commands here share; tests that change such variables, like the fake hub's endpoint,
+start real processes), and the child's parent is the server, which reaps it and reports its status.
 """
 
 from __future__ import annotations
@@ -57,8 +57,6 @@ LIBRARIES = (
     "yaml",
 )
 TUNE_COMMAND = (sys.executable, "-m", "tuner.cli")  # `tune` as the tests start it; the server runs these
-TUNE_SCRIPT = str(Path(sys.executable).with_name("tune"))  # and the console script a user runs, as the hub tests do
-CALL_TIME = ("TMPDIR", "PYTHONPATH")  # variables a child takes from its command (`_become`); the rest, a server's own
 _STATUS_POLL_SECONDS = 0.02
 
 
@@ -131,8 +129,7 @@ def _become(request: dict[str, Any], fds: Sequence[int]) -> None:
         signal.signal(number, signal.default_int_handler if number == signal.SIGINT else signal.SIG_DFL)
     extra = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
     sys.path[:] = [os.getcwd(), *extra, *[p for p in sys.path[1:] if p not in extra]]
-    script = request["script"]
-    sys.argv = [script or "-m", *request["args"]]  # run_module puts the module's file first, as `python -m` does
+    sys.argv = ["-m", *request["args"]]  # run_module puts the module's file first, as `python -m` does
 
 
 def _exit(status: object) -> None:
@@ -200,9 +197,7 @@ class TuneProcess:
         err, err_read = (out, None) if stderr == subprocess.STDOUT else stream(stderr, 2)
         self._connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._connection.connect(server)
-        script = self.args[0] if self.args[0] == TUNE_SCRIPT else None
-        arguments = self.args[1:] if script else self.args[len(TUNE_COMMAND) :]
-        request = {"script": script, "args": arguments, "cwd": str(cwd or os.getcwd()), "env": dict(os.environ if env is None else env)}
+        request = {"args": self.args[3:], "cwd": str(cwd or os.getcwd()), "env": dict(os.environ if env is None else env)}
         socket.send_fds(self._connection, [json.dumps(request).encode()], [null, out, err])
         for fd in opened:
             os.close(fd)
@@ -285,27 +280,20 @@ class TuneProcess:
         self.wait()
 
 
-_servers: dict[tuple[tuple[str, str], ...], str] = {}
-_servers_lock = threading.Lock()
+_server: dict[str, str] = {}
+_server_lock = threading.Lock()
 
 
-def _server_path(env: dict[str, str] | None) -> str:
-    """The socket of this test process's fork server for `env`, started on first use and stopped at exit.
-
-    Libraries read some variables once, at import (the hub's endpoint and cache folders, OpenMP's thread count),
-    so a server imports them under the environment of the commands it runs: one server per environment, apart
-    from the variables each child sets for itself (`CALL_TIME`)."""
-    env = dict(os.environ if env is None else env)
-    key = tuple(sorted((k, v) for k, v in env.items() if k not in CALL_TIME))
-    with _servers_lock:
-        if key not in _servers:
+def _server_path() -> str:
+    """The socket of this test process's fork server, started on first use and stopped at exit."""
+    with _server_lock:
+        if "path" not in _server:
             folder = tempfile.mkdtemp(prefix="posfair-forkserver-")
             atexit.register(shutil.rmtree, folder, ignore_errors=True)  # after the server's stop (registered below)
             path = os.path.join(folder, "socket")
             process = subprocess.Popen(
                 [sys.executable, "-m", "tests.forkserver", path],
                 cwd=Path(__file__).resolve().parent.parent,
-                env={k: v for k, v in env.items() if k not in CALL_TIME},
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=None,
@@ -316,22 +304,22 @@ def _server_path(env: dict[str, str] | None) -> str:
                 if process.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"the fork server did not start (exit status {process.poll()})")
                 time.sleep(0.05)
-            _servers[key] = path
-        return _servers[key]
+            _server["path"] = path
+        return _server["path"]
 
 
 def is_tune(args: Sequence[str]) -> bool:
     """Whether `args` is a `tune` command that the fork server runs (`POSFAIR_TEST_FRESH_INTERPRETERS=1`: none is,
     so that every command gets a fresh interpreter, as a user's does)."""
     fresh = os.environ.get("POSFAIR_TEST_FRESH_INTERPRETERS", "") == "1"
-    return not fresh and (tuple(args[:3]) == TUNE_COMMAND or (len(args) > 0 and args[0] == TUNE_SCRIPT))
+    return not fresh and tuple(args[:3]) == TUNE_COMMAND
 
 
 def popen(args: Sequence[str], **kwargs: Any) -> TuneProcess | subprocess.Popen[Any]:
     """`subprocess.Popen` for any command; `python -m tuner.cli ...` goes through the fork server."""
     if not is_tune(args):
         return subprocess.Popen(args, **kwargs)
-    return TuneProcess(args, _server_path(kwargs.get("env")), **kwargs)
+    return TuneProcess(args, _server_path(), **kwargs)
 
 
 def run(
@@ -342,7 +330,7 @@ def run(
         return subprocess.run(args, capture_output=capture_output, timeout=timeout, check=check, **kwargs)
     if capture_output:
         kwargs.update(stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    process = TuneProcess(args, _server_path(kwargs.get("env")), **kwargs)
+    process = TuneProcess(args, _server_path(), **kwargs)
     try:
         out, err = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired as expired:
@@ -358,10 +346,7 @@ def run(
 if __name__ == "__main__":
     serve(sys.argv[1])  # returns in a child only, set up as `python -m tuner.cli ARGS` would be
     try:
-        if sys.argv[0] == TUNE_SCRIPT:
-            runpy.run_path(TUNE_SCRIPT, run_name="__main__")
-        else:
-            runpy.run_module("tuner.cli", run_name="__main__", alter_sys=True)
+        runpy.run_module("tuner.cli", run_name="__main__", alter_sys=True)
         status: object = 0
     except SystemExit as exit:
         status = exit.code

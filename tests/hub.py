@@ -45,7 +45,6 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tests import forkserver
 from tests.tiny import WORDS, save_tiny
 
 BGE_M3 = "BAAI/bge-m3"
@@ -329,7 +328,7 @@ def tune_command() -> list[str]:
 def run_tune(hub: FakeHub, *args: str, cwd: Path, timeout: float = 600, **env: str) -> subprocess.CompletedProcess[str]:
     """`tune ARGS...` as a user runs it, in `cwd`, offline against the fake hub; output is text."""
     cwd.mkdir(parents=True, exist_ok=True)
-    return forkserver.run(
+    return subprocess.run(
         [*tune_command(), *args], cwd=cwd, env=hub.env(**env), capture_output=True, text=True, timeout=timeout, check=False
     )
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -16,22 +15,11 @@ def test_a_command_prints_and_exits_as_it_does_in_a_fresh_interpreter(tmp_path: 
     child works in the command's folder, not the server's)."""
     (tmp_path / "space.yaml").write_text("variant: [nonsense]\n")
     for args in (["run", "--trials", "0"], ["run", "--space", "space.yaml"]):
-        command = [*forkserver.TUNE_COMMAND, *args]
+        command = [sys.executable, "-m", "tuner.cli", *args]
         fresh = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
         forked = forkserver.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
         assert forkserver.is_tune(command) and fresh.returncode != 0
         assert (forked.returncode, forked.stdout, forked.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
-
-
-def test_the_console_script_under_another_environment_runs_as_it_does_fresh(tmp_path: Path) -> None:
-    """The hub tests' form: the `tune` script, and an environment of their own (a server of its own: what the
-    libraries read at import, here rich's terminal width, is that environment's)."""
-    command = [forkserver.TUNE_SCRIPT, "run", "--trials", "0"]
-    env = {**os.environ, "COLUMNS": "57"}
-    fresh = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    forked = forkserver.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert forkserver.is_tune(command) and fresh.returncode != 0
-    assert (forked.returncode, forked.stdout, forked.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
 
 
 def test_a_signal_ends_the_forked_process_as_it_ends_a_fresh_one(tmp_path: Path) -> None:
