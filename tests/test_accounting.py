@@ -277,7 +277,7 @@ def test_two_processes_draining_one_sqlite_queue_never_take_the_same_trial(tmp_p
         study.enqueue_trial({"x": i}, skip_if_exists=False)
     go = tmp_path / "go"
     processes = [
-        forkserver.popen(
+        subprocess.Popen(
             [sys.executable, "-c", POP_ALL, url, str(tmp_path / f"ready-{i}"), str(go)], cwd=ROOT, stdout=subprocess.PIPE, text=True
         )
         for i in range(2)

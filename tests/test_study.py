@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import logging
 import os
 import random
 import signal
@@ -362,7 +363,9 @@ def test_a_trial_left_running_by_a_dead_local_process_is_rerun_before_any_new_tr
 
 
 @pytest.mark.timeout(120)
-def test_a_trial_whose_process_died_before_its_first_heartbeat_is_rerun_not_waited_for(tmp_path: Path) -> None:
+def test_a_trial_whose_process_died_before_its_first_heartbeat_is_rerun_not_waited_for(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """A process killed between Optuna creating its trial and the first heartbeat (or posfair's owner mark)
     leaves a RUNNING trial that Optuna's stale check never fails (it has no heartbeat to go stale). Once it is
     older than the grace period it is failed and re-queued, instead of being waited for forever (CI hung
@@ -391,10 +394,12 @@ def test_a_trial_whose_process_died_before_its_first_heartbeat_is_rerun_not_wait
         trial.set_constraint("hm_floor", -1.0)
         return x
 
-    end = run_trials(study, objective, 1, poll_seconds=0.2)
+    with caplog.at_level(logging.WARNING, logger="tuner.tuning.study"):
+        end = run_trials(study, objective, 1, poll_seconds=0.2)
     assert end.complete == 1
     states = [t.state for t in optuna.load_study(study_name="orphan", storage=storage).trials]
     assert states == [optuna.trial.TrialState.FAIL, optuna.trial.TrialState.COMPLETE]
+    assert "trial 0 was left RUNNING by a process that stopped as it began the trial, which is gone; it is re-run" in caplog.text
 
 
 def test_a_trial_just_created_by_a_live_process_is_not_taken_for_an_orphan(tmp_path: Path) -> None:

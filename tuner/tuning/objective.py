@@ -26,7 +26,7 @@ import random
 import socket
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import optuna
@@ -55,6 +55,7 @@ class _Opened:
     config_text: str  # the config in words (`describe_config`)
     markers: list[str]  # the reference role, if any
     start_ms: int
+    run_id: str | None = None  # None while MLflow is unreachable: the run is opened later, from the pending log
 
     @property
     def label(self) -> str:
@@ -205,7 +206,7 @@ class TrialObjective:
         run_id = self.tracker.start_trial(self.study_name, trial.number, params, f"{opened.label}, running: {opened.config_text}.", markers)
         if run_id:
             trial.set_user_attr("mlflow_run_id", run_id)
-        return opened
+        return replace(opened, run_id=run_id)
 
     def _record_failure(self, trial: optuna.Trial, error: BaseException, opened: _Opened) -> None:
         """A failed or aborted trial says why, in Optuna and in its MLflow run (closed FAILED, never left open)."""
@@ -234,7 +235,7 @@ class TrialObjective:
                 artifacts,
             ),
         )
-        if "mlflow_run_id" not in trial.user_attrs and (run_id := self.tracker.trial_run_id(trial.number)):
+        if opened.run_id is None and (run_id := self.tracker.trial_run_id(trial.number)):
             trial.set_user_attr("mlflow_run_id", run_id)
 
     # ---------------------------------------------------------------------------------- scoring

@@ -343,10 +343,8 @@ def record_export(study: optuna.Study, path: Path) -> None:
 
 def _requeue(study: optuna.Study, trials: Sequence[FrozenTrial]) -> None:
     """Queue failed trials again with what they had drawn (the storage's retry callback, as for stale ones)."""
-    heartbeat_storage = study._storage  # a cache around the RDBStorage: ask it, whatever its class
-    retry = (
-        heartbeat_storage.get_heartbeat_stale_trial_callback() if hasattr(heartbeat_storage, "get_heartbeat_stale_trial_callback") else None
-    )
+    storage = study._storage  # a cache around the RDBStorage, itself a storage with heartbeats
+    retry = storage.get_heartbeat_stale_trial_callback() if isinstance(storage, BaseHeartbeat) else None
     for trial in trials:
         if retry is not None:
             retry(study, study._storage.get_trial(trial._trial_id))
