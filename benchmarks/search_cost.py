@@ -19,7 +19,9 @@ store of its own; arms share only the disk cache of query and baseline vectors, 
   layer-tokens, estimated from the robust arm's cost per trial (needs both arms in the run).
 
 Per arm and seed: the study's layer-tokens (padded tokens × layers run, every trial and rung; held-out
-scoring apart) and its winner on each held-out set: PSI as a ratio to the uncalibrated PSI there, ΔHM
+scoring apart) and its winner on each held-out set. The arms share a disk cache, so only the first study
+encodes the baselines and queries (its `setup_layer_tokens/…` attribute); every arm is charged that same
+setup beside its trials, as a study on a fresh machine would be: PSI as a ratio to the uncalibrated PSI there, ΔHM
 and ΔnDCG@10 with 95% paired-bootstrap intervals, and end − begin (nDCG@10 points; > 0: reversed).
 Nothing is simulated: every figure is from encoded vectors.
 """
@@ -81,6 +83,7 @@ def heldout_cells(outcome) -> dict[str, dict[str, object]]:
 def run_arm(arm: str, seed: int, args: argparse.Namespace, trials: int | None = None) -> dict[str, object]:
     import optuna
 
+    from tuner.common.trials import SETUP_COST_ATTR
     from tuner.tuning.conclusion import study_layer_tokens
     from tuner.tuning.run import tune
 
@@ -91,12 +94,14 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace, trials: int | None = 
         seconds = time.perf_counter() - start
         study = optuna.load_study(study_name=outcome.study, storage=settings.storage)
         states = [t.state.name for t in study.trials]
+        setup = sum(v for k, v in study.user_attrs.items() if k.startswith(SETUP_COST_ATTR))
         return {
             "arm": arm,
             "seed": seed,
             "trials": settings.trials,
             "seconds": round(seconds, 1),
-            "layer_tokens": study_layer_tokens(study),
+            "layer_tokens": study_layer_tokens(study) - setup,  # the trials'; the setup below
+            "setup_layer_tokens": setup,
             "pruned": states.count("PRUNED"),
             "winner": outcome.winner_trial,
             "config": outcome.config.model_dump(include={"variant", "strength", "layers", "basket_size"}),
@@ -113,16 +118,18 @@ def table(results: list[dict[str, object]]) -> str:
         + " |",
         "|---|---:|---:|---:|---|" + "---|" * len(sets),
     ]
-    grid = next((r["layer_tokens"] for r in results if r["arm"] == "grid"), None)
+    setup = max(r["setup_layer_tokens"] for r in results)  # type: ignore[type-var]  # what the first study encoded
+    grid = next((r["layer_tokens"] + setup for r in results if r["arm"] == "grid"), None)  # type: ignore[operator]
     for r in results:
         c = r["config"]
-        share = f" ({r['layer_tokens'] / grid:.2f}×)" if grid else ""  # type: ignore[operator]
+        cost = r["layer_tokens"] + setup  # type: ignore[operator]
+        share = f" ({cost / grid:.2f}×)" if grid else ""
         cells = []
         for s in sets:
             h = r["heldout"].get(s)  # type: ignore[union-attr]
             cells.append(f"{h['psi_ratio']:.2f}× · {h['hm_delta']} · {h['ndcg_delta']} · {h['end_minus_begin']:+.1f}" if h else "")
         lines.append(
-            f"| {r['arm']} | {r['seed']} | {r['layer_tokens']:,}{share} | {r['pruned']} | "
+            f"| {r['arm']} | {r['seed']} | {cost:,}{share} | {r['pruned']} | "
             f"{c['variant']} λ {c['strength']:.2f} L{c['layers']} B{c['basket_size']} | " + " | ".join(cells) + " |"
         )
     return "\n".join(lines)
@@ -154,8 +161,9 @@ def main(argv: list[str] | None = None) -> int:
         robust = [r for r in results if r["arm"] == "robust"]
         if grid is None or not robust:
             parser.error("robust-third needs the grid and robust arms in the same run")
+        setup = max(r["setup_layer_tokens"] for r in results)  # type: ignore[type-var]
         per_trial = sum(r["layer_tokens"] / r["trials"] for r in robust) / len(robust)  # type: ignore[operator]
-        trials = max(3, int(grid["layer_tokens"] / 3 / per_trial))  # type: ignore[operator]
+        trials = max(3, int(((grid["layer_tokens"] + setup) / 3 - setup) / per_trial))  # type: ignore[operator]
         for seed in args.seeds:
             results.append(run_arm("robust-third", seed, args, trials))
             print(json.dumps(results[-1]), flush=True)

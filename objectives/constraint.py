@@ -101,7 +101,9 @@ class Constraints:
     hm_floor        the HM floor on the 0–1 scale (`HmFloor.resolve`); `conservative`: compare the lower
                     end of the trial's HM interval with it, not its point estimate
     max_ndcg_drop   how far aggregate nDCG@10 may fall below the uncalibrated model's (0–1 scale; 0: not at
-                    all, the default; None: unconstrained)
+                    all, the default; None: unconstrained): on the tuning split by its point estimate
+                    (`ndcg_drop`), and on each other tuning structure by the favourable end of its 95% interval
+                    (`structure_ndcg`: no structure may lose nDCG@10 significantly beyond the allowance)
     max_general_drop  the same for a general-retrieval set, when one is checked (None: not constrained)
     max_crops_psi   PSI on the tuning set's crops (its passages re-cut shorter) may be at most this multiple
                     of the uncalibrated model's PSI there (1: no less fair than no calibration; None:
@@ -142,12 +144,14 @@ class Constraints:
         crops_psi: tuple[float, float] | None = None,
         reversal: float | None = None,
         partial: bool = False,
+        structure_ndcg_loss: float | None = None,
     ) -> dict[str, float]:
         """Named constraint values for one trial: `hm` and `hm_low` (the lower end of its 95% interval) on the
         tuning split, `ndcg_delta` its aggregate nDCG@10 minus the uncalibrated one, `general_delta` the same
         on the general set, `crops_psi` (trial, uncalibrated) PSI on the crops when they are scored,
         `reversal` the largest reversal of the bias over the tuning structures (`RobustEvidence.reversal`;
-        None where no structure knows its positions). `partial`: a trial stopped before every set was
+        None where no structure knows its positions), `structure_ndcg_loss` the largest significant nDCG@10
+        loss over the other structures (`RobustEvidence.significant_ndcg_loss`; None: none scored). `partial`: a trial stopped before every set was
         scored, so a constraint on a set it never reached is left out."""
         values = {"hm_floor": self.hm_floor - (hm_low if self.conservative else hm)}
         if self.max_ndcg_drop is not None:
@@ -161,4 +165,6 @@ class Constraints:
             values["crops_psi"] = trial_psi - self.max_crops_psi * baseline_psi
         if self.max_reversal is not None and reversal is not None:
             values["reversal"] = reversal
+        if self.max_ndcg_drop is not None and structure_ndcg_loss is not None:
+            values["structure_ndcg"] = structure_ndcg_loss - self.max_ndcg_drop
         return values

@@ -25,7 +25,13 @@ from dataclasses import dataclass
 from objectives.evidence import TrialEvidence
 
 PRUNE_Z = 2.0
-"""Standard errors a partial figure must clear its limit by before a trial is pruned on it."""
+"""Standard errors an estimate (the pooled screen's figures) must clear its limit by before a trial is pruned on it."""
+
+MARGIN_Z = 1.0
+"""Standard errors a partial worst case must clear the selection threshold by. The partial worst case is no
+estimate of the final one but a lower bound on it (more structures can only raise it), so the margin is for
+the threshold alone: it falls as trials complete, and rises only when a new best has a larger standard error
+than the old one (by a few thousandths of PSI between trials on one split), never by a whole standard error."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,13 @@ class RobustEvidence:
         known = [(s.reversal - z * s.evidence.tilt_se) for s in self.structures if s.reversal is not None]
         return max(known) - allowance if known else None
 
+    def significant_ndcg_loss(self) -> float | None:
+        """The largest nDCG@10 loss over the structures beyond the tuning split that their noise cannot explain:
+        minus the upper end of each one's 95% interval of the change (> 0: even the favourable end is a loss).
+        More structures can only raise it. None when no other structure is scored yet."""
+        others = [-s.evidence.ndcg_delta_high for s in self.structures[1:] if math.isfinite(s.evidence.ndcg_delta_high)]
+        return max(others) if others else None
+
     def per_structure(self) -> dict[str, dict[str, float]]:
         """name → PSI, its standard error, tilt and reversal, for MLflow, the YAML and the console."""
         table = {}
@@ -84,6 +97,7 @@ class RobustEvidence:
                 "psi_se": s.evidence.objective_se,
                 "hm": s.evidence.hm,
                 "ndcg10_delta": s.evidence.ndcg_delta,
+                "ndcg10_delta_high": s.evidence.ndcg_delta_high,
             }
             if s.reversal is not None and s.evidence.tilt is not None:
                 row |= {"tilt": s.evidence.tilt, "reversal": s.reversal}
@@ -118,18 +132,22 @@ def certain_violations(
 
 
 def prune_reason(
-    robust: RobustEvidence, threshold: float | None, violations: Mapping[str, float], remaining: Sequence[str], z: float = PRUNE_Z
+    robust: RobustEvidence, threshold: float | None, violations: Mapping[str, float], remaining: Sequence[str], z: float = MARGIN_Z
 ) -> str | None:
     """Why a trial need not be scored on the `remaining` structures, or None to go on.
 
     `threshold` is the objective a trial must reach to be eligible under the selection rule, from the
     complete trials so far (None: no feasible complete trial yet, so nothing to compare with). A trial is
     pruned when its partial worst case, less `z` standard errors, is already above that threshold (the
-    rest can only raise it), or when a constraint is violated beyond noise (`certain_violations`).
-    Nothing is pruned once no structure remains: the trial is then complete.
+    rest can only raise it; the margin is for the threshold's own movement, `MARGIN_Z`), or when
+    `violations` holds a constraint the rungs so far have decided (its value can only grow: the tuning
+    split's HM and nDCG@10 are complete after its rung, a reversal stays). Nothing is pruned once no
+    structure remains: the trial is then complete.
     """
     if not remaining:
         return None
+    if violations:
+        return "misses " + ", ".join(sorted(violations)) + ", which no remaining structure can undo"
     return _beyond_noise(
         robust.objective,
         robust.objective_se,

@@ -132,10 +132,14 @@ def test_a_run_killed_mid_trial_and_rerun_at_once_reruns_the_trial_and_cleans_it
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_two_ctrl_cs_abort_the_trial_and_the_rerun_runs_it_again(backend: str, tiny_model_dir, data: Path, tmp_path: Path) -> None:
-    """Case 9: after two Ctrl-Cs the interrupted trial was left FAILED, never re-run, and gone from the summary."""
+def test_two_ctrl_cs_abort_the_trial_and_the_rerun_runs_it_again(backend: str, tiny_model_dir, tmp_path: Path) -> None:
+    """Case 9: after two Ctrl-Cs the interrupted trial was left FAILED, never re-run, and gone from the summary.
+
+    The trial must outlast the round trip between the two signals: on the 10-passage set a trial pruned after
+    its first rung ended in milliseconds, between them, so this test runs unpruned on 80 passages."""
     storage, tracking, name = study_backend(backend, tmp_path)
-    cmd = command(tiny_model_dir("bert"), data, storage, tracking, 4, "--output", str(tmp_path / "best.yaml"), name=name)
+    data = write_dataset(tmp_path / "data", docs=80)
+    cmd = command(tiny_model_dir("bert"), data, storage, tracking, 4, "--no-prune", "--output", str(tmp_path / "best.yaml"), name=name)
     run = forkserver.popen(cmd, cwd=tmp_path, env=environment(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     aborted = catch_running(run, storage, name, at_least=2)  # caught as it starts: a whole trial ahead
     printed = Output(run)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import logging
+import re
 from pathlib import Path
 
 import optuna
@@ -12,6 +14,7 @@ from tests.test_study import write_dataset
 from tests.tiny import save_tiny
 from tuner.calibration import ConfigError
 from tuner.common.trials import DUPLICATE_ATTR, counted
+from tuner.tuning.conclusion import study_layer_tokens
 from tuner.tuning.run import TuneSettings, tune
 from tuner.tuning.search_space import PAPER_GRID, SearchSpace, grid_size
 
@@ -25,7 +28,7 @@ def test_the_paper_grid_has_24_configs() -> None:
         SearchSpace(weight_low=0.35).check_grid(PAPER_GRID)
 
 
-def test_tune_grid_paper_runs_each_grid_config_once_and_the_baseline(tmp_path: Path) -> None:
+def test_tune_grid_paper_runs_each_grid_config_once_and_the_baseline(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     model = save_tiny("bert", tmp_path / "tiny-bert0", max_length=512)  # reads 512 tokens: a basket of 256 can fill
     data = write_dataset(tmp_path / "data", docs=6, words=95)  # content past 256 tokens: every grid basket fills
     settings = TuneSettings(
@@ -44,8 +47,13 @@ def test_tune_grid_paper_runs_each_grid_config_once_and_the_baseline(tmp_path: P
         bootstrap=10,
     )
     assert settings.trials == 25 and not settings.prune  # the baseline and 24 configs, each on every structure
-    tune(settings)
+    with caplog.at_level(logging.INFO, logger="tuner"):
+        tune(settings)
     study = optuna.load_study(study_name=settings.study_name_from_alias("tiny-bert0"), storage=settings.storage)
+    # the estimate printed before the study is what the study then counted (the profile passage's length aside)
+    estimate = re.search(r"layer-tokens \(padded tokens × layers run\): ≈ ([\d,]+)", caplog.text)
+    assert estimate, caplog.text[-2000:]
+    assert int(estimate[1].replace(",", "")) == pytest.approx(study_layer_tokens(study), rel=0.02)
     assert all(t.state != optuna.trial.TrialState.PRUNED for t in study.trials)
     ran = [t for t in study.trials if counted(t)]
     assert len(ran) == 25

@@ -84,8 +84,8 @@ def test_the_cost_is_estimated_before_the_study_starts(headline_run: dict) -> No
     assert re.search(r"a probe of 4 passages × 1,024 tokens took [\d.]+ s", output), "the longest, truncated at 1,024"
     assert re.search(r"corpus: 32 passages, [\d,]+ padded tokens \(\d+ truncated at 1,024 tokens\); one encode ≈", output)
     assert re.search(
-        r"one trial ≈ [\d.]+ s; this study \(2 trials, with the baseline and the final scoring\) ≈ [\d.]+ "
-        r"s(ec)?; the default 16 trials ≈",
+        r"one calibrated trial ≈ [\d.]+ s \(it runs [\d.]+ of 3 layers on average\); this study \(2 trials, with the "
+        r"baseline and the held-out scoring\) ≈ [\d.]+ s; the default 16 trials ≈",
         output,
     )
 
@@ -129,6 +129,9 @@ def test_every_trial_runs_the_rungs_of_fineweb_posq_its_tuning_part_and_its_leng
     structures = exported["provenance"]["structures"]
     assert set(structures) == {"fineweb-posq-tune", "fineweb-posq-tune-shorter", "fineweb-posq-tune-longer"}
     assert all(0 <= s["psi"] <= 1 and "tilt" in s and "reversal" in s for s in structures.values())
-    assert re.search(r"layer-tokens \(padded tokens × layers, resumed passes cost less\): ≤ [\d,]+", output)
+    assert re.search(
+        r"layer-tokens \(padded tokens × layers run\): ≈ [\d,]+, of which ≈ [\d,]+ are the baselines and queries \(none that the disk cache holds\); held-out scoring ≈ [\d,]+ more",
+        output,
+    )
     assert output.index("layer-tokens (padded tokens") < output.index("trial 0:")
     assert re.search(r"no pooled screen: a pool of 45 queries would hold \d+% of fineweb-posq-tune's passages", output)

@@ -15,7 +15,7 @@ import tuner.tuning.session
 from objectives.robustness import prune_reason
 from tests.services import as_logged
 from tests.test_study import write_dataset
-from tuner.common.trials import PRUNED_ATTR, SCREEN_ATTR, counted
+from tuner.common.trials import PRUNED_ATTR, SCREEN_ATTR, counted, named_constraints
 from tuner.data import load_benchmark
 from tuner.engine.exported import load_exported
 from tuner.tuning.run import TuneSettings, tune
@@ -25,7 +25,7 @@ from tuner.tuning.study import candidates
 
 def tiny_study(model: Path, data: Path, folder: Path, name: str, **changes: object) -> TuneSettings:
     """A 4-trial study of the tiny model on `data`, with every constraint but the HM floor (−90%) lifted."""
-    return TuneSettings(
+    defaults: dict[str, object] = dict(
         model=str(model),
         pooling="cls",
         dataset=f"jsonl:{data}",
@@ -42,8 +42,8 @@ def tiny_study(model: Path, data: Path, folder: Path, name: str, **changes: obje
         bootstrap=20,
         space=SearchSpace(basket_sizes=(8, 16, 128)),  # 128: the references are in the space
         selection="lowest",
-        **changes,
     )
+    return TuneSettings(**(defaults | changes))  # type: ignore[arg-type]
 
 
 @pytest.fixture()
@@ -127,3 +127,27 @@ def test_a_trial_that_cannot_pass_the_pooled_screen_stops_there_at_a_fraction_of
     assert run.data.metrics["screen/hm_x100"] == as_logged(100 * screened["hm"])
     tag = run.data.tags["posfair.pruned"]
     assert run.info.status == "KILLED" and tag.startswith("rung 0 of 4: ") and "pooled screen" in tag
+
+
+def test_a_constraint_the_tuning_split_decides_prunes_the_trial_before_its_other_structures(
+    tiny_model_dir, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The nDCG@10 constraint is the tuning split's own point figure, final once that split is scored: a trial that
+    loses nDCG@10 there is infeasible whatever its other structures show, so it stops after the tuning split, even
+    when the upper end of its nDCG@10 interval is above the limit (not "beyond noise", but decided). A trial that
+    keeps nDCG@10 goes on (no PSI threshold prunes here)."""
+    structure = replace(load_benchmark(f"jsonl:{write_dataset(tmp_path / 'other', docs=8, seed=3)}"), name="tiny-openings")
+    monkeypatch.setattr(tuner.tuning.session, "load_structures", lambda name, tuning=None: [structure])
+    monkeypatch.setattr(tuner.tuning.objective, "selection_threshold", lambda study, rule: None)  # nothing to beat: PSI never prunes
+    settings = tiny_study(tiny_model_dir("bert"), write_dataset(tmp_path / "data"), tmp_path, "decided", trials=8, max_ndcg_drop=0.0)
+    tune(settings)
+    trials = [t for t in optuna.load_study(study_name="decided", storage=settings.storage).trials if counted(t) and t.number > 1]
+    lost = [t for t in trials if t.user_attrs["structures"]["jsonl:data"]["ndcg10_delta"] < 0]
+    kept = [t for t in trials if t.user_attrs["structures"]["jsonl:data"]["ndcg10_delta"] >= 0]
+    assert lost and kept, "the tiny study must draw both kinds for this test to say anything"
+    for trial in lost:
+        assert trial.state == optuna.trial.TrialState.PRUNED
+        record = trial.user_attrs[PRUNED_ATTR]
+        assert record["scored"] == ["jsonl:data"] and record["reason"] == "misses ndcg_drop, which no remaining structure can undo"
+        assert named_constraints(trial)["ndcg_drop"] > 0  # filed as infeasible for TPE
+    assert all(t.state == optuna.trial.TrialState.COMPLETE and "tiny-openings" in t.user_attrs["structures"] for t in kept)

@@ -90,10 +90,12 @@ def test_the_lowest_dev_psi_that_reverses_the_bias_on_one_structure_loses_to_a_m
 
 def test_a_trial_worse_beyond_noise_than_the_selection_threshold_is_pruned_one_within_noise_is_not():
     threshold = 0.10  # best complete trial: 0.08 + SE 0.02
-    beyond = robust(("dev", evidence(0.20, 0.03)))  # 0.20 − 2 × 0.03 = 0.14 > 0.10
-    within = robust(("dev", evidence(0.13, 0.03)))  # 0.13 − 0.06 = 0.07 ≤ 0.10: could still be eligible
+    beyond = robust(("dev", evidence(0.20, 0.03)))  # 0.20 − 1 × 0.03 = 0.17 > 0.10
+    within = robust(("dev", evidence(0.125, 0.03)))  # 0.125 − 0.03 = 0.095 ≤ 0.10: could still be eligible
     assert "worst-case PSI 0.200" in prune_reason(beyond, threshold, {}, ["crops"])
     assert prune_reason(within, threshold, {}, ["crops"]) is None
+    # a lower bound needs no noise margin of its own: one SE covers how far the threshold can still rise
+    assert "− 1 SE = 0.110 is above 0.100" in prune_reason(robust(("dev", evidence(0.14, 0.03))), threshold, {}, ["crops"])
     assert prune_reason(beyond, None, {}, ["crops"]) is None  # no feasible complete trial yet: nothing to beat
     assert prune_reason(beyond, threshold, {}, []) is None  # the last rung is scored: the trial is complete
     assert prune_reason(beyond, math.nan, {}, ["crops"]) is None
@@ -111,4 +113,20 @@ def test_constraints_prune_only_when_missed_beyond_noise():
     assert certain_violations(lost, robust(("dev", lost)), 0.4, 0.02, 0.0) == {}  # within the allowance
     flipped = evidence(0.1, tilt=0.2, tilt_se=0.05)
     assert certain_violations(tuning, robust(("dev", tuning), ("crops", flipped)), 0.4, None, 0.0) == {"reversal": pytest.approx(0.1)}
-    assert prune_reason(r, None, missed, ["crops"]) == "misses hm_floor beyond noise"
+    assert prune_reason(r, None, missed, ["crops"]) == "misses hm_floor, which no remaining structure can undo"
+
+
+def test_a_structure_that_loses_ndcg_beyond_its_noise_makes_the_trial_infeasible_the_tuning_split_aside():
+    """On the tuning split nDCG@10 is held by its point estimate (`ndcg_drop`); on every other structure a loss
+    counts once even the favourable end of its 95% interval is a loss (`structure_ndcg`)."""
+    dev = evidence(0.10, ndcg=-0.05, ndcg_high=-0.03)  # the tuning split's own loss is ndcg_drop's business
+    noisy = evidence(0.12, ndcg=-0.008, ndcg_high=0.004)  # a loss within noise: the interval reaches +0.4 points
+    significant = evidence(0.12, ndcg=-0.018, ndcg_high=-0.004)  # even the favourable end loses 0.4 points
+    assert robust(("dev", dev)).significant_ndcg_loss() is None, "no other structure scored yet"
+    assert robust(("dev", dev), ("crops", noisy)).significant_ndcg_loss() == pytest.approx(-0.004)
+    both = robust(("dev", dev), ("crops", noisy), ("openings", significant))
+    assert both.significant_ndcg_loss() == pytest.approx(0.004), "the worst structure decides, and more can only raise it"
+    values = Constraints(0.5).values(0.55, 0.53, 0.01, structure_ndcg_loss=both.significant_ndcg_loss())
+    assert values["structure_ndcg"] == pytest.approx(0.004) and values["ndcg_drop"] == pytest.approx(-0.01)
+    assert Constraints(0.5, max_ndcg_drop=0.005).values(0.55, 0.53, 0.01, structure_ndcg_loss=0.004)["structure_ndcg"] < 0
+    assert "structure_ndcg" not in Constraints(0.5, max_ndcg_drop=None).values(0.55, 0.53, 0.01, structure_ndcg_loss=0.004)

@@ -200,7 +200,8 @@ def run(
     max_ndcg_drop: Annotated[
         str,
         typer.Option(
-            help="How far aggregate nDCG@10 may fall below the uncalibrated model's (0–1 scale, e.g. 0.005); 'none' lifts the constraint."
+            help="How far aggregate nDCG@10 may fall below the uncalibrated model's (0–1 scale, e.g. 0.005): on the tuning "
+            "split, and significantly on each other tuning structure; 'none' lifts the constraint."
         ),
     ] = "0",
     max_crops_psi: Annotated[

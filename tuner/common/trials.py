@@ -18,6 +18,7 @@ DUPLICATE_ATTR = "duplicate_of"  # the earlier trial whose calibration a trial d
 PRUNED_ATTR = "pruned"  # {"rung", "of", "reason", "scored"} of a trial stopped between rungs
 SURPLUS_ATTR = "surplus"  # a trial started when the study already had enough
 SCREEN_ATTR = "screen"  # {"psi", "psi_se", "hm"} of a trial on the study's pooled screen
+SETUP_COST_ATTR = "setup_layer_tokens/"  # + a process: a study attribute, the baselines and queries that process encoded
 
 
 def complete_trials(study: optuna.Study) -> list[FrozenTrial]:

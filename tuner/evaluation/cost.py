@@ -1,10 +1,12 @@
 """What a tuning run will cost on this device, estimated before it starts from one timed probe.
 
-A forward pass costs about in proportion to its padded tokens; attention adds a term in the square of the
-length, so a rate measured on the longest passages overstates shorter ones, and trials that resume from a
-cached layer cost less than a full encode: the estimate is an upper bound. The probe is a forward pass of
-the first few (longest) passages, uncalibrated; cls and last-token calibration recompute one row per layer
-and cost what a plain pass does (README, *Engine cost*), mean pooling up to ~1.5× that.
+A forward pass costs about in proportion to its padded tokens times the layers it runs: a calibrated trial
+resumes at its first calibrated layer from the inputs the baseline pass cached, so it runs only its own
+layers (README, *Trial cost and caches*). The estimate counts a study's layer-tokens as its trials and
+parent run do (`cost/layer_tokens`) and prices them by a probe: a forward pass of the first few (longest)
+passages, uncalibrated. Attention adds a term in the square of the length, so a rate measured on the
+longest passages overstates shorter ones; cls and last-token calibration recompute one row per layer and
+cost what a plain pass does (README, *Engine cost*), mean pooling up to ~1.5× that.
 """
 
 from __future__ import annotations
@@ -81,15 +83,22 @@ def padded_tokens(model: LoadedModel, texts: Sequence[str]) -> int:
 
 @dataclass(frozen=True)
 class StudyCost:
-    """Encode work of a tuning run, in tokens, priced by a probe.
+    """Encode work of a tuning run in layer-tokens (padded tokens × layers run), priced by a probe.
 
     corpus_tokens     padded tokens of one encode of the tuning corpus (its batches): the baseline, and each trial
-    per_trial_tokens  what a trial encodes besides the corpus (attention-profile passages, a general set, the
+    per_trial_tokens  what a calibrated trial encodes beside the corpus, resuming like it (a general set, the
                       tuning passages' other structures)
-    once_tokens       encoded once: queries, a general set's baseline, held-out scoring on another corpus
+    once_tokens       encoded once through every layer: queries, the baselines of the other sets
     layers            the model's depth: a token through every layer is `layers` layer-tokens
     structure_tokens  the part of `per_trial_tokens` a pruned trial skips (the later rungs: other structures)
     screen_tokens     at most what the pooled screen encodes per trial (0: no screen), before the corpus
+    profile_tokens    the attention-profile passages every complete trial encodes through every layer
+    trial_layers      the layers a calibrated trial runs, averaged over the depths it may draw (None: every layer,
+                      no cached inputs to resume from)
+    heldout_tokens    held-out scoring after the study: one pass over each held-out corpus of its own; it is scored
+                      uncalibrated through every layer, then with the paper default and the winner, resumed like a
+                      trial; counted apart, as the parent run does
+    heldout_queries   the held-out sets' queries, through every layer
     """
 
     probe: Probe
@@ -102,56 +111,86 @@ class StudyCost:
     layers: int = 1
     structure_tokens: int = 0
     screen_tokens: int = 0
+    profile_tokens: int = 0
+    trial_layers: float | None = None
+    heldout_tokens: int = 0
+    heldout_queries: int = 0
 
-    def seconds(self, tokens: float) -> float:
-        return tokens * self.probe.seconds_per_token
+    def seconds(self, layer_tokens: float) -> float:
+        """The probe's rate: it timed tokens through every layer."""
+        return layer_tokens / self.layers * self.probe.seconds_per_token
+
+    @property
+    def calibrated_layers(self) -> float:
+        return self.layers if self.trial_layers is None else self.trial_layers
+
+    @property
+    def trial_layer_tokens(self) -> float:
+        """One complete calibrated trial: the screen, the corpus and the rungs at its depth, then its profile."""
+        passes = self.screen_tokens + self.corpus_tokens + self.per_trial_tokens
+        return self.calibrated_layers * passes + self.layers * self.profile_tokens
 
     @property
     def trial_seconds(self) -> float:
-        return self.seconds(self.corpus_tokens + self.per_trial_tokens)
+        return self.seconds(self.trial_layer_tokens)
 
-    def study_seconds(self, trials: int) -> float:
-        """The baseline, the trials, and what is encoded once."""
-        return self.seconds(self.once_tokens + self.corpus_tokens) + trials * self.trial_seconds
+    @property
+    def setup_layer_tokens(self) -> float:
+        """The baselines and queries: what a study encodes before its first trial (nothing the disk cache holds)."""
+        return self.layers * (self.once_tokens + self.corpus_tokens)
+
+    @property
+    def heldout_layer_tokens(self) -> float:
+        """Held-out scoring: queries and the uncalibrated pass through every layer, the paper default and the winner resumed."""
+        return self.layers * (self.heldout_queries + self.heldout_tokens) + 2 * self.calibrated_layers * self.heldout_tokens
+
+    def layer_tokens(self, trials: int, pruned: bool = False) -> float:
+        """The study's layer-tokens as its parent run counts them (held-out scoring apart): the baseline pass
+        and what is encoded once, the baseline trial's profile, and `trials` − 1 calibrated trials; `pruned`:
+        every trial but the two references stopped after its first rung (the screen, else the tuning split),
+        with no profile."""
+        total = self.setup_layer_tokens + self.layers * self.profile_tokens + max(trials - 1, 0) * self.trial_layer_tokens
+        if pruned:
+            stopped = self.calibrated_layers * (self.screen_tokens or self.corpus_tokens)
+            total -= max(trials - 2, 0) * (self.trial_layer_tokens - stopped)
+        return total
+
+    def study_seconds(self, trials: int, pruned: bool = False) -> float:
+        """The baseline, the trials, and the held-out scoring."""
+        return self.seconds(self.layer_tokens(trials, pruned) + self.heldout_layer_tokens)
 
     def describe(self, trials: int, default_trials: int) -> list[str]:
-        """Lines for the log: the probe, one encode, one trial, this study and the default one."""
+        """Lines for the log: the probe, one encode, one trial, this study and the default one, in time and layer-tokens."""
         p = self.probe
         lines = [
-            f"cost estimate on {p.device}, encoding only (an upper bound for it; tracking and plots add seconds per "
-            f"trial): a probe of {p.rows} passages × {p.length:,} tokens took {p.seconds:.2f} s "
-            f"({1e6 * p.seconds_per_token:,.0f} µs per token)",
+            f"cost estimate on {p.device}, encoding only (priced by the longest passages, so shorter ones cost a "
+            f"little less; tracking and plots add seconds per trial): a probe of {p.rows} passages × {p.length:,} "
+            f"tokens took {p.seconds:.2f} s ({1e6 * p.seconds_per_token:,.0f} µs per token)",
             f"corpus: {self.passages:,} passages, {self.corpus_tokens:,} padded tokens"
             + (f" ({self.truncated:,} truncated at {self.max_length:,} tokens)" if self.truncated else "")
-            + f"; one encode ≈ {duration(self.seconds(self.corpus_tokens))}",
-            f"one trial ≈ {duration(self.trial_seconds)}; this study ({trials} trials, with the baseline and the final "
-            f"scoring) ≈ {duration(self.study_seconds(trials))}"
+            + f"; one encode ≈ {duration(self.seconds(self.layers * self.corpus_tokens))}",
+            f"one calibrated trial ≈ {duration(self.trial_seconds)}"
+            + (f" (it runs {self.calibrated_layers:.3g} of {self.layers} layers on average)" if self.trial_layers is not None else "")
+            + f"; this study ({trials} trials, with the baseline and the held-out scoring) ≈ {duration(self.study_seconds(trials))}"
             + (
                 f"; the default {default_trials} trials ≈ {duration(self.study_seconds(default_trials))}"
                 if trials != default_trials
                 else ""
             ),
         ]
-        full = self.layers * (self.once_tokens + self.corpus_tokens + trials * (self.corpus_tokens + self.per_trial_tokens))
-        if self.screen_tokens:
-            # the references (2 trials) always run every rung; a pruned trial can stop after the screen
-            full += self.layers * trials * self.screen_tokens
-            floor = full - self.layers * max(trials - 2, 0) * (self.corpus_tokens + self.per_trial_tokens)
+        full = round(self.layer_tokens(trials))
+        setup = f", of which ≈ {round(self.setup_layer_tokens):,} are the baselines and queries (none that the disk cache holds)"
+        held = f"; held-out scoring ≈ {round(self.heldout_layer_tokens):,} more" if self.heldout_tokens or self.heldout_queries else ""
+        if self.screen_tokens or self.structure_tokens:
+            floor = round(self.layer_tokens(trials, pruned=True))
+            after = f"the pooled screen of ≈ {self.screen_tokens:,} tokens" if self.screen_tokens else "the tuning split"
             lines.append(
-                f"layer-tokens (padded tokens × layers, resumed passes cost less): unpruned ≤ {full:,}; "
-                f"pruned ≥ {floor:,} (every trial but the references stopped after the pooled screen of "
-                f"≈ {self.screen_tokens:,} tokens; ≈ {duration(self.seconds(floor / self.layers))})"
-            )
-        elif self.structure_tokens:
-            # the references (2 trials) always run every rung; a pruned trial stops after the tuning split
-            floor = full - self.layers * max(trials - 2, 0) * self.structure_tokens
-            lines.append(
-                f"layer-tokens (padded tokens × layers, resumed passes cost less): unpruned ≤ {full:,}; "
-                f"pruned ≥ {floor:,} (every trial but the references stopped after the tuning split; "
-                f"≈ {duration(self.seconds(floor / self.layers))})"
+                f"layer-tokens (padded tokens × layers run): ≈ {full:,} unpruned (≈ {duration(self.study_seconds(trials))} in all){setup}; "
+                f"≈ {floor:,} (≈ {duration(self.study_seconds(trials, pruned=True))}) if every trial but the references "
+                f"stops after {after}{held}"
             )
         else:
-            lines.append(f"layer-tokens (padded tokens × layers, resumed passes cost less): ≤ {full:,}")
+            lines.append(f"layer-tokens (padded tokens × layers run): ≈ {full:,}{setup}{held}")
         if self.study_seconds(trials) > SLOW_STUDY_SECONDS:
             lines.append(
                 f"that is long on {p.device}: stop now (Ctrl-C; the same command resumes) and run it on a GPU, "

@@ -187,11 +187,13 @@ METRIC_NAMES: dict[str, tuple[str, float]] = {
     "n_queries": ("queries", 1.0),
     "ndcg10_delta": ("ndcg10_change_vs_uncalibrated_x100", _POINTS),
     "general_ndcg10_delta": ("general_ndcg10_change_vs_uncalibrated_x100", _POINTS),
+    "ndcg10_delta_high": ("ndcg10_change_upper_bound_x100", _POINTS),
     # Optuna's constraints are <= 0 when met; as margins they read the other way round: >= 0 is met
     "constraint_hm_floor": ("hm_margin_over_floor_x100", -_POINTS),
     "constraint_ndcg_drop": ("ndcg10_drop_allowance_left_x100", -_POINTS),
     "constraint_general_drop": ("general_ndcg10_drop_allowance_left_x100", -_POINTS),
     "constraint_reversal": ("tilt_reversal_allowance_left_x100", -_POINTS),
+    "constraint_structure_ndcg": ("structure_ndcg10_drop_allowance_left_x100", -_POINTS),
     "robust_psi": ("worst_structure_psi", 1.0),
     "robust_psi_se": ("worst_structure_psi_std_error", 1.0),
     "reversal": ("tilt_reversal_x100", _POINTS),
@@ -292,6 +294,7 @@ CONSTRAINT_WORDS = {
     "general_drop": "the general nDCG@10 limit",
     "crops_psi": "the crops PSI limit",
     "reversal": "the no-reversal rule (a tuning structure's bias turned round)",
+    "structure_ndcg": "the nDCG@10 limit on another tuning structure (a significant loss there)",
 }
 
 

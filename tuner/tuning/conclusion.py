@@ -18,7 +18,7 @@ from objectives import PairedBootstrap, PositionReport, Selection, paired_bootst
 from tuner.calibration import CalibrationConfig
 from tuner.common.files import EXPORTS, check_writable
 from tuner.common.messages import UserError, first_line
-from tuner.common.trials import complete_trials
+from tuner.common.trials import SETUP_COST_ATTR, complete_trials
 from tuner.data import PositionalDataset
 from tuner.engine.exported import build_export, write_exported
 from tuner.engine.models import LoadedModel, hub_revision, load_model
@@ -189,7 +189,7 @@ def _nothing_feasible(study: optuna.Study, settings: TuneSettings, floor: float)
     complete = complete_trials(study)
     worst = {
         name: min((t.constraints.get(name, 0.0) for t in complete), default=float("nan"))
-        for name in ("hm_floor", "ndcg_drop", "general_drop", "crops_psi", "reversal")
+        for name in ("hm_floor", "ndcg_drop", "general_drop", "crops_psi", "reversal", "structure_ndcg")
     }
     parts = [
         f"no trial met the constraints; nothing exported. HM floor {100 * floor:.2f} ({settings.hm_floor})"
@@ -204,6 +204,11 @@ def _nothing_feasible(study: optuna.Study, settings: TuneSettings, floor: float)
     if worst["reversal"] > 0:
         parts.append(
             "every trial reversed the bias on a tuning structure (the end favoured where the beginning was; --max-reversal none lifts this)"
+        )
+    if worst["structure_ndcg"] > 0:
+        parts.append(
+            "every trial lost nDCG@10 significantly on another tuning structure (shorter crops, openings, a length half) "
+            f"beyond --max-ndcg-drop (by at least {100 * worst['structure_ndcg']:.2f} points)"
         )
     if worst["general_drop"] > 0:
         parts.append(
@@ -586,8 +591,10 @@ def describe_objective(settings: TuneSettings) -> str:
 
 
 def study_layer_tokens(study: optuna.Study) -> int:
-    """What the study's trials cost, pruned and failed ones included: padded tokens × layers run."""
-    return int(sum(t.user_attrs.get("layer_tokens", 0) for t in study.get_trials(deepcopy=False)))
+    """What the study cost in padded tokens × layers run: every process's baselines and queries, and every
+    trial, pruned and failed ones included (held-out scoring apart)."""
+    setup = sum(v for k, v in study.user_attrs.items() if k.startswith(SETUP_COST_ATTR))
+    return int(setup + sum(t.user_attrs.get("layer_tokens", 0) for t in study.get_trials(deepcopy=False)))
 
 
 def _mark_winner(

@@ -240,6 +240,14 @@ class TrialObjective:
 
     # ---------------------------------------------------------------------------------- scoring
 
+    def setup_layer_tokens(self) -> int:
+        """What this process encoded before its first trial: the uncalibrated passes over the tuning corpus and
+        every side set (recording the layer inputs trials resume from) and the queries; nothing loaded from the
+        disk cache. Call it before any trial, which would add its own passes to the same counters."""
+        self.baseline()
+        sides = [s for s in [self.general, self.screen, *self.structures] if s is not None]
+        return self.evaluator.counts.layer_tokens + sum(s.evaluator.counts.layer_tokens for s in sides)
+
     def baseline(self) -> PerQuery:
         """The uncalibrated model's per-query scores on the tuning split (measured once)."""
         if self._baseline is None:
@@ -258,7 +266,7 @@ class TrialObjective:
             if self.prune and not reference:
                 trial.report(screen.objective, 0)
                 alone = RobustEvidence((StructureEvidence(self.screen.name, screen),))
-                reason = screen_prune_reason(screen, screen_threshold(trial.study), self._certain_violations(screen, alone, screen=True))
+                reason = screen_prune_reason(screen, screen_threshold(trial.study), self._certain_violations(screen, alone))
                 if reason is not None:
                     trial.set_user_attr(PRUNED_ATTR, {"rung": 0, "of": rungs, "reason": reason, "scored": [self.screen.name]})
                     return Scored(pooled, screen, alone, None, spent, pruned=reason, screen=screen)
@@ -277,7 +285,7 @@ class TrialObjective:
                 reason = prune_reason(
                     robust,
                     selection_threshold(trial.study, self.selection),
-                    self._certain_violations(evidence, robust),
+                    {k: v for k, v in self._constraint_values(evidence, robust, crops, partial=True).items() if v > 0},
                     [s.name for s in self.structures[step:]],
                 )
                 if reason is not None:
@@ -292,25 +300,38 @@ class TrialObjective:
                 crops = result.report
         return Scored(tuning, evidence, RobustEvidence(tuple(seen)), crops, spent, screen=screen)
 
-    def _certain_violations(self, evidence: TrialEvidence, robust: RobustEvidence, screen: bool = False) -> dict[str, float]:
-        """Constraints missed beyond noise; on the screen only those its scores bound (not the reversal)."""
-        return certain_violations(
-            evidence, robust, self.constraints.hm_floor, self.constraints.max_ndcg_drop, None if screen else self.constraints.max_reversal
-        )
+    def _certain_violations(self, screen: TrialEvidence, alone: RobustEvidence) -> dict[str, float]:
+        """Constraints the pooled screen shows missed beyond noise: only those its scores bound (not the reversal)."""
+        return certain_violations(screen, alone, self.constraints.hm_floor, self.constraints.max_ndcg_drop, None)
 
     def _constraints(self, scored: Scored, general_delta: float | None = None) -> dict[str, float]:
         """The named constraint values (≤ 0 met) from what the trial's rungs measured (all of them, unless pruned)."""
-        evidence = scored.evidence
-        crops = self._crops_baseline()
-        crops_psi = (scored.crops.psi, crops.psi) if scored.crops is not None and crops is not None else None
+        return self._constraint_values(scored.evidence, scored.robust, scored.crops, general_delta, partial=scored.pruned is not None)
+
+    def _constraint_values(
+        self,
+        evidence: TrialEvidence,
+        robust: RobustEvidence,
+        crops: PositionReport | None,
+        general_delta: float | None = None,
+        partial: bool = False,
+    ) -> dict[str, float]:
+        """The constraint values of what is scored so far. Between the corpus rungs each is already final or can
+        only grow: the HM floor and the nDCG@10 drop are the tuning split's, complete after its rung; the reversal
+        and the significant nDCG@10 loss are the largest over the structures; the crops' PSI is final once they
+        are scored. So a value > 0 there
+        decides that the trial is infeasible, whatever its remaining rungs measure: it is pruned on it."""
+        baseline = self._crops_baseline()
+        crops_psi = (crops.psi, baseline.psi) if crops is not None and baseline is not None else None
         return self.constraints.values(
             evidence.hm,
             evidence.hm_low,
             evidence.ndcg_delta,
             general_delta,
             crops_psi,  # type: ignore[arg-type]
-            reversal=scored.robust.reversal(self.constraints.max_reversal or 0.0),
-            partial=scored.pruned is not None,
+            reversal=robust.reversal(self.constraints.max_reversal or 0.0),
+            partial=partial,
+            structure_ndcg_loss=robust.significant_ndcg_loss(),
         )
 
     def _crops_baseline(self) -> PositionReport | None:
@@ -399,7 +420,9 @@ class TrialObjective:
         """A pruned trial keeps what it measured, its partial constraint values (so TPE files it as infeasible
         when it was pruned for a constraint) and the rung and reason, in Optuna and in MLflow."""
         on_screen = scored.screen is not None and scored.evidence is scored.screen  # stopped on the screen
-        constraints = self._constraints(scored) | self._certain_violations(scored.evidence, scored.robust, screen=on_screen)
+        constraints = self._constraints(scored)  # between corpus rungs the violation that pruned it is among them
+        if on_screen:  # the pool's own figures, with what they show missed beyond noise
+            constraints |= self._certain_violations(scored.evidence, scored.robust)
         for name, value in constraints.items():
             trial.set_constraint(name, value)
         mark_for_dashboard(trial, list(constraints.values()))

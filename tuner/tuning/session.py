@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import optuna
 
+from tuner.calibration import CalibrationConfig
 from tuner.common.messages import UserError
 from tuner.common.scratch import clean_orphans
 from tuner.data import DatasetUnavailableError, PositionalDataset, is_crops, load_benchmark, load_structures, require_position_groups
@@ -26,7 +27,7 @@ from tuner.evaluation.evaluator import Evaluator
 from tuner.evaluation.pools import SCREEN_SHARE, most_passages
 from tuner.evaluation.visible import within_reach
 from tuner.tracking.runs import Tracker
-from tuner.tuning.search_space import GRIDS, SearchSpace
+from tuner.tuning.search_space import DEPTHS, GRIDS, SearchSpace
 from tuner.tuning.settings import DEFAULT_TRIALS, EXPERIMENT, TuneSettings
 from tuner.tuning.study import check_storage_url, default_storage, open_study
 
@@ -115,17 +116,18 @@ def estimate_cost(
     structures: Sequence[PositionalDataset] = (),
     prune: bool = False,
     screen_passages: int = 0,
+    depths: Sequence[str] = (),
 ) -> StudyCost:
-    """What this run will encode, priced by a probe on this device (see `tuner.evaluation.cost`)."""
+    """What this run will encode, priced by a probe on this device (see `tuner.evaluation.cost`); a trial of
+    one of `depths` resumes at the deepest cached layer at or before its first calibrated one."""
     model, batches = evaluator.model, evaluator.batches()
     tuning = evaluator.dataset
-    queries = [*tuning.queries.values(), *(q for held in heldout for q in held.queries.values())]
-    once = padded_tokens(model, queries)
-    for held in heldout:  # baseline, paper default and winner on each held-out corpus of its own
-        if held.corpus != tuning.corpus:
-            once += 3 * padded_tokens(model, list(held.corpus.values()))
-    per_trial = batches.tokens() * min(profile_docs, batches.count) // max(batches.count, 1)
-    rungs = 0
+    once = padded_tokens(model, list(tuning.queries.values()))
+    held = 0
+    for h in heldout:  # uncalibrated, paper default and winner on each held-out corpus of its own
+        if h.corpus != tuning.corpus:
+            held += padded_tokens(model, list(h.corpus.values()))
+    per_trial = rungs = 0
     for extra in [*side, *structures]:  # scored every trial beside the tuning split (general retrieval, structures)
         extra_tokens = padded_tokens(model, list(extra.corpus.values()))
         once += extra_tokens + padded_tokens(model, list(extra.queries.values()))
@@ -143,7 +145,22 @@ def estimate_cost(
         model.num_layers,
         rungs,
         screen,
+        profile_tokens=batches.tokens() * min(profile_docs, batches.count) // max(batches.count, 1),
+        trial_layers=layers_run(evaluator, depths) if depths else None,
+        heldout_tokens=held,
+        heldout_queries=padded_tokens(model, [q for h in heldout for q in h.queries.values()]),
     )
+
+
+def layers_run(evaluator: Evaluator, depths: Sequence[str]) -> float:
+    """The layers a calibrated trial runs, averaged over `depths`: from the deepest layer whose inputs are
+    cached at or before its first calibrated layer (`Evaluator.resume_layer`), else all of them."""
+    total, cached = evaluator.model.num_layers, evaluator.cached_layers()
+    runs = []
+    for depth in depths:
+        first = min(CalibrationConfig(layers=DEPTHS[depth]).resolve_layers(total))
+        runs.append(total - max((layer for layer in cached if layer <= first), default=0))
+    return sum(runs) / len(runs)
 
 
 def _fitting_space(space: SearchSpace, evaluator: Evaluator) -> SearchSpace:
@@ -220,6 +237,7 @@ def prepare(settings: TuneSettings) -> Session:
             encoded,
             settings.prune,
             screen if screen <= SCREEN_SHARE * len(tuning.corpus) else 0,
+            [str(d) for d in GRIDS[settings.grid]["depth"]] if settings.grid else space.depths,
         )
         for line in cost.describe(settings.trials, DEFAULT_TRIALS):
             log.info(line)

@@ -11,6 +11,7 @@ import multiprocessing
 import multiprocessing.process
 import os
 import shutil
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,7 +26,7 @@ from optuna.trial import TrialState
 
 from tuner.common.messages import UserError, first_line
 from tuner.common.scratch import scratch_dir
-from tuner.common.trials import DUPLICATE_ATTR, PRUNED_ATTR, SURPLUS_ATTR, finished
+from tuner.common.trials import DUPLICATE_ATTR, PRUNED_ATTR, SETUP_COST_ATTR, SURPLUS_ATTR, finished
 from tuner.data import PositionalDataset
 from tuner.engine.models import LoadedModel
 from tuner.evaluation.evaluator import Evaluator
@@ -90,6 +91,8 @@ def run_session_trials(
             prune=settings.prune,
             repeat_limit=settings.trials,
         )
+        if setup := objective.setup_layer_tokens():  # per process: each one that encodes its baselines pays for them
+            study.set_user_attr(f"{SETUP_COST_ATTR}{socket.gethostname()}:{os.getpid()}:{time.time_ns()}", setup)
         evaluator.show_progress = False  # the trial bar (on a terminal) and the per-trial lines take over
         with StudyProgress(settings.trials, len(finished(study)), bar=not settings.worker, workers=settings.workers) as progress:
             stores = _local_stores(session)
