@@ -43,9 +43,9 @@ def test_the_study_is_the_baseline_the_trials_and_what_is_encoded_once() -> None
     assert len(lines) == 4, "under an hour: no advice"
 
 
-def test_a_trial_runs_only_the_layers_after_its_resume_point_and_its_profile_runs_every_layer() -> None:
-    # 6 layers; trials run 2 of them on average; the corpus 100,000, two structures 30,000, a profile 5,000
-    cost = StudyCost(
+def six_layers(**changes: object) -> StudyCost:
+    """A 6-layer model's study: a corpus of 100,000 tokens, 20,000 encoded once, two structures of 30,000 in all."""
+    return StudyCost(
         Probe("cpu", 4, 1000, 2.0),
         100,
         100_000,
@@ -55,11 +55,13 @@ def test_a_trial_runs_only_the_layers_after_its_resume_point_and_its_profile_run
         once_tokens=20_000,
         layers=6,
         structure_tokens=30_000,
-        profile_tokens=5_000,
-        trial_layers=2.0,
-        heldout_tokens=50_000,
-        heldout_queries=1_000,
-    )
+        **changes,
+    )  # type: ignore[arg-type]
+
+
+def test_a_trial_runs_only_the_layers_after_its_resume_point_and_its_profile_runs_every_layer() -> None:
+    # 6 layers; trials run 2 of them on average; the corpus 100,000, two structures 30,000, a profile 5,000
+    cost = six_layers(profile_tokens=5_000, trial_layers=2.0, heldout_tokens=50_000, heldout_queries=1_000)
     trial = 2 * 130_000 + 6 * 5_000
     assert cost.trial_layer_tokens == trial
     full = 6 * (20_000 + 100_000 + 5_000) + 9 * trial
@@ -80,18 +82,7 @@ def test_a_trial_runs_only_the_layers_after_its_resume_point_and_its_profile_run
 
 def test_with_a_pooled_screen_the_pruned_estimate_is_every_trial_but_the_references_stopped_after_it() -> None:
     # 6 layers, 10 trials through every layer; each screens 12,000 tokens first; a trial past it encodes 100,000 + 30,000
-    cost = StudyCost(
-        Probe("cpu", 4, 1000, 2.0),
-        100,
-        100_000,
-        0,
-        1000,
-        per_trial_tokens=30_000,
-        once_tokens=20_000,
-        layers=6,
-        structure_tokens=30_000,
-        screen_tokens=12_000,
-    )
+    cost = six_layers(screen_tokens=12_000)
     full = 6 * (20_000 + 100_000 + 9 * (130_000 + 12_000))
     pruned = 6 * (20_000 + 100_000 + 1 * (130_000 + 12_000) + 8 * 12_000)
     line = cost.describe(10, 16)[3]

@@ -140,7 +140,11 @@ def test_a_constraint_the_tuning_split_decides_prunes_the_trial_before_its_other
     monkeypatch.setattr(tuner.tuning.session, "load_structures", lambda name, tuning=None: [structure])
     monkeypatch.setattr(tuner.tuning.objective, "selection_threshold", lambda study, rule: None)  # nothing to beat: PSI never prunes
     settings = tiny_study(tiny_model_dir("bert"), write_dataset(tmp_path / "data"), tmp_path, "decided", trials=8, max_ndcg_drop=0.0)
+    judged = []  # the resamples each trial's evidence drew: one seed for all, so a config is judged alike in any trial
+    real = tuner.tuning.objective.trial_evidence
+    monkeypatch.setattr(tuner.tuning.objective, "trial_evidence", lambda *args, **kwargs: judged.append(kwargs) or real(*args, **kwargs))
     tune(settings)
+    assert judged and all(kwargs == {} for kwargs in judged), "trial_evidence's own fixed seed, not one per trial"
     trials = [t for t in optuna.load_study(study_name="decided", storage=settings.storage).trials if counted(t) and t.number > 1]
     lost = [t for t in trials if t.user_attrs["structures"]["jsonl:data"]["ndcg10_delta"] < 0]
     kept = [t for t in trials if t.user_attrs["structures"]["jsonl:data"]["ndcg10_delta"] >= 0]

@@ -181,7 +181,7 @@ class StudyCost:
         full = round(self.layer_tokens(trials))
         setup = f", of which ≈ {round(self.setup_layer_tokens):,} are the baselines and queries (none that the disk cache holds)"
         held = f"; held-out scoring ≈ {round(self.heldout_layer_tokens):,} more" if self.heldout_tokens or self.heldout_queries else ""
-        if self.screen_tokens or self.structure_tokens:
+        if (self.screen_tokens or self.structure_tokens) and trials > 2:  # the two references are never pruned
             floor = round(self.layer_tokens(trials, pruned=True))
             after = f"the pooled screen of ≈ {self.screen_tokens:,} tokens" if self.screen_tokens else "the tuning split"
             lines.append(

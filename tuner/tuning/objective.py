@@ -120,6 +120,12 @@ class Scored:
     screen: TrialEvidence | None = None  # on the pooled screen, where the study has one
 
 
+# Every trial's bootstrap draws the same query resamples (trial_evidence's fixed seed): common random numbers, so
+# one config is judged alike whatever its trial number or the study's seed, and two trials differ by their
+# scores, not by their resamples. (Seeded by the trial number, one config of seed 1's and seed 2's studies was
+# infeasible in one and the winner in the other: the upper end of its crops' nDCG@10 interval crossed 0.)
+
+
 class TrialObjective:
     """Minimise the worst PSI over the tuning structures (and, with `pareto`, maximise HM) subject to
     `constraints` (HM floor, aggregate nDCG@10, no reversed bias), pruning between rungs (`prune`).
@@ -261,7 +267,7 @@ class TrialObjective:
         if self.screen is not None:
             pooled = self.screen.run(config)
             spent += pooled.layer_tokens
-            screen = trial_evidence(self.screen.baseline.per_query, pooled.per_query, seed=trial.number)
+            screen = trial_evidence(self.screen.baseline.per_query, pooled.per_query)
             trial.set_user_attr(SCREEN_ATTR, {"psi": screen.objective, "psi_se": screen.objective_se, "hm": screen.hm})
             if self.prune and not reference:
                 trial.report(screen.objective, 0)
@@ -274,7 +280,7 @@ class TrialObjective:
         report = tuning.report
         if report.hm is None or report.psi is None or not (math.isfinite(report.hm) and math.isfinite(report.psi)):
             raise ValueError(f"metrics are not finite (HM {report.hm}, PSI {report.psi})")
-        evidence = trial_evidence(self.baseline(), tuning.per_query, seed=trial.number)
+        evidence = trial_evidence(self.baseline(), tuning.per_query)
         seen = [StructureEvidence(self.evaluator.dataset.name, evidence)]
         spent, crops = spent + tuning.layer_tokens, None
         for step, structure in enumerate(self.structures):
@@ -293,9 +299,7 @@ class TrialObjective:
                     return Scored(tuning, evidence, robust, crops, spent, pruned=reason, screen=screen)
             result = structure.run(config)
             spent += result.layer_tokens
-            seen.append(
-                StructureEvidence(structure.name, trial_evidence(structure.baseline.per_query, result.per_query, seed=trial.number))
-            )
+            seen.append(StructureEvidence(structure.name, trial_evidence(structure.baseline.per_query, result.per_query)))
             if is_crops(structure.evaluator.dataset):
                 crops = result.report
         return Scored(tuning, evidence, RobustEvidence(tuple(seen)), crops, spent, screen=screen)
