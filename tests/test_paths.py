@@ -206,6 +206,7 @@ def bge_m3_run(hub: FakeHub, general_set) -> dict:
         str(space),
         "--bootstrap",
         "50",
+        "--no-prune",  # every trial complete, with all it logs (pruning: tests/test_pruning.py)
         "--output",
         str(work / "best.yaml"),
         "--tracking-uri",
@@ -260,7 +261,7 @@ def test_general_alone_is_a_reported_check_not_a_constraint(hub: FakeHub, bge_m3
     )
     trials = study.trials
     assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE] * 3
-    assert all(list(named_constraints(t)) == ["hm_floor", "ndcg_drop", "reversal"] for t in trials)  # no general_drop
+    assert all(list(named_constraints(t)) == ["hm_floor", "ndcg_drop", "reversal", "structure_ndcg"] for t in trials)  # no general_drop
     client = MlflowClient(hub.tracking_uri)
     runs = client.search_runs(
         [client.get_experiment_by_name("posfair").experiment_id],

@@ -61,7 +61,7 @@ def default_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir) -> dic
     log_file = root / "tune.log"
     with log_file.open("w") as handle:
         done = forkserver.run(
-            [*tune_command(tiny_model_dir("bert"), data), "--space", str(root / "space.yaml"), "--no-prune"],  # every trial complete
+            [*tune_command(tiny_model_dir("bert"), data), "--space", str(root / "space.yaml")],
             cwd=work,
             stdout=handle,
             stderr=subprocess.STDOUT,

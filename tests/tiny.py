@@ -87,7 +87,8 @@ def tiny_tune_options(
     model: Path, data: Path, *, trials: int = 2, heldout: str = "", hm_floor: str = "-90%", bootstrap: int = 20
 ) -> list[str]:
     """The options of the tests' small `tune` runs: the tiny model (CLS pooling) on a JSONL folder, `heldout` as
-    given ("" for none), a floor any tiny model clears, 2 profile passages, a short bootstrap."""
+    given ("" for none), a floor any tiny model clears, 2 profile passages, a short bootstrap, unpruned: these runs
+    test how processes account for complete trials (pruned ones: tests/test_pruning.py)."""
     return [
         "--model",
         str(model),
@@ -104,4 +105,5 @@ def tiny_tune_options(
         "2",
         "--bootstrap",
         str(bootstrap),
+        "--no-prune",
     ]
