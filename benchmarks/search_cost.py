@@ -83,8 +83,7 @@ def heldout_cells(outcome) -> dict[str, dict[str, object]]:
 def run_arm(arm: str, seed: int, args: argparse.Namespace, trials: int | None = None) -> dict[str, object]:
     import optuna
 
-    from tuner.common.trials import SETUP_COST_ATTR
-    from tuner.tuning.conclusion import study_layer_tokens
+    from tuner.tuning.conclusion import setup_layer_tokens, study_layer_tokens
     from tuner.tuning.run import tune
 
     with tempfile.TemporaryDirectory(prefix=f"posfair-search-cost-{arm}-") as folder:
@@ -94,7 +93,7 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace, trials: int | None = 
         seconds = time.perf_counter() - start
         study = optuna.load_study(study_name=outcome.study, storage=settings.storage)
         states = [t.state.name for t in study.trials]
-        setup = sum(v for k, v in study.user_attrs.items() if k.startswith(SETUP_COST_ATTR))
+        setup = setup_layer_tokens(study)
         return {
             "arm": arm,
             "seed": seed,

@@ -590,11 +590,15 @@ def describe_objective(settings: TuneSettings) -> str:
     return (f"minimise {psi}, maximise HM (Pareto)" if settings.pareto else f"minimise {psi}") + " subject to " + ", ".join(constraints)
 
 
+def setup_layer_tokens(study: optuna.Study) -> int:
+    """What the study's processes encoded before their trials (baselines, queries), in layer-tokens."""
+    return int(sum(v for k, v in study.user_attrs.items() if k.startswith(SETUP_COST_ATTR)))
+
+
 def study_layer_tokens(study: optuna.Study) -> int:
     """What the study cost in padded tokens × layers run: every process's baselines and queries, and every
     trial, pruned and failed ones included (held-out scoring apart)."""
-    setup = sum(v for k, v in study.user_attrs.items() if k.startswith(SETUP_COST_ATTR))
-    return int(setup + sum(t.user_attrs.get("layer_tokens", 0) for t in study.get_trials(deepcopy=False)))
+    return setup_layer_tokens(study) + int(sum(t.user_attrs.get("layer_tokens", 0) for t in study.get_trials(deepcopy=False)))
 
 
 def _mark_winner(

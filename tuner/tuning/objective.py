@@ -120,12 +120,6 @@ class Scored:
     screen: TrialEvidence | None = None  # on the pooled screen, where the study has one
 
 
-# Every trial's bootstrap draws the same query resamples (trial_evidence's fixed seed): common random numbers, so
-# one config is judged alike whatever its trial number or the study's seed, and two trials differ by their
-# scores, not by their resamples. (Seeded by the trial number, one config of seed 1's and seed 2's studies was
-# infeasible in one and the winner in the other: the upper end of its crops' nDCG@10 interval crossed 0.)
-
-
 class TrialObjective:
     """Minimise the worst PSI over the tuning structures (and, with `pareto`, maximise HM) subject to
     `constraints` (HM floor, aggregate nDCG@10, no reversed bias), pruning between rungs (`prune`).
@@ -261,7 +255,12 @@ class TrialObjective:
         return self._baseline
 
     def _score(self, trial: optuna.Trial, config: CalibrationConfig, reference: bool) -> Scored:
-        """The rungs: the screen, the tuning split, then each structure, stopping early when the trial cannot win."""
+        """The rungs: the screen, the tuning split, then each structure, stopping early when the trial cannot win.
+
+        Every trial's bootstrap draws the same query resamples (`trial_evidence`'s fixed seed: common random
+        numbers), so one config is judged alike whatever its trial number or the study's seed. (Seeded by the
+        trial number, one config was infeasible in seed 1's study and the winner of seed 2's: the upper end of
+        its crops' nDCG@10 interval crossed 0.)"""
         rungs = len(self.structures) + 1 + (self.screen is not None)
         spent, screen = 0, None
         if self.screen is not None:
@@ -323,8 +322,8 @@ class TrialObjective:
         """The constraint values of what is scored so far. Between the corpus rungs each is already final or can
         only grow: the HM floor and the nDCG@10 drop are the tuning split's, complete after its rung; the reversal
         and the significant nDCG@10 loss are the largest over the structures; the crops' PSI is final once they
-        are scored. So a value > 0 there
-        decides that the trial is infeasible, whatever its remaining rungs measure: it is pruned on it."""
+        are scored. So a value > 0 there decides that the trial is infeasible, whatever its remaining rungs
+        measure: it is pruned on it."""
         baseline = self._crops_baseline()
         crops_psi = (crops.psi, baseline.psi) if crops is not None and baseline is not None else None
         return self.constraints.values(
