@@ -105,29 +105,18 @@ class RobustEvidence:
         return table
 
 
-def certain_violations(
-    tuning: TrialEvidence,
-    robust: RobustEvidence,
-    hm_floor: float,
-    max_ndcg_drop: float | None,
-    max_reversal: float | None,
-    z: float = PRUNE_Z,
-) -> dict[str, float]:
+def certain_violations(tuning: TrialEvidence, hm_floor: float, max_ndcg_drop: float | None) -> dict[str, float]:
     """Constraints already missed beyond noise: even the favourable end of the interval misses the limit.
 
     Values in Optuna's convention (> 0 violated) for the constraints that are: the HM floor against the
-    upper end of HM's interval, the nDCG@10 drop against the upper end of its change, and the reversal on
-    the structures seen so far less `z` standard errors of the tilt.
+    upper end of HM's interval, the nDCG@10 drop against the upper end of its change (None: no limit). These
+    are what a pooled screen's scores bound (`screen_prune_reason`); a reversed bias is not among them.
     """
     found = {}
     if math.isfinite(tuning.hm_high) and hm_floor - tuning.hm_high > 0:
         found["hm_floor"] = hm_floor - tuning.hm_high
     if max_ndcg_drop is not None and math.isfinite(tuning.ndcg_delta_high) and -tuning.ndcg_delta_high - max_ndcg_drop > 0:
         found["ndcg_drop"] = -tuning.ndcg_delta_high - max_ndcg_drop
-    if max_reversal is not None:
-        reversed_ = robust.reversal(max_reversal, z)
-        if reversed_ is not None and reversed_ > 0:
-            found["reversal"] = reversed_
     return found
 
 

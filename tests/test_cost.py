@@ -136,7 +136,8 @@ def test_the_probe_is_timed_after_a_warm_up_and_fills_a_gpu_with_its_whole_batch
 
 
 def test_a_trial_resumes_at_the_deepest_cached_layer_before_its_first_calibrated_one(tmp_path) -> None:
-    from tuner.tuning.search_space import SearchSpace
+    from tuner.calibration import CalibrationConfig
+    from tuner.tuning.search_space import DEPTHS, SearchSpace
     from tuner.tuning.session import layers_run
 
     model = load_model(str(save_tiny("bert", tmp_path / "bert", layers=4)), pooling="cls")
@@ -148,3 +149,6 @@ def test_a_trial_resumes_at_the_deepest_cached_layer_before_its_first_calibrated
     assert layers_run(Evaluator(model, tuning, batch_size=2, disk_cache=False, cache_budget=0), space.depths) == 4, "nothing cached"
     only_half = Evaluator(model, tuning, batch_size=2, disk_cache=False, prefix_layers=(2,))
     assert layers_run(only_half, ["last"]) == 2, "the last layer resumes from layer 2's inputs: layers 2 and 3 run"
+    for depth in space.depths:  # the estimate counts from where the pass itself resumes
+        first = min(CalibrationConfig(layers=DEPTHS[depth]).resolve_layers(4))
+        assert layers_run(only_half, [depth]) == 4 - (only_half.resume_layer(first) or 0)

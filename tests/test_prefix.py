@@ -62,6 +62,18 @@ def configs(model: LoadedModel) -> list[CalibrationConfig]:
     ]
 
 
+def test_a_pass_resumes_at_the_deepest_cached_layer_at_or_before_its_first_calibrated_one() -> None:
+    """One rule for where a config's pass resumes, read by the cache policy (the pass itself) and by the study's
+    cost estimate (`tuner.tuning.session.layers_run`) alike."""
+    from tuner.engine.prefix import resume_point
+
+    assert resume_point((2, 5, 9), 6) == 5
+    assert resume_point((2, 5, 9), 5) == 5, "a layer's own recorded input: it runs from there"
+    assert resume_point([9, 2, 5], 12) == 9, "in any order"
+    assert resume_point((5, 9), 4) is None, "nothing cached before it: the full forward"
+    assert resume_point((), 3) is None
+
+
 @pytest.mark.parametrize("ram", ["in memory", "memory-mapped"])
 def test_a_resumed_trial_equals_a_trial_from_scratch(tiny: LoadedModel, tmp_path: Path, ram: str) -> None:
     dataset = tiny_dataset()

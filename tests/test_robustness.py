@@ -105,14 +105,16 @@ def test_constraints_prune_only_when_missed_beyond_noise():
     tuning = evidence(0.1, hm=0.49, hm_low=0.47, hm_high=0.51, ndcg=-0.01, ndcg_high=0.002)
     r = robust(("dev", tuning))
     # the floor 0.50 lies inside HM's interval [0.47, 0.51]: not beyond noise; nDCG's change reaches +0.2: neither
-    assert certain_violations(tuning, r, hm_floor=0.50, max_ndcg_drop=0.0, max_reversal=0.0) == {}
-    missed = certain_violations(tuning, r, hm_floor=0.52, max_ndcg_drop=0.0, max_reversal=0.0)
+    assert certain_violations(tuning, hm_floor=0.50, max_ndcg_drop=0.0) == {}
+    missed = certain_violations(tuning, hm_floor=0.52, max_ndcg_drop=0.0)
     assert missed == {"hm_floor": pytest.approx(0.01)}
     lost = evidence(0.1, ndcg=-0.03, ndcg_high=-0.01)
-    assert certain_violations(lost, robust(("dev", lost)), 0.4, 0.0, 0.0) == {"ndcg_drop": pytest.approx(0.01)}
-    assert certain_violations(lost, robust(("dev", lost)), 0.4, 0.02, 0.0) == {}  # within the allowance
-    flipped = evidence(0.1, tilt=0.2, tilt_se=0.05)
-    assert certain_violations(tuning, robust(("dev", tuning), ("crops", flipped)), 0.4, None, 0.0) == {"reversal": pytest.approx(0.1)}
+    assert certain_violations(lost, 0.4, 0.0) == {"ndcg_drop": pytest.approx(0.01)}
+    assert certain_violations(lost, 0.4, 0.02) == {}  # within the allowance
+    assert certain_violations(lost, 0.4, None) == {}  # --max-ndcg-drop none
+    # only what a pool's scores bound (HM, nDCG@10): a structure's reversed bias is never among them
+    flipped = evidence(0.1, tilt=0.2, tilt_se=0.05, baseline_tilt=-0.5)
+    assert certain_violations(flipped, 0.4, None) == {}
     assert prune_reason(r, None, missed, ["crops"]) == "misses hm_floor, which no remaining structure can undo"
 
 

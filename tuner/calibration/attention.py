@@ -34,7 +34,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import cache
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from transformers import AttentionInterface
@@ -173,9 +173,12 @@ def calibrated_attention(
         mask = active.mask(attention_mask, bool(causal) and query.shape[2] > 1, query, key)
         geometry = active.geometry(mask, query.shape[0], key.shape[2], query.device)
         calibrate = calibrate and geometry.any_calibrated
-    sdpa_kwargs = {"dropout": dropout, "scaling": scaling, "is_causal": is_causal, **kwargs}
+    # Any: transformers' forward passes its own keyword arguments through untyped (`**kwargs`)
+    sdpa_kwargs: dict[str, Any] = {"dropout": dropout, "scaling": scaling, "is_causal": is_causal, **kwargs}
     if active is None or geometry is None or not (calibrate or observe):
         return sdpa_attention_forward(module, query, key, value, attention_mask, **sdpa_kwargs)
+    if layer is None:  # only an observer gets here without one: a calibrated layer is one of spec.layers
+        raise ValueError(f"posfair cannot profile attention in {type(module).__name__}: the module has no layer_idx")
     if calibrate:
         _refuse_what_cannot_be_honoured(dropout, kwargs)
     scaling = scaling if scaling is not None else query.shape[-1] ** -0.5

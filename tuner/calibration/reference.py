@@ -24,9 +24,10 @@ proportion to the number of their content keys the row sees (`by_size`).
 from __future__ import annotations
 
 from functools import partial
+from typing import cast
 
 import torch
-from transformers import AttentionInterface
+from transformers import AttentionInterface, PretrainedConfig
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from .attention import active_spec
@@ -55,7 +56,7 @@ def reference_policies(config: CalibrationConfig) -> dict[str, str]:
     CLS-Hard (§3.3): the pooled token's mass is fixed at w ("fixed"); other isolated tokens are baskets
     like any other ("equal").
     """
-    policies = {}
+    policies: dict[str, str] = {}
     for role in reference_isolated(config):
         if config.variant == "uniform":
             policies[role] = "equal"
@@ -63,7 +64,7 @@ def reference_policies(config: CalibrationConfig) -> dict[str, str]:
             policies[role] = "original"
         else:
             policies[role] = "fixed" if role == POOLED[config.pooling] else "equal"
-    policies.update(config.policies or {})
+    policies.update((config.policies or {}).items())
     return policies
 
 
@@ -220,7 +221,9 @@ def reference_attention_function(
     allowed = reference_mask(module, attention_mask, is_causal, batch, rows, key.shape[2]).to(query.device)
     spec = active_spec()
     config = spec.config if spec is not None else None
-    if config is not None and module.layer_idx not in reference_layers(config, module.config.num_hidden_layers):
+    # cast: torch types a module's unknown attribute as Tensor | Module; an attention module's `config` is its model's
+    model_config = cast(PretrainedConfig, module.config)
+    if config is not None and module.layer_idx not in reference_layers(config, model_config.num_hidden_layers):
         config = None
     output = reference_attention(query, key, value, allowed, scaling or query.shape[-1] ** -0.5, config, oracle_dtype)
     return output.to(query.dtype), None

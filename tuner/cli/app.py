@@ -23,6 +23,8 @@ from tuner.common.options import DEFAULT_PROFILE_DOCS, DEFAULT_TRIALS, HEARTBEAT
 
 if TYPE_CHECKING:
     import numpy as np
+    from typer._click.core import Context as _ClickContext
+    from typer._click.formatting import HelpFormatter as _ClickHelpFormatter
 
     from tuner.tuning.conclusion import TuneOutcome
     from tuner.tuning.search_space import SearchSpace
@@ -43,8 +45,12 @@ def _console(stderr: bool = False) -> Console:
 console = _console(stderr=True)
 log = logging.getLogger("tuner")
 
+if not TYPE_CHECKING:  # typer's own copy of click's classes; mypy takes no base class from an attribute, so is told their names above
+    _ClickContext = TyperCommand.context_class
+    _ClickHelpFormatter = _ClickContext.formatter_class
 
-class _HelpFormatter(TyperCommand.context_class.formatter_class):  # typer's own copy of click's
+
+class _HelpFormatter(_ClickHelpFormatter):
     """click's help, wrapped between words only: a flag such as --max-general-drop or a name such as
     FineWeb-PosQ is never split at its hyphens (click's wrapper breaks on them)."""
 
@@ -71,7 +77,7 @@ class _HelpFormatter(TyperCommand.context_class.formatter_class):  # typer's own
             self.write(lines[0] + "\n" + "".join(f"{pad}{line}\n" if line else "\n" for line in lines[1:]))
 
 
-class _Context(TyperCommand.context_class):
+class _Context(_ClickContext):
     formatter_class = _HelpFormatter
 
 
@@ -308,7 +314,7 @@ def run(
             worker=worker,
             heartbeat=heartbeat,
             cache_budget=parse_bytes(cache_budget),
-            space=_space_from(space),
+            space=_space_from(space),  # type: ignore[arg-type]  # None: TuneSettings makes the default after its checks
         )
         _quiet_libraries()
         _stop_on_sigterm()
@@ -628,7 +634,7 @@ def _print_outcome(outcome: TuneOutcome) -> None:
         tuning.add_row(
             row.label,
             *(f"{100 * r.group_ndcg10[g]:.2f}" for g in groups),
-            f"{100 * r.hm:.2f}",
+            f"{100 * r.hm:.2f}" if r.hm is not None else "–",
             f"{r.psi:.3f}",
             f"{100 * r.ndcg10:.2f}",
             f"{100 * r.recall10:.2f}",
@@ -642,7 +648,7 @@ def _print_outcome(outcome: TuneOutcome) -> None:
             r, d = row.heldout[name].report, row.heldout[name].delta
             held.add_row(
                 row.label,
-                f"{100 * r.hm:.2f}",
+                f"{100 * r.hm:.2f}" if r.hm is not None else "–",
                 f"{r.psi:.3f}",
                 f"{100 * r.ndcg10:.2f}",
                 d.hm.format() if d and d.hm else "–",

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,7 +75,7 @@ def length_quartile(token_length: int) -> str:
     return QUARTILES[-1]
 
 
-def read_columns(path: Path, columns: dict[str, str | None]) -> dict[str, list[Any]]:
+def read_columns(path: Path, columns: Mapping[str, str | None]) -> dict[str, list[Any]]:
     """Layout field -> column values of a parquet file; a missing column names the file and the override."""
     import pyarrow.parquet as pq
 

@@ -91,7 +91,8 @@ def dataset_from_records(name: str, records: Iterator[dict[str, Any]], group_ord
             qrels[query["id"]] = {record["id"]: 1}
             if "group" in query:
                 groups[query["id"]] = (query["group"],)
-                positions[query["id"]] = span_midpoint(*segment["span"], len(record["text"]))
+                start, end = segment["span"]
+                positions[query["id"]] = span_midpoint(start, end, len(record["text"]))
     return PositionalDataset(
         name=name,
         corpus=corpus,
@@ -127,7 +128,7 @@ def crop_records(records: Iterator[dict[str, Any]], seed: int = 0) -> Iterator[d
             span = [offset, offset + len(piece)]
             query = segment.get("query")
             if query is not None and "group" in query:
-                query = {**query, "id": f"{query['id']}-crop", "group": span_third(*span, len(text))}
+                query = {**query, "id": f"{query['id']}-crop", "group": span_third(span[0], span[1], len(text))}
             cropped.append({**segment, "span": span, "query": query})
             offset += len(piece) + len(SEGMENT_SEPARATOR)
         if any(segment["query"] for segment in cropped):
@@ -189,7 +190,7 @@ def openings_records(records: Iterator[dict[str, Any]], seed: int = 0) -> Iterat
                 span = [offset, offset + len(member["text"])]
                 query = member.get("query")
                 if query is not None and "group" in query:
-                    query = {**query, "id": f"{query['id']}-open", "group": span_third(*span, len(text))}
+                    query = {**query, "id": f"{query['id']}-open", "group": span_third(span[0], span[1], len(text))}
                 segments.append({"title": member["title"], "span": span, "query": query})
                 offset = span[1] + len(SEGMENT_SEPARATOR)
             yield {"id": f"{members[0]['source']}-open{number}", "topic": topic, "text": text, "segments": segments}

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, overload
 
 import numpy as np
 import torch
@@ -30,7 +31,7 @@ log = logging.getLogger(__name__)
 CPU_BATCH_CAP = 16
 GPU_BATCH_CAP = 256
 
-# What `encode` returns: an array (the default), one tensor (convert_to_tensor) or a list of 1-D tensors.
+# What `encode` returns: an array (the default, typed so by the overloads), one tensor (convert_to_tensor) or a list of 1-D tensors.
 Embeddings = np.ndarray | torch.Tensor | list[torch.Tensor]
 
 
@@ -198,6 +199,32 @@ class CalibratedEncoder:
         exported.check_model(model)
         return cls(model, exported.calibration)
 
+    @overload
+    def encode_query(
+        self,
+        sentences: str | Sequence[str],
+        prompt: str | None = ...,
+        batch_size: int | None = ...,
+        show_progress_bar: bool | None = ...,
+        convert_to_numpy: Literal[True] = ...,
+        convert_to_tensor: Literal[False] = ...,
+        normalize_embeddings: bool = ...,
+        batch_tokens: int | None = ...,
+    ) -> np.ndarray: ...
+
+    @overload
+    def encode_query(
+        self,
+        sentences: str | Sequence[str],
+        prompt: str | None = ...,
+        batch_size: int | None = ...,
+        show_progress_bar: bool | None = ...,
+        convert_to_numpy: bool = ...,
+        convert_to_tensor: bool = ...,
+        normalize_embeddings: bool = ...,
+        batch_tokens: int | None = ...,
+    ) -> Embeddings: ...
+
     def encode_query(
         self,
         sentences: str | Sequence[str],
@@ -223,6 +250,34 @@ class CalibratedEncoder:
             normalize_embeddings=normalize_embeddings,
             batch_tokens=batch_tokens,
         )
+
+    @overload
+    def encode_document(
+        self,
+        sentences: str | Sequence[str],
+        prompt: str | None = ...,
+        batch_size: int | None = ...,
+        show_progress_bar: bool | None = ...,
+        convert_to_numpy: Literal[True] = ...,
+        convert_to_tensor: Literal[False] = ...,
+        normalize_embeddings: bool = ...,
+        batch_tokens: int | None = ...,
+        observer: AttentionObserver | None = ...,
+    ) -> np.ndarray: ...
+
+    @overload
+    def encode_document(
+        self,
+        sentences: str | Sequence[str],
+        prompt: str | None = ...,
+        batch_size: int | None = ...,
+        show_progress_bar: bool | None = ...,
+        convert_to_numpy: bool = ...,
+        convert_to_tensor: bool = ...,
+        normalize_embeddings: bool = ...,
+        batch_tokens: int | None = ...,
+        observer: AttentionObserver | None = ...,
+    ) -> Embeddings: ...
 
     def encode_document(
         self,

@@ -13,7 +13,7 @@ import os
 import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -26,8 +26,8 @@ from tuner.common.messages import shown
 from tuner.common.safe_yaml import YamlError, load_file
 from tuner.engine.models import LoadedModel, hub_revision
 
-SCHEMA = "posfair/calibration-config"
-SCHEMA_VERSION = 1
+SCHEMA: Final = "posfair/calibration-config"
+SCHEMA_VERSION: Final = 1
 
 
 class ExportError(ValueError):
@@ -88,7 +88,7 @@ class Provenance(_Strict):
 class ExportedConfig(_Strict):
     """Everything needed to encode with the winning calibration, and the evidence it was chosen on."""
 
-    schema_name: Literal["posfair/calibration-config"] = Field(SCHEMA, alias="schema")
+    schema_name: Literal["posfair/calibration-config"] = Field(default=SCHEMA, alias="schema")
     schema_version: Literal[1] = SCHEMA_VERSION
     model: ModelSection
     calibration: CalibrationConfig

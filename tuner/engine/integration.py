@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from sentence_transformers import SentenceTransformer
+from transformers import PreTrainedModel
 
 from tuner.calibration import ATTENTION_NAME, ResolvedCalibration, calibrating
 from tuner.engine.exported import ExportError, load_exported
@@ -41,7 +42,10 @@ def load_sentence_transformer(config: str | Path, **options: Any) -> CalibratedS
     model = CalibratedSentenceTransformer(
         locate(spec, exported.model.load_revision()), revision=exported.model.load_revision(), model_kwargs=model_kwargs, **options
     )
-    layers = model[0].auto_model.config.num_hidden_layers
+    encoder = model[0].auto_model
+    if not isinstance(encoder, PreTrainedModel):
+        raise ExportError(f"{spec.alias}: the SentenceTransformer's first module holds no transformers model")
+    layers = encoder.config.num_hidden_layers
     if layers != exported.model.num_layers:
         raise ExportError(f"model.num_layers: config says {exported.model.num_layers}, model has {layers}")
     model.max_seq_length = exported.model.max_length  # calibration matters most for long passages

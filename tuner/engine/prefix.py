@@ -51,6 +51,12 @@ def starting_layers(configs: Iterable[CalibrationConfig | None], num_layers: int
     return tuple(sorted(s for s in starts if 0 < s < num_layers))
 
 
+def resume_point(cached: Iterable[int], first_calibrated: int) -> int | None:
+    """Where a pass whose first calibrated layer is `first_calibrated` resumes: the deepest of the `cached`
+    layers (those whose inputs are recorded) at or before it; None when there is none (the full forward)."""
+    return max((layer for layer in cached if layer <= first_calibrated), default=None)
+
+
 # ----------------------------------------------------------------------------------------- layer stack
 
 
@@ -196,14 +202,14 @@ def _passing_through(layer: torch.nn.Module) -> Iterator[None]:
     def forward(*args: object, **kwargs: object) -> torch.Tensor:
         return _hidden_of(args, kwargs)
 
-    layer.forward = forward  # type: ignore[method-assign]
+    layer.forward = forward
     try:
         yield
     finally:
         if saved is None:
             del layer.forward
         else:
-            layer.forward = saved  # type: ignore[method-assign]
+            layer.forward = saved
 
 
 # --------------------------------------------------------------------------------------------- passes

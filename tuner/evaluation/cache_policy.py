@@ -33,7 +33,7 @@ from tuner.common.files import CACHE
 from tuner.data import PositionalDataset
 from tuner.engine.encoder import Batches, BatchScope
 from tuner.engine.models import LoadedModel
-from tuner.engine.prefix import LayerStack, ResumeUnsupportedError, Sink, resumed_from
+from tuner.engine.prefix import LayerStack, ResumeUnsupportedError, Sink, resume_point, resumed_from
 from tuner.evaluation.store import (
     DEFAULT_BUDGET,
     DiskCache,
@@ -279,8 +279,8 @@ class CachePolicy:
                 self.store.layer_bytes / 2**20,
                 list(chosen),
             )
-        chosen = self.stack.resumable(chosen) if chosen else []
-        for layer in chosen:
+        resumable = self.stack.resumable(chosen) if chosen else []
+        for layer in resumable:
             if self.store.load(layer) is not None:
                 self.inputs[layer] = self.store.loaded[layer]
             else:
@@ -322,8 +322,7 @@ class CachePolicy:
     def resume_layer(self, first_calibrated: int) -> int | None:
         """The deepest layer at or before `first_calibrated` whose inputs are recorded: where the config's pass
         resumes; None: it runs the full forward."""
-        usable = [layer for layer in self.inputs if layer <= first_calibrated]
-        return max(usable) if usable else None
+        return resume_point(self.inputs, first_calibrated)
 
     def resumed_from(self, layer: int) -> BatchScope:
         """For `encoder.forward`: each batch runs only the layers from `layer` on (a `resume_layer`), from its

@@ -10,11 +10,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypedDict
 
 import numpy as np
 import torch
 
 from tuner.calibration.rows import BasketGeometry
+
+
+class ProfileData(TypedDict):
+    """`AttentionProfile.as_dict`: per layer (in the order of `layers`), the mean mass per bin and per isolated token."""
+
+    bins: int
+    isolated_tokens: list[str]
+    layers: list[int]
+    before_bins: list[list[float]]
+    after_bins: list[list[float]]
+    before_isolated: list[list[float]]
+    after_isolated: list[list[float]]
 
 
 @dataclass
@@ -45,25 +58,34 @@ class AttentionProfile:
         relative = (torch.arange(content.shape[1]) - start).clamp_min(0) * self.bins // length
         return torch.where(content, relative.clamp_max(self.bins - 1), self.bins)
 
-    def as_dict(self) -> dict[str, object]:
+    def as_dict(self) -> ProfileData:
         """JSON-ready: per layer, mean mass per bin before/after and per isolated token."""
         layers = sorted(self._sums)
-        out: dict[str, object] = {"bins": self.bins, "isolated_tokens": list(self.roles), "layers": layers}
-        for key in ("before_bins", "after_bins", "before_isolated", "after_isolated"):
-            out[key] = [(self._sums[layer][key] / self._items[layer]).round(6).tolist() for layer in layers]
-        return out
+
+        def per_layer(key: str) -> list[list[float]]:
+            return [(self._sums[layer][key] / self._items[layer]).round(6).tolist() for layer in layers]
+
+        return ProfileData(
+            bins=self.bins,
+            isolated_tokens=list(self.roles),
+            layers=layers,
+            before_bins=per_layer("before_bins"),
+            after_bins=per_layer("after_bins"),
+            before_isolated=per_layer("before_isolated"),
+            after_isolated=per_layer("after_isolated"),
+        )
 
     def summary(self) -> dict[str, float]:
         """A few scalars to chart across trials: last layer's first/last bin and isolated mass after calibration."""
         profile = self.as_dict()
-        last_bins = profile["after_bins"][-1]  # type: ignore[index]
+        last_bins = profile["after_bins"][-1]
         summary = {"profile_first_bin_mass": float(last_bins[0]), "profile_last_bin_mass": float(last_bins[-1])}
-        for role, mass in zip(self.roles, profile["after_isolated"][-1]):  # type: ignore[index]
+        for role, mass in zip(self.roles, profile["after_isolated"][-1]):
             summary[f"profile_{role}_token_mass"] = float(mass)
         return summary
 
 
-def plot_profile(profile: dict[str, object], path: Path, title: str) -> Path:
+def plot_profile(profile: ProfileData, path: Path, title: str) -> Path:
     """Heatmaps of mass per bin (layers × bins) before and after calibration, and isolated mass per layer."""
     import matplotlib
 
@@ -81,7 +103,7 @@ def plot_profile(profile: dict[str, object], path: Path, title: str) -> Path:
         axis.set_ylabel("layer")
     figure.colorbar(image, ax=axes[1], label="attention mass")
     isolated_before, isolated_after = np.array(profile["before_isolated"]), np.array(profile["after_isolated"])
-    for column, role in enumerate(profile["isolated_tokens"]):  # type: ignore[arg-type]
+    for column, role in enumerate(profile["isolated_tokens"]):
         axes[2].plot(isolated_before[:, column], marker="o", label=f"{role} token, before")
         axes[2].plot(isolated_after[:, column], marker="x", linestyle="--", label=f"{role} token, after")
     axes[2].set(title="isolated-token (self/sink) mass", xlabel="layer", ylim=(0, 1))

@@ -47,15 +47,15 @@ STALE_TEMPORARY_S = 3600
 
 try:
     import xxhash
-
-    CHECKSUM = "xxh3_128"
 except ImportError:  # pragma: no cover - xxhash comes with `datasets`
-    xxhash = None
-    CHECKSUM = "blake2b"
+    HAS_XXHASH = False
+else:
+    HAS_XXHASH = True
+CHECKSUM = "xxh3_128" if HAS_XXHASH else "blake2b"
 
 
 def _hasher(algorithm: str) -> Any:
-    if algorithm == "xxh3_128" and xxhash is not None:
+    if algorithm == "xxh3_128" and HAS_XXHASH:
         return xxhash.xxh3_128()
     if algorithm == "blake2b":
         return hashlib.blake2b(digest_size=16)
@@ -65,7 +65,7 @@ def _hasher(algorithm: str) -> Any:
 def checksum(data: bytes | memoryview | np.ndarray, algorithm: str = CHECKSUM) -> str:
     hasher = _hasher(algorithm)
     if isinstance(data, np.ndarray):
-        view = memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
+        view = np.ascontiguousarray(data).reshape(-1).view(np.uint8).data  # the array's bytes, as a memoryview
     else:
         view = memoryview(data).cast("B")
     for start in range(0, len(view), CHUNK):
@@ -314,7 +314,7 @@ _NUMPY_INT_OF_SIZE = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}
 def _as_bytes(tensor: torch.Tensor) -> memoryview:
     """A CPU tensor's raw bytes in its own dtype (bfloat16 included, which numpy lacks)."""
     flat = tensor.detach().to("cpu").contiguous().reshape(-1)
-    return memoryview(flat.view(_INT_OF_SIZE[flat.element_size()]).numpy()).cast("B")
+    return flat.view(_INT_OF_SIZE[flat.element_size()]).numpy().data.cast("B")
 
 
 def _from_bytes(data: np.ndarray, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:

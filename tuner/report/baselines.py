@@ -70,7 +70,7 @@ class ModelChunker:
         """The text's chunks in order; a blank text is its own single chunk, so every document gets a vector."""
         chunks = [chunk.text for chunk in self._semantic.chunk(text)] or [text]
         offsets = self._tokenizer(chunks, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
-        pieces = []
+        pieces: list[str] = []
         for chunk, spans in zip(chunks, offsets):
             cuts = [0, *(spans[i][0] for i in range(self.chunk_tokens, len(spans), self.chunk_tokens)), len(chunk)]
             pieces.extend(chunk[start:end] for start, end in zip(cuts, cuts[1:]))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,6 +13,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import optuna  # noqa: E402
+from matplotlib.axes import Axes  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
 from optuna.trial import FrozenTrial  # noqa: E402
 
 from tuner.common.trials import complete_trials, named_constraints  # noqa: E402
@@ -58,14 +61,14 @@ def pareto_scatter(
     points = scatter_points(study, floor)
     figure, axis = plt.subplots(figsize=(6.5, 4.5))
     groups = (
-        ("feasible", lambda p: not p.missed, dict(c="tab:blue", marker="o")),
-        ("misses the HM floor", lambda p: "hm_floor" in p.missed, dict(c="tab:gray", marker="x")),
-        ("misses another constraint", lambda p: p.missed and "hm_floor" not in p.missed, dict(c="tab:orange", marker="x")),
+        ("feasible", lambda p: not p.missed, "tab:blue", "o"),
+        ("misses the HM floor", lambda p: "hm_floor" in p.missed, "tab:gray", "x"),
+        ("misses another constraint", lambda p: p.missed and "hm_floor" not in p.missed, "tab:orange", "x"),
     )
-    for label, member, style in groups:
+    for label, member, color, marker in groups:
         group = [p for p in points if member(p)]
         if group:
-            axis.scatter([p.psi for p in group], [100 * p.hm for p in group], label=label, zorder=2, **style)
+            axis.scatter([p.psi for p in group], [100 * p.hm for p in group], label=label, zorder=2, c=color, marker=marker)
     if conservative and points:
         axis.vlines(
             [p.psi for p in points],
@@ -116,19 +119,23 @@ def optuna_figures(study: optuna.Study, folder: Path) -> list[Path]:
     """Optuna's own history and parameter-importance plots (skipped when too few trials)."""
     from optuna.visualization import matplotlib as optuna_plots
 
-    target = {"target": lambda t: t.values[0], "target_name": "PSI"} if len(study.directions) > 1 else {"target_name": "PSI"}
+    target: Callable[[FrozenTrial], float] | None = (lambda t: t.values[0]) if len(study.directions) > 1 else None  # PSI
     params = unconditional_params(study)
+    plots: tuple[tuple[str, Callable[[], Axes]], ...] = (
+        ("history.png", lambda: optuna_plots.plot_optimization_history(study, target=target, target_name="PSI")),
+        ("importances.png", lambda: optuna_plots.plot_param_importances(study, params=params, target=target, target_name="PSI")),
+    )
     paths = []
-    for name, plot, extra in (
-        ("history.png", optuna_plots.plot_optimization_history, {}),
-        ("importances.png", optuna_plots.plot_param_importances, {"params": params}),
-    ):
+    for name, plot in plots:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                axis = plot(study, **target, **extra)
-            axis.figure.savefig(folder / name, dpi=100, bbox_inches="tight")
-            plt.close(axis.figure)
+                axis = plot()
+            figure = axis.figure
+            if not isinstance(figure, Figure):  # optuna draws on a figure of its own, never a subfigure
+                raise TypeError(f"optuna drew {name} on a {type(figure).__name__}, not a figure")
+            figure.savefig(folder / name, dpi=100, bbox_inches="tight")
+            plt.close(figure)
             paths.append(folder / name)
         except (ValueError, RuntimeError, ZeroDivisionError) as error:
             log.info("skipped %s: %s", name, error)

@@ -51,7 +51,7 @@ class CalibratedEncoderModel:
             raise ValueError(f"params.kind must be 'document' or 'query', got {kind!r}")
         texts = _texts(model_input)
         method = self.encoder.encode_query if kind == "query" else self.encoder.encode_document
-        return method(texts, show_progress_bar=False)  # type: ignore[return-value]
+        return method(texts, show_progress_bar=False)
 
 
 def _load_pyfunc(data_path: str) -> CalibratedEncoderModel:

@@ -258,7 +258,7 @@ def summary_metrics(
     """A config's headline figures under `prefix/` and, with `intervals` (metric → estimate, low, high: the
     change against no calibration), `prefix/change_<metric>` with `_ci_low` / `_ci_high`."""
     headline = {k: v for k, v in report.items() if v is not None and "/" not in k and not k.startswith("n_")}
-    shown = display_metrics(headline, f"{prefix}/")  # type: ignore[arg-type]
+    shown = display_metrics(headline, f"{prefix}/")
     for metric, (estimate, low, high) in (intervals or {}).items():
         name, factor = metric_name(metric)
         shown |= {

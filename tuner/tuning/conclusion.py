@@ -192,8 +192,7 @@ def _nothing_feasible(study: optuna.Study, settings: TuneSettings, floor: float)
         for name in ("hm_floor", "ndcg_drop", "general_drop", "crops_psi", "reversal", "structure_ndcg")
     }
     parts = [
-        f"no trial met the constraints; nothing exported. HM floor {100 * floor:.2f} ({settings.hm_floor})"
-        f", missed by at least {100 * worst['hm_floor']:.2f} points"
+        f"HM floor {100 * floor:.2f} ({settings.hm_floor}), missed by at least {100 * worst['hm_floor']:.2f} points"
         if worst["hm_floor"] > 0
         else ""
     ]
@@ -214,8 +213,13 @@ def _nothing_feasible(study: optuna.Study, settings: TuneSettings, floor: float)
         parts.append(
             f"every trial dropped general nDCG@10 beyond --max-general-drop (by at least {100 * worst['general_drop']:.2f} points)"
         )
-    return "; ".join(p for p in parts if p) + (
-        ". Relax --hm-floor (e.g. baseline or -1%) or --max-ndcg-drop (e.g. 0.005), widen the search space, or run more --trials."
+    said = (
+        "; ".join(p for p in parts if p)
+        or "no constraint was missed by every trial (each trial's `feasible` attribute says which it missed)"
+    )
+    return (
+        f"no trial met the constraints; nothing exported. {said}. Relax --hm-floor (e.g. baseline or -1%) or --max-ndcg-drop "
+        "(e.g. 0.005), widen the search space, or run more --trials."
     )
 
 
@@ -396,7 +400,7 @@ class _Winning:
 
 def _export(winning: _Winning, **provenance: object) -> Path:
     winner_row, baseline_row = winning.rows[-1], winning.rows[0]
-    metrics: dict[str, dict[str, float | None]] = {
+    metrics: dict[str, dict[str, float]] = {
         "tuning": winner_row.tuning.as_dict(),
         "tuning_baseline": baseline_row.tuning.as_dict(),
     }

@@ -27,6 +27,8 @@ def coordinate(session: Session) -> TuneOutcome | None:
         study.set_user_attr(key, value)
     with Phase(f"baseline: encoding {len(tuning.corpus)} documents and {len(tuning.queries)} queries of {tuning.name}"):
         baseline = evaluator.run(None)
+    if baseline.report.hm is None:  # `prepare` requires position groups of the tuning set
+        raise ValueError(f"{tuning.name} has no position groups, so no HM to place the floor by")
     floor = HmFloor.parse(settings.hm_floor).resolve(baseline.report.hm)
     study.set_user_attr(FLOOR_ATTR, floor)
     describe_study(study, settings.pareto, floor, settings.hm_floor)

@@ -14,12 +14,14 @@ never feasible: only a trial scored on every structure can win.
 
 A config the study already ran (the same resolved calibration, or λ 0, which is the baseline) is not
 run again: the trial repeats that trial's values, is marked a duplicate and does not count towards
-`--trials` (`tuner.common.trials.counted`).
+`--trials` (`tuner.common.trials.counted`). A config another process's trial is running is waited for,
+and repeated if that trial completes (`TrialObjective._repeat_of`).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import random
@@ -31,19 +33,28 @@ from pathlib import Path
 
 import optuna
 from optuna.study._constrained_optimization import _CONSTRAINTS_KEY
+from optuna.trial import FrozenTrial, TrialState
 
 from objectives import Constraints, PerQuery, PositionReport
 from objectives.evidence import TrialEvidence, trial_evidence
 from objectives.robustness import RobustEvidence, StructureEvidence, certain_violations, prune_reason, screen_prune_reason
 from tuner.calibration import CalibrationConfig
-from tuner.common.trials import DUPLICATE_ATTR, PRUNED_ATTR, SCREEN_ATTR, calibration_key, complete_trials, named_constraints
+from tuner.common.trials import DUPLICATE_ATTR, PRUNED_ATTR, SCREEN_ATTR, calibration_key, named_constraints
 from tuner.data import is_crops
 from tuner.engine.encoder import CalibratedEncoder
 from tuner.evaluation.evaluator import Evaluation, Evaluator
 from tuner.evaluation.profile import AttentionProfile, plot_profile
 from tuner.tracking.runs import Tracker, TrialRecord, describe_config, describe_feasibility, describe_outcome
 from tuner.tuning.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, SearchSpace, is_reference_trial
-from tuner.tuning.study import screen_threshold, selection_threshold
+from tuner.tuning.study import fail_dead_trials, screen_threshold, selection_threshold
+
+log = logging.getLogger(__name__)
+
+REPEAT_CHECK_ATTR = "repeat_check"  # "runs" or "waits": what a trial decided about its calibration (`_repeat_of`)
+REPEAT_WAIT_SECONDS = 3600.0
+"""The longest a trial waits for another process's trial that runs the same calibration
+(`TrialObjective._repeat_of`); then it runs the config itself."""
+REPEAT_POLL_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -127,6 +138,9 @@ class TrialObjective:
     Each trial also records what selection needs (`objectives.selection`): the objective's bootstrap
     standard error and the trial's drift from the uncalibrated document vectors.
     """
+
+    repeat_wait_seconds: float = REPEAT_WAIT_SECONDS
+    repeat_poll_seconds: float = REPEAT_POLL_SECONDS
 
     def __init__(
         self,
@@ -271,7 +285,7 @@ class TrialObjective:
             if self.prune and not reference:
                 trial.report(screen.objective, 0)
                 alone = RobustEvidence((StructureEvidence(self.screen.name, screen),))
-                reason = screen_prune_reason(screen, screen_threshold(trial.study), self._certain_violations(screen, alone))
+                reason = screen_prune_reason(screen, screen_threshold(trial.study), self._certain_violations(screen))
                 if reason is not None:
                     trial.set_user_attr(PRUNED_ATTR, {"rung": 0, "of": rungs, "reason": reason, "scored": [self.screen.name]})
                     return Scored(pooled, screen, alone, None, spent, pruned=reason, screen=screen)
@@ -303,9 +317,9 @@ class TrialObjective:
                 crops = result.report
         return Scored(tuning, evidence, RobustEvidence(tuple(seen)), crops, spent, screen=screen)
 
-    def _certain_violations(self, screen: TrialEvidence, alone: RobustEvidence) -> dict[str, float]:
+    def _certain_violations(self, screen: TrialEvidence) -> dict[str, float]:
         """Constraints the pooled screen shows missed beyond noise: only those its scores bound (not the reversal)."""
-        return certain_violations(screen, alone, self.constraints.hm_floor, self.constraints.max_ndcg_drop, None)
+        return certain_violations(screen, self.constraints.hm_floor, self.constraints.max_ndcg_drop)
 
     def _constraints(self, scored: Scored, general_delta: float | None = None) -> dict[str, float]:
         """The named constraint values (≤ 0 met) from what the trial's rungs measured (all of them, unless pruned)."""
@@ -425,7 +439,7 @@ class TrialObjective:
         on_screen = scored.screen is not None and scored.evidence is scored.screen  # stopped on the screen
         constraints = self._constraints(scored)  # between corpus rungs the violation that pruned it is among them
         if on_screen:  # the pool's own figures, with what they show missed beyond noise
-            constraints |= self._certain_violations(scored.evidence, scored.robust)
+            constraints |= self._certain_violations(scored.evidence)
         for name, value in constraints.items():
             trial.set_constraint(name, value)
         mark_for_dashboard(trial, list(constraints.values()))
@@ -455,20 +469,63 @@ class TrialObjective:
 
     # ---------------------------------------------------------------------------------- repeats
 
-    def _repeat_of(self, trial: optuna.Trial, key: str) -> optuna.trial.FrozenTrial | None:
+    def _repeat_of(self, trial: optuna.Trial, key: str) -> FrozenTrial | None:
         """The complete trial (not itself a repeat) that ran this calibration already, if any; None as well once
-        the study holds `repeat_limit` repeats (a sampler that only draws known configs must still end)."""
-        complete = complete_trials(trial.study)
-        if sum(DUPLICATE_ATTR in t.user_attrs for t in complete) >= self.repeat_limit:
-            return None
-        return next(
-            (
+        the study holds `repeat_limit` repeats (a sampler that only draws known configs must still end).
+
+        A calibration that another trial is running (in another process) is waited for, so that two trials
+        that draw it at once do not both run it. Every trial records its calibration key before it looks and
+        what it decided after (`REPEAT_CHECK_ATTR`: "runs" or "waits"), so of two such trials at least the
+        later to look sees the other. A trial waits while a lower-numbered trial runs its calibration, or a
+        higher-numbered one that decided to run it (having looked before this one's key was there); while a
+        higher-numbered one has not decided yet it looks again. If the trial waited for completes, it is the
+        trial repeated; if it fails or is pruned, or `repeat_wait_seconds` pass, None: this trial runs the
+        config itself. While waiting, the trials of dead processes are failed as the study loop fails them
+        (`fail_dead_trials`, the heartbeat check), so a killed worker's trial is not waited for to the end."""
+        study = trial.study
+        deadline = time.monotonic() + self.repeat_wait_seconds
+        decided: list[str] = []
+
+        def decide(decision: str) -> None:
+            if decided[-1:] != [decision]:
+                trial.set_user_attr(REPEAT_CHECK_ATTR, decision)
+                decided.append(decision)
+
+        while True:
+            trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING))
+            if sum(t.state == TrialState.COMPLETE and DUPLICATE_ATTR in t.user_attrs for t in trials) >= self.repeat_limit:
+                decide("runs")
+                return None
+            same = [
                 t
-                for t in complete
+                for t in trials
                 if t.number != trial.number and DUPLICATE_ATTR not in t.user_attrs and t.user_attrs.get("calibration") == key
-            ),
-            None,
-        )
+            ]
+            ran = next((t for t in same if t.state == TrialState.COMPLETE), None)
+            if ran is not None:
+                return ran
+            others = [t for t in same if t.state == TrialState.RUNNING]
+            running = [t.number for t in others if t.number < trial.number or t.user_attrs.get(REPEAT_CHECK_ATTR) == "runs"]
+            undecided = [t.number for t in others if t.number > trial.number and REPEAT_CHECK_ATTR not in t.user_attrs]
+            if not running and not undecided:
+                decide("runs")
+                return None
+            if time.monotonic() >= deadline:
+                log.warning(
+                    "trial %d: trial %d still runs the same calibration after %.0f s; it is run here too",
+                    trial.number,
+                    (running or undecided)[0],
+                    self.repeat_wait_seconds,
+                )
+                decide("runs")
+                return None
+            if running:
+                if not decided:
+                    log.info("trial %d drew the calibration trial %d is running: waiting for it", trial.number, running[0])
+                decide("waits")
+            time.sleep(self.repeat_poll_seconds)
+            fail_dead_trials(study)
+            optuna.storages.fail_stale_trials(study)
 
     def _repeat(self, trial: optuna.Trial, earlier: optuna.trial.FrozenTrial, params: dict[str, object]) -> float | tuple[float, float]:
         """Tell Optuna what the earlier trial measured (the sampler learns the truth) without running it again."""

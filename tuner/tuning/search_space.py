@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial
@@ -121,7 +122,8 @@ class SearchSpace:
         problems = [problem for key, value in data.items() if (problem := _type_problem(key, value))]
         if problems:
             raise ConfigError(f"--space {path}: " + "; ".join(problems))
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+        fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}  # types checked above
+        return cls(**fields)
 
     def as_dict(self) -> dict[str, object]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
@@ -229,13 +231,13 @@ def config_of(
     float noise); `layers` (the indices a trial resolved) replaces the depth's fraction when given."""
     extra = {"weight": round(float(params["weight"]), 6)} if "weight" in params else {}  # type: ignore[arg-type]
     return CalibrationConfig(
-        variant=params["variant"],  # type: ignore[arg-type]
+        variant=params["variant"],
         strength=round(float(params["strength"]), 6),  # type: ignore[arg-type]
         layers=layers if layers is not None else DEPTHS[str(params["depth"])],
         basket_size=int(params["basket_size"]),  # type: ignore[call-overload]
         pooling=pooling,
         padding_side=padding_side,
-        basket_shares=basket_shares,  # type: ignore[arg-type]
+        basket_shares=basket_shares,
         **extra,
     )
 

@@ -22,6 +22,7 @@ from tuner.data import DatasetUnavailableError, PositionalDataset, is_crops, loa
 from tuner.data import check_available as check_benchmark
 from tuner.data.wikipos import TRANSFER_SPLITS
 from tuner.engine.models import LoadedModel, ModelUnavailableError, check_consent, load_model, locate, resolve_spec
+from tuner.engine.prefix import resume_point
 from tuner.evaluation.cost import StudyCost, padded_tokens, probe
 from tuner.evaluation.evaluator import Evaluator
 from tuner.evaluation.pools import SCREEN_SHARE, most_passages
@@ -71,9 +72,16 @@ WIKIPOS_HELDOUT = ("wikipos-test", *(f"wikipos-{split}" for split in TRANSFER_SP
 """What `--heldout auto` checks a WikiPos-dev winner on: the test split and the transfer sets."""
 
 
+def tuning_dataset(settings: TuneSettings) -> str:
+    """The name of the tuning set: `--dataset`, or the model's default that `TuneSettings` fills in."""
+    if settings.dataset is None:
+        raise ValueError("TuneSettings.dataset is unset: the settings skipped their __post_init__")
+    return settings.dataset
+
+
 def split_datasets(settings: TuneSettings) -> tuple[PositionalDataset, list[PositionalDataset]]:
     """The tuning set and the held-out sets selection never sees."""
-    name = settings.dataset
+    name = tuning_dataset(settings)
     if name.startswith("fineweb-posq"):
         tuning = load_benchmark(name, part="tune")
         heldout = [load_benchmark(name, part="heldout")] if settings.heldout == "auto" else []
@@ -153,13 +161,13 @@ def estimate_cost(
 
 
 def layers_run(evaluator: Evaluator, depths: Sequence[str]) -> float:
-    """The layers a calibrated trial runs, averaged over `depths`: from the deepest layer whose inputs are
-    cached at or before its first calibrated layer (`Evaluator.resume_layer`), else all of them."""
+    """The layers a calibrated trial runs, averaged over `depths`: from where its pass resumes (`resume_point`, as
+    `Evaluator.resume_layer` finds it), else all of them."""
     total, cached = evaluator.model.num_layers, evaluator.cached_layers()
     runs = []
     for depth in depths:
         first = min(CalibrationConfig(layers=DEPTHS[depth]).resolve_layers(total))
-        runs.append(total - max((layer for layer in cached if layer <= first), default=0))
+        runs.append(total - (resume_point(cached, first) or 0))
     return sum(runs) / len(runs)
 
 
@@ -220,7 +228,7 @@ def prepare(settings: TuneSettings) -> Session:
     space = _fitting_space(settings.space, evaluator)
     if settings.grid is not None:
         space.check_grid(GRIDS[settings.grid])  # a basket no passage fills was dropped: the grid cannot run as the paper's
-    structures = [within_reach(s, model) for s in load_structures(settings.dataset, tuning)] if settings.structures else []
+    structures = [within_reach(s, model) for s in load_structures(tuning_dataset(settings), tuning)] if settings.structures else []
     if settings.structures and not structures and not settings.worker:
         log.info("%s has no other structures (its passages' segments are unknown): trials are scored on it alone", tuning.name)
     if settings.max_crops_psi is not None and not any(is_crops(s) for s in structures) and not settings.worker:
@@ -242,7 +250,7 @@ def prepare(settings: TuneSettings) -> Session:
         for line in cost.describe(settings.trials, DEFAULT_TRIALS):
             log.info(line)
     name = settings.study_name_for(model)
-    identity = {
+    identity: dict[str, object] = {
         "model_name": settings.model,
         "pooling": model.spec.pooling,
         "dataset_name": settings.dataset,

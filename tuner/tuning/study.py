@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import optuna
@@ -169,6 +169,7 @@ def open_study(
     runs exactly the grid's configs instead."""
     seed = sampler_seed(seed, worker)
     sampler: optuna.samplers.BaseSampler
+    directions: list[Literal["minimize", "maximize"]]
     if grid is not None:
         sampler = optuna.samplers.GridSampler(dict(grid), seed=seed)  # type: ignore[arg-type]
         directions = ["minimize", "maximize"] if pareto else ["minimize"]
@@ -352,7 +353,7 @@ def _requeue(study: optuna.Study, trials: Sequence[FrozenTrial]) -> None:
 
 def run_trials(
     study: optuna.Study,
-    objective: Callable[[optuna.Trial], object],
+    objective: Callable[[optuna.Trial], float | Sequence[float]],
     n_complete: int,
     callbacks: Sequence[TrialCallback] = (),
     poll_seconds: float = 2.0,
@@ -380,7 +381,7 @@ def run_trials(
         if not room(study):
             study.stop()
 
-    def reserved(trial: optuna.Trial) -> object:
+    def reserved(trial: optuna.Trial) -> float | Sequence[float]:
         """Own the trial, prune it if it is surplus (`_surplus_reason`), else run the objective."""
         current[:] = [trial]
         trial.set_user_attr(OWNER_ATTR, {**_owner(), "trial": trial.number})
@@ -399,6 +400,11 @@ def run_trials(
 
     waiting_said = False
     with _stop_after_current_trial(study) as interrupted:
+
+        def stop_if_interrupted(study: optuna.Study, trial: FrozenTrial) -> None:
+            if interrupted():
+                study.stop()
+
         try:
             while len(finished(study)) < n_complete and not interrupted() and len(failed_here) < failures_allowed:
                 if not room(study):  # the rest are running elsewhere: wait until they complete or are found dead
@@ -413,7 +419,7 @@ def run_trials(
                         callbacks=[
                             enough,
                             stop_on_too_many_failures,
-                            lambda s, t: interrupted() and s.stop(),
+                            stop_if_interrupted,
                             *callbacks,
                         ],
                         gc_after_trial=False,

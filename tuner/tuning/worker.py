@@ -206,7 +206,7 @@ def start_workers(settings: TuneSettings, count: int) -> list[multiprocessing.pr
     there are several (`worker_devices`: worker i sees only its GPU, as cuda:0; this process keeps the first)."""
     context = multiprocessing.get_context("spawn")
     devices = worker_devices(count + 1)[1:]
-    workers = [
+    workers: list[multiprocessing.process.BaseProcess] = [
         context.Process(target=_work, args=(replace(settings, workers=1, worker=True, worker_id=str(i + 1)),), daemon=False)
         for i in range(count)
     ]
