@@ -48,15 +48,26 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-# Modules whose module-scoped fixtures run whole `tune` studies (or an MLflow server): under `make test`'s
-# `--dist loadgroup` each runs on one worker, so each such fixture runs once instead of once per worker that
-# drew one of its tests. Everything else is spread test by test.
-SHARED_RUNS = ("tests.test_tracking", "tests.test_study", "tests.test_headline", "tests.test_paths")
+# Module-scoped fixtures that run whole `tune` studies (or an MLflow server behind one). Under `make test`'s
+# `--dist loadgroup` the tests that use one of them run on one worker, so the study runs once instead of once per
+# worker that drew one of its tests; a module's other tests, and its other shared runs, spread over the workers
+# (grouping whole modules put test_paths' two studies and test_tracking's two behind each other on one worker).
+SHARED_RUNS = ("default_run", "server_run", "workspace", "headline_run", "bge_m3_run", "qwen3_run")
 
 
 # The modules whose tests (or shared runs) take longest, started first: a long one drawn last would leave the
 # other workers idle at the end of the suite (the slowest tests, from `--durations`, are theirs).
-SLOW_FIRST = (*SHARED_RUNS, "tests.test_accounting", "tests.test_workers", "tests.test_ui", "tests.test_faults", "tests.test_grid")
+SLOW_FIRST = (
+    "tests.test_tracking",
+    "tests.test_study",
+    "tests.test_headline",
+    "tests.test_paths",
+    "tests.test_accounting",
+    "tests.test_workers",
+    "tests.test_ui",
+    "tests.test_faults",
+    "tests.test_grid",
+)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the marks
@@ -67,6 +78,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
     items.sort(key=rank)  # stable: each module keeps its own order
     for item in items:
-        module = getattr(item, "module", None)
-        if module is not None and module.__name__ in SHARED_RUNS:
-            item.add_marker(pytest.mark.xdist_group(module.__name__))
+        shared = sorted(set(getattr(item, "fixturenames", ())) & set(SHARED_RUNS))
+        if shared:  # fixturenames is the closure: a test that uses `client` (built on default_run) counts too
+            item.add_marker(pytest.mark.xdist_group(f"{item.module.__name__}::{'+'.join(shared)}"))  # type: ignore[attr-defined]
