@@ -206,8 +206,8 @@ def test_two_workers_draw_twelve_distinct_configurations(backend: str, tiny_mode
         12,
         "--workers",
         "2",
-        "--seed",  # seed 0's unpruned draws once met one config that both workers started at once, and both ran it;
-        "0",  # now the later trial waits and repeats it (tests/test_repeat_race.py). Whether they meet depends on timing
+        "--seed",  # seed 0's workers draw one config at once: the later trial waits for the earlier and repeats it
+        "1",  # (tests/test_repeat_race.py), and with trials this tiny the other worker may finish all twelve meanwhile
         "--space",
         str(tmp_path / "space.yaml"),
         "--output",
