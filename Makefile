@@ -17,7 +17,7 @@ export UV_FIND_LINKS ?= $(PIP_FIND_LINKS)
 # --dist loadgroup keeps each module marked in tests/conftest.py (a shared `tune` run as its fixture) on one worker.
 TEST_WORKERS ?= 3
 
-.PHONY: setup tune test lint ruff benchmarks
+.PHONY: setup tune test lint benchmarks
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
@@ -30,22 +30,16 @@ $(STAMP): pyproject.toml
 tune: setup
 	$(BIN)/tune $(ARGS)
 
-# make test: ruff (check and format), then the suite with mypy beside it (a cold mypy takes ~1 min of one core,
-# which the suite's workers, waiting on subprocesses and servers, partly leave free). Each one's exit status
-# counts: a pytest failure, an error, or no test collected at all (exit 5) fails the target, and so does a mypy error,
-# whose report is printed after the suite's.
-test: setup ruff
-	@$(BIN)/mypy >$(VENV)/mypy.log 2>&1 & types=$$!; \
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS); tests=$$?; \
-	wait $$types; typed=$$?; echo "mypy:"; cat $(VENV)/mypy.log; \
-	if [ $$tests -ne 0 ]; then exit $$tests; fi; exit $$typed
+# make test: lint (ruff check and format, mypy), then the suite. pytest's own exit status is make's: a failure, an error, or no
+# test collected at all (exit 5) fails the target. mypy runs before the suite, not beside it: on 2 cores its minute of CPU
+# would land on the suite's start, where the process tests that time their subprocesses run.
+test: setup lint
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
-lint: ruff
-	$(BIN)/mypy
-
-ruff: setup
+lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 benchmarks: setup
 	$(BIN)/python -m benchmarks.overhead
