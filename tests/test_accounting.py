@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 
 from tests import forkserver
 from tests.test_study import write_dataset
-from tests.test_workers import command, done, finished_trial_numbers, polled, study_backend
+from tests.test_workers import command, coordinator_and_second_machine, done, finished_trial_numbers, polled, study_backend
 from tuner.cli.app import app
 from tuner.tuning.study import enqueue_once, open_study
 
@@ -214,20 +214,7 @@ def test_two_workers_draw_twelve_distinct_configurations(backend: str, tiny_mode
     # The coordinator's trials take under a second here, and its local worker (`--workers 2`) is a fresh interpreter:
     # on a loaded machine the coordinator took all twelve before that worker started (CI, both backends). A second
     # machine's `--worker` from the fork server starts at once, so at least two processes draw, whatever the load.
-    logs = {role: tmp_path / f"{role}.log" for role in ("coordinator", "other")}
-    with logs["coordinator"].open("w") as coordinator_log, logs["other"].open("w") as other_log:
-        coordinator = forkserver.popen(
-            [*base, "--workers", "2", "--output", str(tmp_path / "best.yaml")],
-            cwd=tmp_path,
-            env=environment(tmp_path),
-            stdout=coordinator_log,
-            stderr=subprocess.STDOUT,
-        )
-        other_machine = forkserver.popen(
-            [*base, "--worker"], cwd=tmp_path, env=environment(tmp_path), stdout=other_log, stderr=subprocess.STDOUT
-        )
-        for role, process in (("coordinator", coordinator), ("other", other_machine)):
-            assert process.wait(timeout=900) == 0, logs[role].read_text()[-3000:]
+    coordinator_and_second_machine(base, tmp_path, timeout=900, env=environment(tmp_path))
     complete = [t for t in optuna.load_study(study_name=name, storage=storage).trials if done(t)]
     assert len(complete) == 12 and len({t.user_attrs["worker"] for t in complete}) >= 2
     drawn = [tuple(sorted(t.params.items())) for t in complete if "fixed_params" not in t.system_attrs]

@@ -10,6 +10,7 @@ second handle on it (in a thread where both look at once).
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import socket
@@ -80,14 +81,17 @@ def ends_elsewhere(storage: str, number: int, state: TrialState, after: float) -
     return thread
 
 
-def test_a_trial_drawing_a_config_an_earlier_trial_is_running_waits_and_repeats_it(storage: str) -> None:
+def test_a_trial_drawing_a_config_an_earlier_trial_is_running_waits_and_repeats_it(storage: str, caplog: pytest.LogCaptureFixture) -> None:
     study = study_on(storage)
     first = drawing(study_on(storage), X)  # drawn by another process, through its own handle on the storage
     second = drawing(study, X)
     assert first.number < second.number
     ended = ends_elsewhere(storage, first.number, TrialState.COMPLETE, after=0.5)
-    repeated = check()._repeat_of(second, calibration_key(X))
+    with caplog.at_level(logging.INFO, logger="tuner"):
+        repeated = check()._repeat_of(second, calibration_key(X))
     ended.join()
+    said = [r.getMessage() for r in caplog.records if "waiting for it" in r.getMessage()]
+    assert said == [f"trial {second.number} drew the calibration trial {first.number} is running: waiting for it"], "said once"
     assert repeated is not None, "the second trial ran the config the first one was running (the race)"
     assert repeated.number == first.number and repeated.state == TrialState.COMPLETE and repeated.values == [0.123]
 
@@ -167,13 +171,17 @@ def test_a_running_trial_whose_process_is_gone_is_failed_and_not_waited_for(stor
     assert study_on(storage).trials[first.number].state == TrialState.FAIL
 
 
-def test_the_wait_is_bounded_and_then_the_trial_runs_the_config(storage: str) -> None:
+def test_the_wait_is_bounded_and_then_the_trial_runs_the_config(storage: str, caplog: pytest.LogCaptureFixture) -> None:
     study = study_on(storage)
-    drawing(study, X)  # runs on, never ends
+    first = drawing(study, X)  # runs on, never ends
     second = drawing(study, X)
     started = time.monotonic()
-    assert check(wait=0.4)._repeat_of(second, calibration_key(X)) is None
+    with caplog.at_level(logging.WARNING, logger="tuner"):
+        assert check(wait=0.4)._repeat_of(second, calibration_key(X)) is None
     assert time.monotonic() - started >= 0.4
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+        f"trial {second.number}: trial {first.number} still runs the same calibration after 0 s; it is run here too"
+    ]
 
 
 def test_of_two_trials_that_see_each_other_the_lower_numbered_runs_once_the_other_has_decided_to_wait(storage: str) -> None:

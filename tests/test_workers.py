@@ -85,6 +85,27 @@ def study_backend(backend: str, tmp_path: Path) -> tuple[str, str, str]:
     return require_postgres(), require_mlflow_server(), f"shared-{os.getpid()}-{time.time_ns()}"
 
 
+def coordinator_and_second_machine(base: list[str], folder: Path, timeout: float, env: dict[str, str] | None = None) -> None:
+    """`base --workers 2` (exporting to best.yaml) beside a second machine's `base --worker`, both run to their end
+    from the fork server; each must exit 0 (its log's tail says why not)."""
+    logs = {role: folder / f"{role}.log" for role in ("coordinator", "other")}
+    with logs["coordinator"].open("w") as coordinator_log, logs["other"].open("w") as other_log:
+        processes = {
+            "coordinator": forkserver.popen(
+                [*base, "--workers", "2", "--output", str(folder / "best.yaml")],
+                cwd=folder,
+                env=env,
+                stdout=coordinator_log,
+                stderr=subprocess.STDOUT,
+            ),
+            "other": forkserver.popen([*base, "--worker"], cwd=folder, env=env, stdout=other_log, stderr=subprocess.STDOUT),
+        }
+        for process in processes.values():
+            process.wait(timeout=timeout)
+    for role, process in processes.items():
+        assert process.returncode == 0, logs[role].read_text()[-3000:]
+
+
 @cache
 def polled(url: str) -> optuna.storages.RDBStorage:
     """One storage (one connection pool) per URL for the polling loops: a fresh `load_study(storage=url)` every
@@ -120,20 +141,7 @@ def test_two_workers_on_one_study_finish_exactly_the_requested_trials(backend: s
     # Nobody is killed here: a heartbeat of 10 s keeps a worker that a busy machine stalls for 3 s from being
     # failed as dead under its own running trial (Optuna then ends that worker: optuna/optuna#5470).
     base = command(tiny_model_dir("bert"), data, storage, tracking, 12, name=name, heartbeat=10)
-    logs = {role: (tmp_path / f"{role}.log").open("w") for role in ("coordinator", "other")}
-    coordinator = forkserver.popen(
-        [*base, "--workers", "2", "--output", str(tmp_path / "best.yaml")],
-        cwd=tmp_path,
-        stdout=logs["coordinator"],
-        stderr=subprocess.STDOUT,
-    )
-    other_machine = forkserver.popen([*base, "--worker"], cwd=tmp_path, stdout=logs["other"], stderr=subprocess.STDOUT)
-    for process in (coordinator, other_machine):
-        process.wait(timeout=600)
-    for log in logs.values():
-        log.close()
-    assert coordinator.returncode == 0, (tmp_path / "coordinator.log").read_text()[-3000:]
-    assert other_machine.returncode == 0, (tmp_path / "other.log").read_text()[-3000:]
+    coordinator_and_second_machine(base, tmp_path, timeout=600)
     study = optuna.load_study(study_name=name, storage=storage)
     complete = [t for t in study.trials if done(t)]
     assert len(complete) == 12

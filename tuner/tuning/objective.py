@@ -46,7 +46,7 @@ from tuner.evaluation.evaluator import Evaluation, Evaluator
 from tuner.evaluation.profile import AttentionProfile, plot_profile
 from tuner.tracking.runs import Tracker, TrialRecord, describe_config, describe_feasibility, describe_outcome
 from tuner.tuning.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, SearchSpace, is_reference_trial
-from tuner.tuning.study import fail_dead_trials, screen_threshold, selection_threshold
+from tuner.tuning.study import screen_threshold, selection_threshold, wait_for_other_processes
 
 log = logging.getLogger(__name__)
 
@@ -480,16 +480,17 @@ class TrialObjective:
         higher-numbered one that decided to run it (having looked before this one's key was there); while a
         higher-numbered one has not decided yet it looks again. If the trial waited for completes, it is the
         trial repeated; if it fails or is pruned, or `repeat_wait_seconds` pass, None: this trial runs the
-        config itself. While waiting, the trials of dead processes are failed as the study loop fails them
-        (`fail_dead_trials`, the heartbeat check), so a killed worker's trial is not waited for to the end."""
+        config itself. It waits as the study loop waits for other processes (`wait_for_other_processes`), which fails
+        the trials of dead processes, so a killed worker's trial is not waited for to the end."""
         study = trial.study
         deadline = time.monotonic() + self.repeat_wait_seconds
-        decided: list[str] = []
+        recorded: str | None = None  # what REPEAT_CHECK_ATTR says of this trial so far
 
         def decide(decision: str) -> None:
-            if decided[-1:] != [decision]:
+            nonlocal recorded
+            if recorded != decision:
                 trial.set_user_attr(REPEAT_CHECK_ATTR, decision)
-                decided.append(decision)
+                recorded = decision
 
         while True:
             trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING))
@@ -520,12 +521,10 @@ class TrialObjective:
                 decide("runs")
                 return None
             if running:
-                if not decided:
+                if recorded is None:
                     log.info("trial %d drew the calibration trial %d is running: waiting for it", trial.number, running[0])
                 decide("waits")
-            time.sleep(self.repeat_poll_seconds)
-            fail_dead_trials(study)
-            optuna.storages.fail_stale_trials(study)
+            wait_for_other_processes(study, self.repeat_poll_seconds, announce=False)
 
     def _repeat(self, trial: optuna.Trial, earlier: optuna.trial.FrozenTrial, params: dict[str, object]) -> float | tuple[float, float]:
         """Tell Optuna what the earlier trial measured (the sampler learns the truth) without running it again."""

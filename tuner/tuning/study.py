@@ -408,7 +408,7 @@ def run_trials(
         try:
             while len(finished(study)) < n_complete and not interrupted() and len(failed_here) < failures_allowed:
                 if not room(study):  # the rest are running elsewhere: wait until they complete or are found dead
-                    _wait_for_other_processes(study, poll_seconds, announce=not waiting_said)
+                    wait_for_other_processes(study, poll_seconds, announce=not waiting_said)
                     waiting_said = True
                     continue
                 try:
@@ -466,7 +466,7 @@ def _surplus_reason(study: optuna.Study, trial: optuna.Trial, n_complete: int) -
     return None
 
 
-def _wait_for_other_processes(study: optuna.Study, poll_seconds: float, announce: bool) -> None:
+def wait_for_other_processes(study: optuna.Study, poll_seconds: float, announce: bool) -> None:
     """One wait for the trials running in other processes (saying so first when `announce`): sleep a poll, then
     fail and re-queue those whose process is gone here (`fail_dead_trials`) or whose heartbeat stopped."""
     if announce:
