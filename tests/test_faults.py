@@ -222,6 +222,57 @@ def test_a_cursor_close_that_a_stop_interrupted_is_not_logged_as_a_traceback(cap
     assert "Error closing cursor" not in caplog.text and "Traceback" not in caplog.text
 
 
+STOPS = {  # the signals sent from inside a write, and whether the trial loop's handler (else the run's) takes them
+    "two Ctrl-Cs": ((signal.SIGINT, signal.SIGINT), True),
+    "SIGTERM past its grace": ((signal.SIGTERM,), True),
+    "SIGTERM outside the trial loop": ((signal.SIGTERM,), False),
+}
+
+
+@pytest.mark.parametrize("stop", list(STOPS))
+def test_a_stop_that_lands_inside_a_database_write_waits_for_the_write_and_then_aborts(
+    stop: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CI (PostgreSQL): the abort landed inside psycopg's ping; the broken write reached Optuna as a
+    StorageInternalError, which it logged with a traceback as an ordinary failed trial, so the trial was never
+    queued again. Signals sent from inside a write must leave the write whole and stop the run right after it."""
+    import os
+    import time
+    from contextlib import ExitStack
+
+    import sqlalchemy
+
+    from tuner.tuning.study import _stop_after_current_trial, raise_terminated
+
+    signals, in_the_trial_loop = STOPS[stop]
+    monkeypatch.setenv("POSFAIR_STOP_GRACE", "0")
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'study.db'}")
+    study = optuna.create_study(storage=storage)
+    trial = study.ask()
+    sent: list[int] = []
+
+    @sqlalchemy.event.listens_for(storage.engine, "before_cursor_execute")
+    def stop_now(*args: object) -> None:  # runs inside SQLAlchemy, before the statement reaches the database
+        if not sent:
+            sent.extend(signals)
+            for number in signals:
+                os.kill(os.getpid(), number)
+            time.sleep(0.01)  # the grace period's alarm (0 s) fires here too
+
+    stopped_after_a_whole_write = False
+    with ExitStack() as scope:
+        if in_the_trial_loop:
+            scope.enter_context(_stop_after_current_trial(study))
+        else:
+            scope.callback(signal.signal, signal.SIGTERM, signal.signal(signal.SIGTERM, raise_terminated))
+        try:
+            trial.set_user_attr("written", True)
+            time.sleep(5)
+        except KeyboardInterrupt:
+            stopped_after_a_whole_write = bool(sent) and study.trials[0].user_attrs == {"written": True}
+    assert stopped_after_a_whole_write, "the stop broke the database write (or never came)"
+
+
 def test_mlflows_own_log_of_a_write_into_a_deleted_store_is_dropped(caplog: pytest.LogCaptureFixture) -> None:
     """Which write hits a deleted `mlruns/` first is timing: when it is MLflow's, its SQL store logged the
     traceback and the SQL statement (`_logger.exception`) before raising what posfair reports in one line."""

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Any, Literal
 
 import numpy as np
@@ -517,25 +518,53 @@ def stop_grace() -> float:
         return STOP_GRACE_SECONDS
 
 
-def raise_terminated(signum: int, frame: object) -> None:
-    """A SIGTERM handler for the rest of a run: stop as Ctrl-C would."""
-    raise Terminated
+DATABASE_MODULES = ("sqlalchemy", "psycopg", "psycopg2", "pymysql", "sqlite3", "alembic", "optuna.storages")
+"""Code that a stop must not interrupt: an exception raised inside a write breaks it (CI, PostgreSQL: inside
+psycopg's ping), and Optuna then records a failed trial with a traceback instead of an abort."""
+
+STOP_RETRY_SECONDS = 0.05  # how soon a stop that arrived inside a database call is tried again
+
+
+def _in_database_call(frame: FrameType | None) -> bool:
+    """Whether the interrupted code is, at any depth, inside a database driver or Optuna's storage."""
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        if any(module == name or module.startswith(f"{name}.") for name in DATABASE_MODULES):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _raise_outside_database(error: type[KeyboardInterrupt], frame: FrameType | None) -> None:
+    """Raise `error` where the signal interrupted the process, unless that is inside a database call: then
+    try again shortly (SIGALRM), so the call completes and the stop lands after it."""
+    if _in_database_call(frame):
+        signal.signal(signal.SIGALRM, lambda signum, later: _raise_outside_database(error, later))
+        signal.setitimer(signal.ITIMER_REAL, STOP_RETRY_SECONDS)
+        return
+    raise error
+
+
+def raise_terminated(signum: int, frame: FrameType | None) -> None:
+    """A SIGTERM handler for the rest of a run: stop as Ctrl-C would (outside a database call)."""
+    _raise_outside_database(Terminated, frame)
 
 
 @contextmanager
 def _stop_after_current_trial(study: optuna.Study) -> Iterator[Callable[[], str | None]]:
-    """Ctrl-C or SIGTERM: finish the running trial, then stop. A second signal aborts the trial at once, and
-    after SIGTERM so does the end of the grace period (`stop_grace`), before the scheduler's SIGKILL. The
-    callable says what was asked: None, "interrupted" (SIGINT) or "terminated" (SIGTERM)."""
+    """Ctrl-C or SIGTERM: finish the running trial, then stop. A second signal aborts the trial at once (once
+    out of a database call), and after SIGTERM so does the end of the grace period (`stop_grace`), before the
+    scheduler's SIGKILL. The callable says what was asked: None, "interrupted" (SIGINT) or "terminated" (SIGTERM)."""
     requested: str | None = None
 
-    def abort(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
+    def abort(signum: int, frame: FrameType | None) -> None:
+        _raise_outside_database(KeyboardInterrupt, frame)
 
-    def handler(signum: int, frame: object) -> None:
+    def handler(signum: int, frame: FrameType | None) -> None:
         nonlocal requested
         if requested:
-            raise KeyboardInterrupt
+            abort(signum, frame)
+            return
         if signum == signal.SIGTERM:
             requested = "terminated"
             grace = stop_grace()
