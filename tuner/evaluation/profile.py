@@ -94,7 +94,9 @@ def plot_profile(profile: ProfileData, path: Path, title: str) -> Path:
 
     before, after = np.array(profile["before_bins"]), np.array(profile["after_bins"])
     layers = profile["layers"]
-    figure, axes = plt.subplots(1, 3, figsize=(14, 4), layout="constrained", gridspec_kw={"width_ratios": [4, 4, 3]})
+    # Fixed margins rather than a layout engine: constrained layout was a third of the time of every trial's plot.
+    figure, axes = plt.subplots(1, 3, figsize=(14, 4), gridspec_kw={"width_ratios": [4, 4, 3]})
+    figure.subplots_adjust(left=0.04, right=0.99, bottom=0.13, top=0.84, wspace=0.25)
     vmax = max(before.max(), after.max())
     for axis, data, name in ((axes[0], before, "before"), (axes[1], after, "after")):
         image = axis.imshow(data, aspect="auto", cmap="viridis", vmin=0, vmax=vmax, origin="lower")
