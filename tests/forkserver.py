@@ -10,7 +10,8 @@ KeyboardInterrupt still ends it by SIGINT). A test gets a `Popen`-like `TuneProc
 
 What differs from a fresh interpreter: library state set at import time comes from the server's environment
 (the suite's, which the commands here share; tests that change such variables, like the fake hub's endpoint,
-start real processes), and the child's parent is the server, which reaps it and reports its status.
+start real processes), MLflow's map of installed modules to packages is the server's (the same venv), and the
+child's parent is the server, which reaps it and reports its status.
 """
 
 from __future__ import annotations
@@ -70,6 +71,9 @@ def serve(path: str) -> dict[str, Any]:
     descriptors; the server answers the child's pid, then its exit status (Popen's form: -N for signal N)."""
     for name in LIBRARIES:
         __import__(name)
+    from mlflow.utils.requirements_utils import _init_modules_to_packages_map
+
+    _init_modules_to_packages_map()  # MLflow maps every installed module to its package at a model's first log: 1.2 s per export
     gc.collect()
     gc.freeze()  # the children's collections skip what is here: otherwise each one would copy it all (copy-on-write)
     parent = os.getppid()
