@@ -70,6 +70,15 @@ def test_subset_keeps_the_corpus_and_only_the_chosen_queries():
         make().subset(["q7"])
 
 
+def test_within_keeps_the_queries_over_only_the_chosen_passages():
+    part = make().subset(["q2"]).within(["d2"])
+    assert part.corpus == {"d2": make().corpus["d2"]}
+    assert part.qrels == {"q2": {"d2": 1}}  # the judgement of the dropped passage goes with it
+    assert part.queries == {"q2": "two"} and part.groups == {"q2": ("middle", "end")}
+    with pytest.raises(ValueError, match="no relevant document"):
+        make().subset(["q2"]).within(["d1"])  # a query whose relevant passage is dropped cannot be scored
+
+
 def test_fingerprint_tracks_content_not_name():
     assert make().fingerprint() == make(name="renamed").fingerprint()
     assert make().fingerprint() != make(queries={"q1": "one!", "q2": "two"}).fingerprint()

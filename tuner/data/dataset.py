@@ -6,7 +6,7 @@ import hashlib
 import json
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tuner.common.messages import UserError
 
@@ -163,6 +163,14 @@ class PositionalDataset:
             strata={qid: self.strata[qid] for qid in keep if qid in self.strata},
             positions={qid: self.positions[qid] for qid in keep if qid in self.positions},
         )
+
+    def within(self, doc_ids: Iterable[str]) -> PositionalDataset:
+        """The same queries over only these passages (judgements of the others dropped): a pool, or a share of
+        the corpus, scored from vectors encoded over the whole (a passage's vector does not depend on the rest)."""
+        kept = set(doc_ids)
+        corpus = {d: text for d, text in self.corpus.items() if d in kept}
+        qrels = {qid: {d: rel for d, rel in judged.items() if d in corpus} for qid, judged in self.qrels.items()}
+        return replace(self, corpus=corpus, qrels=qrels)
 
     def fingerprint(self) -> str:
         """A content hash: caches and exported configs use it to tell datasets apart."""

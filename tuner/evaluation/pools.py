@@ -61,10 +61,7 @@ def pool(
         kept.update(d for d, rel in dataset.qrels[qid].items() if rel > 0)
         for ranking in rankings:
             kept.update(top(ranking.get(qid, {}), depth))
-    subset = dataset.subset(qids, name=f"{dataset.name}-pool")
-    corpus = {d: text for d, text in dataset.corpus.items() if d in kept}
-    qrels = {qid: {d: rel for d, rel in judged.items() if d in corpus} for qid, judged in subset.qrels.items()}
-    return PositionalDataset(subset.name, corpus, subset.queries, qrels, subset.groups, subset.group_order, subset.strata, subset.positions)
+    return dataset.subset(qids, name=f"{dataset.name}-pool").within(kept)
 
 
 def most_passages(dataset: PositionalDataset, per_group: int = SCREEN_QUERIES, depth: int = SCREEN_DEPTH, rankings: int = 1) -> int:
