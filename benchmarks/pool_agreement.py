@@ -119,14 +119,12 @@ def passage_share(dataset, share: float, seed: int):
 
 
 def psi_resamples(per_query) -> np.ndarray:
-    """PSI on the point estimate and on the evidence's bootstrap resamples (the same seed for every config, so
-    two configs' arrays are paired resample by resample)."""
-    from objectives.evidence import EVIDENCE_RESAMPLES
+    """PSI on the point estimate and on the evidence's bootstrap resamples (the same for every config, so two
+    configs' arrays are paired resample by resample)."""
+    from objectives.evidence import evidence_weights
     from objectives.metrics import aggregate
 
-    n = len(per_query.query_ids)
-    weights = np.vstack([np.ones(n), np.random.default_rng(0).multinomial(n, np.full(n, 1 / n), size=EVIDENCE_RESAMPLES)])
-    return aggregate(per_query, weights).psi
+    return aggregate(per_query, evidence_weights(len(per_query.query_ids))).psi
 
 
 def report(title: str, model, part, sample: list[str], full, rows) -> None:

@@ -33,6 +33,12 @@ class TrialEvidence:
     baseline_tilt: float | None = None
 
 
+def evidence_weights(n: int, n_resamples: int = EVIDENCE_RESAMPLES, seed: int = 0) -> np.ndarray:
+    """Query counts for the evidence: row 0 the point estimate (every query once), then `n_resamples` bootstrap
+    resamples of `n` queries. One seed for every trial: common random numbers, so configs compare resample by resample."""
+    return np.vstack([np.ones(n), np.random.default_rng(seed).multinomial(n, np.full(n, 1 / n), size=n_resamples)])
+
+
 def trial_evidence(baseline: PerQuery, candidate: PerQuery, n_resamples: int = EVIDENCE_RESAMPLES, seed: int = 0) -> TrialEvidence:
     """PSI and its bootstrap standard error, HM and the ends of its 95% interval (the uncalibrated HM plus
     the 2.5th / 97.5th percentile of the paired HM change), the change in aggregate nDCG@10 (and the upper
@@ -41,8 +47,7 @@ def trial_evidence(baseline: PerQuery, candidate: PerQuery, n_resamples: int = E
         raise ValueError("baseline and candidate were scored on different queries; evaluate both on one dataset")
     if not candidate.group_order:
         raise ValueError("a dataset without position groups has no PSI or HM to tune")
-    n = len(candidate.query_ids)
-    weights = np.vstack([np.ones(n), np.random.default_rng(seed).multinomial(n, np.full(n, 1 / n), size=n_resamples)])
+    weights = evidence_weights(len(candidate.query_ids), n_resamples, seed)
     base, cand = aggregate(baseline, weights), aggregate(candidate, weights)
     assert base.hm is not None and cand.hm is not None and cand.psi is not None
     psi, hm_change, ndcg_change = cand.psi[1:], (cand.hm - base.hm)[1:], (cand.ndcg10 - base.ndcg10)[1:]

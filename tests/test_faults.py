@@ -261,6 +261,7 @@ def test_a_stop_that_lands_inside_a_database_write_waits_for_the_write_and_then_
 
     stopped_after_a_whole_write = False
     with ExitStack() as scope:
+        scope.callback(signal.signal, signal.SIGALRM, signal.getsignal(signal.SIGALRM))  # the retry's alarm handler
         if in_the_trial_loop:
             scope.enter_context(_stop_after_current_trial(study))
         else:
