@@ -23,6 +23,7 @@ import numpy as np
 import optuna
 import pytest
 import requests
+import urllib3
 import yaml
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import TEMPORARILY_UNAVAILABLE
@@ -553,9 +554,11 @@ def test_a_refused_log_is_dropped_with_its_error_and_the_later_logs_go_on(tmp_pa
     assert "MLflow refused a log, dropped (MlflowException: Run with id=00000000000000000000000000000000 not found" in caplog.text
 
 
-@pytest.mark.parametrize("outage", ["connection refused", "database locked"])
+@pytest.mark.parametrize("outage", ["connection refused", "connection cut mid-answer", "database locked"])
 def test_an_outage_keeps_the_logs_in_order_until_the_store_answers(outage: str, tmp_path: Path) -> None:
-    """What MLflow raises when the server is gone (a wrapped ConnectionError) or its database is locked (503)."""
+    """What MLflow raises when the server is gone (a wrapped ConnectionError), is killed while it answers (the
+    request may have been carried out: a wrapped ChunkedEncodingError, seen when a trial's run was created and
+    its params were then never logged) or its database is locked (503)."""
     tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "outages")
     up, done = [False], []
 
@@ -563,9 +566,12 @@ def test_an_outage_keeps_the_logs_in_order_until_the_store_answers(outage: str, 
         if not up[0]:
             if outage == "database locked":
                 raise MlflowException("(sqlite3.OperationalError) database is locked", error_code=TEMPORARILY_UNAVAILABLE)
+            cut = "Connection broken: IncompleteRead(0 bytes read, 1189 more expected)"
             try:
+                if outage == "connection cut mid-answer":
+                    raise requests.exceptions.ChunkedEncodingError(urllib3.exceptions.ProtocolError(cut))
                 raise requests.ConnectionError("[Errno 111] Connection refused")
-            except requests.ConnectionError as error:  # as mlflow.utils.rest_utils wraps it
+            except requests.RequestException as error:  # as mlflow.utils.rest_utils wraps it
                 raise MlflowException(f"API request to http://127.0.0.1:1 failed with exception {error}")  # noqa: B904
         done.append("first")
 

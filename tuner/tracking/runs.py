@@ -619,10 +619,15 @@ class Tracker:
 
 
 def _is_outage(error: BaseException) -> bool:
-    """Whether `error` means the store did not answer (refused or lost connection, timeout, a server or database
-    that is down or locked), read along the chain of causes: MLflow wraps what requests and SQLAlchemy raised."""
+    """Whether `error` means the store did not answer (refused or lost connection, a connection cut mid-answer,
+    timeout, a server or database that is down or locked), read along the chain of causes: MLflow wraps what
+    requests and SQLAlchemy raised. A cut answer may follow a request the server carried out, so the action is
+    kept and retried: the trial actions look before they create (`_existing_trial_run`)."""
+    import http.client
+
     import requests
     import sqlalchemy.exc
+    import urllib3
     from mlflow.exceptions import MlflowException
 
     seen: BaseException | None = error
@@ -635,6 +640,9 @@ def _is_outage(error: BaseException) -> bool:
                 requests.ConnectionError,
                 requests.Timeout,
                 requests.exceptions.RetryError,
+                requests.exceptions.ChunkedEncodingError,
+                urllib3.exceptions.ProtocolError,
+                http.client.IncompleteRead,
                 sqlalchemy.exc.OperationalError,
                 sqlalchemy.exc.InterfaceError,
             ),
