@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import mlflow_template
 from tests.tiny import save_tiny
 
 POOLING = {"bert-cls": ("bert", "cls"), "bert-mean": ("bert", "mean"), "xlmr-cls": ("xlmr", "cls"), "qwen3-last": ("qwen3", "last")}
@@ -33,6 +34,12 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory):
         return made[kind]
 
     return make
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _mlflow_store_template(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """New SQLite MLflow stores in this process start as a copy of a migrated one (tests/mlflow_template.py)."""
+    mlflow_template.install(tmp_path_factory.mktemp("mlflow-template"))
 
 
 @pytest.fixture(autouse=True, scope="session")
