@@ -137,9 +137,9 @@ class Constraints:
 
     def values(
         self,
-        hm: float,
-        hm_low: float,
-        ndcg_delta: float,
+        hm: float | None,
+        hm_low: float | None,
+        ndcg_delta: float | None,
         general_delta: float | None = None,
         crops_psi: tuple[float, float] | None = None,
         reversal: float | None = None,
@@ -152,10 +152,15 @@ class Constraints:
         `reversal` the largest reversal of the bias over the tuning structures (`RobustEvidence.reversal`;
         None where no structure knows its positions), `structure_ndcg_loss` the largest significant nDCG@10
         loss over the other structures (`RobustEvidence.significant_ndcg_loss`; None: none scored). `partial`: a trial stopped before every set was
-        scored, so a constraint on a set it never reached is left out."""
-        values = {"hm_floor": self.hm_floor - (hm_low if self.conservative else hm)}
-        if self.max_ndcg_drop is not None:
-            values["ndcg_drop"] = -ndcg_delta - self.max_ndcg_drop
+        scored, so a constraint on a set it never reached is left out (the tuning split's: `hm` None)."""
+        values: dict[str, float] = {}
+        if hm is None or hm_low is None or ndcg_delta is None:
+            if not partial:
+                raise ValueError("a complete trial's constraints need its HM and nDCG@10 on the tuning split")
+        else:
+            values["hm_floor"] = self.hm_floor - (hm_low if self.conservative else hm)
+            if self.max_ndcg_drop is not None:
+                values["ndcg_drop"] = -ndcg_delta - self.max_ndcg_drop
         if self.max_general_drop is not None and not (partial and general_delta is None):
             if general_delta is None:
                 raise ValueError("a general-retrieval allowance needs the trial's general nDCG@10 change")

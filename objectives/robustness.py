@@ -11,9 +11,10 @@ other structures made from the same passages (`tuner.data.structures`), and
   sign of the uncalibrated model's there (the end now favoured where the beginning was) violates the
   `reversal` constraint, whatever PSI says (PSI is blind to the sign).
 
-Structures double as the rungs of a multi-fidelity trial (cheapest first): the worst case over the
-structures seen so far can only grow, so a trial whose partial worst case is already worse beyond noise
-than what selection would take is pruned without scoring the rest (`prune_reason`).
+Structures double as the rungs of a multi-fidelity trial, the tuning passages among them, cheapest first:
+the worst case over the structures seen so far can only grow, so a trial whose partial worst case is
+already worse beyond noise than what selection would take is pruned without scoring the rest
+(`prune_reason`), and a bias reversed on the cheapest structure stops it before the dearest is encoded.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class StructureEvidence:
 
     name: str
     evidence: TrialEvidence
+    tuning: bool = False  # the tuning passages as they are (whose HM and nDCG@10 have constraints of their own)
 
     @property
     def reversal(self) -> float | None:
@@ -54,13 +56,13 @@ class StructureEvidence:
 
 @dataclass(frozen=True)
 class RobustEvidence:
-    """A trial's evidence over every structure scored so far (the tuning passages first)."""
+    """A trial's evidence over every structure scored so far, in the order scored."""
 
     structures: tuple[StructureEvidence, ...]
 
     def __post_init__(self) -> None:
         if not self.structures:
-            raise ValueError("robust evidence needs at least the tuning structure")
+            raise ValueError("robust evidence needs at least one structure")
 
     @property
     def worst(self) -> StructureEvidence:
@@ -85,7 +87,7 @@ class RobustEvidence:
         """The largest nDCG@10 loss over the structures beyond the tuning split that their noise cannot explain:
         minus the upper end of each one's 95% interval of the change (> 0: even the favourable end is a loss).
         More structures can only raise it. None when no other structure is scored yet."""
-        others = [-s.evidence.ndcg_delta_high for s in self.structures[1:] if math.isfinite(s.evidence.ndcg_delta_high)]
+        others = [-s.evidence.ndcg_delta_high for s in self.structures if not s.tuning and math.isfinite(s.evidence.ndcg_delta_high)]
         return max(others) if others else None
 
     def per_structure(self) -> dict[str, dict[str, float]]:

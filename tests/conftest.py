@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -12,6 +15,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # 14.3 s with two beside two busy loops, and 6.9 s against 6.5 s on an idle machine.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
+if "POSFAIR_TEST_STORE_LOCKS" not in os.environ:  # set once, by the first pytest process: its workers inherit it
+    os.environ["POSFAIR_TEST_STORE_LOCKS"] = tempfile.mkdtemp(prefix="store-locks-")
+    atexit.register(shutil.rmtree, os.environ["POSFAIR_TEST_STORE_LOCKS"], ignore_errors=True)
 
 from pathlib import Path
 

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import os
 import sqlite3
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+LOCKS_VARIABLE = "POSFAIR_TEST_STORE_LOCKS"  # a folder for the locks of stores being created, not the tests' TMPDIR
 _installed: dict[str, Any] = {}
 
 
@@ -33,6 +34,7 @@ def install(folder: Path) -> None:
 
     original: Callable[[Any], None] = utils._initialize_tables
     template = folder / "mlflow-template.db"
+    locks = Path(os.environ.get(LOCKS_VARIABLE) or folder)  # shared by the suite's processes (tests/conftest.py)
     engine = sqlalchemy.create_engine(f"sqlite:///{template}")
     original(engine)
     engine.dispose()
@@ -42,7 +44,7 @@ def install(folder: Path) -> None:
             original(engine)
             return
         key = hashlib.md5(str(Path(engine.url.database).resolve()).encode(), usedforsecurity=False).hexdigest()
-        with open(Path(tempfile.gettempdir()) / f"posfair-store-lock-{key}", "w") as lock:  # processes creating one store
+        with open(locks / f"store-{key}.lock", "w") as lock:  # the processes creating one store, one at a time
             fcntl.flock(lock, fcntl.LOCK_EX)
             raw = engine.raw_connection()
             try:

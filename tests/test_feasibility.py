@@ -101,7 +101,9 @@ def structure_constraints(highs: dict[str, float], allowance: float = ALLOWANCE,
         return TrialEvidence(0.1, 0.02, 0.56, 0.555, delta, 0.565, high)
 
     dev = evidence(dev_delta, dev_delta + 0.004)
-    robust = RobustEvidence((StructureEvidence("dev", dev), *(StructureEvidence(n, evidence(h - 0.006, h)) for n, h in highs.items())))
+    robust = RobustEvidence(
+        (StructureEvidence("dev", dev, tuning=True), *(StructureEvidence(n, evidence(h - 0.006, h)) for n, h in highs.items()))
+    )
     objective = object.__new__(TrialObjective)  # only what the constraint values read
     objective.constraints = Constraints(FLOOR, max_ndcg_drop=allowance)
     objective.structures = []

@@ -48,8 +48,9 @@ def tiny_study(model: Path, data: Path, folder: Path, name: str, **changes: obje
 
 @pytest.fixture()
 def pruning_study(tiny_model_dir, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """A tiny study with one extra structure, in which every non-reference trial that a real rule would not
-    prune is pruned at its first rung (the rule is the real one with a threshold of 0: any PSI is too high)."""
+    """A tiny study with one extra structure, cheaper than the tuning passages (8 passages against 12), in which
+    every non-reference trial is pruned at its first rung (the rule is the real one with a threshold nothing
+    can beat)."""
     structure = replace(load_benchmark(f"jsonl:{write_dataset(tmp_path / 'other', docs=8, seed=3)}"), name="tiny-openings")
     monkeypatch.setattr(tuner.tuning.session, "load_structures", lambda name, tuning=None: [structure])
     monkeypatch.setattr(tuner.tuning.objective, "selection_threshold", lambda study, rule: -1.0)  # nothing can beat it
@@ -63,12 +64,15 @@ def test_pruned_trials_count_stay_out_of_selection_and_are_marked_in_both_stores
     pruned = [t for t in study.trials if t.state == optuna.trial.TrialState.PRUNED]
     assert pruned and all(t.number > 1 for t in pruned)  # the baseline and the paper default always run every rung
     assert sum(counted(t) for t in study.trials) == 4  # pruned trials were run (one rung) and count
+    references = [t for t in study.trials if t.number == 1]  # the paper default: every rung, as a complete trial
     for trial in pruned:
         record = trial.user_attrs[PRUNED_ATTR]
-        assert record["rung"] == 0 and record["of"] == 2 and record["scored"] == ["jsonl:data"]
+        # the cheaper structure is the first rung: the trial stopped before the tuning passages were encoded
+        assert record["rung"] == 0 and record["of"] == 2 and record["scored"] == ["tiny-openings"]
         assert "worst-case PSI" in record["reason"] and trial.intermediate_values  # reported to Optuna before pruning
-        assert "metrics" not in trial.user_attrs  # no complete-trial record: nothing for selection to read
-        assert trial.user_attrs["layer_tokens"] > 0
+        assert "metrics" not in trial.user_attrs and "psi" not in trial.user_attrs  # nothing of the tuning split
+        assert list(trial.user_attrs["structures"]) == ["tiny-openings"]
+        assert 0 < trial.user_attrs["layer_tokens"] < references[0].user_attrs["layer_tokens"] / 2  # 8 passages of 20
     assert {c.trial_number for c in candidates(study)}.isdisjoint(t.number for t in pruned)
     assert outcome.winner_trial not in {t.number for t in pruned}
     assert load_exported(settings.output).provenance.trial == outcome.winner_trial
@@ -79,6 +83,7 @@ def test_pruned_trials_count_stay_out_of_selection_and_are_marked_in_both_stores
         assert run.info.status == "KILLED" and "pruned" in run.info.run_name
         assert run.data.tags["posfair.pruned"].startswith("rung 0 of 2: worst-case PSI")
         assert run.data.metrics["cost/layer_tokens"] == trial.user_attrs["layer_tokens"]
+        assert "psi" not in run.data.metrics and "worst_structure_psi" in run.data.metrics
 
 
 def test_a_resumed_study_counts_its_pruned_trials_and_adds_only_what_is_missing(pruning_study) -> None:
@@ -135,8 +140,9 @@ def test_a_constraint_the_tuning_split_decides_prunes_the_trial_before_its_other
     """The nDCG@10 constraint is the tuning split's own point figure, final once that split is scored: a trial that
     loses nDCG@10 there is infeasible whatever its other structures show, so it stops after the tuning split, even
     when the upper end of its nDCG@10 interval is above the limit (not "beyond noise", but decided). A trial that
-    keeps nDCG@10 goes on (no PSI threshold prunes here)."""
-    structure = replace(load_benchmark(f"jsonl:{write_dataset(tmp_path / 'other', docs=8, seed=3)}"), name="tiny-openings")
+    keeps nDCG@10 goes on (no PSI threshold prunes here). The structure is dearer than the tuning passages (16
+    passages against 12), so the tuning passages are the first rung."""
+    structure = replace(load_benchmark(f"jsonl:{write_dataset(tmp_path / 'other', docs=16, seed=3)}"), name="tiny-openings")
     monkeypatch.setattr(tuner.tuning.session, "load_structures", lambda name, tuning=None: [structure])
     monkeypatch.setattr(tuner.tuning.objective, "selection_threshold", lambda study, rule: None)  # nothing to beat: PSI never prunes
     settings = tiny_study(tiny_model_dir("bert"), write_dataset(tmp_path / "data"), tmp_path, "decided", trials=8, max_ndcg_drop=0.0)

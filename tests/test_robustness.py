@@ -29,7 +29,8 @@ def evidence(
 
 
 def robust(*structures: tuple[str, TrialEvidence]) -> RobustEvidence:
-    return RobustEvidence(tuple(StructureEvidence(name, e) for name, e in structures))
+    """Evidence in the order given; "dev" is the tuning passages."""
+    return RobustEvidence(tuple(StructureEvidence(name, e, tuning=name == "dev") for name, e in structures))
 
 
 def candidate(number: int, robust_evidence: RobustEvidence, drift: float, floor_gap: float = -0.01) -> Candidate:
@@ -132,3 +133,12 @@ def test_a_structure_that_loses_ndcg_beyond_its_noise_makes_the_trial_infeasible
     assert values["structure_ndcg"] == pytest.approx(0.004) and values["ndcg_drop"] == pytest.approx(-0.01)
     assert Constraints(0.5, max_ndcg_drop=0.005).values(0.55, 0.53, 0.01, structure_ndcg_loss=0.004)["structure_ndcg"] < 0
     assert "structure_ndcg" not in Constraints(0.5, max_ndcg_drop=None).values(0.55, 0.53, 0.01, structure_ndcg_loss=0.004)
+
+
+def test_the_tuning_passages_own_loss_is_not_a_structure_loss_wherever_they_were_scored() -> None:
+    """Rungs go cheapest first, so the tuning passages may be scored after another structure: their nDCG@10
+    change is the `ndcg_drop` constraint's to judge (a point figure), never the structures' (an interval)."""
+    dev = evidence(0.05, ndcg=-0.02, ndcg_high=-0.01)  # a loss beyond noise on the tuning passages
+    crops = evidence(0.1, ndcg=-0.001, ndcg_high=0.004)  # within noise
+    assert robust(("crops", crops), ("dev", dev)).significant_ndcg_loss() == pytest.approx(-0.004)
+    assert robust(("dev", dev), ("crops", crops)).significant_ndcg_loss() == pytest.approx(-0.004)

@@ -2,8 +2,9 @@
 
 A trial is scored first on a pooled screen of the tuning split where one pays (`tuner.evaluation.pools`:
 a balanced sample of the queries over their relevant and top candidate passages), then on the tuning
-passages as they are, then on the same passages in other structures (`tuner.data.load_structures`:
-crops, openings), cheapest first. Its objective is the worst
+passages as they are and in other structures (`tuner.data.load_structures`: crops, openings), cheapest
+first (on WikiPos-dev: the openings, the crops, then dev itself, about 15%, 30% and 55% of a trial's
+encoding), then on the sets scored from the tuning vectors (length halves). Its objective is the worst
 PSI over the structures and its bias must not be reversed on any of them (`objectives.robustness`).
 Between rungs a trial that can no longer be selected (worse beyond noise than the selection threshold
 of the complete trials, or missing a constraint beyond noise) is pruned: the remaining structures are
@@ -122,8 +123,8 @@ class SideSet:
 class Scored:
     """What the rungs a trial ran gave: the tuning split's evaluation and evidence, every structure's, the cost."""
 
-    tuning: Evaluation
-    evidence: TrialEvidence
+    tuning: Evaluation | None  # None: pruned before the tuning passages were scored
+    evidence: TrialEvidence | None
     robust: RobustEvidence
     crops: PositionReport | None
     layer_tokens: int
@@ -168,7 +169,8 @@ class TrialObjective:
         self.staging = staging
         self.pareto = pareto
         self.general = general
-        self.structures = sorted(structures or [], key=_cost)
+        self.structures = list(structures or [])
+        self.rungs = corpus_rungs(evaluator, self.structures)
         self.screen = screen
         self.selection = selection
         self.prune = prune and not pareto  # Optuna's pruning reports are single-objective
@@ -209,6 +211,7 @@ class TrialObjective:
             raise
         self._record(trial, scored, metrics, constraints, layers)
         self._record_complete(trial, opened, metrics, artifacts)
+        assert scored.tuning is not None
         return (scored.robust.objective, scored.tuning.report.hm) if self.pareto else scored.robust.objective  # type: ignore[return-value]
 
     def _open(self, trial: optuna.Trial, params: dict[str, object]) -> _Opened:
@@ -269,13 +272,14 @@ class TrialObjective:
         return self._baseline
 
     def _score(self, trial: optuna.Trial, config: CalibrationConfig, reference: bool) -> Scored:
-        """The rungs: the screen, the tuning split, then each structure, stopping early when the trial cannot win.
+        """The rungs: the screen, then the tuning passages and each structure (`self.rungs`), stopping early when
+        the trial cannot win.
 
         Every trial's bootstrap draws the same query resamples (`trial_evidence`'s fixed seed: common random
         numbers), so one config is judged alike whatever its trial number or the study's seed. (Seeded by the
         trial number, one config was infeasible in seed 1's study and the winner of seed 2's: the upper end of
         its crops' nDCG@10 interval crossed 0.)"""
-        rungs = len(self.structures) + 1 + (self.screen is not None)
+        first = int(self.screen is not None)  # the corpus rungs' first index
         spent, screen = 0, None
         if self.screen is not None:
             pooled = self.screen.run(config)
@@ -287,35 +291,47 @@ class TrialObjective:
                 alone = RobustEvidence((StructureEvidence(self.screen.name, screen),))
                 reason = screen_prune_reason(screen, screen_threshold(trial.study), self._certain_violations(screen))
                 if reason is not None:
-                    trial.set_user_attr(PRUNED_ATTR, {"rung": 0, "of": rungs, "reason": reason, "scored": [self.screen.name]})
+                    trial.set_user_attr(
+                        PRUNED_ATTR, {"rung": 0, "of": first + len(self.rungs), "reason": reason, "scored": [self.screen.name]}
+                    )
                     return Scored(pooled, screen, alone, None, spent, pruned=reason, screen=screen)
-        tuning = self.evaluator.run(config)
-        report = tuning.report
-        if report.hm is None or report.psi is None or not (math.isfinite(report.hm) and math.isfinite(report.psi)):
-            raise ValueError(f"metrics are not finite (HM {report.hm}, PSI {report.psi})")
-        evidence = trial_evidence(self.baseline(), tuning.per_query)
-        seen = [StructureEvidence(self.evaluator.dataset.name, evidence)]
-        spent, crops = spent + tuning.layer_tokens, None
-        for step, structure in enumerate(self.structures):
-            rung = step + (self.screen is not None)
-            robust = RobustEvidence(tuple(seen))
-            if self.prune and not reference:
-                trial.report(robust.objective, rung)
+        tuning: Evaluation | None = None
+        evidence: TrialEvidence | None = None
+        crops: PositionReport | None = None
+        seen: list[StructureEvidence] = []
+        for step, rung in enumerate(self.rungs):
+            if seen and self.prune and not reference:  # after rung `first + step - 1`, the last one scored
+                robust = RobustEvidence(tuple(seen))
+                trial.report(robust.objective, first + step - 1)
                 reason = prune_reason(
                     robust,
                     selection_threshold(trial.study, self.selection),
                     {k: v for k, v in self._constraint_values(evidence, robust, crops, partial=True).items() if v > 0},
-                    [s.name for s in self.structures[step:]],
+                    [self._rung_name(r) for r in self.rungs[step:]],
                 )
                 if reason is not None:
-                    trial.set_user_attr(PRUNED_ATTR, {"rung": rung, "of": rungs, "reason": reason, "scored": [s.name for s in seen]})
+                    record = {"rung": first + step - 1, "of": first + len(self.rungs), "reason": reason, "scored": [s.name for s in seen]}
+                    trial.set_user_attr(PRUNED_ATTR, record)
                     return Scored(tuning, evidence, robust, crops, spent, pruned=reason, screen=screen)
-            result = structure.run(config)
-            spent += result.layer_tokens
-            seen.append(StructureEvidence(structure.name, trial_evidence(structure.baseline.per_query, result.per_query)))
-            if is_crops(structure.evaluator.dataset):
-                crops = result.report
+            if rung is None:
+                tuning = self.evaluator.run(config)
+                report = tuning.report
+                if report.hm is None or report.psi is None or not (math.isfinite(report.hm) and math.isfinite(report.psi)):
+                    raise ValueError(f"metrics are not finite (HM {report.hm}, PSI {report.psi})")
+                evidence = trial_evidence(self.baseline(), tuning.per_query)
+                spent += tuning.layer_tokens
+                seen.append(StructureEvidence(self.evaluator.dataset.name, evidence, tuning=True))
+            else:
+                result = rung.run(config)
+                spent += result.layer_tokens
+                seen.append(StructureEvidence(rung.name, trial_evidence(rung.baseline.per_query, result.per_query)))
+                if is_crops(rung.evaluator.dataset):
+                    crops = result.report
+        assert tuning is not None and evidence is not None  # the tuning split is one of the rungs
         return Scored(tuning, evidence, RobustEvidence(tuple(seen)), crops, spent, screen=screen)
+
+    def _rung_name(self, rung: SideSet | None) -> str:
+        return self.evaluator.dataset.name if rung is None else rung.name
 
     def _certain_violations(self, screen: TrialEvidence) -> dict[str, float]:
         """Constraints the pooled screen shows missed beyond noise: only those its scores bound (not the reversal)."""
@@ -327,7 +343,7 @@ class TrialObjective:
 
     def _constraint_values(
         self,
-        evidence: TrialEvidence,
+        evidence: TrialEvidence | None,
         robust: RobustEvidence,
         crops: PositionReport | None,
         general_delta: float | None = None,
@@ -337,13 +353,13 @@ class TrialObjective:
         only grow: the HM floor and the nDCG@10 drop are the tuning split's, complete after its rung; the reversal
         and the significant nDCG@10 loss are the largest over the structures; the crops' PSI is final once they
         are scored. So a value > 0 there decides that the trial is infeasible, whatever its remaining rungs
-        measure: it is pruned on it."""
+        measure: it is pruned on it. Before the tuning split is scored (`evidence` None) its constraints are left out."""
         baseline = self._crops_baseline()
         crops_psi = (crops.psi, baseline.psi) if crops is not None and baseline is not None else None
         return self.constraints.values(
-            evidence.hm,
-            evidence.hm_low,
-            evidence.ndcg_delta,
+            evidence.hm if evidence else None,
+            evidence.hm_low if evidence else None,
+            evidence.ndcg_delta if evidence else None,
             general_delta,
             crops_psi,  # type: ignore[arg-type]
             reversal=robust.reversal(self.constraints.max_reversal or 0.0),
@@ -359,6 +375,7 @@ class TrialObjective:
     def _metrics(self, scored: Scored, config: CalibrationConfig) -> tuple[dict[str, float], dict[str, float]]:
         """Everything a complete trial logs, and its constraint values."""
         evidence, tuning = scored.evidence, scored.tuning
+        assert evidence is not None and tuning is not None  # a complete trial scored every rung
         general_delta = None
         if self.general is not None:
             general_delta = self.general.run(config).report.ndcg10 - self.general.report.ndcg10
@@ -407,6 +424,7 @@ class TrialObjective:
         self, trial: optuna.Trial, scored: Scored, metrics: dict[str, float], constraints: dict[str, float], layers: list[int]
     ) -> None:
         """What selection, the conclusion and the dashboard read back from Optuna."""
+        assert scored.tuning is not None and scored.evidence is not None
         report = scored.tuning.report
         feasible = metrics["feasible"] == 1.0
         feasibility = describe_feasibility(metrics, self.constraints.conservative)
@@ -438,7 +456,7 @@ class TrialObjective:
         when it was pruned for a constraint) and the rung and reason, in Optuna and in MLflow."""
         on_screen = scored.screen is not None and scored.evidence is scored.screen  # stopped on the screen
         constraints = self._constraints(scored)  # between corpus rungs the violation that pruned it is among them
-        if on_screen:  # the pool's own figures, with what they show missed beyond noise
+        if on_screen and scored.evidence is not None:  # the pool's own figures, with what they show missed beyond noise
             constraints |= self._certain_violations(scored.evidence)
         for name, value in constraints.items():
             trial.set_constraint(name, value)
@@ -446,13 +464,15 @@ class TrialObjective:
         trial.set_user_attr("layer_tokens", scored.layer_tokens)
         trial.set_user_attr("structures", scored.robust.per_structure())
         pruned = trial.user_attrs[PRUNED_ATTR]
-        if on_screen:  # the pool's figures are not the tuning split's: logged under their own names only
+        metrics: dict[str, float] = {}
+        if on_screen and scored.evidence is not None:  # the pool's figures are not the tuning split's: logged under their own names only
             metrics = _screen_metrics(scored.evidence)
         else:
-            report = scored.tuning.report
-            trial.set_user_attr("psi", report.psi)
-            trial.set_user_attr("hm", report.hm)
-            metrics = {k: float(v) for k, v in report.as_dict().items() if v is not None}
+            if scored.tuning is not None:  # the tuning split's figures, where it was scored before the trial stopped
+                report = scored.tuning.report
+                trial.set_user_attr("psi", report.psi)
+                trial.set_user_attr("hm", report.hm)
+                metrics = {k: float(v) for k, v in report.as_dict().items() if v is not None}
             metrics["robust_psi"] = scored.robust.objective
         metrics |= {f"constraint_{name}": value for name, value in constraints.items()}
         metrics |= {"cost/layer_tokens": float(scored.layer_tokens), "pruned_at_rung": float(pruned["rung"])}
@@ -563,11 +583,19 @@ def _screen_metrics(screen: TrialEvidence) -> dict[str, float]:
     return {"screen/psi": screen.objective, "screen/psi_se": screen.objective_se, "screen/hm_x100": 100 * screen.hm}
 
 
-def _cost(structure: SideSet) -> int:
-    """A rung's encoding cost per layer: nothing for a set scored from the tuning vectors."""
-    if structure.shares is not None:
-        return 0
-    batches = structure.evaluator.batches()
+def corpus_rungs(tuning: Evaluator, structures: Sequence[SideSet]) -> list[SideSet | None]:
+    """The order a trial scores its corpora in (None: the tuning passages): those it encodes, cheapest first (a
+    structure whose bias a config reverses, or whose PSI is already too high, stops it before the dearest is
+    encoded; ties keep the tuning passages first), then the sets scored from the tuning vectors, free once
+    those are encoded."""
+    encoded: list[SideSet | None] = [None, *(s for s in structures if s.shares is None)]
+    encoded.sort(key=lambda rung: _cost(tuning if rung is None else rung.evaluator))
+    return [*encoded, *(s for s in structures if s.shares is not None)]
+
+
+def _cost(evaluator: Evaluator) -> int:
+    """A corpus's encoding cost per layer."""
+    batches = evaluator.batches()
     return batches.layer_tokens(range(len(batches)), 1)
 
 
