@@ -80,6 +80,17 @@ def test_a_trial_runs_only_the_layers_after_its_resume_point_and_its_profile_run
     assert "run it on a GPU, with fewer --trials, or on --dataset wikipos-dev" in slow.describe(16, 16)[-1]
 
 
+def test_the_pruned_estimate_stops_a_trial_after_its_cheapest_corpus_when_that_is_another_structure() -> None:
+    # rungs go cheapest first: a structure of 20,000 tokens before the corpus of 100,000; trials run 2 layers
+    cost = six_layers(trial_layers=2.0, first_rung_tokens=20_000, first_rung="dev-openings")
+    trial = 2 * 130_000
+    full = 6 * (20_000 + 100_000) + 9 * trial
+    pruned = full - 8 * (trial - 2 * 20_000)
+    line = cost.describe(10, 16)[3]
+    assert f"≈ {full:,} unpruned (" in line and f"; ≈ {pruned:,} (" in line
+    assert line.endswith("if every trial but the references stops after its first rung, dev-openings (≈ 20,000 tokens)")
+
+
 def test_with_a_pooled_screen_the_pruned_estimate_is_every_trial_but_the_references_stopped_after_it() -> None:
     # 6 layers, 10 trials through every layer; each screens 12,000 tokens first; a trial past it encodes 100,000 + 30,000
     cost = six_layers(screen_tokens=12_000)
@@ -112,6 +123,9 @@ def test_the_estimate_counts_the_corpus_batches_queries_and_a_held_out_corpus(tm
     same_corpus = PositionalDataset("h", tuning.corpus, heldout.queries, {q: {"t0": 1} for q in heldout.queries})
     shared = estimate_cost(evaluator, [same_corpus], [], profile_docs=1)
     assert (shared.heldout_tokens, shared.heldout_queries) == (0, 15), "FineWeb-PosQ's parts share the corpus"
+    crops = dataset("t-crops", [10, 10], 1)  # one batch of two passages of 12 tokens: 24, against the corpus's 96
+    pruned = estimate_cost(evaluator, [], [], profile_docs=1, structures=[heldout, crops], prune=True)
+    assert (pruned.first_rung_tokens, pruned.first_rung) == (24, "t-crops"), "the cheapest corpus is the first rung"
 
 
 def test_the_probe_is_timed_after_a_warm_up_and_fills_a_gpu_with_its_whole_batch(tmp_path) -> None:

@@ -99,6 +99,8 @@ class StudyCost:
                       uncalibrated through every layer, then with the paper default and the winner, resumed like a
                       trial; counted apart, as the parent run does
     heldout_queries   the held-out sets' queries, through every layer
+    first_rung_tokens, first_rung  the cheapest corpus a trial scores (the tuning passages or one of their other
+                      structures: rungs go cheapest first), where a pruned trial stops without a screen
     """
 
     probe: Probe
@@ -115,6 +117,8 @@ class StudyCost:
     trial_layers: float | None = None
     heldout_tokens: int = 0
     heldout_queries: int = 0
+    first_rung_tokens: int = 0
+    first_rung: str = "the tuning split"
 
     def seconds(self, layer_tokens: float) -> float:
         """The probe's rate: it timed tokens through every layer."""
@@ -147,11 +151,11 @@ class StudyCost:
     def layer_tokens(self, trials: int, pruned: bool = False) -> float:
         """The study's layer-tokens as its parent run counts them (held-out scoring apart): the baseline pass
         and what is encoded once, the baseline trial's profile, and `trials` − 1 calibrated trials; `pruned`:
-        every trial but the two references stopped after its first rung (the screen, else the tuning split),
+        every trial but the two references stopped after its first rung (the screen, else the cheapest corpus),
         with no profile."""
         total = self.setup_layer_tokens + self.layers * self.profile_tokens + max(trials - 1, 0) * self.trial_layer_tokens
         if pruned:
-            stopped = self.calibrated_layers * (self.screen_tokens or self.corpus_tokens)
+            stopped = self.calibrated_layers * (self.screen_tokens or self.first_rung_tokens or self.corpus_tokens)
             total -= max(trials - 2, 0) * (self.trial_layer_tokens - stopped)
         return total
 
@@ -183,7 +187,11 @@ class StudyCost:
         held = f"; held-out scoring ≈ {round(self.heldout_layer_tokens):,} more" if self.heldout_tokens or self.heldout_queries else ""
         if (self.screen_tokens or self.structure_tokens) and trials > 2:  # the two references are never pruned
             floor = round(self.layer_tokens(trials, pruned=True))
-            after = f"the pooled screen of ≈ {self.screen_tokens:,} tokens" if self.screen_tokens else "the tuning split"
+            after = (
+                f"the pooled screen of ≈ {self.screen_tokens:,} tokens"
+                if self.screen_tokens
+                else f"its first rung, {self.first_rung} (≈ {self.first_rung_tokens or self.corpus_tokens:,} tokens)"
+            )
             lines.append(
                 f"layer-tokens (padded tokens × layers run): ≈ {full:,} unpruned (≈ {duration(self.study_seconds(trials))} in all){setup}; "
                 f"≈ {floor:,} (≈ {duration(self.study_seconds(trials, pruned=True))}) if every trial but the references "

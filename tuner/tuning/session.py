@@ -136,11 +136,14 @@ def estimate_cost(
         if h.corpus != tuning.corpus:
             held += padded_tokens(model, list(h.corpus.values()))
     per_trial = rungs = 0
+    first = (batches.tokens(), tuning.name)  # the cheapest corpus rung: the tuning passages or a structure
     for extra in [*side, *structures]:  # scored every trial beside the tuning split (general retrieval, structures)
         extra_tokens = padded_tokens(model, list(extra.corpus.values()))
         once += extra_tokens + padded_tokens(model, list(extra.queries.values()))
         per_trial += extra_tokens
         rungs += extra_tokens if prune and extra in structures else 0
+        if extra in structures and extra_tokens < first[0]:
+            first = (extra_tokens, extra.name)
     screen = batches.tokens() * screen_passages // max(len(tuning.corpus), 1)  # passages of average length
     return StudyCost(
         probe(model, batches),
@@ -157,6 +160,8 @@ def estimate_cost(
         trial_layers=layers_run(evaluator, depths) if depths else None,
         heldout_tokens=held,
         heldout_queries=padded_tokens(model, [q for h in heldout for q in h.queries.values()]),
+        first_rung_tokens=first[0],
+        first_rung=first[1],
     )
 
 
