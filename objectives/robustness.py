@@ -11,10 +11,11 @@ other structures made from the same passages (`tuner.data.structures`), and
   sign of the uncalibrated model's there (the end now favoured where the beginning was) violates the
   `reversal` constraint, whatever PSI says (PSI is blind to the sign).
 
-Structures double as the rungs of a multi-fidelity trial, the tuning passages among them, cheapest first:
-the worst case over the structures seen so far can only grow, so a trial whose partial worst case is
-already worse beyond noise than what selection would take is pruned without scoring the rest
-(`prune_reason`), and a bias reversed on the cheapest structure stops it before the dearest is encoded.
+Structures double as the rungs of a multi-fidelity trial, the tuning passages among them (in the order
+`tuner.tuning.objective.corpus_rungs` gives): the worst case over the structures seen so far can only
+grow, so a trial whose partial worst case is already worse beyond noise than what selection would take is
+pruned without scoring the rest (`prune_reason`), and a bias reversed on a cheap structure stops it before
+the dear ones are encoded.
 """
 
 from __future__ import annotations

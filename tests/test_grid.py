@@ -28,7 +28,10 @@ def test_the_paper_grid_has_24_configs() -> None:
         SearchSpace(weight_low=0.35).check_grid(PAPER_GRID)
 
 
-def test_tune_grid_paper_runs_each_grid_config_once_and_the_baseline(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_tune_grid_paper_runs_each_grid_config_once_and_the_baseline(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # the disk cache's default folder, mlruns/cache, is the working directory's
     model = save_tiny("bert", tmp_path / "tiny-bert0", max_length=512)  # reads 512 tokens: a basket of 256 can fill
     data = write_dataset(tmp_path / "data", docs=6, words=95)  # content past 256 tokens: every grid basket fills
     settings = TuneSettings(

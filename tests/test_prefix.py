@@ -275,7 +275,7 @@ def test_the_batch_size_is_chosen_from_free_memory_as_a_capped_power_of_two(tiny
     assert 1 <= small < encoder.CPU_BATCH_CAP and small & (small - 1) == 0
     monkeypatch.setattr(psutil, "virtual_memory", lambda: type("Memory", (), {"available": 0})())
     assert auto_batch_size(tiny) == 1  # never 0: one passage at a time is always tried
-    assert Evaluator(tiny, tiny_dataset(), cache_budget=0).batch_size == 1
+    assert Evaluator(tiny, tiny_dataset(), cache_budget=0, disk_cache=False).batch_size == 1
 
 
 def test_trials_sharing_first_calibrated_layer_and_basket_size_share_its_sums(tiny_model_dir, tmp_path: Path) -> None:

@@ -161,3 +161,33 @@ def test_a_constraint_the_tuning_split_decides_prunes_the_trial_before_its_other
         assert record["scored"] == ["jsonl:data"] and record["reason"] == "misses ndcg_drop, which no remaining structure can undo"
         assert named_constraints(trial)["ndcg_drop"] > 0  # filed as infeasible for TPE
     assert all(t.state == optuna.trial.TrialState.COMPLETE and "tiny-openings" in t.user_attrs["structures"] for t in kept)
+
+
+def test_rungs_go_by_encoding_cost_per_unit_of_uncalibrated_psi_and_free_sets_last() -> None:
+    """WikiPos-dev's figures: openings 41k tokens a layer at PSI 0.188 (218k per unit), dev 144k at 0.299 (480k),
+    crops 90k at 0.161 (556k); a length half is scored from the tuning vectors, so it comes after them whatever
+    its PSI. A structure with no bias left (PSI 0) is never worth scoring early."""
+    from types import SimpleNamespace
+
+    from tuner.tuning.objective import corpus_rungs
+
+    class OneBatch:  # what the order reads of an evaluator's batches: their layer-tokens through one layer
+        def __init__(self, tokens: int) -> None:
+            self.tokens = tokens
+
+        def __len__(self) -> int:
+            return 1
+
+        def layer_tokens(self, batches: range, layers: int) -> int:
+            return self.tokens * layers
+
+    def corpus(tokens: int) -> SimpleNamespace:
+        return SimpleNamespace(batches=lambda: OneBatch(tokens))
+
+    def side(name: str, tokens: int, psi: float, shares: object = None) -> SimpleNamespace:
+        return SimpleNamespace(name=name, evaluator=corpus(tokens), report=SimpleNamespace(psi=psi), shares=shares)
+
+    openings, crops, flat = side("openings", 41_000, 0.188), side("crops", 90_000, 0.161), side("flat", 1_000, 0.0)
+    half = side("shorter", 144_000, 0.9, shares=object())
+    rungs = corpus_rungs(corpus(144_000), SimpleNamespace(psi=0.299), [half, crops, flat, openings])  # type: ignore[arg-type]
+    assert [r.name if r is not None else "dev" for r in rungs] == ["openings", "dev", "crops", "flat", "shorter"]
