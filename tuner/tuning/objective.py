@@ -597,9 +597,9 @@ def corpus_rungs(tuning: Evaluator, uncalibrated: PositionReport, structures: Se
     worst case shows) or when it shows a constraint missed (a bias reversed shows on any structure): cost per
     PSI puts the cheap structure that catches over-correction first and the tuning passages, dear but the
     most biased, before a structure that is both dearer per unit and less biased. On WikiPos-dev: the
-    openings (41k tokens a layer, uncalibrated PSI 0.188), dev (144k, 0.299), the crops (90k, 0.161). Replayed
-    over seed 0's stored trials, that order cost 5.03 M layer-tokens against 5.49 M cheapest first and 5.05 M
-    tuning passages first, with the same trials eligible for selection (README, *What wins*)."""
+    openings (41k tokens a layer, uncalibrated PSI 0.188), dev (144k, 0.299), the crops (89k, 0.161). Real
+    studies cost 3% less than with dev first; `benchmarks/rung_order.py` compares orders on stored trials
+    (README, *What wins*)."""
 
     def cost_per_psi(rung: SideSet | None) -> float:
         evaluator, bias = (tuning, uncalibrated.psi) if rung is None else (rung.evaluator, rung.report.psi)
