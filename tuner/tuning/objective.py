@@ -173,7 +173,7 @@ class TrialObjective:
         self.selection = selection
         self.prune = prune and not pareto  # Optuna's pruning reports are single-objective
         self.repeat_limit = repeat_limit  # repeats not counted at most (then the space is as good as exhausted)
-        self._baseline: PerQuery | None = None
+        self._baseline: Evaluation | None = None
         self.structures = list(structures or [])
         self.rungs = corpus_rungs(evaluator, self.baseline_report(), self.structures)
         ids = sorted(evaluator.dataset.corpus)
@@ -267,14 +267,16 @@ class TrialObjective:
 
     def baseline(self) -> PerQuery:
         """The uncalibrated model's per-query scores on the tuning split (measured once)."""
-        if self._baseline is None:
-            self._baseline = self.evaluator.run(None).per_query
-        return self._baseline
+        return self._baseline_run().per_query
 
     def baseline_report(self) -> PositionReport:
-        """The uncalibrated model's figures on the tuning split (its vectors are encoded once, then at hand)."""
-        self.baseline()
-        return self.evaluator.run(None).report
+        """The uncalibrated model's figures on the tuning split (measured once)."""
+        return self._baseline_run().report
+
+    def _baseline_run(self) -> Evaluation:
+        if self._baseline is None:
+            self._baseline = self.evaluator.run(None)
+        return self._baseline
 
     def _score(self, trial: optuna.Trial, config: CalibrationConfig, reference: bool) -> Scored:
         """The rungs: the screen, then the tuning passages and each structure (`self.rungs`), stopping early when
