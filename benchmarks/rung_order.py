@@ -27,8 +27,10 @@ from collections.abc import Sequence
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from objectives.constraint import Constraints
 from objectives.evidence import TrialEvidence
 from objectives.robustness import MARGIN_Z, RobustEvidence, StructureEvidence, prune_reason
+from objectives.selection import Candidate, select
 from tuner.common.trials import DUPLICATE_ATTR, named_constraints
 
 TUNING_CONSTRAINTS = ("hm_floor", "ndcg_drop")  # decided by the tuning passages' rung
@@ -75,14 +77,14 @@ def replay(
     trials: Sequence[FrozenTrial], order: Sequence[str], tuning: str, costs: dict[str, int], num_layers: int, profile: int, z: float
 ) -> tuple[int, list[int], list[int]]:
     """(layer-tokens, trials stopped early, the trials eligible under the one-SE rule) of the trials under `order`."""
-    complete: list[tuple[float, float, bool, int]] = []  # worst-case PSI, its SE, feasible, trial number
+    complete: list[Candidate] = []
     total, stopped = 0, []
     for trial in trials:
         rows = trial.user_attrs.get("structures", {})
         runs = layers_run(trial, num_layers)
         reference = trial.number < 2
-        feasible = sorted(c for c in complete if c[2])
-        threshold = feasible[0][0] + feasible[0][1] if feasible else None
+        selection = select(complete)
+        threshold = None if selection is None else selection.threshold
         seen: list[StructureEvidence] = []
         constraints = named_constraints(trial)
         stop = False
@@ -104,20 +106,19 @@ def replay(
             continue
         total += profile  # every complete trial encodes its attention profile, the baseline's too
         robust = RobustEvidence(tuple(seen))
-        complete.append((robust.objective, robust.objective_se, all(v <= 0 for v in constraints.values()), trial.number))
-    feasible = sorted(c for c in complete if c[2])
-    eligible = [c[3] for c in feasible if c[0] <= feasible[0][0] + feasible[0][1]] if feasible else []
-    return total, stopped, eligible
+        drift = trial.user_attrs.get("drift", 0.0)
+        complete.append(Candidate(trial.number, robust.objective, robust.objective_se, drift, tuple(constraints.values())))
+    selection = select(complete)
+    return total, stopped, list(selection.eligible) if selection else []
 
 
 def _decided(robust: RobustEvidence, constraints: dict[str, float], seen: list[StructureEvidence]) -> dict[str, float]:
-    """The constraints the rungs so far decide: a reversal on any of them, a significant nDCG@10 loss on a structure,
-    and the tuning passages' own (as the study stored them) once they are scored."""
-    values = {}
-    if (reversal := robust.reversal()) is not None:
-        values["reversal"] = reversal
-    if (loss := robust.significant_ndcg_loss()) is not None:
-        values["structure_ndcg"] = loss
+    """The constraint values the rungs so far decide, as the study computes them under its default limits (a
+    reversal on any structure, a significant nDCG@10 loss on one beside the tuning passages), and the tuning
+    passages' own as the study stored them, once those are scored."""
+    values = Constraints(hm_floor=0.0).values(
+        None, None, None, reversal=robust.reversal(), partial=True, structure_ndcg_loss=robust.significant_ndcg_loss()
+    )
     if any(s.tuning for s in seen):
         values |= {k: v for k, v in constraints.items() if k in TUNING_CONSTRAINTS}
     return values
