@@ -129,6 +129,11 @@ class StudyCost:
         return self.layers if self.trial_layers is None else self.trial_layers
 
     @property
+    def first_corpus_tokens(self) -> int:
+        """The first corpus rung's tokens (the tuning corpus when no cheaper structure was named)."""
+        return self.first_rung_tokens or self.corpus_tokens
+
+    @property
     def trial_layer_tokens(self) -> float:
         """One complete calibrated trial: the screen, the corpus and the rungs at its depth, then its profile."""
         passes = self.screen_tokens + self.corpus_tokens + self.per_trial_tokens
@@ -155,7 +160,7 @@ class StudyCost:
         with no profile."""
         total = self.setup_layer_tokens + self.layers * self.profile_tokens + max(trials - 1, 0) * self.trial_layer_tokens
         if pruned:
-            stopped = self.calibrated_layers * (self.screen_tokens or self.first_rung_tokens or self.corpus_tokens)
+            stopped = self.calibrated_layers * (self.screen_tokens or self.first_corpus_tokens)
             total -= max(trials - 2, 0) * (self.trial_layer_tokens - stopped)
         return total
 
@@ -190,7 +195,7 @@ class StudyCost:
             after = (
                 f"the pooled screen of ≈ {self.screen_tokens:,} tokens"
                 if self.screen_tokens
-                else f"its first rung, {self.first_rung} (≈ {self.first_rung_tokens or self.corpus_tokens:,} tokens)"
+                else f"its first rung, {self.first_rung} (≈ {self.first_corpus_tokens:,} tokens)"
             )
             lines.append(
                 f"layer-tokens (padded tokens × layers run): ≈ {full:,} unpruned (≈ {duration(self.study_seconds(trials))} in all){setup}; "
