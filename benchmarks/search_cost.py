@@ -13,10 +13,11 @@ store of its own; arms share only the disk cache of query and baseline vectors, 
   tuning structure (the tuning passages, their crops and openings), never pruned: the yardstick.
 - `tpe`: the previous default: 16 TPE trials on the tuning passages alone (no structures, no pruning,
   no reversal constraint), ranked by the tuning PSI.
-- `robust`: today's default: 16 TPE trials whose objective is the worst PSI over the structures, with
-  the reversal constraint, pruned between structures.
-- `robust-third`: the robust search with as many trials as fit one third of the grid arm's
-  layer-tokens, estimated from the robust arm's cost per trial (needs both arms in the run).
+- `robust`: the previous default: 16 TPE trials whose objective is the worst PSI over the structures,
+  with the reversal constraint, pruned between structures (`--budget none`).
+- `robust-third`: today's default, the robust search within `--budget grid/3`, drawn by the cost-aware
+  TPE (`tuner.tuning.sampler`): it ends at the first trial drawn that one third of the grid's
+  layer-tokens (estimated for this model and data before the study) has no room for.
 
 Per arm and seed: the study's layer-tokens (padded tokens × layers run, every trial and rung; held-out
 scoring apart) and its winner on each held-out set. The arms share a disk cache, so only the first study
@@ -40,7 +41,8 @@ ARMS = ("grid", "tpe", "robust", "robust-third")
 HELDOUT = "wikipos-test,wikipos-sentences,wikipos-mixed,wikipos-lengths"
 
 
-def settings_for(arm: str, seed: int, folder: Path, args: argparse.Namespace, trials: int | None = None):
+def settings_for(arm: str, seed: int, folder: Path, args: argparse.Namespace):
+    from tuner.common.options import Budget
     from tuner.tuning.settings import TuneSettings
 
     base = TuneSettings(
@@ -48,7 +50,7 @@ def settings_for(arm: str, seed: int, folder: Path, args: argparse.Namespace, tr
         dataset=args.dataset,
         heldout=args.heldout,
         seed=seed,
-        trials=trials or args.trials,
+        trials=args.trials,
         storage=f"sqlite:///{folder / 'optuna.db'}",
         tracking_uri=f"sqlite:///{folder / 'mlflow.db'}",
         output=folder / "winner.yaml",
@@ -58,8 +60,10 @@ def settings_for(arm: str, seed: int, folder: Path, args: argparse.Namespace, tr
     if arm == "grid":
         return replace(base, grid="paper", prune=False)
     if arm == "tpe":
-        return replace(base, structures=False, prune=False, max_reversal=None)
-    return base
+        return replace(base, structures=False, prune=False, max_reversal=None, budget=None)
+    if arm == "robust":
+        return replace(base, budget=None)
+    return replace(base, budget=Budget.parse("grid/3"))
 
 
 def heldout_cells(outcome) -> dict[str, dict[str, object]]:
@@ -80,14 +84,15 @@ def heldout_cells(outcome) -> dict[str, dict[str, object]]:
     return cells
 
 
-def run_arm(arm: str, seed: int, args: argparse.Namespace, trials: int | None = None) -> dict[str, object]:
+def run_arm(arm: str, seed: int, args: argparse.Namespace) -> dict[str, object]:
     import optuna
 
+    from tuner.common.trials import counted
     from tuner.tuning.conclusion import setup_layer_tokens, study_layer_tokens
     from tuner.tuning.run import tune
 
     with tempfile.TemporaryDirectory(prefix=f"posfair-search-cost-{arm}-") as folder:
-        settings = settings_for(arm, seed, Path(folder), args, trials)
+        settings = settings_for(arm, seed, Path(folder), args)
         start = time.perf_counter()
         outcome = tune(settings)
         seconds = time.perf_counter() - start
@@ -97,7 +102,7 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace, trials: int | None = 
         return {
             "arm": arm,
             "seed": seed,
-            "trials": settings.trials,
+            "trials": sum(counted(t) for t in study.trials),
             "seconds": round(seconds, 1),
             "layer_tokens": study_layer_tokens(study) - setup,  # the trials'; the setup below
             "setup_layer_tokens": setup,
@@ -151,20 +156,9 @@ def main(argv: list[str] | None = None) -> int:
 
     quiet_libraries()
     results = []
-    for arm in [a for a in args.arms if a != "robust-third"]:
+    for arm in args.arms:
         for seed in args.seeds if arm != "grid" else args.seeds[:1]:  # the grid draws nothing: one seed is all seeds
             results.append(run_arm(arm, seed, args))
-            print(json.dumps(results[-1]), flush=True)
-    if "robust-third" in args.arms:
-        grid = next((r for r in results if r["arm"] == "grid"), None)
-        robust = [r for r in results if r["arm"] == "robust"]
-        if grid is None or not robust:
-            parser.error("robust-third needs the grid and robust arms in the same run")
-        setup = max(r["setup_layer_tokens"] for r in results)  # type: ignore[type-var]
-        per_trial = sum(r["layer_tokens"] / r["trials"] for r in robust) / len(robust)  # type: ignore[operator]
-        trials = max(3, int(((grid["layer_tokens"] + setup) / 3 - setup) / per_trial))  # type: ignore[operator]
-        for seed in args.seeds:
-            results.append(run_arm("robust-third", seed, args, trials))
             print(json.dumps(results[-1]), flush=True)
     print(table(results))
     if args.json:

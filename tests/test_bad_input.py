@@ -236,6 +236,11 @@ def test_a_negative_cache_budget(budget: str) -> None:
     assert f"--cache-budget must not be negative, got '{budget}'" in tune("--cache-budget", budget, "--trials", "1")
 
 
+def test_a_malformed_study_budget_names_the_forms_it_takes() -> None:
+    said = tune("--budget", "a third", "--trials", "1")
+    assert "--budget 'a third': write e.g. grid/3 (a third of the paper grid's layer-tokens), 5M (layer-tokens) or none" in said
+
+
 def test_a_bug_is_not_reported_as_bad_input(monkeypatch: pytest.MonkeyPatch) -> None:
     """Only posfair's own errors become one-line messages: a RuntimeError from deep inside keeps its traceback."""
     import tuner.tuning.run

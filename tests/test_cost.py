@@ -166,3 +166,16 @@ def test_a_trial_resumes_at_the_deepest_cached_layer_before_its_first_calibrated
     for depth in space.depths:  # the estimate counts from where the pass itself resumes
         first = min(CalibrationConfig(layers=DEPTHS[depth]).resolve_layers(4))
         assert layers_run(only_half, [depth]) == 4 - (only_half.resume_layer(first) or 0)
+
+
+def test_under_a_budget_the_study_is_at_most_the_budget_and_the_estimate_says_where_it_ends() -> None:
+    # the first test's study, ended by a budget of 230,000 layer-tokens: the baselines (120,000) and one trial
+    cost = StudyCost(Probe("cpu", 4, 1000, 2.0), 100, 100_000, 3, 1000, 10_000, 20_000, budget_layer_tokens=230_000)
+    lines = cost.describe(trials=3, default_trials=16)
+    assert lines[2] == (
+        "one calibrated trial ≈ 55 s; this study (at most 3 trials within its budget, with the baseline and the held-out "
+        f"scoring) ≈ {duration(230_000 / 2000)}; the default 16 trials ≈ {duration(60 + 15 * 55)}"
+    )
+    assert lines[3].endswith(f"; the budget ends the study at ≈ 230,000 (≈ {duration(230_000 / 2000)} in all)")
+    roomy = StudyCost(Probe("cpu", 4, 1000, 2.0), 100, 100_000, 3, 1000, 10_000, 20_000, budget_layer_tokens=1e9)
+    assert "budget ends" not in roomy.describe(3, 16)[3]  # --trials ends it first: nothing to say

@@ -84,10 +84,17 @@ def test_the_cost_is_estimated_before_the_study_starts(headline_run: dict) -> No
     assert re.search(r"a probe of 4 passages × 1,024 tokens took [\d.]+ s", output), "the longest, truncated at 1,024"
     assert re.search(r"corpus: 32 passages, [\d,]+ padded tokens \(\d+ truncated at 1,024 tokens\); one encode ≈", output)
     assert re.search(
-        r"one calibrated trial ≈ [\d.]+ s \(it runs [\d.]+ of 3 layers on average\); this study \(2 trials, with the "
-        r"baseline and the held-out scoring\) ≈ [\d.]+ s; the default 16 trials ≈",
+        r"one calibrated trial ≈ [\d.]+ s \(it runs [\d.]+ of 3 layers on average\); this study \(at most 2 trials within "
+        r"its budget, with the baseline and the held-out scoring\) ≈ [\d.]+ s; the default 16 trials ≈",
         output,
     )
+    # plain `tune --model bge-m3` spends at most a third of the paper grid's layer-tokens here, and says so first
+    said = re.search(
+        r"budget: 1/3 of the paper grid's layer-tokens, ≈ ([\d,]+) layer-tokens for the study \(the paper grid's study here ≈ ([\d,]+)\)",
+        output,
+    )
+    assert said and abs(int(said[1].replace(",", "")) - int(said[2].replace(",", "")) / 3) <= 1, output[:3000]
+    assert said.start() < output.index("trial 0:")
 
 
 def test_without_the_model_or_the_data_it_fails_at_once_naming_both_downloads(tmp_path) -> None:

@@ -89,6 +89,7 @@ def workspace(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir) -> dict[
         space=SearchSpace(basket_sizes=(8, 16, 128)),
         selection="lowest",  # a random model's PSI is noise, so the default one-SE rule keeps it uncalibrated
         prune=False,  # every trial complete, with all it logs (pruned trials: tests/test_pruning.py)
+        budget=None,  # --trials alone ends it (a budget's end: tests/test_budget.py)
     )
     return {"root": root, "settings": settings, "outcome": tune(settings)}
 

@@ -194,6 +194,7 @@ def tiny_settings(tiny_model_dir, data: Path, tmp_path: Path) -> TuneSettings:
         dataset=f"jsonl:{data}",
         heldout=None,
         trials=4,
+        budget=None,
         hm_floor="-90%",
         storage=f"sqlite:///{tmp_path / 'o.db'}",
         tracking_uri=f"sqlite:///{tmp_path / 'm.db'}",

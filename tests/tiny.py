@@ -87,8 +87,9 @@ def tiny_tune_options(
     model: Path, data: Path, *, trials: int = 2, heldout: str = "", hm_floor: str = "-90%", bootstrap: int = 20
 ) -> list[str]:
     """The options of the tests' small `tune` runs: the tiny model (CLS pooling) on a JSONL folder, `heldout` as
-    given ("" for none), a floor any tiny model clears, 2 profile passages, a short bootstrap, unpruned: these runs
-    test how processes account for complete trials (pruned ones: tests/test_pruning.py)."""
+    given ("" for none), a floor any tiny model clears, 2 profile passages, a short bootstrap, unpruned and
+    unbudgeted: these runs test how processes account for complete trials (pruned ones: tests/test_pruning.py;
+    a budget's end: tests/test_budget.py)."""
     return [
         "--model",
         str(model),
@@ -106,4 +107,6 @@ def tiny_tune_options(
         "--bootstrap",
         str(bootstrap),
         "--no-prune",
+        "--budget",
+        "none",
     ]

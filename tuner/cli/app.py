@@ -19,7 +19,7 @@ from rich.table import Table
 from typer.core import TyperCommand, TyperGroup
 
 from tuner.common.messages import UserError, shown
-from tuner.common.options import DEFAULT_PROFILE_DOCS, DEFAULT_TRIALS, HEARTBEAT_SECONDS, parse_bytes, parse_limit
+from tuner.common.options import DEFAULT_PROFILE_DOCS, DEFAULT_TRIALS, HEARTBEAT_SECONDS, Budget, parse_bytes, parse_limit
 
 if TYPE_CHECKING:
     import numpy as np
@@ -227,6 +227,14 @@ def run(
     ] = True,
     prune: Annotated[bool, typer.Option(help="Stop a trial between structures once it cannot win.")] = True,
     grid: Annotated[str | None, typer.Option(help="'paper': run exactly the paper's 24 configs (its grid), unpruned.")] = None,
+    budget: Annotated[
+        str,
+        typer.Option(
+            help="Layer-tokens (padded tokens × layers run) the study may spend, baselines included, held-out scoring apart: "
+            "'grid/3' (a third of what the paper's grid costs on this model and data), a number like 5M, or 'none' (--trials alone); "
+            "--grid paper runs all its configs whatever this says."
+        ),
+    ] = "grid/3",
     selection: Annotated[
         str,
         typer.Option(
@@ -298,6 +306,7 @@ def run(
             structures=structures,
             prune=prune,
             grid=grid,
+            budget=Budget.parse(budget),
             selection=selection,
             pareto=pareto,
             storage=storage,

@@ -7,8 +7,10 @@ without loading torch, transformers, MLflow or Optuna (tests/test_cli_speed.py c
 from __future__ import annotations
 
 import math
+import re
+from dataclasses import dataclass
 
-DEFAULT_TRIALS = 16  # plain `tune` (MiniLM on WikiPos-dev): 6–9 min on 2 idle CPU cores, measured (README)
+DEFAULT_TRIALS = 16  # the cap beside the default budget (`DEFAULT_BUDGET`), which ends plain `tune` first (README)
 # Passages in each trial's attention profile: a diagnostic, not used by selection; its all-layer observed
 # pass cost a third of a trial at 16 passages (py-spy, default run), so 8.
 DEFAULT_PROFILE_DOCS = 8
@@ -55,3 +57,55 @@ def parse_bytes(text: str | None) -> int | None:
     if value < 0:
         raise ValueError(f"--cache-budget must not be negative, got {text!r}")
     return int(value)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """`--budget`: the layer-tokens (padded tokens × layers run) a study may spend, counted as a fresh machine
+    spends them (its baselines and queries included, whatever the disk cache holds) and held-out scoring apart:
+    a number, or a share of what the paper's grid (`tune --grid paper`) costs on the same model and data, so
+    that one spec means the same on any model (`grid/3`: a third of the grid)."""
+
+    layer_tokens: int | None = None
+    grid_share: float | None = None
+
+    @classmethod
+    def parse(cls, text: str | None) -> Budget | None:
+        """'none' → None; 'grid/3', 'grid' → a share of the grid; '5M', '2.5e6', '800k' → layer-tokens."""
+        if text is None or text.strip().lower() in ("", "none"):
+            return None
+        spec = text.strip().lower()
+        hint = "write e.g. grid/3 (a third of the paper grid's layer-tokens), 5M (layer-tokens) or none"
+        if spec.startswith("grid"):
+            divisor = spec[len("grid") :].strip()
+            match = re.fullmatch(r"/\s*([0-9.]+(?:e[+-]?[0-9]+)?)", divisor)
+            if divisor and match is None:
+                raise ValueError(f"--budget {text!r}: {hint}")
+            divided = float(match.group(1)) if match else 1.0
+            if not (math.isfinite(divided) and divided > 0):
+                raise ValueError(f"--budget {text!r}: divide the grid by a positive number; {hint}")
+            return cls(grid_share=1 / divided)
+        match = re.fullmatch(r"([0-9.]+(?:e[+-]?[0-9]+)?)\s*([kmg]?)", spec)
+        try:
+            value = float(match.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[match.group(2)] if match else math.nan
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and value >= 1):
+            raise ValueError(f"--budget {text!r}: {hint}")
+        return cls(layer_tokens=int(value))
+
+    def resolve(self, grid_layer_tokens: float) -> int:
+        """The study's layer-tokens, given what the paper's grid study costs here."""
+        return self.layer_tokens if self.layer_tokens is not None else int(self.grid_share * grid_layer_tokens)  # type: ignore[operator]
+
+    def __str__(self) -> str:
+        if self.layer_tokens is not None:
+            return f"{self.layer_tokens:,} layer-tokens"
+        share = 1 / self.grid_share  # type: ignore[operator]
+        return "the paper grid's layer-tokens" if share == 1 else f"1/{share:g} of the paper grid's layer-tokens"
+
+
+DEFAULT_BUDGET = Budget(grid_share=1 / 3)
+"""Plain `tune` spends at most a third of what the paper's grid costs: on MiniLM / WikiPos-dev (seeds 0–2) its
+winners matched the grid winner held out as often as 16 unbudgeted trials did, at half their cost (README, *The
+default tuning run*)."""

@@ -2,8 +2,8 @@
 
 Not every finished trial counts towards `--trials`: a trial that drew a calibration the study already ran
 repeats that trial's values without running (`DUPLICATE_ATTR`), and a trial a worker started after the
-study was full is pruned unrun (`surplus`). A trial pruned between rungs (`PRUNED_ATTR`) was run, cheaply,
-and counts.
+study was full, or that a `--budget` had no room for, is pruned unrun (`surplus`). A trial pruned between
+rungs (`PRUNED_ATTR`) was run, cheaply, and counts.
 """
 
 from __future__ import annotations
@@ -19,6 +19,9 @@ PRUNED_ATTR = "pruned"  # {"rung", "of", "reason", "scored"} of a trial stopped 
 SURPLUS_ATTR = "surplus"  # a trial started when the study already had enough
 SCREEN_ATTR = "screen"  # {"psi", "psi_se", "hm"} of a trial on the study's pooled screen
 SETUP_COST_ATTR = "setup_layer_tokens/"  # + a process: a study attribute, the baselines and queries that process encoded
+BUDGET_ATTR = "budget"  # a study attribute: {"spec", "study", "setup", "trials"} of `--budget`, resolved by the coordinator
+BUDGET_END_ATTR = "budget_end"  # a study attribute: {"trial", "trials", "spent", "needed"} of the draw the budget had no room for
+RESERVED_ATTR = "layer_tokens_reserved"  # what a running trial may spend at most (`TrialObjective.trial_cost`)
 
 
 def complete_trials(study: optuna.Study) -> list[FrozenTrial]:
@@ -55,3 +58,24 @@ def calibration_key(params: Mapping[str, object]) -> str:
         return "uncalibrated"
     keys = ("variant", "strength", "layers", "basket_size", "basket_shares") + (("weight",) if params.get("variant") == "cls_hard" else ())
     return json.dumps({k: params.get(k) for k in keys}, sort_keys=True)
+
+
+def trials_spent(study: optuna.Study, excluding: int | None = None) -> int:
+    """The layer-tokens a study's trials have spent, and those running may still spend: a complete or pruned
+    trial's own count; a running one's reservation (`RESERVED_ATTR`), so that workers budget alike; a failed
+    one's reservation too, since what it spent before it failed is not recorded (at most that)."""
+    total = 0
+    for trial in study.get_trials(deepcopy=False):
+        if trial.number == excluding:
+            continue
+        if trial.state in (TrialState.RUNNING, TrialState.FAIL):
+            total += int(trial.user_attrs.get(RESERVED_ATTR, 0))
+        else:
+            total += int(trial.user_attrs.get("layer_tokens", 0))
+    return total
+
+
+def budget_ended(study: optuna.Study, budget: int | None) -> bool:
+    """Whether the study ended at this trial budget (or a smaller one): a larger `--budget` on resume goes on."""
+    end = study.user_attrs.get(BUDGET_END_ATTR)
+    return budget is not None and end is not None and int(end["trials"]) >= budget

@@ -119,6 +119,7 @@ class StudyCost:
     heldout_queries: int = 0
     first_rung_tokens: int = 0
     first_rung: str = "the tuning split"
+    budget_layer_tokens: float | None = None  # `--budget` in layer-tokens: the study stops there whatever --trials says
 
     def seconds(self, layer_tokens: float) -> float:
         """The probe's rate: it timed tokens through every layer."""
@@ -168,6 +169,13 @@ class StudyCost:
         """The baseline, the trials, and the held-out scoring."""
         return self.seconds(self.layer_tokens(trials, pruned) + self.heldout_layer_tokens)
 
+    def budgeted_seconds(self, trials: int) -> float:
+        """The study as its budget, if any, ends it: at most the budget, and the held-out scoring."""
+        spent = self.layer_tokens(trials)
+        if self.budget_layer_tokens is not None:
+            spent = min(spent, self.budget_layer_tokens)
+        return self.seconds(spent + self.heldout_layer_tokens)
+
     def describe(self, trials: int, default_trials: int) -> list[str]:
         """Lines for the log: the probe, one encode, one trial, this study and the default one, in time and layer-tokens."""
         p = self.probe
@@ -180,7 +188,9 @@ class StudyCost:
             + f"; one encode ≈ {duration(self.seconds(self.layers * self.corpus_tokens))}",
             f"one calibrated trial ≈ {duration(self.trial_seconds)}"
             + (f" (it runs {self.calibrated_layers:.3g} of {self.layers} layers on average)" if self.trial_layers is not None else "")
-            + f"; this study ({trials} trials, with the baseline and the held-out scoring) ≈ {duration(self.study_seconds(trials))}"
+            + f"; this study ({'at most ' if self.budget_layer_tokens is not None else ''}{trials} trials"
+            + (" within its budget" if self.budget_layer_tokens is not None else "")
+            + f", with the baseline and the held-out scoring) ≈ {duration(self.budgeted_seconds(trials))}"
             + (
                 f"; the default {default_trials} trials ≈ {duration(self.study_seconds(default_trials))}"
                 if trials != default_trials
@@ -204,7 +214,11 @@ class StudyCost:
             )
         else:
             lines.append(f"layer-tokens (padded tokens × layers run): ≈ {full:,}{setup}{held}")
-        if self.study_seconds(trials) > SLOW_STUDY_SECONDS:
+        if self.budget_layer_tokens is not None and self.budget_layer_tokens < full:
+            lines[-1] += (
+                f"; the budget ends the study at ≈ {round(self.budget_layer_tokens):,} (≈ {duration(self.budgeted_seconds(trials))} in all)"
+            )
+        if self.budgeted_seconds(trials) > SLOW_STUDY_SECONDS:
             lines.append(
                 f"that is long on {p.device}: stop now (Ctrl-C; the same command resumes) and run it on a GPU, "
                 "with fewer --trials, or on --dataset wikipos-dev"

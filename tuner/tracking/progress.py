@@ -12,7 +12,7 @@ from types import TracebackType
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.common.trials import finished
+from tuner.common.trials import finished, trials_spent
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +38,11 @@ def logging_console() -> object | None:
 
 
 class StudyProgress:
-    """Counts complete trials towards `total` (those done before a resume included) and times the rest."""
+    """Counts complete trials towards `total` (those done before a resume included) and times the rest; with a
+    `budget` (the layer-tokens the trials may spend, `--budget`), also what of it is spent."""
 
-    def __init__(self, total: int, done: int, *, bar: bool = True, workers: int = 1) -> None:
-        self.total, self.done_at_start, self.workers = total, done, workers
+    def __init__(self, total: int, done: int, *, bar: bool = True, workers: int = 1, budget: int | None = None) -> None:
+        self.total, self.done_at_start, self.workers, self.budget = total, done, workers, budget
         self.started = time.monotonic()
         self._bar = bar
         self._progress: object | None = None
@@ -70,17 +71,27 @@ class StudyProgress:
         if self._progress is not None:
             self._progress.update(self._task, completed=done)  # type: ignore[attr-defined]
         elapsed = time.monotonic() - self.started
-        return f"{best_so_far(complete)} · elapsed {clock(elapsed)} · {self.eta(complete, done)}"
+        spent = ""
+        if self.budget is not None:
+            used = trials_spent(study)
+            spent = f" · {used / 1e6:.2f}M of the trials' budget of {self.budget / 1e6:.2f}M layer-tokens ({used / self.budget:.0%})"
+        return f"{best_so_far(complete)} · elapsed {clock(elapsed)}{spent} · {self.eta(study, complete, done)}"
 
-    def eta(self, complete: list[FrozenTrial], done: int) -> str:
+    def eta(self, study: optuna.Study, complete: list[FrozenTrial], done: int) -> str:
         """The remaining trials at the mean duration of the calibrating trials so far (the baseline, λ 0,
-        reuses cached vectors and says nothing of a trial's cost), shared by the workers."""
+        reuses cached vectors and says nothing of a trial's cost), shared by the workers; with a budget, no
+        more trials than its rest buys at their mean layer-tokens."""
         if done >= self.total:
             return "done"
-        seconds = [t.duration.total_seconds() for t in complete if t.duration is not None and t.params.get("strength", 1) != 0]
-        if not seconds:
+        calibrating = [t for t in complete if t.duration is not None and t.params.get("strength", 1) != 0]
+        if not calibrating:
             return "ETA after the first calibrating trial"
-        return f"ETA {clock(sum(seconds) / len(seconds) * (self.total - done) / self.workers)}"
+        remaining: float = self.total - done
+        if self.budget is not None:
+            per_trial = sum(int(t.user_attrs.get("layer_tokens", 0)) for t in calibrating) / len(calibrating)
+            remaining = min(remaining, max(self.budget - trials_spent(study), 0) / max(per_trial, 1.0))
+        seconds = sum(t.duration.total_seconds() for t in calibrating if t.duration is not None) / len(calibrating)
+        return f"ETA {clock(seconds * remaining / self.workers)}"
 
 
 def best_so_far(complete: list[FrozenTrial]) -> str:

@@ -18,7 +18,7 @@ from objectives import PairedBootstrap, PositionReport, Selection, paired_bootst
 from tuner.calibration import CalibrationConfig
 from tuner.common.files import EXPORTS, check_writable
 from tuner.common.messages import UserError, first_line
-from tuner.common.trials import SETUP_COST_ATTR, complete_trials
+from tuner.common.trials import BUDGET_ATTR, BUDGET_END_ATTR, SETUP_COST_ATTR, budget_ended, complete_trials
 from tuner.data import PositionalDataset
 from tuner.engine.exported import build_export, write_exported
 from tuner.engine.models import LoadedModel, hub_revision, load_model
@@ -575,10 +575,31 @@ def _concluded(staging: Path, figures: Sequence[Path], winning: _Winning, path: 
             **_structure_metrics(best),
             "cost/layer_tokens": float(study_layer_tokens(study)),
             "cost/heldout_layer_tokens": float(sum(row.heldout_layer_tokens for row in rows)),
+            **budget_metrics(study),
         },
         [*figures, heldout_table, summary],
-        {NOTE: description},
+        {NOTE: description, **budget_tags(study)},
     )
+
+
+def budget_metrics(study: optuna.Study) -> dict[str, float]:
+    """The study's `--budget` in layer-tokens, beside what it spent (`cost/layer_tokens`)."""
+    budget = study.user_attrs.get(BUDGET_ATTR)
+    return {"cost/budget_layer_tokens": float(budget["study"])} if budget else {}
+
+
+def budget_tags(study: optuna.Study) -> dict[str, str]:
+    """Whether the budget ended the study, in the numbers that decided it."""
+    budget = study.user_attrs.get(BUDGET_ATTR)
+    if not budget:
+        return {}
+    if not budget_ended(study, int(budget["trials"])):
+        return {"posfair.budget": f"{budget['spec']}: --trials ended the study first"}
+    end = study.user_attrs[BUDGET_END_ATTR]
+    return {
+        "posfair.budget": f"{budget['spec']} ended the study: trial {end['trial']} would have needed up to {end['needed']:,} "
+        f"layer-tokens, and {max(int(end['trials']) - int(end['spent']), 0):,} of the trials' {end['trials']:,} were left"
+    }
 
 
 def describe_objective(settings: TuneSettings) -> str:

@@ -40,13 +40,24 @@ from objectives import Constraints, PerQuery, PositionReport
 from objectives.evidence import TrialEvidence, trial_evidence
 from objectives.robustness import RobustEvidence, StructureEvidence, certain_violations, prune_reason, screen_prune_reason
 from tuner.calibration import CalibrationConfig
-from tuner.common.trials import DUPLICATE_ATTR, PRUNED_ATTR, SCREEN_ATTR, calibration_key, named_constraints
+from tuner.common.trials import (
+    BUDGET_END_ATTR,
+    DUPLICATE_ATTR,
+    PRUNED_ATTR,
+    RESERVED_ATTR,
+    SCREEN_ATTR,
+    SURPLUS_ATTR,
+    calibration_key,
+    named_constraints,
+    trials_spent,
+)
 from tuner.data import is_crops
-from tuner.engine.encoder import CalibratedEncoder
+from tuner.engine.encoder import Batches, CalibratedEncoder
+from tuner.engine.prefix import resume_point
 from tuner.evaluation.evaluator import Evaluation, Evaluator
 from tuner.evaluation.profile import AttentionProfile, plot_profile
 from tuner.tracking.runs import Tracker, TrialRecord, describe_config, describe_feasibility, describe_outcome
-from tuner.tuning.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, SearchSpace, is_reference_trial
+from tuner.tuning.search_space import BASELINE_PARAMS, DEPTHS, PAPER_DEFAULT_PARAMS, SearchSpace, is_reference_trial
 from tuner.tuning.study import screen_threshold, selection_threshold, wait_for_other_processes
 
 log = logging.getLogger(__name__)
@@ -160,6 +171,7 @@ class TrialObjective:
         selection: str = "one-se",
         prune: bool = True,
         repeat_limit: int = 0,
+        budget: int | None = None,
     ) -> None:
         self.evaluator = evaluator
         self.space = space
@@ -173,12 +185,14 @@ class TrialObjective:
         self.selection = selection
         self.prune = prune and not pareto  # Optuna's pruning reports are single-objective
         self.repeat_limit = repeat_limit  # repeats not counted at most (then the space is as good as exhausted)
+        self.budget = budget  # layer-tokens the study's trials may spend (`--budget`, less the baselines); None: no limit
         self._baseline: Evaluation | None = None
         self.structures = list(structures or [])
         self.rungs = corpus_rungs(evaluator, self.baseline_report(), self.structures)
         ids = sorted(evaluator.dataset.corpus)
         random.Random(0).shuffle(ids)
         self.profile_texts = [evaluator.dataset.corpus[d] for d in ids[:profile_docs]]
+        self._profiled: Batches | None = None
 
     def __call__(self, trial: optuna.Trial) -> float | tuple[float, float]:
         """Draw a config; a repeat of one the study ran tells its values, anything else is scored and logged."""
@@ -196,6 +210,8 @@ class TrialObjective:
         repeated = self._repeat_of(trial, key)  # the enqueued references run first, so a later draw of theirs repeats them
         if repeated is not None:
             return self._repeat(trial, repeated, params)
+        if self.budget is not None and not reference_markers(trial):
+            self._reserve(trial, config)
         opened = self._open(trial, params)
         try:
             scored = self._score(trial, config, reference=bool(opened.markers))
@@ -254,6 +270,53 @@ class TrialObjective:
         )
         if opened.run_id is None and (run_id := self.tracker.trial_run_id(trial.number)):
             trial.set_user_attr("mlflow_run_id", run_id)
+
+    # ---------------------------------------------------------------------------------- budget
+
+    def _reserve(self, trial: optuna.Trial, config: CalibrationConfig) -> None:
+        """Reserve what the trial may spend, or end the study here when the budget has no room for it: the
+        trial is then pruned unrun (surplus: not counted, no MLflow run) and no trial starts after it. Every
+        trial that starts can thus finish; the references (the baseline, the paper default) always run."""
+        assert self.budget is not None
+        study, needed = trial.study, self.trial_cost(config)
+        spent = trials_spent(study, excluding=trial.number)
+        if spent + needed <= self.budget:
+            trial.set_user_attr(RESERVED_ATTR, needed)
+            return
+        end = {"trial": trial.number, "trials": self.budget, "spent": spent, "needed": needed}
+        study.set_user_attr(BUDGET_END_ATTR, end)
+        trial.set_user_attr(SURPLUS_ATTR, True)
+        reason = (
+            f"the budget is spent: trial {trial.number} would need up to {needed:,} layer-tokens and "
+            f"{max(self.budget - spent, 0):,} of the trials' {self.budget:,} are left"
+        )
+        log.info("%s; no more trials start", reason)
+        raise optuna.TrialPruned(reason)
+
+    def trial_cost(self, config: CalibrationConfig) -> int:
+        """What a trial of `config` spends if no rung prunes it: each corpus it encodes (the screen, the tuning
+        passages, the other structures, a general set) from where its pass resumes, and the attention profile
+        through every layer; a pruned trial spends less."""
+        layers = self.evaluator.model.num_layers
+        first = min(config.resolve_layers(layers))
+        encoded = [
+            self.evaluator,
+            *(s.evaluator for s in [self.screen, self.general, *self.structures] if s is not None and s.shares is None),
+        ]
+        total = 0
+        for evaluator in encoded:
+            batches = evaluator.batches()
+            total += batches.layer_tokens(range(len(batches)), layers - (resume_point(evaluator.cached_layers(), first) or 0))
+        return total + self._profile_batches().layer_tokens(range(len(self._profile_batches())), layers)
+
+    def depth_costs(self) -> dict[str, int]:
+        """What an unpruned trial of each of the space's depths spends (`trial_cost` depends on nothing else)."""
+        return {depth: self.trial_cost(CalibrationConfig(layers=DEPTHS[depth])) for depth in self.space.depths}
+
+    def _profile_batches(self) -> Batches:
+        if self._profiled is None:
+            self._profiled = Batches.build(self.evaluator.model, self.profile_texts, self.evaluator.batch_size, self.evaluator.batch_tokens)
+        return self._profiled
 
     # ---------------------------------------------------------------------------------- scoring
 

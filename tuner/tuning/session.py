@@ -11,13 +11,15 @@ import os
 import socket
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import optuna
 
 from tuner.calibration import CalibrationConfig
 from tuner.common.messages import UserError
+from tuner.common.options import Budget
 from tuner.common.scratch import clean_orphans
+from tuner.common.trials import BUDGET_ATTR
 from tuner.data import DatasetUnavailableError, PositionalDataset, is_crops, load_benchmark, load_structures, require_position_groups
 from tuner.data import check_available as check_benchmark
 from tuner.data.wikipos import TRANSFER_SPLITS
@@ -28,7 +30,7 @@ from tuner.evaluation.evaluator import Evaluator
 from tuner.evaluation.pools import SCREEN_SHARE, most_passages
 from tuner.evaluation.visible import within_reach
 from tuner.tracking.runs import Tracker
-from tuner.tuning.search_space import DEPTHS, GRIDS, SearchSpace
+from tuner.tuning.search_space import DEPTHS, GRIDS, PAPER_GRID, SearchSpace, grid_size
 from tuner.tuning.settings import DEFAULT_TRIALS, EXPERIMENT, TuneSettings
 from tuner.tuning.study import check_storage_url, default_storage, open_study
 
@@ -238,6 +240,7 @@ def prepare(settings: TuneSettings) -> Session:
         log.info("%s has no other structures (its passages' segments are unknown): trials are scored on it alone", tuning.name)
     if settings.max_crops_psi is not None and not any(is_crops(s) for s in structures) and not settings.worker:
         log.info("%s has no crops view (its passages' segments are unknown): --max-crops-psi does not apply", tuning.name)
+    budget: dict[str, object] | None = None
     if not settings.worker:
         side = [general] if general is not None else []
         encoded = [s for s in structures if s.corpus != tuning.corpus]  # length halves reuse the tuning vectors
@@ -252,8 +255,13 @@ def prepare(settings: TuneSettings) -> Session:
             screen if screen <= SCREEN_SHARE * len(tuning.corpus) else 0,
             [str(d) for d in GRIDS[settings.grid]["depth"]] if settings.grid else space.depths,
         )
+        budget = resolve_budget(settings.budget, cost, evaluator)
+        if budget is not None:
+            cost = replace(cost, budget_layer_tokens=float(budget["study"]))  # type: ignore[arg-type]
         for line in cost.describe(settings.trials, DEFAULT_TRIALS):
             log.info(line)
+        if budget is not None:
+            log.info(describe_budget(budget, cost))
     name = settings.study_name_for(model)
     identity: dict[str, object] = {
         "model_name": settings.model,
@@ -289,4 +297,36 @@ def prepare(settings: TuneSettings) -> Session:
         worker=worker_id,
         grid=GRIDS[settings.grid] if settings.grid else None,
     )
+    if not settings.worker:  # workers read it from the study: a resume without --budget lifts it
+        study.set_user_attr(BUDGET_ATTR, budget)
     return Session(settings, tracker, storage, model, tuning, heldout, evaluator, space, general, structures, name, identity, study)
+
+
+def resolve_budget(budget: Budget | None, cost: StudyCost, evaluator: Evaluator) -> dict[str, object] | None:
+    """`--budget` in layer-tokens on this model and data: the study's, and what its trials may spend once the
+    baselines, the queries and the baseline trial's profile are paid (`StudyCost.layer_tokens(1)`), as on a fresh
+    machine whatever the disk cache holds, so that a study's trials do not depend on the cache. A share of the grid
+    is of the paper grid's study here: its 24 configs and the baseline, on every structure, unpruned, as
+    `tune --grid paper` spends it."""
+    if budget is None:
+        return None
+    grid_depths = [str(d) for d in PAPER_GRID["depth"]]
+    grid = replace(cost, screen_tokens=0, trial_layers=layers_run(evaluator, grid_depths)).layer_tokens(1 + grid_size(PAPER_GRID))
+    study, setup = budget.resolve(grid), round(cost.layer_tokens(1))
+    if study <= setup:
+        raise UserError(
+            f"--budget {budget} is ≈ {study:,} layer-tokens here, which does not cover the baselines and queries "
+            f"(≈ {setup:,}); raise it, e.g. --budget grid/3, or use --budget none"
+        )
+    return {"spec": str(budget), "study": study, "grid": round(grid), "setup": setup, "trials": study - setup}
+
+
+def describe_budget(budget: dict[str, object], cost: StudyCost) -> str:
+    """The budget in words, with what it buys at the space's mean depth."""
+    trials = int(budget["trials"])  # type: ignore[call-overload]
+    return (
+        f"budget: {budget['spec']}, ≈ {budget['study']:,} layer-tokens for the study (the paper grid's study here ≈ "
+        f"{budget['grid']:,}); after the baselines and queries (≈ {budget['setup']:,}) its trials may spend ≈ {trials:,}, "
+        f"≈ {trials / cost.trial_layer_tokens:.1f} calibrated trials unpruned, more where trials are pruned; the study "
+        "ends at the first drawn trial that would not fit"
+    )

@@ -12,7 +12,16 @@ from typing import TYPE_CHECKING
 from objectives import RULES, Constraints, HmFloor
 from tuner.common.files import EXPORTS, check_writable
 from tuner.common.messages import shown
-from tuner.common.options import DEFAULT_PROFILE_DOCS, DEFAULT_TRIALS, GRID_NAMES, HEARTBEAT_SECONDS, SCREEN_QUERIES, check_tracking_uri
+from tuner.common.options import (
+    DEFAULT_BUDGET,
+    DEFAULT_PROFILE_DOCS,
+    DEFAULT_TRIALS,
+    GRID_NAMES,
+    HEARTBEAT_SECONDS,
+    SCREEN_QUERIES,
+    Budget,
+    check_tracking_uri,
+)
 
 if TYPE_CHECKING:
     from tuner.engine.models import LoadedModel
@@ -43,6 +52,7 @@ class TuneSettings:
     prune: bool = True  # stop a trial between rungs once it cannot win (`objectives.robustness.prune_reason`)
     screen_queries: int = SCREEN_QUERIES  # per position group in the pooled screen that pruning scores first (`tuner.evaluation.pools`)
     grid: str | None = None  # "paper": run exactly the paper's 24 configs (GridSampler), at full fidelity
+    budget: Budget | None = DEFAULT_BUDGET  # layer-tokens the study may spend (`Budget`); None: only --trials limits it
     selection: str = "one-se"
     pareto: bool = False
     storage: str | None = None
@@ -109,6 +119,7 @@ class TuneSettings:
             # draw repeats it and does not count), each scored on every structure: the yardstick's full cost
             object.__setattr__(self, "trials", 1 + grid_size(GRIDS[self.grid]))
             object.__setattr__(self, "prune", False)
+            object.__setattr__(self, "budget", None)  # the grid's cost is the grid's: every config runs
 
     def constraints(self, baseline_hm: float) -> Constraints:
         """What a trial must respect, given the uncalibrated HM on the tuning split."""
@@ -153,6 +164,8 @@ def settings_in_force(settings: TuneSettings) -> dict[str, object]:
     values["batch_size"] = settings.batch_size or "chosen from the device's free memory"
     values["devices"] = describe_devices(worker_devices(settings.workers))
     values["space"] = describe_space(settings.space)
+    if settings.budget is not None:
+        values["budget"] = str(settings.budget)
     for name, meaning in UNSET.items():
         if values.get(name) is None:
             values[name] = meaning
@@ -169,6 +182,7 @@ UNSET = {
     "max_crops_psi": "none: crops not constrained",
     "max_reversal": "none: a reversed bias allowed",
     "grid": "none: TPE search",
+    "budget": "none: --trials alone ends the study",
     "batch_tokens": "long-passage models: chosen from the device's free memory; others: by batch size",
     "revision": "the local snapshot (or the hub's latest)",
     "cache_budget": "tuner.evaluation.store's default",

@@ -36,7 +36,8 @@ from objectives.selection import chosen
 from tuner.common.files import OPTUNA_DB
 from tuner.common.messages import first_line
 from tuner.common.options import HEARTBEAT_SECONDS
-from tuner.common.trials import DUPLICATE_ATTR, SCREEN_ATTR, SURPLUS_ATTR, complete_trials, constraints_of, counted, finished
+from tuner.common.trials import DUPLICATE_ATTR, SCREEN_ATTR, SURPLUS_ATTR, budget_ended, complete_trials, constraints_of, counted, finished
+from tuner.tuning.sampler import CostCooledTPESampler
 
 log = logging.getLogger(__name__)
 
@@ -166,8 +167,9 @@ def open_study(
     grid: Mapping[str, Sequence[object]] | None = None,
 ) -> optuna.Study:
     """Create or resume a study; `identity` (model, dataset, floor, space...) must match on resume. The sampler
-    is seeded from `seed` and the `worker` identity (`sampler_seed`); with `grid`, Optuna's `GridSampler`
-    runs exactly the grid's configs instead."""
+    is seeded from `seed` and the `worker` identity (`sampler_seed`): TPE, which under a budget weighs each
+    depth by its cost (`tuner.tuning.sampler`); with `grid`, Optuna's `GridSampler` runs exactly the grid's
+    configs instead."""
     seed = sampler_seed(seed, worker)
     sampler: optuna.samplers.BaseSampler
     directions: list[Literal["minimize", "maximize"]]
@@ -178,9 +180,7 @@ def open_study(
         sampler = optuna.samplers.NSGAIISampler(seed=seed, population_size=8)
         directions = ["minimize", "maximize"]  # PSI down, HM up
     else:
-        with warnings.catch_warnings():  # multivariate/group TPE is "experimental" but long stable
-            warnings.simplefilter("ignore", ExperimentalWarning)
-            sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=5)
+        sampler = CostCooledTPESampler(seed=seed)
         directions = ["minimize"]  # PSI, subject to HM >= floor
     study = optuna.create_study(
         study_name=name, storage=make_storage(storage, heartbeat), sampler=sampler, directions=directions, load_if_exists=True
@@ -236,10 +236,11 @@ class TrialsEnd:
     stopped: str | None = None  # None, "interrupted" (Ctrl-C), "terminated" (SIGTERM) or "failures"
     failures: int = 0  # trials of this run that failed
     requeued: int | None = None  # a trial interrupted mid-way and queued to run again
+    budget_spent: bool = False  # ended at `--budget`: as complete as the study will be
 
     @property
     def short(self) -> bool:
-        return self.complete < self.target
+        return self.complete < self.target and not self.budget_spent
 
 
 def _owner() -> dict[str, object]:
@@ -358,14 +359,16 @@ def run_trials(
     n_complete: int,
     callbacks: Sequence[TrialCallback] = (),
     poll_seconds: float = 2.0,
+    budget: int | None = None,
 ) -> TrialsEnd:
     """Run until `n_complete` trials are finished (complete, or pruned between rungs); failed trials are
     recorded and do not count, nor do repeats of a calibration the study already ran.
 
     At start, trials left RUNNING by a dead process of this machine are failed and re-queued, so they run
     before new ones. Trials RUNNING elsewhere are waited for: they complete, or the heartbeat check fails and
-    re-queues them, and then they run here. The stop rule counts only the failures of this run (a study's
-    old failures are history). Ctrl-C or SIGTERM stops after the current trial; a second signal (or, after
+    re-queues them, and then they run here. With a trial `budget` (layer-tokens) the study also ends at the first
+    trial drawn that it has no room for (`TrialObjective._reserve`). The stop rule counts only the failures of
+    this run (a study's old failures are history). Ctrl-C or SIGTERM stops after the current trial; a second signal (or, after
     SIGTERM, the grace period's end) aborts it and queues it again. The result says whether the target was reached, and if not, why.
     """
     fail_dead_trials(study)
@@ -375,7 +378,7 @@ def run_trials(
     requeued = None
 
     def room(study: optuna.Study) -> bool:
-        return sum(counted(t) for t in study.get_trials(deepcopy=False)) < n_complete
+        return sum(counted(t) for t in study.get_trials(deepcopy=False)) < n_complete and not budget_ended(study, budget)
 
     def enough(study: optuna.Study, trial: FrozenTrial) -> None:
         """Stop once complete + running trials (of every worker) reach the target."""
@@ -407,7 +410,12 @@ def run_trials(
                 study.stop()
 
         try:
-            while len(finished(study)) < n_complete and not interrupted() and len(failed_here) < failures_allowed:
+            while (
+                len(finished(study)) < n_complete
+                and not budget_ended(study, budget)
+                and not interrupted()
+                and len(failed_here) < failures_allowed
+            ):
                 if not room(study):  # the rest are running elsewhere: wait until they complete or are found dead
                     wait_for_other_processes(study, poll_seconds, announce=not waiting_said)
                     waiting_said = True
@@ -438,8 +446,8 @@ def run_trials(
             stopped: str | None = interrupted() or "interrupted"
         else:
             stopped = interrupted() or ("failures" if len(failed_here) >= failures_allowed else None)
-    complete = len(finished(study))
-    return TrialsEnd(complete, n_complete, stopped if complete < n_complete else None, len(failed_here), requeued)
+    complete, spent = len(finished(study)), budget_ended(study, budget)
+    return TrialsEnd(complete, n_complete, stopped if complete < n_complete and not spent else None, len(failed_here), requeued, spent)
 
 
 def _surplus_reason(study: optuna.Study, trial: optuna.Trial, n_complete: int) -> str | None:

@@ -26,7 +26,7 @@ from optuna.trial import TrialState
 
 from tuner.common.messages import UserError, first_line
 from tuner.common.scratch import scratch_dir
-from tuner.common.trials import DUPLICATE_ATTR, PRUNED_ATTR, SETUP_COST_ATTR, SURPLUS_ATTR, finished
+from tuner.common.trials import BUDGET_ATTR, DUPLICATE_ATTR, PRUNED_ATTR, SETUP_COST_ATTR, SURPLUS_ATTR, finished
 from tuner.data import PositionalDataset
 from tuner.engine.models import LoadedModel
 from tuner.evaluation.evaluator import Evaluator
@@ -61,12 +61,21 @@ def run_session_trials(
     settings, study, tracker, model = session.settings, session.study, session.tracker, session.model
     evaluator, space, name, storage, tuning = session.evaluator, session.space, session.name, session.storage, session.tuning
     general, identity = session.general, session.identity
+    budget = study.user_attrs.get(BUDGET_ATTR)  # the coordinator's `--budget`, resolved (`session.resolve_budget`)
+    trial_budget = int(budget["trials"]) if budget else None
+    within = f" within a budget of {budget['study']:,} layer-tokens ({budget['spec']})" if budget else ""
     tracker.start_study(
         name,
-        params={**identity, FLOOR_ATTR: floor, "trials": settings.trials, "storage": storage},
+        params={
+            **identity,
+            FLOOR_ATTR: floor,
+            "trials": settings.trials,
+            "storage": storage,
+            **({"budget": budget["spec"], "budget_layer_tokens": budget["study"]} if budget else {}),
+        },
         tags={"posfair.model": model.spec.alias, "posfair.dataset": tuning.name},
-        description=f"Study {name}: {settings.trials} trials tuning {model.spec.alias} on {tuning.name}; "
-        f"lowest PSI subject to HM >= {100 * floor:.2f} (--hm-floor {settings.hm_floor}).",
+        description=f"Study {name}: {'at most ' if budget else ''}{settings.trials} trials{within} tuning {model.spec.alias} "
+        f"on {tuning.name}; lowest PSI subject to HM >= {100 * floor:.2f} (--hm-floor {settings.hm_floor}).",
     )
     staging = scratch_dir()
     try:
@@ -90,11 +99,16 @@ def run_session_trials(
             selection=settings.selection,
             prune=settings.prune,
             repeat_limit=settings.trials,
+            budget=trial_budget,
         )
+        if budget and not settings.worker:  # what the sampler weighs each depth by (`tuner.tuning.sampler`), exactly
+            study.set_user_attr(BUDGET_ATTR, {**budget, "depth_cost": objective.depth_costs()})
         if setup := objective.setup_layer_tokens():  # per process: each one that encodes its baselines pays for them
             study.set_user_attr(f"{SETUP_COST_ATTR}{socket.gethostname()}:{os.getpid()}:{time.time_ns()}", setup)
         evaluator.show_progress = False  # the trial bar (on a terminal) and the per-trial lines take over
-        with StudyProgress(settings.trials, len(finished(study)), bar=not settings.worker, workers=settings.workers) as progress:
+        with StudyProgress(
+            settings.trials, len(finished(study)), bar=not settings.worker, workers=settings.workers, budget=trial_budget
+        ) as progress:
             stores = _local_stores(session)
             try:
                 ended = run_trials(
@@ -102,6 +116,7 @@ def run_session_trials(
                     objective,
                     settings.trials,
                     [partial(_log_trial, progress=progress), lambda s, trial: _require_stores(stores, trial.number)],
+                    budget=trial_budget,
                 )
             except Exception:  # whatever the storage raised, a deleted store is the cause to name
                 _require_stores(stores, None)

@@ -1,0 +1,82 @@
+"""The sampler: TPE, divided by cost(depth)^α under a budget, α the share of the budget not yet spent; a
+depth that no longer fits the rest of the budget is not drawn while another one does."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import optuna
+import pytest
+
+from tuner.common.trials import BUDGET_ATTR
+from tuner.tuning.sampler import CostCooledTPESampler, cooling
+
+COST = {"last": 100, "25%": 200, "50%": 300}  # MiniLM: a trial of each depth runs 1, 2 or 3 layers
+UNSPENT = {"trials": 10**9, "depth_cost": COST}  # nothing is spent (no trial records layer-tokens): α stays 1
+
+
+def objective(trial: optuna.Trial) -> float:
+    """Depth does not matter here, so a sampler that prefers a depth does so for its cost alone."""
+    strength = trial.suggest_float("strength", 0.0, 1.0, step=0.05)
+    trial.suggest_categorical("depth", list(COST))
+    trial.suggest_categorical("basket_size", [64, 128, 256])
+    if trial.suggest_categorical("variant", ["uniform", "cls_soft", "cls_hard"]) == "cls_hard":
+        trial.suggest_float("weight", 0.1, 0.5, step=0.05)
+    return (strength - 0.4) ** 2
+
+
+def draws(
+    sampler: optuna.samplers.BaseSampler, budget: dict[str, object] | None, trials: int = 40, spend: int = 0
+) -> list[dict[str, object]]:
+    """The parameters of `trials` trials; each trial records `spend` layer-tokens."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(sampler=sampler)
+    if budget is not None:
+        study.set_user_attr(BUDGET_ATTR, budget)
+    study.optimize(lambda trial: trial.set_user_attr("layer_tokens", spend) or objective(trial), n_trials=trials)
+    return [t.params for t in study.trials]
+
+
+def test_without_a_budget_it_is_posfairs_tpe_draw_for_draw() -> None:
+    plain = optuna.samplers.TPESampler(seed=3, multivariate=True, group=True, n_startup_trials=5)
+    assert draws(CostCooledTPESampler(seed=3), None) == draws(plain, None)
+
+
+def test_under_an_unspent_budget_it_draws_cheap_depths_more_often() -> None:
+    budget = UNSPENT
+    plain = Counter(p["depth"] for p in draws(optuna.samplers.TPESampler(seed=3, multivariate=True, group=True, n_startup_trials=5), None))
+    cooled = Counter(p["depth"] for p in draws(CostCooledTPESampler(seed=3), budget))
+    assert cooled["last"] > plain["last"] and cooled["50%"] < plain["50%"], (plain, cooled)
+
+
+def test_the_random_start_up_draws_depths_by_inverse_cost_and_the_rest_as_tpe_would() -> None:
+    budget = UNSPENT
+    plain, cooled = Counter(), Counter()
+    for seed in range(40):  # the five start-up draws of 40 studies
+        ran = draws(CostCooledTPESampler(seed=seed), None, 5)
+        weighed = draws(CostCooledTPESampler(seed=seed), budget, 5)
+        assert [{k: v for k, v in p.items() if k != "depth"} for p in weighed] == [
+            {k: v for k, v in p.items() if k != "depth"} for p in ran
+        ]
+        plain.update(p["depth"] for p in ran)
+        cooled.update(p["depth"] for p in weighed)
+    # of 200 draws, uniform: 67 each; by 1/cost: 6/11 last (109), 3/11 at 25% (55), 2/11 at 50% (36)
+    assert cooled["last"] > 90 > plain["last"] and cooled["50%"] < 50 < plain["50%"], (plain, cooled)
+
+
+@pytest.mark.parametrize(("spent", "alpha"), [(0, 1.0), (250, 0.75), (1000, 0.0), (1500, 0.0)])
+def test_alpha_is_the_share_of_the_trial_budget_not_yet_spent(spent: int, alpha: float) -> None:
+    study = optuna.create_study()
+    study.set_user_attr(BUDGET_ATTR, {"trials": 1000})
+    study.add_trial(optuna.trial.create_trial(value=0.1, user_attrs={"layer_tokens": spent}))
+    assert cooling(study) == pytest.approx(alpha)
+    study.set_user_attr(BUDGET_ATTR, None)
+    assert cooling(study) == 0.0
+
+
+def test_a_depth_that_no_longer_fits_the_rest_of_the_budget_is_not_drawn_while_another_fits() -> None:
+    # 30 trials of 10 each spend 300 of 500: α falls to 0.4, and with 200 left a 50% trial (300) no longer fits
+    budget = {"trials": 500, "depth_cost": COST}
+    late = draws(CostCooledTPESampler(seed=0), budget, trials=40, spend=10)[30:]
+    assert {p["depth"] for p in late} <= {"last", "25%"}
+    assert any(p["depth"] == "50%" for p in draws(CostCooledTPESampler(seed=0), None, trials=40)[30:])  # unbudgeted, it is drawn
