@@ -57,7 +57,7 @@ def budgeted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     data = write_dataset(root / "data", docs=6, words=95)  # content past 256 tokens: every basket of the grid fills
     settings = TuneSettings(
         model=str(model),
-        pooling="cls",
+        pooling="mean",  # MiniLM's: what each depth and grid config is priced with must calibrate the model's own pooling
         dataset=f"jsonl:{data}",
         heldout=None,
         trials=40,
@@ -100,7 +100,7 @@ def test_a_budgeted_study_ends_at_the_first_draw_it_has_no_room_for_and_exports(
     assert isinstance(study, optuna.Study) and isinstance(settings, TuneSettings)
     budget, end = study.user_attrs[BUDGET_ATTR], study.user_attrs[BUDGET_END_ATTR]
     assert budget["spec"] == "1/3 of the paper grid's layer-tokens"
-    assert budget["grid"] == pytest.approx(budgeted["grid"], rel=0.02)  # the grid study, estimated and run
+    assert abs(budget["grid"] - budgeted["grid"]) <= 0.005 * budgeted["grid"]  # the grid study, priced and run
     assert budget["study"] == int(budget["grid"] / 3) or abs(budget["study"] - budget["grid"] / 3) <= 1
     assert budget["trials"] == budget["study"] - budget["setup"]
     # what the trials spent, from each trial's own count of the passes it ran
@@ -127,7 +127,7 @@ def test_a_complete_trial_spends_exactly_what_it_reserved(budgeted: dict[str, ob
     assert calibrated, "every calibrated trial but the paper default reserves its cost"
     depth_cost = study.user_attrs[BUDGET_ATTR]["depth_cost"]  # what the sampler weighs each depth by
     for trial in calibrated:
-        assert trial.user_attrs[RESERVED_ATTR] == depth_cost[trial.params["depth"]], trial.number
+        assert trial.user_attrs[RESERVED_ATTR] <= depth_cost[trial.params["depth"]], trial.number  # at most its depth's
         if trial.state == COMPLETE:
             assert trial.user_attrs["layer_tokens"] == trial.user_attrs[RESERVED_ATTR], trial.number
         else:
@@ -139,14 +139,13 @@ def test_the_budget_is_said_before_the_study_and_on_its_parent_run(budgeted: dic
     assert isinstance(study, optuna.Study) and isinstance(log, str)
     budget = study.user_attrs[BUDGET_ATTR]
     said = re.search(
-        r"budget: 1/3 of the paper grid's layer-tokens, ≈ ([\d,]+) layer-tokens for the study \(the paper grid's study here ≈ ([\d,]+)\)",
-        log,
+        r"budget: 1/3 of the paper grid's layer-tokens, ([\d,]+) layer-tokens for the study \(the paper grid's study here: ([\d,]+),", log
     )
     assert said, log[-3000:]
     assert int(said[1].replace(",", "")) == budget["study"] and int(said[2].replace(",", "")) == budget["grid"]
     mlflow.set_tracking_uri(budgeted["settings"].tracking_uri)  # type: ignore[union-attr]
     parent = mlflow.search_runs(experiment_names=["posfair"], filter_string="tags.mlflow.runName = 'budgeted'", output_format="list")[0]
-    assert parent.data.params["budget_layer_tokens"] == str(budget["study"])
+    assert parent.data.params["budget"] == "1/3 of the paper grid's layer-tokens"
     assert parent.data.metrics["cost/budget_layer_tokens"] == budget["study"]
     assert parent.data.metrics["cost/layer_tokens"] <= budget["study"] * 1.02  # the baselines: estimated within 2%
     end = study.user_attrs[BUDGET_END_ATTR]

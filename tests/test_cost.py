@@ -179,3 +179,19 @@ def test_under_a_budget_the_study_is_at_most_the_budget_and_the_estimate_says_wh
     assert lines[3].endswith(f"; the budget ends the study at ≈ 230,000 (≈ {duration(230_000 / 2000)} in all)")
     roomy = StudyCost(Probe("cpu", 4, 1000, 2.0), 100, 100_000, 3, 1000, 10_000, 20_000, budget_layer_tokens=1e9)
     assert "budget ends" not in roomy.describe(3, 16)[3]  # --trials ends it first: nothing to say
+
+
+def test_a_pass_costs_what_it_encodes_and_a_batch_no_basket_fills_is_copied_not_encoded(tmp_path) -> None:
+    from tuner.calibration import CalibrationConfig
+
+    model = load_model(str(save_tiny("bert", tmp_path / "bert", layers=4)), pooling="cls")
+    corpus = {f"d{i}": " ".join(WORDS[:n]) for i, n in enumerate([120, 100, 10, 8])}
+    tuning = PositionalDataset("t", corpus, {"q": "w1 w2"}, {"q": {"d0": 1}})
+    evaluator = Evaluator(model, tuning, batch_size=2, disk_cache=False, prefix_layers=(3,))
+    evaluator.run(None)  # the baseline, which the pass copies unchanged batches from, and the cached layer input
+    # batches, long first: (122, 102) padded to 122, then (12, 10) padded to 12; from layer 3 one layer runs
+    for basket, encoded in ((64, 2 * 122), (8, 2 * 122 + 2 * 12), (256, 0)):  # a basket fills the long pair, both, neither
+        config = CalibrationConfig(layers="last", basket_size=basket)
+        before = evaluator.counts.layer_tokens
+        evaluator.run(config)
+        assert evaluator.pass_cost(config) == evaluator.counts.layer_tokens - before == encoded, basket

@@ -92,6 +92,11 @@ class Batches:
     def __len__(self) -> int:
         return len(self.inputs)
 
+    def changed_by(self, spec: ResolvedCalibration | None) -> list[int]:
+        """The batches `spec` can change (a passage in them fills a basket): those a pass that copies the
+        baseline for the rest encodes (`forward`)."""
+        return [i for i in range(len(self.inputs)) if _changes(spec, self.inputs[i]["attention_mask"])]
+
 
 def choose_batching(model: LoadedModel, batch_size: int | None = None, batch_tokens: int | None = None) -> tuple[int, int | None]:
     """(texts per batch, padded tokens per batch or None). Given values win. By default a long-passage model

@@ -26,7 +26,7 @@ from tuner.calibration import CalibrationConfig
 from tuner.data import PositionalDataset
 from tuner.engine.encoder import CalibratedEncoder, choose_batching, forward
 from tuner.engine.models import LoadedModel
-from tuner.engine.prefix import Batches, record_layer_inputs, recorded_into
+from tuner.engine.prefix import Batches, record_layer_inputs, recorded_into, resume_point
 from tuner.evaluation.cache_policy import CachePolicy, FirstLayerSums
 
 log = logging.getLogger(__name__)
@@ -202,6 +202,16 @@ class Evaluator:
         self.counts.layer_tokens += batches.layer_tokens(ran, self.model.num_layers - (start or 0))
         self.cache.encoded(spec, vectors, batches.truncated)
         return vectors, batches.truncated
+
+    def pass_cost(self, config: CalibrationConfig) -> int:
+        """What `run(config)` encodes at most, in layer-tokens: the batches it cannot copy from the baseline, from
+        the layer its pass resumes at (0 when it finds the vectors at hand)."""
+        spec = CalibratedEncoder(self.model, config).spec
+        if spec is None:  # no calibration: the baseline's vectors
+            return 0
+        batches = self.batches()
+        encoded = batches.changed_by(spec) if self.reuse_baseline else range(len(batches))
+        return batches.layer_tokens(encoded, self.model.num_layers - (resume_point(self.cached_layers(), min(spec.layers)) or 0))
 
     def baseline_vectors(self) -> tuple[np.ndarray, int]:
         """Uncalibrated document vectors: from memory, from disk, or one full pass that also records layer inputs."""

@@ -28,7 +28,7 @@ import os
 import random
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -53,11 +53,10 @@ from tuner.common.trials import (
 )
 from tuner.data import is_crops
 from tuner.engine.encoder import Batches, CalibratedEncoder
-from tuner.engine.prefix import resume_point
 from tuner.evaluation.evaluator import Evaluation, Evaluator
 from tuner.evaluation.profile import AttentionProfile, plot_profile
 from tuner.tracking.runs import Tracker, TrialRecord, describe_config, describe_feasibility, describe_outcome
-from tuner.tuning.search_space import BASELINE_PARAMS, DEPTHS, PAPER_DEFAULT_PARAMS, SearchSpace, is_reference_trial
+from tuner.tuning.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, SearchSpace, config_of, grid_points, is_reference_trial
 from tuner.tuning.study import screen_threshold, selection_threshold, wait_for_other_processes
 
 log = logging.getLogger(__name__)
@@ -171,7 +170,6 @@ class TrialObjective:
         selection: str = "one-se",
         prune: bool = True,
         repeat_limit: int = 0,
-        budget: int | None = None,
     ) -> None:
         self.evaluator = evaluator
         self.space = space
@@ -185,7 +183,7 @@ class TrialObjective:
         self.selection = selection
         self.prune = prune and not pareto  # Optuna's pruning reports are single-objective
         self.repeat_limit = repeat_limit  # repeats not counted at most (then the space is as good as exhausted)
-        self.budget = budget  # layer-tokens the study's trials may spend (`--budget`, less the baselines); None: no limit
+        self.budget: int | None = None  # layer-tokens the study's trials may spend (`--budget`, less the baselines): set once priced
         self._baseline: Evaluation | None = None
         self.structures = list(structures or [])
         self.rungs = corpus_rungs(evaluator, self.baseline_report(), self.structures)
@@ -295,23 +293,45 @@ class TrialObjective:
 
     def trial_cost(self, config: CalibrationConfig) -> int:
         """What a trial of `config` spends if no rung prunes it: each corpus it encodes (the screen, the tuning
-        passages, the other structures, a general set) from where its pass resumes, and the attention profile
-        through every layer; a pruned trial spends less."""
-        layers = self.evaluator.model.num_layers
-        first = min(config.resolve_layers(layers))
+        passages, the other structures, a general set), those of its batches the config can change, from where
+        its pass resumes (`Evaluator.pass_cost`), and the attention profile through every layer. A complete
+        trial spends exactly that, a pruned one less."""
         encoded = [
             self.evaluator,
             *(s.evaluator for s in [self.screen, self.general, *self.structures] if s is not None and s.shares is None),
         ]
-        total = 0
-        for evaluator in encoded:
-            batches = evaluator.batches()
-            total += batches.layer_tokens(range(len(batches)), layers - (resume_point(evaluator.cached_layers(), first) or 0))
-        return total + self._profile_batches().layer_tokens(range(len(self._profile_batches())), layers)
+        return sum(evaluator.pass_cost(config) for evaluator in encoded) + self._profile_cost()
 
     def depth_costs(self) -> dict[str, int]:
-        """What an unpruned trial of each of the space's depths spends (`trial_cost` depends on nothing else)."""
-        return {depth: self.trial_cost(CalibrationConfig(layers=DEPTHS[depth])) for depth in self.space.depths}
+        """What an unpruned trial of each of the space's depths spends at most (with its smallest basket, which
+        leaves the fewest batches to copy from the baseline): what the sampler weighs depths by."""
+        model, basket = self.evaluator.model, min(self.space.basket_sizes)
+        return {
+            depth: self.trial_cost(
+                config_of(
+                    {"strength": 1.0, "depth": depth, "basket_size": basket, "variant": "cls_soft"},
+                    "equal",
+                    model.spec.pooling,
+                    model.spec.padding_side,
+                )
+            )
+            for depth in self.space.depths
+        }
+
+    def grid_cost(self, grid: Mapping[str, Sequence[object]]) -> int:
+        """What the grid's study spends on its trials here: each distinct config of the grid unpruned (the paper
+        default among them) and the baseline trial's profile, as `tune --grid paper` runs them."""
+        model = self.evaluator.model
+        configs = {}
+        for params in grid_points(grid):
+            config = config_of(params, "equal", model.spec.pooling, model.spec.padding_side)
+            key = {**params, "layers": list(config.resolve_layers(model.num_layers)), "basket_shares": config.basket_shares}
+            configs[calibration_key(key)] = config
+        return sum(self.trial_cost(config) for config in configs.values()) + self._profile_cost()
+
+    def _profile_cost(self) -> int:
+        profile = self._profile_batches()
+        return profile.layer_tokens(range(len(profile)), self.evaluator.model.num_layers)
 
     def _profile_batches(self) -> Batches:
         if self._profiled is None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import itertools
+import json
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -40,6 +42,13 @@ PAPER_GRID: dict[str, list[object]] = {
     "weight": [0.3],
 }
 GRIDS = {"paper": PAPER_GRID}
+
+
+def grid_points(grid: Mapping[str, Sequence[object]]) -> list[dict[str, object]]:
+    """Every config of a grid as trial parameters (w only for CLS-Hard: the other variants' copies are one)."""
+    points = [dict(zip(grid, values, strict=True)) for values in itertools.product(*grid.values())]
+    distinct = {json.dumps({k: v for k, v in p.items() if k != "weight" or p.get("variant") == "cls_hard"}, sort_keys=True) for p in points}
+    return [json.loads(point) for point in sorted(distinct)]
 
 
 def grid_size(grid: Mapping[str, list[object]]) -> int:

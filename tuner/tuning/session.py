@@ -260,8 +260,6 @@ def prepare(settings: TuneSettings) -> Session:
             cost = replace(cost, budget_layer_tokens=float(budget["study"]))  # type: ignore[arg-type]
         for line in cost.describe(settings.trials, DEFAULT_TRIALS):
             log.info(line)
-        if budget is not None:
-            log.info(describe_budget(budget, cost))
     name = settings.study_name_for(model)
     identity: dict[str, object] = {
         "model_name": settings.model,
@@ -303,30 +301,36 @@ def prepare(settings: TuneSettings) -> Session:
 
 
 def resolve_budget(budget: Budget | None, cost: StudyCost, evaluator: Evaluator) -> dict[str, object] | None:
-    """`--budget` in layer-tokens on this model and data: the study's, and what its trials may spend once the
-    baselines, the queries and the baseline trial's profile are paid (`StudyCost.layer_tokens(1)`), as on a fresh
-    machine whatever the disk cache holds, so that a study's trials do not depend on the cache. A share of the grid
+    """`--budget` in layer-tokens on this model and data, estimated before the baselines (`price_budget`; the
+    coordinator prices it exactly once its structures are loaded, `TrialObjective.grid_cost`). A share of the grid
     is of the paper grid's study here: its 24 configs and the baseline, on every structure, unpruned, as
     `tune --grid paper` spends it."""
     if budget is None:
         return None
     grid_depths = [str(d) for d in PAPER_GRID["depth"]]
     grid = replace(cost, screen_tokens=0, trial_layers=layers_run(evaluator, grid_depths)).layer_tokens(1 + grid_size(PAPER_GRID))
-    study, setup = budget.resolve(grid), round(cost.layer_tokens(1))
-    if study <= setup:
+    return price_budget(budget, cost.setup_layer_tokens, grid - cost.setup_layer_tokens)
+
+
+def price_budget(budget: Budget, setup: float, grid_trials: float) -> dict[str, object]:
+    """The study's layer-tokens and its trials' (what is left once the baseline passes and the queries are paid),
+    as on a fresh machine whatever the disk cache holds, so that a study's trials do not depend on the cache."""
+    grid = round(grid_trials + setup)
+    study, spent = budget.resolve(grid), round(setup)
+    if study <= spent:
         raise UserError(
             f"--budget {budget} is ≈ {study:,} layer-tokens here, which does not cover the baselines and queries "
-            f"(≈ {setup:,}); raise it, e.g. --budget grid/3, or use --budget none"
+            f"(≈ {spent:,}); raise it, e.g. --budget grid/3, or use --budget none"
         )
-    return {"spec": str(budget), "study": study, "grid": round(grid), "setup": setup, "trials": study - setup}
+    return {"spec": str(budget), "study": study, "grid": grid, "setup": spent, "trials": study - spent}
 
 
-def describe_budget(budget: dict[str, object], cost: StudyCost) -> str:
-    """The budget in words, with what it buys at the space's mean depth."""
-    trials = int(budget["trials"])  # type: ignore[call-overload]
+def describe_budget(budget: dict[str, object]) -> str:
+    """The budget in words, with what it buys at the space's depths (`depth_cost`: an unpruned trial of each)."""
+    trials, costs = int(budget["trials"]), list(budget["depth_cost"].values())  # type: ignore[call-overload, attr-defined]
     return (
-        f"budget: {budget['spec']}, ≈ {budget['study']:,} layer-tokens for the study (the paper grid's study here ≈ "
-        f"{budget['grid']:,}); after the baselines and queries (≈ {budget['setup']:,}) its trials may spend ≈ {trials:,}, "
-        f"≈ {trials / cost.trial_layer_tokens:.1f} calibrated trials unpruned, more where trials are pruned; the study "
-        "ends at the first drawn trial that would not fit"
+        f"budget: {budget['spec']}, {budget['study']:,} layer-tokens for the study (the paper grid's study here: "
+        f"{budget['grid']:,}, each of its configs priced on this data); after the baselines and queries "
+        f"({budget['setup']:,}) its trials may spend {trials:,}: {trials / max(costs):.1f} to {trials / min(costs):.1f} "
+        "unpruned trials by depth, more where trials are pruned; the study ends at the first drawn trial that would not fit"
     )

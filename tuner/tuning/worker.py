@@ -34,8 +34,8 @@ from tuner.evaluation.pools import SCREEN_SHARE, pool
 from tuner.tracking.progress import StudyProgress
 from tuner.tracking.runs import local_store
 from tuner.tuning.objective import SideSet, TrialObjective
-from tuner.tuning.search_space import trial_basket_shares
-from tuner.tuning.session import FLOOR_ATTR, Session, prepare
+from tuner.tuning.search_space import PAPER_GRID, trial_basket_shares
+from tuner.tuning.session import FLOOR_ATTR, Session, describe_budget, prepare, price_budget
 from tuner.tuning.settings import TuneSettings, worker_devices
 from tuner.tuning.study import Terminated, TrialsEnd, make_storage, run_trials
 
@@ -62,8 +62,7 @@ def run_session_trials(
     evaluator, space, name, storage, tuning = session.evaluator, session.space, session.name, session.storage, session.tuning
     general, identity = session.general, session.identity
     budget = study.user_attrs.get(BUDGET_ATTR)  # the coordinator's `--budget`, resolved (`session.resolve_budget`)
-    trial_budget = int(budget["trials"]) if budget else None
-    within = f" within a budget of {budget['study']:,} layer-tokens ({budget['spec']})" if budget else ""
+    within = f" within a budget of {budget['spec']}" if budget else ""
     tracker.start_study(
         name,
         params={
@@ -71,7 +70,7 @@ def run_session_trials(
             FLOOR_ATTR: floor,
             "trials": settings.trials,
             "storage": storage,
-            **({"budget": budget["spec"], "budget_layer_tokens": budget["study"]} if budget else {}),
+            **({"budget": budget["spec"]} if budget else {}),
         },
         tags={"posfair.model": model.spec.alias, "posfair.dataset": tuning.name},
         description=f"Study {name}: {'at most ' if budget else ''}{settings.trials} trials{within} tuning {model.spec.alias} "
@@ -99,10 +98,17 @@ def run_session_trials(
             selection=settings.selection,
             prune=settings.prune,
             repeat_limit=settings.trials,
-            budget=trial_budget,
         )
-        if budget and not settings.worker:  # what the sampler weighs each depth by (`tuner.tuning.sampler`), exactly
-            study.set_user_attr(BUDGET_ATTR, {**budget, "depth_cost": objective.depth_costs()})
+        if budget and settings.budget is not None and not settings.worker:  # priced exactly, and each depth's cost
+            budget = {
+                **price_budget(settings.budget, budget["setup"], objective.grid_cost(PAPER_GRID)),
+                "depth_cost": objective.depth_costs(),
+            }
+            study.set_user_attr(BUDGET_ATTR, budget)
+            log.info(describe_budget(budget))
+        elif budget:  # a worker: the coordinator's exact price, once it has set it
+            budget = _priced_budget(study)
+        trial_budget = objective.budget = int(budget["trials"]) if budget else None  # type: ignore[arg-type]
         if setup := objective.setup_layer_tokens():  # per process: each one that encodes its baselines pays for them
             study.set_user_attr(f"{SETUP_COST_ATTR}{socket.gethostname()}:{os.getpid()}:{time.time_ns()}", setup)
         evaluator.show_progress = False  # the trial bar (on a terminal) and the per-trial lines take over
@@ -204,6 +210,16 @@ def _stop_short(ended: TrialsEnd, session: Session) -> NoReturn:
             "KILLED" if signalled else "FAILED",
         )
     raise StoppedEarlyError(message, ended.stopped or "failures")
+
+
+def _priced_budget(study: optuna.Study, timeout: float = 3600.0) -> dict[str, object] | None:
+    """The budget once the coordinating `tune` has priced it on its loaded structures (`depth_cost` is there)."""
+    deadline = time.monotonic() + timeout
+    while (budget := study.user_attrs.get(BUDGET_ATTR)) and "depth_cost" not in budget:
+        if time.monotonic() > deadline:
+            raise UserError(f"the coordinator of study {study.study_name!r} never priced its --budget; restart it")
+        time.sleep(1)
+    return budget
 
 
 def _floor_set_by_coordinator(name: str, storage: str, heartbeat: int, timeout: float = 3600.0) -> float:
