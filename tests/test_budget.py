@@ -16,7 +16,7 @@ from tests.test_study import write_dataset
 from tests.tiny import save_tiny
 from tuner.common.options import Budget
 from tuner.common.trials import BUDGET_ATTR, BUDGET_END_ATTR, RESERVED_ATTR, SURPLUS_ATTR, counted, trials_spent
-from tuner.tuning.conclusion import setup_layer_tokens, study_layer_tokens
+from tuner.tuning.conclusion import budget_metrics, budget_tags, setup_layer_tokens, study_layer_tokens
 from tuner.tuning.run import TuneSettings, tune
 
 PRUNED, COMPLETE = optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.COMPLETE
@@ -115,7 +115,10 @@ def test_a_budgeted_study_ends_at_the_first_draw_it_has_no_room_for_and_exports(
     # the whole study as a fresh machine spends it: its own baselines (no disk cache) and its trials
     assert setup_layer_tokens(study) + spent <= budget["study"] * 1.02  # the setup estimate is within 2% of what ran
     assert Path(settings.output).is_file()  # type: ignore[arg-type]  # a budget's end is the study's end: exported
-    assert "no more trials start" in budgeted["log"]  # type: ignore[operator]
+    assert (
+        f"the budget is spent: trial {end['trial']} would need up to {end['needed']:,} layer-tokens and "
+        f"{budget['trials'] - spent:,} of the trials' {budget['trials']:,} are left; no more trials start"
+    ) in budgeted["log"]  # type: ignore[operator]
 
 
 def test_a_complete_trial_spends_exactly_what_it_reserved(budgeted: dict[str, object]) -> None:
@@ -143,6 +146,10 @@ def test_the_budget_is_said_before_the_study_and_on_its_parent_run(budgeted: dic
     )
     assert said, log[-3000:]
     assert int(said[1].replace(",", "")) == budget["study"] and int(said[2].replace(",", "")) == budget["grid"]
+    # what the trials may spend, and how many unpruned trials that buys at the dearest and the cheapest depth
+    costs = budget["depth_cost"].values()
+    bought = f"its trials may spend {budget['trials']:,}: {budget['trials'] / max(costs):.1f} to {budget['trials'] / min(costs):.1f} unpruned trials by depth"
+    assert bought in log, log[-3000:]
     mlflow.set_tracking_uri(budgeted["settings"].tracking_uri)  # type: ignore[union-attr]
     parent = mlflow.search_runs(experiment_names=["posfair"], filter_string="tags.mlflow.runName = 'budgeted'", output_format="list")[0]
     assert parent.data.params["budget"] == "1/3 of the paper grid's layer-tokens"
@@ -200,3 +207,17 @@ def test_the_budget_counts_a_finished_trials_spend_and_a_running_or_failed_ones_
     study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.RUNNING, user_attrs={RESERVED_ATTR: 7}))
     assert trials_spent(study) == 100 + 300 + 50 + 7
     assert trials_spent(study, excluding=3) == 450
+
+
+def test_a_budget_that_trials_ended_first_says_so_on_the_parent_run() -> None:
+    study = optuna.create_study()
+    study.set_user_attr(BUDGET_ATTR, {"spec": "5,000,000 layer-tokens", "study": 5_000_000, "trials": 3_000_000})
+    assert budget_tags(study) == {"posfair.budget": "5,000,000 layer-tokens: --trials ended the study first"}
+    assert budget_metrics(study) == {"cost/budget_layer_tokens": 5_000_000.0}
+    study.set_user_attr(BUDGET_END_ATTR, {"trial": 7, "trials": 3_000_000, "spent": 2_900_000, "needed": 400_000})
+    assert budget_tags(study)["posfair.budget"] == (
+        "5,000,000 layer-tokens ended the study: trial 7 would have needed up to 400,000 layer-tokens, "
+        "and 100,000 of the trials' 3,000,000 were left"
+    )
+    study.set_user_attr(BUDGET_ATTR, None)  # a resume with --budget none
+    assert budget_tags(study) == {} and budget_metrics(study) == {}

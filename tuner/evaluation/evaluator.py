@@ -211,7 +211,12 @@ class Evaluator:
             return 0
         batches = self.batches()
         encoded = batches.changed_by(spec) if self.reuse_baseline else range(len(batches))
-        return batches.layer_tokens(encoded, self.model.num_layers - (resume_point(self.cached_layers(), min(spec.layers)) or 0))
+        return batches.layer_tokens(encoded, self.layers_run(min(spec.layers)))
+
+    def layers_run(self, first_calibrated: int) -> int:
+        """The layers a pass whose first calibrated layer is `first_calibrated` runs: from the deepest cached layer at
+        or before it (`resume_point`, as `resume_layer` finds it), else all of them."""
+        return self.model.num_layers - (resume_point(self.cached_layers(), first_calibrated) or 0)
 
     def baseline_vectors(self) -> tuple[np.ndarray, int]:
         """Uncalibrated document vectors: from memory, from disk, or one full pass that also records layer inputs."""

@@ -71,16 +71,15 @@ class StudyProgress:
         if self._progress is not None:
             self._progress.update(self._task, completed=done)  # type: ignore[attr-defined]
         elapsed = time.monotonic() - self.started
-        spent = ""
+        spent, used = "", trials_spent(study) if self.budget is not None else 0
         if self.budget is not None:
-            used = trials_spent(study)
             spent = f" · {used / 1e6:.2f}M of the trials' budget of {self.budget / 1e6:.2f}M layer-tokens ({used / self.budget:.0%})"
-        return f"{best_so_far(complete)} · elapsed {clock(elapsed)}{spent} · {self.eta(study, complete, done)}"
+        return f"{best_so_far(complete)} · elapsed {clock(elapsed)}{spent} · {self.eta(complete, done, used)}"
 
-    def eta(self, study: optuna.Study, complete: list[FrozenTrial], done: int) -> str:
+    def eta(self, complete: list[FrozenTrial], done: int, used: int = 0) -> str:
         """The remaining trials at the mean duration of the calibrating trials so far (the baseline, λ 0,
-        reuses cached vectors and says nothing of a trial's cost), shared by the workers; with a budget, no
-        more trials than its rest buys at their mean layer-tokens."""
+        reuses cached vectors and says nothing of a trial's cost), shared by the workers; with a budget, of which
+        the trials have `used` so much, no more trials than its rest buys at their mean layer-tokens."""
         if done >= self.total:
             return "done"
         calibrating = [t for t in complete if t.duration is not None and t.params.get("strength", 1) != 0]
@@ -89,7 +88,7 @@ class StudyProgress:
         remaining: float = self.total - done
         if self.budget is not None:
             per_trial = sum(int(t.user_attrs.get("layer_tokens", 0)) for t in calibrating) / len(calibrating)
-            remaining = min(remaining, max(self.budget - trials_spent(study), 0) / max(per_trial, 1.0))
+            remaining = min(remaining, max(self.budget - used, 0) / max(per_trial, 1.0))
         seconds = sum(t.duration.total_seconds() for t in calibrating if t.duration is not None) / len(calibrating)
         return f"ETA {clock(seconds * remaining / self.workers)}"
 

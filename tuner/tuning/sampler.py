@@ -71,20 +71,28 @@ def cost_penalty(study: optuna.Study, depth: CategoricalDistribution) -> np.ndar
     """What the acquisition loses per depth choice under the study's budget: α · log(cost / the cheapest cost),
     and everything (inf) where a trial of that depth no longer fits the rest of the budget while another
     does; None without a budget or once it is spent."""
-    budget = study.user_attrs.get(BUDGET_ATTR)
-    alpha = cooling(study)
+    budget, left = unspent(study)
+    alpha = cooling(study, left)
     if not budget or alpha == 0:
         return None
     known = budget.get("depth_cost", {})
     costs = np.array([float(known.get(str(choice), 1.0)) for choice in depth.choices])
     penalty = alpha * np.log(costs / costs.min())
-    fits = costs <= int(budget["trials"]) - trials_spent(study)
+    fits = costs <= left
     return np.where(fits, penalty, np.inf) if fits.any() else penalty
 
 
-def cooling(study: optuna.Study) -> float:
-    """α: the share of the study's trial budget not yet spent (or reserved by running trials); 0 without a budget."""
+def unspent(study: optuna.Study) -> tuple[dict[str, Any] | None, int]:
+    """The study's budget record and the layer-tokens its trials have left (0 without a budget)."""
+    budget = study.user_attrs.get(BUDGET_ATTR)
+    return (budget, int(budget["trials"]) - trials_spent(study)) if budget else (None, 0)
+
+
+def cooling(study: optuna.Study, left: int | None = None) -> float:
+    """α: the share of the study's trial budget not yet spent (or reserved by running trials); 0 without a budget.
+    `left`: what `unspent` says is left, when the caller has read it already."""
     budget = study.user_attrs.get(BUDGET_ATTR)
     if not budget:
         return 0.0
-    return float(max(0.0, 1.0 - trials_spent(study) / max(int(budget["trials"]), 1)))
+    left = unspent(study)[1] if left is None else left
+    return float(max(0.0, left / max(int(budget["trials"]), 1)))

@@ -51,12 +51,9 @@ def grid_points(grid: Mapping[str, Sequence[object]]) -> list[dict[str, object]]
     return [json.loads(point) for point in sorted(distinct)]
 
 
-def grid_size(grid: Mapping[str, list[object]]) -> int:
+def grid_size(grid: Mapping[str, Sequence[object]]) -> int:
     """Configs in a grid: its product, less the repeats a conditional parameter makes (w only for CLS-Hard)."""
-    size = 1
-    for name, values in grid.items():
-        size *= len(values) if name != "weight" else 1
-    return size
+    return len(grid_points(grid))
 
 
 # The trial user attribute that records (or, on an enqueued trial, pins) a basket_shares the space fixes.

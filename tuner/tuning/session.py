@@ -24,7 +24,6 @@ from tuner.data import DatasetUnavailableError, PositionalDataset, is_crops, loa
 from tuner.data import check_available as check_benchmark
 from tuner.data.wikipos import TRANSFER_SPLITS
 from tuner.engine.models import LoadedModel, ModelUnavailableError, check_consent, load_model, locate, resolve_spec
-from tuner.engine.prefix import resume_point
 from tuner.evaluation.cost import StudyCost, padded_tokens, probe
 from tuner.evaluation.evaluator import Evaluator
 from tuner.evaluation.pools import SCREEN_SHARE, most_passages
@@ -168,13 +167,9 @@ def estimate_cost(
 
 
 def layers_run(evaluator: Evaluator, depths: Sequence[str]) -> float:
-    """The layers a calibrated trial runs, averaged over `depths`: from where its pass resumes (`resume_point`, as
-    `Evaluator.resume_layer` finds it), else all of them."""
-    total, cached = evaluator.model.num_layers, evaluator.cached_layers()
-    runs = []
-    for depth in depths:
-        first = min(CalibrationConfig(layers=DEPTHS[depth]).resolve_layers(total))
-        runs.append(total - (resume_point(cached, first) or 0))
+    """The layers a calibrated trial runs, averaged over `depths` (`Evaluator.layers_run`)."""
+    total = evaluator.model.num_layers
+    runs = [evaluator.layers_run(min(CalibrationConfig(layers=DEPTHS[depth]).resolve_layers(total))) for depth in depths]
     return sum(runs) / len(runs)
 
 
