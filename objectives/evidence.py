@@ -8,7 +8,7 @@ PSI differs by less than the tuning split can resolve as equals (`objectives.sel
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -31,6 +31,9 @@ class TrialEvidence:
     tilt: float | None = None  # the signed trend along the passage (`objectives.metrics._tilt`); None: positions unknown
     tilt_se: float = 0.0
     baseline_tilt: float | None = None
+    # PSI on each of the common resamples (`evidence_weights`): two trials' rows are paired, so the spread of
+    # their difference is the noise between those two configs, not each one's own (`objectives.selection`)
+    psi_resamples: np.ndarray | None = field(default=None, compare=False, repr=False)
 
 
 def evidence_weights(n: int, n_resamples: int = EVIDENCE_RESAMPLES, seed: int = 0) -> np.ndarray:
@@ -63,4 +66,5 @@ def trial_evidence(baseline: PerQuery, candidate: PerQuery, n_resamples: int = E
         tilt=None if tilt is None else float(tilt[0]),
         tilt_se=0.0 if tilt is None else float(np.nanstd(tilt[1:])),
         baseline_tilt=None if base.tilt is None or not np.isfinite(base.tilt[0]) else float(base.tilt[0]),
+        psi_resamples=np.asarray(psi, dtype=float),
     )

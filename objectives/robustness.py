@@ -21,8 +21,11 @@ the dear ones are encoded.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from objectives.evidence import TrialEvidence
 
@@ -77,6 +80,17 @@ class RobustEvidence:
     @property
     def objective_se(self) -> float:
         return self.worst.evidence.objective_se
+
+    @property
+    def objective_resamples(self) -> np.ndarray | None:
+        """The worst case resample by resample: on each common resample, the highest PSI over the structures
+        (None when a structure has no resamples). Paired with another trial's, it gives the noise between the two."""
+        rows = [s.evidence.psi_resamples for s in self.structures]
+        if any(row is None for row in rows):
+            return None
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a resample undefined on every structure stays NaN
+            return np.nanmax(np.vstack(rows), axis=0)  # type: ignore[arg-type]
 
     def reversal(self, allowance: float = 0.0, z: float = 0.0) -> float | None:
         """The `reversal` constraint value (≤ 0 met): the largest reversal over the structures, less `z`

@@ -7,6 +7,15 @@ among the feasible trials whose objective is within one bootstrap standard error
 the one that changes the model least, measured by how far it moves the document vectors away from the
 uncalibrated ones (`drift`). A milder calibration that is as fair on the tuning split is the one that
 over-corrects least on passages built differently.
+
+"Within one standard error" is judged pair by pair where the trials carry their objective on the common
+query resamples (every trial is scored on the same resampled queries, `objectives.evidence`): a candidate is
+eligible when its objective exceeds the best one's by at most the standard deviation of the difference
+between the two over those resamples. Two configs scored on the same queries share most of their noise
+(which queries are hard, which passages are long), so the noise *between* them is far smaller than either
+one's own: on WikiPos-dev a trial's worst-case PSI has a standard error of ~0.037, which made nearly every
+trial of a study "indistinguishable" from the best and handed the win to whichever mild config had been
+drawn (README "What wins"). Trials recorded without resamples fall back to the best one's own standard error.
 """
 
 from __future__ import annotations
@@ -15,6 +24,8 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
+
+import numpy as np
 
 Rule = Literal["one-se", "lowest"]
 RULES: tuple[str, ...] = ("one-se", "lowest")
@@ -27,7 +38,8 @@ class Candidate:
     `objective` is what the study minimises and `objective_se` its bootstrap standard error over the
     tuning queries; `drift` is the mean 1 − cosine between the trial's document vectors and the
     uncalibrated ones (0 for no calibration); `constraints` follow Optuna's convention (≤ 0 satisfied);
-    `hm` breaks what ties remain.
+    `hm` breaks what ties remain. `resamples` is the objective on each common query resample (None: not
+    recorded), from which selection takes the noise between two candidates.
     """
 
     trial_number: int
@@ -36,6 +48,7 @@ class Candidate:
     drift: float
     constraints: tuple[float, ...]
     hm: float = 0.0
+    resamples: tuple[float, ...] | None = None
 
     @property
     def feasible(self) -> bool:
@@ -44,13 +57,19 @@ class Candidate:
 
 @dataclass(frozen=True)
 class Selection:
-    """The winner, and enough of the reasoning to report it: the rule, the best trial and the threshold."""
+    """The winner, and enough of the reasoning to report it: the rule, the best trial and the threshold.
+
+    `threshold` is the best objective plus its own standard error: no trial above it is eligible whatever the
+    pairing says (the spread of a difference is at most the sum of the two spreads, and pruning adds the
+    trial's own), so it is the bound a trial must reach; `paired` says whether eligibility was judged pair by pair.
+    """
 
     rule: str
     winner: Candidate
     best: Candidate
     threshold: float
     eligible: tuple[int, ...]
+    paired: bool = False
 
     def describe(self) -> str:
         """One sentence for logs, MLflow and the exported YAML."""
@@ -58,9 +77,16 @@ class Selection:
             return f"trial {self.winner.trial_number}: chosen by the user (tune export --trial), not by a selection rule"
         if self.rule == "lowest":
             return f"trial {self.winner.trial_number}: the feasible trial with the lowest objective ({self.winner.objective:.4f})"
+        mildest = (
+            f"trial {self.winner.trial_number}: the mildest (drift {self.winner.drift:.4f}) of the feasible trials {list(self.eligible)}"
+        )
+        if self.paired:
+            return (
+                f"{mildest} whose objective is within one paired standard error of the best (trial {self.best.trial_number}: "
+                f"{self.best.objective:.4f}; the spread of each trial's difference from it over the common query resamples)"
+            )
         return (
-            f"trial {self.winner.trial_number}: the mildest (drift {self.winner.drift:.4f}) of the feasible trials "
-            f"{list(self.eligible)} whose objective is within one standard error of the best "
+            f"{mildest} whose objective is within one standard error of the best "
             f"(trial {self.best.trial_number}: {self.best.objective:.4f} + {self.best.objective_se:.4f} = {self.threshold:.4f})"
         )
 
@@ -75,7 +101,8 @@ def select(candidates: Iterable[Candidate], rule: Rule = "one-se") -> Selection 
 
     `lowest`: the lowest objective (ties: lower drift, higher HM, then the earlier trial). `one-se`: the
     lowest drift among the candidates within one standard error of the lowest objective (ties: lower
-    objective, higher HM, then the earlier trial). A candidate with a non-finite objective never wins.
+    objective, higher HM, then the earlier trial); the standard error is the paired one (`paired_se`) where
+    both candidates carry resamples. A candidate with a non-finite objective never wins.
     """
     if rule not in RULES:
         raise ValueError(f"unknown selection rule {rule!r}; choose one of {', '.join(RULES)}")
@@ -87,6 +114,22 @@ def select(candidates: Iterable[Candidate], rule: Rule = "one-se") -> Selection 
         return Selection(rule, best, best, best.objective, (best.trial_number,))
     se = best.objective_se if math.isfinite(best.objective_se) else 0.0
     threshold = best.objective + se
-    eligible = sorted((c for c in feasible if c.objective <= threshold), key=lambda c: c.trial_number)
+    paired = all(paired_se(c, best) is not None for c in feasible)
+
+    def margin(candidate: Candidate) -> float:
+        between = paired_se(candidate, best)
+        return se if between is None else between
+
+    eligible = sorted((c for c in feasible if c.objective - best.objective <= margin(c)), key=lambda c: c.trial_number)
     winner = min(eligible, key=lambda c: (c.drift, c.objective, -c.hm, c.trial_number))
-    return Selection(rule, winner, best, threshold, tuple(c.trial_number for c in eligible))
+    return Selection(rule, winner, best, threshold, tuple(c.trial_number for c in eligible), paired)
+
+
+def paired_se(candidate: Candidate, best: Candidate) -> float | None:
+    """The standard deviation of candidate − best over the common resamples both carry (None: either lacks them,
+    or fewer than two resamples are defined for both). 0 for a candidate against itself."""
+    if candidate.resamples is None or best.resamples is None or len(candidate.resamples) != len(best.resamples):
+        return None
+    difference = np.asarray(candidate.resamples, dtype=float) - np.asarray(best.resamples, dtype=float)
+    difference = difference[np.isfinite(difference)]
+    return float(np.std(difference)) if difference.size >= 2 else None

@@ -45,6 +45,18 @@ def test_the_objective_is_the_worst_psi_over_the_structures_with_that_structure_
     assert r.worst.name == "crops" and r.objective == 0.21 and r.objective_se == 0.04
 
 
+def test_the_worst_case_on_each_resample_is_the_highest_psi_over_the_structures_there() -> None:
+    import dataclasses
+
+    import numpy as np
+
+    dev = dataclasses.replace(evidence(0.20), psi_resamples=np.array([0.20, 0.10, np.nan, np.nan]))
+    crops = dataclasses.replace(evidence(0.15), psi_resamples=np.array([0.10, 0.30, 0.05, np.nan]))
+    both = robust(("dev", dev), ("crops", crops)).objective_resamples
+    assert both is not None and both[:3] == pytest.approx([0.20, 0.30, 0.05]) and math.isnan(both[3])
+    assert robust(("dev", dev), ("crops", evidence(0.15))).objective_resamples is None  # a structure without resamples
+
+
 def test_a_reversal_is_a_tilt_against_the_uncalibrated_direction():
     # uncalibrated: the beginning is favoured (tilt < 0); the trial now favours the end (tilt > 0): reversed
     assert StructureEvidence("s", evidence(0.1, tilt=0.12, baseline_tilt=-0.4)).reversal == pytest.approx(0.12)

@@ -73,6 +73,33 @@ def test_a_best_trial_without_a_standard_error_admits_only_its_own_objective():
     assert chosen.winner == best and chosen.threshold == pytest.approx(0.020) and chosen.eligible == (1,)
 
 
+def test_two_trials_scored_on_the_same_resamples_are_told_apart_by_the_noise_of_their_difference():
+    """Each trial's own standard error (0.037, as on WikiPos-dev) counts the noise the two trials share (which
+    resampled queries are hard); the spread of their difference over the common resamples does not. A trial 0.02
+    above the best with a paired spread of 0.005 is worse beyond noise, though well within the best's own SE;
+    one 0.002 above with a paired spread of 0.01 is not."""
+    rng = np.random.default_rng(0)
+    shared = rng.normal(0.15, 0.037, 500)  # the noise every trial has on a resample
+    best = Candidate(1, 0.150, 0.037, 0.030, (-0.01,), resamples=tuple(shared))
+    worse = Candidate(2, 0.170, 0.037, 0.010, (-0.01,), resamples=tuple(shared + 0.02 + rng.normal(0, 0.005, 500)))
+    level = Candidate(3, 0.152, 0.037, 0.020, (-0.01,), resamples=tuple(shared + 0.002 + rng.normal(0, 0.01, 500)))
+    chosen = select([best, worse, level])
+    assert chosen.paired and chosen.eligible == (1, 3) and chosen.winner == level  # the milder of the two within noise
+    assert "within one paired standard error of the best (trial 1: 0.1500" in chosen.describe()
+    unpaired = select([Candidate(c.trial_number, c.objective, c.objective_se, c.drift, c.constraints) for c in (best, worse, level)])
+    assert not unpaired.paired and unpaired.eligible == (1, 2, 3) and unpaired.winner.trial_number == 2  # 0.150 + 0.037
+
+
+def test_a_trial_without_resamples_is_judged_by_the_best_one_s_own_standard_error():
+    shared = np.full(500, 0.15) + np.random.default_rng(1).normal(0, 0.03, 500)
+    best = Candidate(1, 0.150, 0.030, 0.030, (-0.01,), resamples=tuple(shared))
+    old = Candidate(2, 0.175, 0.030, 0.010, (-0.01,))  # recorded before trials kept their resamples
+    undefined = Candidate(3, 0.190, 0.030, 0.005, (-0.01,), resamples=(float("nan"),) * 499 + (0.2,))
+    chosen = select([best, old, undefined])
+    assert chosen.eligible == (1, 2) and chosen.winner == old and not chosen.paired  # 0.175 ≤ 0.150 + 0.030 < 0.190
+    assert "within one standard error of the best (trial 1: 0.1500 + 0.0300 = 0.1800)" in chosen.describe()
+
+
 def test_an_unknown_rule_is_refused_by_name():
     with pytest.raises(ValueError, match="one-se, lowest"):
         select([trial(0, 0.1, 0.0, 0.0)], "median")  # type: ignore[arg-type]
@@ -106,6 +133,7 @@ def test_trial_evidence_point_values_match_the_report_and_the_se_matches_a_hand_
     psi = aggregate(cand, weights).psi
     change = aggregate(cand, weights).hm - aggregate(base, weights).hm
     assert evidence.objective_se == pytest.approx(np.std(psi))
+    assert evidence.psi_resamples == pytest.approx(psi)  # row by row: what pairs two trials in selection
     assert evidence.hm_low == pytest.approx(point_b.hm[0] + np.percentile(change, 2.5))
     assert evidence.hm_low < evidence.hm
 

@@ -19,10 +19,11 @@ import optuna
 import pytest
 from mlflow.tracking import MlflowClient
 
+from objectives.evidence import EVIDENCE_RESAMPLES
 from tests.services import as_logged, running_mlflow_server
 from tests.tiny import WORDS
 from tuner.calibration import CalibrationConfig, ConfigError
-from tuner.common.trials import DUPLICATE_ATTR, counted
+from tuner.common.trials import DUPLICATE_ATTR, SURPLUS_ATTR, counted, objective_resamples
 from tuner.data import load_benchmark
 from tuner.engine.encoder import CalibratedEncoder
 from tuner.engine.exported import load_exported
@@ -110,7 +111,8 @@ def test_a_six_trial_study_logs_six_nested_runs_with_params_metrics_and_profiles
     runs = trial_runs(settings)
     client = MlflowClient(settings.tracking_uri)
     study = optuna.load_study(study_name="tiny", storage=settings.storage)
-    assert sorted(int(r.data.tags["posfair.trial"]) for r in runs) == [t.number for t in study.trials]  # one run per trial
+    ran = [t.number for t in study.trials if SURPLUS_ATTR not in t.user_attrs]  # a queued trial the study ended first never ran
+    assert sorted(int(r.data.tags["posfair.trial"]) for r in runs) == ran  # one run per trial that ran
     assert sum(counted(t) for t in study.trials) == 6  # repeats of a calibration already run do not count
     floor = study.user_attrs["floor_value"]
     parents = {r.data.tags["mlflow.parentRunId"] for r in runs}
@@ -194,6 +196,20 @@ def test_baseline_and_paper_default_are_the_first_trials(workspace: dict) -> Non
     assert set(runs.values()) == {"equal"}
 
 
+def test_every_complete_trial_keeps_its_worst_case_per_common_resample_and_one_se_pairs_them(workspace: dict) -> None:
+    """The resamples are what selection pairs two trials on: one row per common resample for every trial that
+    ran (the same count for all), the point worst case among their range, and the one-SE rule judges by them."""
+    study = optuna.load_study(study_name="tiny", storage=workspace["settings"].storage)
+    ran = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE and DUPLICATE_ATTR not in t.user_attrs]
+    rows = {t.number: np.array(objective_resamples(t), dtype=float) for t in ran}
+    assert len({len(r) for r in rows.values()}) == 1 and len(next(iter(rows.values()))) == EVIDENCE_RESAMPLES
+    for t in ran:
+        finite = rows[t.number][np.isfinite(rows[t.number])]
+        assert finite.size > 0.9 * EVIDENCE_RESAMPLES and finite.min() <= t.user_attrs["robust_psi"] + 1e-9
+    found = winner(study, "one-se")
+    assert found is not None and found[1].paired and "one paired standard error" in found[1].describe()
+
+
 def test_the_export_holds_the_winning_trial(workspace: dict) -> None:
     """The YAML `tune` wrote is the selected trial's, with its tuning and held-out figures."""
     settings, outcome = workspace["settings"], workspace["outcome"]
@@ -255,7 +271,8 @@ def test_rerunning_resumes_the_study_without_repeating_trials(workspace: dict) -
     tune(settings)
     study = optuna.load_study(study_name="tiny", storage=settings.storage)
     assert sum(counted(t) for t in study.trials) == 8
-    assert sorted(int(r.data.tags["posfair.trial"]) for r in trial_runs(settings)) == [t.number for t in study.trials]
+    ran = [t.number for t in study.trials if SURPLUS_ATTR not in t.user_attrs]  # a queued trial the study ended first never ran
+    assert sorted(int(r.data.tags["posfair.trial"]) for r in trial_runs(settings)) == ran
 
 
 def test_same_seed_same_trials(workspace: dict, tmp_path: Path) -> None:
@@ -453,7 +470,7 @@ def test_basket_sizes_no_passage_fills_leave_the_search(workspace: dict) -> None
     model = load_model(settings.model, pooling="cls")
     longest = Evaluator(model, load_benchmark(settings.dataset), 4, disk_cache=False).batches().longest - 1  # less [CLS]
     study = optuna.load_study(study_name="tiny", storage=settings.storage)
-    drawn = {t.params["basket_size"] for t in study.trials}
+    drawn = {t.params["basket_size"] for t in study.trials if SURPLUS_ATTR not in t.user_attrs}
     assert drawn <= {b for b in (8, 16, 128) if b <= longest} and drawn
 
 

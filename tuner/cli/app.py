@@ -226,6 +226,9 @@ def run(
         bool, typer.Option(help="Score trials on the tuning passages' other structures too (WikiPos: crops, openings).")
     ] = True,
     prune: Annotated[bool, typer.Option(help="Stop a trial between structures once it cannot win.")] = True,
+    bisect: Annotated[
+        bool, typer.Option(help="After a trial that over-corrects (reverses the bias, loses nDCG@10), try the same config at a weaker λ.")
+    ] = True,
     grid: Annotated[str | None, typer.Option(help="'paper': run exactly the paper's 24 configs (its grid), unpruned.")] = None,
     budget: Annotated[
         str,
@@ -305,6 +308,7 @@ def run(
             max_reversal=parse_limit(max_reversal, "--max-reversal", math.inf, "0, the end never favoured where the beginning was"),
             structures=structures,
             prune=prune,
+            bisect=bisect,
             grid=grid,
             budget=Budget.parse(budget),
             selection=selection,

@@ -21,11 +21,21 @@ SCREEN_ATTR = "screen"  # {"psi", "psi_se", "hm"} of a trial on the study's pool
 SETUP_COST_ATTR = "setup_layer_tokens/"  # + a process: a study attribute, the baselines and queries that process encoded
 BUDGET_ATTR = "budget"  # a study attribute: {"spec", "study", "setup", "trials"} of `--budget`, resolved by the coordinator
 BUDGET_END_ATTR = "budget_end"  # a study attribute: {"trial", "trials", "spent", "needed"} of the draw the budget had no room for
+BISECT_ATTR = "bisect"  # on a trial λ bisection queued: {"of": the trial that queued it, "feasible": λ, "over_corrects": λ}
 RESERVED_ATTR = "layer_tokens_reserved"  # what a running trial may spend at most (`TrialObjective.trial_cost`)
+# A system attribute (out of the dashboard's user attributes: 500 numbers): the trial's worst-case PSI on each common
+# query resample, from which selection takes the noise between two trials (`objectives.selection.paired_se`)
+RESAMPLES_ATTR = "posfair:robust_psi_resamples"
 
 
 def complete_trials(study: optuna.Study) -> list[FrozenTrial]:
     return study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+
+
+def objective_resamples(trial: FrozenTrial) -> tuple[float, ...] | None:
+    """The worst-case PSI the trial recorded per common resample (NaN where undefined); None for a trial recorded without."""
+    values = trial.system_attrs.get(RESAMPLES_ATTR)
+    return None if values is None else tuple(float("nan") if v is None else float(v) for v in values)
 
 
 def constraints_of(trial: FrozenTrial) -> Sequence[float]:

@@ -100,7 +100,8 @@ class StudyCost:
                       trial; counted apart, as the parent run does
     heldout_queries   the held-out sets' queries, through every layer
     first_rung_tokens, first_rung  the cheapest corpus a trial scores (the tuning passages or one of their other
-                      structures: rungs go cheapest first), where a pruned trial stops without a screen
+                      structures), the least a trial pruned without a screen spends: the rungs go least biased
+                      first, which only the baseline tells, so the pruned study's figure is a floor
     """
 
     probe: Probe
@@ -157,7 +158,7 @@ class StudyCost:
     def layer_tokens(self, trials: int, pruned: bool = False) -> float:
         """The study's layer-tokens as its parent run counts them (held-out scoring apart): the baseline pass
         and what is encoded once, the baseline trial's profile, and `trials` − 1 calibrated trials; `pruned`:
-        every trial but the two references stopped after its first rung (the screen, else the cheapest corpus),
+        every trial but the two references stopped after one rung (the screen, else the cheapest corpus: a floor),
         with no profile."""
         total = self.setup_layer_tokens + self.layers * self.profile_tokens + max(trials - 1, 0) * self.trial_layer_tokens
         if pruned:
@@ -205,7 +206,8 @@ class StudyCost:
             after = (
                 f"the pooled screen of ≈ {self.screen_tokens:,} tokens"
                 if self.screen_tokens
-                else f"its first rung, {self.first_rung} (≈ {self.first_corpus_tokens:,} tokens)"
+                else f"one rung (a floor: the cheapest, {self.first_rung}, ≈ {self.first_corpus_tokens:,} tokens; "
+                "the rungs go least biased first, which the baseline decides)"
             )
             lines.append(
                 f"layer-tokens (padded tokens × layers run): ≈ {full:,} unpruned (≈ {duration(self.study_seconds(trials))} in all){setup}; "

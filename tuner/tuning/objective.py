@@ -44,6 +44,7 @@ from tuner.common.trials import (
     BUDGET_END_ATTR,
     DUPLICATE_ATTR,
     PRUNED_ATTR,
+    RESAMPLES_ATTR,
     RESERVED_ATTR,
     SCREEN_ATTR,
     SURPLUS_ATTR,
@@ -56,6 +57,7 @@ from tuner.engine.encoder import Batches, CalibratedEncoder
 from tuner.evaluation.evaluator import Evaluation, Evaluator
 from tuner.evaluation.profile import AttentionProfile, plot_profile
 from tuner.tracking.runs import Tracker, TrialRecord, describe_config, describe_feasibility, describe_outcome
+from tuner.tuning.bisection import queue_next
 from tuner.tuning.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, SearchSpace, config_of, grid_points, is_reference_trial
 from tuner.tuning.study import screen_threshold, selection_threshold, wait_for_other_processes
 
@@ -169,6 +171,7 @@ class TrialObjective:
         profile_docs: int,
         selection: str = "one-se",
         prune: bool = True,
+        bisect: bool = False,
         repeat_limit: int = 0,
     ) -> None:
         self.evaluator = evaluator
@@ -182,6 +185,7 @@ class TrialObjective:
         self.screen = screen
         self.selection = selection
         self.prune = prune and not pareto  # Optuna's pruning reports are single-objective
+        self.bisect = bisect  # queue the next λ of an over-correcting trial's family (`tuner.tuning.bisection`)
         self.repeat_limit = repeat_limit  # repeats not counted at most (then the space is as good as exhausted)
         self.budget: int | None = None  # layer-tokens the study's trials may spend (`--budget`, less the baselines): set once priced
         self._baseline: Evaluation | None = None
@@ -214,7 +218,7 @@ class TrialObjective:
         try:
             scored = self._score(trial, config, reference=bool(opened.markers))
             if scored.pruned is not None:
-                self._record_pruned(trial, scored, opened)
+                self._bisect(trial, self._record_pruned(trial, scored, opened), scored, complete=False)
                 raise optuna.TrialPruned(scored.pruned)
             metrics, constraints = self._metrics(scored, config)
             artifacts = self._profile(trial.number, config, metrics)
@@ -225,8 +229,15 @@ class TrialObjective:
             raise
         self._record(trial, scored, metrics, constraints, layers)
         self._record_complete(trial, opened, metrics, artifacts)
+        self._bisect(trial, constraints, scored, complete=True)
         assert scored.tuning is not None
         return (scored.robust.objective, scored.tuning.report.hm) if self.pareto else scored.robust.objective  # type: ignore[return-value]
+
+    def _bisect(self, trial: optuna.Trial, constraints: dict[str, float], scored: Scored, complete: bool) -> None:
+        """Queue the next λ of the trial's family (`tuner.tuning.bisection`), judged against what selection would take."""
+        if self.bisect:
+            threshold = selection_threshold(trial.study, self.selection)
+            queue_next(trial.study, trial, constraints, complete, self.space.strength_step, scored.robust.objective, threshold)
 
     def _open(self, trial: optuna.Trial, params: dict[str, object]) -> _Opened:
         """Mark a reference trial's role and open its MLflow run, described as running; what its end repeats."""
@@ -540,10 +551,14 @@ class TrialObjective:
         for name, value in constraints.items():
             trial.set_constraint(name, value)
         mark_for_dashboard(trial, list(constraints.values()))
+        resamples = scored.robust.objective_resamples
+        if resamples is not None:  # JSON has no NaN: an undefined resample is null
+            rows = [None if not math.isfinite(v) else round(float(v), 6) for v in resamples]
+            trial.storage.set_trial_system_attr(trial._trial_id, RESAMPLES_ATTR, rows)
 
-    def _record_pruned(self, trial: optuna.Trial, scored: Scored, opened: _Opened) -> None:
+    def _record_pruned(self, trial: optuna.Trial, scored: Scored, opened: _Opened) -> dict[str, float]:
         """A pruned trial keeps what it measured, its partial constraint values (so TPE files it as infeasible
-        when it was pruned for a constraint) and the rung and reason, in Optuna and in MLflow."""
+        when it was pruned for a constraint) and the rung and reason, in Optuna and in MLflow; returns those values."""
         on_screen = scored.screen is not None and scored.evidence is scored.screen  # stopped on the screen
         constraints = self._constraints(scored)  # between corpus rungs the violation that pruned it is among them
         if on_screen and scored.evidence is not None:  # the pool's own figures, with what they show missed beyond noise
@@ -576,6 +591,7 @@ class TrialObjective:
                 "pruned",
             ),
         )
+        return constraints
 
     # ---------------------------------------------------------------------------------- repeats
 
@@ -674,31 +690,24 @@ def _screen_metrics(screen: TrialEvidence) -> dict[str, float]:
 
 
 def corpus_rungs(tuning: Evaluator, uncalibrated: PositionReport, structures: Sequence[SideSet]) -> list[SideSet | None]:
-    """The order a trial scores its corpora in (None: the tuning passages): those it encodes by their encoding
-    cost per unit of the uncalibrated PSI there, lowest first, then the sets scored from the tuning vectors
-    (free once those are encoded).
+    """The order a trial scores its corpora in (None: the tuning passages): those it encodes from the least
+    biased (the lowest uncalibrated PSI) to the most, then the sets scored from the tuning vectors (free once
+    those are encoded).
 
-    A rung prunes a trial when its PSI there is already too high (where the bias is strongest, a mild config's
-    worst case shows) or when it shows a constraint missed (a bias reversed shows on any structure): cost per
-    PSI puts the cheap structure that catches over-correction first and the tuning passages, dear but the
-    most biased, before a structure that is both dearer per unit and less biased. On WikiPos-dev: the
-    openings (41k tokens a layer, uncalibrated PSI 0.188), dev (144k, 0.299), the crops (89k, 0.161). Real
-    studies cost 3% less than with dev first; `benchmarks/rung_order.py` compares orders on stored trials
-    (README, *What wins*)."""
+    What decides most trials is a constraint, not PSI: a calibration reverses the bias, or costs nDCG@10,
+    first where there is least bias to remove, so the least biased structure shows it first and stops the
+    trial before the rest is encoded; the most biased one, where a mild config's worst case shows, comes
+    last. On WikiPos-dev: the crops (uncalibrated PSI 0.161, 89k tokens a layer), the openings (0.188, 41k),
+    dev (0.299, 144k). In the default studies of seeds 0-3, 7 of their 9 infeasible trials were decided on the
+    crops, and `benchmarks/rung_order.py` puts this order 18-34% below the previous one (cost per unit of
+    PSI: openings, dev, crops) on those studies' trials (README, *What wins*)."""
 
-    def cost_per_psi(rung: SideSet | None) -> float:
-        evaluator, bias = (tuning, uncalibrated.psi) if rung is None else (rung.evaluator, rung.report.psi)
-        return _cost(evaluator) / max(bias or 0.0, 1e-9)
+    def bias(rung: SideSet | None) -> float:
+        return (uncalibrated.psi if rung is None else rung.report.psi) or 0.0
 
     encoded: list[SideSet | None] = [None, *(s for s in structures if s.shares is None)]
-    encoded.sort(key=cost_per_psi)
+    encoded.sort(key=bias)
     return [*encoded, *(s for s in structures if s.shares is not None)]
-
-
-def _cost(evaluator: Evaluator) -> int:
-    """A corpus's encoding cost per layer."""
-    batches = evaluator.batches()
-    return batches.layer_tokens(range(len(batches)), 1)
 
 
 def mark_for_dashboard(trial: optuna.Trial, values: list[float]) -> None:

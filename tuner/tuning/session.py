@@ -277,6 +277,7 @@ def prepare(settings: TuneSettings) -> Session:
         "seed": settings.seed,
         "grid": settings.grid,
         "prune": settings.prune,
+        "bisect": settings.bisect,
         "screen_queries": settings.screen_queries,
     }
     worker_id = settings.worker_id or ("0" if not settings.worker else f"{socket.gethostname()}:{os.getpid()}")

@@ -50,6 +50,7 @@ class TuneSettings:
     max_reversal: float | None = 0.0  # tilt against the uncalibrated direction on any tuning structure (None: unconstrained)
     structures: bool = True  # score every trial on the tuning passages' other structures too (`tuner.data.load_structures`)
     prune: bool = True  # stop a trial between rungs once it cannot win (`objectives.robustness.prune_reason`)
+    bisect: bool = True  # after an over-correcting trial, try its config weaker (`tuner.tuning.bisection`)
     screen_queries: int = SCREEN_QUERIES  # per position group in the pooled screen that pruning scores first (`tuner.evaluation.pools`)
     grid: str | None = None  # "paper": run exactly the paper's 24 configs (GridSampler), at full fidelity
     budget: Budget | None = DEFAULT_BUDGET  # layer-tokens the study may spend (`Budget`); None: only --trials limits it
@@ -119,6 +120,7 @@ class TuneSettings:
             # draw repeats it and does not count), each scored on every structure: the yardstick's full cost
             object.__setattr__(self, "trials", 1 + grid_size(GRIDS[self.grid]))
             object.__setattr__(self, "prune", False)
+            object.__setattr__(self, "bisect", False)  # the grid's configs and no other
             object.__setattr__(self, "budget", None)  # the grid's cost is the grid's: every config runs
 
     def constraints(self, baseline_hm: float) -> Constraints:

@@ -36,7 +36,18 @@ from objectives.selection import chosen
 from tuner.common.files import OPTUNA_DB
 from tuner.common.messages import first_line
 from tuner.common.options import HEARTBEAT_SECONDS
-from tuner.common.trials import DUPLICATE_ATTR, SCREEN_ATTR, SURPLUS_ATTR, budget_ended, complete_trials, constraints_of, counted, finished
+from tuner.common.trials import (
+    DUPLICATE_ATTR,
+    SCREEN_ATTR,
+    SURPLUS_ATTR,
+    budget_ended,
+    complete_trials,
+    constraints_of,
+    counted,
+    finished,
+    objective_resamples,
+)
+from tuner.tuning.bisection import withdraw_queued
 from tuner.tuning.sampler import CostCooledTPESampler
 
 log = logging.getLogger(__name__)
@@ -447,6 +458,8 @@ def run_trials(
         else:
             stopped = interrupted() or ("failures" if len(failed_here) >= failures_allowed else None)
     complete, spent = len(finished(study)), budget_ended(study, budget)
+    if complete >= n_complete or spent:  # an interrupted study keeps its queue for the resume
+        withdraw_queued(study)
     return TrialsEnd(complete, n_complete, stopped if complete < n_complete and not spent else None, len(failed_here), requeued, spent)
 
 
@@ -612,6 +625,7 @@ def candidates(study: optuna.Study) -> list[Candidate]:
             t.user_attrs.get("drift", 0.0),
             tuple(constraints_of(t)),
             t.user_attrs["hm"],
+            objective_resamples(t),
         )
         for t in complete_trials(study)
         if DUPLICATE_ATTR not in t.user_attrs

@@ -97,6 +97,7 @@ def run_session_trials(
             profile_docs=settings.profile_docs,
             selection=settings.selection,
             prune=settings.prune,
+            bisect=settings.bisect,
             repeat_limit=settings.trials,
         )
         if budget and settings.budget is not None and not settings.worker:  # priced exactly, and each depth's cost

@@ -1,0 +1,123 @@
+"""Specification of λ bisection: over-correction grows with λ, so an over-correcting config's fair neighbour is
+the same config weaker, and the family's boundary is found by halving the gap between what is known feasible
+and what is known to over-correct, down to one step of the λ grid."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+
+from tuner.common.trials import BISECT_ATTR, SURPLUS_ATTR
+from tuner.tuning.bisection import Probe, next_strength, queue_next
+
+STEP = 0.05
+
+
+def ok(strength: float) -> Probe:
+    return Probe(strength, feasible=True, over_corrects=False)
+
+
+def over(strength: float) -> Probe:
+    return Probe(strength, feasible=False, over_corrects=True)
+
+
+def neither(strength: float) -> Probe:  # pruned on PSI, or below the HM floor only
+    return Probe(strength, feasible=False, over_corrects=False)
+
+
+def test_with_nothing_feasible_known_the_next_lambda_is_two_grid_steps_weaker():
+    assert next_strength([over(0.8)], STEP) == (0.7, None, 0.8)
+    assert next_strength([over(0.8), over(0.7)], STEP) == (0.6, None, 0.7)  # the weakest over-correcting λ counts
+    assert next_strength([over(0.1)], STEP) is None  # λ 0 is no calibration: nothing left to try
+
+
+def test_between_a_feasible_and_an_over_correcting_lambda_the_midpoint_on_the_grid_is_next():
+    assert next_strength([ok(0.5), over(0.8)], STEP) == (0.65, 0.5, 0.8)
+    assert next_strength([ok(0.55), over(0.7)], STEP) == (0.6, 0.55, 0.7)  # 0.625 rounded down to the grid
+    assert next_strength([ok(0.55), over(0.65)], STEP) == (0.6, 0.55, 0.65)
+    assert next_strength([ok(0.6), over(0.65)], STEP) is None  # one step apart: the boundary is found
+
+
+def test_no_over_correction_no_bisection_and_what_tells_nothing_is_not_tried_again():
+    assert next_strength([ok(0.5), ok(0.9), neither(0.3)], STEP) is None
+    assert next_strength([ok(0.9), over(0.6)], STEP) is None  # stronger is fair: no boundary above the feasible λ
+    assert next_strength([ok(0.5), neither(0.65), over(0.8)], STEP) is None  # the midpoint ran (pruned on PSI)
+
+
+def test_an_over_correcting_trial_queues_its_own_config_weaker_once() -> None:
+    study = optuna.create_study()
+    params = {"strength": 0.8, "depth": "last", "basket_size": 128, "variant": "cls_soft"}
+    trial = study.ask()
+    for name, value in params.items():
+        trial.suggest_categorical(name, [value])
+    trial.set_user_attr("basket_shares", "equal")
+    assert (
+        queue_next(study, trial, {"reversal": 0.02}, complete=False, step=STEP, worst_psi=0.25, threshold=0.2) is None
+    )  # weaker: less fair
+    assert queue_next(study, trial, {"hm_floor": -0.01, "reversal": 0.02}, False, STEP, worst_psi=0.15, threshold=0.2) == pytest.approx(0.7)
+    waiting = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    assert len(waiting) == 1 and waiting[0].system_attrs["fixed_params"] == params | {"strength": 0.7}
+    assert waiting[0].user_attrs == {BISECT_ATTR: {"of": 0, "feasible": None, "over_corrects": 0.8}, "basket_shares": "equal"}
+    assert queue_next(study, trial, {"reversal": 0.02}, False, STEP, worst_psi=0.15, threshold=None) is None  # queued already: not twice
+    assert (
+        queue_next(study, trial, {"hm_floor": 0.01, "reversal": -0.1}, True, STEP, worst_psi=0.15, threshold=None) is None
+    )  # not over-correcting
+
+
+def test_a_real_study_runs_the_queued_weaker_config_next_and_counts_it(tiny_model_dir, tmp_path, monkeypatch) -> None:
+    """Through `tune`: the paper default (trial 1, λ 0.5) misses a constraint counted as over-correction here (the
+    HM floor, set out of reach), so trial 2 is the same config at λ 0.4, queued by trial 1, run and counted."""
+    import tuner.tuning.bisection
+    from tests.test_pruning import tiny_study
+    from tests.test_study import write_dataset
+    from tuner.common.trials import counted
+    from tuner.tuning.run import NoFeasibleTrialError, tune
+    from tuner.tuning.search_space import PAPER_DEFAULT_PARAMS
+
+    monkeypatch.setattr(tuner.tuning.bisection, "OVER_CORRECTION", ("hm_floor",))
+    settings = tiny_study(
+        tiny_model_dir("bert"), write_dataset(tmp_path / "data"), tmp_path, "bisect", trials=3, hm_floor="+50%", budget=None, prune=False
+    )
+    with pytest.raises(NoFeasibleTrialError):  # nothing reaches the floor, the baseline included
+        tune(settings)
+    trials = optuna.load_study(study_name="bisect", storage=settings.storage).trials
+    assert [t.params["strength"] for t in trials[:3]] == [0.0, 0.5, 0.4]
+    knobs = {k: v for k, v in PAPER_DEFAULT_PARAMS.items() if k != "basket_shares"}
+    assert trials[2].params == knobs | {"strength": 0.4} and trials[2].user_attrs[BISECT_ATTR]["of"] == 1
+    assert sum(counted(t) for t in trials) == 3 and trials[2].state == optuna.trial.TrialState.COMPLETE
+    # trial 2 queued λ 0.3 as well, which the study ended before running: withdrawn, nothing is left waiting
+    assert [t.state for t in trials[3:]] == [optuna.trial.TrialState.PRUNED] and trials[3].user_attrs[SURPLUS_ATTR]
+    assert trials[3].system_attrs["fixed_params"]["strength"] == pytest.approx(0.3) and trials[3].user_attrs[BISECT_ATTR]["of"] == 2
+
+
+def test_a_queued_trial_a_worker_has_taken_is_not_withdrawn() -> None:
+    from tuner.tuning.bisection import withdraw_queued
+
+    study = optuna.create_study()
+    study.enqueue_trial({"strength": 0.7}, user_attrs={BISECT_ATTR: {"of": 0}})
+    study.enqueue_trial({"strength": 0.6}, user_attrs={BISECT_ATTR: {"of": 1}})
+    study.enqueue_trial({"strength": 0.5})  # queued by something else (a re-queued failure, a reference): kept
+    taken = study.ask()  # a worker pops the first
+    assert withdraw_queued(study) == [1]
+    states = [t.state for t in study.get_trials()]
+    assert states == [optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.WAITING]
+    assert taken.number == 0 and study.get_trials()[1].user_attrs[SURPLUS_ATTR]
+
+
+def test_a_surplus_draw_that_never_ran_is_no_probe_so_a_resume_can_queue_it_again() -> None:
+    from optuna.distributions import FloatDistribution
+
+    from tuner.common.trials import SURPLUS_ATTR
+    from tuner.tuning.bisection import probe_of
+
+    def pruned(strength: float, **attrs: object) -> optuna.trial.FrozenTrial:
+        return optuna.trial.create_trial(
+            state=optuna.trial.TrialState.PRUNED,
+            params={"strength": strength},
+            distributions={"strength": FloatDistribution(0.0, 1.0, step=STEP)},
+            user_attrs=attrs,
+            system_attrs={"constraints:reversal": 0.1},
+        )
+
+    assert probe_of(pruned(0.7)) == over(0.7)  # pruned on a reversal the rungs decided
+    assert probe_of(pruned(0.6, **{SURPLUS_ATTR: True})) is None
