@@ -208,6 +208,7 @@ def test_two_workers_draw_twelve_distinct_configurations(backend: str, tiny_mode
         "1",  # (tests/test_repeat_race.py); this test is about different draws, not that wait
         "--space",
         str(tmp_path / "space.yaml"),
+        "--no-bisect",  # the draws of the samplers are what this test is about, not the trials bisection queues
         name=name,
         heartbeat=10,
     )

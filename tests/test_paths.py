@@ -202,6 +202,7 @@ def bge_m3_run(hub: FakeHub, general_set) -> dict:
         "--general",
         f"beir:{general_set[0]}",
         "--hm-floor=-50%",
+        "--no-bisect",  # a random model over-corrects at random; λ bisection would spend these few trials on it (tests/test_bisection.py)
         "--space",
         str(space),
         "--bootstrap",
@@ -344,6 +345,7 @@ def qwen3_run(hub: FakeHub) -> dict:
         "--batch-size",
         "2",
         "--hm-floor=-50%",
+        "--no-bisect",  # a random model over-corrects at random; λ bisection would spend these few trials on it (tests/test_bisection.py)
         "--space",
         str(space),
         "--output",
@@ -497,6 +499,7 @@ def test_tune_export_restores_revision_and_remote_code_and_logs_where_asked(this
             "--trials",
             "2",
             "--hm-floor=-50%",
+            "--no-bisect",  # a random model over-corrects at random; λ bisection would spend these few trials on it (tests/test_bisection.py)
             "--max-ndcg-drop",
             "none",
             "--space",
