@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import optuna
 import pytest
+from mlflow.tracking import MlflowClient
 
 from tuner.common.trials import BISECT_ATTR, SURPLUS_ATTR
 from tuner.tuning.bisection import Probe, next_strength, queue_next
@@ -29,6 +30,14 @@ def test_with_nothing_feasible_known_the_next_lambda_is_two_grid_steps_weaker():
     assert next_strength([over(0.8)], STEP) == (0.7, None, 0.8)
     assert next_strength([over(0.8), over(0.7)], STEP) == (0.6, None, 0.7)  # the weakest over-correcting λ counts
     assert next_strength([over(0.1)], STEP) is None  # λ 0 is no calibration: nothing left to try
+
+
+def test_a_queued_trial_says_why_it_runs() -> None:
+    from tuner.tuning.bisection import describe_queued
+
+    assert describe_queued({"of": 4, "feasible": 0.55, "over_corrects": 0.7}) == (
+        "queued by λ bisection after trial 4: the same config, between λ 0.55, feasible, and λ 0.7, which over-corrects"
+    )
 
 
 def test_between_a_feasible_and_an_over_correcting_lambda_the_midpoint_on_the_grid_is_next():
@@ -85,6 +94,10 @@ def test_a_real_study_runs_the_queued_weaker_config_next_and_counts_it(tiny_mode
     knobs = {k: v for k, v in PAPER_DEFAULT_PARAMS.items() if k != "basket_shares"}
     assert trials[2].params == knobs | {"strength": 0.4} and trials[2].user_attrs[BISECT_ATTR]["of"] == 1
     assert sum(counted(t) for t in trials) == 3 and trials[2].state == optuna.trial.TrialState.COMPLETE
+    client = MlflowClient(settings.tracking_uri)
+    experiment = client.get_experiment_by_name("posfair")
+    (run,) = client.search_runs([experiment.experiment_id], "tags.`posfair.trial` = '2' and tags.`posfair.role` = 'trial'")
+    assert run.data.tags["posfair.bisect"] == "queued by λ bisection after trial 1: the same config, below λ 0.5, which over-corrects"
     # trial 2 queued λ 0.3 as well, which the study ended before running: withdrawn, nothing is left waiting
     assert [t.state for t in trials[3:]] == [optuna.trial.TrialState.PRUNED] and trials[3].user_attrs[SURPLUS_ATTR]
     assert trials[3].system_attrs["fixed_params"]["strength"] == pytest.approx(0.3) and trials[3].user_attrs[BISECT_ATTR]["of"] == 2

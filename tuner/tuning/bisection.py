@@ -130,9 +130,20 @@ def queue_next(
     study.enqueue_trial({**trial.params, "strength": strength}, user_attrs=attrs, skip_if_exists=True)
     if len(study.get_trials(deepcopy=False)) == before:  # run or queued already (by another worker, say)
         return None
-    between = f"between λ {feasible:g}, feasible, and" if feasible is not None else "below"
-    log.info("trial %d: λ bisection queued the same config at λ %g (%s λ %g, which over-corrects)", trial.number, strength, between, over)
+    log.info("trial %d: λ bisection queued the same config at λ %g (%s)", trial.number, strength, _between(feasible, over))
     return strength
+
+
+def describe_queued(record: Mapping[str, object]) -> str:
+    """Why a queued trial runs, from its `BISECT_ATTR` record: for its MLflow run, beside the log line that queued it."""
+    feasible, over = record.get("feasible"), record.get("over_corrects")
+    assert over is not None
+    return f"queued by λ bisection after trial {record['of']}: the same config, {_between(feasible, float(over))}"  # type: ignore[arg-type]
+
+
+def _between(feasible: float | None, over: float) -> str:
+    where = f"between λ {feasible:g}, feasible, and" if feasible is not None else "below"
+    return f"{where} λ {over:g}, which over-corrects"
 
 
 def withdraw_queued(study: optuna.Study) -> list[int]:

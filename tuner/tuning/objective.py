@@ -41,6 +41,7 @@ from objectives.evidence import TrialEvidence, trial_evidence
 from objectives.robustness import RobustEvidence, StructureEvidence, certain_violations, prune_reason, screen_prune_reason
 from tuner.calibration import CalibrationConfig
 from tuner.common.trials import (
+    BISECT_ATTR,
     BUDGET_END_ATTR,
     DUPLICATE_ATTR,
     PRUNED_ATTR,
@@ -57,7 +58,7 @@ from tuner.engine.encoder import Batches, CalibratedEncoder
 from tuner.evaluation.evaluator import Evaluation, Evaluator
 from tuner.evaluation.profile import AttentionProfile, plot_profile
 from tuner.tracking.runs import Tracker, TrialRecord, describe_config, describe_feasibility, describe_outcome
-from tuner.tuning.bisection import queue_next
+from tuner.tuning.bisection import describe_queued, queue_next
 from tuner.tuning.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, SearchSpace, config_of, grid_points, is_reference_trial
 from tuner.tuning.study import screen_threshold, selection_threshold, wait_for_other_processes
 
@@ -245,7 +246,11 @@ class TrialObjective:
         if markers:
             trial.set_user_attr("role", markers[0])
         opened = _Opened(trial.number, params, describe_config(params, self.evaluator.model.num_layers), markers, int(time.time() * 1000))
-        run_id = self.tracker.start_trial(self.study_name, trial.number, params, f"{opened.label}, running: {opened.config_text}.", markers)
+        queued = trial.user_attrs.get(BISECT_ATTR)
+        tags = {"posfair.bisect": describe_queued(queued)} if queued else None
+        run_id = self.tracker.start_trial(
+            self.study_name, trial.number, params, f"{opened.label}, running: {opened.config_text}.", markers, tags
+        )
         if run_id:
             trial.set_user_attr("mlflow_run_id", run_id)
         return replace(opened, run_id=run_id)
