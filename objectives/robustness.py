@@ -88,7 +88,7 @@ class RobustEvidence:
         rows = [s.evidence.psi_resamples for s in self.structures]
         if any(row is None for row in rows):
             return None
-        with np.errstate(all="ignore"), warnings.catch_warnings():
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # a resample undefined on every structure stays NaN
             return np.nanmax(np.vstack(rows), axis=0)  # type: ignore[arg-type]
 

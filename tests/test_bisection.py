@@ -4,6 +4,8 @@ and what is known to over-correct, down to one step of the λ grid."""
 
 from __future__ import annotations
 
+import logging
+
 import optuna
 import pytest
 from mlflow.tracking import MlflowClient
@@ -53,7 +55,8 @@ def test_no_over_correction_no_bisection_and_what_tells_nothing_is_not_tried_aga
     assert next_strength([ok(0.5), neither(0.65), over(0.8)], STEP) is None  # the midpoint ran (pruned on PSI)
 
 
-def test_an_over_correcting_trial_queues_its_own_config_weaker_once() -> None:
+def test_an_over_correcting_trial_queues_its_own_config_weaker_once(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="tuner.tuning.bisection")
     study = optuna.create_study()
     params = {"strength": 0.8, "depth": "last", "basket_size": 128, "variant": "cls_soft"}
     trial = study.ask()
@@ -64,6 +67,11 @@ def test_an_over_correcting_trial_queues_its_own_config_weaker_once() -> None:
         queue_next(study, trial, {"reversal": 0.02}, complete=False, step=STEP, worst_psi=0.25, threshold=0.2) is None
     )  # weaker: less fair
     assert queue_next(study, trial, {"hm_floor": -0.01, "reversal": 0.02}, False, STEP, worst_psi=0.15, threshold=0.2) == pytest.approx(0.7)
+    said = [r.getMessage() for r in caplog.records if r.name == "tuner.tuning.bisection"]
+    assert said == [
+        "trial 0: λ bisection stops: worst-case PSI 0.250 is above 0.200 already, and weaker is less fair",
+        "trial 0: λ bisection queued the same config at λ 0.7 (below λ 0.8, which over-corrects)",
+    ]
     waiting = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
     assert len(waiting) == 1 and waiting[0].system_attrs["fixed_params"] == params | {"strength": 0.7}
     assert waiting[0].user_attrs == {BISECT_ATTR: {"of": 0, "feasible": None, "over_corrects": 0.8}, "basket_shares": "equal"}
@@ -103,7 +111,8 @@ def test_a_real_study_runs_the_queued_weaker_config_next_and_counts_it(tiny_mode
     assert trials[3].system_attrs["fixed_params"]["strength"] == pytest.approx(0.3) and trials[3].user_attrs[BISECT_ATTR]["of"] == 2
 
 
-def test_a_queued_trial_a_worker_has_taken_is_not_withdrawn() -> None:
+def test_a_queued_trial_a_worker_has_taken_is_not_withdrawn(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="tuner.tuning.bisection")
     from tuner.tuning.bisection import withdraw_queued
 
     study = optuna.create_study()
@@ -112,6 +121,9 @@ def test_a_queued_trial_a_worker_has_taken_is_not_withdrawn() -> None:
     study.enqueue_trial({"strength": 0.5})  # queued by something else (a re-queued failure, a reference): kept
     taken = study.ask()  # a worker pops the first
     assert withdraw_queued(study) == [1]
+    assert [r.getMessage() for r in caplog.records if r.name == "tuner.tuning.bisection"] == [
+        "λ bisection: the study ended before queued trial(s) [1] ran; withdrawn (pruned unrun as surplus)"
+    ]
     states = [t.state for t in study.get_trials()]
     assert states == [optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.WAITING]
     assert taken.number == 0 and study.get_trials()[1].user_attrs[SURPLUS_ATTR]

@@ -86,8 +86,9 @@ def probe_of(
     if constraints is None or complete is None:
         assert isinstance(trial, FrozenTrial)
         constraints, complete = named_constraints(trial), trial.state == TrialState.COMPLETE
-    values = constraints
-    return Probe(strength, complete and all(v <= 0 for v in values.values()), any(values.get(n, 0.0) > 0 for n in OVER_CORRECTION))
+    return Probe(
+        strength, complete and all(v <= 0 for v in constraints.values()), any(constraints.get(n, 0.0) > 0 for n in OVER_CORRECTION)
+    )
 
 
 def queue_next(
