@@ -521,3 +521,45 @@ def test_each_trial_is_constrained_by_its_psi_on_the_crops_against_the_uncalibra
         psi = evaluator.run(config).report.psi
         assert trial.user_attrs["metrics"]["crops_psi"] == pytest.approx(psi, rel=1e-5)  # the attribute keeps 6 significant digits
         assert trial.constraints["crops_psi"] == pytest.approx(psi - uncalibrated, abs=1e-9)
+
+
+def test_a_process_opening_the_study_while_its_creator_writes_the_identity_is_not_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two identical `tune`s on one fresh folder: the second read the identity key by key while the first was
+    still writing it, then saw the first's baseline trial, and refused the study as "created with other
+    settings" (CI, `test_two_identical_tunes_on_one_fresh_folder_export_once[sqlite]`)."""
+    import tuner.tuning.study
+
+    identity = {"model_name": "m", "dataset": "d", "hm_floor": "significant", "seed": 0, "bisect": True}
+    storage = optuna.storages.InMemoryStorage()
+    creator = optuna.create_study(study_name="race", storage=storage)
+    pending = sorted(identity)  # the creator writes in sorted order, one key at a time, then queues its baseline
+
+    def creator_step() -> None:
+        if pending:
+            key = pending.pop(0)
+            creator.set_user_attr(key, identity[key])
+        elif not creator.trials:
+            creator.enqueue_trial({"x": 0.0})
+
+    class Interleaved(optuna.storages.InMemoryStorage):
+        """The second process's storage: before each of its reads of the study's attributes or trials, the
+        creator writes one more key (or, once done, queues its baseline)."""
+
+        def __getattribute__(self, name: str) -> object:
+            attr = object.__getattribute__(storage, name)
+            if name in ("get_study_user_attrs", "get_all_trials"):
+
+                def read(*args: object, **kwargs: object) -> object:
+                    creator_step()
+                    return attr(*args, **kwargs)
+
+                return read
+            return attr
+
+    monkeypatch.setattr(tuner.tuning.study, "make_storage", lambda url, heartbeat: Interleaved())
+    opened = open_study("race", "sqlite:///unused.db", seed=0, pareto=False, identity=identity)
+    while pending or not creator.trials:
+        creator_step()
+    assert {k: opened.user_attrs[k] for k in identity} == identity

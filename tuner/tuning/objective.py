@@ -2,9 +2,9 @@
 
 A trial is scored first on a pooled screen of the tuning split where one pays (`tuner.evaluation.pools`:
 a balanced sample of the queries over their relevant and top candidate passages), then on the tuning
-passages as they are and in other structures (`tuner.data.load_structures`: crops, openings), by encoding
-cost per unit of uncalibrated PSI (`corpus_rungs`; on WikiPos-dev: the openings, dev, the crops), then on
-the sets scored from the tuning vectors (length halves). Its objective is the worst
+passages as they are and in other structures (`tuner.data.load_structures`: crops, openings), least
+biased first (`corpus_rungs`; on WikiPos-dev: the crops, the openings, dev), then on the sets scored from
+the tuning vectors (length halves). Its objective is the worst
 PSI over the structures and its bias must not be reversed on any of them (`objectives.robustness`).
 Between rungs a trial that can no longer be selected (worse beyond noise than the selection threshold
 of the complete trials, or missing a constraint beyond noise) is pruned: the remaining structures are

@@ -196,9 +196,13 @@ def open_study(
     study = optuna.create_study(
         study_name=name, storage=make_storage(storage, heartbeat), sampler=sampler, directions=directions, load_if_exists=True
     )
-    stored = {k: study.user_attrs[k] for k in identity if k in study.user_attrs}
+    # Trials first, then the attributes in one read: a process creating this study at the same moment writes
+    # its identity key by key before it queues any trial, so once a trial is seen the identity is whole.
+    started = any(t.state != TrialState.FAIL for t in study.get_trials(deepcopy=False))
+    attrs = study.user_attrs
+    stored = {k: attrs[k] for k in identity if k in attrs}
     changed = sorted(k for k in identity if stored.get(k) != identity[k])  # a key an older posfair did not store: None
-    if changed and stored and any(t.state != TrialState.FAIL for t in study.get_trials(deepcopy=False)):
+    if changed and stored and started:
         raise StudyMismatchError(
             f"study {name!r} in {storage} was created with other settings ({', '.join(changed)}); "
             "resume it with the same options or choose another --study-name"
