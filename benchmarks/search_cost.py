@@ -10,7 +10,7 @@ Each arm is a real `tune` run (the same evaluator, selection and export as the c
 store of its own; arms share only the disk cache of query and baseline vectors, which no trial changes.
 
 - `grid`: `tune --grid paper`: the paper's 24 configs and the baseline, every trial scored on every
-  tuning structure (the tuning passages, their crops and openings), never pruned: the yardstick.
+  tuning structure (the tuning passages, their crops, openings and packed passages), never pruned: the yardstick.
 - `tpe`: the previous default: 16 TPE trials on the tuning passages alone (no structures, no pruning,
   no reversal constraint), ranked by the tuning PSI.
 - `robust`: the previous default: 16 TPE trials whose objective is the worst PSI over the structures,

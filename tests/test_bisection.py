@@ -28,10 +28,14 @@ def neither(strength: float) -> Probe:  # pruned on PSI, or below the HM floor o
     return Probe(strength, feasible=False, over_corrects=False)
 
 
-def test_with_nothing_feasible_known_the_next_lambda_is_two_grid_steps_weaker():
+def test_with_nothing_feasible_known_the_search_gallops_down_2_4_8_grid_steps():
+    """Down from the top in small steps first: an over-correcting probe is cheap (pruned at the first rung), a
+    feasible one costs a full trial; the steps double, so a boundary far down costs a few probes, not a walk."""
     assert next_strength([over(0.8)], STEP) == (0.7, None, 0.8)
-    assert next_strength([over(0.8), over(0.7)], STEP) == (0.6, None, 0.7)  # the weakest over-correcting λ counts
-    assert next_strength([over(0.1)], STEP) is None  # λ 0 is no calibration: nothing left to try
+    assert next_strength([over(0.8), over(0.7)], STEP) == (0.5, None, 0.7)  # from the weakest over-correcting λ
+    assert next_strength([over(0.95), over(0.85), over(0.65)], STEP) == (0.25, None, 0.65)
+    assert next_strength([over(0.7), over(0.6), over(0.4)], STEP) is None  # 0.4 - 8 steps: λ 0, no calibration
+    assert next_strength([over(0.1)], STEP) is None
 
 
 def test_a_queued_trial_says_why_it_runs() -> None:
@@ -63,21 +67,19 @@ def test_an_over_correcting_trial_queues_its_own_config_weaker_once(caplog: pyte
     for name, value in params.items():
         trial.suggest_categorical(name, [value])
     trial.set_user_attr("basket_shares", "equal")
-    assert (
-        queue_next(study, trial, {"reversal": 0.02}, complete=False, step=STEP, worst_psi=0.25, threshold=0.2) is None
-    )  # weaker: less fair
-    assert queue_next(study, trial, {"hm_floor": -0.01, "reversal": 0.02}, False, STEP, worst_psi=0.15, threshold=0.2) == pytest.approx(0.7)
+    assert queue_next(study, trial, {"reversal": 0.02}, complete=False, step=STEP, worst_psi=0.21, best=0.2) is None  # weaker: less fair
+    assert queue_next(study, trial, {"hm_floor": -0.01, "reversal": 0.02}, False, STEP, worst_psi=0.15, best=0.2) == pytest.approx(0.7)
     said = [r.getMessage() for r in caplog.records if r.name == "tuner.tuning.bisection"]
     assert said == [
-        "trial 0: λ bisection stops: worst-case PSI 0.250 is above 0.200 already, and weaker is less fair",
+        "trial 0: λ bisection stops: worst-case PSI 0.210 is above the best trial's 0.200 already, and weaker is less fair",
         "trial 0: λ bisection queued the same config at λ 0.7 (below λ 0.8, which over-corrects)",
     ]
     waiting = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
     assert len(waiting) == 1 and waiting[0].system_attrs["fixed_params"] == params | {"strength": 0.7}
     assert waiting[0].user_attrs == {BISECT_ATTR: {"of": 0, "feasible": None, "over_corrects": 0.8}, "basket_shares": "equal"}
-    assert queue_next(study, trial, {"reversal": 0.02}, False, STEP, worst_psi=0.15, threshold=None) is None  # queued already: not twice
+    assert queue_next(study, trial, {"reversal": 0.02}, False, STEP, worst_psi=0.15, best=None) is None  # queued already: not twice
     assert (
-        queue_next(study, trial, {"hm_floor": 0.01, "reversal": -0.1}, True, STEP, worst_psi=0.15, threshold=None) is None
+        queue_next(study, trial, {"hm_floor": 0.01, "reversal": -0.1}, True, STEP, worst_psi=0.15, best=None) is None
     )  # not over-correcting
 
 
@@ -106,9 +108,9 @@ def test_a_real_study_runs_the_queued_weaker_config_next_and_counts_it(tiny_mode
     experiment = client.get_experiment_by_name("posfair")
     (run,) = client.search_runs([experiment.experiment_id], "tags.`posfair.trial` = '2' and tags.`posfair.role` = 'trial'")
     assert run.data.tags["posfair.bisect"] == "queued by λ bisection after trial 1: the same config, below λ 0.5, which over-corrects"
-    # trial 2 queued λ 0.3 as well, which the study ended before running: withdrawn, nothing is left waiting
+    # trial 2 queued λ 0.2 as well (galloping: 4 steps below 0.4), which the study ended before running: withdrawn, nothing is left waiting
     assert [t.state for t in trials[3:]] == [optuna.trial.TrialState.PRUNED] and trials[3].user_attrs[SURPLUS_ATTR]
-    assert trials[3].system_attrs["fixed_params"]["strength"] == pytest.approx(0.3) and trials[3].user_attrs[BISECT_ATTR]["of"] == 2
+    assert trials[3].system_attrs["fixed_params"]["strength"] == pytest.approx(0.2) and trials[3].user_attrs[BISECT_ATTR]["of"] == 2
 
 
 def test_a_queued_trial_a_worker_has_taken_is_not_withdrawn(caplog: pytest.LogCaptureFixture) -> None:

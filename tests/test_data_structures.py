@@ -1,8 +1,9 @@
-"""The tuning passages in other structures (crops, openings): tuning data, built deterministically from the
+"""The tuning passages in other structures (crops, openings, packed): tuning data, built deterministically from the
 split's own articles, passage-disjoint from every held-out set, with groups by the thirds of the new passage."""
 
 from __future__ import annotations
 
+import statistics
 from importlib import resources
 from pathlib import Path
 
@@ -17,9 +18,9 @@ def titles(split: str) -> set[str]:
     return {s["title"] for r in read_records((PACKAGED / split_filename(split)).read_bytes()) for s in r["segments"]}
 
 
-def test_dev_has_crops_and_openings_and_they_are_built_the_same_every_time():
+def test_dev_has_crops_openings_and_packed_passages_and_they_are_built_the_same_every_time():
     first, again = load_structures("wikipos-dev"), load_structures("wikipos-dev")
-    assert [s.name for s in first] == ["wikipos-dev-crops", "wikipos-dev-openings"]
+    assert [s.name for s in first] == ["wikipos-dev-crops", "wikipos-dev-openings", "wikipos-dev-packed"]
     for a, b in zip(first, again):
         assert a.fingerprint() == b.fingerprint() and a.corpus == b.corpus and a.groups == b.groups
     assert load_structures("jsonl:/some/folder") == [] and load_structures("fineweb-posq") == []
@@ -33,9 +34,9 @@ def test_structures_hold_only_dev_s_articles_and_queries_so_no_held_out_passage(
         assert set(structure.queries.values()) <= descriptions  # the split's own queries, asked again
     held_titles = set().union(*(titles(h) for h in HELD_OUT))
     assert not dev_titles & held_titles
-    from tuner.data.wikipos import crop_records, openings_records
+    from tuner.data.wikipos import crop_records, openings_records, packed_records
 
-    for build in (crop_records, openings_records):  # every segment of every structure is one of dev's articles
+    for build in (crop_records, openings_records, packed_records):  # every segment of every structure is one of dev's articles
         assert {s["title"] for r in build(iter(dev_records)) for s in r["segments"]} <= dev_titles
     openings = dev[1]
     assert openings.corpus and all(len(text) <= OPENINGS_CHARACTERS for text in openings.corpus.values())
@@ -78,3 +79,32 @@ def test_a_set_without_segments_is_halved_by_passage_length_over_the_whole_corpu
         "jsonl:y", corpus, queries, qrels, {q: ("begin",) if q[1] in "012" else groups[q] for q in queries}, ("begin", "middle", "end")
     )
     assert load_structures("jsonl:y", one_group) == []  # a half with one group has no PSI: no halves at all
+
+
+def test_packed_passages_are_whole_dev_summaries_of_one_topic_at_many_lengths_within_the_window():
+    from tuner.data.build_wikipos import MAX_TOKENS, minilm_token_counter
+    from tuner.data.wikipos import PACKED_CHARACTERS, packed_records
+
+    dev_records = list(read_records((PACKAGED / split_filename("dev")).read_bytes()))
+    summaries = {s["title"]: (r["topic"], r["text"][s["span"][0] : s["span"][1]]) for r in dev_records for s in r["segments"]}
+    records = list(packed_records(iter(dev_records)))
+    packed = load_structures("wikipos-dev")[2]
+    assert packed.name == "wikipos-dev-packed" and [r["text"] for r in records] == list(packed.corpus.values())
+    for record in records:
+        assert len(record["segments"]) >= 2 and len(record["text"]) <= PACKED_CHARACTERS[1]
+        for segment in record["segments"]:
+            topic, summary = summaries[segment["title"]]
+            start, end = segment["span"]
+            assert record["text"][start:end] == summary and topic == record["topic"]  # whole summaries, one topic
+            if segment["query"]:
+                midpoint = (start + end) / 2 / len(record["text"])
+                assert segment["query"]["group"] == ("begin" if midpoint < 1 / 3 else "middle" if midpoint < 2 / 3 else "end")
+    tokens = sorted(n + 2 for n in minilm_token_counter()(list(packed.corpus.values())))
+    assert tokens[-1] <= MAX_TOKENS, "no passage is truncated"
+    quartiles = statistics.quantiles(tokens, n=4)
+    assert tokens[0] < 128 and quartiles[0] < 260 and quartiles[2] > 340, "short, middling and long passages alike"
+    asked = {q.removesuffix("-packed") for q in packed.queries}
+    dev_queries = {s["query"]["id"] for r in dev_records for s in r["segments"] if s["query"]}
+    assert asked <= dev_queries and len(asked) >= 0.99 * len(dev_queries), (
+        "dev's queries, each asked once (a topic's last summary may be left over)"
+    )

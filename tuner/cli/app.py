@@ -223,7 +223,7 @@ def run(
         ),
     ] = "0",
     structures: Annotated[
-        bool, typer.Option(help="Score trials on the tuning passages' other structures too (WikiPos: crops, openings).")
+        bool, typer.Option(help="Score trials on the tuning passages' other structures too (WikiPos: crops, openings, packed).")
     ] = True,
     prune: Annotated[bool, typer.Option(help="Stop a trial between structures once it cannot win.")] = True,
     bisect: Annotated[

@@ -62,6 +62,7 @@ from typing import Any
 
 from tuner.data.dataset import fifth_of, slot_third, span_midpoint, span_third
 from tuner.data.wikipos import GROUP_ORDER, SEGMENT_SEPARATOR, SPLITS, opening_sentence, split_filename
+from tuner.data.wikipos import pack_to_length as pack_whole
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_SOURCE = REPO_ROOT.parent / "shared" / "data" / "wikipedia-vital-summaries-en.json.gz"
@@ -205,27 +206,17 @@ def pack_full(summaries: list[Summary], rng: random.Random, minimum: int, most: 
 
 
 def pack_to_length(summaries: list[Summary], rng: random.Random, minimum: int) -> list[list[Summary]]:
-    """Passages of one topic's whole summaries, filled up to a length drawn per passage from LENGTH_RANGE; a
-    passage gets `minimum` summaries even if that overshoots the drawn length (never the token budget)."""
-    pool = list(summaries)
-    rng.shuffle(pool)
-    passages: list[list[Summary]] = []
-    while len(pool) >= minimum:
-        target = rng.randint(*LENGTH_RANGE)
-        members = [pool.pop(0)]
-        used = members[0].tokens
-        for candidate in list(pool):
-            room = (target if len(members) >= minimum else MAX_TOKENS - SPECIAL_TOKENS) - used
-            if candidate.tokens <= room:
-                members.append(candidate)
-                pool.remove(candidate)
-                used += candidate.tokens
-            if len(members) >= minimum and used >= target:
-                break
-        if len(members) >= minimum and any(s.query for s in members):
-            rng.shuffle(members)
-            passages.append(members)
-    return passages
+    """Passages of one topic's whole summaries, filled up to a length in tokens drawn per passage from
+    LENGTH_RANGE (`tuner.data.wikipos.pack_to_length`, which the packed tuning structure shares)."""
+    return pack_whole(
+        summaries,
+        rng,
+        minimum,
+        size=lambda s: s.tokens,
+        asked=lambda s: bool(s.query),
+        lengths=LENGTH_RANGE,
+        limit=MAX_TOKENS - SPECIAL_TOKENS,
+    )
 
 
 def general_record(doc_id: str, qid: str, summary: Summary) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from tuner.data.fineweb_posq import check_available as check_fineweb_posq
 from tuner.data.fineweb_posq import load_fineweb_posq
 from tuner.data.jsonl import CORPUS_FILE, QUERIES_FILE, find_file, load_jsonl
 from tuner.data.posir import PosIRLayout, load_posir
-from tuner.data.wikipos import GROUP_ORDER, SPLITS, THIRDS, load_wikipos, load_wikipos_crops, load_wikipos_openings
+from tuner.data.wikipos import GROUP_ORDER, SPLITS, THIRDS, load_wikipos, load_wikipos_crops, load_wikipos_openings, load_wikipos_packed
 
 Loader = Callable[..., PositionalDataset]
 
@@ -29,6 +29,7 @@ NAMED: dict[str, Loader] = {
     **{f"wikipos-{split}": partial(_wikipos, split) for split in SPLITS},
     **{f"wikipos-{split}-crops": partial(load_wikipos_crops, split) for split in SPLITS if GROUP_ORDER[split] == THIRDS},
     **{f"wikipos-{split}-openings": partial(load_wikipos_openings, split) for split in SPLITS if GROUP_ORDER[split] == THIRDS},
+    **{f"wikipos-{split}-packed": partial(load_wikipos_packed, split) for split in SPLITS if GROUP_ORDER[split] == THIRDS},
     "fineweb-posq": load_fineweb_posq,
 }
 """Benchmarks reachable by name alone (FineWeb-PosQ from the Hub or its local cache)."""
@@ -65,8 +66,8 @@ def load_crops(name_or_path: str) -> PositionalDataset | None:
     return loader() if loader is not None else None
 
 
-STRUCTURES = ("crops", "openings")
-"""The other structures a tuning set's own passages are re-built in, cheapest first (`load_structures`)."""
+STRUCTURES = ("crops", "openings", "packed")
+"""The other structures a tuning set's own passages are re-built in (`load_structures`)."""
 
 
 def is_crops(dataset: PositionalDataset) -> bool:
@@ -76,8 +77,9 @@ def is_crops(dataset: PositionalDataset) -> bool:
 
 def load_structures(name_or_path: str, tuning: PositionalDataset | None = None) -> list[PositionalDataset]:
     """The tuning set's passages in other structures, made from its own passages and queries (so tuning data,
-    never held-out data): crops (fewer, whole segments: shorter passages) and openings (the segments cut to
-    their opening sentence and re-packed: more and shorter segments), where the segments are known
+    never held-out data): crops (fewer, whole segments: shorter passages), openings (the segments cut to
+    their opening sentence and re-packed: more and shorter segments) and packed (whole segments re-packed to
+    passages of lengths drawn up to the window), where the segments are known
     (WikiPos). Other sets (FineWeb-PosQ, PosIR, JSONL, BEIR), given as `tuning`, get their length halves
     instead (`length_halves`: the same corpus, so no extra encoding); none if they cannot be halved."""
     named = [NAMED[f"{name_or_path}-{kind}"]() for kind in STRUCTURES if f"{name_or_path}-{kind}" in NAMED]

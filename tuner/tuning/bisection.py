@@ -6,9 +6,17 @@ and below it the config is fair. The best configs of a family (its variant, dept
 sit just below that boundary, and the budget buys a handful of trials, so TPE rarely draws one there: after
 an over-correcting draw it moves elsewhere, usually to weak configs. So after every trial the study bisects λ
 in that trial's family: between the strongest λ known to be feasible and the weakest known to over-correct,
-the midpoint is queued (`study.enqueue_trial`), until the two are one step of the space's λ grid apart; with
-no feasible λ known yet, two steps below the over-correcting one. An over-correcting probe is cheap: the
-least biased structure, scored first, shows the reversal (`tuner.tuning.objective.corpus_rungs`).
+the midpoint is queued (`study.enqueue_trial`), until the two are one step of the space's λ grid apart. With
+no feasible λ known yet the search gallops down (an exponential search): 2, then 4, then 8 grid steps below
+the weakest over-correcting λ, so a boundary far down is reached in a few probes, and one near the top (the
+usual case) in small, cheap steps: an over-correcting probe stops at the first rung (the least biased
+structure shows the reversal, `tuner.tuning.objective.corpus_rungs`), while a feasible one costs a full
+trial. Halving towards λ 0 instead spent seed 1's budget on a full trial at λ 0.45 and ended before its
+boundary (0.55-0.7) was found; two steps at a time walked seed 1's CLS-Hard B 64 family down λ 0.6, 0.5, 0.4,
+0.3 and left no room for the probe that had won it before.
+A family that loses nDCG@10 at every λ is left as soon as a probe is no fairer than the best trial so far
+(`queue_next`): stopping only above what selection would take walked one (Uniform, 3 layers, B 64) down λ
+0.45, 0.35, 0.25, 0.15 and spent seed 2's budget on it.
 """
 
 from __future__ import annotations
@@ -42,16 +50,17 @@ class Probe:
 
 
 def next_strength(probes: Iterable[Probe], step: float) -> tuple[float, float | None, float] | None:
-    """The λ to try next in a family, with the feasible and over-correcting λ it lies between; None when no λ of
-    the family over-corrects, or the boundary is found to within one step of the λ grid (or would need λ ≤ 0)."""
+    """The λ to try next in a family, with the feasible and over-correcting λ it lies between (the feasible one None
+    while the search gallops down); None when no λ of the family over-corrects, or the boundary is found to within
+    one step of the λ grid (or would need λ ≤ 0)."""
     probes = list(probes)
     feasible = max((p.strength for p in probes if p.feasible), default=None)
     above = [p.strength for p in probes if p.over_corrects and (feasible is None or p.strength > feasible)]
     if not above:
         return None
     over = min(above)
-    if feasible is None:
-        strength = _on_grid(over - 2 * step, step)
+    if feasible is None:  # galloping down: 2, 4, 8 ... grid steps below the weakest over-correcting λ
+        strength = _on_grid(over - 2 ** len(above) * step, step)
     elif over - feasible <= step * (1 + 1e-6):
         return None
     else:
@@ -98,14 +107,15 @@ def queue_next(
     complete: bool,
     step: float,
     worst_psi: float,
-    threshold: float | None,
+    best: float | None,
 ) -> float | None:
     """After `trial` (finished by the caller, so given its constraint values, whether it completed and its worst-case
     PSI so far), queue its family's next λ if the boundary is not found yet; returns the λ queued (None: nothing).
 
     With no feasible λ of the family known, the next one is weaker, so less fair: when the trial's worst case so
-    far (a lower bound on its final one) is already above `threshold`, the most selection would take, no weaker λ
-    of the family can win and nothing is queued. A config already run or queued is not queued again."""
+    far (a lower bound on its final one) is already above `best`, the lowest objective of the feasible trials, a
+    weaker λ of the family would be no fairer than a config the study has, and nothing is queued. A config
+    already run or queued is not queued again."""
     own = probe_of(trial, constraints, complete)
     if own is None:
         return None
@@ -116,12 +126,12 @@ def queue_next(
     if found is None:
         return None
     strength, feasible, over = found
-    if feasible is None and threshold is not None and worst_psi > threshold:
+    if feasible is None and best is not None and worst_psi > best:
         log.info(
-            "trial %d: λ bisection stops: worst-case PSI %.3f is above %.3f already, and weaker is less fair",
+            "trial %d: λ bisection stops: worst-case PSI %.3f is above the best trial's %.3f already, and weaker is less fair",
             trial.number,
             worst_psi,
-            threshold,
+            best,
         )
         return None
     attrs: dict[str, object] = {BISECT_ATTR: {"of": trial.number, "feasible": feasible, "over_corrects": over}}

@@ -206,7 +206,7 @@ def _nothing_feasible(study: optuna.Study, settings: TuneSettings, floor: float)
         )
     if worst["structure_ndcg"] > 0:
         parts.append(
-            "every trial lost nDCG@10 significantly on another tuning structure (shorter crops, openings, a length half) "
+            "every trial lost nDCG@10 significantly on another tuning structure (shorter crops, openings, packed passages, a length half) "
             f"beyond --max-ndcg-drop (by at least {100 * worst['structure_ndcg']:.2f} points)"
         )
     if worst["general_drop"] > 0:

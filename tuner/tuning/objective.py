@@ -2,9 +2,9 @@
 
 A trial is scored first on a pooled screen of the tuning split where one pays (`tuner.evaluation.pools`:
 a balanced sample of the queries over their relevant and top candidate passages), then on the tuning
-passages as they are and in other structures (`tuner.data.load_structures`: crops, openings), least
-biased first (`corpus_rungs`; on WikiPos-dev: the crops, the openings, dev), then on the sets scored from
-the tuning vectors (length halves). Its objective is the worst
+passages as they are and in other structures (`tuner.data.load_structures`: crops, openings, packed),
+least biased first (`corpus_rungs`; on WikiPos-dev: the crops, packed, the openings, dev), then on the sets
+scored from the tuning vectors (length halves). Its objective is the worst
 PSI over the structures and its bias must not be reversed on any of them (`objectives.robustness`).
 Between rungs a trial that can no longer be selected (worse beyond noise than the selection threshold
 of the complete trials, or missing a constraint beyond noise) is pruned: the remaining structures are
@@ -60,7 +60,7 @@ from tuner.evaluation.profile import AttentionProfile, plot_profile
 from tuner.tracking.runs import Tracker, TrialRecord, describe_config, describe_feasibility, describe_outcome
 from tuner.tuning.bisection import describe_queued, queue_next
 from tuner.tuning.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, SearchSpace, config_of, grid_points, is_reference_trial
-from tuner.tuning.study import screen_threshold, selection_threshold, wait_for_other_processes
+from tuner.tuning.study import best_objective, screen_threshold, selection_threshold, wait_for_other_processes
 
 log = logging.getLogger(__name__)
 
@@ -235,10 +235,10 @@ class TrialObjective:
         return (scored.robust.objective, scored.tuning.report.hm) if self.pareto else scored.robust.objective  # type: ignore[return-value]
 
     def _bisect(self, trial: optuna.Trial, constraints: dict[str, float], scored: Scored, complete: bool) -> None:
-        """Queue the next λ of the trial's family (`tuner.tuning.bisection`), judged against what selection would take."""
+        """Queue the next λ of the trial's family (`tuner.tuning.bisection`), judged against the best feasible trial."""
         if self.bisect:
-            threshold = selection_threshold(trial.study, self.selection)
-            queue_next(trial.study, trial, constraints, complete, self.space.strength_step, scored.robust.objective, threshold)
+            best = best_objective(trial.study)
+            queue_next(trial.study, trial, constraints, complete, self.space.strength_step, scored.robust.objective, best)
 
     def _open(self, trial: optuna.Trial, params: dict[str, object]) -> _Opened:
         """Mark a reference trial's role and open its MLflow run, described as running; what its end repeats."""
@@ -702,10 +702,11 @@ def corpus_rungs(tuning: Evaluator, uncalibrated: PositionReport, structures: Se
     What decides most trials is a constraint, not PSI: a calibration reverses the bias, or costs nDCG@10,
     first where there is least bias to remove, so the least biased structure shows it first and stops the
     trial before the rest is encoded; the most biased one, where a mild config's worst case shows, comes
-    last. On WikiPos-dev: the crops (uncalibrated PSI 0.161, 89k tokens a layer), the openings (0.188, 41k),
-    dev (0.299, 144k). In the default studies of seeds 0-3, 7 of their 9 infeasible trials were decided on the
-    crops, and `benchmarks/rung_order.py` puts this order 18-34% below the previous one (cost per unit of
-    PSI: openings, dev, crops) on those studies' trials (README, *What wins*)."""
+    last. On WikiPos-dev: the crops (uncalibrated PSI 0.161, 89k tokens a layer), the packed passages
+    (0.174, 144k), the openings (0.188, 41k), dev (0.299, 144k). In the default studies of seeds 0-3 (before
+    the packed structure), 7 of their 9 infeasible trials were decided on the crops, and
+    `benchmarks/rung_order.py` puts this order 18-34% below the previous one (cost per unit of PSI:
+    openings, dev, crops) on those studies' trials (README, *What wins*)."""
 
     def bias(rung: SideSet | None) -> float:
         return (uncalibrated.psi if rung is None else rung.report.psi) or 0.0

@@ -643,6 +643,12 @@ def selection_threshold(study: optuna.Study, rule: str) -> float | None:
     return None if selection is None else selection.threshold
 
 
+def best_objective(study: optuna.Study) -> float | None:
+    """The lowest objective of the feasible complete trials so far; None while none is feasible."""
+    selection = select(candidates(study), "lowest")
+    return None if selection is None else selection.best.objective
+
+
 def screen_threshold(study: optuna.Study) -> float | None:
     """The screen PSI a trial must come within noise of to go past the pooled screen: the lowest screen PSI plus
     its standard error over the feasible complete trials that were screened; None while there is none."""
