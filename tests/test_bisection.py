@@ -148,3 +148,22 @@ def test_a_surplus_draw_that_never_ran_is_no_probe_so_a_resume_can_queue_it_agai
 
     assert probe_of(pruned(0.7)) == over(0.7)  # pruned on a reversal the rungs decided
     assert probe_of(pruned(0.6, **{SURPLUS_ATTR: True})) is None
+
+
+def test_a_family_is_left_once_a_probe_is_no_fairer_than_the_best_trial_though_within_one_se_of_it() -> None:
+    """Seed 2's numbers: the paper default (worst-case PSI 0.194 ± 0.037) is the best feasible trial; a Uniform
+    B 64 probe at λ 0.35 loses nDCG@10 on a structure with a worst case of 0.219 so far. That is within one SE of
+    the best (0.231), but a weaker λ is less fair still, so the descent ends there."""
+    from tuner.tuning.study import best_objective, selection_threshold
+
+    study = optuna.create_study()
+    for psi, se, floor_gap in ((0.299, 0.033, 0.0), (0.194, 0.037, -0.009)):  # the baseline, the paper default
+        attrs = {"psi": psi, "psi_se": se, "hm": 0.57}
+        study.add_trial(optuna.trial.create_trial(value=psi, user_attrs=attrs, system_attrs={"constraints:hm_floor": floor_gap}))
+    assert best_objective(study) == pytest.approx(0.194) and selection_threshold(study, "one-se") == pytest.approx(0.231)
+    trial = study.ask()
+    for name, value in {"strength": 0.35, "depth": "50%", "basket_size": 64, "variant": "uniform"}.items():
+        trial.suggest_categorical(name, [value])
+    trial.set_user_attr("basket_shares", "equal")
+    assert queue_next(study, trial, {"structure_ndcg": 0.007}, False, STEP, worst_psi=0.219, best=best_objective(study)) is None
+    assert queue_next(study, trial, {"structure_ndcg": 0.007}, False, STEP, worst_psi=0.180, best=best_objective(study)) == 0.25
