@@ -13,7 +13,7 @@ from tuner.data.fineweb_posq import check_available as check_fineweb_posq
 from tuner.data.fineweb_posq import load_fineweb_posq
 from tuner.data.jsonl import CORPUS_FILE, QUERIES_FILE, find_file, load_jsonl
 from tuner.data.posir import PosIRLayout, load_posir
-from tuner.data.wikipos import GROUP_ORDER, SPLITS, THIRDS, load_wikipos, load_wikipos_crops, load_wikipos_openings, load_wikipos_packed
+from tuner.data.wikipos import GROUP_ORDER, SPLITS, STRUCTURE_RECORDS, THIRDS, load_wikipos, load_wikipos_structure
 
 Loader = Callable[..., PositionalDataset]
 
@@ -27,9 +27,12 @@ def _wikipos(split: str, /, **options: Any) -> PositionalDataset:
 
 NAMED: dict[str, Loader] = {
     **{f"wikipos-{split}": partial(_wikipos, split) for split in SPLITS},
-    **{f"wikipos-{split}-crops": partial(load_wikipos_crops, split) for split in SPLITS if GROUP_ORDER[split] == THIRDS},
-    **{f"wikipos-{split}-openings": partial(load_wikipos_openings, split) for split in SPLITS if GROUP_ORDER[split] == THIRDS},
-    **{f"wikipos-{split}-packed": partial(load_wikipos_packed, split) for split in SPLITS if GROUP_ORDER[split] == THIRDS},
+    **{
+        f"wikipos-{split}-{kind}": partial(load_wikipos_structure, split, kind)
+        for kind in STRUCTURE_RECORDS
+        for split in SPLITS
+        if GROUP_ORDER[split] == THIRDS
+    },
     "fineweb-posq": load_fineweb_posq,
 }
 """Benchmarks reachable by name alone (FineWeb-PosQ from the Hub or its local cache)."""
@@ -66,7 +69,7 @@ def load_crops(name_or_path: str) -> PositionalDataset | None:
     return loader() if loader is not None else None
 
 
-STRUCTURES = ("crops", "openings", "packed")
+STRUCTURES = tuple(STRUCTURE_RECORDS)
 """The other structures a tuning set's own passages are re-built in (`load_structures`)."""
 
 

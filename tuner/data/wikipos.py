@@ -166,13 +166,7 @@ def openings_records(records: Iterator[dict[str, Any]], seed: int = 0) -> Iterat
     seeded slot order; a query's group is the third of the new passage holding its sentence's midpoint.
     """
     rng = random.Random(seed)
-    by_topic: dict[str, list[dict[str, Any]]] = {}
-    for record in records:
-        for segment in record["segments"]:
-            a, b = segment["span"]
-            by_topic.setdefault(record.get("topic", ""), []).append(
-                {**segment, "text": opening_sentence(record["text"][a:b]), "source": record["id"]}
-            )
+    by_topic = segments_by_topic(records, opening_sentence)
     number = 0
     for topic in sorted(by_topic):
         pool = by_topic[topic]
@@ -238,11 +232,7 @@ def packed_records(records: Iterator[dict[str, Any]], seed: int = 0) -> Iterator
     from every held-out set; a query's group is the third of the new passage holding its summary's midpoint.
     """
     rng = random.Random(seed)
-    by_topic: dict[str, list[dict[str, Any]]] = {}
-    for record in records:
-        for segment in record["segments"]:
-            a, b = segment["span"]
-            by_topic.setdefault(record.get("topic", ""), []).append({**segment, "text": record["text"][a:b], "source": record["id"]})
+    by_topic = segments_by_topic(records, lambda summary: summary)
     number = 0
     for topic in sorted(by_topic):
         passages = pack_to_length(
@@ -257,6 +247,17 @@ def packed_records(records: Iterator[dict[str, Any]], seed: int = 0) -> Iterator
         for members in passages:
             yield packed_record(f"{members[0]['source']}-packed{number}", topic, members, "-packed")
             number += 1
+
+
+def segments_by_topic(records: Iterator[dict[str, Any]], cut: Callable[[str], str]) -> dict[str, list[dict[str, Any]]]:
+    """Every segment of the records, its text `cut` from its summary and its record's id as `source`, by topic
+    in record order: what the re-packed structures (openings, packed) draw their passages from."""
+    by_topic: dict[str, list[dict[str, Any]]] = {}
+    for record in records:
+        for segment in record["segments"]:
+            a, b = segment["span"]
+            by_topic.setdefault(record.get("topic", ""), []).append({**segment, "text": cut(record["text"][a:b]), "source": record["id"]})
+    return by_topic
 
 
 def packed_record(record_id: str, topic: str, members: list[dict[str, Any]], suffix: str) -> dict[str, Any]:
@@ -274,25 +275,20 @@ def packed_record(record_id: str, topic: str, members: list[dict[str, Any]], suf
     return {"id": record_id, "topic": topic, "text": text, "segments": segments}
 
 
-def load_wikipos_openings(split: str, seed: int = 0) -> PositionalDataset:
-    """A WikiPos split re-packed from its summaries' opening sentences (`openings_records`), as `wikipos-{split}-openings`."""
+STRUCTURE_RECORDS: dict[str, Callable[[Iterator[dict[str, Any]], int], Iterator[dict[str, Any]]]] = {
+    "crops": crop_records,
+    "openings": openings_records,
+    "packed": packed_records,
+}
+"""The other structures a split's own passages are re-built in (`load_wikipos_structure`), by name."""
+
+
+def load_wikipos_structure(split: str, kind: str, seed: int = 0) -> PositionalDataset:
+    """A WikiPos split re-built as the structure `kind` (`STRUCTURE_RECORDS`: crops, openings, packed), as
+    `wikipos-{split}-{kind}`."""
     if GROUP_ORDER.get(split) != THIRDS:
-        raise ValueError(f"openings are defined for the splits grouped by thirds (dev, test, lengths), not {split!r}")
-    return dataset_from_records(f"wikipos-{split}-openings", openings_records(_split_records(split), seed), THIRDS)
-
-
-def load_wikipos_packed(split: str, seed: int = 0) -> PositionalDataset:
-    """A WikiPos split's summaries re-packed to passages of many lengths (`packed_records`), as `wikipos-{split}-packed`."""
-    if GROUP_ORDER.get(split) != THIRDS:
-        raise ValueError(f"packed passages are defined for the splits grouped by thirds (dev, test, lengths), not {split!r}")
-    return dataset_from_records(f"wikipos-{split}-packed", packed_records(_split_records(split), seed), THIRDS)
-
-
-def load_wikipos_crops(split: str, seed: int = 0) -> PositionalDataset:
-    """A WikiPos split with every passage cut short (`crop_records`), as `wikipos-{split}-crops`."""
-    if GROUP_ORDER.get(split) != THIRDS:
-        raise ValueError(f"crops are defined for the splits grouped by thirds (dev, test, lengths), not {split!r}")
-    return dataset_from_records(f"wikipos-{split}-crops", crop_records(_split_records(split), seed), THIRDS)
+        raise ValueError(f"the {kind} structure is defined for the splits grouped by thirds (dev, test, lengths), not {split!r}")
+    return dataset_from_records(f"wikipos-{split}-{kind}", STRUCTURE_RECORDS[kind](_split_records(split), seed), THIRDS)
 
 
 def _split_records(split: str) -> Iterator[dict[str, Any]]:
