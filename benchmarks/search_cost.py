@@ -12,9 +12,9 @@ store of its own; arms share only the disk cache of query and baseline vectors, 
 - `grid`: `tune --grid paper`: the paper's 24 configs and the baseline, every trial scored on every
   tuning structure (the tuning passages, their crops, openings and packed passages), never pruned: the yardstick.
 - `tpe`: the previous default: 16 TPE trials on the tuning passages alone (no structures, no pruning,
-  no reversal constraint), ranked by the tuning PSI.
+  no reversal or drift constraint), ranked by the tuning PSI.
 - `robust`: the previous default: 16 TPE trials whose objective is the worst PSI over the structures,
-  with the reversal constraint, pruned between structures (`--budget none`).
+  with the reversal and drift constraints, pruned between structures (`--budget none`).
 - `robust-third`: today's default, the robust search within `--budget grid/3`, drawn by the cost-aware
   TPE (`tuner.tuning.sampler`): it ends at the first trial drawn that one third of the grid's
   layer-tokens (estimated for this model and data before the study) has no room for.
@@ -60,7 +60,7 @@ def settings_for(arm: str, seed: int, folder: Path, args: argparse.Namespace):
     if arm == "grid":
         return replace(base, grid="paper", prune=False)
     if arm == "tpe":
-        return replace(base, structures=False, prune=False, max_reversal=None, budget=None)
+        return replace(base, structures=False, prune=False, max_reversal=None, max_drift=None, budget=None)
     if arm == "robust":
         return replace(base, budget=None)
     return replace(base, budget=Budget.parse("grid/3"))

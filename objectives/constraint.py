@@ -1,5 +1,6 @@
 """The constraints a calibration must respect to win: HM above a floor, aggregate nDCG@10 not below the
-uncalibrated model's, and optionally general retrieval kept.
+uncalibrated model's, no bias reversed, the document vectors moved no further than a multiple of what the
+paper default moves them, and optionally general retrieval kept.
 
 PSI alone rewards flattening every group down to the worst one (paper, Ethics statement), so the
 study constrains HM; and a calibration that buys fairness with aggregate effectiveness has not helped
@@ -114,6 +115,11 @@ class Constraints:
     max_reversal    how far a trial may turn the bias round on any tuning structure, as the largest tilt
                     against the uncalibrated model's direction there (`objectives.robustness`; 0: the end may
                     not become favoured where the beginning was, the default; None: unconstrained)
+    max_drift       how far a trial may move the document vectors from the uncalibrated ones, as a multiple of
+                    the paper default's drift on the same structure (`RobustEvidence.drift_ratio`; None:
+                    unconstrained). Queries stay uncalibrated, so a config that re-embeds the passages far more
+                    than the paper's own setting does wins on the tuning passages by more than a re-weighting of
+                    positions, and loses it on passages built otherwise (README "What wins").
     """
 
     hm_floor: float
@@ -122,6 +128,7 @@ class Constraints:
     max_general_drop: float | None = None
     max_crops_psi: float | None = None
     max_reversal: float | None = 0.0
+    max_drift: float | None = None
 
     def __post_init__(self) -> None:
         if self.max_crops_psi is not None and not (math.isfinite(self.max_crops_psi) and self.max_crops_psi >= 0):
@@ -130,6 +137,8 @@ class Constraints:
             )
         if self.max_reversal is not None and not (math.isfinite(self.max_reversal) and self.max_reversal >= 0):
             raise ValueError(f"max_reversal must be a tilt allowance >= 0 (0: no reversed bias), got {self.max_reversal}")
+        if self.max_drift is not None and not (math.isfinite(self.max_drift) and self.max_drift > 0):
+            raise ValueError(f"max_drift must be a multiple > 0 of the paper default's drift (2: twice as far), got {self.max_drift}")
         for name in ("max_ndcg_drop", "max_general_drop"):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value >= 0):
@@ -145,13 +154,16 @@ class Constraints:
         reversal: float | None = None,
         partial: bool = False,
         structure_ndcg_loss: float | None = None,
+        drift_ratio: float | None = None,
     ) -> dict[str, float]:
         """Named constraint values for one trial: `hm` and `hm_low` (the lower end of its 95% interval) on the
         tuning split, `ndcg_delta` its aggregate nDCG@10 minus the uncalibrated one, `general_delta` the same
         on the general set, `crops_psi` (trial, uncalibrated) PSI on the crops when they are scored,
         `reversal` the largest reversal of the bias over the tuning structures (`RobustEvidence.reversal`;
         None where no structure knows its positions), `structure_ndcg_loss` the largest significant nDCG@10
-        loss over the other structures (`RobustEvidence.significant_ndcg_loss`; None: none scored). `partial`: a trial stopped before every set was
+        loss over the other structures (`RobustEvidence.significant_ndcg_loss`; None: none scored), `drift_ratio`
+        the largest drift over the structures as a multiple of the paper default's (`RobustEvidence.drift_ratio`;
+        None: no reference to compare with). `partial`: a trial stopped before every set was
         scored, so a constraint on a set it never reached is left out (the tuning split's: `hm` None)."""
         values: dict[str, float] = {}
         if hm is None or hm_low is None or ndcg_delta is None:
@@ -172,4 +184,6 @@ class Constraints:
             values["reversal"] = reversal
         if self.max_ndcg_drop is not None and structure_ndcg_loss is not None:
             values["structure_ndcg"] = structure_ndcg_loss - self.max_ndcg_drop
+        if self.max_drift is not None and drift_ratio is not None:
+            values["drift"] = drift_ratio - self.max_drift
         return values

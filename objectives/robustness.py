@@ -9,7 +9,11 @@ other structures made from the same passages (`tuner.data.structures`), and
   error): the edge of the space wins only where it is fairer on every structure;
 - its **direction** must hold on every structure: a structure whose tilt has turned to the opposite
   sign of the uncalibrated model's there (the end now favoured where the beginning was) violates the
-  `reversal` constraint, whatever PSI says (PSI is blind to the sign).
+  `reversal` constraint, whatever PSI says (PSI is blind to the sign);
+- its **drift** (how far it moves the document vectors from the uncalibrated ones) is compared structure by
+  structure with a reference calibration's (the paper default's): a config that re-embeds the passages
+  far more than the paper's own setting does is fitting the tuning passages, not re-weighting positions
+  (`drift_ratio`, the `drift` constraint).
 
 Structures double as the rungs of a multi-fidelity trial, the tuning passages among them (in the order
 `tuner.tuning.objective.corpus_rungs` gives): the worst case over the structures seen so far can only
@@ -46,6 +50,7 @@ class StructureEvidence:
     name: str
     evidence: TrialEvidence
     tuning: bool = False  # the tuning passages as they are (whose HM and nDCG@10 have constraints of their own)
+    drift: float = 0.0  # mean 1 − cosine of the trial's document vectors to the uncalibrated ones here (0: not measured)
 
     @property
     def reversal(self) -> float | None:
@@ -105,8 +110,15 @@ class RobustEvidence:
         others = [-s.evidence.ndcg_delta_high for s in self.structures if not s.tuning and math.isfinite(s.evidence.ndcg_delta_high)]
         return max(others) if others else None
 
+    def drift_ratio(self, reference: Mapping[str, float]) -> float | None:
+        """The largest drift over the structures as a multiple of `reference`'s (structure name → the reference
+        calibration's drift there). A structure the reference did not measure, or where it moved nothing, is left
+        out; None when no structure is comparable. More structures can only raise it."""
+        ratios = [s.drift / reference[s.name] for s in self.structures if reference.get(s.name, 0.0) > 0]
+        return max(ratios) if ratios else None
+
     def per_structure(self) -> dict[str, dict[str, float]]:
-        """name → PSI, its standard error, tilt and reversal, for MLflow, the YAML and the console."""
+        """name → PSI, its standard error, tilt, reversal and drift, for MLflow, the YAML and the console."""
         table = {}
         for s in self.structures:
             row = {
@@ -115,6 +127,7 @@ class RobustEvidence:
                 "hm": s.evidence.hm,
                 "ndcg10_delta": s.evidence.ndcg_delta,
                 "ndcg10_delta_high": s.evidence.ndcg_delta_high,
+                "drift": s.drift,
             }
             if s.reversal is not None and s.evidence.tilt is not None:
                 row |= {"tilt": s.evidence.tilt, "reversal": s.reversal}

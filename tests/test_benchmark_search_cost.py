@@ -16,7 +16,7 @@ def test_each_arm_is_the_study_it_names(tmp_path: Path) -> None:
     )()
     grid, tpe, robust, third = (settings_for(arm, 1, tmp_path, args) for arm in ("grid", "tpe", "robust", "robust-third"))
     assert grid.grid == "paper" and not grid.prune and grid.trials == 25 and grid.budget is None
-    assert not tpe.structures and not tpe.prune and tpe.max_reversal is None
+    assert not tpe.structures and not tpe.prune and tpe.max_reversal is None and tpe.max_drift is None
     assert robust.structures and robust.prune and robust.budget is None and robust.trials == 16 and robust.seed == 1
     assert third.budget == Budget(grid_share=1 / 3) and third.trials == 16 and third.prune  # the budget ends it, not --trials
     assert str(third.storage).endswith("optuna.db") and third.output == tmp_path / "winner.yaml"

@@ -107,6 +107,7 @@ def structure_constraints(highs: dict[str, float], allowance: float = ALLOWANCE,
     objective = object.__new__(TrialObjective)  # only what the constraint values read
     objective.constraints = Constraints(FLOOR, max_ndcg_drop=allowance)
     objective.structures = []
+    objective._own_reference, objective._drift_reference = False, None  # no drift yardstick: the drift limit is not applied
     return objective._constraint_values(dev, robust, None)
 
 

@@ -166,6 +166,45 @@ def test_a_constraint_the_tuning_split_decides_prunes_the_trial_before_its_other
     assert all(t.state == optuna.trial.TrialState.COMPLETE and "tiny-openings" in t.user_attrs["structures"] for t in kept)
 
 
+def test_a_trial_that_moves_the_vectors_further_than_the_drift_limit_stops_on_its_first_rung(
+    tiny_model_dir, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--max-drift k: on every structure, a trial's drift (mean 1 − cosine to the uncalibrated vectors) may be at most k
+    times the paper default's there. Drift needs no bootstrap, and the largest ratio over the structures can only
+    grow, so a trial over the limit on its first rung is pruned there, filed infeasible for TPE; the paper default's
+    own value is 1 − k (itself its yardstick); a trial within the limit on every structure completes."""
+    structure = replace(load_benchmark(f"jsonl:{write_dataset(tmp_path / 'other', docs=16, seed=3)}"), name="tiny-openings")
+    monkeypatch.setattr(tuner.tuning.session, "load_structures", lambda name, tuning=None: [structure])
+    monkeypatch.setattr(tuner.tuning.objective, "corpus_rungs", lambda tuning, uncalibrated, structures: [*structures, None])
+    monkeypatch.setattr(tuner.tuning.objective, "selection_threshold", lambda study, rule: None)  # nothing to beat: PSI never prunes
+    settings = tiny_study(
+        tiny_model_dir("bert"), write_dataset(tmp_path / "data"), tmp_path, "drift", trials=10, max_drift=1.0, bisect=False
+    )
+    tune(settings)
+    trials = optuna.load_study(study_name="drift", storage=settings.storage).trials
+    reference = {name: row["drift"] for name, row in trials[1].user_attrs["structures"].items()}
+    assert all(value > 0 for value in reference.values()) and named_constraints(trials[1])["drift"] == pytest.approx(0.0)
+    drawn = [t for t in trials if counted(t) and t.number > 1]
+    over = [t for t in drawn if t.user_attrs["structures"]["tiny-openings"]["drift"] > reference["tiny-openings"]]
+    within = [t for t in drawn if t not in over]
+    assert over and within, "the tiny study must draw both kinds for this test to say anything"
+    for trial in over:
+        assert trial.state == optuna.trial.TrialState.PRUNED and list(trial.user_attrs["structures"]) == ["tiny-openings"]
+        assert trial.user_attrs[PRUNED_ATTR]["reason"] == "misses drift, which no remaining structure can undo"
+        ratio = trial.user_attrs["structures"]["tiny-openings"]["drift"] / reference["tiny-openings"]
+        assert named_constraints(trial)["drift"] == pytest.approx(ratio - 1.0)
+    for trial in within:
+        assert trial.state == optuna.trial.TrialState.COMPLETE
+        rows = trial.user_attrs["structures"]
+        assert rows["jsonl:data"]["drift"] == pytest.approx(trial.user_attrs["drift"])  # the tuning passages' drift, as selection reads it
+        worst = max(rows[name]["drift"] / reference[name] for name in reference)
+        assert named_constraints(trial)["drift"] == pytest.approx(worst - 1.0)
+        assert (worst <= 1.0) == (
+            trial.number
+            in {c.trial_number for c in candidates(optuna.load_study(study_name="drift", storage=settings.storage)) if c.feasible}
+        )
+
+
 def test_rungs_go_from_the_least_biased_structure_to_the_most_and_free_sets_last() -> None:
     """WikiPos-dev's figures: the crops (uncalibrated PSI 0.161), the openings (0.188), dev (0.299): a reversal or
     an nDCG@10 loss shows first where there is least bias to remove, whatever the structure costs; a length half is
@@ -182,3 +221,40 @@ def test_rungs_go_from_the_least_biased_structure_to_the_most_and_free_sets_last
     half = side("shorter", 144_000, 0.9, shares=object())
     rungs = corpus_rungs(SimpleNamespace(tokens=144_000), SimpleNamespace(psi=0.299), [half, crops, flat, openings])  # type: ignore[arg-type]
     assert [r.name if r is not None else "dev" for r in rungs] == ["flat", "crops", "openings", "dev", "shorter"]
+
+
+def test_the_drift_yardstick_is_the_paper_default_s_complete_trial_and_without_one_the_log_says_the_limit_is_off(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The reference is found by its knobs (whatever space ran it) once complete; a study without it (a space that
+    excludes the paper default) applies no drift limit and says so once, in the log, naming the trial."""
+    from objectives import Constraints
+    from tuner.tuning.objective import TrialObjective
+    from tuner.tuning.search_space import PAPER_DEFAULT_PARAMS, SearchSpace
+
+    def objective() -> TrialObjective:
+        made = object.__new__(TrialObjective)  # only what reading the yardstick needs
+        made.constraints, made.repeat_wait_seconds, made.repeat_poll_seconds = Constraints(0.5, max_drift=2.0), 0.0, 0.0
+        made._drift_reference, made._warned_no_reference = None, False
+        return made
+
+    study = optuna.create_study()
+    drawn = study.ask()  # a drawn trial, with no reference in the study
+    without = objective()
+    with caplog.at_level("WARNING"):
+        without._await_drift_reference(drawn)
+        without._await_drift_reference(drawn)
+    assert without._drift_reference is None
+    warnings = [r.getMessage() for r in caplog.records if "--max-drift" in r.getMessage()]
+    assert warnings == [
+        f"trial {drawn.number}: the paper default has no complete trial in this study, so --max-drift (its yardstick) "
+        "is not applied to it, nor to later trials until the paper default completes"
+    ]
+    study.enqueue_trial(*SearchSpace().reference_trial(PAPER_DEFAULT_PARAMS))
+    reference = study.ask()
+    SearchSpace().suggest(reference, "mean", "right")
+    reference.set_user_attr("structures", {"dev": {"psi": 0.2, "drift": 0.011}, "dev-crops": {"psi": 0.1, "drift": 0.009}})
+    study.tell(reference, 0.2)
+    with_reference = objective()
+    with_reference._await_drift_reference(study.ask())
+    assert with_reference._drift_reference == {"dev": 0.011, "dev-crops": 0.009}

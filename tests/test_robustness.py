@@ -154,3 +154,28 @@ def test_the_tuning_passages_own_loss_is_not_a_structure_loss_wherever_they_were
     crops = evidence(0.1, ndcg=-0.001, ndcg_high=0.004)  # within noise
     assert robust(("crops", crops), ("dev", dev)).significant_ndcg_loss() == pytest.approx(-0.004)
     assert robust(("dev", dev), ("crops", crops)).significant_ndcg_loss() == pytest.approx(-0.004)
+
+
+def test_the_drift_ratio_is_the_largest_drift_over_the_structures_as_a_multiple_of_the_reference_s_there():
+    moved = RobustEvidence(
+        (
+            StructureEvidence("dev", evidence(0.1), tuning=True, drift=0.06),  # 6x the reference's 0.01
+            StructureEvidence("crops", evidence(0.1), drift=0.02),  # 4x its 0.005
+            StructureEvidence("half", evidence(0.1), drift=0.0),  # scored from dev's vectors: no drift of its own
+        )
+    )
+    reference = {"dev": 0.01, "crops": 0.005, "half": 0.0}
+    assert moved.drift_ratio(reference) == pytest.approx(6.0)
+    assert moved.drift_ratio({"crops": 0.005}) == pytest.approx(4.0)  # a structure the reference never measured is left out
+    assert moved.drift_ratio({"half": 0.0}) is None and moved.drift_ratio({}) is None  # nothing to compare with
+    assert moved.per_structure()["dev"]["drift"] == 0.06
+
+
+def test_the_drift_limit_is_a_multiple_of_the_reference_s_drift():
+    assert Constraints(0.5, max_drift=2.0).values(0.55, 0.53, 0.01, drift_ratio=6.0)["drift"] == pytest.approx(4.0)
+    assert Constraints(0.5, max_drift=2.0).values(0.55, 0.53, 0.01, drift_ratio=1.5)["drift"] == pytest.approx(-0.5)
+    assert "drift" not in Constraints(0.5, max_drift=2.0).values(0.55, 0.53, 0.01)  # no reference: not applied
+    assert "drift" not in Constraints(0.5).values(0.55, 0.53, 0.01, drift_ratio=6.0)  # unconstrained by default
+    for bad in (0.0, -1.0, math.inf):
+        with pytest.raises(ValueError, match="max_drift"):
+            Constraints(0.5, max_drift=bad)

@@ -19,7 +19,15 @@ from rich.table import Table
 from typer.core import TyperCommand, TyperGroup
 
 from tuner.common.messages import UserError, shown
-from tuner.common.options import DEFAULT_PROFILE_DOCS, DEFAULT_TRIALS, HEARTBEAT_SECONDS, Budget, parse_bytes, parse_limit
+from tuner.common.options import (
+    DEFAULT_MAX_DRIFT,
+    DEFAULT_PROFILE_DOCS,
+    DEFAULT_TRIALS,
+    HEARTBEAT_SECONDS,
+    Budget,
+    parse_bytes,
+    parse_limit,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -222,6 +230,13 @@ def run(
             help="How far a trial may turn the bias round on a tuning structure (tilt against the uncalibrated direction); 'none' lifts it."
         ),
     ] = "0",
+    max_drift: Annotated[
+        str,
+        typer.Option(
+            help="How far a trial may move the document vectors from the uncalibrated ones, as a multiple of the paper "
+            "default's drift on the same structure (e.g. 2: twice as far); 'none' lifts it."
+        ),
+    ] = f"{DEFAULT_MAX_DRIFT:g}",
     structures: Annotated[
         bool, typer.Option(help="Score trials on the tuning passages' other structures too (WikiPos: crops, openings, packed).")
     ] = True,
@@ -306,6 +321,7 @@ def run(
             max_ndcg_drop=parse_limit(max_ndcg_drop, "--max-ndcg-drop", 1, "0.005, half a point of nDCG@10"),
             max_crops_psi=parse_limit(max_crops_psi, "--max-crops-psi", math.inf, "1, no less fair than uncalibrated"),
             max_reversal=parse_limit(max_reversal, "--max-reversal", math.inf, "0, the end never favoured where the beginning was"),
+            max_drift=parse_limit(max_drift, "--max-drift", math.inf, "2, twice as far as the paper default"),
             structures=structures,
             prune=prune,
             bisect=bisect,

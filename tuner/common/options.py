@@ -14,6 +14,7 @@ DEFAULT_TRIALS = 16  # the cap beside the default budget (`DEFAULT_BUDGET`), whi
 # Passages in each trial's attention profile: a diagnostic, not used by selection; its all-layer observed
 # pass cost a third of a trial at 16 passages (py-spy, default run), so 8.
 DEFAULT_PROFILE_DOCS = 8
+DEFAULT_MAX_DRIFT = 2.0  # a trial may move the document vectors at most twice as far as the paper default does (README "What wins")
 HEARTBEAT_SECONDS = 20  # a trial whose worker is silent for 3 heartbeats is failed and re-queued
 GRID_NAMES = ("paper",)  # `tune --grid`: the configs of `tuner.tuning.search_space.GRIDS`
 SCREEN_QUERIES = 48  # queries per position group (and stratum) in the pooled screen (`tuner.evaluation.pools`)

@@ -194,6 +194,7 @@ METRIC_NAMES: dict[str, tuple[str, float]] = {
     "constraint_general_drop": ("general_ndcg10_drop_allowance_left_x100", -_POINTS),
     "constraint_reversal": ("tilt_reversal_allowance_left_x100", -_POINTS),
     "constraint_structure_ndcg": ("structure_ndcg10_drop_allowance_left_x100", -_POINTS),
+    "constraint_drift": ("drift_allowance_left_x_paper_default", -1.0),
     "robust_psi": ("worst_structure_psi", 1.0),
     "robust_psi_se": ("worst_structure_psi_std_error", 1.0),
     "reversal": ("tilt_reversal_x100", _POINTS),
@@ -295,6 +296,7 @@ CONSTRAINT_WORDS = {
     "crops_psi": "the crops PSI limit",
     "reversal": "the no-reversal rule (a tuning structure's bias turned round)",
     "structure_ndcg": "the nDCG@10 limit on another tuning structure (a significant loss there)",
+    "drift": "the drift limit (the document vectors moved further than --max-drift times the paper default's)",
 }
 
 

@@ -35,8 +35,9 @@ from tuner.tuning.search_space import SHARES_ATTR, trial_basket_shares
 
 log = logging.getLogger(__name__)
 
-OVER_CORRECTION = ("reversal", "structure_ndcg", "ndcg_drop")
-"""The constraints a too strong calibration misses: the bias reversed, nDCG@10 lost on a structure or on the tuning passages."""
+OVER_CORRECTION = ("reversal", "structure_ndcg", "ndcg_drop", "drift")
+"""The constraints a too strong calibration misses: the bias reversed, nDCG@10 lost on a structure or on the tuning passages,
+the document vectors moved further than the drift limit allows (drift grows with λ as the rest does)."""
 
 
 @dataclass(frozen=True)

@@ -189,7 +189,7 @@ def _nothing_feasible(study: optuna.Study, settings: TuneSettings, floor: float)
     complete = complete_trials(study)
     worst = {
         name: min((t.constraints.get(name, 0.0) for t in complete), default=float("nan"))
-        for name in ("hm_floor", "ndcg_drop", "general_drop", "crops_psi", "reversal", "structure_ndcg")
+        for name in ("hm_floor", "ndcg_drop", "general_drop", "crops_psi", "reversal", "structure_ndcg", "drift")
     }
     parts = [
         f"HM floor {100 * floor:.2f} ({settings.hm_floor}), missed by at least {100 * worst['hm_floor']:.2f} points"
@@ -208,6 +208,11 @@ def _nothing_feasible(study: optuna.Study, settings: TuneSettings, floor: float)
         parts.append(
             "every trial lost nDCG@10 significantly on another tuning structure (shorter crops, openings, packed passages, a length half) "
             f"beyond --max-ndcg-drop (by at least {100 * worst['structure_ndcg']:.2f} points)"
+        )
+    if worst["drift"] > 0:
+        parts.append(
+            "every trial moved the document vectors further than --max-drift allows (at least "
+            f"{(settings.max_drift or 0.0) + worst['drift']:.2f}× the paper default's drift; --max-drift none lifts this)"
         )
     if worst["general_drop"] > 0:
         parts.append(
@@ -609,6 +614,8 @@ def describe_objective(settings: TuneSettings) -> str:
         constraints.append(f"aggregate nDCG@10 drop <= {settings.max_ndcg_drop}")
     if settings.max_reversal is not None:
         constraints.append(f"no tuning structure's bias reversed (tilt against the uncalibrated direction <= {settings.max_reversal})")
+    if settings.max_drift is not None:
+        constraints.append(f"drift from the uncalibrated document vectors <= {settings.max_drift} x the paper default's on every structure")
     if settings.max_crops_psi is not None:
         constraints.append(f"crops PSI <= {settings.max_crops_psi} x uncalibrated (where crops exist)")
     psi = "the worst PSI over the tuning structures" if settings.structures else "PSI"
@@ -649,7 +656,7 @@ def _mark_winner(
 
 
 def _structure_metrics(best: optuna.trial.FrozenTrial) -> dict[str, float]:
-    """The winner's figures on each tuning structure (PSI, tilt, reversal), as parent-run metrics."""
+    """The winner's figures on each tuning structure (PSI, tilt, reversal, drift), as parent-run metrics."""
     shown: dict[str, float] = {}
     for name, row in best.user_attrs.get("structures", {}).items():
         shown |= display_metrics(row, f"tuning/winner/structure/{name}/")

@@ -196,6 +196,9 @@ class TrialObjective:
         random.Random(0).shuffle(ids)
         self.profile_texts = [evaluator.dataset.corpus[d] for d in ids[:profile_docs]]
         self._profiled: Batches | None = None
+        self._drift_reference: dict[str, float] | None = None  # the paper default's drift per structure, once it is known
+        self._own_reference = False  # the trial running is the paper default: the drift limit's yardstick is itself
+        self._warned_no_reference = False
 
     def __call__(self, trial: optuna.Trial) -> float | tuple[float, float]:
         """Draw a config; a repeat of one the study ran tells its values, anything else is scored and logged."""
@@ -216,6 +219,9 @@ class TrialObjective:
         if self.budget is not None and not reference_markers(trial):
             self._reserve(trial, config)
         opened = self._open(trial, params)
+        self._own_reference = opened.markers == ["paper default"]
+        if not opened.markers:
+            self._await_drift_reference(trial)
         try:
             scored = self._score(trial, config, reference=bool(opened.markers))
             if scored.pruned is not None:
@@ -426,11 +432,11 @@ class TrialObjective:
                     raise ValueError(f"metrics are not finite (HM {report.hm}, PSI {report.psi})")
                 evidence = trial_evidence(self.baseline(), tuning.per_query)
                 spent += tuning.layer_tokens
-                seen.append(StructureEvidence(self.evaluator.dataset.name, evidence, tuning=True))
+                seen.append(StructureEvidence(self.evaluator.dataset.name, evidence, tuning=True, drift=tuning.drift))
             else:
                 result = rung.run(config)
                 spent += result.layer_tokens
-                seen.append(StructureEvidence(rung.name, trial_evidence(rung.baseline.per_query, result.per_query)))
+                seen.append(StructureEvidence(rung.name, trial_evidence(rung.baseline.per_query, result.per_query), drift=result.drift))
                 if is_crops(rung.evaluator.dataset):
                     crops = result.report
         assert tuning is not None and evidence is not None  # the tuning split is one of the rungs
@@ -462,6 +468,7 @@ class TrialObjective:
         measure: it is pruned on it. Before the tuning split is scored (`evidence` None) its constraints are left out."""
         baseline = self._crops_baseline()
         crops_psi = (crops.psi, baseline.psi) if crops is not None and baseline is not None else None
+        reference = {s.name: s.drift for s in robust.structures} if self._own_reference else self._drift_reference
         return self.constraints.values(
             evidence.hm if evidence else None,
             evidence.hm_low if evidence else None,
@@ -471,7 +478,39 @@ class TrialObjective:
             reversal=robust.reversal(self.constraints.max_reversal or 0.0),
             partial=partial,
             structure_ndcg_loss=robust.significant_ndcg_loss(),
+            drift_ratio=None if reference is None else robust.drift_ratio(reference),
         )
+
+    def _await_drift_reference(self, trial: optuna.Trial) -> None:
+        """Read the paper default's drift per structure, the drift limit's yardstick, from its trial. It is queued
+        before any drawn trial, so a drawn trial starts only once it has been taken: another process may still be
+        running it, and is waited for as a repeat is. Without it (a space without the paper default, a reference
+        that failed and waits to run again) this trial's drift is not limited, and the log says so once."""
+        if self.constraints.max_drift is None or self._drift_reference is not None:
+            return
+        study, deadline = trial.study, time.monotonic() + self.repeat_wait_seconds
+        states = (TrialState.COMPLETE, TrialState.RUNNING)
+        while True:
+            references = [
+                t
+                for t in study.get_trials(deepcopy=False, states=states)
+                if t.number != trial.number and DUPLICATE_ATTR not in t.user_attrs and is_reference_trial(t, PAPER_DEFAULT_PARAMS)
+            ]
+            done = next((t for t in references if t.state == TrialState.COMPLETE and "structures" in t.user_attrs), None)
+            if done is not None:
+                rows = done.user_attrs["structures"]
+                self._drift_reference = {name: float(row.get("drift", 0.0)) for name, row in rows.items()}
+                return
+            if not references or time.monotonic() >= deadline:
+                if not self._warned_no_reference:
+                    log.warning(
+                        "trial %d: the paper default has no complete trial in this study, so --max-drift (its yardstick) "
+                        "is not applied to it, nor to later trials until the paper default completes",
+                        trial.number,
+                    )
+                    self._warned_no_reference = True
+                return
+            wait_for_other_processes(study, self.repeat_poll_seconds, announce=False)
 
     def _crops_baseline(self) -> PositionReport | None:
         return next((s.report for s in self.structures if is_crops(s.evaluator.dataset)), None)
@@ -555,7 +594,7 @@ class TrialObjective:
             trial.set_user_attr(key, value)
         for name, value in constraints.items():
             trial.set_constraint(name, value)
-        mark_for_dashboard(trial, list(constraints.values()))
+        mark_for_dashboard(trial, constraints)
         resamples = scored.robust.objective_resamples
         if resamples is not None:  # JSON has no NaN: an undefined resample is null
             rows = [None if not math.isfinite(v) else round(float(v), 6) for v in resamples]
@@ -570,7 +609,7 @@ class TrialObjective:
             constraints |= self._certain_violations(scored.evidence)
         for name, value in constraints.items():
             trial.set_constraint(name, value)
-        mark_for_dashboard(trial, list(constraints.values()))
+        mark_for_dashboard(trial, constraints)
         trial.set_user_attr("layer_tokens", scored.layer_tokens)
         trial.set_user_attr("structures", scored.robust.per_structure())
         pruned = trial.user_attrs[PRUNED_ATTR]
@@ -666,7 +705,7 @@ class TrialObjective:
         trial.set_user_attr("layer_tokens", 0)
         for name, value in named_constraints(earlier).items():
             trial.set_constraint(name, value)
-        mark_for_dashboard(trial, list(named_constraints(earlier).values()))
+        mark_for_dashboard(trial, named_constraints(earlier))
         if "feasible" in earlier.user_attrs:
             trial.set_user_attr("feasible", earlier.user_attrs["feasible"])
         metrics = {**earlier.user_attrs.get("metrics", {}), "cost/layer_tokens": 0.0}  # its figures, at no cost
@@ -716,12 +755,13 @@ def corpus_rungs(tuning: Evaluator, uncalibrated: PositionReport, structures: Se
     return [*encoded, *(s for s in structures if s.shares is not None)]
 
 
-def mark_for_dashboard(trial: optuna.Trial, values: list[float]) -> None:
+def mark_for_dashboard(trial: optuna.Trial, constraints: Mapping[str, float]) -> None:
     """Also store the constraint values as the list optuna-dashboard reads (0.21: the system attribute
     `constraints`, the format of samplers' `constraints_func`), so its plots grey out infeasible trials;
     it does not read `set_constraint`'s named values. Optuna reads both formats, so the values count
-    twice there: feasibility is unchanged and TPE's summed violations keep their order."""
-    trial.storage.set_trial_system_attr(trial._trial_id, _CONSTRAINTS_KEY, values)
+    twice there: feasibility is unchanged and TPE's summed violations keep their order. The list is in
+    the order of the names, as the storage gives the named values back."""
+    trial.storage.set_trial_system_attr(trial._trial_id, _CONSTRAINTS_KEY, [constraints[name] for name in sorted(constraints)])
 
 
 def reference_markers(trial: optuna.Trial) -> list[str]:

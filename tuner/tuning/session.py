@@ -268,6 +268,7 @@ def prepare(settings: TuneSettings) -> Session:
         "max_ndcg_drop": settings.max_ndcg_drop,
         "max_crops_psi": settings.max_crops_psi,
         "max_reversal": settings.max_reversal,
+        "max_drift": settings.max_drift,
         "structures": [s.name for s in structures],
         "general": settings.general,
         "general_fingerprint": general.fingerprint() if general is not None else None,

@@ -14,6 +14,7 @@ from tuner.common.files import EXPORTS, check_writable
 from tuner.common.messages import shown
 from tuner.common.options import (
     DEFAULT_BUDGET,
+    DEFAULT_MAX_DRIFT,
     DEFAULT_PROFILE_DOCS,
     DEFAULT_TRIALS,
     GRID_NAMES,
@@ -48,6 +49,7 @@ class TuneSettings:
     max_ndcg_drop: float | None = 0.0  # aggregate nDCG@10 may fall this much below the uncalibrated (None: any)
     max_crops_psi: float | None = None  # PSI on the tuning set's crops, as a multiple of the uncalibrated (None: off, the default)
     max_reversal: float | None = 0.0  # tilt against the uncalibrated direction on any tuning structure (None: unconstrained)
+    max_drift: float | None = DEFAULT_MAX_DRIFT  # drift as a multiple of the paper default's on any structure (None: unconstrained)
     structures: bool = True  # score every trial on the tuning passages' other structures too (`tuner.data.load_structures`)
     prune: bool = True  # stop a trial between rungs once it cannot win (`objectives.robustness.prune_reason`)
     bisect: bool = True  # after an over-correcting trial, try its config weaker (`tuner.tuning.bisection`)
@@ -127,7 +129,13 @@ class TuneSettings:
         """What a trial must respect, given the uncalibrated HM on the tuning split."""
         floor = HmFloor.parse(self.hm_floor)
         return Constraints(
-            floor.resolve(baseline_hm), floor.conservative, self.max_ndcg_drop, self.max_general_drop, self.max_crops_psi, self.max_reversal
+            floor.resolve(baseline_hm),
+            floor.conservative,
+            self.max_ndcg_drop,
+            self.max_general_drop,
+            self.max_crops_psi,
+            self.max_reversal,
+            self.max_drift,
         )
 
     def study_name_for(self, model: LoadedModel) -> str:
@@ -183,6 +191,7 @@ UNSET = {
     "max_ndcg_drop": "none: not constrained",
     "max_crops_psi": "none: crops not constrained",
     "max_reversal": "none: a reversed bias allowed",
+    "max_drift": "none: the document vectors may move any distance",
     "grid": "none: TPE search",
     "budget": "none: --trials alone ends the study",
     "batch_tokens": "long-passage models: chosen from the device's free memory; others: by batch size",

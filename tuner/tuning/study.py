@@ -95,8 +95,10 @@ def describe_study(study: optuna.Study, pareto: bool, floor: float, floor_rule: 
         + " subject to the constraints; PSI = 1 - min/max of nDCG@10 over the begin, middle and end groups "
         "(0 = position-fair), HM = their harmonic mean (0-1)",
         "constraints": f"hm_floor: HM >= {floor:.4f} (--hm-floor {floor_rule}); ndcg_drop: aggregate nDCG@10 may not "
-        "fall below the uncalibrated model's by more than the allowance; a trial is feasible when every "
-        "constraint value is <= 0",
+        "fall below the uncalibrated model's by more than the allowance (--max-ndcg-drop); structure_ndcg: nor on another "
+        "tuning structure beyond its noise; reversal: no tuning structure's favoured end may change sides (--max-reversal); "
+        "drift: on every structure the document vectors may move at most --max-drift times as far as trial 1's (the paper "
+        "default); each where its option is set; a trial is feasible when every constraint value is <= 0",
         "reference_trials": "trial 0 = baseline (no calibration, λ 0), trial 1 = the paper's default "
         "(CLS-Soft, λ 0.5, last 50% of layers, baskets of 128)",
         "parameters": "strength = λ (0 = uncalibrated, 1 = fully equalised); depth = calibrated layers; basket_size = "
