@@ -2,8 +2,8 @@
 
 Run from the repository root:
 
-    .venv/bin/python -m benchmarks.drift_transfer                        # every set below (~40 min on 2 idle cores)
-    .venv/bin/python -m benchmarks.drift_transfer --sets wikipos-lengths   # dev and one held-out set (~12 min)
+    .venv/bin/python -m benchmarks.drift_transfer                        # dev and every held-out set below
+    .venv/bin/python -m benchmarks.drift_transfer --sets wikipos-lengths   # dev and one (30 min beside three other jobs)
 
 Each config is scored side by side on `wikipos-dev` (where its drift is measured: the mean 1 − cosine between
 its document vectors and the uncalibrated ones, as a multiple of the paper default's there, which is what

@@ -34,6 +34,7 @@ def tiny_study(model: Path, data: Path, folder: Path, name: str, **changes: obje
         hm_floor="-90%",
         max_ndcg_drop=None,
         max_reversal=None,
+        max_drift=None,
         storage=f"sqlite:///{folder / 'o.db'}",
         tracking_uri=f"sqlite:///{folder / 'm.db'}",
         output=folder / "best.yaml",
