@@ -50,7 +50,7 @@ class StructureEvidence:
     name: str
     evidence: TrialEvidence
     tuning: bool = False  # the tuning passages as they are (whose HM and nDCG@10 have constraints of their own)
-    drift: float = 0.0  # mean 1 − cosine of the trial's document vectors to the uncalibrated ones here (0: not measured)
+    drift: float = 0.0  # mean 1 − cosine of the trial's document vectors to the uncalibrated ones here
 
     @property
     def reversal(self) -> float | None:

@@ -161,7 +161,7 @@ def test_the_drift_ratio_is_the_largest_drift_over_the_structures_as_a_multiple_
         (
             StructureEvidence("dev", evidence(0.1), tuning=True, drift=0.06),  # 6x the reference's 0.01
             StructureEvidence("crops", evidence(0.1), drift=0.02),  # 4x its 0.005
-            StructureEvidence("half", evidence(0.1), drift=0.0),  # scored from dev's vectors: no drift of its own
+            StructureEvidence("half", evidence(0.1), drift=0.0),  # unmoved here, as the reference is
         )
     )
     reference = {"dev": 0.01, "crops": 0.005, "half": 0.0}

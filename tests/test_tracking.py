@@ -309,6 +309,7 @@ def test_the_yaml_records_its_provenance(client: MlflowClient, default_run: dict
     assert provenance.hm_floor == pytest.approx(the_study(default_run["work"]).user_attrs["floor_value"])
     assert provenance.hm_floor_rule == "-50%" and provenance.objective.startswith("minimise the worst PSI over the tuning structures")
     assert "no tuning structure's bias reversed" in provenance.objective
+    assert "drift from the uncalibrated document vectors <= 2.0 x the paper default's on every structure" in provenance.objective
     study = the_study(default_run["work"])
     winner = study.trials[provenance.trial]
     assert provenance.structures == winner.user_attrs["structures"]  # per structure: the winner's PSI and direction

@@ -291,12 +291,8 @@ class Evaluator:
         start = time.perf_counter()
         documents, truncated = self.document_vectors(config)
         seconds = time.perf_counter() - start
-        baseline = self.baseline_vectors()[0]
         evaluation = replace(self.score(documents, queries, seconds, truncated), layer_tokens=self.counts.layer_tokens - spent)
-        if documents is baseline:
-            return evaluation
-        drift = float(np.mean(1.0 - np.einsum("ij,ij->i", documents, baseline, dtype=np.float64)))
-        return replace(evaluation, drift=max(drift, 0.0))
+        return replace(evaluation, drift=self.drift(documents))
 
     def run_over(self, source: Evaluator, config: CalibrationConfig | None) -> Evaluation:
         """This evaluator's queries scored over `source`'s document vectors (one corpus: a length half, a held-out
@@ -306,7 +302,14 @@ class Evaluator:
         spent = source.counts.layer_tokens + self.counts.layer_tokens
         documents, truncated = source.document_vectors(config)
         scored = self.score(documents, truncated=truncated)
-        return replace(scored, layer_tokens=source.counts.layer_tokens + self.counts.layer_tokens - spent)
+        return replace(scored, layer_tokens=source.counts.layer_tokens + self.counts.layer_tokens - spent, drift=source.drift(documents))
+
+    def drift(self, documents: np.ndarray) -> float:
+        """How far `documents` moved from the uncalibrated vectors: the mean 1 − cosine (0 for the baseline itself)."""
+        baseline = self.baseline_vectors()[0]
+        if documents is baseline:
+            return 0.0
+        return max(float(np.mean(1.0 - np.einsum("ij,ij->i", documents, baseline, dtype=np.float64))), 0.0)
 
     def score(self, documents: np.ndarray, queries: np.ndarray | None = None, seconds: float = 0.0, truncated: int = 0) -> Evaluation:
         """Exact top-100 by inner product, then per-position nDCG@10 / Recall@10 with ir-measures."""

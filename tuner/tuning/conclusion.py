@@ -189,7 +189,7 @@ def _nothing_feasible(study: optuna.Study, settings: TuneSettings, floor: float)
     complete = complete_trials(study)
     worst = {
         name: min((t.constraints.get(name, 0.0) for t in complete), default=float("nan"))
-        for name in ("hm_floor", "ndcg_drop", "general_drop", "crops_psi", "reversal", "structure_ndcg", "drift")
+        for name in ("hm_floor", "ndcg_drop", "general_drop", "crops_psi", "reversal", "structure_ndcg")
     }
     parts = [
         f"HM floor {100 * floor:.2f} ({settings.hm_floor}), missed by at least {100 * worst['hm_floor']:.2f} points"
@@ -208,11 +208,6 @@ def _nothing_feasible(study: optuna.Study, settings: TuneSettings, floor: float)
         parts.append(
             "every trial lost nDCG@10 significantly on another tuning structure (shorter crops, openings, packed passages, a length half) "
             f"beyond --max-ndcg-drop (by at least {100 * worst['structure_ndcg']:.2f} points)"
-        )
-    if worst["drift"] > 0:
-        parts.append(
-            "every trial moved the document vectors further than --max-drift allows (at least "
-            f"{(settings.max_drift or 0.0) + worst['drift']:.2f}× the paper default's drift; --max-drift none lifts this)"
         )
     if worst["general_drop"] > 0:
         parts.append(
