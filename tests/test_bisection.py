@@ -11,7 +11,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tuner.common.trials import BISECT_ATTR, SURPLUS_ATTR
-from tuner.tuning.bisection import Probe, next_strength, queue_next
+from tuner.tuning.bisection import DRIFT_EXPONENTS, Probe, drift_ceiling, next_strength, queue_next
 
 STEP = 0.05
 
@@ -31,9 +31,9 @@ def neither(strength: float) -> Probe:  # pruned on PSI, or below the HM floor o
 def test_with_nothing_feasible_known_the_search_gallops_down_2_4_8_grid_steps():
     """Down from the top in small steps first: an over-correcting probe is cheap (pruned at the first rung), a
     feasible one costs a full trial; the steps double, so a boundary far down costs a few probes, not a walk."""
-    assert next_strength([over(0.8)], STEP) == (0.7, None, 0.8)
-    assert next_strength([over(0.8), over(0.7)], STEP) == (0.5, None, 0.7)  # from the weakest over-correcting λ
-    assert next_strength([over(0.95), over(0.85), over(0.65)], STEP) == (0.25, None, 0.65)
+    assert next_strength([over(0.8)], STEP) == (0.7, None, 0.8, None)
+    assert next_strength([over(0.8), over(0.7)], STEP) == (0.5, None, 0.7, None)  # from the weakest over-correcting λ
+    assert next_strength([over(0.95), over(0.85), over(0.65)], STEP) == (0.25, None, 0.65, None)
     assert next_strength([over(0.7), over(0.6), over(0.4)], STEP) is None  # 0.4 - 8 steps: λ 0, no calibration
     assert next_strength([over(0.1)], STEP) is None
 
@@ -44,12 +44,16 @@ def test_a_queued_trial_says_why_it_runs() -> None:
     assert describe_queued({"of": 4, "feasible": 0.55, "over_corrects": 0.7}) == (
         "queued by λ bisection after trial 4: the same config, between λ 0.55, feasible, and λ 0.7, which over-corrects"
     )
+    assert describe_queued({"of": 2, "feasible": None, "over_corrects": 1.0, "drift_ceiling": 0.5442}) == (
+        "queued by λ bisection after trial 2: the same config, below λ 1, which over-corrects; "
+        "the drift measured puts every λ above 0.544 over the drift limit"
+    )
 
 
 def test_between_a_feasible_and_an_over_correcting_lambda_the_midpoint_on_the_grid_is_next():
-    assert next_strength([ok(0.5), over(0.8)], STEP) == (0.65, 0.5, 0.8)
-    assert next_strength([ok(0.55), over(0.7)], STEP) == (0.6, 0.55, 0.7)  # 0.625 rounded down to the grid
-    assert next_strength([ok(0.55), over(0.65)], STEP) == (0.6, 0.55, 0.65)
+    assert next_strength([ok(0.5), over(0.8)], STEP) == (0.65, 0.5, 0.8, None)
+    assert next_strength([ok(0.55), over(0.7)], STEP) == (0.6, 0.55, 0.7, None)  # 0.625 rounded down to the grid
+    assert next_strength([ok(0.55), over(0.65)], STEP) == (0.6, 0.55, 0.65, None)
     assert next_strength([ok(0.6), over(0.65)], STEP) is None  # one step apart: the boundary is found
 
 
@@ -57,6 +61,56 @@ def test_no_over_correction_no_bisection_and_what_tells_nothing_is_not_tried_aga
     assert next_strength([ok(0.5), ok(0.9), neither(0.3)], STEP) is None
     assert next_strength([ok(0.9), over(0.6)], STEP) is None  # stronger is fair: no boundary above the feasible λ
     assert next_strength([ok(0.5), neither(0.65), over(0.8)], STEP) is None  # the midpoint ran (pruned on PSI)
+
+
+def test_drift_grows_as_a_power_of_lambda_so_the_probes_measured_bound_where_it_is_over_the_limit():
+    """Up from a probe within the limit the drift grows at least as λ^1.75; down from one over it, it falls at most as
+    λ^3.25. Seed 4's CLS-Hard family: λ 0.3 drifted 0.0189 on the openings (limit 0.0244), λ 1.0 0.1618 on the
+    crops (limit 0.0224)."""
+    assert DRIFT_EXPONENTS == (1.75, 3.25)
+    up = drift_ceiling([Probe(0.3, True, False, {"openings": 0.0189})], {"openings": 0.0244})
+    assert up == pytest.approx(0.34714, abs=1e-4)  # 0.3 · 1.29101^(1/1.75) = 0.3 · 1.15715
+    assert 0.0189 * (up / 0.3) ** 2 > 0.0244  # a quadratic law is over the limit there, as any steeper one
+    down = drift_ceiling([Probe(1.0, False, True, {"crops": 0.1618})], {"crops": 0.0224})
+    assert down == pytest.approx(0.54420, abs=1e-4)  # 0.13844^(1/3.25)
+    both = [Probe(0.3, True, False, {"openings": 0.0189}), Probe(1.0, False, True, {"crops": 0.1618})]
+    assert drift_ceiling(both, {"openings": 0.0244, "crops": 0.0224}) == pytest.approx(up)  # the lowest bound
+    assert drift_ceiling(both, {"dev": 0.02}) is None  # no drift measured where a limit is
+
+
+def test_a_lambda_the_drift_puts_over_the_limit_is_never_probed():
+    """Seed 4's family again: without the drift ceiling λ 0.3 feasible and 0.7 over-correcting queue 0.5 (then 0.4 and
+    0.35, all over the drift limit); with it, the boundary is found. Galloping from λ 1.0 lands at once below where
+    the drift falls within the limit (0.5), not at 0.9."""
+    limits = {"openings": 0.0244, "crops": 0.0224}
+    family = [Probe(0.3, True, False, {"openings": 0.0189, "crops": 0.0098}), over(0.7)]
+    assert next_strength(family, STEP) == (0.5, 0.3, 0.7, None)
+    assert next_strength(family, STEP, limits) is None
+    assert next_strength([Probe(1.0, False, True, {"crops": 0.1618})], STEP, limits) == pytest.approx((0.5, None, 1.0, 0.54420), abs=1e-4)
+    assert next_strength([Probe(0.9, False, True, {"crops": 0.0224 * 1.1})], STEP, limits) == (0.8, None, 0.9, None)  # the gallop is lower
+
+
+@pytest.mark.parametrize("exponent", [1.9, 2.2, 2.8])
+@pytest.mark.parametrize("limit", [0.004, 0.011, 0.02, 0.05])
+def test_bisection_with_the_drift_ceiling_finds_the_same_boundary_in_no_more_probes(exponent: float, limit: float) -> None:
+    """A family whose only over-correction is its drift, c · λ^p with p in the measured range (1.88-2.83), from λ 1:
+    the search that knows the law ends at the strongest λ of the grid within the limit, in no more probes than the
+    plain one, which ends there too unless its gallop overshoots λ 0 and gives the family up (a limit far down)."""
+    grid = [round(STEP * k, 2) for k in range(1, 21)]
+    boundary = max((x for x in grid if 0.06 * x**exponent <= limit), default=None)
+
+    def search(limits: dict[str, float] | None) -> tuple[float | None, int]:
+        probes = [Probe(1.0, False, True, {"dev": 0.06})]
+        while (found := next_strength(probes, STEP, limits)) is not None:
+            drift = 0.06 * found.strength**exponent
+            probes.append(Probe(found.strength, drift <= limit, drift > limit, {"dev": drift}))
+        return max((p.strength for p in probes if p.feasible), default=None), len(probes)
+
+    plain, plain_probes = search(None)
+    known, known_probes = search({"dev": limit})
+    assert known == boundary
+    assert plain in (boundary, None)
+    assert known_probes <= plain_probes or plain is None
 
 
 def test_an_over_correcting_trial_queues_its_own_config_weaker_once(caplog: pytest.LogCaptureFixture) -> None:
@@ -167,3 +221,78 @@ def test_a_family_is_left_once_a_probe_is_no_fairer_than_the_best_trial_though_w
     trial.set_user_attr("basket_shares", "equal")
     assert queue_next(study, trial, {"structure_ndcg": 0.007}, False, STEP, worst_psi=0.219, best=best_objective(study)) is None
     assert queue_next(study, trial, {"structure_ndcg": 0.007}, False, STEP, worst_psi=0.180, best=best_objective(study)) == 0.25
+
+
+def test_a_stored_probe_s_drift_rows_end_its_family_s_bisection(caplog: pytest.LogCaptureFixture) -> None:
+    """Through the study: trial 0 (λ 0.3, feasible) stored its structures' drift as a finished trial does; trial 1
+    (λ 0.7) over-corrects. Without a drift limit λ 0.5 is queued; with seed 4's limits nothing is, and the log says
+    why."""
+    from optuna.distributions import CategoricalDistribution
+
+    from tuner.tuning.bisection import probe_of
+
+    caplog.set_level(logging.INFO, logger="tuner.tuning.bisection")
+    params = {"strength": 0.3, "depth": "25%", "basket_size": 256, "variant": "cls_hard"}
+    rows = {"openings": {"psi": 0.13, "drift": 0.0189}, "crops": {"psi": 0.12, "drift": 0.0098}}
+    study = optuna.create_study()
+    study.add_trial(
+        optuna.trial.create_trial(
+            value=0.2031,
+            params=params,
+            distributions={k: CategoricalDistribution([v]) for k, v in params.items()},
+            user_attrs={"structures": rows, "basket_shares": "equal"},
+            system_attrs={"constraints:drift": -0.1},
+        )
+    )
+    assert probe_of(study.trials[0]) == Probe(0.3, True, False, {"openings": 0.0189, "crops": 0.0098})
+    trial = study.ask()
+    for name, value in (params | {"strength": 0.7}).items():
+        trial.suggest_categorical(name, [value])
+    trial.set_user_attr("basket_shares", "equal")
+    limits = {"openings": 0.0244, "crops": 0.0224}
+    assert queue_next(study, trial, {"drift": 1.3}, False, STEP, 0.07, 0.2, {"crops": 0.0699}, limits) is None
+    assert [r.getMessage() for r in caplog.records if r.name == "tuner.tuning.bisection"] == [
+        "trial 1: λ bisection ends: the drift measured in this family puts every λ above 0.347 over the drift limit"
+    ]
+    assert queue_next(study, trial, {"drift": 1.3}, False, STEP, 0.07, 0.2, {"crops": 0.0699}) == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("max_drift", [2.0, None])
+def test_a_trial_s_objective_hands_its_drift_and_the_paper_default_s_yardstick_to_the_bisection(max_drift: float | None) -> None:
+    """The wiring in `TrialObjective`: the limits are --max-drift times the paper default's drift per structure (seed
+    4's: 0.0122 on the openings, so 0.0244), and the trial's own drift per structure joins its family's probes."""
+    from types import SimpleNamespace
+
+    from optuna.distributions import CategoricalDistribution
+
+    from objectives import Constraints
+    from tuner.tuning.objective import TrialObjective
+    from tuner.tuning.search_space import SearchSpace
+
+    params = {"strength": 0.3, "depth": "25%", "basket_size": 256, "variant": "cls_hard"}
+    study = optuna.create_study()
+    study.add_trial(
+        optuna.trial.create_trial(
+            value=0.2031,
+            params=params,
+            distributions={k: CategoricalDistribution([v]) for k, v in params.items()},
+            user_attrs={"structures": {"dev-openings": {"psi": 0.13, "drift": 0.0189}}, "basket_shares": "equal", "psi": 0.2, "hm": 0.57},
+            system_attrs={"constraints:drift": -0.2},
+        )
+    )
+    trial = study.ask()
+    for name, value in (params | {"strength": 0.7}).items():
+        trial.suggest_categorical(name, [value])
+    trial.set_user_attr("basket_shares", "equal")
+    made = object.__new__(TrialObjective)  # only what the bisection step reads
+    made.bisect, made.space, made.constraints = True, SearchSpace(), Constraints(0.5, max_drift=max_drift)
+    made._own_reference, made._drift_reference = False, {"dev-openings": 0.0122, "dev-crops": 0.0112}
+    scored = SimpleNamespace(robust=SimpleNamespace(structures=[SimpleNamespace(name="dev-crops", drift=0.0699)], objective=0.07))
+    made._bisect(trial, {"drift": 2.1}, scored, complete=False)  # type: ignore[arg-type]
+    queued = [t.system_attrs["fixed_params"]["strength"] for t in study.get_trials(states=(optuna.trial.TrialState.WAITING,))]
+    assert queued == ([] if max_drift else [0.5])
+    assert made._drift_limits({"dev-crops": 0.0699}) == (
+        {"dev-openings": pytest.approx(0.0244), "dev-crops": pytest.approx(0.0224)} if max_drift else None
+    )
+    made._own_reference = True  # the paper default is its own yardstick
+    assert made._drift_limits({"dev-crops": 0.0112}) == ({"dev-crops": pytest.approx(0.0224)} if max_drift else None)

@@ -242,7 +242,10 @@ def run(
     ] = True,
     prune: Annotated[bool, typer.Option(help="Stop a trial between structures once it cannot win.")] = True,
     bisect: Annotated[
-        bool, typer.Option(help="After a trial that over-corrects (reverses the bias, loses nDCG@10), try the same config at a weaker λ.")
+        bool,
+        typer.Option(
+            help="After a trial that over-corrects (reverses the bias, loses nDCG@10, moves the vectors past --max-drift), try the same config at a weaker λ."
+        ),
     ] = True,
     grid: Annotated[str | None, typer.Option(help="'paper': run exactly the paper's 24 configs (its grid), unpruned.")] = None,
     budget: Annotated[

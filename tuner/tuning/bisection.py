@@ -17,6 +17,11 @@ boundary (0.55-0.7) was found; two steps at a time walked seed 1's CLS-Hard B 64
 A family that loses nDCG@10 at every λ is left as soon as a probe is no fairer than the best trial so far
 (`queue_next`): stopping only above what selection would take walked one (Uniform, 3 layers, B 64) down λ
 0.45, 0.35, 0.25, 0.15 and spent seed 2's budget on it.
+Where the drift limit (`--max-drift`) bounds a family, the drift its probes measured says where without
+another probe: within a family the drift grows as a power of λ (`DRIFT_EXPONENTS`), so a λ whose drift that
+law puts over the limit on some structure is treated as over-correcting and never probed
+(`drift_ceiling`). Seed 4's CLS-Hard w 0.45 family probed λ 0.9, 0.7, 0.5, 0.4 and 0.35, every one over
+the limit, which λ 1.0 and 0.3's drift already showed (README, *What wins*).
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ import json
 import logging
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -40,38 +46,80 @@ OVER_CORRECTION = ("reversal", "structure_ndcg", "ndcg_drop", "drift")
 the document vectors moved further than the drift limit allows (drift grows with λ as the rest does)."""
 
 
+DRIFT_EXPONENTS = (1.75, 3.25)
+"""Bounds on p in drift ∝ λ^p within a family (the other knobs fixed), on every structure. To first order in λ
+the calibrated attention, so the pooled vector, moves linearly in λ, and 1 − cos grows as the square of that
+move: p = 2 for a mild calibration; measured on MiniLM over the studies of seeds 0-4 and the grid
+(`benchmarks/drift_law.py`: 209 pairs of λ in 20 families, four structures), p lay between 1.88 and 2.83.
+The bounds are that range widened, so a λ `drift_ceiling` rules out is over the limit unless the law bends
+further than it ever did there."""
+
+
 @dataclass(frozen=True)
 class Probe:
     """One scored λ of a family: feasible (complete, every constraint met) or over-correcting (an `OVER_CORRECTION`
-    constraint missed); a trial that is neither (pruned on PSI, below the HM floor only) tells nothing about the boundary."""
+    constraint missed); a trial that is neither (pruned on PSI, below the HM floor only) tells nothing about the boundary.
+    `drift`: the drift it measured on each structure scored (mean 1 − cos to the uncalibrated document vectors)."""
 
     strength: float
     feasible: bool
     over_corrects: bool
+    drift: Mapping[str, float] = field(default_factory=dict)
 
 
-def next_strength(probes: Iterable[Probe], step: float) -> tuple[float, float | None, float] | None:
-    """The λ to try next in a family, with the feasible and over-correcting λ it lies between (the feasible one None
-    while the search gallops down); None when no λ of the family over-corrects, or the boundary is found to within
-    one step of the λ grid (or would need λ ≤ 0)."""
+def drift_ceiling(probes: Iterable[Probe], limits: Mapping[str, float]) -> float | None:
+    """The λ above which the family's drift is over its limit on some structure by `DRIFT_EXPONENTS`, from the drift
+    each probe measured (None: no probe measured drift on a limited structure). Up from a probe the drift grows at
+    least as λ^1.75, so past λ·(limit/drift)^(1/1.75) it is over; down from a probe over the limit it falls at most
+    as λ^3.25, so it is still over above λ·(limit/drift)^(1/3.25). `limits`: the drift allowed per structure."""
+    low, high = DRIFT_EXPONENTS
+    bounds = [
+        probe.strength * (limits[name] / drift) ** (1 / (low if drift <= limits[name] else high))
+        for probe in probes
+        for name, drift in probe.drift.items()
+        if drift > 0 and limits.get(name, 0.0) > 0
+    ]
+    return min(bounds, default=None)
+
+
+class NextStrength(NamedTuple):
+    """The λ bisection tries next, the feasible λ below it (None while galloping down), the weakest over-correcting
+    λ above it, and the drift ceiling when that is lower (`drift_ceiling`: no probe above it)."""
+
+    strength: float
+    feasible: float | None
+    over: float
+    ceiling: float | None = None
+
+
+def next_strength(probes: Iterable[Probe], step: float, drift_limits: Mapping[str, float] | None = None) -> NextStrength | None:
+    """The λ to try next in a family, with the feasible and over-correcting λ it lies between; None when no λ of the
+    family over-corrects, or the boundary is found to within one step of the λ grid (or would need λ ≤ 0). With
+    `drift_limits` (the drift allowed per structure) the λ the probes' drift puts over the limit (`drift_ceiling`)
+    count as over-correcting: nothing above it is tried."""
     probes = list(probes)
     feasible = max((p.strength for p in probes if p.feasible), default=None)
     above = [p.strength for p in probes if p.over_corrects and (feasible is None or p.strength > feasible)]
     if not above:
         return None
     over = min(above)
+    ceiling = drift_ceiling(probes, drift_limits) if drift_limits else None
     if feasible is None:  # galloping down: 2, 4, 8 ... grid steps below the weakest over-correcting λ
-        strength = _on_grid(over - 2 ** len(above) * step, step)
-    elif over - feasible <= step * (1 + 1e-6):
-        return None
+        gallop = over - 2 ** len(above) * step
+        ceiling = ceiling if ceiling is not None and ceiling < gallop else None  # None: the gallop lands below it anyway
+        strength = _on_grid(gallop if ceiling is None else ceiling, step)
     else:
-        strength = _on_grid((feasible + over) / 2, step)
+        ceiling = ceiling if ceiling is not None and ceiling < over else None
+        upper = over if ceiling is None else ceiling
+        if upper - feasible <= step * (1 + 1e-6):
+            return None
+        strength = _on_grid((feasible + upper) / 2, step)
         if strength <= feasible + 1e-9:
             strength = _on_grid(feasible + step, step)
     tried = {round(p.strength, 6) for p in probes}
     if strength <= 0 or round(strength, 6) in tried:
         return None
-    return strength, feasible, over
+    return NextStrength(strength, feasible, over, ceiling)
 
 
 def _on_grid(value: float, step: float) -> float:
@@ -86,18 +134,28 @@ def family(trial: FrozenTrial | optuna.Trial) -> str:
 
 
 def probe_of(
-    trial: FrozenTrial | optuna.Trial, constraints: Mapping[str, float] | None = None, complete: bool | None = None
+    trial: FrozenTrial | optuna.Trial,
+    constraints: Mapping[str, float] | None = None,
+    complete: bool | None = None,
+    drift: Mapping[str, float] | None = None,
 ) -> Probe | None:
     """What a finished trial says of its family's boundary (None for λ 0, the baseline, which is no member of any
-    family, and for a surplus draw, which never ran). `constraints` and `complete` describe a trial still being finished by the caller."""
+    family, and for a surplus draw, which never ran). `constraints`, `complete` and `drift` (per structure scored)
+    describe a trial still being finished by the caller; a finished one's drift is in its structures' rows."""
     strength = float(trial.params.get("strength", 0.0))
     if strength <= 0 or SURPLUS_ATTR in trial.user_attrs:  # a draw the budget or --trials had no room for never ran
         return None
     if constraints is None or complete is None:
         assert isinstance(trial, FrozenTrial)
         constraints, complete = named_constraints(trial), trial.state == TrialState.COMPLETE
+    if drift is None:
+        rows = trial.user_attrs.get("structures") or {}
+        drift = {name: float(row["drift"]) for name, row in rows.items() if row.get("drift") is not None}
     return Probe(
-        strength, complete and all(v <= 0 for v in constraints.values()), any(constraints.get(n, 0.0) > 0 for n in OVER_CORRECTION)
+        strength,
+        complete and all(v <= 0 for v in constraints.values()),
+        any(constraints.get(n, 0.0) > 0 for n in OVER_CORRECTION),
+        dict(drift),
     )
 
 
@@ -109,24 +167,34 @@ def queue_next(
     step: float,
     worst_psi: float,
     best: float | None,
+    drift: Mapping[str, float] | None = None,
+    drift_limits: Mapping[str, float] | None = None,
 ) -> float | None:
-    """After `trial` (finished by the caller, so given its constraint values, whether it completed and its worst-case
-    PSI so far), queue its family's next λ if the boundary is not found yet; returns the λ queued (None: nothing).
+    """After `trial` (finished by the caller, so given its constraint values, whether it completed, its drift per
+    structure scored and its worst-case PSI so far), queue its family's next λ if the boundary is not found yet;
+    returns the λ queued (None: nothing). `drift_limits`: the drift allowed per structure (None: no drift limit).
 
     With no feasible λ of the family known, the next one is weaker, so less fair: when the trial's worst case so
     far (a lower bound on its final one) is already above `best`, the lowest objective of the feasible trials, a
     weaker λ of the family would be no fairer than a config the study has, and nothing is queued. A config
     already run or queued is not queued again."""
-    own = probe_of(trial, constraints, complete)
+    own = probe_of(trial, constraints, complete, drift)
     if own is None:
         return None
     mine = family(trial)
     finished = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
     probes = [own, *(p for t in finished if t.number != trial.number and family(t) == mine and (p := probe_of(t)) is not None)]
-    found = next_strength(probes, step)
+    found = next_strength(probes, step, drift_limits)
     if found is None:
+        unlimited = next_strength(probes, step) if drift_limits else None
+        if unlimited is not None:
+            log.info(
+                "trial %d: λ bisection ends: the drift measured in this family puts every λ above %.3f over the drift limit",
+                trial.number,
+                drift_ceiling(probes, drift_limits or {}),
+            )
         return None
-    strength, feasible, over = found
+    strength, feasible, over, ceiling = found
     if feasible is None and best is not None and worst_psi > best:
         log.info(
             "trial %d: λ bisection stops: worst-case PSI %.3f is above the best trial's %.3f already, and weaker is less fair",
@@ -135,27 +203,29 @@ def queue_next(
             best,
         )
         return None
-    attrs: dict[str, object] = {BISECT_ATTR: {"of": trial.number, "feasible": feasible, "over_corrects": over}}
+    record = {"of": trial.number, "feasible": feasible, "over_corrects": over}
+    attrs: dict[str, object] = {BISECT_ATTR: record if ceiling is None else {**record, "drift_ceiling": round(ceiling, 4)}}
     if SHARES_ATTR not in trial.params:
         attrs[SHARES_ATTR] = trial_basket_shares(trial)
     before = len(study.get_trials(deepcopy=False))
     study.enqueue_trial({**trial.params, "strength": strength}, user_attrs=attrs, skip_if_exists=True)
     if len(study.get_trials(deepcopy=False)) == before:  # run or queued already (by another worker, say)
         return None
-    log.info("trial %d: λ bisection queued the same config at λ %g (%s)", trial.number, strength, _between(feasible, over))
+    log.info("trial %d: λ bisection queued the same config at λ %g (%s)", trial.number, strength, _between(feasible, over, ceiling))
     return strength
 
 
 def describe_queued(record: Mapping[str, object]) -> str:
     """Why a queued trial runs, from its `BISECT_ATTR` record: for its MLflow run, beside the log line that queued it."""
-    feasible, over = record.get("feasible"), record.get("over_corrects")
+    feasible, over, ceiling = record.get("feasible"), record.get("over_corrects"), record.get("drift_ceiling")
     assert over is not None
-    return f"queued by λ bisection after trial {record['of']}: the same config, {_between(feasible, float(over))}"  # type: ignore[arg-type]
+    return f"queued by λ bisection after trial {record['of']}: the same config, {_between(feasible, float(over), ceiling)}"  # type: ignore[arg-type]
 
 
-def _between(feasible: float | None, over: float) -> str:
+def _between(feasible: float | None, over: float, ceiling: float | None = None) -> str:
     where = f"between λ {feasible:g}, feasible, and" if feasible is not None else "below"
-    return f"{where} λ {over:g}, which over-corrects"
+    said = f"{where} λ {over:g}, which over-corrects"
+    return said if ceiling is None else f"{said}; the drift measured puts every λ above {ceiling:.3g} over the drift limit"
 
 
 def withdraw_queued(study: optuna.Study) -> list[int]:

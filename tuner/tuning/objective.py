@@ -241,10 +241,21 @@ class TrialObjective:
         return (scored.robust.objective, scored.tuning.report.hm) if self.pareto else scored.robust.objective  # type: ignore[return-value]
 
     def _bisect(self, trial: optuna.Trial, constraints: dict[str, float], scored: Scored, complete: bool) -> None:
-        """Queue the next λ of the trial's family (`tuner.tuning.bisection`), judged against the best feasible trial."""
+        """Queue the next λ of the trial's family (`tuner.tuning.bisection`), judged against the best feasible trial
+        and, under the drift limit, bounded by the drift the family has measured."""
         if self.bisect:
             best = best_objective(trial.study)
-            queue_next(trial.study, trial, constraints, complete, self.space.strength_step, scored.robust.objective, best)
+            drift = {s.name: s.drift for s in scored.robust.structures}
+            step, worst = self.space.strength_step, scored.robust.objective
+            queue_next(trial.study, trial, constraints, complete, step, worst, best, drift, self._drift_limits(drift))
+
+    def _drift_limits(self, own: Mapping[str, float]) -> dict[str, float] | None:
+        """The drift allowed per structure: `--max-drift` times the paper default's (`own`, the trial's drift, when
+        it is the paper default); None without the limit or its yardstick."""
+        reference = own if self._own_reference else self._drift_reference
+        if self.constraints.max_drift is None or reference is None:
+            return None
+        return {name: self.constraints.max_drift * value for name, value in reference.items() if value > 0}
 
     def _open(self, trial: optuna.Trial, params: dict[str, object]) -> _Opened:
         """Mark a reference trial's role and open its MLflow run, described as running; what its end repeats."""
