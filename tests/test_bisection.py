@@ -223,32 +223,40 @@ def test_a_family_is_left_once_a_probe_is_no_fairer_than_the_best_trial_though_w
     assert queue_next(study, trial, {"structure_ndcg": 0.007}, False, STEP, worst_psi=0.180, best=best_objective(study)) == 0.25
 
 
-def test_a_stored_probe_s_drift_rows_end_its_family_s_bisection(caplog: pytest.LogCaptureFixture) -> None:
-    """Through the study: trial 0 (λ 0.3, feasible) stored its structures' drift as a finished trial does; trial 1
-    (λ 0.7) over-corrects. Without a drift limit λ 0.5 is queued; with seed 4's limits nothing is, and the log says
-    why."""
+SEED4_FAMILY = {"strength": 0.3, "depth": "25%", "basket_size": 256, "variant": "cls_hard"}
+
+
+def seed4_family(rows: dict[str, dict[str, float]]) -> tuple[optuna.Study, optuna.Trial]:
+    """A study holding seed 4's CLS-Hard probe at λ 0.3 (feasible, its structures' rows stored as a finished trial's)
+    and the same config at λ 0.7 being finished."""
     from optuna.distributions import CategoricalDistribution
 
-    from tuner.tuning.bisection import probe_of
-
-    caplog.set_level(logging.INFO, logger="tuner.tuning.bisection")
-    params = {"strength": 0.3, "depth": "25%", "basket_size": 256, "variant": "cls_hard"}
-    rows = {"openings": {"psi": 0.13, "drift": 0.0189}, "crops": {"psi": 0.12, "drift": 0.0098}}
     study = optuna.create_study()
     study.add_trial(
         optuna.trial.create_trial(
             value=0.2031,
-            params=params,
-            distributions={k: CategoricalDistribution([v]) for k, v in params.items()},
-            user_attrs={"structures": rows, "basket_shares": "equal"},
-            system_attrs={"constraints:drift": -0.1},
+            params=SEED4_FAMILY,
+            distributions={k: CategoricalDistribution([v]) for k, v in SEED4_FAMILY.items()},
+            user_attrs={"structures": rows, "basket_shares": "equal", "psi": 0.2031, "hm": 0.57},
+            system_attrs={"constraints:drift": -0.2},
         )
     )
-    assert probe_of(study.trials[0]) == Probe(0.3, True, False, {"openings": 0.0189, "crops": 0.0098})
     trial = study.ask()
-    for name, value in (params | {"strength": 0.7}).items():
+    for name, value in (SEED4_FAMILY | {"strength": 0.7}).items():
         trial.suggest_categorical(name, [value])
     trial.set_user_attr("basket_shares", "equal")
+    return study, trial
+
+
+def test_a_stored_probe_s_drift_rows_end_its_family_s_bisection(caplog: pytest.LogCaptureFixture) -> None:
+    """Through the study: trial 0 (λ 0.3, feasible) stored its structures' drift as a finished trial does; trial 1
+    (λ 0.7) over-corrects. Without a drift limit λ 0.5 is queued; with seed 4's limits nothing is, and the log says
+    why."""
+    from tuner.tuning.bisection import probe_of
+
+    caplog.set_level(logging.INFO, logger="tuner.tuning.bisection")
+    study, trial = seed4_family({"openings": {"psi": 0.13, "drift": 0.0189}, "crops": {"psi": 0.12, "drift": 0.0098}})
+    assert probe_of(study.trials[0]) == Probe(0.3, True, False, {"openings": 0.0189, "crops": 0.0098})
     limits = {"openings": 0.0244, "crops": 0.0224}
     assert queue_next(study, trial, {"drift": 1.3}, False, STEP, 0.07, 0.2, {"crops": 0.0699}, limits) is None
     assert [r.getMessage() for r in caplog.records if r.name == "tuner.tuning.bisection"] == [
@@ -263,27 +271,11 @@ def test_a_trial_s_objective_hands_its_drift_and_the_paper_default_s_yardstick_t
     4's: 0.0122 on the openings, so 0.0244), and the trial's own drift per structure joins its family's probes."""
     from types import SimpleNamespace
 
-    from optuna.distributions import CategoricalDistribution
-
     from objectives import Constraints
     from tuner.tuning.objective import TrialObjective
     from tuner.tuning.search_space import SearchSpace
 
-    params = {"strength": 0.3, "depth": "25%", "basket_size": 256, "variant": "cls_hard"}
-    study = optuna.create_study()
-    study.add_trial(
-        optuna.trial.create_trial(
-            value=0.2031,
-            params=params,
-            distributions={k: CategoricalDistribution([v]) for k, v in params.items()},
-            user_attrs={"structures": {"dev-openings": {"psi": 0.13, "drift": 0.0189}}, "basket_shares": "equal", "psi": 0.2, "hm": 0.57},
-            system_attrs={"constraints:drift": -0.2},
-        )
-    )
-    trial = study.ask()
-    for name, value in (params | {"strength": 0.7}).items():
-        trial.suggest_categorical(name, [value])
-    trial.set_user_attr("basket_shares", "equal")
+    study, trial = seed4_family({"dev-openings": {"psi": 0.13, "drift": 0.0189}})
     made = object.__new__(TrialObjective)  # only what the bisection step reads
     made.bisect, made.space, made.constraints = True, SearchSpace(), Constraints(0.5, max_drift=max_drift)
     made._own_reference, made._drift_reference = False, {"dev-openings": 0.0122, "dev-crops": 0.0112}
