@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import math
 import statistics
 from collections import defaultdict
@@ -25,7 +24,7 @@ from dataclasses import dataclass
 import optuna
 from optuna.trial import FrozenTrial
 
-from tuner.tuning.bisection import DRIFT_EXPONENTS
+from tuner.tuning.bisection import DRIFT_EXPONENTS, family, probe_of
 
 
 @dataclass(frozen=True)
@@ -40,21 +39,20 @@ class Pair:
 
 
 def pairs(trials: Iterable[FrozenTrial]) -> list[Pair]:
-    """Every pair of distinct λ within a family and structure that both measured a drift > 0 (λ 0, the baseline, is
-    no family's member; a config met twice counts once)."""
+    """Every pair of distinct λ within a family (`tuner.tuning.bisection.family`) and structure that both measured a
+    drift > 0 (λ 0, the baseline, and a surplus draw that never ran are no probes; a config met twice counts once)."""
     drifts: dict[tuple[str, str], dict[float, float]] = defaultdict(dict)
     for trial in trials:
-        strength = float(trial.params.get("strength", 0.0))
-        if strength <= 0:
+        probe = probe_of(trial)  # reads the structures' rows as λ bisection does
+        if probe is None:
             continue
-        family = json.dumps({k: v for k, v in trial.params.items() if k != "strength"}, sort_keys=True)
-        for structure, row in (trial.user_attrs.get("structures") or {}).items():
-            if (row.get("drift") or 0.0) > 0:
-                drifts[(family, structure)][round(strength, 6)] = float(row["drift"])
+        for structure, drift in probe.drift.items():
+            if drift > 0:
+                drifts[(family(trial), structure)][round(probe.strength, 6)] = drift
     found = []
-    for (family, structure), by_strength in sorted(drifts.items()):
+    for (kin, structure), by_strength in sorted(drifts.items()):
         for (low, first), (high, second) in itertools.combinations(sorted(by_strength.items()), 2):
-            found.append(Pair(family, structure, low, high, math.log(second / first) / math.log(high / low)))
+            found.append(Pair(kin, structure, low, high, math.log(second / first) / math.log(high / low)))
     return found
 
 

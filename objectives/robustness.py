@@ -110,6 +110,11 @@ class RobustEvidence:
         others = [-s.evidence.ndcg_delta_high for s in self.structures if not s.tuning and math.isfinite(s.evidence.ndcg_delta_high)]
         return max(others) if others else None
 
+    def drifts(self) -> dict[str, float]:
+        """name → the trial's drift there: what the paper default's trial is as the drift limit's yardstick, and what
+        λ bisection extrapolates from."""
+        return {s.name: s.drift for s in self.structures}
+
     def drift_ratio(self, reference: Mapping[str, float]) -> float | None:
         """The largest drift over the structures as a multiple of `reference`'s (structure name → the reference
         calibration's drift there). A structure the reference did not measure, or where it moved nothing, is left

@@ -279,12 +279,15 @@ def test_a_trial_s_objective_hands_its_drift_and_the_paper_default_s_yardstick_t
     made = object.__new__(TrialObjective)  # only what the bisection step reads
     made.bisect, made.space, made.constraints = True, SearchSpace(), Constraints(0.5, max_drift=max_drift)
     made._own_reference, made._drift_reference = False, {"dev-openings": 0.0122, "dev-crops": 0.0112}
-    scored = SimpleNamespace(robust=SimpleNamespace(structures=[SimpleNamespace(name="dev-crops", drift=0.0699)], objective=0.07))
-    made._bisect(trial, {"drift": 2.1}, scored, complete=False)  # type: ignore[arg-type]
+
+    def robust(drift: dict[str, float]) -> SimpleNamespace:  # the trial's evidence, as far as the bisection reads it
+        return SimpleNamespace(drifts=lambda: dict(drift), objective=0.07)
+
+    made._bisect(trial, {"drift": 2.1}, SimpleNamespace(robust=robust({"dev-crops": 0.0699})), complete=False)  # type: ignore[arg-type]
     queued = [t.system_attrs["fixed_params"]["strength"] for t in study.get_trials(states=(optuna.trial.TrialState.WAITING,))]
     assert queued == ([] if max_drift else [0.5])
-    assert made._drift_limits({"dev-crops": 0.0699}) == (
+    assert made._drift_limits(robust({"dev-crops": 0.0699})) == (  # type: ignore[arg-type]
         {"dev-openings": pytest.approx(0.0244), "dev-crops": pytest.approx(0.0224)} if max_drift else None
     )
     made._own_reference = True  # the paper default is its own yardstick
-    assert made._drift_limits({"dev-crops": 0.0112}) == ({"dev-crops": pytest.approx(0.0224)} if max_drift else None)
+    assert made._drift_limits(robust({"dev-crops": 0.0112})) == ({"dev-crops": pytest.approx(0.0224)} if max_drift else None)  # type: ignore[arg-type]

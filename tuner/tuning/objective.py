@@ -245,14 +245,18 @@ class TrialObjective:
         and, under the drift limit, bounded by the drift the family has measured."""
         if self.bisect:
             best = best_objective(trial.study)
-            drift = {s.name: s.drift for s in scored.robust.structures}
             step, worst = self.space.strength_step, scored.robust.objective
-            queue_next(trial.study, trial, constraints, complete, step, worst, best, drift, self._drift_limits(drift))
+            queue_next(
+                trial.study, trial, constraints, complete, step, worst, best, scored.robust.drifts(), self._drift_limits(scored.robust)
+            )
 
-    def _drift_limits(self, own: Mapping[str, float]) -> dict[str, float] | None:
-        """The drift allowed per structure: `--max-drift` times the paper default's (`own`, the trial's drift, when
-        it is the paper default); None without the limit or its yardstick."""
-        reference = own if self._own_reference else self._drift_reference
+    def _drift_yardstick(self, robust: RobustEvidence) -> Mapping[str, float] | None:
+        """The paper default's drift per structure (the trial's own when it is the paper default); None while unknown."""
+        return robust.drifts() if self._own_reference else self._drift_reference
+
+    def _drift_limits(self, robust: RobustEvidence) -> dict[str, float] | None:
+        """The drift allowed per structure: `--max-drift` times the yardstick's; None without the limit or its yardstick."""
+        reference = self._drift_yardstick(robust)
         if self.constraints.max_drift is None or reference is None:
             return None
         return {name: self.constraints.max_drift * value for name, value in reference.items() if value > 0}
@@ -479,7 +483,7 @@ class TrialObjective:
         measure: it is pruned on it. Before the tuning split is scored (`evidence` None) its constraints are left out."""
         baseline = self._crops_baseline()
         crops_psi = (crops.psi, baseline.psi) if crops is not None and baseline is not None else None
-        reference = {s.name: s.drift for s in robust.structures} if self._own_reference else self._drift_reference
+        reference = self._drift_yardstick(robust)
         return self.constraints.values(
             evidence.hm if evidence else None,
             evidence.hm_low if evidence else None,
