@@ -265,6 +265,20 @@ def test_a_stored_probe_s_drift_rows_end_its_family_s_bisection(caplog: pytest.L
     assert queue_next(study, trial, {"drift": 1.3}, False, STEP, 0.07, 0.2, {"crops": 0.0699}) == pytest.approx(0.5)
 
 
+def test_a_probe_the_drift_ceiling_placed_says_so_in_its_record_and_the_log(caplog: pytest.LogCaptureFixture) -> None:
+    """A looser openings limit (0.04): the ceiling 0.3 · (0.04/0.0189)^(1/1.75) = 0.4604 is below the over-correcting
+    λ 0.7, so the midpoint is taken towards it: (0.3 + 0.4604) / 2 = 0.38, λ 0.35 on the grid."""
+    caplog.set_level(logging.INFO, logger="tuner.tuning.bisection")
+    study, trial = seed4_family({"openings": {"psi": 0.13, "drift": 0.0189}})
+    assert queue_next(study, trial, {"drift": 1.3}, False, STEP, 0.07, 0.2, {}, {"openings": 0.04}) == pytest.approx(0.35)
+    waiting = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    assert waiting[0].user_attrs[BISECT_ATTR] == {"of": 1, "feasible": 0.3, "over_corrects": 0.7, "drift_ceiling": 0.4604}
+    assert [r.getMessage() for r in caplog.records if r.name == "tuner.tuning.bisection"] == [
+        "trial 1: λ bisection queued the same config at λ 0.35 (between λ 0.3, feasible, and λ 0.7, which over-corrects; "
+        "the drift measured puts every λ above 0.46 over the drift limit)"
+    ]
+
+
 @pytest.mark.parametrize("max_drift", [2.0, None])
 def test_a_trial_s_objective_hands_its_drift_and_the_paper_default_s_yardstick_to_the_bisection(max_drift: float | None) -> None:
     """The wiring in `TrialObjective`: the limits are --max-drift times the paper default's drift per structure (seed
