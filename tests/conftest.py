@@ -9,6 +9,11 @@ import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# MLflow's telemetry thread sets and pops _MLFLOW_TELEMETRY_SESSION_ID in os.environ, racing any thread that walks
+# os.environ (urllib's proxy lookup, on every request): one suite run here failed a log-batch with
+# KeyError('_MLFLOW_TELEMETRY_SESSION_ID').
+# The suite's processes have no internet to send it to anyway.
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 # One intra-op thread for torch here and in every process the tests start (set before torch is imported, so the
 # fork server's children inherit it): the suite runs three workers and their `tune` processes on two cores, where
 # a second thread only spins against the other processes. A tiny tune run took 11.3 s with one thread against
@@ -71,7 +76,7 @@ def one_thread():
 # `--dist loadgroup` the tests that use one of them run on one worker, so the study runs once instead of once per
 # worker that drew one of its tests; a module's other tests, and its other shared runs, spread over the workers
 # (grouping whole modules put test_paths' two studies and test_tracking's two behind each other on one worker).
-SHARED_RUNS = ("default_run", "server_run", "workspace", "headline_run", "bge_m3_run", "qwen3_run")
+SHARED_RUNS = ("default_run", "server_run", "workspace", "headline_run", "bge_m3_run", "qwen3_run", "budgeted")
 
 
 # The modules whose tests (or shared runs) take longest, started first: a long one drawn last would leave the
