@@ -17,6 +17,8 @@ from urllib.parse import urlsplit
 import pytest
 import requests
 
+from tuner.tracking.runs import ui_environment
+
 
 def as_logged(value: float, abs: float = 0.0) -> object:
     """`value` as MLflow stores it: four significant digits (half a unit in the fourth: relative 5e-4), plus
@@ -65,6 +67,7 @@ class MlflowServer:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                env=ui_environment(os.environ),  # as `tune ui` serves: without MLflow's job runner
             )
         deadline = time.monotonic() + START_SECONDS
         while not self.healthy():

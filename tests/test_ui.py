@@ -15,6 +15,7 @@ from mlflow.tracking import MlflowClient
 
 from tests import forkserver
 from tests.services import free_port
+from tuner.tracking.runs import JOB_EXECUTION_ENV, ui_environment
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
@@ -42,8 +43,10 @@ def test_tune_ui_stops_its_whole_process_group_on_a_signal(tmp_path: Path, signu
                 time.sleep(1)
         served = psutil.Process(ui.pid).children(recursive=True)
         assert served, "mlflow ui runs as a child"
-        command = next(p.cmdline() for p in served if "mlflow" in p.cmdline())
+        mlflow = next(p for p in served if "mlflow" in p.cmdline())
+        command = mlflow.cmdline()
         assert command[command.index("--workers") + 1] == "1"  # one server worker, for one browser
+        assert mlflow.environ()[JOB_EXECUTION_ENV] == "false"  # and no job runner (eight processes importing MLflow)
         ui.send_signal(signum)
         output, _ = ui.communicate(timeout=60)
         assert ui.returncode == 128 + signum, output
@@ -57,3 +60,9 @@ def test_tune_ui_stops_its_whole_process_group_on_a_signal(tmp_path: Path, signu
         for process in served:  # what this test started, by id
             if process.is_running():
                 process.kill()
+
+
+def test_the_ui_runs_without_mlflows_job_runner_unless_the_user_asks_for_it() -> None:
+    """posfair's runs use no MLflow job; a user who wants the runner sets the variable and keeps it."""
+    assert ui_environment({"PATH": "/bin"}) == {"PATH": "/bin", JOB_EXECUTION_ENV: "false"}
+    assert ui_environment({JOB_EXECUTION_ENV: "true"})[JOB_EXECUTION_ENV] == "true"
