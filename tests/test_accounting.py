@@ -255,7 +255,7 @@ POP_ALL = """
 import json, sys, time
 from pathlib import Path
 import optuna
-from tuner.tuning.study import make_storage
+from tuner.tuning.storage import make_storage
 optuna.logging.set_verbosity(optuna.logging.ERROR)
 study = optuna.load_study(study_name="queue", storage=make_storage(sys.argv[1]))
 Path(sys.argv[2]).touch()

@@ -142,7 +142,7 @@ def test_a_storage_error_without_a_message_is_still_named(monkeypatch: pytest.Mo
     """The storage message took the cause's first line with `splitlines()[0]`: an empty message raised IndexError."""
     import sqlalchemy
 
-    from tuner.tuning.study import check_storage_url
+    from tuner.tuning.storage import check_storage_url
 
     def fails(url: str) -> None:
         raise sqlalchemy.exc.ArgumentError("")

@@ -133,9 +133,9 @@ def test_the_store_creation_race_on_alembic_version_is_retried(tmp_path: Path, m
     alembic_version` was not retried and ended in advice to fix the URL."""
     import sqlalchemy.exc
 
-    import tuner.tuning.study
+    import tuner.tuning.storage
 
-    real, calls = tuner.tuning.study.RDBStorage, []
+    real, calls = tuner.tuning.storage.RDBStorage, []
 
     def racing(*args: object, **kwargs: object) -> object:
         calls.append(1)
@@ -145,9 +145,9 @@ def test_the_store_creation_race_on_alembic_version_is_retried(tmp_path: Path, m
             )
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(tuner.tuning.study, "RDBStorage", racing)
-    monkeypatch.setattr(tuner.tuning.study.time, "sleep", lambda seconds: None)
-    assert isinstance(tuner.tuning.study.make_storage(f"sqlite:///{tmp_path / 'o.db'}"), real) and len(calls) == 2
+    monkeypatch.setattr(tuner.tuning.storage, "RDBStorage", racing)
+    monkeypatch.setattr(tuner.tuning.storage.time, "sleep", lambda seconds: None)
+    assert isinstance(tuner.tuning.storage.make_storage(f"sqlite:///{tmp_path / 'o.db'}"), real) and len(calls) == 2
 
 
 def test_mlruns_deleted_mid_run_stops_with_a_clear_error(tiny_model_dir, data: Path, tmp_path: Path) -> None:

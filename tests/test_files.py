@@ -32,7 +32,7 @@ def test_default_places_are_under_mlruns_in_the_working_folder(tmp_path: Path, m
     creates nothing (a failed start leaves no store behind). MLflow's URI is relative, so a moved mlruns/ works."""
     from tuner.evaluation.cache_policy import default_cache_dir
     from tuner.tracking.runs import default_tracking_uri
-    from tuner.tuning.study import default_storage
+    from tuner.tuning.storage import default_storage
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("POSFAIR_CACHE_DIR", raising=False)

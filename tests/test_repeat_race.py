@@ -25,7 +25,8 @@ from optuna.trial import TrialState
 
 from tuner.common.trials import DUPLICATE_ATTR, calibration_key
 from tuner.tuning.objective import TrialObjective
-from tuner.tuning.study import OWNER_ATTR, make_storage
+from tuner.tuning.storage import make_storage
+from tuner.tuning.study import OWNER_ATTR
 
 # one resolved calibration as `TrialObjective.__call__` logs it (a parameter or fixed by the space)
 X = {"strength": 0.55, "variant": "cls_soft", "depth": "50%", "basket_size": 128, "layers": [2, 3], "basket_shares": "equal"}

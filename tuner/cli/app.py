@@ -455,9 +455,10 @@ def export(
     _setup_logging()
     with _friendly_errors():
         from tuner.tuning.conclusion import reexport
+        from tuner.tuning.storage import default_storage
 
         _quiet_libraries()
-        path = reexport(study_name, storage, output, tracking_uri, trust_remote_code, selection, trial)
+        path = reexport(study_name, storage or default_storage(), output, tracking_uri, trust_remote_code, selection, trial)
     console.print(f"exported: [bold]{escape(str(path))}[/bold]")
 
 

@@ -33,11 +33,9 @@ from tuner.tuning.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, is_
 from tuner.tuning.session import FLOOR_ATTR, split_datasets
 from tuner.tuning.settings import EXPERIMENT, TuneSettings
 from tuner.tuning.study import (
-    HEARTBEAT_SECONDS,
     OWNER_ATTR,
     claim_export,
-    default_storage,
-    make_storage,
+    load_stored_study,
     pareto_front,
     record_export,
     trial_by_number,
@@ -225,7 +223,7 @@ def _nothing_feasible(study: optuna.Study, settings: TuneSettings, floor: float)
 
 def reexport(
     study_name: str,
-    storage: str | None,
+    storage: str,
     output: Path | None,
     tracking_uri: str | None,
     trust_remote_code: bool = False,
@@ -239,11 +237,7 @@ def reexport(
     code if the study was run with `--trust-remote-code`. The export is logged to the study's MLflow
     parent run, in `tracking_uri` (default: the store the study logged to).
     """
-    storage = storage or default_storage()
-    try:
-        study = optuna.load_study(study_name=study_name, storage=make_storage(storage, HEARTBEAT_SECONDS))
-    except KeyError:
-        raise ValueError(f"no study {study_name!r} in {storage}; see the study names in `tune ui` or the tune output") from None
+    study = load_stored_study(study_name, storage)
     attrs = study.user_attrs
     lacking = [
         key

@@ -31,7 +31,8 @@ from tuner.evaluation.visible import within_reach
 from tuner.tracking.runs import Tracker
 from tuner.tuning.search_space import DEPTHS, GRIDS, PAPER_GRID, SearchSpace, grid_size
 from tuner.tuning.settings import DEFAULT_TRIALS, EXPERIMENT, TuneSettings
-from tuner.tuning.study import check_storage_url, default_storage, open_study
+from tuner.tuning.storage import check_storage_url, default_storage
+from tuner.tuning.study import open_study
 
 log = logging.getLogger(__name__)
 

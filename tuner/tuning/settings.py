@@ -160,7 +160,7 @@ def settings_in_force(settings: TuneSettings) -> dict[str, object]:
     """The settings as the run will use them: defaults resolved to their values (nothing is created here)."""
     from tuner.engine.models import resolve_spec
     from tuner.tracking.runs import default_tracking_uri, describe_store
-    from tuner.tuning.study import default_storage
+    from tuner.tuning.storage import default_storage
 
     values = {k: v for k, v in vars(settings).items() if k != "dataset_defaulted"}
     try:

@@ -37,7 +37,8 @@ from tuner.tuning.objective import SideSet, TrialObjective
 from tuner.tuning.search_space import PAPER_GRID, trial_basket_shares
 from tuner.tuning.session import FLOOR_ATTR, Session, describe_budget, prepare, price_budget
 from tuner.tuning.settings import TuneSettings, worker_devices
-from tuner.tuning.study import Terminated, TrialsEnd, make_storage, run_trials
+from tuner.tuning.storage import make_storage
+from tuner.tuning.study import Terminated, TrialsEnd, run_trials
 
 log = logging.getLogger(__name__)
 
