@@ -58,7 +58,8 @@ def start(runner: bool, settle: float) -> tuple[float, int, float]:
                 time.sleep(0.2)
         answered = time.perf_counter() - began
         time.sleep(settle)
-        group = [psutil.Process(server.pid), *psutil.Process(server.pid).children(recursive=True)]
+        leader = psutil.Process(server.pid)
+        group = [leader, *leader.children(recursive=True)]
         cpu = sum(sum(p.cpu_times()[:2]) for p in group if p.is_running())
         return answered, len(group), cpu
     finally:

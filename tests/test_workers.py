@@ -23,7 +23,7 @@ from mlflow.tracking import MlflowClient
 
 from tests import forkserver
 from tests.ci import require_mlflow_server, require_postgres
-from tests.services import as_logged, fresh_postgres_database, running_mlflow_server
+from tests.services import as_logged, free_port, fresh_postgres_database, running_mlflow_server
 from tests.test_study import write_dataset
 from tests.tiny import tiny_tune_options
 from tuner.common.trials import DUPLICATE_ATTR, counted
@@ -230,11 +230,7 @@ def test_a_trial_that_raises_is_recorded_as_failed_and_the_study_goes_on(
 
 
 def test_an_unreachable_tracking_server_fails_before_any_work(tiny_settings: TuneSettings, tmp_path: Path) -> None:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()  # nothing listens there
     start = time.monotonic()
     with pytest.raises(TrackingUnavailableError, match=f"http://127.0.0.1:{port} does not answer"):
         tune(replace(tiny_settings, tracking_uri=f"http://127.0.0.1:{port}"))
