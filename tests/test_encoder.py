@@ -7,14 +7,14 @@ import time
 
 import numpy as np
 import pytest
-from transformers import AutoModel
+from transformers import AutoModel, DebertaV2Config, XLMConfig
 
 from tests.conftest import POOLING
-from tests.tiny import random_texts
+from tests.tiny import PLAIN, build_tokenizer, load_as, random_texts, save_custom_code
 from tuner.calibration import CalibrationConfig, ConfigError
 from tuner.calibration.reference import register_reference
 from tuner.engine.encoder import CalibratedEncoder
-from tuner.engine.models import LoadedModel, ModelUnavailableError, UnsupportedModelError, load_model
+from tuner.engine.models import LoadedModel, ModelUnavailableError, UnsupportedModelError, load_model, resolve_spec
 
 # Mixed lengths: some documents are shorter than one basket (8 tokens) and stay uncalibrated.
 TEXTS = random_texts(11, 2, 70, seed=1)
@@ -22,8 +22,7 @@ TEXTS = random_texts(11, 2, 70, seed=1)
 
 def with_attention(loaded: LoadedModel, implementation: str) -> LoadedModel:
     """The same weights under another attention implementation."""
-    model = AutoModel.from_pretrained(loaded.model.name_or_path, attn_implementation=implementation).eval()
-    return dataclasses.replace(loaded, model=model)
+    return dataclasses.replace(loaded, model=load_as(loaded.model.name_or_path, implementation))
 
 
 @pytest.fixture(scope="module", params=list(POOLING))
@@ -69,13 +68,13 @@ def test_isolating_no_token_matches_the_oracle(tiny: LoadedModel) -> None:
 
 
 def test_strength_zero_and_short_documents_match_plain_sdpa(tiny: LoadedModel) -> None:
-    plain = CalibratedEncoder(with_attention(tiny, "sdpa")).encode(TEXTS, batch_size=4)
+    plain = CalibratedEncoder(with_attention(tiny, PLAIN)).encode(TEXTS, batch_size=4)
     at_zero = CalibratedEncoder(tiny, tiny.default_config(strength=0.0, basket_size=8, layers=1.0)).encode(TEXTS, batch_size=4)
     assert np.abs(at_zero - plain).max() < 1e-6
     short = [t for t in TEXTS if len(t.split()) < 6]
     long_basket = tiny.default_config(strength=1.0, basket_size=200, layers=1.0)
     assert (
-        np.abs(CalibratedEncoder(tiny, long_basket).encode(short) - CalibratedEncoder(with_attention(tiny, "sdpa")).encode(short)).max()
+        np.abs(CalibratedEncoder(tiny, long_basket).encode(short) - CalibratedEncoder(with_attention(tiny, PLAIN)).encode(short)).max()
         < 1e-6
     )
 
@@ -88,7 +87,7 @@ def test_a_causal_model_without_padding_at_strength_zero_is_plain_sdpa(tiny_mode
     """transformers 5 hands an unpadded decoder batch (Qwen3) to the attention function with no mask and
     is_causal=True: "no mask" must not mean "every key visible"."""
     loaded = load_model(str(tiny_model_dir("qwen3")), pooling=pooling)
-    plain = CalibratedEncoder(with_attention(loaded, "sdpa"))
+    plain = CalibratedEncoder(with_attention(loaded, PLAIN))
     at_zero = CalibratedEncoder(loaded, loaded.default_config(strength=0.0, basket_size=4, layers=1.0))
     for text in CAUSAL_TEXTS[:2]:
         assert np.abs(at_zero.encode([text]) - plain.encode([text])).max() < 1e-6
@@ -142,7 +141,7 @@ def test_layers_beyond_the_model_are_refused(tiny: LoadedModel) -> None:
 
 
 def test_unknown_alias_lists_the_known_ones() -> None:
-    with pytest.raises(ValueError, match="Known aliases: minilm, bge-m3"):
+    with pytest.raises(ValueError, match="Known aliases: minilm, mpnet, bge-m3, gte-multilingual-base, qwen3-embedding-0.6b"):
         load_model("bge-m4")
 
 
@@ -157,9 +156,39 @@ def test_a_model_not_available_offline_fails_fast_with_instructions(monkeypatch:
     assert time.perf_counter() - start < 5
 
 
-def test_remote_code_needs_an_explicit_flag() -> None:
-    with pytest.raises(UnsupportedModelError, match="--trust-remote-code"):
-        load_model("gte-multilingual-base")
+def test_remote_code_needs_an_explicit_flag(tmp_path) -> None:
+    folder = save_custom_code(tmp_path / "custom")
+    with pytest.raises(UnsupportedModelError, match=f"{folder} runs custom code .* Pass --trust-remote-code"):
+        load_model(str(folder), pooling="cls")
+    assert type(load_model(str(folder), pooling="cls", trust_remote_code=True).model).__name__ == "TinyCustomModel"
+
+
+def test_the_gte_hub_id_a_user_types_is_the_native_checkpoint() -> None:
+    """gte-multilingual-base's own repository runs remote code that computes attention itself; the registry reads
+    the checkpoint converted for transformers' native GteModel, whichever of the names a user gives."""
+    assert resolve_spec("Alibaba-NLP/gte-multilingual-base") == resolve_spec("gte-multilingual-base")
+    assert resolve_spec("gte-multilingual-base").source == "alibaba-nlp-community/gte-multilingual-base"
+
+
+@pytest.mark.parametrize(
+    ("family", "config"),
+    [
+        (
+            "DebertaV2Model",
+            DebertaV2Config(vocab_size=204, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64),
+        ),
+        ("XLMModel", XLMConfig(vocab_size=204, emb_dim=32, n_layers=2, n_heads=4)),
+    ],
+)
+def test_a_family_that_computes_attention_itself_without_an_adapter_is_refused_by_name(tmp_path, family: str, config) -> None:
+    folder = tmp_path / family
+    AutoModel.from_config(config).save_pretrained(folder)
+    build_tokenizer("bert", 64).save_pretrained(folder)
+    with pytest.raises(UnsupportedModelError) as caught:
+        load_model(str(folder), pooling="cls")
+    message = str(caught.value)
+    assert f"{family} (model type {config.model_type!r}) computes attention itself in 2 of its 2 layers" in message
+    assert "through adapters, mpnet" in message and "remote code" not in message
 
 
 @pytest.fixture(scope="module")

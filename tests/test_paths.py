@@ -22,11 +22,13 @@ import pytest
 import torch
 import yaml
 from mlflow.tracking import MlflowClient
-from transformers import AutoModel, AutoTokenizer
+from transformers import AutoTokenizer
 
 from tests.hub import (
     BGE_M3,
-    GTE_MULTILINGUAL,
+    CUSTOM_CODE,
+    GTE_NATIVE,
+    MPNET,
     QWEN3_EMBEDDING,
     FakeHub,
     Passage,
@@ -40,7 +42,7 @@ from tests.hub import (
     write_fineweb_posq,
     write_posir,
 )
-from tests.tiny import WORDS, save_tiny
+from tests.tiny import PLAIN, WORDS, load_as, save_custom_code
 from tuner.calibration import CalibrationConfig, calibrating
 from tuner.calibration.reference import register_reference
 from tuner.common.trials import named_constraints
@@ -65,8 +67,8 @@ class Reference:
 
     def __init__(self, snapshot: Path, pooling: str) -> None:
         self.tokenizer = AutoTokenizer.from_pretrained(snapshot)
-        self.plain = AutoModel.from_pretrained(snapshot, attn_implementation="sdpa").eval()
-        self.oracle = AutoModel.from_pretrained(snapshot, attn_implementation=register_reference()).eval()
+        self.plain = load_as(snapshot, PLAIN)
+        self.oracle = load_as(snapshot, register_reference())
         self.pooling = pooling
 
     def encode(self, texts: list[str], config: CalibrationConfig | None = None, prompt: str = "") -> np.ndarray:
@@ -82,7 +84,8 @@ class Reference:
                 config = CalibrationConfig.model_validate_json(config_json)
                 with calibrating(config.resolve(self.plain.config.num_hidden_layers)):
                     hidden = self.oracle(**batch).last_hidden_state[0]
-        pooled = hidden[0] if self.pooling == "cls" else hidden[-1]  # no padding: the last token is the last row
+        # no padding: the last token is the last row, and every row is a real token
+        pooled = {"cls": hidden[0], "last": hidden[-1], "mean": hidden.mean(0)}[self.pooling]
         return torch.nn.functional.normalize(pooled.double(), dim=-1).numpy()
 
 
@@ -150,7 +153,9 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> FakeHub:
     hub = FakeHub(tmp_path_factory.mktemp("paths"))
     hub.add_model(BGE_M3, "xlmr")
     hub.add_model(QWEN3_EMBEDDING, "qwen3")
-    hub.add_model(GTE_MULTILINGUAL, "xlmr", remote_code=True)
+    hub.add_model(GTE_NATIVE, "gte")
+    hub.add_model(MPNET, "mpnet")
+    hub.add_model(CUSTOM_CODE, "xlmr", remote_code=True)
     return hub
 
 
@@ -480,19 +485,21 @@ def test_tune_evaluate_on_a_jsonl_folder_and_a_beir_general_set(this_process_on_
 
 
 def test_tune_export_restores_revision_and_remote_code_and_logs_where_asked(this_process_on_the_hub: FakeHub) -> None:
-    """A study of a remote-code model (under gte-multilingual-base's id) re-exported after the hub moved on."""
+    """A study of a model that brings its own code, re-exported after the hub moved on."""
     hub = this_process_on_the_hub
     from tests.test_study import write_dataset
 
-    data = write_dataset(hub.root / "gte-data", docs=8)
-    work = hub.root / "gte"
-    tuned_revision = hub.revisions[GTE_MULTILINGUAL]
+    data = write_dataset(hub.root / "custom-data", docs=8)
+    work = hub.root / "custom"
+    tuned_revision = hub.revisions[CUSTOM_CODE]
     storage = f"sqlite:///{work / 'optuna.db'}"
     succeeded(
         run_tune(
             hub,
             "--model",
-            "gte-multilingual-base",
+            CUSTOM_CODE,
+            "--pooling",
+            "cls",
             "--trust-remote-code",
             "--dataset",
             f"jsonl:{data}",
@@ -516,9 +523,9 @@ def test_tune_export_restores_revision_and_remote_code_and_logs_where_asked(this
         )
     )
     # The hub moves on: a new commit on main, which a re-export must not pick up.
-    moved = save_tiny("xlmr", hub.root / "gte-next", layers=3, initializer_range=0.5)
+    moved = save_custom_code(hub.root / "custom-next", layers=3, initializer_range=0.5)
     (moved / "README.md").write_text("a newer revision\n", encoding="utf-8")
-    add_repo(hub.cache, GTE_MULTILINGUAL, moved)
+    add_repo(hub.cache, CUSTOM_CODE, moved)
 
     output = tune_here(
         "export",
@@ -542,3 +549,98 @@ def test_tune_export_restores_revision_and_remote_code_and_logs_where_asked(this
     [run] = client.search_runs([experiment.experiment_id], "tags.`posfair.study` = 'gte'")
     assert run.data.tags["posfair.export"] == str(work / "again.yaml")
     assert "again.yaml" in {a.path for a in client.list_artifacts(run.info.run_id)}
+
+
+# ------------------------------------------------ gte-multilingual-base (native GTE) and MPNet (adapter) end to end
+
+
+@pytest.mark.parametrize(
+    ("typed", "repo", "pooling", "options"),
+    [
+        ("Alibaba-NLP/gte-multilingual-base", GTE_NATIVE, "cls", []),  # the id a user types; the registry's native checkpoint
+        (MPNET, MPNET, "mean", ["--pooling", "mean"]),  # the hub id as any model: attention through its adapter
+    ],
+    ids=["gte-native", "mpnet"],
+)
+def test_tune_and_evaluate_gte_and_mpnet_score_as_computed_independently(
+    this_process_on_the_hub: FakeHub, typed: str, repo: str, pooling: str, options: list[str]
+) -> None:
+    """`tune` then `tune evaluate` on the winner: every figure as the oracle-calibrated vectors give it."""
+    hub = this_process_on_the_hub
+    from tests.test_study import write_dataset
+
+    name = repo.split("/")[1]
+    data = write_dataset(hub.root / f"{name}-data", docs=8, words=20)
+    work = hub.root / name
+    succeeded(
+        run_tune(
+            hub,
+            "--model",
+            typed,
+            *options,
+            "--dataset",
+            f"jsonl:{data}",
+            "--heldout",
+            "",
+            "--trials",
+            "2",
+            "--hm-floor=-50%",
+            "--no-bisect",  # a random model over-corrects at random; λ bisection would spend these few trials on it
+            "--max-ndcg-drop",
+            "none",
+            "--max-drift",
+            "none",
+            "--no-prune",
+            "--space",
+            str(space_file(hub.root, f"{name}-space.yaml", basket_sizes=[16, 32])),
+            "--bootstrap",
+            "20",
+            "--output",
+            str(work / "best.yaml"),
+            "--tracking-uri",
+            hub.tracking_uri,
+            cwd=work,
+        )
+    )
+    exported = yaml.safe_load((work / "best.yaml").read_text(encoding="utf-8"))
+    assert exported["model"]["source"] == repo and exported["model"]["revision"] == hub.revisions[repo]
+    winner = CalibrationConfig(**exported["calibration"])
+    assert winner.strength > 0, "the winner must be calibrated, else the oracle check is void"
+
+    corpus = [json.loads(line) for line in (data / "corpus.jsonl").read_text(encoding="utf-8").splitlines()]
+    queries = [json.loads(line) for line in (data / "queries.jsonl").read_text(encoding="utf-8").splitlines()]
+    model = reference(hub.snapshot(repo), pooling)
+    query_vectors = model.encode([q["text"] for q in queries])
+    doc_ids = [d["id"] for d in corpus]
+    relevant = [q["relevant"][0] for q in queries]
+    groups = {q["id"]: q["group"] for q in queries}
+
+    def expected(config: CalibrationConfig | None) -> dict[str, float]:
+        documents = model.encode([d["text"] for d in corpus], config)
+        gains = dict(zip([q["id"] for q in queries], ndcg10(query_vectors, documents, doc_ids, relevant)))
+        return figures(gains, groups) | {"n_begin": 8, "n_middle": 8, "n_end": 8}
+
+    assert_figures(exported["metrics"]["tuning"], expected(winner), "tune: the winner")
+    assert_figures(exported["metrics"]["tuning_baseline"], expected(None), "tune: no calibration")
+    tune_here(
+        "evaluate",
+        "--model",
+        typed,
+        *options,
+        "--dataset",
+        f"jsonl:{data}",
+        "--config",
+        str(work / "best.yaml"),
+        "--no-paper-default",
+        "--no-sea",
+        "--no-shuffled",
+        "--general",
+        "",
+        "--bootstrap",
+        "20",
+        "--json",
+        str(work / "evaluate.json"),
+    )
+    rows = {row["name"]: row["metrics"] for row in json.loads((work / "evaluate.json").read_text(encoding="utf-8"))["rows"]}
+    assert_figures(rows["No calibration"], expected(None), "evaluate: no calibration")
+    assert_figures(rows[next(n for n in rows if n.startswith("best.yaml"))], expected(winner), "evaluate: the winner")

@@ -2,16 +2,36 @@
 
 Three architectures cover the pooling schemes: BERT (cls or mean pooling, right padding), XLM-R
 (cls, bge-m3's architecture) and Qwen3 (last-token pooling, grouped-query attention, left padding).
+Two more cover how attention reaches calibration: MPNet (mean pooling, all-mpnet-base-v2's architecture),
+whose attention computes its scores itself plus a relative position bias and is routed through an adapter,
+and GTE (cls, gte-multilingual-base's native architecture: rotary positions, gated MLP).
 """
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
-from transformers import BertConfig, BertModel, PreTrainedTokenizerFast, Qwen3Config, Qwen3Model, XLMRobertaConfig, XLMRobertaModel
+from transformers import (
+    AutoModel,
+    BertConfig,
+    BertModel,
+    GteConfig,
+    GteModel,
+    MPNetConfig,
+    MPNetModel,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    Qwen3Config,
+    Qwen3Model,
+    XLMRobertaConfig,
+    XLMRobertaModel,
+)
+
+from tuner.engine.adapters import adapt
 
 WORDS = [f"w{i}" for i in range(200)]
 SPECIALS = {
@@ -21,7 +41,11 @@ SPECIALS = {
 }
 
 
+TOKENIZER_OF = {"mpnet": "xlmr", "gte": "xlmr"}  # both number <s> 0, <pad> 1, </s> 2 like XLM-R
+
+
 def build_tokenizer(kind: str, max_length: int) -> PreTrainedTokenizerFast:
+    kind = TOKENIZER_OF.get(kind, kind)
     pad, unk, start, end = SPECIALS[kind]
     vocab = {token: i for i, token in enumerate([pad, unk, start, end, *WORDS])}
     if kind == "xlmr":  # XLM-R reserves id 1 for padding
@@ -65,6 +89,14 @@ def build_model(kind: str, layers: int = 3, max_length: int = 256, initializer_r
     if kind == "xlmr":
         config = XLMRobertaConfig(**common, max_position_embeddings=max_length + 2, pad_token_id=1)
         return XLMRobertaModel(config, add_pooling_layer=False)
+    if kind == "mpnet":  # positions numbered from the padding index + 1, like XLM-R
+        config = MPNetConfig(
+            **common, max_position_embeddings=max_length + 2, pad_token_id=1
+        )  # MPNet computes 32 relative buckets whatever the config says
+        return MPNetModel(config, add_pooling_layer=False)
+    if kind == "gte":
+        config = GteConfig(**common, max_position_embeddings=max_length, pad_token_id=1)
+        return GteModel(config, add_pooling_layer=False)
     config = Qwen3Config(
         **common, num_key_value_heads=2, head_dim=8, max_position_embeddings=max_length, pad_token_id=0, eos_token_id=3, bos_token_id=2
     )
@@ -75,6 +107,31 @@ def save_tiny(kind: str, folder: Path, layers: int = 3, max_length: int = 256, i
     folder.mkdir(parents=True, exist_ok=True)
     build_model(kind, layers, max_length, initializer_range).save_pretrained(folder)
     build_tokenizer(kind, max_length).save_pretrained(folder)
+    return folder
+
+
+CUSTOM_MODELING = '''"""Custom code of a tiny test model: an XLM-R under a model type transformers does not know."""
+from transformers import XLMRobertaConfig, XLMRobertaModel
+
+
+class TinyCustomConfig(XLMRobertaConfig):
+    model_type = "tiny-custom"
+
+
+class TinyCustomModel(XLMRobertaModel):
+    config_class = TinyCustomConfig
+'''
+
+
+def save_custom_code(folder: Path, **options: object) -> Path:
+    """A tiny XLM-R whose repository brings its own code (auto_map) under an unknown model type, so transformers
+    loads it only with trust_remote_code."""
+    save_tiny("xlmr", folder, **options)  # type: ignore[arg-type]
+    (folder / "modeling_tiny_custom.py").write_text(CUSTOM_MODELING, encoding="utf-8")
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    config["model_type"] = "tiny-custom"
+    config["auto_map"] = {"AutoConfig": "modeling_tiny_custom.TinyCustomConfig", "AutoModel": "modeling_tiny_custom.TinyCustomModel"}
+    (folder / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
     return folder
 
 
@@ -110,3 +167,18 @@ def tiny_tune_options(
         "--budget",
         "none",
     ]
+
+
+PLAIN = "plain"
+"""For `load_as`: the model as transformers runs it by default (SDPA where the family supports it, else its own
+attention, e.g. MPNet's), with no adapter: what an uncalibrated pass must reproduce."""
+
+
+def load_as(folder: Path | str, implementation: str, **options: object) -> PreTrainedModel:
+    """The model in `folder` under another attention implementation (the oracle's), its attention routed through
+    the interface as `load_model` routes it, or `PLAIN`; in eval mode."""
+    if implementation == PLAIN:
+        return AutoModel.from_pretrained(folder, **options).eval()
+    model = AutoModel.from_pretrained(folder, attn_implementation=implementation, **options)
+    adapt(model)
+    return model.eval()

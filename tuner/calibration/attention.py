@@ -10,6 +10,9 @@ with nothing to calibrate (λ = 0, or no passage of the batch filling one basket
 Masks: transformers hands an unpadded batch over with no mask; for a decoder (Qwen3) that call is
 causal (`is_causal`, decided as transformers' SDPA function decides it), so the calibrated paths
 apply the causal triangle, and a row is calibrated over the baskets it can see (see `rows.py`).
+A `position_bias` (B or 1, H, Q, K), the additive score term T5 hands over and MPNet's adapter
+(`tuner.engine.adapters`) too, enters every score before the softmax, as in transformers' SDPA
+function: calibration redistributes the attention the model really computes.
 
 Inside a block, in the calibrated layers:
 - cls / last pooling: SDPA runs for all rows as usual; only the pooled row's attention (B×H×K) is
@@ -164,6 +167,9 @@ def calibrated_attention(
     is SDPA's own call, unless an observer wants the profile.
     """
     active = _ACTIVE.get()
+    bias = kwargs.pop("position_bias", None)
+    if bias is not None and not isinstance(bias, torch.Tensor):
+        raise TypeError(f"position_bias must be a tensor, not {type(bias).__name__}")
     layer = getattr(module, "layer_idx", None)
     calibrate = active is not None and layer in active.spec.layers and active.spec.strength > 0.0
     observe = active is not None and active.observer is not None
@@ -174,23 +180,23 @@ def calibrated_attention(
         geometry = active.geometry(mask, query.shape[0], key.shape[2], query.device)
         calibrate = calibrate and geometry.any_calibrated
     # Any: transformers' forward passes its own keyword arguments through untyped (`**kwargs`)
-    sdpa_kwargs: dict[str, Any] = {"dropout": dropout, "scaling": scaling, "is_causal": is_causal, **kwargs}
+    sdpa_kwargs: dict[str, Any] = {"dropout": dropout, "scaling": scaling, "is_causal": is_causal, "position_bias": bias, **kwargs}
     if active is None or geometry is None or not (calibrate or observe):
         return sdpa_attention_forward(module, query, key, value, attention_mask, **sdpa_kwargs)
     if layer is None:  # only an observer gets here without one: a calibrated layer is one of spec.layers
         raise ValueError(f"posfair cannot profile attention in {type(module).__name__}: the module has no layer_idx")
     if calibrate:
-        _refuse_what_cannot_be_honoured(dropout, kwargs)
+        _warn_of_dropout(dropout)
     scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
     mean = active.spec.pooling == "mean"
     if mean and calibrate:
-        output = _mean_layer(query, key, value, mask, scaling, geometry, active, layer)
+        output = _mean_layer(query, key, value, mask, bias, scaling, geometry, active, layer)
     else:
         output, _ = sdpa_attention_forward(module, query, key, value, attention_mask, **sdpa_kwargs)
     if not mean:
-        _pooled_row(output, query, key, value, mask, scaling, geometry, active, layer, calibrate)
+        _pooled_row(output, query, key, value, mask, bias, scaling, geometry, active, layer, calibrate)
     elif active.observer is not None:
-        before, after = _mean_profile(query, key, mask, scaling, geometry, active.spec, calibrate)
+        before, after = _mean_profile(query, key, mask, bias, scaling, geometry, active.spec, calibrate)
         active.observer(layer, before, after, geometry)
     return output, None
 
@@ -198,14 +204,8 @@ def calibrated_attention(
 _WARNED: set[str] = set()
 
 
-def _refuse_what_cannot_be_honoured(dropout: float, kwargs: dict[str, object]) -> None:
-    """A calibrated layer computes its calibrated rows without dropout (warned once per process) and
-    cannot add a position bias (T5-style models; refused)."""
-    if kwargs.get("position_bias") is not None:
-        raise ValueError(
-            "posfair cannot calibrate a layer that adds a position bias to its attention scores (T5-style "
-            "models); calibrate a model whose attention takes no position_bias"
-        )
+def _warn_of_dropout(dropout: float) -> None:
+    """A calibrated layer computes its calibrated rows without dropout (warned once per process)."""
     if dropout > 0.0 and "dropout" not in _WARNED:
         _WARNED.add("dropout")
         warnings.warn(
@@ -222,6 +222,7 @@ def _pooled_row(
     key: torch.Tensor,
     value: torch.Tensor,
     mask: torch.Tensor | None,
+    bias: torch.Tensor | None,
     scaling: float,
     geometry: BasketGeometry,
     active: _Active,
@@ -229,12 +230,14 @@ def _pooled_row(
     calibrate: bool,
 ) -> None:
     """Recompute the pooled row only (B×H×K), calibrate it and write it into `output` in place."""
-    batch, heads, _, dim = query.shape
+    batch, heads, rows, dim = query.shape
     kv_heads, keys = key.shape[1], key.shape[2]
     items = torch.arange(batch, device=query.device)
     position = geometry.first if active.spec.pooling == "cls" else geometry.last
     row_query = query[items, :, position].view(batch, kv_heads, heads // kv_heads, dim)
     scores = _per_head(row_query, key, transpose=True).view(batch, heads, keys).float().mul_(scaling)
+    if bias is not None:
+        scores += bias.expand(batch, heads, rows, keys)[items, :, position]
     allowed = _allowed(mask)[items, 0, position] if mask is not None else geometry.key_valid
     scores.masked_fill_(~allowed[:, None, :], float("-inf"))
     before = scores.softmax(-1)
@@ -321,6 +324,7 @@ def _mean_layer(
     key: torch.Tensor,
     value: torch.Tensor,
     mask: torch.Tensor | None,
+    bias: torch.Tensor | None,
     scaling: float,
     geometry: BasketGeometry,
     active: _Active,
@@ -335,7 +339,8 @@ def _mean_layer(
     sums = reuse.lookup(shared) if reuse is not None else None
     if sums is None:
         allowed = active.allowed(mask, query.shape[0], key.shape[2], query.device)
-        sums = _row_sums(query, key, value, allowed, scaling, geometry, by_size, active.basket_flags(allowed, geometry))
+        flags = active.basket_flags(allowed, geometry)
+        sums = _row_sums(query, key, value, allowed, bias, scaling, geometry, by_size, flags)
         if reuse is not None:
             reuse.offer(shared, sums)
     return _mean_rows(sums, value, geometry, active.spec, query.dtype)
@@ -346,6 +351,7 @@ def _row_sums(
     key: torch.Tensor,
     value: torch.Tensor,
     allowed: torch.Tensor,
+    bias: torch.Tensor | None,
     scaling: float,
     geometry: BasketGeometry,
     by_size: bool,
@@ -361,6 +367,9 @@ def _row_sums(
     batch, heads, _, dim = query.shape
     iso = geometry.isolated[:, None, :, None].expand(batch, heads, -1, dim)
     iso_scores = (query @ key.gather(2, iso).transpose(-1, -2)).float().mul_(scaling)  # (B, H, Q, I)
+    if bias is not None:
+        bias = bias.expand(batch, heads, *bias.shape[2:])
+        iso_scores += bias.gather(-1, geometry.isolated[:, None, None, :].expand(*iso_scores.shape))
     iso_seen = allowed.gather(-1, geometry.isolated[:, None, None, :].expand(*allowed.shape[:3], -1))
     iso_scores.masked_fill_(~iso_seen, float("-inf"))
     runs = tuple(
@@ -369,6 +378,7 @@ def _row_sums(
             key[run.begin : run.end],
             value[run.begin : run.end],
             allowed[run.begin : run.end],
+            bias[run.begin : run.end] if bias is not None else None,
             geometry.key_content[run.begin : run.end],
             run,
             geometry.basket_size,
@@ -422,6 +432,7 @@ def _basket_outputs(
     key: torch.Tensor,
     value: torch.Tensor,
     allowed: torch.Tensor,
+    score_bias: torch.Tensor | None,
     content: torch.Tensor,
     run: Run,
     size: int,
@@ -449,7 +460,8 @@ def _basket_outputs(
     positions = torch.arange(keys, device=query.device)
     for (lo, hi, begin, end), (masked, has_blind) in zip(_basket_windows(run, size, keys), flags, strict=True):
         visible = _visible(allowed, content, positions, lo, hi, begin, end)
-        bias = _additive_bias(visible, query.dtype) if masked else None
+        window_bias = score_bias[..., begin:end] if score_bias is not None else None
+        bias = _additive_bias(visible, query.dtype, window_bias) if masked or window_bias is not None else None
         out, mass = _attention_with_lse(query, key[:, :, begin:end], value[:, :, begin:end], bias, scaling)
         out, mass = out.float(), mass[..., None]
         blind = ~visible.any(-1)[..., None]  # (G, 1, Q or 1, 1): the row sees none of the basket's keys
@@ -514,12 +526,16 @@ def _basket_flags(allowed: torch.Tensor, geometry: BasketGeometry) -> tuple[tupl
     return tuple(flags)
 
 
-def _additive_bias(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """0 where a key is visible, −inf where not, in `dtype`, its rows padded in memory to a multiple of
-    `KERNEL_KEY_MULTIPLE` keys (the memory-efficient CUDA kernel reads the bias in aligned blocks)."""
+def _additive_bias(visible: torch.Tensor, dtype: torch.dtype, score: torch.Tensor | None = None) -> torch.Tensor:
+    """The score term where a key is visible (0 without one), −inf where not, in `dtype`, its rows padded in
+    memory to a multiple of `KERNEL_KEY_MULTIPLE` keys (the memory-efficient CUDA kernel reads the bias in
+    aligned blocks)."""
     width = visible.shape[-1]
     padded = -(-width // KERNEL_KEY_MULTIPLE) * KERNEL_KEY_MULTIPLE
-    bias = torch.zeros((*visible.shape[:-1], padded), dtype=dtype, device=visible.device)[..., :width]
+    shape = visible.shape if score is None else torch.broadcast_shapes(visible.shape, score.shape)
+    bias = torch.zeros((*shape[:-1], padded), dtype=dtype, device=visible.device)[..., :width]
+    if score is not None:
+        bias.copy_(score.expand(shape))
     return bias.masked_fill_(~visible, float("-inf"))
 
 
@@ -613,7 +629,8 @@ def _probe_kernel(kernel: FusedKernel | None, device: torch.device) -> FusedKern
         generator = torch.Generator().manual_seed(0)
         query, key, value = (torch.randn(2, 7, 3, 8, generator=generator).to(device).transpose(1, 2) for _ in range(3))
         key, value = key[:, :, 1:6], value[:, :, 1:6]
-        bias = _additive_bias(torch.ones(7, 5, dtype=torch.bool, device=device).tril(1).expand(2, 1, 7, 5), query.dtype)
+        visible = torch.ones(7, 5, dtype=torch.bool, device=device).tril(1).expand(2, 1, 7, 5)
+        bias = _additive_bias(visible, query.dtype, torch.randn(1, 3, 7, 5, generator=generator).to(device))  # per head
         want_out, want_lse = _attention_with_lse_unfused(query, key, value, bias, 0.35)
         out, lse = kernel(query, key, value, bias, 0.35)
         agrees = (
@@ -643,6 +660,7 @@ def _mean_profile(
     query: torch.Tensor,
     key: torch.Tensor,
     mask: torch.Tensor | None,
+    bias: torch.Tensor | None,
     scaling: float,
     geometry: BasketGeometry,
     spec: ResolvedCalibration,
@@ -662,6 +680,8 @@ def _mean_profile(
     for start in range(0, rows, tile):
         stop = min(start + tile, rows)
         scores = (query[:, :, start:stop] @ key_t).float().mul_(scaling)
+        if bias is not None:
+            scores += bias[:, :, start:stop]
         tile_blocked = blocked[:, :, start:stop] if blocked.shape[2] > 1 else blocked
         scores.masked_fill_(tile_blocked, float("-inf"))
         attn = scores.softmax(-1).nan_to_num_(0.0)  # a row that sees no key (padding under a causal mask)

@@ -167,15 +167,19 @@ def reference_attention(
     scaling: float,
     config: CalibrationConfig | None,
     dtype: torch.dtype = torch.float64,
+    position_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Eager attention, calibrated by `config` if given; query (B, H, Q, D), key/value (B, Hkv, K, D).
 
-    `allowed` is the boolean (B, 1, Q, K) mask. Returns (B, Q, H, D) in `dtype`.
+    `allowed` is the boolean (B, 1, Q, K) mask; `position_bias` (B or 1, H, Q, K) is added to the scores
+    (T5, MPNet). Returns (B, Q, H, D) in `dtype`.
     """
     groups = query.shape[1] // key.shape[1]
     key = key.to(dtype).repeat_interleave(groups, dim=1)
     value = value.to(dtype).repeat_interleave(groups, dim=1)
     scores = query.to(dtype) @ key.transpose(-1, -2) * scaling
+    if position_bias is not None:
+        scores = scores + position_bias.to(dtype)
     attn = scores.masked_fill(~allowed, float("-inf")).softmax(-1).nan_to_num(0.0)  # fully masked pad rows
     if config is not None:
         key_valid = allowed[:, 0].any(-2)
@@ -210,6 +214,7 @@ def reference_attention_function(
     is_causal: bool | None = None,
     *,
     oracle_dtype: torch.dtype = torch.float64,
+    position_bias: torch.Tensor | None = None,
     **kwargs: object,
 ) -> tuple[torch.Tensor, None]:
     """The oracle as a transformers attention function, for end-to-end comparisons and benchmarks.
@@ -225,7 +230,8 @@ def reference_attention_function(
     model_config = cast(PretrainedConfig, module.config)
     if config is not None and module.layer_idx not in reference_layers(config, model_config.num_hidden_layers):
         config = None
-    output = reference_attention(query, key, value, allowed, scaling or query.shape[-1] ** -0.5, config, oracle_dtype)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    output = reference_attention(query, key, value, allowed, scale, config, oracle_dtype, position_bias)
     return output.to(query.dtype), None
 
 

