@@ -46,7 +46,11 @@ def test_uncalibrated_vectors_are_mpnets_own(mpnet: LoadedModel) -> None:
 
 @pytest.mark.parametrize(
     "fields",
-    [{}, {"variant": "uniform", "strength": 1.0, "layers": "last", "basket_size": 64}, {"variant": "cls_hard", "layers": 0.25, "basket_size": 32}],
+    [
+        {},
+        {"variant": "uniform", "strength": 1.0, "layers": "last", "basket_size": 64},
+        {"variant": "cls_hard", "layers": 0.25, "basket_size": 32},
+    ],
     ids=["paper-default", "uniform-last", "cls-hard-quarter"],
 )
 def test_calibrated_vectors_equal_the_oracle_within_1e6(mpnet: LoadedModel, fields: dict) -> None:

@@ -8,9 +8,9 @@ Longformer, Funnel, XLM), so an attention function never sees them. An adapter g
 computes the same projections and hands query, key, value, the padding mask and any additive score term
 to the attention function in force, in the interface's calling convention; the module's own weights and
 output projection are kept. Some families do call the interface but leave their attention modules without
-the layer index calibration picks its layers by (GTE); their adapter only numbers them. A family is supported
-when it is in `ADAPTERS` or calls the interface with layer indices, and a test holds it exact against the
-oracle on a tiny model of the family.
+the layer index calibration picks its layers by (GTE, DistilBERT, NomicBERT, Jina v3); their adapter only
+numbers them. `INTERFACE` lists the families that need nothing; tests/test_families.py holds every family of
+both lists exact against the oracle on a tiny model of it, so these lists are what posfair supports.
 """
 
 from __future__ import annotations
@@ -23,8 +23,11 @@ from typing import Any, cast
 import torch
 from transformers import PretrainedConfig, PreTrainedModel
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.models.distilbert.modeling_distilbert import DistilBertSelfAttention
 from transformers.models.gte.modeling_gte import GteAttention
+from transformers.models.jina_embeddings_v3.modeling_jina_embeddings_v3 import JinaEmbeddingsV3Attention
 from transformers.models.mpnet.modeling_mpnet import MPNetSelfAttention
+from transformers.models.nomic_bert.modeling_nomic_bert import NomicBertAttention
 
 
 @dataclass(frozen=True)
@@ -74,14 +77,23 @@ def _mpnet_self_attention(
     return (output, weights) if output_attentions else (output,)
 
 
+INTERFACE = ("bert", "roberta", "xlm-roberta", "electra", "modernbert", "eurobert", "qwen3", "llama", "mistral", "gemma3_text")
+"""By `config.model_type`: families whose attention modules call the interface with their layer index."""
+
 ADAPTERS: dict[str, Adapter] = {
     "mpnet": Adapter(MPNetSelfAttention, _mpnet_self_attention),
     "gte": Adapter(GteAttention),
+    "distilbert": Adapter(DistilBertSelfAttention),
+    "nomic_bert": Adapter(NomicBertAttention),
+    "jina_embeddings_v3": Adapter(JinaEmbeddingsV3Attention),
 }
 """By `config.model_type`: the families posfair routes to the attention interface, or numbers the layers of."""
 
 ROUTED = tuple(sorted(name for name, adapter in ADAPTERS.items() if adapter.forward is not None))
 """The families whose attention reaches calibration only through their adapter."""
+
+SUPPORTED = frozenset(INTERFACE) | frozenset(ADAPTERS)
+"""Every model type posfair calibrates (and tests against the oracle)."""
 
 
 def adapt(model: PreTrainedModel) -> int:

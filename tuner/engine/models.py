@@ -20,7 +20,7 @@ from transformers import AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTo
 from tuner.calibration import ATTENTION_NAME, calibrating
 from tuner.calibration.config import CalibrationConfig, PaddingSide, Pooling
 from tuner.common.messages import UserError
-from tuner.engine.adapters import ROUTED, adapt
+from tuner.engine.adapters import ROUTED, SUPPORTED, adapt
 from tuner.engine.packaged import MINILM, MPNET, PackagedWeights
 
 log = logging.getLogger(__name__)
@@ -263,7 +263,6 @@ def _probe_attention(loaded: LoadedModel) -> None:
         raise UnsupportedModelError(
             f"{loaded.spec.alias}: {type(model).__name__} (model type {model.config.model_type!r}) computes attention itself "
             f"in {loaded.num_layers - len(reached)} of its {loaded.num_layers} layers, so posfair cannot calibrate it. posfair "
-            "calibrates models whose attention goes through transformers' AttentionInterface (BERT, RoBERTa, XLM-R, "
-            "ModernBERT, GTE, T5, Qwen2/3, Llama, Mistral, Gemma and most recent families) and, through adapters, "
-            f"{', '.join(ROUTED)}; see the models page of the documentation."
+            f"calibrates the model types {', '.join(sorted(SUPPORTED))}: most through transformers' AttentionInterface, "
+            f"and through adapters of their own {', '.join(ROUTED)} (see the models page of the documentation)."
         )

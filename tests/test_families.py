@@ -1,0 +1,57 @@
+"""Every model family posfair says it calibrates (tuner.engine.adapters: INTERFACE and ADAPTERS), on a tiny
+random model of it, against the oracle: the engine's calibrated vectors equal the plain full-matrix oracle's,
+and an uncalibrated pass equals the model as transformers runs it by default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoConfig, AutoModel
+
+from tests.tiny import PLAIN, build_tokenizer, load_as, random_texts
+from tuner.calibration.reference import register_reference
+from tuner.engine.adapters import ADAPTERS, INTERFACE, SUPPORTED
+from tuner.engine.encoder import CalibratedEncoder
+from tuner.engine.models import load_model
+
+SMALL = {"vocab_size": 204, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64}
+DECODERS = {"qwen3", "llama", "mistral", "gemma3_text", "eurobert"}
+SHAPE = {  # what a family's config calls its sizes, where it differs from BERT's names
+    "distilbert": {"dim": 32, "n_layers": 2, "n_heads": 4, "hidden_dim": 64},
+    "electra": {"embedding_size": 32},
+    **{family: {"num_key_value_heads": 2, "head_dim": 8} for family in DECODERS},
+}
+POOLING = {**{family: "last" for family in DECODERS - {"eurobert"}}, "distilbert": "mean", "nomic_bert": "mean", "mpnet": "mean"}
+TEXTS = random_texts(5, 3, 40, seed=4)
+
+
+def test_the_lists_do_not_overlap() -> None:
+    assert not set(INTERFACE) & set(ADAPTERS)
+
+
+@pytest.mark.parametrize("family", sorted(SUPPORTED))
+def test_a_tiny_model_of_every_supported_family_calibrates_as_the_oracle(family: str, tmp_path: Path) -> None:
+    # weights wide enough that calibration moves the vectors, not so wide that a softmax underflows in float32
+    config = AutoConfig.for_model(
+        family, **SMALL, **SHAPE.get(family, {}), max_position_embeddings=66, pad_token_id=1, initializer_range=0.1
+    )
+    torch.manual_seed(0)
+    AutoModel.from_config(config).save_pretrained(tmp_path)
+    # decoders: text then the pooled end-of-text token; encoders: <s> 0, <pad> 1, </s> 2 (positions from 2 fit every family)
+    build_tokenizer("qwen3" if family in DECODERS else "xlmr", 64).save_pretrained(tmp_path)
+    pooling = POOLING.get(family, "cls")
+    loaded = load_model(str(tmp_path), pooling=pooling)  # the probe: every layer reaches the attention function
+    assert len(loaded.tokenizer(TEXTS[0])["input_ids"]) == len(TEXTS[0].split()) + (1 if family in DECODERS else 2)
+    calibration = loaded.default_config(strength=0.9, basket_size=6, layers=1.0)
+    oracle = dataclasses.replace(loaded, model=load_as(tmp_path, register_reference()))
+    got = CalibratedEncoder(loaded, calibration).encode(TEXTS, batch_size=3)
+    assert np.abs(got - CalibratedEncoder(oracle, calibration).encode(TEXTS, batch_size=3)).max() < 1e-5
+    plain = CalibratedEncoder(dataclasses.replace(loaded, model=load_as(tmp_path, PLAIN))).encode(TEXTS, batch_size=3)
+    uncalibrated = CalibratedEncoder(loaded).encode(TEXTS, batch_size=3)
+    assert np.abs(uncalibrated - plain).max() < 1e-5
+    assert np.abs(got - uncalibrated).max() > 1e-4, "calibration moved the vectors"
