@@ -55,3 +55,20 @@ def test_a_tiny_model_of_every_supported_family_calibrates_as_the_oracle(family:
     uncalibrated = CalibratedEncoder(loaded).encode(TEXTS, batch_size=3)
     assert np.abs(uncalibrated - plain).max() < 1e-5
     assert np.abs(got - uncalibrated).max() > 1e-4, "calibration moved the vectors"
+
+
+def test_the_models_page_lists_exactly_the_supported_families() -> None:
+    """docs/models.md's family table is a claim: each row is a family this file tests, with how it is reached."""
+    page = (Path(__file__).parents[1] / "docs" / "models.md").read_text(encoding="utf-8")
+    table = page.split("<!-- families:start -->")[1].split("<!-- families:end -->")[0]
+    rows = dict(line.split("|")[1:3] for line in table.strip().splitlines()[2:])
+    documented = {name.strip().strip("`"): how.strip() for name, how in rows.items()}
+    assert set(documented) == SUPPORTED
+    for family, how in documented.items():
+        adapter = ADAPTERS.get(family)
+        if adapter is None:
+            assert how == "the attention interface", family
+        elif adapter.forward is None:
+            assert how == "the attention interface; an adapter numbers its layers", family
+        else:
+            assert how.startswith("an adapter routes its attention to the interface"), family
