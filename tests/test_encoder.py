@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import time
+import typing
 
 import numpy as np
 import pytest
@@ -13,7 +15,7 @@ from tests.conftest import POOLING
 from tests.tiny import WORDS, random_texts
 from tuner.calibration import CalibrationConfig, ConfigError
 from tuner.calibration.reference import register_reference
-from tuner.engine.encoder import Batches, CalibratedEncoder, forward
+from tuner.engine.encoder import Batches, CalibratedEncoder, Encode, forward
 from tuner.engine.models import LoadedModel, ModelUnavailableError, UnsupportedModelError, load_model
 
 # Mixed lengths: some documents are shorter than one basket (8 tokens) and stay uncalibrated.
@@ -256,3 +258,13 @@ def test_encode_takes_sentence_transformers_keywords(tiny_model_dir) -> None:
     assert np.abs(encoder.encode_query(TEXTS[0], prompt="") - CalibratedEncoder(loaded).encode(TEXTS[:1])[0]).max() < 1e-6
     with pytest.raises(TypeError, match="a string or a list of strings"):
         encoder.encode([1, 2])  # type: ignore[list-item]
+
+
+def test_the_typed_view_of_encode_takes_each_method_s_own_keywords() -> None:
+    """`Encode` is what a type checker reads for `encode_query` / `encode_document`: the same keywords in the same
+    order (queries take no observer), so the typed view cannot drift from the methods."""
+    documents = list(inspect.signature(CalibratedEncoder.encode_document).parameters)[1:]
+    queries = list(inspect.signature(CalibratedEncoder.encode_query).parameters)[1:]
+    assert queries == [p for p in documents if p != "observer"]
+    for typed in typing.get_overloads(Encode.__call__):
+        assert list(inspect.signature(typed).parameters)[1:] == documents
