@@ -47,6 +47,16 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory):
     return make
 
 
+@pytest.fixture(scope="module")
+def module_cache(tmp_path_factory: pytest.TempPathFactory):
+    """The evaluator's disk cache in a temporary folder for the module, for modules that run `tune` or the
+    evaluator in this process without a working folder of their own (the default is ./mlruns/cache)."""
+    folder = tmp_path_factory.mktemp("posfair-cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("POSFAIR_CACHE_DIR", str(folder))
+        yield folder
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _mlflow_store_template(tmp_path_factory: pytest.TempPathFactory) -> None:
     """New SQLite MLflow stores in this process start as a copy of a migrated one (tests/mlflow_template.py)."""

@@ -10,10 +10,11 @@ from rich.console import Console
 
 from tuner.data import PositionalDataset
 from tuner.engine.models import LoadedModel, load_model
-from tuner.evaluation.cache_policy import CACHE_DIR_ENV
 from tuner.report.tables import BASELINE, SEA, EvaluationTable, render, run_evaluation, to_dict, to_markdown
 
 GROUPS = ("begin", "middle", "end")
+
+pytestmark = pytest.mark.usefixtures("module_cache")  # run_evaluation caches as `tune evaluate` does: not in the checkout
 
 
 def passage(seed: int) -> str:
@@ -38,14 +39,6 @@ def general() -> PositionalDataset:
     corpus = {f"g{i}": passage(100 + i) for i in range(6)}
     queries = {f"p{i}": corpus[f"g{i}"].split(". ")[2] for i in range(6)}
     return PositionalDataset("toy-general", corpus, queries, {f"p{i}": {f"g{i}": 1} for i in range(6)})
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _cache_in_tmp(tmp_path_factory: pytest.TempPathFactory):
-    """run_evaluation caches where `tune evaluate` does: $POSFAIR_CACHE_DIR, else mlruns/cache of the working folder."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(CACHE_DIR_ENV, str(tmp_path_factory.mktemp("posfair-cache")))
-        yield
 
 
 @pytest.fixture(scope="module")

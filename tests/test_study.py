@@ -34,6 +34,8 @@ from tuner.tuning.run import NoFeasibleTrialError, TuneSettings, tune
 from tuner.tuning.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, SearchSpace, trial_basket_shares
 from tuner.tuning.study import OWNER_ATTR, fail_dead_trials, open_study, run_trials, screen_threshold, winner
 
+pytestmark = pytest.mark.usefixtures("module_cache")  # the studies run here, their disk cache not in the checkout
+
 TRIAL_PARAMS = {"strength", "depth", "basket_size", "variant", "layers", "basket_shares"}
 # MLflow's names: on the console's scale (nDCG@10 and HM ×100, PSI 0–1), constraints as margins (>= 0: met)
 TRIAL_METRICS = {
