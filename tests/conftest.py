@@ -54,6 +54,16 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory):
     return make
 
 
+@pytest.fixture(scope="module")
+def module_cache(tmp_path_factory: pytest.TempPathFactory):
+    """The evaluator's disk cache in a temporary folder for the module, for modules that run `tune` or the
+    evaluator in this process without a working folder of their own (the default is ./mlruns/cache)."""
+    folder = tmp_path_factory.mktemp("posfair-cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("POSFAIR_CACHE_DIR", str(folder))
+        yield folder
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _mlflow_store_template(tmp_path_factory: pytest.TempPathFactory) -> None:
     """New SQLite MLflow stores in this process start as a copy of a migrated one (tests/mlflow_template.py)."""
@@ -112,3 +122,38 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         shared = sorted(set(getattr(item, "fixturenames", ())) & set(SHARED_RUNS))
         if shared:  # fixturenames is the closure: a test that uses `client` (built on default_run) counts too
             item.add_marker(pytest.mark.xdist_group(f"{item.module.__name__}::{'+'.join(shared)}"))  # type: ignore[attr-defined]
+
+
+# The checkout's own store: `tune` and the evaluator write `mlruns/` (and its cache) under the working directory, so a
+# test that runs them without a folder of its own would leave files in the repository.
+CHECKOUT_STORE = Path(__file__).resolve().parents[1] / "mlruns"
+_STORE_BEFORE = pytest.StashKey[set[Path]]()
+_STORE_WRITTEN = pytest.StashKey[list[Path]]()
+
+
+def _checkout_store_files() -> set[Path]:
+    return {path for path in CHECKOUT_STORE.rglob("*") if not path.is_dir()}
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if not hasattr(session.config, "workerinput"):  # the controller sees the whole run; xdist's workers do not
+        session.config.stash[_STORE_BEFORE] = _checkout_store_files()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Fail the run when a test wrote under the checkout's mlruns/ (files there before the run are left alone)."""
+    if _STORE_BEFORE not in session.config.stash:
+        return
+    written = sorted(_checkout_store_files() - session.config.stash[_STORE_BEFORE])
+    if written:
+        session.config.stash[_STORE_WRITTEN] = written
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    written = config.stash.get(_STORE_WRITTEN, [])
+    if written:
+        terminalreporter.write_sep("=", f"{len(written)} files written under the checkout's mlruns/", red=True)
+        terminalreporter.write_line(
+            f"e.g. {written[0]}: a test that runs posfair must give it a folder of its own (tmp_path: chdir, POSFAIR_CACHE_DIR, --storage)"
+        )

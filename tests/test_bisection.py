@@ -15,6 +15,8 @@ from tuner.tuning.bisection import DRIFT_EXPONENTS, Probe, drift_ceiling, next_s
 
 STEP = 0.05
 
+pytestmark = pytest.mark.usefixtures("module_cache")  # the study run here, its disk cache not in the checkout
+
 
 def ok(strength: float) -> Probe:
     return Probe(strength, feasible=True, over_corrects=False)

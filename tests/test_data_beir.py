@@ -15,7 +15,7 @@ FIXTURE = Path(__file__).parent / "fixtures" / "beir_mini"
 def test_a_beir_folder_loads_as_general_retrieval():
     dataset = load_beir(FIXTURE)
     assert dataset.name == "beir:beir_mini"
-    assert not dataset.is_positional and dataset.group_order == ()
+    assert dataset.groups == {} and dataset.group_order == ()
     assert dataset.corpus == {
         "doc1": "Aspirin Aspirin is used to reduce fever and pain.",
         "doc2": "Ibuprofen is a nonsteroidal anti-inflammatory drug.",

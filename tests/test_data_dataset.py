@@ -27,7 +27,6 @@ def make(**changes) -> PositionalDataset:
 
 def test_a_consistent_dataset_is_accepted_and_frozen():
     dataset = make()
-    assert dataset.is_positional
     assert dataset.group_sizes() == {"begin": 1, "middle": 1, "end": 1}
     with pytest.raises(dataclasses.FrozenInstanceError):
         dataset.name = "other"
@@ -35,7 +34,6 @@ def test_a_consistent_dataset_is_accepted_and_frozen():
 
 def test_general_retrieval_sets_have_no_groups():
     dataset = make(groups={}, group_order=(), strata={})
-    assert not dataset.is_positional
     assert dataset.group_sizes() == {}
 
 

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import time
+import typing
 
 import numpy as np
 import pytest
 from transformers import AutoModel, DebertaV2Config, XLMConfig
 
 from tests.conftest import POOLING
-from tests.tiny import PLAIN, build_tokenizer, load_as, random_texts, save_custom_code
+from tests.tiny import PLAIN, WORDS, build_tokenizer, load_as, random_texts, save_custom_code
 from tuner.calibration import CalibrationConfig, ConfigError
 from tuner.calibration.reference import register_reference
-from tuner.engine.encoder import CalibratedEncoder
+from tuner.engine.encoder import Batches, CalibratedEncoder, Encode, forward
 from tuner.engine.models import LoadedModel, ModelUnavailableError, UnsupportedModelError, load_model, resolve_spec
 
 # Mixed lengths: some documents are shorter than one basket (8 tokens) and stay uncalibrated.
@@ -77,6 +79,25 @@ def test_strength_zero_and_short_documents_match_plain_sdpa(tiny: LoadedModel) -
         np.abs(CalibratedEncoder(tiny, long_basket).encode(short) - CalibratedEncoder(with_attention(tiny, PLAIN)).encode(short)).max()
         < 1e-6
     )
+
+
+def test_a_batch_is_copied_from_the_baseline_exactly_when_no_passage_in_it_has_a_basket_of_content(tiny: LoadedModel) -> None:
+    """A passage's content is its real tokens less the isolated ones. One basket of content is enough to be
+    calibrated (under `uniform` the isolated tokens' share then changes): a pass given the uncalibrated vectors
+    encodes that passage's batch and copies the batch of a passage one token shorter."""
+    spec = tiny.default_config(variant="uniform", strength=1.0, basket_size=8, layers=1.0).resolve(tiny.num_layers)
+    specials = len(tiny.tokenizer(WORDS[0])["input_ids"]) - 1  # tokens a text gets besides its words
+    isolated = len(spec.policies)
+    one_short, one_basket = (" ".join(WORDS[: tokens - specials]) for tokens in (8 + isolated - 1, 8 + isolated))
+    batches = Batches.build(tiny, [one_short, one_basket], 1)
+    assert [list(rows) for rows in batches.rows] == [[1], [0]]  # longest first: the one-basket passage is batch 0
+    baseline = np.full((2, 32), 7.0, dtype=np.float32)  # no unit vector: a copied row shows
+    ran: list[int] = []
+    vectors = forward(tiny, batches, spec, baseline=baseline, ran=ran)
+    calibrated, plain = forward(tiny, batches, spec), forward(tiny, batches)
+    assert np.array_equal(vectors[0], baseline[0])
+    assert np.array_equal(vectors[1], calibrated[1]) and np.abs(calibrated[1] - plain[1]).max() > 1e-3
+    assert ran == [0] and batches.changed_by(spec) == [0]
 
 
 CAUSAL_TEXTS = random_texts(5, 10, 40, seed=3)  # different lengths: batched together they are left-padded
@@ -266,3 +287,13 @@ def test_encode_takes_sentence_transformers_keywords(tiny_model_dir) -> None:
     assert np.abs(encoder.encode_query(TEXTS[0], prompt="") - CalibratedEncoder(loaded).encode(TEXTS[:1])[0]).max() < 1e-6
     with pytest.raises(TypeError, match="a string or a list of strings"):
         encoder.encode([1, 2])  # type: ignore[list-item]
+
+
+def test_the_typed_view_of_encode_takes_each_method_s_own_keywords() -> None:
+    """`Encode` is what a type checker reads for `encode_query` / `encode_document`: the same keywords in the same
+    order (queries take no observer), so the typed view cannot drift from the methods."""
+    documents = list(inspect.signature(CalibratedEncoder.encode_document).parameters)[1:]
+    queries = list(inspect.signature(CalibratedEncoder.encode_query).parameters)[1:]
+    assert queries == [p for p in documents if p != "observer"]
+    for typed in typing.get_overloads(Encode.__call__):
+        assert list(inspect.signature(typed).parameters)[1:] == documents

@@ -11,7 +11,7 @@ from objectives import evaluate, exact_search
 from objectives.robustness import screen_prune_reason
 from tests.test_robustness import evidence
 from tuner.data import PositionalDataset
-from tuner.evaluation.pools import balanced_queries, candidate_recall, pool, top
+from tuner.evaluation.pools import balanced_queries, candidate_recall, most_passages, pool, top
 
 GROUPS = ("begin", "middle", "end")
 
@@ -75,6 +75,19 @@ def test_the_pool_holds_every_relevant_passage_and_each_rankings_top_candidates_
     assert candidate_recall(dataset, sample, [reference, other]) == pytest.approx(
         np.mean([dataset.qrels[q].keys() <= set(top(reference[q], 10)) | set(top(other[q], 10)) for q in sample])
     )
+
+
+def test_a_passage_judged_relevant_at_any_grade_is_pooled_and_one_judged_at_grade_0_is_not() -> None:
+    """Query qJ judges dJ0 relevant at grade 2, dJ1 at grade 1 and dJ2 at grade 0 (not relevant); the reference
+    ranks dJ0 first, then the same nine filler passages for every query, then more filler below the top 10."""
+    corpus = {f"d{j}{grade}": "passage" for j in range(3) for grade in range(3)} | {f"f{k:02d}": "filler" for k in range(40)}
+    qrels = {f"q{j}": {f"d{j}0": 2, f"d{j}1": 1, f"d{j}2": 0} for j in range(3)}
+    dataset = PositionalDataset("graded", corpus, {q: "query" for q in qrels}, qrels, {f"q{j}": (GROUPS[j],) for j in range(3)}, GROUPS)
+    reference = {f"q{j}": {f"d{j}0": 2.0} | {f"f{k:02d}": 1.0 - k / 100 for k in range(40)} for j in range(3)}
+    pooled = pool(dataset, [reference], per_group=1, depth=10)
+    assert set(pooled.corpus) == {f"d{j}{grade}" for j in range(3) for grade in (0, 1)} | {f"f{k:02d}" for k in range(9)}
+    assert most_passages(dataset, per_group=1, depth=10) == 6 + 10 * 3  # the six relevant passages and 10 per query
+    assert candidate_recall(dataset, sorted(qrels), [reference]) == pytest.approx(3 / 6)  # each dJ0 found, no dJ1
 
 
 def test_on_the_pool_no_query_scores_below_its_corpus_score_and_the_reference_scores_exactly_the_same() -> None:

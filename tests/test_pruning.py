@@ -22,6 +22,8 @@ from tuner.tuning.run import TuneSettings, tune
 from tuner.tuning.search_space import SearchSpace
 from tuner.tuning.study import candidates
 
+pytestmark = pytest.mark.usefixtures("module_cache")  # the studies run here, their disk cache not in the checkout
+
 
 def tiny_study(model: Path, data: Path, folder: Path, name: str, **changes: object) -> TuneSettings:
     """A 4-trial study of the tiny model on `data`, with every constraint but the HM floor (−90%) lifted."""

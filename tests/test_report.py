@@ -14,6 +14,8 @@ from tuner.report.tables import BASELINE, SEA, EvaluationTable, render, run_eval
 
 GROUPS = ("begin", "middle", "end")
 
+pytestmark = pytest.mark.usefixtures("module_cache")  # run_evaluation caches as `tune evaluate` does: not in the checkout
+
 
 def passage(seed: int) -> str:
     rng = random.Random(seed)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
 from objectives.evidence import trial_evidence
 from objectives.metrics import PerQuery, aggregate
-from objectives.selection import Candidate, select
+from objectives.selection import Candidate, paired_se, select
 
 
 def trial(number: int, psi: float, se: float, drift: float, *constraints: float) -> Candidate:
@@ -64,6 +66,19 @@ def test_among_equally_mild_trials_the_lower_objective_wins_before_the_higher_hm
         assert select([higher_hm, fairer], rule).winner == fairer
 
 
+def test_the_best_of_equal_objectives_is_the_milder_then_the_higher_hm_then_the_earlier_trial():
+    """The best trial is the `lowest` rule's winner, and its own standard error sets the one-SE threshold."""
+    milder = Candidate(7, 0.05, 0.010, 0.010, (-0.01,), hm=0.50)
+    stronger = Candidate(3, 0.05, 0.030, 0.020, (-0.01,), hm=0.70)  # earlier, higher HM, but moves the vectors more
+    assert select([stronger, milder], "lowest").winner == milder
+    chosen = select([stronger, milder])
+    assert chosen.best == milder and chosen.threshold == pytest.approx(0.05 + 0.010)
+    lower_hm = Candidate(2, 0.05, 0.030, 0.010, (-0.01,), hm=0.40)  # as mild and earlier, lower HM
+    assert select([lower_hm, milder], "lowest").winner == milder
+    later_twin = Candidate(9, 0.05, 0.030, 0.010, (-0.01,), hm=0.50)
+    assert select([later_twin, milder], "lowest").winner == milder
+
+
 def test_a_best_trial_without_a_standard_error_admits_only_its_own_objective():
     """A NaN standard error (the bootstrap could not measure the noise) counts as no noise, not as endless
     noise: otherwise every feasible trial, however unfair, would be within "one SE" and the mildest would win."""
@@ -98,6 +113,30 @@ def test_a_trial_without_resamples_is_judged_by_the_best_one_s_own_standard_erro
     chosen = select([best, old, undefined])
     assert chosen.eligible == (1, 2) and chosen.winner == old and not chosen.paired  # 0.175 ≤ 0.150 + 0.030 < 0.190
     assert "within one standard error of the best (trial 1: 0.1500 + 0.0300 = 0.1800)" in chosen.describe()
+
+
+def test_a_resample_undefined_for_the_best_trial_is_left_out_of_every_paired_standard_error():
+    """A resample on which the objective is undefined (NaN: a position group drew no query) says nothing about the
+    noise between two trials: the paired spread is the standard deviation of the difference over the others."""
+    nan = float("nan")
+    best = Candidate(1, 0.200, 0.050, 0.030, (-0.01,), resamples=(0.10, 0.20, nan, 0.30))
+    close = Candidate(2, 0.215, 0.050, 0.010, (-0.01,), resamples=(0.12, 0.25, nan, 0.31))
+    differences = (0.02, 0.05, 0.01)
+    mean = sum(differences) / 3
+    spread = math.sqrt(sum((d - mean) ** 2 for d in differences) / 3)  # 0.0170
+    assert paired_se(close, best) == pytest.approx(spread) and paired_se(best, best) == 0
+    chosen = select([best, close])
+    assert chosen.paired and chosen.eligible == (1, 2) and chosen.winner == close  # 0.215 − 0.200 ≤ 0.0170
+
+
+def test_one_common_resample_measures_no_noise_so_the_best_trial_s_own_standard_error_judges():
+    """The spread of a single difference is not a paired standard error of 0 (which would admit only exact ties)."""
+    nan = float("nan")
+    best = Candidate(1, 0.150, 0.030, 0.030, (-0.01,), resamples=(0.15, nan, nan))
+    close = Candidate(2, 0.170, 0.030, 0.010, (-0.01,), resamples=(0.17, nan, nan))
+    assert paired_se(close, best) is None
+    chosen = select([best, close])
+    assert not chosen.paired and chosen.eligible == (1, 2) and chosen.winner == close  # 0.170 ≤ 0.150 + 0.030
 
 
 def test_an_unknown_rule_is_refused_by_name():

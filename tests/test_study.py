@@ -23,7 +23,7 @@ from objectives.evidence import EVIDENCE_RESAMPLES
 from tests.services import as_logged, running_mlflow_server
 from tests.tiny import WORDS
 from tuner.calibration import CalibrationConfig, ConfigError
-from tuner.common.trials import DUPLICATE_ATTR, SURPLUS_ATTR, counted, objective_resamples
+from tuner.common.trials import DUPLICATE_ATTR, SCREEN_ATTR, SURPLUS_ATTR, counted, objective_resamples
 from tuner.data import load_benchmark
 from tuner.engine.encoder import CalibratedEncoder
 from tuner.engine.exported import load_exported
@@ -32,7 +32,9 @@ from tuner.evaluation.evaluator import Evaluator
 from tuner.tuning.conclusion import reexport
 from tuner.tuning.run import NoFeasibleTrialError, TuneSettings, tune
 from tuner.tuning.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, SearchSpace, trial_basket_shares
-from tuner.tuning.study import OWNER_ATTR, fail_dead_trials, open_study, run_trials, winner
+from tuner.tuning.study import OWNER_ATTR, fail_dead_trials, open_study, run_trials, screen_threshold, winner
+
+pytestmark = pytest.mark.usefixtures("module_cache")  # the studies run here, their disk cache not in the checkout
 
 TRIAL_PARAMS = {"strength", "depth", "basket_size", "variant", "layers", "basket_shares"}
 # MLflow's names: on the console's scale (nDCG@10 and HM ×100, PSI 0–1), constraints as margins (>= 0: met)
@@ -314,9 +316,11 @@ def test_a_floor_no_trial_reaches_ends_without_an_export(workspace: dict, tmp_pa
     assert not (tmp_path / "none.yaml").exists()
 
 
-def add_trial(study: optuna.Study, psi: float, hm: float, floor_gap: float) -> None:
+def add_trial(study: optuna.Study, psi: float, hm: float, floor_gap: float, screen: dict[str, float] | None = None) -> None:
+    """A complete trial; `screen`: its figures on the pooled screen (None: not screened)."""
+    user_attrs: dict[str, object] = {"psi": psi, "hm": hm} | ({SCREEN_ATTR: screen} if screen is not None else {})
     trial = optuna.trial.create_trial(
-        params={}, distributions={}, value=psi, user_attrs={"psi": psi, "hm": hm}, system_attrs={"constraints:hm_floor": floor_gap}
+        params={}, distributions={}, value=psi, user_attrs=user_attrs, system_attrs={"constraints:hm_floor": floor_gap}
     )
     study.add_trial(trial)
 
@@ -329,6 +333,16 @@ def test_the_winner_is_the_feasible_trial_with_lowest_psi_ties_to_higher_hm() ->
     add_trial(study, psi=0.20, hm=0.60, floor_gap=-0.11)
     chosen, selection = winner(study, "lowest")
     assert chosen.number == 2 and selection.rule == "lowest"
+
+
+def test_the_screen_threshold_is_the_best_feasible_screen_psi_plus_its_standard_error() -> None:
+    study = optuna.create_study()
+    add_trial(study, psi=0.10, hm=0.50, floor_gap=-0.01)  # feasible, not screened: no screen figure to compare with
+    assert screen_threshold(study) is None
+    add_trial(study, psi=0.12, hm=0.50, floor_gap=-0.01, screen={"psi": 0.20, "psi_se": 0.02, "hm": 0.6})
+    add_trial(study, psi=0.15, hm=0.50, floor_gap=-0.01, screen={"psi": 0.25, "psi_se": 0.01, "hm": 0.6})
+    add_trial(study, psi=0.05, hm=0.40, floor_gap=0.02, screen={"psi": 0.05, "psi_se": 0.01, "hm": 0.5})  # infeasible
+    assert screen_threshold(study) == pytest.approx(0.20 + 0.02)
 
 
 def test_ctrl_c_stops_after_the_current_trial_and_a_rerun_completes(tmp_path: Path) -> None:

@@ -38,7 +38,7 @@ from tests.tiny import random_texts, tiny_tune_options
 from tuner.engine.encoder import CalibratedEncoder
 from tuner.engine.exported import load_exported
 from tuner.tracking.registry import registered_name
-from tuner.tracking.runs import DEFAULT_TRACKING_URI, KIND_TAG, NOTE, TRAINING_KIND, Tracker, TrialRecord
+from tuner.tracking.runs import DEFAULT_TRACKING_URI, KIND_TAG, NOTE, TRAINING_KIND, Tracker, TrialRecord, significant
 
 TRIALS = 4
 TEXTS = random_texts(5, 20, 60, seed=7)
@@ -201,6 +201,13 @@ def test_every_stored_metric_is_rounded_to_what_is_worth_reading(client: MlflowC
     values = [v for run in (parent, *trials) for v in run.data.metrics.values()]
     assert len(values) > 100 and any(v != int(v) for v in values)
     assert all(v == int(v) or float(f"{v:.4g}") == v for v in values), [v for v in values if float(f"{v:.4g}") != v][:5]
+
+
+def test_a_whole_number_keeps_every_digit_and_a_fraction_four_significant_ones() -> None:
+    assert significant(123456.0) == 123456.0 and significant(2_147_483_648.0) == 2_147_483_648.0  # layer-tokens
+    assert significant(123456.7) == 123457.0  # past four significant digits, the integer part is kept whole
+    assert significant(57.171079012) == 57.17 and significant(0.26543) == 0.2654 and significant(-0.000123456) == -0.0001235
+    assert significant(0.0) == 0.0 and np.isnan(significant(float("nan")))
 
 
 def test_trial_runs_open_when_the_trial_starts_and_last_as_long_as_it(client: MlflowClient, default_run: dict) -> None:

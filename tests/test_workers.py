@@ -187,7 +187,9 @@ def test_a_worker_killed_mid_trial_is_detected_and_its_trial_rerun(backend: str,
 
 
 @pytest.fixture
-def tiny_settings(tiny_model_dir, data: Path, tmp_path: Path) -> TuneSettings:
+def tiny_settings(tiny_model_dir, data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> TuneSettings:
+    """A study run in this process, its stores, output and disk cache under tmp_path."""
+    monkeypatch.setenv("POSFAIR_CACHE_DIR", str(tmp_path / "cache"))
     return TuneSettings(
         model=str(tiny_model_dir("bert")),
         pooling="cls",

@@ -61,8 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.data.dataset import fifth_of, slot_third, span_midpoint, span_third
-from tuner.data.wikipos import GROUP_ORDER, SEGMENT_SEPARATOR, SPLITS, opening_sentence, split_filename
-from tuner.data.wikipos import pack_to_length as pack_whole
+from tuner.data.wikipos import GROUP_ORDER, SEGMENT_SEPARATOR, SPLITS, opening_sentence, pack_to_length, split_filename
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_SOURCE = REPO_ROOT.parent / "shared" / "data" / "wikipedia-vital-summaries-en.json.gz"
@@ -205,10 +204,10 @@ def pack_full(summaries: list[Summary], rng: random.Random, minimum: int, most: 
     return passages
 
 
-def pack_to_length(summaries: list[Summary], rng: random.Random, minimum: int) -> list[list[Summary]]:
-    """Passages of one topic's whole summaries, filled up to a length in tokens drawn per passage from
-    LENGTH_RANGE (`tuner.data.wikipos.pack_to_length`, which the packed tuning structure shares)."""
-    return pack_whole(
+def pack_lengths(summaries: list[Summary], rng: random.Random, minimum: int) -> list[list[Summary]]:
+    """The `lengths` split's passages of one topic's whole summaries, each filled up to a length in tokens drawn per
+    passage from LENGTH_RANGE (`tuner.data.wikipos.pack_to_length`, which the packed tuning structure shares)."""
+    return pack_to_length(
         summaries,
         rng,
         minimum,
@@ -278,7 +277,7 @@ def build_transfer(unused: list[Summary], count_tokens: Tokenize) -> dict[str, l
     plans: tuple[tuple[str, list[Summary], Callable[..., list[list[Summary]]], GroupRule], ...] = (
         ("sentences", sentences, pack_full, by_fifth),
         ("mixed", mixed, pack_full, by_slot),
-        ("lengths", unused, pack_to_length, by_third),
+        ("lengths", unused, pack_lengths, by_third),
     )
     splits: dict[str, list[dict[str, Any]]] = {}
     taken: set[str] = set()

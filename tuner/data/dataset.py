@@ -137,11 +137,6 @@ class PositionalDataset:
             if not 0.0 <= position <= 1.0:
                 raise ValueError(f"{where}: query {qid!r} has position {position!r}; a relative position is in [0, 1]")
 
-    @property
-    def is_positional(self) -> bool:
-        """Whether any query carries a position group (general-retrieval sets carry none)."""
-        return any(self.groups.values())
-
     def group_sizes(self) -> dict[str, int]:
         """Queries per group, in group_order; a query in several groups counts in each."""
         counts = Counter(label for labels in self.groups.values() for label in labels)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, overload
+from typing import Literal, Never, Protocol, TypeVar, cast, overload
 
 import numpy as np
 import torch
@@ -31,8 +31,52 @@ log = logging.getLogger(__name__)
 CPU_BATCH_CAP = 16
 GPU_BATCH_CAP = 256
 
-# What `encode` returns: an array (the default, typed so by the overloads), one tensor (convert_to_tensor) or a list of 1-D tensors.
+# What `encode` returns: an array (the default, typed so by `Encode`), one tensor (convert_to_tensor) or a list of 1-D tensors.
 Embeddings = np.ndarray | torch.Tensor | list[torch.Tensor]
+Observer = TypeVar("Observer", contravariant=True)
+
+
+class Encode(Protocol[Observer]):
+    """`encode_query` and `encode_document` as their callers see them: an array unless a tensor or a list of
+    tensors is asked for. `Observer` is what `observer` takes: `Never` for queries, which take none."""
+
+    @overload
+    def __call__(
+        self,
+        sentences: str | Sequence[str],
+        prompt: str | None = ...,
+        batch_size: int | None = ...,
+        show_progress_bar: bool | None = ...,
+        convert_to_numpy: Literal[True] = ...,
+        convert_to_tensor: Literal[False] = ...,
+        normalize_embeddings: bool = ...,
+        batch_tokens: int | None = ...,
+        observer: Observer = ...,
+    ) -> np.ndarray: ...
+
+    @overload
+    def __call__(
+        self,
+        sentences: str | Sequence[str],
+        prompt: str | None = ...,
+        batch_size: int | None = ...,
+        show_progress_bar: bool | None = ...,
+        convert_to_numpy: bool = ...,
+        convert_to_tensor: bool = ...,
+        normalize_embeddings: bool = ...,
+        batch_tokens: int | None = ...,
+        observer: Observer = ...,
+    ) -> Embeddings: ...
+
+
+def _typed_for_queries(method: Callable[..., Embeddings]) -> Encode[Never]:
+    """`method` unchanged; its callers see it as `Encode` without an observer."""
+    return cast("Encode[Never]", method)
+
+
+def _typed_for_documents(method: Callable[..., Embeddings]) -> Encode[AttentionObserver | None]:
+    """`method` unchanged; its callers see it as `Encode`."""
+    return cast("Encode[AttentionObserver | None]", method)
 
 
 @dataclass(frozen=True)
@@ -204,32 +248,7 @@ class CalibratedEncoder:
         exported.check_model(model)
         return cls(model, exported.calibration)
 
-    @overload
-    def encode_query(
-        self,
-        sentences: str | Sequence[str],
-        prompt: str | None = ...,
-        batch_size: int | None = ...,
-        show_progress_bar: bool | None = ...,
-        convert_to_numpy: Literal[True] = ...,
-        convert_to_tensor: Literal[False] = ...,
-        normalize_embeddings: bool = ...,
-        batch_tokens: int | None = ...,
-    ) -> np.ndarray: ...
-
-    @overload
-    def encode_query(
-        self,
-        sentences: str | Sequence[str],
-        prompt: str | None = ...,
-        batch_size: int | None = ...,
-        show_progress_bar: bool | None = ...,
-        convert_to_numpy: bool = ...,
-        convert_to_tensor: bool = ...,
-        normalize_embeddings: bool = ...,
-        batch_tokens: int | None = ...,
-    ) -> Embeddings: ...
-
+    @_typed_for_queries
     def encode_query(
         self,
         sentences: str | Sequence[str],
@@ -256,34 +275,7 @@ class CalibratedEncoder:
             batch_tokens=batch_tokens,
         )
 
-    @overload
-    def encode_document(
-        self,
-        sentences: str | Sequence[str],
-        prompt: str | None = ...,
-        batch_size: int | None = ...,
-        show_progress_bar: bool | None = ...,
-        convert_to_numpy: Literal[True] = ...,
-        convert_to_tensor: Literal[False] = ...,
-        normalize_embeddings: bool = ...,
-        batch_tokens: int | None = ...,
-        observer: AttentionObserver | None = ...,
-    ) -> np.ndarray: ...
-
-    @overload
-    def encode_document(
-        self,
-        sentences: str | Sequence[str],
-        prompt: str | None = ...,
-        batch_size: int | None = ...,
-        show_progress_bar: bool | None = ...,
-        convert_to_numpy: bool = ...,
-        convert_to_tensor: bool = ...,
-        normalize_embeddings: bool = ...,
-        batch_tokens: int | None = ...,
-        observer: AttentionObserver | None = ...,
-    ) -> Embeddings: ...
-
+    @_typed_for_documents
     def encode_document(
         self,
         sentences: str | Sequence[str],

@@ -32,7 +32,7 @@ SEA = "Segment Embed Average"
 
 
 @dataclass(frozen=True)
-class Row:
+class PositionalRow:
     """One indexing method on the positional benchmark; `deltas` is None for the baseline itself."""
 
     name: str
@@ -67,7 +67,7 @@ class EvaluationTable:
     model: str
     dataset: str
     group_order: tuple[str, ...]
-    rows: tuple[Row, ...]
+    rows: tuple[PositionalRow, ...]
     general: GeneralTable | None
     n_resamples: int
     seed: int
@@ -98,11 +98,11 @@ def run_evaluation(
     methods: list[tuple[str, CalibrationConfig | None]] = [(BASELINE, None), *configs]
     evaluator = Evaluator(model, dataset, batch_size, prefix_layers=starting_layers((c for _, c in configs), model.num_layers))
     baseline = evaluator.run(None)
-    rows: list[Row] = []
+    rows: list[PositionalRow] = []
 
     def add(name: str, evaluation: Evaluation) -> None:
         deltas = None if not rows else paired_bootstrap(baseline.per_query, evaluation.per_query, n_resamples, seed)
-        rows.append(Row(name, evaluation.report, deltas, evaluation.truncated, evaluation.encode_seconds))
+        rows.append(PositionalRow(name, evaluation.report, deltas, evaluation.truncated, evaluation.encode_seconds))
         _log_row(rows[-1])
 
     add(BASELINE, baseline)
@@ -144,7 +144,7 @@ def _general_table(
     return GeneralTable(original.dataset.name, rows, seed)
 
 
-def _log_row(row: Row) -> None:
+def _log_row(row: PositionalRow) -> None:
     summary = row.deltas.summary() if row.deltas is not None else f"nDCG@10 {row.report.ndcg10:.4f}"
     log.info("%s: %s (%.1f s encoding, %d truncated)", row.name, summary, row.encode_seconds, row.truncated)
 

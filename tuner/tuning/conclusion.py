@@ -72,7 +72,7 @@ class HeldOut:
 
 
 @dataclass(frozen=True)
-class Row:
+class SummaryRow:
     """One line of the summary: a config's tuning-split report and its comparison on each held-out set."""
 
     label: str
@@ -92,7 +92,7 @@ class TuneOutcome:
     winner_trial: int
     config: CalibrationConfig
     export_path: Path
-    rows: list[Row]
+    rows: list[SummaryRow]
     pareto: list[int]
     floor: float
     tracking_uri: str
@@ -319,7 +319,7 @@ def _summary_rows(
     evaluator: Evaluator,
     heldout: list[PositionalDataset],
     settings: TuneSettings,
-) -> list[Row]:
+) -> list[SummaryRow]:
     """No calibration, the paper's default, and the winner; held-out figures with bootstrap intervals."""
     model = evaluator.model
     entries: list[tuple[str, optuna.trial.FrozenTrial | None]] = [("No calibration", None)]
@@ -350,7 +350,8 @@ def _summary_rows(
                     delta.summary() if delta else f"nDCG@10 {100 * result.report.ndcg10:.2f}",
                 )
     return [
-        Row(label, trial.number if trial else None, config, evaluator.run(config).report, held[label]) for label, trial, config in configs
+        SummaryRow(label, trial.number if trial else None, config, evaluator.run(config).report, held[label])
+        for label, trial, config in configs
     ]
 
 
@@ -384,7 +385,7 @@ class _Winning:
     model: LoadedModel
     study: optuna.Study
     best: optuna.trial.FrozenTrial
-    rows: list[Row]
+    rows: list[SummaryRow]
     storage: str
     tuning: PositionalDataset
     selection: Selection
@@ -432,7 +433,7 @@ def _export_path(settings: TuneSettings, study: optuna.Study) -> Path:
     return settings.output or EXPORTS / f"{study.study_name}.yaml"
 
 
-def _row_dict(row: Row) -> dict[str, object]:
+def _row_dict(row: SummaryRow) -> dict[str, object]:
     return {
         "label": row.label,
         "trial": row.trial,
@@ -652,7 +653,7 @@ def _structure_metrics(best: optuna.trial.FrozenTrial) -> dict[str, float]:
     return shown
 
 
-def study_conclusion(best: optuna.trial.FrozenTrial, rows: list[Row], num_layers: int, selection: Selection) -> str:
+def study_conclusion(best: optuna.trial.FrozenTrial, rows: list[SummaryRow], num_layers: int, selection: Selection) -> str:
     """The parent run's description, two sentences: the winner with its config and the rule that chose it,
     then its change against no calibration on each held-out set."""
     params = {**best.params, "layers": best.user_attrs.get("layers"), "basket_shares": trial_basket_shares(best)}
@@ -676,7 +677,7 @@ def study_conclusion(best: optuna.trial.FrozenTrial, rows: list[Row], num_layers
     return f"{first} {second}"
 
 
-def heldout_markdown(rows: list[Row]) -> str:
+def heldout_markdown(rows: list[SummaryRow]) -> str:
     """Every held-out set as one Markdown table: each config's HM, PSI, nDCG@10 and its change against no
     calibration with the 95% interval (the console's held-out tables, as one artifact)."""
     lines = [
@@ -700,7 +701,7 @@ def heldout_markdown(rows: list[Row]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def winner_columns(best: optuna.trial.FrozenTrial, rows: list[Row]) -> dict[str, float]:
+def winner_columns(best: optuna.trial.FrozenTrial, rows: list[SummaryRow]) -> dict[str, float]:
     """The winner's figures on the parent run under the trials' own column names (psi, hm_x100, feasible,
     ndcg10_change_vs_uncalibrated_x100), so one set of run-list columns shows them on the study's row too,
     and its change on the first held-out set as `heldout_winner_change_hm_x100` / `_psi`, rounded as shown."""
@@ -712,7 +713,7 @@ def winner_columns(best: optuna.trial.FrozenTrial, rows: list[Row]) -> dict[str,
     return {k: round(v, 4) for k, v in columns.items()}
 
 
-def _row_metrics(rows: list[Row]) -> dict[str, float]:
+def _row_metrics(rows: list[SummaryRow]) -> dict[str, float]:
     """The summary table as parent-run metrics: tuning figures per config, held-out figures with their intervals."""
     metrics: dict[str, float] = {}
     for index, row in enumerate(rows):
