@@ -25,6 +25,8 @@ from tuner.common.options import (
     DEFAULT_TRIALS,
     HEARTBEAT_SECONDS,
     Budget,
+    PaddingSide,
+    Pooling,
     parse_bytes,
     parse_limit,
 )
@@ -192,12 +194,19 @@ BatchTokens = Annotated[
 Seed = Annotated[int, typer.Option(min=0, max=2**32 - 1, help="Seed of the sampler and the bootstrap.")]
 Resamples = Annotated[int, typer.Option(min=1, help="Bootstrap resamples for the intervals.")]
 TrustRemoteCode = Annotated[bool, typer.Option("--trust-remote-code", help="Allow a model's own code from its hub repository to run.")]
+# What loads any model, on every command that takes --model (a registry alias knows its own).
+PoolingOption = Annotated[Pooling | None, typer.Option("--pooling", help="How a model outside the registry pools its vectors.")]
+PaddingSideOption = Annotated[
+    PaddingSide | None,
+    typer.Option("--padding-side", help="Where its tokenizer pads; default: the registry's, else left for last pooling, right otherwise."),
+]
 
 
 @app.command(cls=_Command, short_help="Tune one model (the default command).")
 def run(
     model: Model = "minilm",
-    pooling: Annotated[str | None, typer.Option(help="cls|last|mean, for a model outside the registry.")] = None,
+    pooling: PoolingOption = None,
+    padding_side: PaddingSideOption = None,
     dataset: Annotated[
         str | None,
         typer.Option(
@@ -314,6 +323,7 @@ def run(
         settings = TuneSettings(
             model=model,
             pooling=pooling,
+            padding_side=padding_side,
             dataset=dataset,
             heldout=heldout,
             general=general,
@@ -361,6 +371,8 @@ def run(
 @app.command(cls=_Command, short_help="The paper's tables for a model, with intervals.")
 def evaluate(
     model: Model = "minilm",
+    pooling: PoolingOption = None,
+    padding_side: PaddingSideOption = None,
     dataset: Dataset = "wikipos-test",
     config: Annotated[list[Path] | None, typer.Option(metavar="YAML", help="Exported YAML config(s) to compare; repeatable.")] = None,
     calibration: Annotated[
@@ -405,7 +417,7 @@ def evaluate(
         scored = load_benchmark(dataset)
         require_position_groups(scored, "--dataset")
         general_set = load_benchmark(general) if general else None
-        loaded = load_model(model, trust_remote_code=trust_remote_code)
+        loaded = load_model(model, trust_remote_code=trust_remote_code, pooling=pooling, padding_side=padding_side)
         configs = []
         if paper_default:
             configs.append(("Paper default (CLS-Soft, λ 0.5, 50% layers, B 128)", loaded.default_config()))
@@ -482,7 +494,7 @@ def encode(
         from tuner.common.files import check_writable
         from tuner.data.texts import read_texts
 
-        check_writable(output, "--output", inputs=(input, config), force=force)
+        check_writable(output, "--output", inputs=(input, config), force=force, force_flag="--force")
         texts = read_texts(input)
         from tuner.engine.encoder import CalibratedEncoder
         from tuner.engine.exported import load_exported

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from typing import Literal
 
 DEFAULT_TRIALS = 16  # the cap beside the default budget (`DEFAULT_BUDGET`), which ends plain `tune` first (README)
 # Passages in each trial's attention profile: a diagnostic, not used by selection; its all-layer observed
@@ -18,6 +19,10 @@ DEFAULT_MAX_DRIFT = 2.0  # a trial may move the document vectors at most twice a
 HEARTBEAT_SECONDS = 20  # a trial whose worker is silent for 3 heartbeats is failed and re-queued
 GRID_NAMES = ("paper",)  # `tune --grid`: the configs of `tuner.tuning.search_space.GRIDS`
 SCREEN_QUERIES = 48  # queries per position group (and stratum) in the pooled screen (`tuner.evaluation.pools`)
+Pooling = Literal["cls", "last", "mean"]
+"""`--pooling`: how a model outside the registry pools its vectors (`tuner.calibration.config.Pooling`'s values)."""
+PaddingSide = Literal["left", "right"]
+"""`--padding-side`: where its tokenizer pads (`tuner.calibration.config.PaddingSide`'s values)."""
 TRACKING_SCHEMES = ("file", "sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks")
 
 
