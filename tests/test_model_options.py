@@ -154,6 +154,8 @@ CASES: dict[str, tuple[str, Callable[[Path, Callable[[str], Path]], list[str]]]]
     "evaluate: a model outside the cache": ("evaluate", lambda here, tiny: ["--model", NOT_CACHED, "--pooling", "cls", *EVALUATE_QUICK]),
     "evaluate: remote code without consent": ("evaluate", lambda here, tiny: ["--model", "gte-multilingual-base", *EVALUATE_QUICK]),
     "evaluate: a read-only --json": ("evaluate", lambda here, tiny: ["--json", read_only_output(here, "table.json"), *EVALUATE_QUICK]),
+    "evaluate: PosIR's instruction without its scoring": ("evaluate", lambda here, tiny: ["--posir-instruction", *EVALUATE_QUICK]),
+    "evaluate: PosIR's scoring with nothing to shuffle": ("evaluate", lambda here, tiny: ["--scoring", "posir", "--general", ""]),
     "export: a read-only output": (
         "export",
         lambda here, tiny: ["--study-name", "s", "--storage", stored_study(here), "--output", read_only_output(here, "export.yaml")],
