@@ -106,3 +106,14 @@ def test_the_bootstrap_pairs_both_runs_on_the_same_resamples() -> None:
     assert flat.psi is not None and flat.psi.estimate == pytest.approx(-(1 - 0.1 / 0.75))  # a flat run has PSI 0
     assert flat.bucket_psi["Q3"] is None and flat.bucket_ndcg10["Q3"] is None
     assert flat.psi.low <= flat.psi.estimate <= flat.psi.high
+
+
+def test_queries_get_posirs_instruction_by_default_only_under_its_scoring() -> None:
+    """PosIR's eval.py prefixes every model's queries with one instruction: its figures are made that way."""
+    from tuner.common.options import EvaluateRequest
+
+    assert EvaluateRequest(scoring="posir", general="").instruction
+    assert not EvaluateRequest(scoring="posir", posir_instruction=False).instruction
+    assert not EvaluateRequest().instruction
+    with pytest.raises(ValueError, match="add --scoring posir"):
+        EvaluateRequest(posir_instruction=True).check()
