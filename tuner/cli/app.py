@@ -392,7 +392,10 @@ def evaluate(
     batch_size: BatchSize = None,
     markdown: Annotated[Path | None, typer.Option(help="Also write the tables as Markdown here.")] = None,
     json_output: Annotated[
-        Path | None, typer.Option("--json", help="Also write every figure (0–1 scale, per group and stratum, with counts) as JSON here.")
+        Path | None,
+        typer.Option(
+            "--json", help="Also write every figure (0–1 scale; per group and stratum, or per PosIR bucket; with counts) as JSON here."
+        ),
     ] = None,
     trust_remote_code: TrustRemoteCode = False,
     scoring: Annotated[
