@@ -7,6 +7,7 @@ query counts, aggregated by `objectives.metrics.aggregate` — the same code tha
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -85,23 +86,14 @@ def paired_bootstrap(
 
     n_queries = len(baseline.query_ids)
     point = _deltas(baseline, candidate, np.ones((1, n_queries)))
-    rng = np.random.default_rng(seed)
-    block = max(1, _WEIGHT_CELLS_PER_BLOCK // n_queries)
-    blocks = []
-    for start in range(0, n_resamples, block):
-        size = min(block, n_resamples - start)
-        weights = rng.multinomial(n_queries, np.full(n_queries, 1.0 / n_queries), size=size).astype(np.float64)
-        blocks.append(_deltas(baseline, candidate, weights))
+    blocks = [_deltas(baseline, candidate, weights) for weights in resampled_weights(n_queries, n_resamples, seed)]
     resampled = {name: np.concatenate([b[name] for b in blocks]) for name in point}
-
-    tail = 50 * (1 - confidence)
 
     def interval(name: str, column: int | None = None) -> Interval:
         estimate, samples = point[name], resampled[name]
         if column is not None:
             estimate, samples = estimate[:, column], samples[:, column]
-        low, high = np.nanpercentile(samples, [tail, 100 - tail])
-        return Interval(float(estimate[0]), float(low), float(high))
+        return percentile_interval(float(estimate[0]), samples, confidence)
 
     has_groups = bool(baseline.group_order)
     return PairedBootstrap(
@@ -114,6 +106,22 @@ def paired_bootstrap(
         tilt=interval("tilt") if "tilt" in point else None,
         position_psi=interval("position_psi") if "position_psi" in point else None,
     )
+
+
+def resampled_weights(n_queries: int, n_resamples: int, seed: int) -> Iterator[np.ndarray]:
+    """Query resamples with replacement, as blocks of (resamples, n_queries) counts; one seed, one sequence."""
+    rng = np.random.default_rng(seed)
+    block = max(1, _WEIGHT_CELLS_PER_BLOCK // n_queries)
+    for start in range(0, n_resamples, block):
+        size = min(block, n_resamples - start)
+        yield rng.multinomial(n_queries, np.full(n_queries, 1.0 / n_queries), size=size).astype(np.float64)
+
+
+def percentile_interval(estimate: float, samples: np.ndarray, confidence: float) -> Interval:
+    """The point estimate with the central `confidence` share of the resampled values (undefined ones left out)."""
+    tail = 50 * (1 - confidence)
+    low, high = np.nanpercentile(samples, [tail, 100 - tail])
+    return Interval(estimate, float(low), float(high))
 
 
 def _deltas(baseline: PerQuery, candidate: PerQuery, weights: np.ndarray) -> dict[str, np.ndarray]:

@@ -184,3 +184,39 @@ def test_posir_scores_by_third_within_each_quartile_as_computed_by_hand(tmp_path
     )
     assert report.n_queries == 11
     assert report.ndcg10 == pytest.approx(sum(gain[rank] for _, _, rank in plan.values()) / 11), "every query counts"
+
+
+def test_read_for_posirs_own_figures_keeps_every_span_as_the_file_gives_it(domain):
+    """`read_posir` leaves placing to PosIR's analysis (`objectives.posir`): no thirds, no warning about them."""
+    import warnings
+
+    from tuner.data.posir import PosIRSpan, read_posir
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(UserWarning, match="dropped 1 queries without a relevant document"):
+            read_posir(domain)
+    with pytest.warns(UserWarning, match="dropped 1 queries") as warned:
+        folder = read_posir(domain)
+    assert len(warned) == 1, "only the dropped query: quartiles missing a third are posfair's thirds' concern"
+    assert folder.dataset.name == "posir:eng-Latn/demo" and not folder.dataset.groups and not folder.dataset.strata
+    assert set(folder.spans) == set(folder.dataset.queries) == {f"q{i}" for i in range(1, 8)}
+    assert folder.spans["q6"] == PosIRSpan(span=(400, 420), char_length=4000, token_length=1024)
+    assert folder.spans["q7"] == PosIRSpan(span=None, char_length=0, token_length=700)
+
+
+def test_a_language_folder_is_read_domain_by_domain(domain, tmp_path):
+    from tuner.data.registry import read_posir_domains
+
+    shutil.copytree(domain, domain.parent / "other")
+    (domain.parent / "not-a-domain").mkdir()
+    with pytest.warns(UserWarning):
+        folders = read_posir_domains(f"posir:{domain.parent}")
+    assert [f.dataset.name for f in folders] == ["posir:eng-Latn/demo", "posir:eng-Latn/other"]
+    with pytest.warns(UserWarning):
+        assert [f.dataset.name for f in read_posir_domains(str(domain))] == ["posir:eng-Latn/demo"]
+    for wrong in ("wikipos-test", f"jsonl:{domain}", str(tmp_path / "nowhere")):
+        with pytest.raises(ValueError, match="is not a PosIR folder: .* give posir:PATH"):
+            read_posir_domains(wrong)
+    with pytest.raises(ValueError, match="neither a PosIR <language>/<domain> folder"):
+        read_posir_domains(f"posir:{domain.parent / 'not-a-domain'}")

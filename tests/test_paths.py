@@ -42,7 +42,7 @@ from tests.hub import (
     write_fineweb_posq,
     write_posir,
 )
-from tests.tiny import PLAIN, WORDS, load_as, save_custom_code
+from tests.tiny import PLAIN, WORDS, load_as, save_custom_code, save_tiny
 from tuner.calibration import CalibrationConfig, calibrating
 from tuner.calibration.reference import register_reference
 from tuner.common.trials import named_constraints
@@ -51,6 +51,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: threads only 
 
 # Qwen3-Embedding's model card: queries carry this instruction, documents nothing.
 QWEN3_QUERY = "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:"
+# PosIR's eval.py (github.com/Ziyang1060/PosIR) puts this before every query, for every model: note the space.
+POSIR_QUERY = "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery: "
 THIRDS = ("begin", "middle", "end")
 
 
@@ -481,6 +483,133 @@ def test_tune_evaluate_on_a_jsonl_folder_and_a_beir_general_set(this_process_on_
     assert table["general"]["rows"][0]["original"]["ndcg10"] == pytest.approx(sum(general_gains) / 8, abs=1e-6)
 
 
+# -------------------------------------------------------------- tune evaluate: a model folder, PosIR's scoring
+
+
+def jsonl_with_spans(folder: Path, documents: int, seed: int) -> tuple[dict[str, str], list[dict]]:
+    """A JSONL folder: passages of three thirds, one query per third with its character span."""
+    folder.mkdir()
+    corpus, queries = {}, []
+    for d in range(documents):
+        made = passages(1, 30, 45, seed=seed + d)[0]
+        corpus[f"p{d}"] = made.text
+        for t, label in enumerate(THIRDS):
+            queries.append({"id": f"p{d}-{label}", "text": made.questions[t], "relevant": [f"p{d}"], "span": list(made.span(t))})
+    random.Random(seed).shuffle(queries)
+    (folder / "corpus.jsonl").write_text("".join(json.dumps({"id": k, "text": v}) + "\n" for k, v in corpus.items()))
+    (folder / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries))
+    return corpus, queries
+
+
+def test_tune_evaluate_loads_a_local_model_folder_with_the_pooling_and_padding_given(this_process_on_the_hub: FakeHub) -> None:
+    """Models outside the registry, given as `tune run` takes them: a BERT folder pooled by the mean, and a Qwen3
+    folder pooled by its last token but padded on the right (its default there would be the left)."""
+    hub = this_process_on_the_hub
+    corpus, queries = jsonl_with_spans(hub.root / "local-data", documents=6, seed=200)
+    groups = {q["id"]: q["id"].split("-")[1] for q in queries}
+    work = hub.root / "local-evaluate"
+    work.mkdir()
+    calibrated = {"strength": 0.5, "layers": "last", "basket_size": 16}
+    for kind, pooling, padding in (("bert", "mean", []), ("qwen3", "last", ["--padding-side", "right"])):
+        folder = save_tiny(kind, hub.root / f"local-{kind}", initializer_range=0.5)
+        tune_here(
+            "evaluate",
+            *("--model", str(folder), "--pooling", pooling, *padding, "--dataset", f"jsonl:{hub.root / 'local-data'}"),
+            *("--calibration", "strength=0.5,layers=last,basket_size=16", "--no-paper-default", "--no-sea"),
+            *("--general", "", "--no-shuffled", "--bootstrap", "20", "--json", str(work / f"{kind}.json")),
+        )
+        table = json.loads((work / f"{kind}.json").read_text(encoding="utf-8"))
+        assert (table["model"], table["pooling"], table["padding_side"]) == (str(folder), pooling, "right")
+        model = reference(folder, pooling)
+        vectors = model.encode([q["text"] for q in queries])
+        for row, config in zip(table["rows"], (None, CalibrationConfig(pooling=pooling, **calibrated)), strict=True):
+            documents = model.encode(list(corpus.values()), config)
+            gains = dict(zip([q["id"] for q in queries], ndcg10(vectors, documents, list(corpus), [q["relevant"][0] for q in queries])))
+            assert_figures(row["metrics"], figures(gains, groups) | {"n_begin": 6, "n_middle": 6, "n_end": 6}, f"{kind}: {row['name']}")
+
+
+def posir_language(root: Path) -> dict[str, tuple[dict[str, str], list[dict]]]:
+    """A PosIR <language> folder of two domains, each with its own corpus. Declared token lengths put queries in
+    Q1, Q2 and Q4 (none in Q3) and one at 0 (no bucket); one query has no span (nDCG@10 only)."""
+    domains = {}
+    rng = random.Random(3)
+    for name, seed in (("alpha", 300), ("beta", 400)):
+        corpus, queries = {}, []
+        for d, made in enumerate(passages(5, 24, 40, seed=seed)):
+            corpus[f"{name}{d}"] = made.text
+            for t in range(3):
+                tokens = rng.choice([300, 512, 513, 900, 2000, 0])
+                queries.append(
+                    {"_id": f"{name}{d}-{t}", "text": made.questions[t], "doc": f"{name}{d}", "span": made.span(t), "token_length": tokens}
+                )
+        queries[0]["span"] = None
+        write_posir(root / name, corpus, queries)
+        domains[name] = (corpus, queries)
+    return domains
+
+
+def posir_by_hand(records: list[tuple[tuple[int, int] | None, int, int, float]]) -> dict[str, float | None]:
+    """PosIR's figures following its analysis step by step: (span, characters, tokens, nDCG@10) per query."""
+    cells: dict[tuple[str | None, int], list[float]] = {}
+    for span, characters, tokens, gain in records:
+        if span is None or characters <= 0 or (span[0] + span[1]) / 2 < 0:
+            continue
+        relative = min((span[0] + span[1]) / 2, characters) / characters
+        position = next(k for k in range(1, 21) if relative <= k / 20)  # (k-1)/20 < x <= k/20; 0 in the first
+        bucket = None if tokens <= 0 else "Q1" if tokens <= 512 else "Q2" if tokens <= 1024 else "Q3" if tokens <= 1536 else "Q4"
+        cells.setdefault((bucket, position), []).append(gain)
+    means = {cell: sum(v) / len(v) for cell, v in cells.items()}
+    pooled: dict[int, list[float]] = {}
+    for (_, position), gains in cells.items():
+        pooled.setdefault(position, []).extend(gains)
+    pooled_means = [sum(v) / len(v) for v in pooled.values()]
+    out: dict[str, float | None] = {
+        "ndcg10": sum(r[3] for r in records) / len(records),
+        "psi": 1 - min(pooled_means) / max(pooled_means),
+    }
+    for bucket in ("Q1", "Q2", "Q3", "Q4"):
+        ys = [m for (b, _), m in means.items() if b == bucket]
+        out[f"{bucket}/ndcg10"] = sum(ys) / len(ys) if ys else None
+        out[f"{bucket}/psi"] = 1 - min(ys) / max(ys) if ys else None
+    return out
+
+
+def test_tune_evaluate_scores_posir_as_posir_scores_itself(this_process_on_the_hub: FakeHub) -> None:
+    """Two domains, each retrieved over its own corpus, every query prefixed with PosIR's instruction, their
+    queries pooled into 20 bins within token-length buckets."""
+    hub = this_process_on_the_hub
+    domains = posir_language(hub.root / "PosIR-lang" / "eng-Latn")
+    work = hub.root / "posir-scoring"
+    work.mkdir()
+    output = tune_here(
+        "evaluate",
+        *("--model", "bge-m3", "--scoring", "posir", "--dataset", f"posir:{hub.root / 'PosIR-lang' / 'eng-Latn'}"),
+        *("--calibration", "strength=0.5,layers=last,basket_size=16", "--no-paper-default", "--no-sea"),
+        *("--general", "", "--no-shuffled", "--bootstrap", "20", "--json", str(work / "posir.json")),
+    )
+    assert "PosIR's figures on posir:eng-Latn (2 domains;" in output and "prefixed with PosIR's instruction" in output
+    table = json.loads((work / "posir.json").read_text(encoding="utf-8"))
+    assert table["domains"] == ["posir:eng-Latn/alpha", "posir:eng-Latn/beta"] and table["query_prompt"] == POSIR_QUERY
+    model = reference(hub.snapshot(BGE_M3), "cls")
+    calibrated = CalibrationConfig(pooling="cls", strength=0.5, layers="last", basket_size=16)
+    for row, config in zip(table["rows"], (None, calibrated), strict=True):
+        records = []
+        for corpus, queries in domains.values():
+            vectors = model.encode([q["text"] for q in queries], prompt=POSIR_QUERY)
+            documents = model.encode(list(corpus.values()), config)
+            gains = ndcg10(vectors, documents, list(corpus), [q["doc"] for q in queries])
+            records += [(q["span"], len(corpus[q["doc"]]), q["token_length"], g) for q, g in zip(queries, gains)]
+        expected = posir_by_hand(records)
+        assert expected["Q3/ndcg10"] is None and expected["Q1/psi"] is not None, "the fixture covers an empty bucket"
+        metrics = row["metrics"]
+        assert metrics["n_queries"] == 30 and metrics["n_placed"] == 28
+        for key, value in expected.items():
+            assert metrics[key] == (None if value is None else pytest.approx(value, abs=1e-6)), (row["name"], key)
+    assert table["rows"][1]["deltas"]["ndcg10"]["estimate"] == pytest.approx(
+        table["rows"][1]["metrics"]["ndcg10"] - table["rows"][0]["metrics"]["ndcg10"]
+    )
+
+
 # ------------------------------------------------------------------ tune export: revision, remote code, MLflow
 
 
@@ -501,6 +630,8 @@ def test_tune_export_restores_revision_and_remote_code_and_logs_where_asked(this
             "--pooling",
             "cls",
             "--trust-remote-code",
+            "--padding-side",  # not the tokenizer's (right): the study records it and the re-export loads it so again
+            "left",
             "--dataset",
             f"jsonl:{data}",
             "--trials",
@@ -541,6 +672,7 @@ def test_tune_export_restores_revision_and_remote_code_and_logs_where_asked(this
     again = yaml.safe_load((work / "again.yaml").read_text(encoding="utf-8"))
     tuned = yaml.safe_load((work / "tuned.yaml").read_text(encoding="utf-8"))
     assert again["model"]["revision"] == tuned_revision and again["calibration"] == tuned["calibration"]
+    assert tuned["model"]["padding_side"] == again["model"]["padding_side"] == "left"
     assert again["metrics"]["tuning"] == pytest.approx(tuned["metrics"]["tuning"]), "the same weights, re-scored"
     assert str(work / "again.yaml") in output
     client = MlflowClient(f"sqlite:///{work / 'exports.db'}")

@@ -25,6 +25,10 @@ from tuner.common.options import (
     DEFAULT_TRIALS,
     HEARTBEAT_SECONDS,
     Budget,
+    EvaluateRequest,
+    PaddingSide,
+    Pooling,
+    Scoring,
     parse_bytes,
     parse_limit,
 )
@@ -192,12 +196,19 @@ BatchTokens = Annotated[
 Seed = Annotated[int, typer.Option(min=0, max=2**32 - 1, help="Seed of the sampler and the bootstrap.")]
 Resamples = Annotated[int, typer.Option(min=1, help="Bootstrap resamples for the intervals.")]
 TrustRemoteCode = Annotated[bool, typer.Option("--trust-remote-code", help="Allow a model's own code from its hub repository to run.")]
+# What loads any model, on every command that takes --model (a registry alias knows its own).
+PoolingOption = Annotated[Pooling | None, typer.Option("--pooling", help="How a model outside the registry pools its vectors.")]
+PaddingSideOption = Annotated[
+    PaddingSide | None,
+    typer.Option("--padding-side", help="Where its tokenizer pads; default: the registry's, else left for last pooling, right otherwise."),
+]
 
 
 @app.command(cls=_Command, short_help="Tune one model (the default command).")
 def run(
     model: Model = "minilm",
-    pooling: Annotated[str | None, typer.Option(help="cls|last|mean, for a model outside the registry.")] = None,
+    pooling: PoolingOption = None,
+    padding_side: PaddingSideOption = None,
     dataset: Annotated[
         str | None,
         typer.Option(
@@ -314,6 +325,7 @@ def run(
         settings = TuneSettings(
             model=model,
             pooling=pooling,
+            padding_side=padding_side,
             dataset=dataset,
             heldout=heldout,
             general=general,
@@ -361,6 +373,8 @@ def run(
 @app.command(cls=_Command, short_help="The paper's tables for a model, with intervals.")
 def evaluate(
     model: Model = "minilm",
+    pooling: PoolingOption = None,
+    padding_side: PaddingSideOption = None,
     dataset: Dataset = "wikipos-test",
     config: Annotated[list[Path] | None, typer.Option(metavar="YAML", help="Exported YAML config(s) to compare; repeatable.")] = None,
     calibration: Annotated[
@@ -378,12 +392,32 @@ def evaluate(
     batch_size: BatchSize = None,
     markdown: Annotated[Path | None, typer.Option(help="Also write the tables as Markdown here.")] = None,
     json_output: Annotated[
-        Path | None, typer.Option("--json", help="Also write every figure (0–1 scale, per group and stratum, with counts) as JSON here.")
+        Path | None,
+        typer.Option(
+            "--json", help="Also write every figure (0–1 scale; per group and stratum, or per PosIR bucket; with counts) as JSON here."
+        ),
     ] = None,
     trust_remote_code: TrustRemoteCode = False,
+    scoring: Annotated[
+        Scoring,
+        typer.Option(
+            help="'posfair': the thirds within strata, HM, PSI (Table 1); 'posir': PosIR's own figures (nDCG@10 and PSI over 20 "
+            "position bins, overall and per token-length bucket Q1–Q4, a <language> folder's domains pooled) on a posir:PATH dataset."
+        ),
+    ] = "posfair",
+    posir_instruction: Annotated[
+        bool | None,
+        typer.Option(
+            "--posir-instruction/--no-posir-instruction",
+            help="Prefix every query with PosIR's instruction instead of the model's own prompt, as PosIR's evaluation does for "
+            "every model; default: on with --scoring posir, so its figures compare with the published ones.",
+            show_default=False,
+        ),
+    ] = None,
     options: OptionsFile = None,
 ) -> None:
-    """Print the paper's Table 1 (and Table 3) for a model: baseline, configs, SEA, with bootstrap intervals.
+    """Print the paper's Table 1 (and Table 3) for a model: baseline, configs, SEA, with bootstrap intervals; or, with
+    --scoring posir, PosIR's own figures.
 
     Example: tune evaluate --model minilm --dataset wikipos-test --config best.yaml"""
     _setup_logging()
@@ -393,38 +427,30 @@ def evaluate(
         for path, flag in ((markdown, "--markdown"), (json_output, "--json")):
             if path is not None:
                 check_writable(path, flag, inputs=config or ())
-        inline_rows = [(inline, parse_inline(inline)) for inline in calibration or []]
-        from tuner.data import load_benchmark, require_position_groups
-        from tuner.engine.exported import load_exported
-        from tuner.engine.models import load_model
-        from tuner.evaluation.visible import within_reach
-        from tuner.report.tables import render, run_evaluation, to_dict, to_markdown
-
-        _quiet_libraries()
-        exports = [(path, load_exported(path)) for path in config or []]
-        scored = load_benchmark(dataset)
-        require_position_groups(scored, "--dataset")
-        general_set = load_benchmark(general) if general else None
-        loaded = load_model(model, trust_remote_code=trust_remote_code)
-        configs = []
-        if paper_default:
-            configs.append(("Paper default (CLS-Soft, λ 0.5, 50% layers, B 128)", loaded.default_config()))
-        for inline, values in inline_rows:
-            configs.append((inline, loaded.default_config(**values)))
-        for path, exported in exports:
-            exported.check_model(loaded)
-            configs.append((f"{path.name} (trial {exported.provenance.trial})", exported.calibration))
-        table = run_evaluation(
-            loaded,
-            within_reach(scored, loaded),
-            configs,
+        request = EvaluateRequest(
+            model=model,
+            pooling=pooling,
+            padding_side=padding_side,
+            trust_remote_code=trust_remote_code,
+            dataset=dataset,
+            configs=tuple(config or ()),
+            inline=tuple((inline, parse_inline(inline)) for inline in calibration or []),
+            paper_default=paper_default,
             sea=sea,
-            general=general_set,
+            general=general,
             shuffled=shuffled,
-            n_resamples=bootstrap,
+            bootstrap=bootstrap,
             seed=seed,
             batch_size=batch_size,
+            scoring=scoring,
+            posir_instruction=posir_instruction,
         )
+        request.check()
+        from tuner.report.evaluate import evaluate as run_evaluate
+        from tuner.report.evaluate import render, to_dict, to_markdown
+
+        _quiet_libraries()
+        table = run_evaluate(request)
     render(table, _console())
     if markdown:
         markdown.write_text(to_markdown(table), encoding="utf-8")
@@ -482,7 +508,7 @@ def encode(
         from tuner.common.files import check_writable
         from tuner.data.texts import read_texts
 
-        check_writable(output, "--output", inputs=(input, config), force=force)
+        check_writable(output, "--output", inputs=(input, config), force=force, force_flag="--force")
         texts = read_texts(input)
         from tuner.engine.encoder import CalibratedEncoder
         from tuner.engine.exported import load_exported

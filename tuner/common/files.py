@@ -31,7 +31,7 @@ def umask() -> int:
     return current
 
 
-def check_writable(path: Path, flag: str, *, inputs: Sequence[Path] = (), force: bool = False) -> None:
+def check_writable(path: Path, flag: str, *, inputs: Sequence[Path] = (), force: bool = False, force_flag: str | None = None) -> None:
     """Before any work: `path` can be created or replaced (see `check_replaceable`): its folder exists and is
     writable, it is not a folder, and it is none of the run's `inputs` (the same file by inode, whatever the name)."""
     folder = path.parent if str(path.parent) else Path(".")
@@ -44,13 +44,13 @@ def check_writable(path: Path, flag: str, *, inputs: Sequence[Path] = (), force:
     for source in inputs:
         if path.exists() and source.exists() and os.path.samefile(path, source):
             raise ValueError(f"{flag} {path} is the input {source} itself; writing it would destroy the input: choose another {flag}")
-    check_replaceable(path, flag, force=force)
+    check_replaceable(path, flag, force=force, force_flag=force_flag)
 
 
-def check_replaceable(path: Path, flag: str = "output", *, force: bool = False) -> None:
+def check_replaceable(path: Path, flag: str = "output", *, force: bool = False, force_flag: str | None = None) -> None:
     """An existing `path` may be replaced only if it is a regular file the user may write (or `force`):
     a device such as /dev/null, a pipe or a socket is never replaced by a file, and a read-only file is
-    kept unless the user says otherwise."""
+    kept unless the user says otherwise (`force_flag`: the option of the command that says so, if it has one)."""
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
@@ -71,7 +71,7 @@ def check_replaceable(path: Path, flag: str = "output", *, force: bool = False) 
     if not force and not os.access(path, os.W_OK):
         raise ValueError(
             f"{flag} {path} exists and is read-only; "
-            + ("pass --force to replace it, or choose another name" if flag == "--output" else "make it writable or choose another name")
+            + (f"pass {force_flag} to replace it, or choose another name" if force_flag else "make it writable or choose another name")
         )
 
 

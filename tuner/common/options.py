@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
 
 DEFAULT_TRIALS = 16  # the cap beside the default budget (`DEFAULT_BUDGET`), which ends plain `tune` first (README)
 # Passages in each trial's attention profile: a diagnostic, not used by selection; its all-layer observed
@@ -18,6 +20,12 @@ DEFAULT_MAX_DRIFT = 2.0  # a trial may move the document vectors at most twice a
 HEARTBEAT_SECONDS = 20  # a trial whose worker is silent for 3 heartbeats is failed and re-queued
 GRID_NAMES = ("paper",)  # `tune --grid`: the configs of `tuner.tuning.search_space.GRIDS`
 SCREEN_QUERIES = 48  # queries per position group (and stratum) in the pooled screen (`tuner.evaluation.pools`)
+Pooling = Literal["cls", "last", "mean"]
+"""`--pooling`: how a model outside the registry pools its vectors (`tuner.calibration.config.Pooling`'s values)."""
+PaddingSide = Literal["left", "right"]
+"""`--padding-side`: where its tokenizer pads (`tuner.calibration.config.PaddingSide`'s values)."""
+Scoring = Literal["posfair", "posir"]
+"""`tune evaluate --scoring`: posfair's tables (thirds within strata, HM, PSI), or PosIR's own figures."""
 TRACKING_SCHEMES = ("file", "sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks")
 
 
@@ -110,3 +118,39 @@ DEFAULT_BUDGET = Budget(grid_share=1 / 3)
 """Plain `tune` spends at most a third of what the paper's grid costs: on MiniLM / WikiPos-dev (seeds 0–4) its
 winners matched the grid winner held out as often as 16 unbudgeted trials did (two of five), at half their cost
 (README, *The default tuning run*)."""
+
+
+@dataclass(frozen=True)
+class EvaluateRequest:
+    """Every option of `tune evaluate`, parsed (`inline`: each --calibration as given and as field values)."""
+
+    model: str = "minilm"
+    pooling: Pooling | None = None
+    padding_side: PaddingSide | None = None
+    trust_remote_code: bool = False
+    dataset: str = "wikipos-test"
+    configs: tuple[Path, ...] = ()
+    inline: tuple[tuple[str, dict[str, object]], ...] = ()
+    paper_default: bool = True
+    sea: bool = True
+    general: str | None = "wikipos-general"
+    shuffled: bool = True
+    bootstrap: int = 1000
+    seed: int = 0
+    batch_size: int | None = None
+    scoring: Scoring = "posfair"
+    posir_instruction: bool | None = None  # None: with PosIR's scoring, as PosIR's evaluation does
+
+    @property
+    def instruction(self) -> bool:
+        """Whether queries get PosIR's instruction: as asked, else exactly when PosIR's figures are made."""
+        return self.scoring == "posir" if self.posir_instruction is None else self.posir_instruction
+
+    def check(self) -> None:
+        """Option combinations that cannot work, refused before anything loads."""
+        if self.instruction and self.scoring != "posir":
+            raise ValueError("--posir-instruction prefixes the queries of PosIR's own scoring: add --scoring posir")
+        if self.scoring == "posir" and self.shuffled and not self.general:
+            raise ValueError(
+                "--scoring posir runs the shuffled-sentence check on the --general set only: give --general SET, or --no-shuffled"
+            )

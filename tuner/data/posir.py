@@ -29,6 +29,11 @@ Every file and column name is a field of `PosIRLayout` and can be overridden by 
 Queries whose span or lengths are missing or invalid (length <= 0, negative span) stay in the dataset for
 aggregate nDCG but get no group and no stratum, as PosIR's analysis drops them from position statistics.
 Queries without a relevant document are dropped with a warning.
+
+`read_posir` reads a folder for PosIR's own figures instead (`objectives.posir`: 20 position bins within the
+length buckets, as its analysis script computes them): the dataset without groups, and each query's span and
+lengths as the files give them; `posir_domains` lists the domain folders of a `<language>` folder, whose
+queries that analysis pools.
 """
 
 from __future__ import annotations
@@ -114,8 +119,31 @@ def _read_qrels(path: Path, layout: PosIRLayout) -> dict[str, dict[str, int]]:
     return qrels
 
 
-def load_posir(path: str | Path, *, layout: PosIRLayout | None = None, name: str | None = None, **overrides: Any) -> PositionalDataset:
-    """Load one PosIR dataset folder; `overrides` replace `PosIRLayout` fields (file and column names)."""
+QUERY_INSTRUCTION = "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery: "
+"""What PosIR's evaluation (its eval.py) puts before every query, for every model it evaluates."""
+
+
+@dataclass(frozen=True)
+class PosIRSpan:
+    """What PosIR's own analysis reads of one query: its reference span and its relevant document's length in
+    characters and in tokens, as the files give them (None where they give nothing)."""
+
+    span: tuple[int, int] | None
+    char_length: int | None
+    token_length: int | None
+
+
+@dataclass(frozen=True)
+class PosIRFolder:
+    """One `<language>/<domain>` folder read whole: its dataset (without position groups: PosIR's analysis places
+    the queries itself, `objectives.posir`) and each kept query's span and lengths."""
+
+    dataset: PositionalDataset
+    spans: dict[str, PosIRSpan]
+
+
+def read_posir(path: str | Path, *, layout: PosIRLayout | None = None, name: str | None = None, **overrides: Any) -> PosIRFolder:
+    """Read one PosIR dataset folder; `overrides` replace `PosIRLayout` fields (file and column names)."""
     known = {f.name for f in dataclasses.fields(PosIRLayout)}
     unknown = sorted(set(overrides) - known)
     if unknown:
@@ -145,7 +173,7 @@ def load_posir(path: str | Path, *, layout: PosIRLayout | None = None, name: str
         judged = {qid: {str(doc): 1} for qid, doc in zip(qids, rows["relevant_doc"], strict=True) if doc is not None}
     queries: dict[str, str] = {}
     qrels: dict[str, dict[str, int]] = {}
-    placed: dict[str, tuple[str, str]] = {}  # qid -> (quartile, third)
+    spans: dict[str, PosIRSpan] = {}
     dropped = 0
     for index, qid in enumerate(qids):
         relevant = judged.get(qid, {})
@@ -154,22 +182,47 @@ def load_posir(path: str | Path, *, layout: PosIRLayout | None = None, name: str
             continue
         queries[qid] = str(rows["query_text"][index])
         qrels[qid] = relevant
-        char_length = rows["char_length"][index] if layout.char_length else _relevant_length(relevant, corpus)
-        position = position_group(rows["span"][index], char_length, rows["token_length"][index])
-        if position is not None:
-            placed[qid] = position
+        span = rows["span"][index]
+        spans[qid] = PosIRSpan(
+            span=(span[0], span[1]) if span is not None and len(span) == 2 else None,
+            char_length=rows["char_length"][index] if layout.char_length else _relevant_length(relevant, corpus),
+            token_length=rows["token_length"][index],
+        )
     if dropped:
         warnings.warn(f"PosIR {folder}: dropped {dropped} queries without a relevant document in qrels", stacklevel=2)
-    groups, strata = comparable_positions(placed, folder)
-    return PositionalDataset(
-        name=name or f"posir:{folder.resolve().parent.name}/{folder.resolve().name}",
-        corpus=corpus,
-        queries=queries,
-        qrels=qrels,
-        groups=groups,
-        group_order=THIRDS if groups else (),  # a kept quartile holds all three thirds
-        strata=strata,
+    dataset = PositionalDataset(
+        name=name or f"posir:{folder.resolve().parent.name}/{folder.resolve().name}", corpus=corpus, queries=queries, qrels=qrels
     )
+    return PosIRFolder(dataset, spans)
+
+
+def load_posir(path: str | Path, *, layout: PosIRLayout | None = None, name: str | None = None, **overrides: Any) -> PositionalDataset:
+    """Load one PosIR dataset folder, its queries in thirds within length quartiles; `overrides` replace
+    `PosIRLayout` fields (file and column names)."""
+    folder = read_posir(path, layout=layout, name=name, **overrides)
+    placed = {
+        qid: position
+        for qid, query in folder.spans.items()
+        if (position := position_group(query.span, query.char_length, query.token_length)) is not None
+    }
+    groups, strata = comparable_positions(placed, path)
+    return dataclasses.replace(
+        folder.dataset, groups=groups, group_order=THIRDS if groups else (), strata=strata
+    )  # a kept quartile holds all three thirds
+
+
+def posir_domains(path: str | Path) -> list[Path]:
+    """The `<language>/<domain>` folders under `path`: itself when it holds a queries file, else its subfolders
+    that do (a `<language>` folder), sorted by name."""
+    folder = Path(path)
+    if (folder / PosIRLayout.queries_file).is_file():
+        return [folder]
+    domains = sorted(sub for sub in folder.iterdir() if (sub / PosIRLayout.queries_file).is_file()) if folder.is_dir() else []
+    if not domains:
+        raise ValueError(
+            f"{folder} is neither a PosIR <language>/<domain> folder (with {PosIRLayout.queries_file}) nor a <language> folder of them"
+        )
+    return domains
 
 
 def comparable_positions(placed: dict[str, tuple[str, str]], where: Path | str) -> tuple[dict[str, tuple[str, ...]], dict[str, str]]:

@@ -12,7 +12,7 @@ from tuner.data.dataset import PositionalDataset
 from tuner.data.fineweb_posq import check_available as check_fineweb_posq
 from tuner.data.fineweb_posq import load_fineweb_posq
 from tuner.data.jsonl import CORPUS_FILE, QUERIES_FILE, find_file, load_jsonl
-from tuner.data.posir import PosIRLayout, load_posir
+from tuner.data.posir import PosIRFolder, PosIRLayout, load_posir, posir_domains, read_posir
 from tuner.data.wikipos import GROUP_ORDER, SPLITS, STRUCTURE_RECORDS, THIRDS, load_wikipos, load_wikipos_structure
 
 Loader = Callable[..., PositionalDataset]
@@ -138,3 +138,16 @@ def load_benchmark(name_or_path: str, **options: Any) -> PositionalDataset:
             )
         return PREFIXED[kind](folder, **options)
     raise ValueError(f"unknown benchmark {name_or_path!r}; known: {', '.join(known_benchmarks())}")
+
+
+def read_posir_domains(name_or_path: str, **options: Any) -> list[PosIRFolder]:
+    """Every PosIR `<language>/<domain>` folder `name_or_path` names (`posir:PATH` or a folder: one domain, or a
+    `<language>` folder of them), read for PosIR's own figures (`tuner.data.posir.read_posir`, with `options`)."""
+    prefix, colon, path = name_or_path.partition(":")
+    folder = Path(path if colon and prefix == "posir" else name_or_path)
+    if (colon and prefix != "posir") or name_or_path in NAMED or not folder.is_dir():
+        raise ValueError(
+            f"{name_or_path!r} is not a PosIR folder: PosIR's own figures read its spans and token lengths; give "
+            "posir:PATH, PATH being a <language>/<domain> folder or a <language> folder of them"
+        )
+    return [read_posir(domain, **options) for domain in posir_domains(folder)]

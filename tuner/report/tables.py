@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -62,7 +62,8 @@ class GeneralTable:
 
 @dataclass(frozen=True)
 class EvaluationTable:
-    """Everything `run_evaluation` measured; the first row is always the uncalibrated baseline."""
+    """Everything `run_evaluation` measured; the first row is always the uncalibrated baseline. `pooling`,
+    `padding_side` and `query_prompt` say how the model was loaded and what its queries were prefixed with."""
 
     model: str
     dataset: str
@@ -71,6 +72,49 @@ class EvaluationTable:
     general: GeneralTable | None
     n_resamples: int
     seed: int
+    pooling: str = ""
+    padding_side: str = ""
+    query_prompt: str = ""
+
+
+def methods_evaluator(
+    model: LoadedModel, dataset: PositionalDataset, configs: Sequence[tuple[str, CalibrationConfig]], *, sea: bool, batch_size: int | None
+) -> Evaluator:
+    """An evaluator for scoring the baseline, `configs` and (if `sea`) SEA on `dataset` (layer inputs cached once)."""
+    names = [BASELINE, *(name for name, _ in configs), *([SEA] if sea else [])]
+    if len(set(names)) != len(names):
+        raise ValueError(f"row names must be unique and differ from {BASELINE!r} and {SEA!r}; got {names}")
+    return Evaluator(model, dataset, batch_size, prefix_layers=starting_layers((c for _, c in configs), model.num_layers))
+
+
+def score_methods(
+    evaluator: Evaluator, configs: Sequence[tuple[str, CalibrationConfig]], *, sea: bool, batch_size: int | None
+) -> Iterator[tuple[str, Evaluation]]:
+    """Each indexing method's evaluation as it completes: the baseline, each named config, then (if `sea`) SEA."""
+    yield BASELINE, evaluator.run(None)
+    for name, config in configs:
+        yield name, evaluator.run(config)
+    if sea:
+        start = time.perf_counter()
+        texts = [evaluator.dataset.corpus[d] for d in evaluator.doc_ids]
+        vectors, truncated = segment_embed_average(evaluator.model, texts, batch_size=batch_size)
+        yield SEA, evaluator.score(vectors, seconds=time.perf_counter() - start, truncated=truncated)
+
+
+def general_table(
+    model: LoadedModel,
+    general: PositionalDataset,
+    configs: Sequence[tuple[str, CalibrationConfig]],
+    *,
+    shuffled: bool,
+    seed: int,
+    batch_size: int | None,
+) -> GeneralTable:
+    """Table 3: the baseline and `configs` on the general set, and (with `shuffled`) on its sentence-shuffled copy."""
+    methods: list[tuple[str, CalibrationConfig | None]] = [(BASELINE, None), *configs]
+    evaluator = Evaluator(model, general, batch_size)
+    originals = {name: evaluator.run(config).report for name, config in methods}
+    return _general_table(evaluator, originals, methods, shuffled, seed)
 
 
 def run_evaluation(
@@ -92,36 +136,33 @@ def run_evaluation(
     on sentence-shuffled copies of its documents (seeded by `seed`); without `general`, `shuffled`
     runs that check on `dataset` itself, reusing the original scores already computed.
     """
-    names = [BASELINE, *(name for name, _ in configs), *([SEA] if sea else [])]
-    if len(set(names)) != len(names):
-        raise ValueError(f"row names must be unique and differ from {BASELINE!r} and {SEA!r}; got {names}")
-    methods: list[tuple[str, CalibrationConfig | None]] = [(BASELINE, None), *configs]
-    evaluator = Evaluator(model, dataset, batch_size, prefix_layers=starting_layers((c for _, c in configs), model.num_layers))
-    baseline = evaluator.run(None)
+    evaluator = methods_evaluator(model, dataset, configs, sea=sea, batch_size=batch_size)
     rows: list[PositionalRow] = []
-
-    def add(name: str, evaluation: Evaluation) -> None:
+    baseline: Evaluation | None = None
+    for name, evaluation in score_methods(evaluator, configs, sea=sea, batch_size=batch_size):
+        baseline = baseline or evaluation
         deltas = None if not rows else paired_bootstrap(baseline.per_query, evaluation.per_query, n_resamples, seed)
         rows.append(PositionalRow(name, evaluation.report, deltas, evaluation.truncated, evaluation.encode_seconds))
         _log_row(rows[-1])
 
-    add(BASELINE, baseline)
-    for name, config in configs:
-        add(name, evaluator.run(config))
-    if sea:
-        start = time.perf_counter()
-        vectors, truncated = segment_embed_average(model, [dataset.corpus[d] for d in evaluator.doc_ids], batch_size=batch_size)
-        add(SEA, evaluator.score(vectors, seconds=time.perf_counter() - start, truncated=truncated))
-
-    general_table = None
+    general_result = None
     if general is not None:
-        general_evaluator = Evaluator(model, general, batch_size)
-        originals = {name: general_evaluator.run(config).report for name, config in methods}
-        general_table = _general_table(general_evaluator, originals, methods, shuffled, seed)
+        general_result = general_table(model, general, configs, shuffled=shuffled, seed=seed, batch_size=batch_size)
     elif shuffled:
         originals = {row.name: row.report for row in rows}
-        general_table = _general_table(evaluator, originals, methods, shuffled, seed)
-    return EvaluationTable(model.spec.alias, dataset.name, dataset.group_order, tuple(rows), general_table, n_resamples, seed)
+        general_result = _general_table(evaluator, originals, [(BASELINE, None), *configs], shuffled, seed)
+    return EvaluationTable(
+        model.spec.alias,
+        dataset.name,
+        dataset.group_order,
+        tuple(rows),
+        general_result,
+        n_resamples,
+        seed,
+        model.spec.pooling,
+        model.spec.padding_side,
+        model.spec.query_prompt,
+    )
 
 
 def _general_table(
@@ -154,11 +195,13 @@ def _log_row(row: PositionalRow) -> None:
 Grid = tuple[str, list[str], list[list[str]]]  # title, headers, rows
 
 
-def _points(value: float | None) -> str:
+def points(value: float | None) -> str:
+    """A 0–1 score in points (×100, two decimals); — where undefined."""
     return "—" if value is None else f"{value * 100:.2f}"
 
 
-def _psi(value: float | None) -> str:
+def psi_cell(value: float | None) -> str:
+    """A PSI as it is (three decimals); — where undefined."""
     return "—" if value is None else f"{value:.3f}"
 
 
@@ -185,11 +228,11 @@ def _main_grid(table: EvaluationTable) -> Grid:
         rows.append(
             [
                 row.name,
-                *(_points(report.group_ndcg10[group]) for group in table.group_order),
-                _points(report.hm),
-                _psi(report.psi),
-                _points(report.ndcg10),
-                _points(report.recall10),
+                *(points(report.group_ndcg10[group]) for group in table.group_order),
+                points(report.hm),
+                psi_cell(report.psi),
+                points(report.ndcg10),
+                points(report.recall10),
                 "—" if deltas is None or deltas.hm is None else deltas.hm.format(),
                 "—" if deltas is None or deltas.psi is None else deltas.psi.format(scale=1, digits=3),
                 "—" if deltas is None else deltas.ndcg10.format(),
@@ -199,9 +242,10 @@ def _main_grid(table: EvaluationTable) -> Grid:
     return title, headers, rows
 
 
-def _general_grid(table: EvaluationTable, general: GeneralTable) -> Grid:
+def general_grid(model: str, general: GeneralTable) -> Grid:
+    """Table 3's grid: nDCG@10 and Recall@10 on the general set, original (and shuffled), against the baseline."""
     with_shuffle = all(row.shuffled is not None for row in general.rows)
-    title = f"{general.dataset}: nDCG@10 and Recall@10 — {table.model} (×100; (±) vs {BASELINE})"
+    title = f"{general.dataset}: nDCG@10 and Recall@10 — {model} (×100; (±) vs {BASELINE})"
     if with_shuffle:
         title += f"; Shuffled: every document's sentences shuffled, seed {general.shuffle_seed}"
     headers = ["Indexing method", "nDCG@10 Original", "Recall@10 Original"]
@@ -217,7 +261,7 @@ def _general_grid(table: EvaluationTable, general: GeneralTable) -> Grid:
     base = general.rows[0]
 
     def cell(value: float, reference: float, is_base: bool) -> str:
-        return _points(value) if is_base else f"{_points(value)} ({(value - reference) * 100:+.2f})"
+        return points(value) if is_base else f"{points(value)} ({(value - reference) * 100:+.2f})"
 
     rows = []
     for row in general.rows:
@@ -242,13 +286,18 @@ def _general_grid(table: EvaluationTable, general: GeneralTable) -> Grid:
 def _grids(table: EvaluationTable) -> list[Grid]:
     grids = [_main_grid(table)]
     if table.general is not None:
-        grids.append(_general_grid(table, table.general))
+        grids.append(general_grid(table.model, table.general))
     return grids
 
 
 def render(table: EvaluationTable, console: Console) -> None:
     """Print the tables to a terminal (numbers right-aligned, method names left)."""
-    for title, headers, rows in _grids(table):
+    render_grids(_grids(table), console)
+
+
+def render_grids(grids: Sequence[Grid], console: Console) -> None:
+    """Print grids as rich tables (numbers right-aligned, method names left)."""
+    for title, headers, rows in grids:
         grid = Table(title=title, title_justify="left")
         for i, header in enumerate(headers):
             grid.add_column(header, justify="left" if i == 0 else "right", no_wrap=i > 0)
@@ -259,12 +308,17 @@ def render(table: EvaluationTable, console: Console) -> None:
 
 def to_markdown(table: EvaluationTable) -> str:
     """The same tables as GitHub markdown, each under its title in bold, for the README."""
+    return grids_markdown(_grids(table))
+
+
+def grids_markdown(grids: Sequence[Grid]) -> str:
+    """Grids as GitHub markdown, each under its title in bold."""
 
     def line(cells: Sequence[str]) -> str:
         return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
 
     blocks = []
-    for title, headers, rows in _grids(table):
+    for title, headers, rows in grids:
         lines = [f"**{title}**", "", line(headers), line(["---"] + ["---:"] * (len(headers) - 1))]
         lines += [line(row) for row in rows]
         blocks.append("\n".join(lines))
@@ -273,9 +327,12 @@ def to_markdown(table: EvaluationTable) -> str:
 
 def to_dict(table: EvaluationTable) -> dict[str, Any]:
     """JSON-ready nested dict (scores on the 0–1 scale, as in `PositionReport`), e.g. for `mlflow.log_dict`."""
-    general = table.general
     return {
+        "scoring": "posfair",
         "model": table.model,
+        "pooling": table.pooling,
+        "padding_side": table.padding_side,
+        "query_prompt": table.query_prompt,
         "dataset": table.dataset,
         "group_order": list(table.group_order),
         "n_resamples": table.n_resamples,
@@ -290,20 +347,21 @@ def to_dict(table: EvaluationTable) -> dict[str, Any]:
             }
             for row in table.rows
         ],
-        "general": None
-        if general is None
-        else {
-            "dataset": general.dataset,
-            "shuffle_seed": general.shuffle_seed,
-            "rows": [
-                {
-                    "name": row.name,
-                    "original": _retrieval(row.original),
-                    "shuffled": None if row.shuffled is None else _retrieval(row.shuffled),
-                }
-                for row in general.rows
-            ],
-        },
+        "general": general_dict(table.general),
+    }
+
+
+def general_dict(general: GeneralTable | None) -> dict[str, Any] | None:
+    """Table 3 as a JSON-ready dict (None without it)."""
+    if general is None:
+        return None
+    return {
+        "dataset": general.dataset,
+        "shuffle_seed": general.shuffle_seed,
+        "rows": [
+            {"name": row.name, "original": _retrieval(row.original), "shuffled": None if row.shuffled is None else _retrieval(row.shuffled)}
+            for row in general.rows
+        ],
     }
 
 

@@ -255,6 +255,7 @@ def reexport(
     settings = TuneSettings(
         model=attrs["model_name"],
         pooling=attrs["pooling"],
+        padding_side=attrs.get("padding_side"),
         dataset=attrs["dataset_name"],
         seed=attrs["seed"],
         hm_floor=attrs["hm_floor"],
@@ -274,7 +275,13 @@ def reexport(
     if picked is None:
         raise NoFeasibleTrialError(f"study {study_name!r} has no feasible complete trial; nothing to export")
     best, chosen = picked
-    model = load_model(settings.model, revision=settings.revision, trust_remote_code=settings.trust_remote_code, pooling=settings.pooling)  # type: ignore[arg-type]
+    model = load_model(
+        settings.model,
+        revision=settings.revision,
+        trust_remote_code=settings.trust_remote_code,
+        pooling=settings.pooling,  # type: ignore[arg-type]
+        padding_side=settings.padding_side,  # type: ignore[arg-type]
+    )
     if model.revision != attrs["revision"]:
         raise ValueError(
             f"study {study_name!r} tuned {attrs['model']} at revision {attrs['revision']}, "

@@ -48,7 +48,7 @@ def check_available(settings: TuneSettings) -> None:
 
     One error names everything missing, each with its `hf download` command, so a user fetches all at once.
     """
-    spec = resolve_spec(settings.model, settings.pooling)  # type: ignore[arg-type]
+    spec = resolve_spec(settings.model, settings.pooling, settings.padding_side)  # type: ignore[arg-type]
     problems = []
     try:
         locate(spec, settings.revision)
@@ -216,7 +216,13 @@ def prepare(settings: TuneSettings) -> Session:
     storage = settings.storage or default_storage()
     check_storage_url(storage)  # a malformed URL fails here too; the database is created with the study
     clean_orphans()  # temporary folders of killed runs
-    model = load_model(settings.model, revision=settings.revision, trust_remote_code=settings.trust_remote_code, pooling=settings.pooling)  # type: ignore[arg-type]
+    model = load_model(
+        settings.model,
+        revision=settings.revision,
+        trust_remote_code=settings.trust_remote_code,
+        pooling=settings.pooling,  # type: ignore[arg-type]
+        padding_side=settings.padding_side,  # type: ignore[arg-type]
+    )
     tuning, heldout = within_reach(tuning, model), [within_reach(held, model) for held in heldout]
     evaluator = Evaluator(
         model,
@@ -259,6 +265,7 @@ def prepare(settings: TuneSettings) -> Session:
     identity: dict[str, object] = {
         "model_name": settings.model,
         "pooling": model.spec.pooling,
+        "padding_side": settings.padding_side,  # as given (None: the model's own), so studies made without it still resume
         "dataset_name": settings.dataset,
         "model": model.spec.source,
         "revision": model.revision,

@@ -39,6 +39,7 @@ class TuneSettings:
 
     model: str = "minilm"
     pooling: str | None = None  # only for models outside the registry
+    padding_side: str | None = None  # None: the registry's, else left for last-token pooling, right otherwise
     dataset: str | None = None  # None: the model's default (`default_dataset`)
     heldout: str | None = "auto"
     general: str | None = None
@@ -164,7 +165,7 @@ def settings_in_force(settings: TuneSettings) -> dict[str, object]:
 
     values = {k: v for k, v in vars(settings).items() if k != "dataset_defaulted"}
     try:
-        name = settings.study_name_from_alias(resolve_spec(settings.model, settings.pooling).alias)  # type: ignore[arg-type]
+        name = settings.study_name_from_alias(resolve_spec(settings.model, settings.pooling, settings.padding_side).alias)  # type: ignore[arg-type]
     except Exception:  # noqa: BLE001 - an unknown model is reported by the run itself, with its fix
         name = None
     values["study_name"] = name or "model--dataset--seedN"
@@ -185,6 +186,7 @@ def settings_in_force(settings: TuneSettings) -> dict[str, object]:
 # What an option left unset (None) means, for the settings table: a bare "None" says nothing.
 UNSET = {
     "pooling": "the model's own (registry)",
+    "padding_side": "the model's own (registry), else left for last-token pooling, right otherwise",
     "heldout": "none: no held-out report",
     "general": "none: no general-retrieval check",
     "max_general_drop": "none: not constrained",
