@@ -22,6 +22,7 @@ import yaml
 from typer.testing import CliRunner
 
 from tests.ci import require
+from tests.tiny import save_custom_code
 from tuner.cli.app import app
 
 MODEL_OPTIONS = ("--pooling", "--padding-side", "--trust-remote-code")
@@ -138,6 +139,12 @@ def texts(here: Path) -> str:
     return str(here / "docs.txt")
 
 
+def custom_code(here: Path) -> str:
+    """A model folder that brings its own code: it loads only with --trust-remote-code."""
+    folder = here / "custom-code"
+    return str(folder if folder.is_dir() else save_custom_code(folder))
+
+
 def read_only_output(here: Path, name: str) -> str:
     """A read-only file where a command is told to write; root may write it anyway, so this needs another user."""
     require(os.geteuid() != 0, "root writes read-only files anyway; run the tests as another user (.ci/run does)")
@@ -148,11 +155,16 @@ def read_only_output(here: Path, name: str) -> str:
 CASES: dict[str, tuple[str, Callable[[Path, Callable[[str], Path]], list[str]]]] = {
     "run: an unknown model": ("run", lambda here, tiny: ["--model", "bge-m4"]),
     "run: a model outside the cache": ("run", lambda here, tiny: ["--model", NOT_CACHED, "--pooling", "cls", "--dataset", "wikipos-dev"]),
-    "run: remote code without consent": ("run", lambda here, tiny: ["--model", "gte-multilingual-base", "--dataset", "wikipos-dev"]),
+    "run: remote code without consent": (
+        "run",
+        lambda here, tiny: ["--model", custom_code(here), "--pooling", "cls", "--dataset", "wikipos-dev"],
+    ),
     "run: a read-only output": ("run", lambda here, tiny: ["--output", read_only_output(here, "run.yaml")]),
     "evaluate: an unknown model": ("evaluate", lambda here, tiny: ["--model", "bge-m4", *EVALUATE_QUICK]),
-    "evaluate: a model outside the cache": ("evaluate", lambda here, tiny: ["--model", NOT_CACHED, "--pooling", "cls", *EVALUATE_QUICK]),
-    "evaluate: remote code without consent": ("evaluate", lambda here, tiny: ["--model", "gte-multilingual-base", *EVALUATE_QUICK]),
+    "evaluate: remote code without consent": (
+        "evaluate",
+        lambda here, tiny: ["--model", custom_code(here), "--pooling", "cls", *EVALUATE_QUICK],
+    ),
     "evaluate: a read-only --json": ("evaluate", lambda here, tiny: ["--json", read_only_output(here, "table.json"), *EVALUATE_QUICK]),
     "evaluate: PosIR's instruction without its scoring": ("evaluate", lambda here, tiny: ["--posir-instruction", *EVALUATE_QUICK]),
     "evaluate: PosIR's scoring with nothing to shuffle": ("evaluate", lambda here, tiny: ["--scoring", "posir", "--general", ""]),
@@ -170,7 +182,7 @@ CASES: dict[str, tuple[str, Callable[[Path, Callable[[str], Path]], list[str]]]]
     "encode: remote code without consent": (
         "encode",
         lambda here, tiny: [
-            *("--config", str(exported_config(here, tiny, name="gte-multilingual-base", source="Alibaba-NLP/gte-multilingual-base"))),
+            *("--config", str(exported_config(here, tiny, name=custom_code(here), source=custom_code(here)))),
             *("--input", texts(here), "--output", str(here / "vectors.npy")),
         ],
     ),
@@ -186,11 +198,6 @@ def test_a_refusal_names_only_options_its_command_has(case: str, here: Path, tin
     assert named <= options_of(command), f"{case}: names {sorted(named - options_of(command))}, which `tune {command}` lacks:\n{output}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="tuner/engine/models.py's locate() tells every caller to pass --model with --pooling; encode reads the model "
-    "from the YAML and has neither (the message is the model registry's to change)",
-)
 def test_encode_of_a_model_outside_the_cache_names_only_its_own_options(here: Path, tiny_model_dir) -> None:
     config = exported_config(here, tiny_model_dir, name=NOT_CACHED, source=NOT_CACHED)
     output = refusal("encode", "--config", str(config), "--input", texts(here), "--output", str(here / "v.npy"))
@@ -202,14 +209,3 @@ def test_the_message_reader_sees_options_in_prose_and_skips_quoted_commands() ->
     text = "pass --force to replace it; run `hf download x --repo-type dataset` or give --model with --pooling."
     assert named_options(text) == {"--force", "--model", "--pooling"}
     assert json.dumps(sorted(named_options("--max-ndcg-drop 0.005, --no-sea"))) == '["--max-ndcg-drop", "--no-sea"]'
-
-
-def test_the_command_line_offers_the_poolings_and_padding_sides_calibration_knows() -> None:
-    """The CLI's vocabulary lives in tuner.common (no torch to import for `tune -h`); it must be calibration's."""
-    from typing import get_args
-
-    from tuner.calibration import config
-    from tuner.common import options
-
-    assert get_args(options.Pooling) == get_args(config.Pooling)
-    assert get_args(options.PaddingSide) == get_args(config.PaddingSide)

@@ -15,9 +15,8 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tuner.common.messages import shown
+from tuner.common.options import PaddingSide, Pooling  # the command line's vocabulary, importable without torch
 
-Pooling = Literal["cls", "last", "mean"]
-PaddingSide = Literal["left", "right"]
 Variant = Literal["uniform", "cls_soft", "cls_hard"]
 Policy = Literal["equal", "original", "fixed"]
 Role = Literal["first", "last"]

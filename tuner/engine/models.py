@@ -213,7 +213,7 @@ def locate(spec: ModelSpec, revision: str | None = None) -> str:
     raise ModelUnavailableError(
         f"model {spec.source!r} is not in the local Hugging Face cache and the hub cannot be reached from here. "
         f"On a machine with access run `hf download {spec.source}` (or `huggingface-cli download {spec.source}`) "
-        "and copy the cache (~/.cache/huggingface) here, or pass the model's local folder as --model with --pooling."
+        "and copy the cache (~/.cache/huggingface) here, or load the model from a local folder that holds it."
     )
 
 
