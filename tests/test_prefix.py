@@ -48,7 +48,7 @@ def scratch(model: LoadedModel, dataset: PositionalDataset, config: CalibrationC
     return CalibratedEncoder(model, config).encode(list(dataset.corpus.values()), batch_size=BATCH)
 
 
-@pytest.fixture(scope="module", params=["bert-cls", "qwen3-last", "bert-mean"])
+@pytest.fixture(scope="module", params=["bert-cls", "qwen3-last", "bert-mean", "mpnet-mean", "gte-cls"])
 def tiny(request: pytest.FixtureRequest, tiny_model_dir) -> LoadedModel:
     kind, pooling = POOLING[request.param]
     return load_model(str(tiny_model_dir(kind)), pooling=pooling)
@@ -60,6 +60,14 @@ def configs(model: LoadedModel) -> list[CalibrationConfig]:
         model.default_config(variant=v, strength=0.8, basket_size=8, layers=layers)
         for v, layers in (("cls_soft", "last"), ("cls_hard", "last:2"), ("uniform", 1.0))
     ]
+
+
+def test_every_layer_resumes_whatever_a_layer_returns(tiny: LoadedModel) -> None:
+    """Layers return their hidden states bare (BERT, Qwen3, GTE) or in a tuple (MPNet); a skipped layer passes
+    its input on in the same form, so no family silently falls back to full forward passes."""
+    from tuner.engine.prefix import LayerStack
+
+    assert LayerStack(tiny).resumable([1, 2]) == [1, 2]
 
 
 def test_a_pass_resumes_at_the_deepest_cached_layer_at_or_before_its_first_calibrated_one() -> None:

@@ -8,7 +8,7 @@ The partial forward reuses the model's own `forward`, so masks (padding, causal,
 layer types), position embeddings and the final norm are built exactly as in a full pass:
 
 - layers before L are given a pass-through `forward` for the duration of the call (their input goes
-  straight out; nothing is computed);
+  straight out, bare or in a one-item tuple as the model's layers return theirs; nothing is computed);
 - a forward pre-hook on layer L swaps the hidden states it receives (the embeddings, passed through)
   for the recorded ones.
 
@@ -70,6 +70,7 @@ class LayerStack:
     def __init__(self, model: LoadedModel) -> None:
         self.loaded = model
         self.layers = _find_layers(model.model, model.num_layers)
+        self.in_tuple = False  # whether a layer returns its hidden states as a tuple's first item (MPNet); see `resumable`
 
     @contextmanager
     def recording(self, wanted: Sequence[int], sink: Callable[[int, torch.Tensor], None], stop: bool = False) -> Iterator[None]:
@@ -122,13 +123,14 @@ class LayerStack:
 
         with ExitStack() as stack:
             for layer in self.layers[:start]:
-                stack.enter_context(_passing_through(layer))
+                stack.enter_context(_passing_through(layer, self.in_tuple))
             handle = self.layers[start].register_forward_pre_hook(inject, with_kwargs=True)
             stack.callback(handle.remove)
             yield feed
 
     def resumable(self, wanted: Sequence[int]) -> list[int]:
-        """The wanted layers from which a resumed pass reproduces the full forward on a probe batch."""
+        """The wanted layers from which a resumed pass reproduces the full forward on a probe batch (which also
+        shows how the layers return their hidden states, for the pass-through)."""
         tokenizer = self.loaded.tokenizer
         batch = tokenizer(list(PROBE_TEXTS), padding=True, truncation=True, max_length=self.loaded.max_length, return_tensors="pt").to(
             self.loaded.device
@@ -137,8 +139,14 @@ class LayerStack:
         model = self.loaded.model
         good = []
         with torch.inference_mode(), _one_thread():
-            with self.recording(wanted, lambda layer, h: recorded.__setitem__(layer, h.clone())):
-                full = model(**batch).last_hidden_state
+            returned = self.layers[0].register_forward_hook(
+                lambda module, args, output: setattr(self, "in_tuple", isinstance(output, tuple))
+            )
+            try:
+                with self.recording(wanted, lambda layer, h: recorded.__setitem__(layer, h.clone())):
+                    full = model(**batch).last_hidden_state
+            finally:
+                returned.remove()
             for layer in wanted:
                 try:
                     with self.resuming(layer) as feed:
@@ -195,12 +203,14 @@ def _hidden_of(args: tuple, kwargs: dict) -> torch.Tensor:
 
 
 @contextmanager
-def _passing_through(layer: torch.nn.Module) -> Iterator[None]:
-    """Make a layer return its input unchanged (any instance-level forward, e.g. a device hook, is restored)."""
+def _passing_through(layer: torch.nn.Module, in_tuple: bool) -> Iterator[None]:
+    """Make a layer return its input unchanged, bare or as a one-item tuple (any instance-level forward, e.g. a
+    device hook, is restored)."""
     saved = layer.__dict__.get("forward")
 
-    def forward(*args: object, **kwargs: object) -> torch.Tensor:
-        return _hidden_of(args, kwargs)
+    def forward(*args: object, **kwargs: object) -> torch.Tensor | tuple[torch.Tensor]:
+        hidden = _hidden_of(args, kwargs)
+        return (hidden,) if in_tuple else hidden
 
     layer.forward = forward
     try:
