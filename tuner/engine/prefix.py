@@ -138,10 +138,12 @@ class LayerStack:
         recorded: dict[int, torch.Tensor] = {}
         model = self.loaded.model
         good = []
+
+        def note_form(module: torch.nn.Module, args: tuple, output: object) -> None:
+            self.in_tuple = isinstance(output, tuple)
+
         with torch.inference_mode(), _one_thread():
-            returned = self.layers[0].register_forward_hook(
-                lambda module, args, output: setattr(self, "in_tuple", isinstance(output, tuple))
-            )
+            returned = self.layers[0].register_forward_hook(note_form)
             try:
                 with self.recording(wanted, lambda layer, h: recorded.__setitem__(layer, h.clone())):
                     full = model(**batch).last_hidden_state
