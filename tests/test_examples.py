@@ -109,8 +109,9 @@ def test_task_0_serves_mlflow_and_coordinates_and_every_task_tunes_one_study_log
         "1",
         "--backend-store-uri",
         f"sqlite:///{shared}/mlruns/mlflow.db",
-        "--artifacts-destination",
+        "--default-artifact-root",
         f"{shared}/mlruns/artifacts",
+        "--no-serve-artifacts",
     ]
     server = int((record / "mlflow.pid").read_text())
     deadline = time.monotonic() + 10
@@ -175,9 +176,15 @@ def test_the_study_job_gives_every_pod_a_gpu_an_index_and_one_command_that_meets
     assert (tracking.hostname, tracking.port) == (mlflow["metadata"]["name"], mlflow["spec"]["ports"][0]["port"])
 
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
-    claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"]}
+    claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"] if "persistentVolumeClaim" in v}
     assert kind(claims["shared"], "PersistentVolumeClaim")["spec"]["accessModes"] == ["ReadWriteMany"]  # every pod mounts it
     assert str(options["output"]).startswith(mounts["shared"] + "/") and env["HF_HOME"]["value"].startswith(mounts["shared"] + "/")
+
+    download = kind("posfair-download", "Job")["spec"]["template"]["spec"]  # fills the cache the study reads offline
+    [filler] = download["containers"]
+    assert {e["name"]: e["value"] for e in filler["env"]}["HF_HOME"] == env["HF_HOME"]["value"] and env["HF_HUB_OFFLINE"]["value"] == "1"
+    assert {m["mountPath"] for m in filler["volumeMounts"]} == {mounts["shared"]}
+    assert [v["persistentVolumeClaim"]["claimName"] for v in download["volumes"]] == [claims["shared"]]
 
 
 def test_the_mlflow_server_keeps_its_runs_in_the_database_the_postgres_server_creates_for_it() -> None:

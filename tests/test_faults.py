@@ -48,7 +48,7 @@ STOPS.append(("journal", *SIGTERM))  # a scheduler's stop of a task on a shared 
 @pytest.mark.parametrize(
     ("backend", "stop", "code", "reason"),
     STOPS,
-    ids=[f"{backend}-{'sigterm' if stop == signal.SIGTERM else 'ctrl-c'}" for backend, stop, *_ in STOPS],
+    ids=[f"{'sigterm' if stop == signal.SIGTERM else 'ctrl-c'}-{backend}" for backend, stop, *_ in STOPS],
 )
 def test_one_stop_finishes_the_trial_says_so_exits_non_zero_exports_nothing_and_the_rerun_completes(
     backend: str, stop: signal.Signals, code: int, reason: str, tiny_model_dir, data: Path, tmp_path: Path
