@@ -7,20 +7,22 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
+from typer.testing import CliRunner
 
 from tests import forkserver
 from tests.test_accounting import COMPLETE, FAIL, RUNNING, environment, trials_of
 from tests.test_study import write_dataset
 from tests.test_tracking import dashboard_api
 from tests.test_workers import command, done, finished_trial_numbers, study_backend
+from tuner.cli.app import app
 from tuner.common.options import ArrayTask
-from tuner.engine.exported import load_exported
 from tuner.tracking.registry import registered_name
-from tuner.tuning.settings import TuneSettings, local_worker_identity, process_identity, settings_in_force
+from tuner.tuning.settings import TuneSettings, job_array_task, local_worker_identity, process_identity, settings_in_force
 
 
 @pytest.fixture(scope="module")
@@ -63,15 +65,23 @@ def test_the_first_task_coordinates_and_every_other_runs_trials_with_a_sampler_o
     for task in ("1", "2", "3"):
         monkeypatch.setenv("SLURM_ARRAY_TASK_ID", task)
         monkeypatch.setenv("SLURM_ARRAY_TASK_MIN", "1")
-        settings = TuneSettings(job_array=True)
+        settings = TuneSettings(array_task=job_array_task(True, False))
         roles[task] = (settings.worker, process_identity(settings), settings_in_force(settings)["job_array"])
+        assert replace(settings, trials=3).worker == settings.worker  # a changed copy keeps its role
     assert roles == {
         "1": (False, "0", "task 0 of the array (SLURM_ARRAY_TASK_ID=1, first 1): coordinates the study"),
         "2": (True, "array-1", "task 1 of the array (SLURM_ARRAY_TASK_ID=2, first 1): runs trials (as --worker)"),
         "3": (True, "array-2", "task 2 of the array (SLURM_ARRAY_TASK_ID=3, first 1): runs trials (as --worker)"),
     }
-    with pytest.raises(ValueError, match="--job-array gives every task its role itself"):
-        TuneSettings(job_array=True, worker=True)
+    assert job_array_task(False, False) is None and settings_in_force(TuneSettings())["job_array"] == "no"
+
+
+def test_job_array_and_worker_together_are_refused_before_any_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "0")
+    result = CliRunner().invoke(app, ["run", "--job-array", "--worker", "--trials", "1"])
+    assert result.exit_code == 2 and "--job-array gives every task its role itself (the first coordinates); drop --worker" in " ".join(
+        result.output.split()
+    )
 
 
 def test_local_workers_of_different_processes_never_share_an_identity() -> None:
@@ -157,19 +167,9 @@ def test_a_job_array_on_one_journal_counts_every_trial_once_when_a_worker_is_kil
     model = registered_name(str(tiny_model_dir("bert")))
     assert len([v for v in client.search_model_versions(f"name = '{model}'") if v.tags.get("posfair.study") == name]) == 1
 
-    # what reads the study afterwards: optuna-dashboard (given the journal's path, as on its command line), `tune export`
+    # optuna-dashboard reads the journal by its path, as on its command line
     journal = storage.removeprefix("journal:")
     [shown] = [s["study_id"] for s in dashboard_api(journal, "/api/studies")["study_summaries"] if s["study_name"] == name]
     assert [(t["number"], t["state"]) for t in dashboard_api(journal, f"/api/studies/{shown}")["trials"]] == [
         (t.number, t.state.name.capitalize()) for t in trials
     ]
-    again = forkserver.run(
-        [*forkserver.TUNE_COMMAND, "export", "--study-name", name, "--storage", storage, "--output", str(tmp_path / "again.yaml")],
-        cwd=tmp_path,
-        env=environment(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
-    assert load_exported(tmp_path / "again.yaml").provenance.trial == load_exported(tmp_path / "best.yaml").provenance.trial

@@ -105,3 +105,15 @@ def test_of_two_processes_finishing_a_study_on_one_journal_one_exports(tmp_path:
     assert claims[0] is None and claims[1] is not None and "export" not in claims[1]  # the second is told who exports
     record_export(first, tmp_path / "best.yaml")
     assert claim_export(handle(journal))["export"] == str(tmp_path / "best.yaml")  # a rerun says where it is
+
+
+def test_tune_export_opens_a_journal_study_and_names_one_that_is_not_there(tmp_path: Path) -> None:
+    """`tune export --storage journal:PATH` opens the journal as the study's processes do."""
+    from typer.testing import CliRunner
+
+    from tuner.cli.app import app
+
+    journal = tmp_path / "study.journal"
+    handle(journal)
+    result = CliRunner().invoke(app, ["export", "--study-name", "other", "--storage", f"journal:{journal}"])
+    assert result.exit_code == 2 and f"no study 'other' in journal:{journal}" in " ".join(result.output.split())

@@ -323,7 +323,7 @@ def run(
     Example: tune --model minilm --trials 8 --output best.yaml"""
     _setup_logging()
     with _friendly_errors():
-        from tuner.tuning.settings import TuneSettings
+        from tuner.tuning.settings import TuneSettings, job_array_task
 
         settings = TuneSettings(
             model=model,
@@ -358,7 +358,7 @@ def run(
             revision=revision,
             workers=workers,
             worker=worker,
-            job_array=job_array,
+            array_task=job_array_task(job_array, worker),
             heartbeat=heartbeat,
             cache_budget=parse_bytes(cache_budget),
             space=_space_from(space),  # type: ignore[arg-type]  # None: TuneSettings makes the default after its checks

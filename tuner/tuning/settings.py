@@ -73,11 +73,10 @@ class TuneSettings:
     cache_budget: int | None = None  # bytes of cached layer inputs (None: tuner.evaluation.store's default; 0: none)
     workers: int = 1
     worker: bool = False  # only run trials of a study another `tune` coordinates
-    job_array: bool = False  # the role (`worker`) comes from the task's index in a job array (`ArrayTask`)
+    array_task: ArrayTask | None = None  # a job array's task (`--job-array`): its index decides `worker`
     heartbeat: int = HEARTBEAT_SECONDS
     worker_id: str | None = None  # seeds this process's sampler (`process_identity`)
     dataset_defaulted: bool = field(default=False, init=False)  # whether `dataset` is the model's default
-    array_task: ArrayTask | None = field(default=None, init=False)  # with `job_array`: this process's task
 
     @property
     def screens(self) -> bool:
@@ -89,11 +88,8 @@ class TuneSettings:
             raise ValueError(f"--workers must be at least 1, got {self.workers}")
         if self.heartbeat < 1:
             raise ValueError(f"--heartbeat must be at least 1 second, got {self.heartbeat}")
-        if self.job_array:
-            if self.worker:
-                raise ValueError("--job-array gives every task its role itself (the first coordinates); drop --worker")
-            task = ArrayTask.from_environment(os.environ)
-            object.__setattr__(self, "array_task", task)
+        if self.array_task is not None:
+            task = self.array_task
             object.__setattr__(self, "worker", not task.coordinates)
             object.__setattr__(self, "worker_id", self.worker_id or ("0" if task.coordinates else f"array-{task.index}"))
         if self.trials < 1:
@@ -173,7 +169,7 @@ def settings_in_force(settings: TuneSettings) -> dict[str, object]:
     from tuner.tuning.storage import default_storage
 
     values = {k: v for k, v in vars(settings).items() if k not in ("dataset_defaulted", "array_task")}
-    values["job_array"] = str(settings.array_task) if settings.array_task is not None else False
+    values["job_array"] = str(settings.array_task) if settings.array_task is not None else "no"
     try:
         name = settings.study_name_from_alias(resolve_spec(settings.model, settings.pooling).alias)  # type: ignore[arg-type]
     except Exception:  # noqa: BLE001 - an unknown model is reported by the run itself, with its fix
@@ -218,6 +214,15 @@ def describe_space(space: SearchSpace) -> str:
         f"λ 0–1 in steps of {space.strength_step:g}; layers {', '.join(space.depths)}; "
         f"baskets {', '.join(map(str, space.basket_sizes))}; {variants}; basket shares {', '.join(space.basket_shares)}"
     )
+
+
+def job_array_task(job_array: bool, worker: bool) -> ArrayTask | None:
+    """`--job-array`: this process's task, from its environment (None without the flag)."""
+    if not job_array:
+        return None
+    if worker:
+        raise ValueError("--job-array gives every task its role itself (the first coordinates); drop --worker")
+    return ArrayTask.from_environment(os.environ)
 
 
 def process_identity(settings: TuneSettings) -> str:

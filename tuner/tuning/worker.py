@@ -241,7 +241,7 @@ def start_workers(settings: TuneSettings, count: int) -> list[multiprocessing.pr
     workers: list[multiprocessing.process.BaseProcess] = [
         context.Process(
             target=_work,
-            args=(replace(settings, workers=1, worker=True, job_array=False, worker_id=local_worker_identity(parent, i + 1)),),
+            args=(replace(settings, workers=1, worker=True, array_task=None, worker_id=local_worker_identity(parent, i + 1)),),
             daemon=False,
         )
         for i in range(count)
