@@ -46,6 +46,18 @@ def test_a_journal_path_that_names_no_journal_fails_before_any_work(spec: str, s
     assert said.format(tmp=tmp_path) in str(error.value)
 
 
+def test_a_first_line_still_being_written_by_another_process_is_no_reason_to_refuse_the_journal(tmp_path: Path) -> None:
+    """Tasks of a job array start together: one may look at a new journal while another writes its first line."""
+    journal = tmp_path / "study.journal"
+    journal.write_bytes(b'{"op_code":0,"worker_id":"a-1","study_na')
+    check_storage_url(f"journal:{journal}")
+    journal.write_bytes(b'{"op_code":0}\n')
+    check_storage_url(f"journal:{journal}")
+    journal.write_bytes(b'{"note": "mine"}\n')
+    with pytest.raises(ValueError, match="is not an Optuna journal"):
+        check_storage_url(f"journal:{journal}")
+
+
 def test_a_trial_silent_past_the_grace_period_is_failed_and_queued_again(tmp_path: Path) -> None:
     """The heartbeats Optuna's RDB storage has: a running trial whose process stopped beating is failed by the
     next process that checks, and queued again with what it had drawn; a beating one is left alone."""

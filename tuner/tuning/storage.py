@@ -79,12 +79,15 @@ def _check_journal(url: str) -> None:
             start = stream.readline(JOURNAL_LINE_BYTES)
         if start.startswith(SQLITE_HEADER):
             raise ValueError(f"study storage {url!r}: {path} is a SQLite database, not a journal; use sqlite:///{path.resolve()}")
-        if not _journal_line(start):  # Optuna would append to it, and would replay a single line it cannot read as empty
+        if not _journal_start(start):  # Optuna would append to it, and would replay a single line it cannot read as empty
             raise _unusable_storage(url, ValueError(f"{path} is not an Optuna journal (its first line is no journal entry)"))
 
 
-def _journal_line(line: bytes) -> bool:
-    """Whether `line` is an entry of Optuna's journal: a JSON object with an operation code."""
+def _journal_start(line: bytes) -> bool:
+    """Whether `line`, a file's first, is an entry of Optuna's journal (a JSON object with an operation code), or
+    may be one still being written by a process that opened the journal a moment earlier."""
+    if not line.endswith(b"\n"):
+        return line.startswith(b"{")
     try:
         entry = json.loads(line)
     except ValueError:  # not JSON, or not UTF-8
