@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -229,8 +230,6 @@ def process_identity(settings: TuneSettings) -> str:
     """Who this process is among the study's processes, which seeds its sampler (`tuner.tuning.study.sampler_seed`):
     "0" coordinates, a job array's task i is "array-i", another worker is host:pid unless given; the local workers a
     process starts are numbered after it (`local_worker_identity`)."""
-    import socket
-
     return settings.worker_id or ("0" if not settings.worker else f"{socket.gethostname()}:{os.getpid()}")
 
 
