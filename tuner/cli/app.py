@@ -314,7 +314,10 @@ def run(
         ),
     ] = False,
     heartbeat: Annotated[
-        int, typer.Option(help="Seconds between worker heartbeats; a trial silent for 3 is failed and re-run.")
+        int,
+        typer.Option(
+            help="Seconds between worker heartbeats; a trial silent for 3 of them (on a journal: and for 30 s plus one) is failed and re-run."
+        ),
     ] = HEARTBEAT_SECONDS,
     options: OptionsFile = None,
 ) -> None:
