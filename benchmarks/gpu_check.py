@@ -5,16 +5,22 @@
     python -m benchmarks.gpu_check --out gpu.json  # where the JSON goes (default gpu_check.json)
 
 What it measures, per case (a randomly initialised model, a batch of random token ids with its last item
-padded to 3/4 of the length, calibration CLS-Soft λ 0.5, last 50% of layers, basket 128 — 16 on CPU):
+padded to 3/4 of the length, calibration CLS-Soft λ 0.5, last 50% of layers, basket 128 — 16 on CPU), with
+SDPA pinned to the kernel of posfair's mean-pooling path (`torch.nn.attention.sdpa_kernel`: the memory-efficient
+kernel on CUDA, whose log-sum-exp that path blends; the fused flash kernel on CPU) and, for time, λ = 0 and the
+kernels, also as torch picks them by default (cuDNN's, where a recent cuDNN on an H100/H200 offers it):
 - time: engine ÷ SDPA forward, the same loaded model calibrated and not (outside `calibrating` the posfair
   attention function is SDPA's own call), after warm-ups, as the median of ≥ 10 interleaved pairs (ABBA),
   timed with CUDA events (perf_counter on CPU);
+- the attention kernels each timed forward runs (`AttentionKernels`): every SDPA call by the backend torch's
+  dispatcher picks for it, and the engine's own calls of a fused kernel;
 - peak memory: max_memory_allocated over the forward above what was allocated before it, engine − SDPA
   (CUDA only);
 - host syncs per forward (`HostSyncs`), calibrated and plain;
 - whether λ = 0 is SDPA bit for bit, and whether a pass resumed from a middle layer's recorded input
   (`tuner.engine.prefix`) is the full pass bit for bit, plain and calibrated;
 - which fused attention kernel the engine found (`_fused_kernel`).
+The JSON also names the device, torch, transformers, CUDA, cuDNN and the driver.
 Once per model and pooling, at 512 tokens (64 on CPU), batch 2: the engine in the run's dtype (bf16 on
 CUDA) and in float32 against the float32 oracle (`tuner.calibration.reference`, on CPU): max |Δ| and the
 lowest cosine of the pooled, L2-normalised vectors.
@@ -33,16 +39,18 @@ import contextlib
 import copy
 import json
 import statistics
+import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Self
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -107,6 +115,84 @@ def _bool_index(args: tuple) -> bool:
     return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices or ())
 
 
+# The fused kernels the engine calls itself (`tuner.calibration.attention`), by the SDPA backend each belongs to.
+DIRECT_KERNELS = {
+    "aten._scaled_dot_product_efficient_attention": SDPBackend.EFFICIENT_ATTENTION,
+    "aten._scaled_dot_product_flash_attention": SDPBackend.FLASH_ATTENTION,
+    "aten._scaled_dot_product_flash_attention_for_cpu": SDPBackend.FLASH_ATTENTION,
+    "aten._scaled_dot_product_cudnn_attention": SDPBackend.CUDNN_ATTENTION,
+}
+
+
+class AttentionKernels:
+    """Count the attention kernels of the code run inside, by SDPA backend: `sdpa` for the calls of
+    `scaled_dot_product_attention` (the backend torch's dispatcher picks for each, `torch._fused_sdp_choice`,
+    which honours `sdpa_kernel`), `direct` for the fused kernels the engine calls itself.
+
+    A dispatch mode sees SDPA only as `aten.scaled_dot_product_attention`, before the backend is chosen, so the
+    choice is asked for with the call's own arguments; the direct calls are aten ops of their own."""
+
+    def __init__(self) -> None:
+        self.sdpa: Counter[str] = Counter()
+        self.direct: Counter[str] = Counter()
+        self._in_sdpa = 0  # SDPA's own kernel call, which autograd's decomposition shows as an op: not a direct one
+        outer = self
+
+        class _Function(TorchFunctionMode):
+            def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+                if func is not torch.nn.functional.scaled_dot_product_attention:
+                    return func(*args, **(kwargs or {}))
+                outer.sdpa[_chosen_backend(args, kwargs or {})] += 1
+                outer._in_sdpa += 1
+                try:
+                    return func(*args, **(kwargs or {}))
+                finally:
+                    outer._in_sdpa -= 1
+
+        class _Dispatch(TorchDispatchMode):
+            def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+                backend = DIRECT_KERNELS.get(func.overloadpacket._qualified_op_name.replace("::", "."))
+                if backend is not None and not outer._in_sdpa:
+                    outer.direct[backend.name] += 1
+                return func(*args, **(kwargs or {}))
+
+        self._modes = (_Function(), _Dispatch())
+
+    @property
+    def backends(self) -> set[str]:
+        return set(self.sdpa) | set(self.direct)
+
+    def as_dict(self) -> dict[str, dict[str, int]]:
+        return {"sdpa": dict(sorted(self.sdpa.items())), "direct": dict(sorted(self.direct.items()))}
+
+    def __enter__(self) -> Self:
+        for mode in self._modes:
+            mode.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for mode in reversed(self._modes):
+            mode.__exit__(*exc)
+
+
+def _chosen_backend(args: tuple, kwargs: dict[str, Any]) -> str:
+    """The SDPA backend torch would run for this call (its name; ERROR: none of the allowed ones can)."""
+    try:
+        return SDPBackend(torch._fused_sdp_choice(*args, **kwargs)).name
+    except (RuntimeError, TypeError, ValueError) as error:  # an argument this torch's chooser does not take
+        return f"unknown ({type(error).__name__})"
+
+
+@contextlib.contextmanager
+def kernels(path: str, plan: Plan) -> Iterator[None]:
+    """SDPA as torch picks it ("default") or pinned to the plan's kernel ("pinned")."""
+    with sdpa_kernel(plan.pinned) if path == "pinned" else contextlib.nullcontext():
+        yield
+
+
+PATHS = ("pinned", "default")
+
+
 # ---------------------------------------------------------------- the cases
 
 
@@ -136,6 +222,7 @@ class Plan:
     warmups: int
     basket: int
     oracle_length: int
+    pinned: SDPBackend  # SDPA's kernel in the comparable path: the one the engine's mean-pooling path calls itself
     threads: int = 0  # torch threads (0: torch's default)
 
 
@@ -148,11 +235,13 @@ def plan_for(device: str, pairs: int | None = None) -> Plan:
             for model, pooling in (("xlmr", "cls"), ("xlmr", "mean"), ("qwen3", "last"))
             for n in lengths
         )
-        return Plan("cuda", torch.bfloat16, "bge-m3", cases, pairs or 10, 3, 128, 512)
+        return Plan("cuda", torch.bfloat16, "bge-m3", cases, pairs or 10, 3, 128, 512, SDPBackend.EFFICIENT_ATTENTION)
     cases = tuple(
         Case(model, pooling, n, 2) for model, pooling in (("xlmr", "cls"), ("xlmr", "mean"), ("qwen3", "last")) for n in (64, 128)
     )
-    return Plan("cpu", torch.float32, "tiny", cases, pairs or 3, 1, 16, 64, threads=1)  # tiny: threads only contend
+    return Plan(
+        "cpu", torch.float32, "tiny", cases, pairs or 3, 1, 16, 64, SDPBackend.FLASH_ATTENTION, threads=1
+    )  # tiny: threads only contend
 
 
 WIDTHS = {  # XLM-R: hidden, heads, intermediate, layers
@@ -354,9 +443,8 @@ def against_oracle(case: Case, plan: Plan, model: torch.nn.Module) -> dict[str, 
 
 
 def measure(case: Case, plan: Plan, model: torch.nn.Module) -> dict[str, Any]:
-    """Every figure of one case (see the module's docstring)."""
-    from tuner.calibration import attention as engine_module
-
+    """Every figure of one case (see the module's docstring): under the pinned kernel, and time, kernels and
+    λ = 0 also under torch's default choice. A path whose kernels cannot run this case says why."""
     inputs = inputs_for(case, plan.device)
     spec = spec_for(case, plan, model)
     plain, engine = (lambda: forward(model, inputs, None)), (lambda: forward(model, inputs, spec))
@@ -364,28 +452,64 @@ def measure(case: Case, plan: Plan, model: torch.nn.Module) -> dict[str, Any]:
         "case": asdict(case),
         "title": case.title,
         "calibrated_layers": sorted(spec.layers),
-        "time": paired_times(plain, engine, plan),
+        "pinned_backend": plan.pinned.name,
+        "time": {},
+        "kernels": {},
+        "strength_0_is_sdpa_bit_for_bit": {},
     }
+    for path in PATHS:
+        try:
+            with kernels(path, plan):
+                result["time"][path] = paired_times(plain, engine, plan)
+                result["kernels"][path] = {name: kernels_of(run).as_dict() for name, run in (("sdpa", plain), ("engine", engine))}
+                unscaled = forward(model, inputs, spec_for(case, plan, model, strength=0.0))
+                result["strength_0_is_sdpa_bit_for_bit"][path] = bool(torch.equal(unscaled, plain()))
+        except RuntimeError as error:  # e.g. "No available kernel" where the pinned kernel cannot take an input
+            result["time"][path] = result["kernels"][path] = {"error": str(error).splitlines()[0] if str(error) else type(error).__name__}
+    pinned = result["kernels"]["pinned"]
+    used = {backend for run in ("sdpa", "engine") for kind in pinned.get(run, {}).values() for backend in kind}
+    result["kernels_alike"] = used == {plan.pinned.name}  # every attention call of both timed forwards, pinned
+    result["figures_kernels"] = "pinned" if "error" not in pinned else "default"
+    with kernels(result["figures_kernels"], plan):
+        result.update(_once_figures(plan, model, inputs, spec, plain, engine))
+    return result
+
+
+def kernels_of(run: Callable[[], object]) -> AttentionKernels:
+    with AttentionKernels() as counted:
+        run()
+    return counted
+
+
+def _once_figures(
+    plan: Plan,
+    model: torch.nn.Module,
+    inputs: dict[str, torch.Tensor],
+    spec: Any,
+    plain: Callable[[], object],
+    engine: Callable[[], object],
+) -> dict[str, Any]:
+    """Peak memory, host syncs, the prefix resume and the fused kernel, measured once (pinned, where it runs)."""
+    from tuner.calibration import attention as engine_module
+
     sdpa_peak, engine_peak = peak_bytes(plain, plan.device), peak_bytes(engine, plan.device)
-    result["peak_mib"] = (
-        None
-        if sdpa_peak is None
-        else {"sdpa": sdpa_peak / 2**20, "engine": engine_peak / 2**20, "extra": (engine_peak - sdpa_peak) / 2**20}
-    )  # type: ignore[operator]
     syncs = {}
     for name, run in (("sdpa", plain), ("engine", engine)):
         with HostSyncs() as counted:
             run()
         syncs[name] = counted.total
-    result["host_syncs_per_forward"] = syncs
-    result["strength_0_is_sdpa_bit_for_bit"] = bool(torch.equal(forward(model, inputs, spec_for(case, plan, model, strength=0.0)), plain()))
     first = min(spec.layers)
-    result["prefix_resume_bit_identical"] = {
-        "plain": resumes_bit_identically(model, inputs, None, first),
-        "calibrated": resumes_bit_identically(model, inputs, spec, first),
+    return {
+        "peak_mib": None
+        if sdpa_peak is None or engine_peak is None
+        else {"sdpa": sdpa_peak / 2**20, "engine": engine_peak / 2**20, "extra": (engine_peak - sdpa_peak) / 2**20},
+        "host_syncs_per_forward": syncs,
+        "prefix_resume_bit_identical": {
+            "plain": resumes_bit_identically(model, inputs, None, first),
+            "calibrated": resumes_bit_identically(model, inputs, spec, first),
+        },
+        "fused_kernel": engine_module._fused_kernel(plan.device) is not None,
     }
-    result["fused_kernel"] = engine_module._fused_kernel(plan.device) is not None
-    return result
 
 
 # ---------------------------------------------------------------- the run
@@ -410,9 +534,11 @@ def _run(plan: Plan, budget_s: float, log: Callable[[str], None], began: float) 
         "mode": plan.device,
         "dtype": str(plan.dtype),
         "torch": torch.__version__,
+        "versions": versions(plan.device),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "pairs": plan.pairs,
         "basket": plan.basket,
+        "pinned_backend": plan.pinned.name,
         "cases": [],
         "oracle": [],
         "skipped": [],
@@ -445,27 +571,84 @@ def _run(plan: Plan, budget_s: float, log: Callable[[str], None], began: float) 
     return out
 
 
+def versions(device: str) -> dict[str, Any]:
+    """What the figures depend on beyond the code: torch, transformers, and on CUDA the CUDA runtime torch was
+    built with, cuDNN, the driver and which SDPA backends torch may choose (None where not applicable)."""
+    import transformers
+
+    cuda = device == "cuda"
+    return {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "cuda": torch.version.cuda if cuda else None,
+        "cudnn": torch.backends.cudnn.version() if cuda else None,
+        "driver": driver_version() if cuda else None,
+        "sdpa_backends_enabled": {
+            "cudnn": torch.backends.cuda.cudnn_sdp_enabled(),
+            "flash": torch.backends.cuda.flash_sdp_enabled(),
+            "efficient": torch.backends.cuda.mem_efficient_sdp_enabled(),
+            "math": torch.backends.cuda.math_sdp_enabled(),
+        }
+        if cuda
+        else None,
+    }
+
+
+def driver_version() -> str | None:
+    """The NVIDIA driver's version, as nvidia-smi reports it (None without it)."""
+    try:
+        answer = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True, timeout=30, check=True
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return answer.stdout.splitlines()[0].strip() if answer.stdout.strip() else None
+
+
+def kernels_named(kernels: dict[str, Any]) -> str:
+    """'EFFICIENT_ATTENTION' for a path whose SDPA and engine use one kernel, else each side's, e.g.
+    'SDPA CUDNN_ATTENTION; engine CUDNN_ATTENTION + EFFICIENT_ATTENTION'."""
+    if "error" in kernels:
+        return f"not run: {kernels['error']}"
+    sides = {run: " + ".join(sorted({b for kind in kernels[run].values() for b in kind})) or "none" for run in ("sdpa", "engine")}
+    return sides["sdpa"] if sides["sdpa"] == sides["engine"] else f"SDPA {sides['sdpa']}; engine {sides['engine']}"
+
+
 def row(result: dict[str, Any]) -> str:
     t, peak, syncs = result["time"], result["peak_mib"], result["host_syncs_per_forward"]
     resumed = result["prefix_resume_bit_identical"]
     extra = "—" if peak is None else f"{peak['extra']:+.2f} MiB"
     same = "yes" if resumed["plain"] and resumed["calibrated"] else f"NO {resumed}"
+    pinned, default = t["pinned"], t["default"]
+
+    def ms(path: dict[str, Any], key: str) -> str:
+        return "—" if "error" in path else f"{path[key] * 1e3:.1f} ms"
+
+    def ratio(path: dict[str, Any]) -> str:
+        return "—" if "error" in path else f"{path['ratio']:.3f}×"
+
+    bit = result["strength_0_is_sdpa_bit_for_bit"]
     return (
-        f"| {result['title']} | {t['sdpa_s'] * 1e3:.1f} ms | {t['engine_s'] * 1e3:.1f} ms | {t['ratio']:.3f}× | "
+        f"| {result['title']} | {ms(pinned, 'sdpa_s')} | {ms(pinned, 'engine_s')} | {ratio(pinned)} | "
+        f"{kernels_named(result['kernels']['pinned'])} | {ratio(default)} | {kernels_named(result['kernels']['default'])} | "
         f"{extra} | {syncs['engine']} (SDPA {syncs['sdpa']}) | "
-        f"{'yes' if result['strength_0_is_sdpa_bit_for_bit'] else 'NO'} | {same} |"
+        f"{'/'.join('yes' if bit.get(path) else 'NO' for path in PATHS)} | {same} |"
     )
 
 
 def table(out: dict[str, Any]) -> str:
+    v = out["versions"]
+    built = f", CUDA {v['cuda']}, cuDNN {v['cudnn']}, driver {v['driver']}" if out["mode"] == "cuda" else ""
     lines = [
         (
-            f"{out['device']} ({out['mode']}, {out['dtype']}, torch {out['torch']}), {out['date']}; median of "
-            f"{out['pairs']} interleaved pairs; basket {out['basket']}"
+            f"{out['device']} ({out['mode']}, {out['dtype']}, torch {v['torch']}, transformers {v['transformers']}{built}), "
+            f"{out['date']}; median of {out['pairs']} interleaved pairs; basket {out['basket']}; pinned: SDPA as "
+            f"sdpa_kernel({out['pinned_backend']}), default: as torch picks"
         ),
         "",
-        "| case | SDPA | engine | engine ÷ SDPA | extra peak | host syncs / forward | λ 0 = SDPA | prefix resume = full |",
-        "|---|---:|---:|---:|---:|---:|---|---|",
+        "| case | SDPA pinned | engine pinned | engine ÷ SDPA pinned | kernels pinned | engine ÷ SDPA default | "
+        "kernels default | extra peak | host syncs / forward | λ 0 = SDPA pinned/default | prefix resume = full |",
+        "|---|---:|---:|---:|---|---:|---|---:|---:|---|---|",
     ]
     lines += [row(result) for result in out["cases"]]
     lines += ["", "| model, pooling | dtype | max abs vs fp32 oracle | min cosine | float32 max abs |", "|---|---|---:|---:|---:|"]

@@ -107,6 +107,7 @@ SLOW_FIRST = (
     "tests.test_workers",
     "tests.test_ui",
     "tests.test_faults",
+    "tests.test_job_array",
     "tests.test_grid",
 )
 

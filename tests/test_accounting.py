@@ -25,6 +25,7 @@ from tests import forkserver
 from tests.test_study import write_dataset
 from tests.test_workers import command, coordinator_and_second_machine, done, finished_trial_numbers, polled, study_backend
 from tuner.cli.app import app
+from tuner.tuning.storage import make_storage
 from tuner.tuning.study import enqueue_once, open_study
 
 COMPLETE, RUNNING, FAIL, WAITING = (
@@ -268,16 +269,18 @@ print(json.dumps(taken))
 """
 
 
-def test_two_processes_draining_one_sqlite_queue_never_take_the_same_trial(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["sqlite", "journal"])
+def test_two_processes_draining_one_queue_never_take_the_same_trial(backend: str, tmp_path: Path) -> None:
     """Optuna claims a queued trial by reading WAITING and then writing RUNNING under SELECT ... FOR UPDATE,
     which SQLite ignores: before `make_storage` took the write lock at BEGIN, two processes started together
     took 7 of 300 queued trials both (and ran them twice: 'Cannot tell a COMPLETE trial'), and 4, 9 and 11 of
-    the 100 queued here in three runs. (Each claim reads every waiting trial: 300 took 20 s to drain, 100 take 4 s.)"""
+    the 100 queued here in three runs. (Each claim reads every waiting trial: 300 took 20 s to drain, 100 take 4 s.)
+    On a journal, every process appends its claim and the first claim in the file wins."""
     import json
     import sys
 
-    url = f"sqlite:///{tmp_path / 'queue.db'}"
-    study = optuna.create_study(study_name="queue", storage=url)
+    url = f"sqlite:///{tmp_path / 'queue.db'}" if backend == "sqlite" else f"journal:{tmp_path / 'queue.journal'}"
+    study = optuna.create_study(study_name="queue", storage=make_storage(url))
     for i in range(100):
         study.enqueue_trial({"x": i}, skip_if_exists=False)
     go = tmp_path / "go"

@@ -138,6 +138,15 @@ def test_a_malformed_storage_url() -> None:
     assert "cannot open study storage 'nosuchdb://x'" in tune("--storage", "nosuchdb://x", "--trials", "1")
 
 
+def test_a_journal_storage_on_a_file_that_is_no_journal_leaves_it_as_it_was(in_tmp: Path) -> None:
+    """Optuna's journal replays a one-line file it cannot read as an empty journal and appends to it."""
+    notes = in_tmp / "notes.txt"
+    notes.write_text("my notes\n", encoding="utf-8")
+    output = tune("--storage", f"journal:{notes}", "--trials", "1")
+    assert f"cannot open study storage 'journal:{notes}': {notes} is not an Optuna journal" in output
+    assert notes.read_text(encoding="utf-8") == "my notes\n" and not (in_tmp / "mlruns").exists()
+
+
 def test_a_storage_error_without_a_message_is_still_named(monkeypatch: pytest.MonkeyPatch) -> None:
     """The storage message took the cause's first line with `splitlines()[0]`: an empty message raised IndexError."""
     import sqlalchemy

@@ -2,7 +2,8 @@
 
 SIGTERM (what Slurm, Kubernetes and spot instances send) must stop a run as Ctrl-C does; two identical
 `tune` commands on one fresh folder must export once. Each runs on SQLite and, where `.ci/run` provides
-them, on PostgreSQL with an MLflow server (the helpers of tests/test_workers.py and tests/test_accounting.py).
+them, on PostgreSQL with an MLflow server (the helpers of tests/test_workers.py and tests/test_accounting.py);
+SIGTERM also on an Optuna journal.
 """
 
 from __future__ import annotations
@@ -39,11 +40,16 @@ def assert_one_finished_run_per_complete_trial(storage: str, tracking: str, name
             assert run.info.status in ("FAILED", "KILLED") and "psi" not in run.data.metrics, (number, run.info.status)
 
 
-STOPS = [(signal.SIGTERM, 143, "terminated by SIGTERM"), (signal.SIGINT, 130, "interrupted")]
+SIGTERM = (signal.SIGTERM, 143, "terminated by SIGTERM")
+STOPS = [(backend, *stop) for backend in BACKENDS for stop in (SIGTERM, (signal.SIGINT, 130, "interrupted"))]
+STOPS.append(("journal", *SIGTERM))  # a scheduler's stop of a task on a shared file system
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize(("stop", "code", "reason"), STOPS, ids=["sigterm", "ctrl-c"])
+@pytest.mark.parametrize(
+    ("backend", "stop", "code", "reason"),
+    STOPS,
+    ids=[f"{'sigterm' if stop == signal.SIGTERM else 'ctrl-c'}-{backend}" for backend, stop, *_ in STOPS],
+)
 def test_one_stop_finishes_the_trial_says_so_exits_non_zero_exports_nothing_and_the_rerun_completes(
     backend: str, stop: signal.Signals, code: int, reason: str, tiny_model_dir, data: Path, tmp_path: Path
 ) -> None:

@@ -57,9 +57,10 @@ def check(poll: float = 0.05, wait: float = 120.0, repeat_limit: int = 12) -> Tr
     return objective
 
 
-@pytest.fixture
-def storage(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'optuna.db'}"
+@pytest.fixture(params=["sqlite", "journal"])
+def storage(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A SQLite study database, or an Optuna journal (each handle replays what the others appended)."""
+    return f"sqlite:///{tmp_path / 'optuna.db'}" if request.param == "sqlite" else f"journal:{tmp_path / 'study.journal'}"
 
 
 def study_on(storage: str) -> optuna.Study:

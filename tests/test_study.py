@@ -32,7 +32,8 @@ from tuner.evaluation.evaluator import Evaluator
 from tuner.tuning.conclusion import reexport
 from tuner.tuning.run import NoFeasibleTrialError, TuneSettings, tune
 from tuner.tuning.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, SearchSpace, trial_basket_shares
-from tuner.tuning.study import OWNER_ATTR, fail_dead_trials, open_study, run_trials, screen_threshold, winner
+from tuner.tuning.storage import grace_seconds
+from tuner.tuning.study import OWNER_ATTR, fail_dead_trials, load_stored_study, open_study, run_trials, screen_threshold, winner
 
 pytestmark = pytest.mark.usefixtures("module_cache")  # the studies run here, their disk cache not in the checkout
 
@@ -345,8 +346,13 @@ def test_the_screen_threshold_is_the_best_feasible_screen_psi_plus_its_standard_
     assert screen_threshold(study) == pytest.approx(0.20 + 0.02)
 
 
-def test_ctrl_c_stops_after_the_current_trial_and_a_rerun_completes(tmp_path: Path) -> None:
-    storage = f"sqlite:///{tmp_path / 's.db'}"
+@pytest.fixture(params=["sqlite", "journal"])
+def storage(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A study database, or an Optuna journal."""
+    return f"sqlite:///{tmp_path / 's.db'}" if request.param == "sqlite" else f"journal:{tmp_path / 's.journal'}"
+
+
+def test_ctrl_c_stops_after_the_current_trial_and_a_rerun_completes(storage: str) -> None:
     calls = []
 
     def objective(trial: optuna.Trial) -> float:
@@ -364,13 +370,12 @@ def test_ctrl_c_stops_after_the_current_trial_and_a_rerun_completes(tmp_path: Pa
     states = [t.state for t in study.trials]
     assert states == [optuna.trial.TrialState.COMPLETE] * 2  # trial 1 finished, nothing after it
     run_trials(open_study("interrupt", storage, seed=0, pareto=False, identity={"k": 1}), objective, 5)
-    assert [t.state for t in optuna.load_study(study_name="interrupt", storage=storage).trials] == [optuna.trial.TrialState.COMPLETE] * 5
+    assert [t.state for t in load_stored_study("interrupt", storage).trials] == [optuna.trial.TrialState.COMPLETE] * 5
 
 
-def test_a_trial_failed_as_stale_by_another_process_does_not_kill_this_worker(tmp_path: Path) -> None:
+def test_a_trial_failed_as_stale_by_another_process_does_not_kill_this_worker(storage: str) -> None:
     """optuna#5470: when another worker's heartbeat check fails our running trial, Optuna's tell raises
     "Cannot tell a FAIL trial" out of `optimize`; the worker must go on to the requested count."""
-    storage = f"sqlite:///{tmp_path / 's.db'}"
     study = open_study("stale", storage, seed=0, pareto=False, identity={"k": 1})
 
     def objective(trial: optuna.Trial) -> float:
@@ -383,14 +388,13 @@ def test_a_trial_failed_as_stale_by_another_process_does_not_kill_this_worker(tm
         return x
 
     run_trials(study, objective, 3)
-    states = [t.state for t in optuna.load_study(study_name="stale", storage=storage).trials]
+    states = [t.state for t in load_stored_study("stale", storage).trials]
     assert states.count(optuna.trial.TrialState.COMPLETE) == 3 and states[1] == optuna.trial.TrialState.FAIL
 
 
-def test_a_trial_left_running_by_a_dead_local_process_is_rerun_before_any_new_trial(tmp_path: Path) -> None:
+def test_a_trial_left_running_by_a_dead_local_process_is_rerun_before_any_new_trial(storage: str) -> None:
     """README: a run killed and started again at once re-runs the interrupted trial, with what it had drawn,
     before any new one (not only once the new ones have filled the study)."""
-    storage = f"sqlite:///{tmp_path / 's.db'}"
     study = open_study("dead", storage, seed=0, pareto=False, identity={"k": 1})
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()  # a process of this machine that has ended: the killed run
@@ -408,21 +412,20 @@ def test_a_trial_left_running_by_a_dead_local_process_is_rerun_before_any_new_tr
 
     run_trials(study, objective, 3)
     assert seen[0] == drawn and len(seen) == 3
-    states = [t.state for t in optuna.load_study(study_name="dead", storage=storage).trials]
+    states = [t.state for t in load_stored_study("dead", storage).trials]
     assert states == [optuna.trial.TrialState.FAIL] + [optuna.trial.TrialState.COMPLETE] * 3
 
 
 @pytest.mark.timeout(120)
 def test_a_trial_whose_process_died_before_its_first_heartbeat_is_rerun_not_waited_for(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    storage: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A process killed between Optuna creating its trial and the first heartbeat (or posfair's owner mark)
     leaves a RUNNING trial that Optuna's stale check never fails (it has no heartbeat to go stale). Once it is
     older than the grace period it is failed and re-queued, instead of being waited for forever (CI hung
     600 s on this when the kill landed in that window)."""
-    storage = f"sqlite:///{tmp_path / 's.db'}"
     study = open_study("orphan", storage, seed=0, pareto=False, identity={"k": 1}, heartbeat=1)
-    started = datetime.datetime.now() - datetime.timedelta(seconds=10)  # past the grace period of 3 heartbeats
+    started = datetime.datetime.now() - datetime.timedelta(seconds=grace_seconds(study._storage) + 7)  # past the grace period
     template = optuna.trial.FrozenTrial(
         number=0,
         state=optuna.trial.TrialState.RUNNING,
@@ -447,15 +450,14 @@ def test_a_trial_whose_process_died_before_its_first_heartbeat_is_rerun_not_wait
     with caplog.at_level(logging.WARNING, logger="tuner.tuning.study"):
         end = run_trials(study, objective, 1, poll_seconds=0.2)
     assert end.complete == 1
-    states = [t.state for t in optuna.load_study(study_name="orphan", storage=storage).trials]
+    states = [t.state for t in load_stored_study("orphan", storage).trials]
     assert states == [optuna.trial.TrialState.FAIL, optuna.trial.TrialState.COMPLETE]
     assert "trial 0 was left RUNNING by a process that stopped as it began the trial, which is gone; it is re-run" in caplog.text
 
 
-def test_a_trial_just_created_by_a_live_process_is_not_taken_for_an_orphan(tmp_path: Path) -> None:
+def test_a_trial_just_created_by_a_live_process_is_not_taken_for_an_orphan(storage: str) -> None:
     """The counterpart: an ownerless RUNNING trial younger than the grace period may be a live process's
     trial a moment before its owner mark, so it is left alone."""
-    storage = f"sqlite:///{tmp_path / 's.db'}"
     study = open_study("young", storage, seed=0, pareto=False, identity={"k": 1}, heartbeat=20)
     young = study.ask()
     assert fail_dead_trials(study) == []

@@ -30,6 +30,7 @@ from tuner.common.trials import DUPLICATE_ATTR, counted
 from tuner.tracking.runs import TrackingUnavailableError
 from tuner.tuning.run import TuneSettings, tune
 from tuner.tuning.search_space import SearchSpace
+from tuner.tuning.storage import make_storage
 
 COMPLETE = optuna.trial.TrialState.COMPLETE
 
@@ -78,10 +79,12 @@ def finished_trial_numbers(tracking: str, name: str = "shared") -> list[int]:
 
 
 def study_backend(backend: str, tmp_path: Path) -> tuple[str, str, str]:
-    """Optuna storage, tracking URI and study name: SQLite files here, or CI's PostgreSQL and MLflow server
-    (a fresh study name each run, since those servers outlive the test)."""
+    """Optuna storage, tracking URI and study name: SQLite files here, an Optuna journal beside a SQLite MLflow
+    store, or CI's PostgreSQL and MLflow server (a fresh study name each run, since those servers outlive the test)."""
     if backend == "sqlite":
         return f"sqlite:///{tmp_path / 'optuna.db'}", f"sqlite:///{tmp_path / 'mlflow.db'}", "shared"
+    if backend == "journal":
+        return f"journal:{tmp_path / 'study.journal'}", f"sqlite:///{tmp_path / 'mlflow.db'}", "shared"
     return require_postgres(), require_mlflow_server(), f"shared-{os.getpid()}-{time.time_ns()}"
 
 
@@ -107,10 +110,13 @@ def coordinator_and_second_machine(base: list[str], folder: Path, timeout: float
 
 
 @cache
-def polled(url: str) -> optuna.storages.RDBStorage:
+def polled(url: str) -> optuna.storages.BaseStorage:
     """One storage (one connection pool) per URL for the polling loops: a fresh `load_study(storage=url)` every
     50 ms opens a new pool each time and exhausts PostgreSQL's connection limit. A poll may race the `tune`
-    process that is creating the store's tables (both then stamp Optuna's schema version): it tries again."""
+    process that is creating the store's tables (both then stamp Optuna's schema version): it tries again.
+    A journal is read as `tune` reads it, each poll replaying only what was appended since the last."""
+    if url.startswith("journal:"):
+        return make_storage(url)
     for _ in range(50):
         try:
             return optuna.storages.RDBStorage(url)

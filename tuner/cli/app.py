@@ -184,7 +184,13 @@ Dataset = Annotated[
     str, typer.Option(help="wikipos-dev, wikipos-test, wikipos-general, fineweb-posq, or posir:PATH, jsonl:PATH, beir:PATH.")
 ]
 TrackingUri = Annotated[str | None, typer.Option(help="MLflow tracking server; default: a SQLite store under ./mlruns.")]
-Storage = Annotated[str | None, typer.Option(help="Optuna storage URL; default: sqlite:///mlruns/optuna.db.")]
+Storage = Annotated[
+    str | None,
+    typer.Option(
+        help="Optuna storage: a database URL (postgresql://USER:PASS@HOST/DB, mysql+pymysql://..., sqlite:///PATH) or journal:PATH "
+        "(a journal file, for workers on a shared file system without a database server); default: sqlite:///mlruns/optuna.db."
+    ),
+]
 BatchSize = Annotated[int | None, typer.Option(min=1, help="Documents per forward pass; default: chosen from the device's free memory.")]
 BatchTokens = Annotated[
     int | None,
@@ -310,8 +316,19 @@ def run(
     worker: Annotated[
         bool, typer.Option("--worker", help="Only run trials of a study another `tune` coordinates (other machines).")
     ] = False,
+    job_array: Annotated[
+        bool,
+        typer.Option(
+            "--job-array",
+            help="Run as one task of a job array (sbatch --array, a Kubernetes Indexed Job), every task with the same command: "
+            "the first task coordinates, the others run trials as --worker (index from SLURM_ARRAY_TASK_ID or JOB_COMPLETION_INDEX).",
+        ),
+    ] = False,
     heartbeat: Annotated[
-        int, typer.Option(help="Seconds between worker heartbeats; a trial silent for 3 is failed and re-run.")
+        int,
+        typer.Option(
+            help="Seconds between worker heartbeats; a trial silent for 3 of them (on a journal: and for 30 s plus one) is failed and re-run."
+        ),
     ] = HEARTBEAT_SECONDS,
     options: OptionsFile = None,
 ) -> None:
@@ -320,7 +337,7 @@ def run(
     Example: tune --model minilm --trials 8 --output best.yaml"""
     _setup_logging()
     with _friendly_errors():
-        from tuner.tuning.settings import TuneSettings
+        from tuner.tuning.settings import TuneSettings, job_array_task
 
         settings = TuneSettings(
             model=model,
@@ -356,6 +373,7 @@ def run(
             revision=revision,
             workers=workers,
             worker=worker,
+            array_task=job_array_task(job_array, worker),
             heartbeat=heartbeat,
             cache_budget=parse_bytes(cache_budget),
             space=_space_from(space),  # type: ignore[arg-type]  # None: TuneSettings makes the default after its checks

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -154,3 +155,45 @@ class EvaluateRequest:
             raise ValueError(
                 "--scoring posir runs the shuffled-sentence check on the --general set only: give --general SET, or --no-shuffled"
             )
+
+
+@dataclass(frozen=True)
+class ArrayTask:
+    """This process's task in a scheduler's job array (`tune run --job-array`): the first task coordinates the
+    study, every other one runs its trials (as `--worker`)."""
+
+    index: int  # counted from the array's first task, 0
+    source: str  # where it was read, e.g. "SLURM_ARRAY_TASK_ID=4, first 1"
+
+    @property
+    def coordinates(self) -> bool:
+        return self.index == 0
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str]) -> ArrayTask:
+        """Kubernetes' JOB_COMPLETION_INDEX (an Indexed Job's pods are 0, 1, ...), else Slurm's SLURM_ARRAY_TASK_ID
+        counted from SLURM_ARRAY_TASK_MIN (`sbatch --array=1-4` starts at 1)."""
+        if "JOB_COMPLETION_INDEX" in environ:
+            return cls(_array_index(environ, "JOB_COMPLETION_INDEX"), f"JOB_COMPLETION_INDEX={environ['JOB_COMPLETION_INDEX']}")
+        if "SLURM_ARRAY_TASK_ID" in environ:
+            task = _array_index(environ, "SLURM_ARRAY_TASK_ID")
+            first = _array_index(environ, "SLURM_ARRAY_TASK_MIN") if "SLURM_ARRAY_TASK_MIN" in environ else 0
+            if task < first:
+                raise ValueError(f"--job-array: SLURM_ARRAY_TASK_ID={task} is below SLURM_ARRAY_TASK_MIN={first}")
+            return cls(task - first, f"SLURM_ARRAY_TASK_ID={task}, first {first}")
+        raise ValueError(
+            "--job-array: no job array index in the environment (SLURM_ARRAY_TASK_ID from sbatch --array, or "
+            "JOB_COMPLETION_INDEX from a Kubernetes Indexed Job); start tune as a task of such a job, or drop "
+            "--job-array and start one process without --worker and the others with it"
+        )
+
+    def __str__(self) -> str:
+        role = "coordinates the study" if self.coordinates else "runs trials (as --worker)"
+        return f"task {self.index} of the array ({self.source}): {role}"
+
+
+def _array_index(environ: Mapping[str, str], variable: str) -> int:
+    text = environ[variable].strip()
+    if not text.isdigit():
+        raise ValueError(f"--job-array: {variable}={text[:40]!r} is not a task index (a whole number from 0)")
+    return int(text)

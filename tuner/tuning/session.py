@@ -7,8 +7,6 @@ with it is `tuner.tuning.coordinator`'s and `tuner.tuning.worker`'s.
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -30,7 +28,7 @@ from tuner.evaluation.pools import SCREEN_SHARE, most_passages
 from tuner.evaluation.visible import within_reach
 from tuner.tracking.runs import Tracker
 from tuner.tuning.search_space import DEPTHS, GRIDS, PAPER_GRID, SearchSpace, grid_size
-from tuner.tuning.settings import DEFAULT_TRIALS, EXPERIMENT, TuneSettings
+from tuner.tuning.settings import DEFAULT_TRIALS, EXPERIMENT, TuneSettings, process_identity
 from tuner.tuning.storage import check_storage_url, default_storage
 from tuner.tuning.study import open_study
 
@@ -288,7 +286,7 @@ def prepare(settings: TuneSettings) -> Session:
         "bisect": settings.bisect,
         "screen_queries": settings.screen_queries,
     }
-    worker_id = settings.worker_id or ("0" if not settings.worker else f"{socket.gethostname()}:{os.getpid()}")
+    worker_id = process_identity(settings)
     study = open_study(
         name,
         storage,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,6 +21,7 @@ from tuner.common.options import (
     GRID_NAMES,
     HEARTBEAT_SECONDS,
     SCREEN_QUERIES,
+    ArrayTask,
     Budget,
     check_tracking_uri,
 )
@@ -73,8 +75,9 @@ class TuneSettings:
     cache_budget: int | None = None  # bytes of cached layer inputs (None: tuner.evaluation.store's default; 0: none)
     workers: int = 1
     worker: bool = False  # only run trials of a study another `tune` coordinates
+    array_task: ArrayTask | None = None  # a job array's task (`--job-array`): its index decides `worker`
     heartbeat: int = HEARTBEAT_SECONDS
-    worker_id: str | None = None  # seeds this process's sampler: "0" coordinates, local workers 1, 2, ...; default host:pid
+    worker_id: str | None = None  # seeds this process's sampler (`process_identity`)
     dataset_defaulted: bool = field(default=False, init=False)  # whether `dataset` is the model's default
 
     @property
@@ -87,6 +90,10 @@ class TuneSettings:
             raise ValueError(f"--workers must be at least 1, got {self.workers}")
         if self.heartbeat < 1:
             raise ValueError(f"--heartbeat must be at least 1 second, got {self.heartbeat}")
+        if self.array_task is not None:
+            task = self.array_task
+            object.__setattr__(self, "worker", not task.coordinates)
+            object.__setattr__(self, "worker_id", self.worker_id or ("0" if task.coordinates else f"array-{task.index}"))
         if self.trials < 1:
             raise ValueError(f"--trials must be at least 1, got {self.trials}")
         if self.screen_queries < 1:
@@ -163,7 +170,8 @@ def settings_in_force(settings: TuneSettings) -> dict[str, object]:
     from tuner.tracking.runs import default_tracking_uri, describe_store
     from tuner.tuning.storage import default_storage
 
-    values = {k: v for k, v in vars(settings).items() if k != "dataset_defaulted"}
+    values = {k: v for k, v in vars(settings).items() if k not in ("dataset_defaulted", "array_task")}
+    values["job_array"] = str(settings.array_task) if settings.array_task is not None else "no"
     try:
         name = settings.study_name_from_alias(resolve_spec(settings.model, settings.pooling, settings.padding_side).alias)  # type: ignore[arg-type]
     except Exception:  # noqa: BLE001 - an unknown model is reported by the run itself, with its fix
@@ -209,6 +217,28 @@ def describe_space(space: SearchSpace) -> str:
         f"λ 0–1 in steps of {space.strength_step:g}; layers {', '.join(space.depths)}; "
         f"baskets {', '.join(map(str, space.basket_sizes))}; {variants}; basket shares {', '.join(space.basket_shares)}"
     )
+
+
+def job_array_task(job_array: bool, worker: bool) -> ArrayTask | None:
+    """`--job-array`: this process's task, from its environment (None without the flag)."""
+    if not job_array:
+        return None
+    if worker:
+        raise ValueError("--job-array gives every task its role itself (the first coordinates); drop --worker")
+    return ArrayTask.from_environment(os.environ)
+
+
+def process_identity(settings: TuneSettings) -> str:
+    """Who this process is among the study's processes, which seeds its sampler (`tuner.tuning.study.sampler_seed`):
+    "0" coordinates, a job array's task i is "array-i", another worker is host:pid unless given; the local workers a
+    process starts are numbered after it (`local_worker_identity`)."""
+    return settings.worker_id or ("0" if not settings.worker else f"{socket.gethostname()}:{os.getpid()}")
+
+
+def local_worker_identity(parent: str, number: int) -> str:
+    """The identity of local worker `number` (1, 2, ...) of the process `parent`: 1, 2, ... for the coordinator's,
+    "parent/number" for a worker's own, so that no two processes of a study seed their samplers alike."""
+    return str(number) if parent == "0" else f"{parent}/{number}"
 
 
 def worker_devices(workers: int) -> list[str | None]:

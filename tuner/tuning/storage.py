@@ -1,13 +1,18 @@
-"""The study's storage: Optuna's RDB storage with heartbeats, opened safely by many processes at once.
+"""The study's storage, opened safely by many processes at once: Optuna's RDB storage (SQLite, PostgreSQL,
+MySQL) or its journal file (`journal:PATH`, for a shared file system without a database server), both with
+heartbeats.
 
 A killed worker's trial is found by its silent heartbeat, failed and re-queued; workers that start together on
 a new database race to create Optuna's tables (the loser retries); on SQLite every transaction takes the write
-lock at BEGIN, so two processes never claim one queued trial. Kept apart from the study's loop so that what
-only opens a storage imports no model code.
+lock at BEGIN, so two processes never claim one queued trial. A journal is an append-only log that every
+process replays: Optuna settles a claim of a queued trial by the order of the lines (the first claim wins), and
+posfair adds the heartbeats Optuna's journal lacks (`JournalWithHeartbeats`). Kept apart from the study's loop
+so that what only opens a storage imports no model code.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import warnings
@@ -15,8 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy
-from optuna.exceptions import ExperimentalWarning
-from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+from optuna.exceptions import ExperimentalWarning, UpdateFinishedTrialError
+from optuna.storages import BaseStorage, JournalStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
+from optuna.storages._heartbeat import BaseHeartbeat  # the storages that have heartbeats (not exported)
+from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
+from optuna.trial import TrialState
 
 from tuner.common.files import OPTUNA_DB
 from tuner.common.messages import first_line
@@ -25,6 +33,13 @@ from tuner.common.options import HEARTBEAT_SECONDS
 SCHEMA_ATTEMPTS = 5
 SQLITE_WAIT_SECONDS = 60  # how long a process waits for another's write lock on a SQLite study
 GRACE_HEARTBEATS = 3  # a trial silent for this many heartbeats is stale: failed and re-queued
+RETRIES = 2  # how often a stale trial is queued again
+JOURNAL_LOCK_SECONDS = 30  # a journal lock left this long by a writer killed mid-write is broken (Optuna's default)
+JOURNAL = "journal:"  # --storage journal:PATH, Optuna's journal file
+HEARTBEAT_ATTR = "posfair:heartbeat"  # a journal trial's last heartbeat (a system attribute)
+SQLITE_HEADER = b"SQLite format 3\x00"
+JOURNAL_LINE_BYTES = 1 << 20  # the first line of a journal is its study's creation: far shorter
+EXAMPLES = "sqlite:///mlruns/optuna.db, postgresql://user:pass@host/db, mysql://user:pass@host/db or journal:/shared/study.journal"
 
 
 def default_storage(database: Path = OPTUNA_DB) -> str:
@@ -32,37 +47,78 @@ def default_storage(database: Path = OPTUNA_DB) -> str:
     return f"sqlite:///{database.resolve()}"
 
 
+def storage_file(url: str) -> Path | None:
+    """The file that holds the study where it is one on a file system: a SQLite database or a journal (None for
+    a database server)."""
+    for prefix in ("sqlite:///", JOURNAL):
+        if url.startswith(prefix) and url.removeprefix(prefix).strip():
+            return Path(url.removeprefix(prefix))
+    return None
+
+
 def check_storage_url(url: str) -> None:
     """A malformed storage URL fails at once, before any work, without creating a database."""
+    if url.startswith(JOURNAL):
+        _check_journal(url)
+        return
     try:
         sqlalchemy.engine.make_url(url).get_dialect()
     except Exception as error:  # noqa: BLE001 - sqlalchemy raises many kinds for a bad URL
         raise _unusable_storage(url, error) from None
 
 
+def _check_journal(url: str) -> None:
+    """`journal:PATH` names a file (not a folder, not a SQLite database); it need not exist yet."""
+    path = storage_file(url)
+    if path is None:
+        raise _unusable_storage(url, ValueError("no file named after 'journal:'"))
+    if path.is_dir():
+        raise _unusable_storage(url, ValueError(f"{path} is a folder; name a file in it, e.g. journal:{path / 'study.journal'}"))
+    if path.is_file() and path.stat().st_size:
+        with path.open("rb") as stream:
+            start = stream.readline(JOURNAL_LINE_BYTES)
+        if start.startswith(SQLITE_HEADER):
+            raise ValueError(f"study storage {url!r}: {path} is a SQLite database, not a journal; use sqlite:///{path.resolve()}")
+        if not _journal_start(start):  # Optuna would append to it, and would replay a single line it cannot read as empty
+            raise _unusable_storage(url, ValueError(f"{path} is not an Optuna journal (its first line is no journal entry)"))
+
+
+def _journal_start(line: bytes) -> bool:
+    """Whether `line`, a file's first, is an entry of Optuna's journal (a JSON object with an operation code), or
+    may be one still being written by a process that opened the journal a moment earlier."""
+    if not line.endswith(b"\n"):
+        return line.startswith(b"{")
+    try:
+        entry = json.loads(line)
+    except ValueError:  # not JSON, or not UTF-8
+        return False
+    return isinstance(entry, dict) and "op_code" in entry
+
+
 def _unusable_storage(url: str, error: BaseException) -> ValueError:
     """What a storage URL that cannot be opened is told: the cause's first line and what a URL looks like."""
     cause = first_line(error)
-    return ValueError(
-        f"cannot open study storage {url!r}{f': {cause}' if cause else ''}. "
-        "Use e.g. sqlite:///mlruns/optuna.db, postgresql://user:pass@host/db or mysql://user:pass@host/db"
-    )
+    return ValueError(f"cannot open study storage {url!r}{f': {cause}' if cause else ''}. Use e.g. {EXAMPLES}")
 
 
-def make_storage(url: str, heartbeat: int = HEARTBEAT_SECONDS) -> RDBStorage:
-    """Database storage with heartbeats, so a killed worker's trial is failed and retried.
+def make_storage(url: str, heartbeat: int = HEARTBEAT_SECONDS) -> BaseStorage:
+    """The study's storage with heartbeats, so a killed worker's trial is failed and retried.
 
     Workers starting together on a new database race to create Optuna's tables; the loser retries.
     """
-    if url.startswith("sqlite:///"):  # SQLite creates the file, not its folder
-        database = Path(url.removeprefix("sqlite:///"))
-        database.parent.mkdir(parents=True, exist_ok=True)
-        for path in (database, database.parent):  # SQLite writes its journal beside the file: both must be writable
+    if url.startswith(JOURNAL):
+        _check_journal(url)
+    store = storage_file(url)
+    if store is not None:  # SQLite and the journal create their file, not its folder
+        store.parent.mkdir(parents=True, exist_ok=True)
+        for path in (store, store.parent):  # both write beside the file (SQLite's journal, the journal's lock): both must be writable
             if path.exists() and not os.access(path, os.W_OK):
                 raise ValueError(
-                    f"study storage {path} is read-only{' (its folder)' if path != database else ''}, so no trial "
+                    f"study storage {path} is read-only{' (its folder)' if path != store else ''}, so no trial "
                     f"could be recorded; make it writable (chmod u+w {path}) or choose another --storage"
                 )
+    if url.startswith(JOURNAL) and store is not None:  # checked: a journal names its file
+        return _journal_storage(url, store, heartbeat)
     attempt = 0
     while True:
         try:
@@ -72,7 +128,7 @@ def make_storage(url: str, heartbeat: int = HEARTBEAT_SECONDS) -> RDBStorage:
                     url,
                     heartbeat_interval=heartbeat,
                     grace_period=GRACE_HEARTBEATS * heartbeat,
-                    heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=2),
+                    heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=RETRIES),
                     engine_kwargs={
                         "pool_pre_ping": True,
                         **({"connect_args": {"timeout": SQLITE_WAIT_SECONDS}} if url.startswith("sqlite") else {}),
@@ -106,3 +162,63 @@ def _take_the_write_lock_first(engine: sqlalchemy.engine.Engine) -> None:
         connection.exec_driver_sql("BEGIN IMMEDIATE")
 
     engine.dispose()  # connections opened while the tables were made predate the listeners
+
+
+def grace_seconds(storage: BaseStorage) -> float | None:
+    """How long a running trial may stay silent before it counts as dead (None: a storage without heartbeats)."""
+    if isinstance(storage, JournalWithHeartbeats):
+        return storage.grace_seconds
+    interval = storage.get_heartbeat_interval() if isinstance(storage, BaseHeartbeat) else None
+    return None if interval is None else GRACE_HEARTBEATS * interval
+
+
+def _journal_storage(url: str, path: Path, heartbeat: int) -> JournalWithHeartbeats:
+    """The journal at `path`, locked by a symbolic link beside it (`PATH.lock`): the lock Optuna documents for
+    every NFS version (its open-file lock needs NFSv3 or later), and the one optuna-dashboard takes too."""
+    lock = JournalFileSymlinkLock(str(path), grace_period=JOURNAL_LOCK_SECONDS)
+    try:
+        return JournalWithHeartbeats(JournalFileBackend(str(path), lock), heartbeat)
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as error:  # a line Optuna cannot replay
+        raise _unusable_storage(url, ValueError(f"{path} is not an Optuna journal ({first_line(error) or type(error).__name__})")) from None
+
+
+class JournalWithHeartbeats(JournalStorage, BaseHeartbeat):
+    """Optuna's journal storage with the heartbeats of its RDB storage (Optuna's journal has none).
+
+    A beat is a trial system attribute holding the trial's id and the writer's clock, an operation every reader
+    of the journal replays (optuna-dashboard too); a trial re-queued with its attributes carries an old beat
+    under its old id, which does not count for it. Age is measured on the reader's clock, so the machines'
+    clocks must agree to well within the grace period (NTP), as Optuna's start times already assume.
+
+    A writer killed while it holds the journal's lock stops every write, beats included, until the lock is broken
+    (`JOURNAL_LOCK_SECONDS`): so a trial is stale only once it has been silent for longer than that and a beat.
+    """
+
+    def __init__(self, backend: JournalFileBackend, heartbeat: int) -> None:
+        super().__init__(backend)
+        self._heartbeat = heartbeat
+        self.grace_seconds = max(GRACE_HEARTBEATS * heartbeat, JOURNAL_LOCK_SECONDS + heartbeat)
+        with warnings.catch_warnings():  # the retry callback is marked experimental
+            warnings.simplefilter("ignore", ExperimentalWarning)
+            self._retry = RetryHeartbeatStaleTrialCallback(max_retry=RETRIES)
+
+    def record_heartbeat(self, trial_id: int) -> None:
+        try:
+            self.set_trial_system_attr(trial_id, HEARTBEAT_ATTR, {"trial_id": trial_id, "at": time.time()})
+        except UpdateFinishedTrialError:
+            pass  # another process failed it meanwhile (its heartbeat looked stale): the trial loop finds out
+
+    def _get_stale_trial_ids(self, study_id: int) -> list[int]:
+        now = time.time()
+        stale = []
+        for trial in self.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,)):
+            beat = trial.system_attrs.get(HEARTBEAT_ATTR)
+            if beat and beat["trial_id"] == trial._trial_id and now - beat["at"] > self.grace_seconds:
+                stale.append(trial._trial_id)
+        return stale
+
+    def get_heartbeat_interval(self) -> int:
+        return self._heartbeat
+
+    def get_heartbeat_stale_trial_callback(self) -> RetryHeartbeatStaleTrialCallback:
+        return self._retry

@@ -45,7 +45,7 @@ from tuner.common.trials import (
 )
 from tuner.tuning.bisection import withdraw_queued
 from tuner.tuning.sampler import CostCooledTPESampler
-from tuner.tuning.storage import GRACE_HEARTBEATS, make_storage
+from tuner.tuning.storage import grace_seconds, make_storage
 
 log = logging.getLogger(__name__)
 
@@ -230,11 +230,10 @@ def _orphaned(study: optuna.Study, trial: FrozenTrial) -> bool:
     within milliseconds of Optuna creating it (`run_trials`), and Optuna records no heartbeat before then, so
     a process killed in between leaves a trial that Optuna's stale check never fails. Its start is its last
     sign of life: older than the grace period, it is as stale as a heartbeat that old."""
-    storage = study._storage
-    interval = storage.get_heartbeat_interval() if isinstance(storage, BaseHeartbeat) else None
-    if interval is None or trial.datetime_start is None:
+    grace = grace_seconds(study._storage)
+    if grace is None or trial.datetime_start is None:
         return False
-    return datetime.datetime.now() - trial.datetime_start > datetime.timedelta(seconds=GRACE_HEARTBEATS * interval)
+    return datetime.datetime.now() - trial.datetime_start > datetime.timedelta(seconds=grace)
 
 
 def _export_mark(study: optuna.Study) -> str:
@@ -281,7 +280,7 @@ def record_export(study: optuna.Study, path: Path) -> None:
 
 def _requeue(study: optuna.Study, trials: Sequence[FrozenTrial]) -> None:
     """Queue failed trials again with what they had drawn (the storage's retry callback, as for stale ones)."""
-    storage = study._storage  # a cache around the RDBStorage, itself a storage with heartbeats
+    storage = study._storage  # a storage with heartbeats (`make_storage`; RDB: in Optuna's cache, which passes them on)
     retry = storage.get_heartbeat_stale_trial_callback() if isinstance(storage, BaseHeartbeat) else None
     for trial in trials:
         if retry is not None:
@@ -422,7 +421,9 @@ def wait_for_other_processes(study: optuna.Study, poll_seconds: float, announce:
         )
     time.sleep(poll_seconds)
     fail_dead_trials(study)
-    optuna.storages.fail_stale_trials(study)
+    with warnings.catch_warnings():  # marked experimental; Optuna's own trial loop calls it the same way
+        warnings.simplefilter("ignore", ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
 
 
 def _abort(study: optuna.Study, trial: optuna.Trial) -> int | None:

@@ -36,8 +36,8 @@ from tuner.tracking.runs import local_store
 from tuner.tuning.objective import SideSet, TrialObjective
 from tuner.tuning.search_space import PAPER_GRID, trial_basket_shares
 from tuner.tuning.session import FLOOR_ATTR, Session, describe_budget, prepare, price_budget
-from tuner.tuning.settings import TuneSettings, worker_devices
-from tuner.tuning.storage import make_storage
+from tuner.tuning.settings import TuneSettings, local_worker_identity, process_identity, worker_devices
+from tuner.tuning.storage import make_storage, storage_file
 from tuner.tuning.study import Terminated, TrialsEnd, run_trials
 
 log = logging.getLogger(__name__)
@@ -154,11 +154,9 @@ class StoreLostError(UserError, RuntimeError):
 
 
 def _local_stores(session: Session) -> dict[Path, int]:
-    """The study's SQLite files on this machine (Optuna's and MLflow's) with their inodes, watched while trials run."""
-    stores = [
-        Path(session.storage.removeprefix("sqlite:///")) if session.storage.startswith("sqlite:///") else None,
-        local_store(session.tracker.uri),
-    ]
+    """The study's files (Optuna's SQLite database or journal, MLflow's SQLite store) with their inodes, watched
+    while trials run."""
+    stores = [storage_file(session.storage), local_store(session.tracker.uri)]
     return {store.resolve(): store.stat().st_ino for store in stores if store is not None and store.exists()}
 
 
@@ -239,8 +237,13 @@ def start_workers(settings: TuneSettings, count: int) -> list[multiprocessing.pr
     there are several (`worker_devices`: worker i sees only its GPU, as cuda:0; this process keeps the first)."""
     context = multiprocessing.get_context("spawn")
     devices = worker_devices(count + 1)[1:]
+    parent = process_identity(settings)
     workers: list[multiprocessing.process.BaseProcess] = [
-        context.Process(target=_work, args=(replace(settings, workers=1, worker=True, worker_id=str(i + 1)),), daemon=False)
+        context.Process(
+            target=_work,
+            args=(replace(settings, workers=1, worker=True, array_task=None, worker_id=local_worker_identity(parent, i + 1)),),
+            daemon=False,
+        )
         for i in range(count)
     ]
     for worker, device in zip(workers, devices):
