@@ -1,6 +1,6 @@
 """Bad input, as a user meets it on the command line: a clear message, a non-zero exit, no partial file.
 
-Each test is one row of the README's bad-input table.
+Each test is one row of the bad-input table (docs/bad-input.md).
 """
 
 from __future__ import annotations

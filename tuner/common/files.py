@@ -210,7 +210,7 @@ def _check_folder(path: Path, flag: str) -> None:
         raise OutputRefusedError(
             f"{flag} {path}: folder {folder}{' (of the link target)' if linked else ''} does not exist; create it or choose another {flag}"
         )
-    if not os.access(folder, os.W_OK | os.X_OK) or not os.stat(folder).st_mode & 0o222:
+    if read_only(folder) or not os.access(folder, os.X_OK):
         raise OutputRefusedError(f"{flag} {path}: folder {folder} is not writable; choose another {flag}")
 
 
