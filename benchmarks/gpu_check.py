@@ -389,8 +389,9 @@ def paired_times(plain: Callable[[], object], engine: Callable[[], object], plan
 def resumes_bit_identically(model: torch.nn.Module, inputs: dict[str, torch.Tensor], spec: Any | None, layer: int) -> bool:
     """A pass resumed at `layer` from the hidden states recorded entering it (the prefix cache's mechanism) equals
     the full pass bit for bit."""
-    from tuner.engine.models import LoadedModel, ModelSpec
+    from tuner.engine.models import LoadedModel
     from tuner.engine.prefix import LayerStack
+    from tuner.engine.specs import ModelSpec
 
     loaded = LoadedModel(ModelSpec("random", "random", "cls", "right", 8192), model, SimpleNamespace(), "random")  # type: ignore[arg-type]
     stack = LayerStack(loaded)

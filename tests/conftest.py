@@ -24,6 +24,7 @@ if "POSFAIR_TEST_STORE_LOCKS" not in os.environ:  # set once, by the first pytes
     os.environ["POSFAIR_TEST_STORE_LOCKS"] = tempfile.mkdtemp(prefix="store-locks-")
     atexit.register(shutil.rmtree, os.environ["POSFAIR_TEST_STORE_LOCKS"], ignore_errors=True)
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -62,6 +63,35 @@ def module_cache(tmp_path_factory: pytest.TempPathFactory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("POSFAIR_CACHE_DIR", str(folder))
         yield folder
+
+
+@dataclass(frozen=True)
+class TinyExport:
+    """A tiny model in a folder of its own (which a test may spoil without harming others) and a config exported for it."""
+
+    model: Path
+    config: Path
+
+
+@pytest.fixture(scope="module")
+def tiny_export(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir) -> TinyExport:
+    from tuner.engine.exported import build_export, write_exported
+    from tuner.engine.models import load_model
+
+    model = Path(shutil.copytree(tiny_model_dir("bert"), tmp_path_factory.mktemp("model") / "tiny-bert"))
+    loaded = load_model(str(model), pooling="cls")
+    exported = build_export(
+        loaded,
+        loaded.default_config(basket_size=8),
+        {"tuning": {"hm": 0.5}},
+        study="s",
+        trial=0,
+        storage="sqlite://",
+        dataset="d",
+        dataset_fingerprint="f",
+        seed=0,
+    )
+    return TinyExport(model, write_exported(exported, tmp_path_factory.mktemp("config") / "cal.yaml"))
 
 
 @pytest.fixture(autouse=True, scope="session")

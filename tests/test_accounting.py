@@ -183,7 +183,7 @@ def test_failures_of_an_earlier_run_do_not_stop_a_fixed_rerun(
     monkeypatch.setattr(Evaluator, "run", broken)
     first = CliRunner().invoke(app, args)
     assert first.exit_code == 4, first.output
-    assert "stopped early (4 trials of this run failed)" in " ".join(first.output.split())
+    assert "stopped early: 4 trials of this run failed;" in " ".join(first.output.split())
     assert not (tmp_path / "best.yaml").exists()
     monkeypatch.setattr(Evaluator, "run", real_run)
 

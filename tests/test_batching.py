@@ -17,7 +17,8 @@ from transformers import XLMRobertaConfig
 from tests.tiny import WORDS, load_as, random_texts, save_tiny
 from tuner.calibration.reference import register_reference
 from tuner.engine.encoder import Batches, CalibratedEncoder, auto_batch_size, auto_batch_tokens, choose_batching, passage_bytes
-from tuner.engine.models import REGISTRY, LoadedModel, default_dtype, load_model
+from tuner.engine.models import LoadedModel, default_dtype, load_model
+from tuner.engine.specs import REGISTRY
 from tuner.evaluation.evaluator import Evaluator
 
 pytestmark = pytest.mark.usefixtures("one_thread")

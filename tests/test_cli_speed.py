@@ -64,6 +64,8 @@ def _answer(*args: str, cwd: Path) -> tuple[dict, float]:
         (["--selection", "best"], 2),
         (["--max-ndcg-drop", "2"], 2),
         (["evaluate", "--calibration", "nonsense"], 2),
+        (["--model", "minlm"], 2),  # a name typo: before the settings table and the heavy imports
+        (["--dataset", "wikipos-dve"], 2),
     ],
 )
 def test_help_and_refused_options_load_no_heavy_library(args: list[str], code: int, tmp_path: Path) -> None:

@@ -16,7 +16,8 @@ from tests.tiny import PLAIN, WORDS, build_tokenizer, load_as, random_texts, sav
 from tuner.calibration import CalibrationConfig, ConfigError
 from tuner.calibration.reference import register_reference
 from tuner.engine.encoder import Batches, CalibratedEncoder, Encode, forward
-from tuner.engine.models import LoadedModel, ModelUnavailableError, UnsupportedModelError, load_model, resolve_spec
+from tuner.engine.models import LoadedModel, load_model
+from tuner.engine.specs import ModelUnavailableError, UnsupportedModelError, resolve_spec
 
 # Mixed lengths: some documents are shorter than one basket (8 tokens) and stay uncalibrated.
 TEXTS = random_texts(11, 2, 70, seed=1)
@@ -240,7 +241,7 @@ def test_only_a_cache_miss_means_not_available_locally(monkeypatch: pytest.Monke
     import huggingface_hub.constants
     from huggingface_hub.errors import LocalEntryNotFoundError
 
-    from tuner.engine.models import locate, resolve_spec
+    from tuner.engine.specs import locate, resolve_spec
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     spec = resolve_spec("bge-m3")

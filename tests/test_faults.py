@@ -66,7 +66,7 @@ def test_one_stop_finishes_the_trial_says_so_exits_non_zero_exports_nothing_and_
     trials = trials_of(storage, name)
     assert trials[stopped].state == COMPLETE  # the trial under way was finished (for SIGTERM: within the grace period)
     complete = sum(done(t) for t in trials)
-    assert f"stopped early ({reason}): {complete} of 5 trials complete; nothing exported" in output
+    assert f"stopped early: {reason}; {complete} of 5 trials complete; nothing exported" in output
     assert "Traceback" not in output
     assert not (tmp_path / "best.yaml").exists()
     parent = parent_run(tracking, name)

@@ -30,7 +30,7 @@ def test_a_completed_write_replaces_the_file(tmp_path: Path) -> None:
 def test_default_places_are_under_mlruns_in_the_working_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The study store, MLflow's store and the cache default to ./mlruns (README, `tune --help`); naming them
     creates nothing (a failed start leaves no store behind). MLflow's URI is relative, so a moved mlruns/ works."""
-    from tuner.evaluation.cache_policy import default_cache_dir
+    from tuner.common.files import default_cache_dir
     from tuner.tracking.runs import default_tracking_uri
     from tuner.tuning.storage import default_storage
 

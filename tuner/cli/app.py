@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from typer._click.core import Context as _ClickContext
     from typer._click.formatting import HelpFormatter as _ClickHelpFormatter
 
-    from tuner.tuning.conclusion import TuneOutcome
+    from tuner.tuning.run import TuneOutcome
     from tuner.tuning.search_space import SearchSpace
     from tuner.tuning.settings import TuneSettings
 
@@ -208,6 +208,20 @@ PaddingSideOption = Annotated[
     PaddingSide | None,
     typer.Option("--padding-side", help="Where its tokenizer pads; default: the registry's, else left for last pooling, right otherwise."),
 ]
+Force = Annotated[
+    bool,
+    typer.Option(
+        "--force",
+        help="Replace an existing output that posfair did not write, or a read-only one (never an input, a store, a database, a folder or a device).",
+    ),
+]
+AllowModelMismatch = Annotated[
+    bool,
+    typer.Option(
+        "--allow-model-mismatch",
+        help="Use a config even where its pooling, padding or weights differ from the model it names (refused by default).",
+    ),
+]
 
 
 @app.command(cls=_Command, short_help="Tune one model (the default command).")
@@ -300,6 +314,7 @@ def run(
     storage: Storage = None,
     tracking_uri: TrackingUri = None,
     output: Annotated[Path | None, typer.Option(help="Where to write the winner's YAML; default mlruns/exports/STUDY.yaml.")] = None,
+    force: Force = False,
     space: Annotated[
         Path | None, typer.Option(help="YAML search space (strength_step, depths, basket_sizes, variants, weight_low/high).")
     ] = None,
@@ -365,6 +380,8 @@ def run(
             study_name=study_name,
             tracking_uri=tracking_uri,
             output=output,
+            force=force,
+            inputs=tuple(path for path in (space, options) if path is not None),
             batch_size=batch_size,
             batch_tokens=batch_tokens,
             profile_docs=profile_docs,
@@ -432,6 +449,8 @@ def evaluate(
             show_default=False,
         ),
     ] = None,
+    allow_model_mismatch: AllowModelMismatch = False,
+    force: Force = False,
     options: OptionsFile = None,
 ) -> None:
     """Print the paper's Table 1 (and Table 3) for a model: baseline, configs, SEA, with bootstrap intervals; or, with
@@ -440,16 +459,34 @@ def evaluate(
     Example: tune evaluate --model minilm --dataset wikipos-test --config best.yaml"""
     _setup_logging()
     with _friendly_errors():
-        from tuner.common.files import check_writable
+        from tuner.common.files import EVALUATION_JSON, EVALUATION_MARKDOWN, Protected, check_output, stores, write_atomically
+        from tuner.data import check_name, dataset_files
+        from tuner.engine.specs import check_model_name, model_files
 
-        for path, flag in ((markdown, "--markdown"), (json_output, "--json")):
-            if path is not None:
-                check_writable(path, flag, inputs=config or ())
+        spec = check_model_name(model, pooling)
+        for name, flag in ((dataset, "--dataset"), (general, "--general")):
+            if name:
+                check_name(name, flag)
+        read = [
+            Protected(model_files(spec), f"--model {model}"),
+            *(Protected(path, "--config") for path in config or []),
+            *(Protected(path, f"--dataset {dataset}") for path in dataset_files(dataset)),
+            *(Protected(path, f"--general {general}") for path in (dataset_files(general) if general else [])),
+            *stores(None, None),
+        ]
+        outputs = [
+            (path, flag, kind)
+            for path, flag, kind in ((markdown, "--markdown", EVALUATION_MARKDOWN), (json_output, "--json", EVALUATION_JSON))
+            if path
+        ]
+        for path, flag, kind in outputs:
+            check_output(path, flag, kind, protected=read, force=force)
         request = EvaluateRequest(
             model=model,
             pooling=pooling,
             padding_side=padding_side,
             trust_remote_code=trust_remote_code,
+            allow_model_mismatch=allow_model_mismatch,
             dataset=dataset,
             configs=tuple(config or ()),
             inline=tuple((inline, parse_inline(inline)) for inline in calibration or []),
@@ -469,11 +506,10 @@ def evaluate(
 
         _quiet_libraries()
         table = run_evaluate(request)
-    render(table, _console())
-    if markdown:
-        markdown.write_text(to_markdown(table), encoding="utf-8")
-    if json_output:
-        json_output.write_text(json.dumps(to_dict(table), indent=1), encoding="utf-8")
+        render(table, _console())
+        for path, flag, kind in outputs:
+            text = to_markdown(table) if kind is EVALUATION_MARKDOWN else json.dumps(to_dict(table), indent=1)
+            write_atomically(path, text, kind=kind, force=force, flag=flag)
 
 
 @app.command(cls=_Command, short_help="Re-export a study's winner, or a trial you name.")
@@ -487,8 +523,11 @@ def export(
     trust_remote_code: Annotated[
         bool, typer.Option("--trust-remote-code", help="Allow the model's own code (restored anyway if the study was tuned with it).")
     ] = False,
-    selection: Annotated[str, typer.Option(help="'one-se' or 'lowest' (see `tune run --help`).")] = "one-se",
+    selection: Annotated[
+        str | None, typer.Option(help="'one-se' or 'lowest' (see `tune run --help`); default: the rule the study was run with.")
+    ] = None,
     trial: Annotated[int | None, typer.Option(min=0, help="Export this trial instead of the winner (as you chose).")] = None,
+    force: Force = False,
     options: OptionsFile = None,
 ) -> None:
     """Re-export a study's current winner (e.g. after more trials), or a trial you name, with fresh held-out figures.
@@ -498,42 +537,53 @@ def export(
     Example: tune export --study-name minilm--wikipos-dev--seed0 --output best.yaml"""
     _setup_logging()
     with _friendly_errors():
-        from tuner.tuning.conclusion import reexport
+        from tuner.tuning.run import reexport
         from tuner.tuning.storage import default_storage
 
         _quiet_libraries()
-        path = reexport(study_name, storage or default_storage(), output, tracking_uri, trust_remote_code, selection, trial)
+        path = reexport(study_name, storage or default_storage(), output, tracking_uri, trust_remote_code, selection, trial, force=force)
     console.print(f"exported: [bold]{escape(str(path))}[/bold]")
 
 
 @app.command(cls=_Command, short_help="Encode texts with an exported config.")
 def encode(
     config: Annotated[Path, typer.Option(help="Exported YAML config.")],
-    input: Annotated[Path, typer.Option(help="JSONL with a 'text' field per line, or a .txt file with one text per line.")],
+    input: Annotated[
+        Path,
+        typer.Option(
+            help="JSONL with a 'text' field per line, or a text file with one text per line; '-' for standard input. A named pipe works too."
+        ),
+    ],
     output: Annotated[Path, typer.Option(help="Where to write the float32 .npy matrix (one row per input line).")],
+    input_format: Annotated[
+        str, typer.Option(help="'jsonl' or 'text'; default 'auto': by the name (.jsonl, .ndjson: JSON Lines; standard input: text).")
+    ] = "auto",
     queries: Annotated[bool, typer.Option("--queries", help="Encode as queries (never calibrated).")] = False,
     batch_size: BatchSize = None,
     trust_remote_code: TrustRemoteCode = False,
-    force: Annotated[
-        bool, typer.Option("--force", help="Replace --output even if it is read-only (never the input, a folder or a device).")
-    ] = False,
+    allow_model_mismatch: AllowModelMismatch = False,
+    force: Force = False,
 ) -> None:
     """Encode documents (calibrated) or queries (plain) with an exported config.
 
     Example: tune encode --config best.yaml --input docs.jsonl --output emb.npy"""
     _setup_logging()
     with _friendly_errors():
-        from tuner.common.files import check_writable
-        from tuner.data.texts import read_texts
+        from tuner.common.files import VECTORS, Protected, check_output, stores
+        from tuner.data.texts import STDIN, read_texts
+        from tuner.engine.exported import check_model_files, load_exported
 
-        check_writable(output, "--output", inputs=(input, config), force=force, force_flag="--force")
-        texts = read_texts(input)
+        exported = load_exported(config)  # a broken config fails before the model loads, and so does one that does not fit it
+        check_model_files(exported, config, allow_mismatch=allow_model_mismatch)
+        read = [Protected(config, "--config"), Protected(exported.model.files(), "the model --config names"), *stores(None, None)]
+        if input != STDIN:
+            read.append(Protected(input, "--input"))
+        check_output(output, "--output", VECTORS, protected=read, force=force)
+        texts = read_texts(input, input_format)
         from tuner.engine.encoder import CalibratedEncoder
-        from tuner.engine.exported import load_exported
 
         _quiet_libraries()
-        load_exported(config)  # a broken config fails before the model loads
-        encoder = CalibratedEncoder.from_yaml(config, trust_remote_code=trust_remote_code)
+        encoder = CalibratedEncoder.from_exported(exported, trust_remote_code=trust_remote_code)
         method = encoder.encode_query if queries else encoder.encode_document
         vectors = method(texts, batch_size=batch_size, show_progress_bar=True)
         _save_atomically(vectors, output, force=force)
@@ -625,9 +675,9 @@ def _space_from(path: Path | None) -> SearchSpace | None:
 def _save_atomically(vectors: np.ndarray, path: Path, force: bool = False) -> None:
     import numpy as np
 
-    from tuner.common.files import replacing
+    from tuner.common.files import VECTORS, replacing
 
-    with replacing(path, force=force) as temporary, temporary.open("wb") as stream:
+    with replacing(path, kind=VECTORS, force=force, flag="--output") as temporary, temporary.open("wb") as stream:
         np.save(stream, vectors)
 
 
@@ -658,7 +708,7 @@ class _friendly_errors:
             console.print(f"[red]error:[/red] {escape(str(error))}")
             raise typer.Exit(2)
         if isinstance(error, RuntimeError):  # imported only here: a run's or export's end, which loaded it already
-            from tuner.tuning.conclusion import NoFeasibleTrialError
+            from tuner.tuning.run import NoFeasibleTrialError
 
             if isinstance(error, NoFeasibleTrialError):
                 console.print(f"[red]no feasible trial:[/red] {escape(str(error))}")

@@ -129,6 +129,7 @@ class EvaluateRequest:
     pooling: Pooling | None = None
     padding_side: PaddingSide | None = None
     trust_remote_code: bool = False
+    allow_model_mismatch: bool = False  # use a config whose pooling, padding or weights differ from the model's
     dataset: str = "wikipos-test"
     configs: tuple[Path, ...] = ()
     inline: tuple[tuple[str, dict[str, object]], ...] = ()

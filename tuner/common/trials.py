@@ -20,6 +20,7 @@ SURPLUS_ATTR = "surplus"  # a trial started when the study already had enough
 SCREEN_ATTR = "screen"  # {"psi", "psi_se", "hm"} of a trial on the study's pooled screen
 SETUP_COST_ATTR = "setup_layer_tokens/"  # + a process: a study attribute, the baselines and queries that process encoded
 BUDGET_ATTR = "budget"  # a study attribute: {"spec", "study", "setup", "trials"} of `--budget`, resolved by the coordinator
+SELECTION_ATTR = "selection"  # a study attribute: the --selection rule of the run that last coordinated it (`tune export`'s default)
 BUDGET_END_ATTR = "budget_end"  # a study attribute: {"trial", "trials", "spent", "needed"} of the draw the budget had no room for
 BISECT_ATTR = "bisect"  # on a trial λ bisection queued: {"of": the trial that queued it, "feasible": λ, "over_corrects": λ}
 RESERVED_ATTR = "layer_tokens_reserved"  # what a running trial may spend at most (`TrialObjective.trial_cost`)

@@ -11,9 +11,9 @@ from tuner.data.beir import load_beir
 from tuner.data.dataset import PositionalDataset
 from tuner.data.fineweb_posq import check_available as check_fineweb_posq
 from tuner.data.fineweb_posq import load_fineweb_posq
-from tuner.data.jsonl import CORPUS_FILE, QUERIES_FILE, find_file, load_jsonl
+from tuner.data.jsonl import CORPUS_FILE, QRELS_FILE, QUERIES_FILE, find_file, load_jsonl
 from tuner.data.posir import PosIRFolder, PosIRLayout, load_posir, posir_domains, read_posir
-from tuner.data.wikipos import GROUP_ORDER, SPLITS, STRUCTURE_RECORDS, THIRDS, load_wikipos, load_wikipos_structure
+from tuner.data.wikipos import GROUP_ORDER, SPLITS, STRUCTURE_RECORDS, THIRDS, load_wikipos, load_wikipos_structure, wikipos_folder
 
 Loader = Callable[..., PositionalDataset]
 
@@ -25,17 +25,22 @@ def _wikipos(split: str, /, **options: Any) -> PositionalDataset:
     return load_wikipos(split)
 
 
-NAMED: dict[str, Loader] = {
+BENCHMARKS: dict[str, Loader] = {
     **{f"wikipos-{split}": partial(_wikipos, split) for split in SPLITS},
-    **{
-        f"wikipos-{split}-{kind}": partial(load_wikipos_structure, split, kind)
-        for kind in STRUCTURE_RECORDS
-        for split in SPLITS
-        if GROUP_ORDER[split] == THIRDS
-    },
     "fineweb-posq": load_fineweb_posq,
 }
-"""Benchmarks reachable by name alone (FineWeb-PosQ from the Hub or its local cache)."""
+"""Benchmarks reachable by name alone (FineWeb-PosQ from the Hub or its local cache): what a user names."""
+
+STRUCTURE_VIEWS: dict[str, Loader] = {
+    f"wikipos-{split}-{kind}": partial(load_wikipos_structure, split, kind)
+    for kind in STRUCTURE_RECORDS
+    for split in SPLITS
+    if GROUP_ORDER[split] == THIRDS
+}
+"""A WikiPos set's passages in its other structures (`load_structures`): loadable by name, never listed as a
+benchmark, since a study scores them itself beside the set they come from."""
+
+NAMED: dict[str, Loader] = {**BENCHMARKS, **STRUCTURE_VIEWS}
 
 PREFIXED: dict[str, Loader] = {
     "posir": load_posir,
@@ -47,8 +52,33 @@ PREFIXED: dict[str, Loader] = {
 
 
 def known_benchmarks() -> list[str]:
-    """Every accepted form, for help texts and error messages."""
-    return [*NAMED, *(f"{prefix}:PATH" for prefix in PREFIXED), "PATH (a BEIR, PosIR or JSONL folder)"]
+    """Every form a user gives, for help texts and error messages (not the structure views)."""
+    return [*BENCHMARKS, *(f"{prefix}:PATH" for prefix in PREFIXED), "PATH (a BEIR, PosIR or JSONL folder)"]
+
+
+DATASET_FILES = (
+    *(name + gz for name in (CORPUS_FILE, QUERIES_FILE, QRELS_FILE) for gz in ("", ".gz")),
+    PosIRLayout.queries_file,
+    PosIRLayout.corpus_file,
+    "qrels",
+)
+"""What the loaders read in a dataset folder (JSONL, BEIR, PosIR): `dataset_files`."""
+
+
+def dataset_files(name_or_path: str) -> list[Path]:
+    """The files (and folders) a benchmark is read from on this machine, named without reading them: an output
+    may never replace one (`tuner.common.files`). The embedded WikiPos's folder; a path given; a dataset
+    folder's files that the loaders read, so other files beside them (an export, mlruns/) stay writable."""
+    if name_or_path in NAMED:
+        return [Path(str(wikipos_folder()))] if name_or_path.startswith("wikipos-") else []
+    prefix, colon, path = name_or_path.partition(":")
+    given = Path(path if colon and prefix in PREFIXED else name_or_path)
+    return [given / name for name in DATASET_FILES] if given.is_dir() else [given]
+
+
+def check_name(name_or_path: str, flag: str = "--dataset") -> None:
+    """Before any work, reading nothing: `name_or_path` names a benchmark, or a path that is there (`_resolve`)."""
+    _resolve(name_or_path, flag)
 
 
 def detect_format(folder: Path) -> str | None:
@@ -121,13 +151,21 @@ def load_benchmark(name_or_path: str, **options: Any) -> PositionalDataset:
 
     `options` go to the loader, e.g. `load_benchmark("fineweb-posq", sample_per_group=None, part="tune")`.
     """
+    loader, path = _resolve(name_or_path)
+    return loader(**options) if path is None else loader(path, **options)
+
+
+def _resolve(name_or_path: str, flag: str = "--dataset") -> tuple[Loader, str | Path | None]:
+    """The loader of a benchmark name, `prefix:PATH` or folder, and the path it reads (None for a name)."""
     if name_or_path in NAMED:
-        return NAMED[name_or_path](**options)
+        return NAMED[name_or_path], None
     prefix, colon, path = name_or_path.partition(":")
     if colon and prefix in PREFIXED:
         if not path:
             raise ValueError(f"{name_or_path!r} names no path; write {prefix}:PATH")
-        return PREFIXED[prefix](path, **options)
+        if prefix != "fineweb-posq" and not Path(path).exists():  # FineWeb-PosQ's source may be a hub id
+            raise FileNotFoundError(f"{flag} {name_or_path}: no file or folder {path}")
+        return PREFIXED[prefix], path
     folder = Path(name_or_path)
     if folder.is_dir():
         kind = detect_format(folder)
@@ -136,7 +174,7 @@ def load_benchmark(name_or_path: str, **options: Any) -> PositionalDataset:
                 f"{folder} matches no known layout (BEIR: corpus.jsonl + qrels/; PosIR: queries.parquet; "
                 f"JSONL: corpus.jsonl + queries.jsonl); name the format with a prefix: {', '.join(PREFIXED)}"
             )
-        return PREFIXED[kind](folder, **options)
+        return PREFIXED[kind], folder
     raise ValueError(f"unknown benchmark {name_or_path!r}; known: {', '.join(known_benchmarks())}")
 
 

@@ -35,6 +35,7 @@ import random
 import re
 from collections.abc import Callable, Iterator
 from importlib import resources
+from importlib.resources.abc import Traversable
 from typing import Any, TypeVar
 
 from tuner.data.dataset import FIFTHS, SLOT_THIRDS, THIRDS, PositionalDataset, span_midpoint, span_third
@@ -291,10 +292,15 @@ def load_wikipos_structure(split: str, kind: str, seed: int = 0) -> PositionalDa
     return dataset_from_records(f"wikipos-{split}-{kind}", STRUCTURE_RECORDS[kind](_split_records(split), seed), THIRDS)
 
 
+def wikipos_folder() -> Traversable:
+    """The folder of the embedded WikiPos files, inside the installed package."""
+    return resources.files(DATA_PACKAGE).joinpath(DATA_FOLDER)
+
+
 def _split_records(split: str) -> Iterator[dict[str, Any]]:
     if split not in SPLITS:
         raise ValueError(f"unknown WikiPos split {split!r}; valid splits: {', '.join(SPLITS)}")
-    resource = resources.files(DATA_PACKAGE).joinpath(DATA_FOLDER).joinpath(split_filename(split))
+    resource = wikipos_folder().joinpath(split_filename(split))
     if not resource.is_file():
         raise FileNotFoundError(
             f"WikiPos file {split_filename(split)} is missing from {DATA_PACKAGE}/{DATA_FOLDER}; "

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Never, Protocol, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Literal, Never, Protocol, TypeVar, cast, overload
 
 import numpy as np
 import torch
@@ -23,6 +23,9 @@ from tuner.calibration import AttentionObserver, CalibrationConfig, ConfigError,
 from tuner.calibration.attention import SharedSums
 from tuner.calibration.rows import fills_a_basket
 from tuner.engine.models import LoadedModel, load_model
+
+if TYPE_CHECKING:
+    from tuner.engine.exported import ExportedConfig
 
 log = logging.getLogger(__name__)
 
@@ -233,11 +236,18 @@ class CalibratedEncoder:
         self.too_short = 0  # documents of the last calibrated encode call whose content fills no basket: left uncalibrated
 
     @classmethod
-    def from_yaml(cls, path: str | Path, **load_options: object) -> CalibratedEncoder:
-        """Load an exported config (validated against its schema) and the model it was made for."""
-        from tuner.engine.exported import load_exported
+    def from_yaml(cls, path: str | Path, *, allow_model_mismatch: bool = False, **load_options: object) -> CalibratedEncoder:
+        """Load an exported config (validated against its schema) and the model it was made for; a config that does
+        not fit the model (`check_model_files`) is refused before the model loads, unless `allow_model_mismatch`."""
+        from tuner.engine.exported import check_model_files, load_exported
 
         exported = load_exported(path)
+        check_model_files(exported, path, allow_mismatch=allow_model_mismatch)
+        return cls.from_exported(exported, **load_options)
+
+    @classmethod
+    def from_exported(cls, exported: ExportedConfig, **load_options: object) -> CalibratedEncoder:
+        """The model an exported config (already checked: `from_yaml`) was made for, with its calibration."""
         model = load_model(
             exported.model.name,
             revision=exported.model.load_revision(),

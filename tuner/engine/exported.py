@@ -4,12 +4,15 @@ Its provenance says where the config came from: the study and trial, the MLflow 
 version, the objective and floor, held-out sets with their intervals, library versions and git commit.
 
 Loading uses `tuner.common.safe_yaml` (a `!!python/...` tag is refused, never executed; duplicate keys and alias
-bombs too) and validates every field; a config made for another model is refused before anything is encoded.
+bombs too) and validates every field. A config that does not fit its model is refused before the model loads
+(`check_model_files`: pooling and padding against the registry or the model's own sentence-transformers files,
+the weights against the fingerprint recorded at export) and after (`ExportedConfig.check_model`: source, depth).
 """
 
 from __future__ import annotations
 
-import os
+import functools
+import logging
 import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,13 +24,26 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tuner import __version__
 from tuner.calibration import CalibrationConfig, ConfigError
 from tuner.calibration.config import PaddingSide, Pooling
-from tuner.common.files import write_atomically
+from tuner.common.files import EXPORT_SCHEMA, EXPORTED_CONFIG, write_atomically
 from tuner.common.messages import shown
 from tuner.common.safe_yaml import YamlError, load_file
 from tuner.engine.models import LoadedModel, hub_revision
+from tuner.engine.specs import (
+    ModelSpec,
+    fingerprint_changes,
+    is_hub_snapshot,
+    locate,
+    model_files,
+    own_settings,
+    resolve_spec,
+    weights_fingerprint,
+)
 
-SCHEMA: Final = "posfair/calibration-config"
+log = logging.getLogger(__name__)
+
+SCHEMA: Final = EXPORT_SCHEMA
 SCHEMA_VERSION: Final = 1
+OVERRIDE = "--allow-model-mismatch (allow_model_mismatch=True)"
 
 
 class ExportError(ValueError):
@@ -46,10 +62,23 @@ class ModelSection(_Strict):
     padding_side: PaddingSide
     num_layers: int = Field(ge=1)
     max_length: int = Field(ge=1)
+    weights: dict[str, str] | None = Field(
+        None,
+        description="file → sha256 of the model's config.json and weight files, for a model loaded from a local folder "
+        "(a hub snapshot is pinned by its revision); checked when the config is loaded",
+    )
 
     def load_revision(self) -> str | None:
         """The revision to ask the hub for (package-shipped and local models have none)."""
         return hub_revision(self.revision)
+
+    def spec(self) -> ModelSpec:
+        """The model as the config describes it (`tuner.engine.specs.resolve_spec`)."""
+        return resolve_spec(self.name, self.pooling, self.padding_side)
+
+    def files(self) -> Path:
+        """Where the model's files live on this machine (`tuner.engine.specs.model_files`): never an output."""
+        return model_files(self.spec())
 
 
 class Provenance(_Strict):
@@ -101,13 +130,15 @@ class ExportedConfig(_Strict):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
     def check_model(self, loaded: LoadedModel) -> None:
-        """Refuse a config made for another model (other weights, depth or pooling)."""
+        """Refuse a config made for another model (other source or depth; or, where the model was loaded with
+        its own pooling and padding, other ones)."""
         mismatches = [
             f"{what}: config says {want!r}, model has {got!r}"
             for what, want, got in (
                 ("model.source", self.model.source, loaded.spec.source),
                 ("model.num_layers", self.model.num_layers, loaded.num_layers),
                 ("model.pooling", self.model.pooling, loaded.spec.pooling),
+                ("model.padding_side", self.model.padding_side, loaded.spec.padding_side),
             )
             if want != got
         ]
@@ -115,7 +146,60 @@ class ExportedConfig(_Strict):
             raise ExportError("this config was made for another model:\n  " + "\n  ".join(mismatches))
 
 
+def check_model_files(exported: ExportedConfig, path: str | Path, *, allow_mismatch: bool = False) -> None:
+    """Before the model loads: the config's pooling and padding are the model's own (the registry's entry, or
+    what a sentence-transformers folder's files say), and its weights are those it was exported with (the
+    fingerprint recorded at export). A difference is refused naming it, unless `allow_mismatch` (then warned).
+    A config exported without a fingerprint loads, saying once that changed weights go unnoticed."""
+    model = exported.model
+    differences = []
+    folder = _local_folder(model.spec(), model.load_revision())
+    for field_name, own in own_settings(model.name, folder).items():
+        value = getattr(model, field_name)
+        if own.value != value:
+            differences.append(f"model.{field_name}: the config says {value!r}, but {model.name} uses {own.value!r} ({own.source})")
+    if model.weights is not None and folder is not None:
+        changes = fingerprint_changes(model.weights, weights_fingerprint(folder))
+        if changes:
+            differences.append(
+                f"model.weights: the files in {folder} differ from those the config was exported with ({'; '.join(changes)})"
+            )
+    elif model.weights is None and folder is not None and not is_hub_snapshot(folder):
+        _say_unpinned(str(path))
+    if not differences:
+        return
+    if allow_mismatch:
+        for difference in differences:
+            log.warning("%s: %s; used anyway (allowed)", path, difference)
+        return
+    raise ExportError(
+        f"{path} does not fit the model it names:\n  "
+        + "\n  ".join(differences)
+        + f"\nRe-export the config for this model (tune export --study-name {exported.provenance.study}), or pass {OVERRIDE} to use it as it is"
+    )
+
+
+def _local_folder(spec: ModelSpec, revision: str | None) -> Path | None:
+    """The folder the model would load from, if it is on this machine (a hub model: its cached snapshot)."""
+    try:
+        location = Path(locate(spec, revision))
+    except RuntimeError:  # not here: loading it fails with the fix
+        return None
+    return location if location.is_dir() else None
+
+
+@functools.cache
+def _say_unpinned(path: str) -> None:
+    log.warning(
+        "%s records no fingerprint of its model's weights (it was exported before posfair recorded one), so weights "
+        "changed since the export would go unnoticed; export it again to record one",
+        path,
+    )
+
+
 def model_section(loaded: LoadedModel) -> ModelSection:
+    location = Path(loaded.location)
+    pinned = loaded.location and location.is_dir() and not is_hub_snapshot(location)
     return ModelSection(
         name=loaded.spec.alias,
         source=loaded.spec.source,
@@ -124,6 +208,7 @@ def model_section(loaded: LoadedModel) -> ModelSection:
         padding_side=loaded.spec.padding_side,
         num_layers=loaded.num_layers,
         max_length=loaded.max_length,
+        weights=weights_fingerprint(location) if pinned else None,
     )
 
 
@@ -201,18 +286,10 @@ def to_yaml(exported: ExportedConfig) -> str:
     return yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
 
 
-def write_exported(exported: ExportedConfig, path: str | Path) -> Path:
-    """Write atomically: a temporary file in the target folder, renamed into place; nothing partial on failure."""
-    path = Path(path)
-    folder = path.parent if str(path.parent) else Path(".")
-    if not folder.is_dir():
-        raise ExportError(f"cannot write {path}: folder {folder} does not exist; create it or choose another --output")
-    if not os.access(folder, os.W_OK):
-        raise ExportError(f"cannot write {path}: folder {folder} is not writable; choose another --output")
-    if path.is_dir():
-        raise ExportError(f"cannot write {path}: it is a folder; give a file name, e.g. --output {path / 'best.yaml'}")
-    text = to_yaml(exported)
-    return write_atomically(path, text)
+def write_exported(exported: ExportedConfig, path: str | Path, *, force: bool = False) -> Path:
+    """Write atomically by posfair's rule for outputs (`tuner.common.files`): replacing only an exported config,
+    unless `force`; nothing partial on failure."""
+    return write_atomically(Path(path), to_yaml(exported), kind=EXPORTED_CONFIG, force=force, flag="--output")
 
 
 def load_exported(path: str | Path) -> ExportedConfig:

@@ -18,8 +18,8 @@ from sentence_transformers import SentenceTransformer
 from transformers import PreTrainedModel
 
 from tuner.calibration import ATTENTION_NAME, ResolvedCalibration, calibrating
-from tuner.engine.exported import ExportError, load_exported
-from tuner.engine.models import locate, resolve_spec
+from tuner.engine.exported import ExportError, check_model_files, load_exported
+from tuner.engine.specs import locate, resolve_spec
 
 
 class CalibratedSentenceTransformer(SentenceTransformer):
@@ -34,9 +34,11 @@ class CalibratedSentenceTransformer(SentenceTransformer):
             return super().encode(*args, **kwargs)
 
 
-def load_sentence_transformer(config: str | Path, **options: Any) -> CalibratedSentenceTransformer:
-    """Load the model an exported config was made for, as a calibrated SentenceTransformer."""
+def load_sentence_transformer(config: str | Path, *, allow_model_mismatch: bool = False, **options: Any) -> CalibratedSentenceTransformer:
+    """Load the model an exported config was made for, as a calibrated SentenceTransformer; a config that does not
+    fit the model (`check_model_files`) is refused before the model loads, unless `allow_model_mismatch`."""
     exported = load_exported(config)
+    check_model_files(exported, config, allow_mismatch=allow_model_mismatch)
     spec = resolve_spec(exported.model.name, exported.model.pooling, exported.model.padding_side)
     model_kwargs = {**options.pop("model_kwargs", {}), "attn_implementation": ATTENTION_NAME}
     model = CalibratedSentenceTransformer(

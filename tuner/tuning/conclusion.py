@@ -16,9 +16,9 @@ from optuna.trial import TrialState
 
 from objectives import PairedBootstrap, PositionReport, Selection, paired_bootstrap
 from tuner.calibration import CalibrationConfig
-from tuner.common.files import EXPORTS, check_writable
+from tuner.common.files import EXPORTS, OutputRefusedError
 from tuner.common.messages import UserError, first_line
-from tuner.common.trials import BUDGET_ATTR, BUDGET_END_ATTR, SETUP_COST_ATTR, budget_ended, complete_trials
+from tuner.common.trials import BUDGET_ATTR, BUDGET_END_ATTR, SELECTION_ATTR, SETUP_COST_ATTR, budget_ended, complete_trials
 from tuner.data import PositionalDataset
 from tuner.engine.exported import build_export, write_exported
 from tuner.engine.models import LoadedModel, hub_revision, load_model
@@ -227,11 +227,14 @@ def reexport(
     output: Path | None,
     tracking_uri: str | None,
     trust_remote_code: bool = False,
-    selection: str = "one-se",
+    selection: str | None = None,
     trial: int | None = None,
+    *,
+    force: bool = False,
 ) -> Path:
     """Export a stored study's current winner again (or its trial `trial`, as the user chose), re-scoring
-    it (and the baseline) on every split.
+    it (and the baseline) on every split. The winner is named by `selection`, by default the rule the study
+    was run with.
 
     The model is loaded exactly as the study loaded it: the recorded revision (a hub commit), and remote
     code if the study was run with `--trust-remote-code`. The export is logged to the study's MLflow
@@ -249,8 +252,12 @@ def reexport(
             f"study {study_name!r} in {storage} was not made by `tune` (it lacks {', '.join(lacking)}); "
             "only studies that `tune` ran can be exported"
         )
-    if output is not None:
-        check_writable(output, "--output")
+    if selection is None:
+        selection = attrs.get(SELECTION_ATTR) or "one-se"
+        if SELECTION_ATTR not in attrs:
+            log.info(
+                "study %s records no selection rule (an older posfair ran it): one-se, tune's default; --selection chooses", study_name
+            )
     tracker = Tracker(tracking_uri or attrs.get("tracking_uri"), EXPERIMENT)  # an unreachable server fails here
     settings = TuneSettings(
         model=attrs["model_name"],
@@ -266,6 +273,7 @@ def reexport(
         storage=storage,
         study_name=study_name,
         output=output,
+        force=force,
         tracking_uri=tracker.uri,
         heldout=attrs.get("heldout", "auto"),
         trust_remote_code=trust_remote_code or bool(attrs.get("trust_remote_code")),
@@ -433,7 +441,7 @@ def _export(winning: _Winning, **provenance: object) -> Path:
     path = _export_path(winning.settings, winning.study)
     if winning.settings.output is None:
         path.parent.mkdir(parents=True, exist_ok=True)
-    return write_exported(exported, path)
+    return write_exported(exported, path, force=winning.settings.force)
 
 
 def _export_path(settings: TuneSettings, study: optuna.Study) -> Path:
@@ -488,13 +496,15 @@ def _export_and_register(winning: _Winning) -> tuple[Path, Registered | None]:
                 registered_model=registered.name if registered else None,
                 registered_version=registered.version if registered else None,
             )
-        except OSError as error:  # a full disk, a vanished folder: the atomic write left nothing behind
+        except (OSError, OutputRefusedError) as error:  # a full disk, a file put there since the run began: nothing written
             if registered is not None:
                 withdraw(winning.tracker, registered)
+            refused = not isinstance(error, OSError)
             raise ExportFailedError(
-                f"cannot write the winner's YAML {_export_path(winning.settings, winning.study)}: {error.strerror or error}; nothing exported "
-                f"(no partial file, no registry version). Free space or choose another --output, then run "
-                f"`tune export --study-name {winning.study.study_name}`"
+                f"cannot write the winner's YAML {_export_path(winning.settings, winning.study)}: "
+                f"{error.strerror or error if isinstance(error, OSError) else error}; nothing exported (no partial file, no "
+                f"registry version). {'Choose' if refused else 'Free space or choose'} another --output, then run "
+                f"`tune export --study-name {winning.study.study_name} --output ...`"
             ) from None
         if registered is not None:
             try:

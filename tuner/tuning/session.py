@@ -17,11 +17,12 @@ from tuner.calibration import CalibrationConfig
 from tuner.common.messages import UserError
 from tuner.common.options import Budget
 from tuner.common.scratch import clean_orphans
-from tuner.common.trials import BUDGET_ATTR
+from tuner.common.trials import BUDGET_ATTR, SELECTION_ATTR
 from tuner.data import DatasetUnavailableError, PositionalDataset, is_crops, load_benchmark, load_structures, require_position_groups
 from tuner.data import check_available as check_benchmark
 from tuner.data.wikipos import TRANSFER_SPLITS
-from tuner.engine.models import LoadedModel, ModelUnavailableError, load_model, locate, resolve_spec
+from tuner.engine.models import LoadedModel, load_model
+from tuner.engine.specs import ModelUnavailableError, locate, resolve_spec
 from tuner.evaluation.cost import StudyCost, padded_tokens, probe
 from tuner.evaluation.evaluator import Evaluator
 from tuner.evaluation.pools import SCREEN_SHARE, most_passages
@@ -222,6 +223,9 @@ def prepare(settings: TuneSettings) -> Session:
         padding_side=settings.padding_side,  # type: ignore[arg-type]
     )
     tuning, heldout = within_reach(tuning, model), [within_reach(held, model) for held in heldout]
+    require_position_groups(tuning, "--dataset")  # again: queries past the model's reach are gone, and no store exists yet
+    for held in heldout:
+        require_position_groups(held, "--heldout")
     evaluator = Evaluator(
         model,
         tuning,
@@ -299,6 +303,7 @@ def prepare(settings: TuneSettings) -> Session:
     )
     if not settings.worker:  # workers read it from the study: a resume without --budget lifts it
         study.set_user_attr(BUDGET_ATTR, budget)
+        study.set_user_attr(SELECTION_ATTR, settings.selection)  # the rule `tune export` names the winner by
     return Session(settings, tracker, storage, model, tuning, heldout, evaluator, space, general, structures, name, identity, study)
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from objectives import RULES, Constraints, HmFloor
-from tuner.common.files import EXPORTS, check_writable
+from tuner.common.files import EXPORTED_CONFIG, EXPORTS, Protected, check_output, stores
 from tuner.common.messages import shown
 from tuner.common.options import (
     DEFAULT_BUDGET,
@@ -25,6 +25,8 @@ from tuner.common.options import (
     Budget,
     check_tracking_uri,
 )
+from tuner.data import check_name, dataset_files
+from tuner.engine.specs import REGISTRY, ModelSpec, check_model_name, model_files, resolve_spec
 
 if TYPE_CHECKING:
     from tuner.engine.models import LoadedModel
@@ -65,6 +67,8 @@ class TuneSettings:
     study_name: str | None = None
     tracking_uri: str | None = None
     output: Path | None = None
+    force: bool = False  # --output may replace a file posfair did not write, or a read-only one (`tuner.common.files`)
+    inputs: tuple[Path, ...] = ()  # files the command line read (--space, --options): never written over
     batch_size: int | None = None  # None: chosen from the device's free memory (`encoder.choose_batching`)
     batch_tokens: int | None = None  # None: long-passage models get a token budget from the free memory
     profile_docs: int = DEFAULT_PROFILE_DOCS
@@ -108,16 +112,16 @@ class TuneSettings:
             raise ValueError("--max-crops-psi reads the crops structure: drop --no-structures")
         if self.max_general_drop is not None and self.general is None:
             raise ValueError("--max-general-drop needs --general (e.g. --general wikipos-general)")
-        check_run_options(self)
-        HmFloor.parse(self.hm_floor)  # fail before any work
-        self.constraints(0.0)
-        if self.selection not in RULES:
-            raise ValueError(f"--selection must be one of {', '.join(RULES)}, got {self.selection!r}")
         if self.heldout in ("", "none"):
             object.__setattr__(self, "heldout", None)
         if self.dataset is None:
             object.__setattr__(self, "dataset", default_dataset(self.model))
             object.__setattr__(self, "dataset_defaulted", True)
+        check_run_options(self)
+        HmFloor.parse(self.hm_floor)  # fail before any work
+        self.constraints(0.0)
+        if self.selection not in RULES:
+            raise ValueError(f"--selection must be one of {', '.join(RULES)}, got {self.selection!r}")
         if self.space is None:
             from tuner.tuning.search_space import SearchSpace
 
@@ -166,17 +170,12 @@ class TuneSettings:
 
 def settings_in_force(settings: TuneSettings) -> dict[str, object]:
     """The settings as the run will use them: defaults resolved to their values (nothing is created here)."""
-    from tuner.engine.models import resolve_spec
     from tuner.tracking.runs import default_tracking_uri, describe_store
     from tuner.tuning.storage import default_storage
 
-    values = {k: v for k, v in vars(settings).items() if k not in ("dataset_defaulted", "array_task")}
+    values = {k: v for k, v in vars(settings).items() if k not in ("dataset_defaulted", "array_task", "inputs")}
     values["job_array"] = str(settings.array_task) if settings.array_task is not None else "no"
-    try:
-        name = settings.study_name_from_alias(resolve_spec(settings.model, settings.pooling, settings.padding_side).alias)  # type: ignore[arg-type]
-    except Exception:  # noqa: BLE001 - an unknown model is reported by the run itself, with its fix
-        name = None
-    values["study_name"] = name or "model--dataset--seedN"
+    values["study_name"] = settings.study_name_from_alias(resolve_spec(settings.model, settings.pooling, settings.padding_side).alias)  # type: ignore[arg-type]  # checked by TuneSettings
     values["storage"] = settings.storage or default_storage()
     values["tracking_uri"] = describe_store(settings.tracking_uri or default_tracking_uri())
     values["output"] = settings.output or EXPORTS / f"{values['study_name']}.yaml"
@@ -284,16 +283,32 @@ def check_run_options(settings: TuneSettings) -> None:
             f"--study-name {shown(settings.study_name)}: use letters, digits, '.', '_' and '-' (up to 200, "
             "not starting with '.' or '-'); the name becomes a file name under mlruns/exports"
         )
-    if settings.output is not None:
-        check_writable(settings.output, "--output")
     if settings.tracking_uri is not None:
         check_tracking_uri(settings.tracking_uri)
+    spec = check_model_name(settings.model, settings.pooling)  # type: ignore[arg-type]
+    for flag, name in benchmark_names(settings):
+        check_name(name, flag)
+    if settings.output is not None:
+        check_output(settings.output, "--output", EXPORTED_CONFIG, protected=run_inputs(settings, spec), force=settings.force)
+
+
+def benchmark_names(settings: TuneSettings) -> list[tuple[str, str]]:
+    """(flag, name) of every benchmark the run reads: --dataset, each --heldout set, --general."""
+    heldout = [] if settings.heldout in (None, "auto") else [h.strip() for h in settings.heldout.split(",") if h.strip()]
+    names = [("--dataset", settings.dataset), *(("--heldout", h) for h in heldout), ("--general", settings.general)]
+    return [(flag, name) for flag, name in names if name]
+
+
+def run_inputs(settings: TuneSettings, spec: ModelSpec) -> list[Protected]:
+    """What a run reads and keeps, which its --output may never replace (`tuner.common.files.check_output`)."""
+    read = [Protected(model_files(spec), f"--model {settings.model}")]
+    read += [Protected(path, f"{flag} {name}") for flag, name in benchmark_names(settings) for path in dataset_files(name)]
+    read += [Protected(path, "an options or --space file") for path in settings.inputs]
+    return read + stores(settings.storage, settings.tracking_uri)
 
 
 def default_dataset(model: str) -> str:
     """FineWeb-PosQ for the registry's long-passage models (as the paper tunes them), else WikiPos-dev."""
-    from tuner.engine.models import REGISTRY
-
     spec = REGISTRY.get(model)
     return "fineweb-posq" if spec is not None and spec.long_passages else "wikipos-dev"
 

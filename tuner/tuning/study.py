@@ -31,6 +31,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from objectives import Candidate, Selection, select
 from objectives.selection import chosen
+from tuner.common.files import sqlite_file
 from tuner.common.options import HEARTBEAT_SECONDS
 from tuner.common.trials import (
     DUPLICATE_ATTR,
@@ -79,7 +80,14 @@ def describe_study(study: optuna.Study, pareto: bool, floor: float, floor_rule: 
 
 
 def load_stored_study(name: str, storage: str) -> optuna.Study:
-    """A study that `tune` ran, by name, from `storage`; a missing one is named."""
+    """A study that `tune` ran, by name, from `storage`; a missing one (or a missing SQLite file, which opening
+    would create) is named."""
+    database = sqlite_file(storage)
+    if database is not None and not database.is_file():
+        raise ValueError(
+            f"no study store at {database.resolve()}, so no study {name!r}: run `tune` here first, change to the folder "
+            "that holds mlruns/, or pass --storage sqlite:///PATH/mlruns/optuna.db"
+        )
     try:
         return optuna.load_study(study_name=name, storage=make_storage(storage))
     except KeyError:

@@ -38,7 +38,7 @@ from tuner.tuning.search_space import PAPER_GRID, trial_basket_shares
 from tuner.tuning.session import FLOOR_ATTR, Session, describe_budget, prepare, price_budget
 from tuner.tuning.settings import TuneSettings, local_worker_identity, process_identity, worker_devices
 from tuner.tuning.storage import make_storage, storage_file
-from tuner.tuning.study import Terminated, TrialsEnd, run_trials
+from tuner.tuning.study import Terminated, TrialsEnd, run_trials, winner
 
 log = logging.getLogger(__name__)
 
@@ -187,21 +187,33 @@ class StoppedEarlyError(UserError, RuntimeError):
         self.exit_code = self.EXIT_CODES.get(stopped, 4)
 
 
+def _why(ended: TrialsEnd) -> str:
+    if ended.stopped == "terminated":
+        return "terminated by SIGTERM"
+    return "interrupted" if ended.stopped == "interrupted" else f"{ended.failures} trials of this run failed"
+
+
+def stopped_message(ended: TrialsEnd, study: optuna.Study, rule: str) -> str:
+    """What a study that ended short says (after the label "stopped early"), from its state: the cause, the
+    trials complete, and `tune export` only when a complete trial meets the constraints, so there is a winner."""
+    requeued = f"; trial {ended.requeued} was aborted and is queued to run again" if ended.requeued is not None else ""
+    said = (
+        f"{_why(ended)}; {ended.complete} of {ended.target} trials complete{requeued}; nothing exported. "
+        "Run the same command again to resume"
+    )
+    if ended.complete == 0:
+        return said
+    picked = winner(study, rule)
+    if picked is None:
+        return said + "; no complete trial meets the constraints yet, so there is no winner to export"
+    return said + f", or `tune export --study-name {study.study_name}` to export the winner so far (trial {picked[0].number})"
+
+
 def _stop_short(ended: TrialsEnd, session: Session) -> NoReturn:
     """Say that the study ended short, mark the MLflow parent run, and end with an error: no export."""
     signalled = ended.stopped in ("interrupted", "terminated")
-    why = (
-        "terminated by SIGTERM"
-        if ended.stopped == "terminated"
-        else "interrupted"
-        if signalled
-        else f"{ended.failures} trials of this run failed"
-    )
-    requeued = f"; trial {ended.requeued} was aborted and is queued to run again" if ended.requeued is not None else ""
-    message = (
-        f"stopped early ({why}): {ended.complete} of {ended.target} trials complete{requeued}; nothing exported. "
-        f"Run the same command again to resume, or `tune export --study-name {session.name}` to export the winner so far"
-    )
+    why = _why(ended)
+    message = stopped_message(ended, session.study, session.settings.selection)
     if not session.settings.worker:
         session.tracker.finish_study(
             {"complete_trials": ended.complete},
