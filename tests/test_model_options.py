@@ -81,12 +81,13 @@ def read_only(path: Path, text: str = "keep me\n") -> Path:
     return path
 
 
-def exported_config(folder: Path, tiny_model_dir, **model: str) -> Path:
-    """A valid exported YAML for the tiny BERT, with its model section changed as given."""
+def exported_config(folder: Path, tiny_model_dir, model_folder: str | None = None, **model: str) -> Path:
+    """A valid exported YAML for the tiny BERT (or the model in `model_folder`, its own code trusted), with its
+    model section changed as given."""
     from tuner.engine.exported import build_export
     from tuner.engine.models import load_model
 
-    loaded = load_model(str(tiny_model_dir("bert")), pooling="cls")
+    loaded = load_model(model_folder or str(tiny_model_dir("bert")), pooling="cls", trust_remote_code=model_folder is not None)
     exported = build_export(
         loaded,
         loaded.default_config(basket_size=8),
@@ -182,7 +183,7 @@ CASES: dict[str, tuple[str, Callable[[Path, Callable[[str], Path]], list[str]]]]
     "encode: remote code without consent": (
         "encode",
         lambda here, tiny: [
-            *("--config", str(exported_config(here, tiny, name=custom_code(here), source=custom_code(here)))),
+            *("--config", str(exported_config(here, tiny, custom_code(here)))),
             *("--input", texts(here), "--output", str(here / "vectors.npy")),
         ],
     ),

@@ -175,7 +175,7 @@ def check_model_files(exported: ExportedConfig, path: str | Path, *, allow_misma
     raise ExportError(
         f"{path} does not fit the model it names:\n  "
         + "\n  ".join(differences)
-        + f"\nRe-export the config for this model (tune export --study-name {exported.provenance.study}), or pass {OVERRIDE} to use it as it is"
+        + f"\nRe-export the config for this model (`tune export --study-name {exported.provenance.study}`), or pass {OVERRIDE} to use it as it is"
     )
 
 
