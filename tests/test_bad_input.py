@@ -852,6 +852,77 @@ def test_the_pyfunc_refuses_none_and_non_strings_and_reads_the_text_column_by_na
         _texts(pd.DataFrame({"id": ["x"], "body": ["a"]}))
 
 
+@pytest.fixture(scope="module")
+def champion(exported_yaml: dict, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The pyfunc model `tune` registers, saved from a tiny model's YAML, loaded as MLflow clients load it."""
+    import mlflow
+
+    from tuner.engine.encoder import CalibratedEncoder
+    from tuner.tracking.registry import save_pyfunc
+
+    folder = tmp_path_factory.mktemp("champion")
+    config = write_config(folder, exported_yaml)
+    encoder = CalibratedEncoder.from_yaml(config)
+    save_pyfunc(folder / "model", config, int(encoder.model.model.config.hidden_size))
+    return {"model": mlflow.pyfunc.load_model(str(folder / "model")), "encoder": encoder}
+
+
+PASSAGES = ["w1 w2 w3 w4 w5 w6 w7 w8 w9 w10 w11", "w3 w2 w1"]
+
+
+def same_vectors(got: object, want: np.ndarray) -> bool:
+    got = np.asarray(got)
+    return got.dtype == np.float32 and got.shape == want.shape and float(np.abs(got - want).max(initial=0.0)) < 1e-6
+
+
+def test_the_pyfunc_reads_a_frame_by_its_text_column_or_refuses_it(champion: dict) -> None:
+    """MLflow enforced the logged signature (one unnamed string input) before the model's own column lookup:
+    a frame with an `other` column before `text` embedded "zzz", and one without `text` its first column."""
+    import pandas as pd
+
+    model, encoder = champion["model"], champion["encoder"]
+    want = encoder.encode_document(PASSAGES)
+    assert same_vectors(model.predict(pd.DataFrame({"other": ["zzz", "yyy"], "text": PASSAGES})), want)
+    assert same_vectors(model.predict(pd.DataFrame({"text": PASSAGES})), want)
+    assert same_vectors(model.predict(PASSAGES), want)
+    with pytest.raises(ValueError, match=r"input columns \['id', 'body'\]: give one column, or one named 'text'"):
+        model.predict(pd.DataFrame({"id": ["x", "y"], "body": PASSAGES}))
+    assert same_vectors(model.predict(PASSAGES, params={"kind": "query"}), encoder.encode_query(PASSAGES))
+
+
+def test_the_pyfunc_answers_no_texts_with_no_rows(champion: dict) -> None:
+    """`predict([])` raised MLflow's schema error, an empty `text` column an IndexError."""
+    import pandas as pd
+
+    width = int(champion["encoder"].model.model.config.hidden_size)
+    for empty in ([], pd.DataFrame({"text": pd.Series([], dtype=object)}), {"text": []}):
+        assert same_vectors(champion["model"].predict(empty), np.zeros((0, width), dtype=np.float32)), empty
+
+
+def test_the_pyfunc_reads_the_dict_and_rest_forms_mlflow_clients_send(champion: dict) -> None:
+    """`{"text": [...]}` in Python, and `inputs` / `dataframe_split` / `dataframe_records` through MLflow's
+    scoring server (what `mlflow models serve` runs), each with `params`."""
+    from fastapi.testclient import TestClient
+    from mlflow.pyfunc import scoring_server
+
+    model, encoder = champion["model"], champion["encoder"]
+    documents, queries = encoder.encode_document(PASSAGES), encoder.encode_query(PASSAGES)
+    assert same_vectors(model.predict({"text": PASSAGES}), documents)
+    server = TestClient(scoring_server.init(model))
+    for body in (
+        {"inputs": PASSAGES},
+        {"inputs": {"text": PASSAGES}},
+        {"dataframe_split": {"columns": ["other", "text"], "data": [["zzz", text] for text in PASSAGES]}},
+        {"dataframe_records": [{"text": text, "other": "zzz"} for text in PASSAGES]},
+    ):
+        for params, want in (({}, documents), ({"params": {"kind": "query"}}, queries)):
+            answer = server.post("/invocations", json={**body, **params})
+            assert answer.status_code == 200, (body, answer.text)
+            assert np.abs(np.asarray(answer.json()["predictions"]) - want).max() < 1e-6, (body, params)
+    refused = server.post("/invocations", json={"dataframe_split": {"columns": ["id", "body"], "data": [["x", "y"]]}})
+    assert refused.status_code >= 400 and "give one column, or one named 'text'" in refused.text
+
+
 @pytest.mark.parametrize("which", ["the same set", "a copy", "shared passages"])
 def test_a_heldout_set_that_overlaps_the_tuning_data_is_refused(tiny_model_dir, tiny_data: Path, in_tmp: Path, which: str) -> None:
     """Issue 24: `--heldout` equal to `--dataset` was accepted, and the tuning split reported and exported as held out."""
