@@ -16,7 +16,8 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import mlflow
@@ -24,6 +25,7 @@ import numpy as np
 import optuna
 import pytest
 import requests
+import sqlalchemy
 import urllib3
 import yaml
 from mlflow.exceptions import MlflowException
@@ -680,6 +682,47 @@ def test_outages_are_told_from_permanent_errors_and_a_full_disk(error: Callable[
     from tuner.tracking.runs import classify_failure
 
     assert classify_failure(error()) == kind
+
+
+@contextmanager
+def full_sqlite_disk(engine: sqlalchemy.engine.Engine) -> Iterator[None]:
+    """SQLite's own "database or disk is full" (SQLITE_FULL, what a full disk gives) on every write that grows the
+    file: each connection may hold no more pages than the file has now (`PRAGMA max_page_count`)."""
+
+    def capped(connection: object, _record: object) -> None:
+        cursor = connection.cursor()  # type: ignore[attr-defined]
+        pages = cursor.execute("PRAGMA page_count").fetchone()[0]
+        cursor.execute(f"PRAGMA max_page_count = {pages}")
+        cursor.close()
+
+    sqlalchemy.event.listen(engine, "connect", capped)
+    engine.dispose()
+    try:
+        yield
+    finally:
+        sqlalchemy.event.remove(engine, "connect", capped)
+        engine.dispose()
+
+
+def test_a_full_disk_under_the_mlflow_store_keeps_the_logs_says_so_with_the_file_and_they_land_once_space_is_freed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A full disk under MLflow's store was an "outage" ("MLflow still unreachable"), naming neither the file nor the fix."""
+    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "full")
+    tracker.start_study("full", {}, {})
+    engine = tracker.client._tracking_client.store.engine
+    with full_sqlite_disk(engine):
+        for number in range(3):
+            tracker.start_trial("full", number, {"strength": 0.5, "padding": "x" * 2000}, "", [])
+            tracker.finish_trial("full", TrialRecord(number, "COMPLETE", {"strength": 0.5}, {"psi": 0.25}))
+        assert not tracker.flush()
+    assert f"MLflow cannot write sqlite:///{tmp_path}/mlflow.db" in caplog.text
+    assert "the disk is full (" in caplog.text and "database or disk is full" in caplog.text and "free space on that disk" in caplog.text
+    assert "unreachable" not in caplog.text
+    assert tracker.flush()  # space freed: every kept log lands, in order
+    for number in range(3):
+        run = tracker.client.get_run(tracker.trial_run_id(number))
+        assert run.info.status == "FINISHED" and run.data.metrics["psi"] == 0.25
 
 
 def test_a_trial_run_logged_late_keeps_the_trial_s_own_start_and_end(tmp_path: Path) -> None:
