@@ -1040,6 +1040,47 @@ def test_a_full_disk_at_export_leaves_no_file_no_registry_version_and_a_failed_p
     assert parent.info.status == "FAILED" and "No space left on device" in parent.data.tags["posfair.outcome"]
 
 
+def tables(database: Path) -> set[str]:
+    import sqlite3
+
+    with sqlite3.connect(database) as connection:
+        return {row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+
+
+@pytest.mark.parametrize("crossed", ["--storage at MLflow's store", "--tracking-uri at the study database"])
+def test_crossed_stores_are_recognised_before_anything_is_written(tiny_model_dir, tiny_data: Path, in_tmp: Path, crossed: str) -> None:
+    """`--storage` at `mlflow.db` (or `--tracking-uri` at `optuna.db`) ended in misleading errors and left the other
+    tool's tables in the file."""
+    import optuna
+    from mlflow.tracking import MlflowClient
+
+    database = in_tmp / "store.db"
+    if crossed.startswith("--storage"):
+        MlflowClient(f"sqlite:///{database}").search_experiments()  # MLflow makes its tables on first use
+        flag, says = "--storage", "is an MLflow tracking store (it holds MLflow's tables"
+    else:
+        optuna.storages.RDBStorage(f"sqlite:///{database}")
+        flag, says = "--tracking-uri", "is an Optuna study database (it holds Optuna's tables"
+    before = tables(database)
+    output = tune(*tiny_run(tiny_model_dir("bert"), tiny_data, flag, f"sqlite:///{database}"))
+    assert f"{flag} sqlite:///{database} {says}" in output and "needs a database of its own" in output, output
+    assert "tune: settings" not in output  # before the model loads
+    assert tables(database) == before
+    if crossed.startswith("--storage"):  # `tune export` opens the study database the same way
+        assert says in tune("export", "--study-name", "s", "--storage", f"sqlite:///{database}")
+        assert tables(database) == before
+
+
+def test_one_database_for_both_stores_is_refused(in_tmp: Path) -> None:
+    """`--storage` and `--tracking-uri` on one new file: Optuna made its tables there, then MLflow failed on them."""
+    same = f"sqlite:///{in_tmp / 'both.db'}"
+    output = tune("--storage", same, "--tracking-uri", same, "--trials", "1")
+    assert f"--storage and --tracking-uri name one database ({same})" in output
+    assert not (in_tmp / "both.db").exists()
+    default_store = in_tmp / "mlruns" / "mlflow.db"  # the tracking store in force when none is given
+    assert "name one database" in tune("--storage", f"sqlite:///{default_store}", "--trials", "1")
+
+
 def test_a_read_only_study_database_is_named_as_the_cause(tiny_model_dir, tiny_data: Path, in_tmp: Path) -> None:
     """Issue 24: a read-only optuna.db gave Optuna's "invalid data ... exceeding max length" instead of the cause."""
     args = tiny_run(tiny_model_dir("bert"), tiny_data, "--trials", "1")

@@ -41,6 +41,7 @@ from mlflow.tracking import MlflowClient
 from tuner.common.files import ARTIFACTS, MLFLOW_DB
 from tuner.common.messages import UserError, first_line
 from tuner.common.options import check_tracking_uri
+from tuner.common.stores import MLFLOW, require_own_database
 
 log = logging.getLogger(__name__)
 
@@ -395,6 +396,7 @@ class Tracker:
     def __init__(self, tracking_uri: str | None, experiment: str) -> None:
         self.uri = tracking_uri or default_tracking_uri()
         check_tracking_uri(self.uri)
+        require_own_database(self.uri, MLFLOW)  # a study database: before MLflow adds its tables to it
         self.experiment_name = experiment
         os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # its bars would garble the log
         if self.uri.startswith(("http://", "https://")):

@@ -23,6 +23,7 @@ from tuner.common.options import (
     Budget,
     check_tracking_uri,
 )
+from tuner.common.stores import MLFLOW, OPTUNA, require_apart, require_own_database
 
 if TYPE_CHECKING:
     from tuner.engine.models import LoadedModel
@@ -256,6 +257,10 @@ def check_run_options(settings: TuneSettings) -> None:
         check_writable(settings.output, "--output")
     if settings.tracking_uri is not None:
         check_tracking_uri(settings.tracking_uri)
+        require_own_database(settings.tracking_uri, MLFLOW)
+    if settings.storage is not None:
+        require_own_database(settings.storage, OPTUNA)
+    require_apart(settings.storage or OPTUNA.default, settings.tracking_uri or MLFLOW.default)
 
 
 def default_dataset(model: str) -> str:

@@ -21,6 +21,7 @@ from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from tuner.common.files import OPTUNA_DB
 from tuner.common.messages import first_line
 from tuner.common.options import HEARTBEAT_SECONDS
+from tuner.common.stores import OPTUNA, require_own_database
 
 SCHEMA_ATTEMPTS = 5
 SQLITE_WAIT_SECONDS = 60  # how long a process waits for another's write lock on a SQLite study
@@ -38,6 +39,7 @@ def check_storage_url(url: str) -> None:
         sqlalchemy.engine.make_url(url).get_dialect()
     except Exception as error:  # noqa: BLE001 - sqlalchemy raises many kinds for a bad URL
         raise _unusable_storage(url, error) from None
+    require_own_database(url, OPTUNA)
 
 
 def _unusable_storage(url: str, error: BaseException) -> ValueError:
@@ -52,8 +54,10 @@ def _unusable_storage(url: str, error: BaseException) -> ValueError:
 def make_storage(url: str, heartbeat: int = HEARTBEAT_SECONDS) -> RDBStorage:
     """Database storage with heartbeats, so a killed worker's trial is failed and retried.
 
-    Workers starting together on a new database race to create Optuna's tables; the loser retries.
+    Workers starting together on a new database race to create Optuna's tables; the loser retries. MLflow's
+    store is refused before anything is written to it.
     """
+    require_own_database(url, OPTUNA)
     if url.startswith("sqlite:///"):  # SQLite creates the file, not its folder
         database = Path(url.removeprefix("sqlite:///"))
         database.parent.mkdir(parents=True, exist_ok=True)
