@@ -41,7 +41,7 @@ from tests.tiny import random_texts, tiny_tune_options
 from tuner.engine.encoder import CalibratedEncoder
 from tuner.engine.exported import load_exported
 from tuner.tracking.registry import registered_name
-from tuner.tracking.runs import DEFAULT_TRACKING_URI, KIND_TAG, NOTE, TRAINING_KIND, Tracker, TrialRecord
+from tuner.tracking.runs import DEFAULT_TRACKING_URI, KIND_TAG, NOTE, TRAINING_KIND, Tracker, TrackingUnavailableError, TrialRecord
 
 TRIALS = 4
 TEXTS = random_texts(5, 20, 60, seed=7)
@@ -369,6 +369,47 @@ def test_tune_ui_names_the_store_and_refuses_to_invent_one(tmp_path: Path, monke
     assert result.exit_code == 2
     assert "no MLflow store at" in result.output and str(tmp_path / "mlruns" / "mlflow.db") in result.output.replace("\n", "")
     assert not (tmp_path / "mlruns").exists()
+
+
+@pytest.mark.parametrize("written_by", ["an older MLflow", "a newer MLflow", "Optuna"])
+def test_tune_ui_checks_the_store_s_schema_before_it_prints_a_link(
+    written_by: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a store of another MLflow schema `tune ui` printed its link, then the server's traceback (which, for a
+    newer store, advised `mlflow db upgrade`); on a study database the server added MLflow's tables to it."""
+    import sqlite3
+
+    import optuna
+
+    import tuner.tracking.runs
+    from tuner.cli.app import app
+
+    served: list[list[str]] = []
+    monkeypatch.setattr(tuner.tracking.runs, "serve_ui", lambda command: served.append(command) or 0)
+    store = tmp_path / "mlflow.db"
+    if written_by == "Optuna":
+        optuna.storages.RDBStorage(f"sqlite:///{store}")
+    else:
+        MlflowClient(f"sqlite:///{store}").search_experiments()
+        version = "451aebb31d03" if written_by == "an older MLflow" else "ffffffffffff"  # MLflow 1.0's first; none of its
+        with sqlite3.connect(store) as connection:
+            connection.execute("UPDATE alembic_version SET version_num = ?", (version,))
+    before = store.read_bytes()
+    result = CliRunner().invoke(app, ["ui", "--tracking-uri", f"sqlite:///{store}"])
+    output = " ".join(result.output.split())
+    assert result.exit_code == 2 and served == [] and "MLflow UI:" not in output, output
+    assert store.read_bytes() == before
+    with pytest.raises((TrackingUnavailableError, ValueError)):  # `tune run` and `tune export` too, before the model loads
+        Tracker(f"sqlite:///{store}", "posfair")
+    assert store.read_bytes() == before
+    if written_by == "an older MLflow":
+        assert "was written by an older MLflow (schema 451aebb31d03; MLflow " in output
+        assert f"back it up, then upgrade it: mlflow db upgrade sqlite:///{store}" in output
+    elif written_by == "a newer MLflow":
+        assert "schema ffffffffffff, unknown to this MLflow" in output and "a newer MLflow wrote it" in output
+        assert "mlflow db upgrade" not in output
+    else:
+        assert "is an Optuna study database" in output
 
 
 def test_a_failed_start_leaves_no_store_behind(tiny_model_dir, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,10 +6,14 @@ second then fails with a misleading message about versions).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 from tuner.common.files import MLFLOW_DB, OPTUNA_DB
+
+T = TypeVar("T")
 
 DATABASE_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "oracle")
 """URL schemes of databases (as SQLAlchemy names them, before any `+driver`); a tracking URI may be a server too."""
@@ -41,24 +45,45 @@ def is_database(url: str) -> bool:
 
 
 def tables_of(url: str) -> set[str]:
-    """The tables of the database at `url`, read without writing anything (a SQLite file is opened read-only
-    and never created); empty for a SQLite file that does not exist yet, or a database that cannot be read now
-    (opening it for real reports why)."""
+    """The tables of the database at `url`, read without writing anything (`_read`); empty for a SQLite file
+    that does not exist yet, or a database that cannot be read now (opening it for real reports why)."""
+    import sqlalchemy
+
+    return _read(url, lambda connection: set(sqlalchemy.inspect(connection).get_table_names())) or set()
+
+
+def schema_version(url: str) -> str | None:
+    """The schema revision a tool's migrations (Alembic, for both tools) recorded in the database at `url`; None
+    when there is none (or no database yet)."""
+    import sqlalchemy
+
+    def version(connection: sqlalchemy.Connection) -> str | None:
+        if "alembic_version" not in sqlalchemy.inspect(connection).get_table_names():
+            return None
+        return connection.execute(sqlalchemy.text("SELECT version_num FROM alembic_version")).scalar()
+
+    return _read(url, version)
+
+
+def _read(url: str, read: Callable[[Any], T]) -> T | None:
+    """`read(connection)` on the database at `url` without writing anything: a SQLite file is opened read-only
+    and never created. None when there is no such file, or the database cannot be read now."""
     import sqlalchemy
 
     path = sqlite_file(url)
     if path is not None:
         if not path.is_file():
-            return set()
+            return None
         url = f"sqlite:///file:{path.resolve()}?mode=ro&uri=true"
     try:
         engine = sqlalchemy.create_engine(url)
         try:
-            return set(sqlalchemy.inspect(engine).get_table_names())
+            with engine.connect() as connection:
+                return read(connection)
         finally:
             engine.dispose()
     except Exception:  # noqa: BLE001 - unreachable or not a database: the tool that opens it says so
-        return set()
+        return None
 
 
 def require_own_database(url: str, tool: Tool) -> None:

@@ -41,7 +41,7 @@ from mlflow.tracking import MlflowClient
 from tuner.common.files import ARTIFACTS, MLFLOW_DB
 from tuner.common.messages import UserError, first_line
 from tuner.common.options import check_tracking_uri
-from tuner.common.stores import MLFLOW, require_own_database
+from tuner.common.stores import MLFLOW, is_database, require_own_database, schema_version
 
 log = logging.getLogger(__name__)
 
@@ -169,6 +169,37 @@ def _stop_group(leader: subprocess.Popen[bytes], grace: float) -> None:
             except ProcessLookupError:
                 return
             time.sleep(0.1)
+
+
+def check_store_schema(uri: str) -> None:
+    """A database store must be MLflow's (`require_own_database`) and have the schema this MLflow reads: on any
+    other, MLflow's server starts and then fails on every page, and MLflow's own message advises
+    `mlflow db upgrade` even for a store a newer MLflow wrote, which no upgrade can take back."""
+    import mlflow
+    from alembic.script import ScriptDirectory
+    from mlflow.store.db.utils import _get_alembic_config
+
+    if not is_database(uri):
+        return
+    require_own_database(uri, MLFLOW)
+    version = schema_version(uri)
+    if version is None:  # a new store: MLflow makes its tables
+        return
+    migrations = ScriptDirectory.from_config(_get_alembic_config(uri))
+    head = migrations.get_current_head()
+    if version == head:
+        return
+    where = f"the MLflow store {describe_store(uri)}"
+    if version in {revision.revision for revision in migrations.walk_revisions()}:
+        raise TrackingUnavailableError(
+            f"{where} was written by an older MLflow (schema {version}; MLflow {mlflow.__version__} reads {head}): "
+            f"back it up, then upgrade it: mlflow db upgrade {uri}"
+        )
+    raise TrackingUnavailableError(
+        f"{where} has schema {version}, unknown to this MLflow ({mlflow.__version__}): a newer MLflow wrote it, and "
+        "no command takes a store back. Read it with that MLflow (pip install -U mlflow in this environment), or "
+        "give another --tracking-uri"
+    )
 
 
 def training_view_url(uri: str, host: str, port: int) -> str:
@@ -390,13 +421,14 @@ class Tracker:
     """Logs a study and its trials to MLflow through the client API (no global fluent state).
 
     Nothing is created until the first write: a run that fails before its study starts leaves no
-    store behind. A server is checked at once, so an unreachable one fails before any work.
+    store behind. A server is checked at once, so an unreachable one fails before any work, and so is a
+    database store (`check_store_schema`).
     """
 
     def __init__(self, tracking_uri: str | None, experiment: str) -> None:
         self.uri = tracking_uri or default_tracking_uri()
         check_tracking_uri(self.uri)
-        require_own_database(self.uri, MLFLOW)  # a study database: before MLflow adds its tables to it
+        check_store_schema(self.uri)  # a study database, or a store of another MLflow: before MLflow writes to it
         self.experiment_name = experiment
         os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # its bars would garble the log
         if self.uri.startswith(("http://", "https://")):
