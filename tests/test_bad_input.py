@@ -10,9 +10,12 @@ import json
 import os
 import shutil
 import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
+import optuna
 import pytest
 import yaml
 from typer.testing import CliRunner
@@ -1079,6 +1082,103 @@ def test_one_database_for_both_stores_is_refused(in_tmp: Path) -> None:
     assert not (in_tmp / "both.db").exists()
     default_store = in_tmp / "mlruns" / "mlflow.db"  # the tracking store in force when none is given
     assert "name one database" in tune("--storage", f"sqlite:///{default_store}", "--trials", "1")
+
+
+def test_a_full_disk_during_tune_encode_says_so_in_one_line_and_leaves_no_file(
+    exported_yaml: dict, in_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ENOSPC while the vectors were written ended in a full traceback."""
+    import errno
+
+    config = write_config(in_tmp, exported_yaml)
+    (in_tmp / "docs.txt").write_text("w1 w2 w3\nw4 w5\n", encoding="utf-8")
+    real_save = np.save
+
+    def full_disk(stream: object, vectors: np.ndarray, *args: object, **kwargs: object) -> None:
+        real_save(stream, vectors[:1], *args, **kwargs)  # part of the file, then the disk is full
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(np, "save", full_disk)
+    output = tune("encode", "--config", str(config), "--input", str(in_tmp / "docs.txt"), "--output", str(in_tmp / "out.npy"))
+    assert f"cannot write {in_tmp / 'out.npy'}: No space left on device; nothing written (no partial file)" in output
+    assert "Free space on its disk" in output
+    assert sorted(p.name for p in in_tmp.iterdir()) == ["config.yaml", "docs.txt"]
+
+
+@contextmanager
+def full_after_trials(count: int, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The study database's disk is full once `count` trials have finished: SQLite's own "database or disk is
+    full" (SQLITE_FULL), as on a full disk, from every connection opened after that, since each may hold no more
+    pages than the file has then (`PRAGMA max_page_count`)."""
+    import sqlalchemy
+
+    import tuner.tuning.worker
+
+    real = tuner.tuning.worker._log_trial
+
+    def capped(connection: object, _record: object) -> None:
+        cursor = connection.cursor()  # type: ignore[attr-defined]
+        cursor.execute(f"PRAGMA max_page_count = {cursor.execute('PRAGMA page_count').fetchone()[0]}")
+        cursor.close()
+
+    def log_then_fill(study, trial, progress) -> None:  # noqa: ANN001 - worker._log_trial's arguments
+        real(study, trial, progress)
+        if len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))) == count:
+            engine = study._storage._backend.engine
+            sqlalchemy.event.listen(engine, "connect", capped)
+            engine.dispose()
+
+    monkeypatch.setattr(tuner.tuning.worker, "_log_trial", log_then_fill)
+    yield
+
+
+def test_a_full_disk_under_the_study_database_mid_study_says_so_in_one_line_and_fails_the_parent_run(
+    tiny_model_dir, tiny_data: Path, in_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three chained tracebacks ending `AssertionError: Should not reach.`, and the parent run left RUNNING."""
+    from mlflow.tracking import MlflowClient
+
+    database = in_tmp / "study.db"
+    with full_after_trials(2, monkeypatch):
+        output = tune(*tiny_run(tiny_model_dir("bert"), tiny_data, "--trials", "6", "--storage", f"sqlite:///{database}"))
+    assert "Should not reach" not in output and "Traceback" not in output
+    assert f"the study database {database} is on a full disk (database or disk is full)" in output, output[-2000:]
+    assert "Free space on its disk, then run the same command again to resume" in output
+    tracking = f"sqlite:///{in_tmp / 'mlruns' / 'mlflow.db'}"
+    client = MlflowClient(tracking)
+    parent = client.search_runs([client.get_experiment_by_name("posfair").experiment_id], "tags.`posfair.role` = 'study'")[0]
+    assert parent.info.status == "FAILED" and "full disk" in parent.data.tags["posfair.outcome"]
+
+
+def test_a_study_database_locked_by_another_process_is_said_within_seconds_and_given_up_on_at_the_limit(
+    tiny_model_dir, tiny_data: Path, in_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A `sqlite3` shell holding a write transaction on the study database: `tune` waited 4 min 44 s without a word."""
+    import sqlite3
+    import subprocess
+    import sys
+    import time
+
+    import optuna
+
+    database = in_tmp / "study.db"
+    optuna.storages.RDBStorage(f"sqlite:///{database}")
+    hold = "import sqlite3, sys, time; c = sqlite3.connect(sys.argv[1], isolation_level=None); c.execute('BEGIN EXCLUSIVE'); print('held', flush=True); time.sleep(60)"
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(database)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        monkeypatch.setenv("POSFAIR_SQLITE_WAIT", "3")
+        start = time.monotonic()
+        output = tune(*tiny_run(tiny_model_dir("bert"), tiny_data, "--storage", f"sqlite:///{database}"))
+        took = time.monotonic() - start
+    finally:
+        holder.kill()
+        holder.wait()
+    assert f"{database} is locked by another process: waited 1.5 s so far, giving up after 3 s" in output, output[-2000:]
+    assert f"the study database {database} stayed locked by another process for 3 s" in output
+    assert f"fuser {database}" in output and took < 60
+    with sqlite3.connect(database) as connection:  # nothing was written past the lock
+        assert connection.execute("SELECT COUNT(*) FROM studies").fetchone() == (0,)
 
 
 def test_a_read_only_study_database_is_named_as_the_cause(tiny_model_dir, tiny_data: Path, in_tmp: Path) -> None:

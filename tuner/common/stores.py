@@ -71,12 +71,14 @@ def _read(url: str, read: Callable[[Any], T]) -> T | None:
     import sqlalchemy
 
     path = sqlite_file(url)
+    options: dict[str, Any] = {}
     if path is not None:
         if not path.is_file():
             return None
         url = f"sqlite:///file:{path.resolve()}?mode=ro&uri=true"
+        options = {"connect_args": {"timeout": 0.2}}  # a file another process keeps locked is not read: opening it says so
     try:
-        engine = sqlalchemy.create_engine(url)
+        engine = sqlalchemy.create_engine(url, **options)
         try:
             with engine.connect() as connection:
                 return read(connection)

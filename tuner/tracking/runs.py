@@ -20,7 +20,6 @@ per reason, and the rest go on: a refused artifact still leaves the trial's run 
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import json
 import logging
@@ -39,7 +38,7 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
 from tuner.common.files import ARTIFACTS, MLFLOW_DB
-from tuner.common.messages import UserError, first_line
+from tuner.common.messages import UserError, causes, database_locked, disk_full, first_line
 from tuner.common.options import check_tracking_uri
 from tuner.common.stores import MLFLOW, is_database, require_own_database, schema_version
 
@@ -709,8 +708,6 @@ def _tags(values: Mapping[str, str]) -> list[RunTag]:
 
 Failure = Literal["outage", "disk full", "refused"]
 
-_FULL_SIGNS = ("database or disk is full", "no space left on device", "disk quota exceeded")
-_LOCK_SIGNS = ("database is locked", "database table is locked")
 _SCHEMA_SIGNS = ("no such column", "no such table", "has no column named", "does not exist", "doesn't exist", "unknown column")
 _PERMANENT_SIGNS = (*_SCHEMA_SIGNS, "readonly database", "read-only")
 
@@ -732,17 +729,12 @@ def classify_failure(error: BaseException) -> Failure:
     import urllib3
     from mlflow.exceptions import MlflowException
 
-    chain: list[BaseException] = []
-    seen: BaseException | None = error
-    while seen is not None and seen not in chain:
-        chain.append(seen)
-        seen = seen.__cause__ or seen.__context__
-    text = " ".join(str(e) for e in chain).lower()
-    if any(isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) for e in chain) or any(s in text for s in _FULL_SIGNS):
+    chain = causes(error)
+    if disk_full(error):
         return "disk full"
-    if any(sign in text for sign in _LOCK_SIGNS):
+    if database_locked(error):
         return "outage"
-    if any(sign in text for sign in _PERMANENT_SIGNS):
+    if any(sign in str(e).lower() for e in chain for sign in _PERMANENT_SIGNS):
         return "refused"
     outages = (
         ConnectionError,

@@ -37,7 +37,7 @@ from tuner.tuning.objective import SideSet, TrialObjective
 from tuner.tuning.search_space import PAPER_GRID, trial_basket_shares
 from tuner.tuning.session import FLOOR_ATTR, Session, describe_budget, prepare, price_budget
 from tuner.tuning.settings import TuneSettings, worker_devices
-from tuner.tuning.storage import make_storage
+from tuner.tuning.storage import make_storage, storage_error
 from tuner.tuning.study import Terminated, TrialsEnd, run_trials
 
 log = logging.getLogger(__name__)
@@ -126,9 +126,14 @@ def run_session_trials(
                     [partial(_log_trial, progress=progress), lambda s, trial: _require_stores(stores, trial.number)],
                     budget=trial_budget,
                 )
-            except Exception:  # whatever the storage raised, a deleted store is the cause to name
+            except Exception as error:  # whatever the storage raised, a deleted store or a full or locked one is the cause to name
                 _require_stores(stores, None)
-                raise
+                explained = storage_error(error, storage)
+                if explained is None:
+                    raise
+                if not settings.worker:
+                    tracker.finish_study({}, [], {"posfair.outcome": f"stopped: {explained}"}, "FAILED")
+                raise explained from None
         if ended.stopped == "terminated":  # a scheduler may have told only this process: pass the stop on
             for worker in workers:
                 worker.terminate()
