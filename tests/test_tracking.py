@@ -600,7 +600,7 @@ def test_a_refused_log_is_dropped_with_its_error_and_the_later_logs_go_on(tmp_pa
 
 
 @pytest.mark.parametrize("outage", ["connection refused", "connection cut mid-answer", "database locked"])
-def test_an_outage_keeps_the_logs_in_order_until_the_store_answers(outage: str, tmp_path: Path) -> None:
+def test_an_outage_keeps_the_logs_in_order_until_the_store_answers(outage: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """What MLflow raises when the server is gone (a wrapped ConnectionError), is killed while it answers (the
     request may have been carried out: a wrapped ChunkedEncodingError, seen when a trial's run was created and
     its params were then never logged) or its database is locked (503)."""
@@ -623,6 +623,8 @@ def test_an_outage_keeps_the_logs_in_order_until_the_store_answers(outage: str, 
     tracker._submit("first", first)
     tracker._submit("second", lambda: done.append("second"))
     assert done == [] and not tracker.flush()
+    said = f"MLflow's store sqlite:///{tmp_path}/mlflow.db" if outage == "database locked" else "MLflow still unreachable"
+    assert said in caplog.text and ("is locked by another process" in caplog.text) == (outage == "database locked")
     up[0] = True
     assert tracker.flush() and done == ["first", "second"]
 

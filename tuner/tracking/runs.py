@@ -474,9 +474,13 @@ class Tracker:
                     self._client = MlflowClient(self._store_uri, registry_uri=self._store_uri)
                     self._experiment_id = self._open_experiment()
             except Exception as error:  # noqa: BLE001 - any failure here means the store is unusable
+                fix = (
+                    "Another process keeps it locked: finish or close what holds it, then run the same command again."
+                    if database_locked(error)
+                    else "Start the server or fix --tracking-uri."
+                )
                 raise TrackingUnavailableError(
-                    f"cannot use the MLflow tracking store {self.uri!r} ({error.__class__.__name__}: "
-                    f"{first_line(error)}). Start the server or fix --tracking-uri."
+                    f"cannot use the MLflow tracking store {self.uri!r} ({error.__class__.__name__}: {first_line(error)}). {fix}"
                 ) from None
         return self._experiment_id
 
@@ -664,6 +668,13 @@ class Tracker:
                 raise
             except Exception as error:  # noqa: BLE001 - neither a dead server nor a refused log may end the study
                 failure = classify_failure(error)
+                if failure == "outage" and database_locked(error):
+                    log.warning(
+                        "MLflow's store %s is locked by another process; %d log(s) kept for retry",
+                        describe_store(self.uri),
+                        len(self._pending),
+                    )
+                    return False
                 if failure == "outage":
                     log.warning("MLflow still unreachable (%s); %d log(s) kept for retry", error.__class__.__name__, len(self._pending))
                     return False
