@@ -421,7 +421,8 @@ class Tracker:
 
     Nothing is created until the first write: a run that fails before its study starts leaves no
     store behind. A server is checked at once, so an unreachable one fails before any work, and so is a
-    database store (`check_store_schema`).
+    database store (`check_store_schema`): MLflow's client opens a store of another schema without a word,
+    and its writes then fail one by one.
     """
 
     def __init__(self, tracking_uri: str | None, experiment: str) -> None:
