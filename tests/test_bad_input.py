@@ -10,9 +10,12 @@ import json
 import os
 import shutil
 import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
+import optuna
 import pytest
 import yaml
 from typer.testing import CliRunner
@@ -847,6 +850,77 @@ def test_the_pyfunc_refuses_none_and_non_strings_and_reads_the_text_column_by_na
         _texts(pd.DataFrame({"id": ["x"], "body": ["a"]}))
 
 
+@pytest.fixture(scope="module")
+def champion(exported_yaml: dict, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The pyfunc model `tune` registers, saved from a tiny model's YAML, loaded as MLflow clients load it."""
+    import mlflow
+
+    from tuner.engine.encoder import CalibratedEncoder
+    from tuner.tracking.registry import save_pyfunc
+
+    folder = tmp_path_factory.mktemp("champion")
+    config = write_config(folder, exported_yaml)
+    encoder = CalibratedEncoder.from_yaml(config)
+    save_pyfunc(folder / "model", config, int(encoder.model.model.config.hidden_size))
+    return {"model": mlflow.pyfunc.load_model(str(folder / "model")), "encoder": encoder}
+
+
+PASSAGES = ["w1 w2 w3 w4 w5 w6 w7 w8 w9 w10 w11", "w3 w2 w1"]
+
+
+def same_vectors(got: object, want: np.ndarray) -> bool:
+    got = np.asarray(got)
+    return got.dtype == np.float32 and got.shape == want.shape and float(np.abs(got - want).max(initial=0.0)) < 1e-6
+
+
+def test_the_pyfunc_reads_a_frame_by_its_text_column_or_refuses_it(champion: dict) -> None:
+    """MLflow enforced the logged signature (one unnamed string input) before the model's own column lookup:
+    a frame with an `other` column before `text` embedded "zzz", and one without `text` its first column."""
+    import pandas as pd
+
+    model, encoder = champion["model"], champion["encoder"]
+    want = encoder.encode_document(PASSAGES)
+    assert same_vectors(model.predict(pd.DataFrame({"other": ["zzz", "yyy"], "text": PASSAGES})), want)
+    assert same_vectors(model.predict(pd.DataFrame({"text": PASSAGES})), want)
+    assert same_vectors(model.predict(PASSAGES), want)
+    with pytest.raises(ValueError, match=r"input columns \['id', 'body'\]: give one column, or one named 'text'"):
+        model.predict(pd.DataFrame({"id": ["x", "y"], "body": PASSAGES}))
+    assert same_vectors(model.predict(PASSAGES, params={"kind": "query"}), encoder.encode_query(PASSAGES))
+
+
+def test_the_pyfunc_answers_no_texts_with_no_rows(champion: dict) -> None:
+    """`predict([])` raised MLflow's schema error, an empty `text` column an IndexError."""
+    import pandas as pd
+
+    width = int(champion["encoder"].model.model.config.hidden_size)
+    for empty in ([], pd.DataFrame({"text": pd.Series([], dtype=object)}), {"text": []}):
+        assert same_vectors(champion["model"].predict(empty), np.zeros((0, width), dtype=np.float32)), empty
+
+
+def test_the_pyfunc_reads_the_dict_and_rest_forms_mlflow_clients_send(champion: dict) -> None:
+    """`{"text": [...]}` in Python, and `inputs` / `dataframe_split` / `dataframe_records` through MLflow's
+    scoring server (what `mlflow models serve` runs), each with `params`."""
+    from fastapi.testclient import TestClient
+    from mlflow.pyfunc import scoring_server
+
+    model, encoder = champion["model"], champion["encoder"]
+    documents, queries = encoder.encode_document(PASSAGES), encoder.encode_query(PASSAGES)
+    assert same_vectors(model.predict({"text": PASSAGES}), documents)
+    server = TestClient(scoring_server.init(model))
+    for body in (
+        {"inputs": PASSAGES},
+        {"inputs": {"text": PASSAGES}},
+        {"dataframe_split": {"columns": ["other", "text"], "data": [["zzz", text] for text in PASSAGES]}},
+        {"dataframe_records": [{"text": text, "other": "zzz"} for text in PASSAGES]},
+    ):
+        for params, want in (({}, documents), ({"params": {"kind": "query"}}, queries)):
+            answer = server.post("/invocations", json={**body, **params})
+            assert answer.status_code == 200, (body, answer.text)
+            assert np.abs(np.asarray(answer.json()["predictions"]) - want).max() < 1e-6, (body, params)
+    refused = server.post("/invocations", json={"dataframe_split": {"columns": ["id", "body"], "data": [["x", "y"]]}})
+    assert refused.status_code >= 400 and "give one column, or one named 'text'" in refused.text
+
+
 @pytest.mark.parametrize("which", ["the same set", "a copy", "shared passages"])
 def test_a_heldout_set_that_overlaps_the_tuning_data_is_refused(tiny_model_dir, tiny_data: Path, in_tmp: Path, which: str) -> None:
     """Issue 24: `--heldout` equal to `--dataset` was accepted, and the tuning split reported and exported as held out."""
@@ -964,6 +1038,144 @@ def test_a_full_disk_at_export_leaves_no_file_no_registry_version_and_a_failed_p
     assert "No space left on device" in output and not (in_tmp / "again.yaml").exists()
     parent = client.get_run(parent.info.run_id)
     assert parent.info.status == "FAILED" and "No space left on device" in parent.data.tags["posfair.outcome"]
+
+
+def tables(database: Path) -> set[str]:
+    import sqlite3
+
+    with sqlite3.connect(database) as connection:
+        return {row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+
+
+@pytest.mark.parametrize("crossed", ["--storage at MLflow's store", "--tracking-uri at the study database"])
+def test_crossed_stores_are_recognised_before_anything_is_written(tiny_model_dir, tiny_data: Path, in_tmp: Path, crossed: str) -> None:
+    """`--storage` at `mlflow.db` (or `--tracking-uri` at `optuna.db`) ended in misleading errors and left the other
+    tool's tables in the file."""
+    import optuna
+    from mlflow.tracking import MlflowClient
+
+    database = in_tmp / "store.db"
+    if crossed.startswith("--storage"):
+        MlflowClient(f"sqlite:///{database}").search_experiments()  # MLflow makes its tables on first use
+        flag, says = "--storage", "is an MLflow tracking store (it holds MLflow's tables"
+    else:
+        optuna.storages.RDBStorage(f"sqlite:///{database}")
+        flag, says = "--tracking-uri", "is an Optuna study database (it holds Optuna's tables"
+    before = tables(database)
+    output = tune(*tiny_run(tiny_model_dir("bert"), tiny_data, flag, f"sqlite:///{database}"))
+    assert f"{flag} sqlite:///{database} {says}" in output and "needs a database of its own" in output, output
+    assert "tune: settings" not in output  # before the model loads
+    assert tables(database) == before
+    if crossed.startswith("--storage"):  # `tune export` opens the study database the same way
+        assert says in tune("export", "--study-name", "s", "--storage", f"sqlite:///{database}")
+        assert tables(database) == before
+
+
+def test_one_database_for_both_stores_is_refused(in_tmp: Path) -> None:
+    """`--storage` and `--tracking-uri` on one new file: Optuna made its tables there, then MLflow failed on them."""
+    same = f"sqlite:///{in_tmp / 'both.db'}"
+    output = tune("--storage", same, "--tracking-uri", same, "--trials", "1")
+    assert f"--storage and --tracking-uri name one database ({same})" in output
+    assert not (in_tmp / "both.db").exists()
+    default_store = in_tmp / "mlruns" / "mlflow.db"  # the tracking store in force when none is given
+    assert "name one database" in tune("--storage", f"sqlite:///{default_store}", "--trials", "1")
+
+
+def test_a_full_disk_during_tune_encode_says_so_in_one_line_and_leaves_no_file(
+    exported_yaml: dict, in_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ENOSPC while the vectors were written ended in a full traceback."""
+    import errno
+
+    config = write_config(in_tmp, exported_yaml)
+    (in_tmp / "docs.txt").write_text("w1 w2 w3\nw4 w5\n", encoding="utf-8")
+    real_save = np.save
+
+    def full_disk(stream: object, vectors: np.ndarray, *args: object, **kwargs: object) -> None:
+        real_save(stream, vectors[:1], *args, **kwargs)  # part of the file, then the disk is full
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(np, "save", full_disk)
+    output = tune("encode", "--config", str(config), "--input", str(in_tmp / "docs.txt"), "--output", str(in_tmp / "out.npy"))
+    assert f"cannot write {in_tmp / 'out.npy'}: No space left on device; nothing written (no partial file)" in output
+    assert "Free space on its disk" in output
+    assert sorted(p.name for p in in_tmp.iterdir()) == ["config.yaml", "docs.txt"]
+
+
+@contextmanager
+def full_after_trials(count: int, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The study database's disk is full once `count` trials have finished: SQLite's own "database or disk is
+    full" (SQLITE_FULL), as on a full disk, from every connection opened after that, since each may hold no more
+    pages than the file has then (`PRAGMA max_page_count`)."""
+    import sqlalchemy
+
+    import tuner.tuning.worker
+
+    real = tuner.tuning.worker._log_trial
+
+    def capped(connection: object, _record: object) -> None:
+        cursor = connection.cursor()  # type: ignore[attr-defined]
+        cursor.execute(f"PRAGMA max_page_count = {cursor.execute('PRAGMA page_count').fetchone()[0]}")
+        cursor.close()
+
+    def log_then_fill(study, trial, progress) -> None:  # noqa: ANN001 - worker._log_trial's arguments
+        real(study, trial, progress)
+        if len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))) == count:
+            engine = study._storage._backend.engine
+            sqlalchemy.event.listen(engine, "connect", capped)
+            engine.dispose()
+
+    monkeypatch.setattr(tuner.tuning.worker, "_log_trial", log_then_fill)
+    yield
+
+
+def test_a_full_disk_under_the_study_database_mid_study_says_so_in_one_line_and_fails_the_parent_run(
+    tiny_model_dir, tiny_data: Path, in_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three chained tracebacks ending `AssertionError: Should not reach.`, and the parent run left RUNNING."""
+    from mlflow.tracking import MlflowClient
+
+    database = in_tmp / "study.db"
+    with full_after_trials(2, monkeypatch):
+        output = tune(*tiny_run(tiny_model_dir("bert"), tiny_data, "--trials", "6", "--storage", f"sqlite:///{database}"))
+    assert "Should not reach" not in output and "Traceback" not in output
+    assert f"the study database {database} is on a full disk (database or disk is full)" in output, output[-2000:]
+    assert "Free space on its disk, then run the same command again to resume" in output
+    tracking = f"sqlite:///{in_tmp / 'mlruns' / 'mlflow.db'}"
+    client = MlflowClient(tracking)
+    parent = client.search_runs([client.get_experiment_by_name("posfair").experiment_id], "tags.`posfair.role` = 'study'")[0]
+    assert parent.info.status == "FAILED" and "full disk" in parent.data.tags["posfair.outcome"]
+
+
+def test_a_study_database_locked_by_another_process_is_said_within_seconds_and_given_up_on_at_the_limit(
+    tiny_model_dir, tiny_data: Path, in_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A `sqlite3` shell holding a write transaction on the study database: `tune` waited 4 min 44 s without a word."""
+    import sqlite3
+    import subprocess
+    import sys
+    import time
+
+    import optuna
+
+    database = in_tmp / "study.db"
+    optuna.storages.RDBStorage(f"sqlite:///{database}")
+    hold = "import sqlite3, sys, time; c = sqlite3.connect(sys.argv[1], isolation_level=None); c.execute('BEGIN EXCLUSIVE'); print('held', flush=True); time.sleep(60)"
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(database)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        monkeypatch.setenv("POSFAIR_SQLITE_WAIT", "3")
+        start = time.monotonic()
+        output = tune(*tiny_run(tiny_model_dir("bert"), tiny_data, "--storage", f"sqlite:///{database}"))
+        took = time.monotonic() - start
+    finally:
+        holder.kill()
+        holder.wait()
+    assert f"{database} is locked by another process: waited 1.5 s so far, giving up after 3 s" in output, output[-2000:]
+    assert f"the study database {database} stayed locked by another process for 3 s" in output
+    assert f"fuser {database}" in output and took < 60
+    with sqlite3.connect(database) as connection:  # nothing was written past the lock
+        assert connection.execute("SELECT COUNT(*) FROM studies").fetchone() == (0,)
 
 
 def test_a_read_only_study_database_is_named_as_the_cause(tiny_model_dir, tiny_data: Path, in_tmp: Path) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -40,3 +42,48 @@ def test_a_missing_split_is_explained():
 
 def test_registry_prefix_and_autodetection():
     assert load_benchmark(f"beir:{FIXTURE}").fingerprint() == load_benchmark(str(FIXTURE)).fingerprint()
+
+
+@pytest.fixture()
+def folder(tmp_path: Path) -> Path:
+    copy = tmp_path / "beir"
+    shutil.copytree(FIXTURE, copy)
+    return copy
+
+
+def append(path: Path, line: str) -> None:
+    path.write_text(path.read_text(encoding="utf-8") + line + "\n", encoding="utf-8")
+
+
+@pytest.mark.parametrize("file", ["queries.jsonl", "corpus.jsonl"])
+def test_an_id_given_twice_is_refused_naming_both_lines(folder: Path, file: str) -> None:
+    """As the JSONL loader does: the second record silently replaced the first query's text."""
+    first = folder / file
+    record = json.loads(first.read_text(encoding="utf-8").splitlines()[0])
+    append(first, json.dumps({**record, "text": "another text"}))
+    kind = "query" if file == "queries.jsonl" else "document"
+    with pytest.raises(ValueError, match=rf"{file}:\d: {kind} id '{record['_id']}' appears twice \(first on line 1"):
+        load_beir(folder)
+
+
+@pytest.mark.parametrize(("file", "key"), [("queries.jsonl", "text"), ("corpus.jsonl", "text"), ("corpus.jsonl", "title")])
+def test_a_text_or_title_that_is_not_a_string_is_refused(folder: Path, file: str, key: str) -> None:
+    """A list was encoded as its Python repr "['w1', 'w2']"."""
+    path = folder / file
+    lines = path.read_text(encoding="utf-8").splitlines()
+    lines[0] = json.dumps({**json.loads(lines[0]), key: ["w1", "w2"]})
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=rf"{file}:1: '{key}' must be a string, got list \['w1', 'w2'\]"):
+        load_beir(folder)
+
+
+def test_files_that_start_with_a_byte_order_mark_read_as_without_it(folder: Path) -> None:
+    """A qrels.tsv saved by a Windows editor named its first query '\\ufeffquery-id…' (or, headerless, '\\ufeff1')."""
+    for path in (folder / "qrels" / "test.tsv", folder / "queries.jsonl", folder / "corpus.jsonl"):
+        text = path.read_text(encoding="utf-8")
+        if path.suffix == ".tsv":
+            text = text.split("\n", 1)[1]  # no header: the first line is a judgement
+        path.write_bytes(b"\xef\xbb\xbf" + text.encode("utf-8"))
+    dataset = load_beir(folder)
+    assert dataset.qrels == load_beir(FIXTURE).qrels and dataset.queries == load_beir(FIXTURE).queries
+    assert dataset.corpus == load_beir(FIXTURE).corpus

@@ -107,3 +107,37 @@ def test_a_folder_without_corpus_is_explained(tmp_path):
 
 def test_registry_prefix_and_autodetection_load_the_same_data():
     assert load_benchmark(f"jsonl:{FIXTURE}").fingerprint() == load_benchmark(str(FIXTURE)).fingerprint()
+
+
+@pytest.mark.parametrize(("tsv", "inline", "tsv_value"), [("q-both\td1\t0\n", 1, 0), ("q-graded\td2\t1\n", 2, 1)])
+def test_a_qrels_tsv_that_contradicts_a_querys_relevant_field_is_refused(folder, tsv: str, inline: int, tsv_value: int):
+    """`q0 d0 0` in qrels.tsv against `relevant: ["d0"]` overturned the query's only relevant document silently."""
+    (folder / "qrels.tsv").write_text(tsv, encoding="utf-8")
+    qid, doc = tsv.split("\t")[:2]
+    with pytest.raises(
+        ValueError,
+        match=rf"qrels\.tsv:1: query '{qid}', document '{doc}': relevance {tsv_value} here, but {inline} in .*queries\.jsonl:\d ",
+    ):
+        load_jsonl(folder)
+
+
+def test_a_qrels_tsv_that_repeats_a_relevant_field_agrees_with_it(folder):
+    (folder / "qrels.tsv").write_text("q-graded\td2\t2\nq-both\td1\t1\nq-both\td2\t1\nq-tsv\t3\t1\n", encoding="utf-8")
+    assert load_jsonl(folder).qrels["q-graded"] == {"d2": 2, "d1": 0}
+    assert load_jsonl(folder).qrels["q-both"] == {"d1": 1, "d2": 1}
+
+
+def test_files_that_start_with_a_byte_order_mark_read_as_without_it(folder):
+    """qrels.tsv named its first query '\\ufeffq-tsv' (a judgement of no query); queries.jsonl was 'not valid JSON'."""
+    for name in ("qrels.tsv", "queries.jsonl", "corpus.jsonl"):
+        path = folder / name
+        path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    loaded, plain = load_jsonl(folder), load_jsonl(FIXTURE)
+    assert (loaded.qrels, loaded.queries, loaded.corpus) == (plain.qrels, plain.queries, plain.corpus)
+
+
+def test_a_pair_judged_twice_in_qrels_tsv_with_two_relevances_is_refused(folder):
+    """The later line silently won."""
+    (folder / "qrels.tsv").write_text("q-tsv\t3\t1\nq-both\td2\t1\nq-tsv\t3\t0\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"qrels\.tsv:3: query 'q-tsv', document '3': relevance 0 here, but 1 on line 1"):
+        load_jsonl(folder)

@@ -327,3 +327,47 @@ def test_a_background_thread_that_lost_its_store_says_so_in_one_line(
     printed = capsys.readouterr().err  # Python's own report of a thread's error (and any log handler's lines)
     assert printed.count("Traceback") == 1 and "ValueError: a bug" in printed  # the bug's, whole
     assert "OperationalError" not in printed  # the lost store's: one log line, no traceback
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used with Study.optimize")
+@pytest.mark.parametrize("end", ["SIGKILL", "exit 0"])
+def test_a_local_worker_that_dies_is_reported_with_its_signal_and_its_trial_rerun(
+    end: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A local worker of `tune --workers N` killed mid-trial was never mentioned by the coordinator; its trial
+    waited for the heartbeat check. A worker that ends normally is not reported."""
+    import multiprocessing
+    import os
+    import socket
+    import time
+
+    from tuner.tuning.storage import make_storage
+    from tuner.tuning.study import OWNER_ATTR
+    from tuner.tuning.worker import watch_workers
+
+    caplog.set_level(logging.INFO)
+    study = optuna.create_study(storage=make_storage(f"sqlite:///{tmp_path / 'study.db'}", heartbeat=3600))
+    context = multiprocessing.get_context("fork")
+    worker = context.Process(target=time.sleep, args=(60 if end == "SIGKILL" else 0,))
+    worker.start()
+    trial = study.ask({"strength": optuna.distributions.FloatDistribution(0, 1)})
+    trial.set_user_attr(OWNER_ATTR, {"host": socket.gethostname(), "pid": worker.pid, "trial": trial.number})
+    stop = watch_workers([worker], study)
+    try:
+        if end == "SIGKILL":
+            os.kill(worker.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while worker.exitcode is None or (end == "SIGKILL" and "re-run" not in caplog.text):
+            assert time.monotonic() < deadline, caplog.text
+            time.sleep(0.05)
+    finally:
+        stop()
+    if end == "SIGKILL":
+        assert f"local worker 1 (pid {worker.pid}) was killed by SIGKILL while it ran trial {trial.number}" in caplog.text
+        assert f"trial {trial.number} was left RUNNING by process {worker.pid}, which is gone; it is re-run" in caplog.text
+        trials = study.get_trials(deepcopy=False)
+        assert trials[trial.number].state == FAIL
+        assert [t.state for t in trials if t.system_attrs.get("failed_trial") == trial.number] == [WAITING]
+    else:
+        assert "local worker" not in caplog.text
+        assert study.get_trials(deepcopy=False)[trial.number].state == optuna.trial.TrialState.RUNNING

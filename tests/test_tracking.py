@@ -16,6 +16,8 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import mlflow
@@ -23,10 +25,11 @@ import numpy as np
 import optuna
 import pytest
 import requests
+import sqlalchemy
 import urllib3
 import yaml
 from mlflow.exceptions import MlflowException
-from mlflow.protos.databricks_pb2 import TEMPORARILY_UNAVAILABLE
+from mlflow.protos.databricks_pb2 import INTERNAL_ERROR, INVALID_PARAMETER_VALUE, TEMPORARILY_UNAVAILABLE
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
@@ -38,7 +41,16 @@ from tests.tiny import random_texts, tiny_tune_options
 from tuner.engine.encoder import CalibratedEncoder
 from tuner.engine.exported import load_exported
 from tuner.tracking.registry import registered_name
-from tuner.tracking.runs import DEFAULT_TRACKING_URI, KIND_TAG, NOTE, TRAINING_KIND, Tracker, TrialRecord, significant
+from tuner.tracking.runs import (
+    DEFAULT_TRACKING_URI,
+    KIND_TAG,
+    NOTE,
+    TRAINING_KIND,
+    Tracker,
+    TrackingUnavailableError,
+    TrialRecord,
+    significant,
+)
 
 TRIALS = 4
 TEXTS = random_texts(5, 20, 60, seed=7)
@@ -375,6 +387,48 @@ def test_tune_ui_names_the_store_and_refuses_to_invent_one(tmp_path: Path, monke
     assert not (tmp_path / "mlruns").exists()
 
 
+@pytest.mark.parametrize("written_by", ["an older MLflow", "a newer MLflow", "Optuna"])
+def test_tune_ui_checks_the_store_s_schema_before_it_prints_a_link(
+    written_by: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a store of another MLflow schema `tune ui` printed its link, then the server's traceback (which, for a
+    newer store, advised `mlflow db upgrade`); on a study database the server added MLflow's tables to it."""
+    import sqlite3
+
+    import optuna
+
+    import tuner.tracking.runs
+    from tuner.cli.app import app
+
+    served: list[list[str]] = []
+    monkeypatch.setattr(tuner.tracking.runs, "serve_ui", lambda command: served.append(command) or 0)
+    store = tmp_path / "mlflow.db"
+    if written_by == "Optuna":
+        optuna.storages.RDBStorage(f"sqlite:///{store}")
+    else:
+        MlflowClient(f"sqlite:///{store}").search_experiments()
+        version = "451aebb31d03" if written_by == "an older MLflow" else "ffffffffffff"  # MLflow 1.0's first; none of its
+        with sqlite3.connect(store) as connection:
+            connection.execute("UPDATE alembic_version SET version_num = ?", (version,))
+    before = store.read_bytes()
+    result = CliRunner().invoke(app, ["ui", "--tracking-uri", f"sqlite:///{store}"])
+    output = " ".join(result.output.split())
+    assert result.exit_code == 2 and served == [] and "MLflow UI:" not in output, output
+    assert store.read_bytes() == before
+    with pytest.raises((TrackingUnavailableError, ValueError)) as refused:  # `tune run` and `tune export` too
+        _ = Tracker(f"sqlite:///{store}", "posfair").experiment_id
+    assert "Start the server" not in str(refused.value)
+    assert store.read_bytes() == before
+    if written_by == "an older MLflow":
+        assert "was written by an older MLflow (schema 451aebb31d03; MLflow " in output
+        assert f"back it up, then upgrade it: mlflow db upgrade sqlite:///{store}" in output
+    elif written_by == "a newer MLflow":
+        assert "schema ffffffffffff, unknown to this MLflow" in output and "a newer MLflow wrote it" in output
+        assert "mlflow db upgrade" not in output
+    else:
+        assert "is an Optuna study database" in output
+
+
 def test_a_failed_start_leaves_no_store_behind(tiny_model_dir, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The model is there but its data cannot be read: the run fails, and no mlruns/ (no DB, no experiment) is left."""
     from tuner.tuning.run import TuneSettings, tune
@@ -556,14 +610,14 @@ def test_a_refused_log_is_dropped_with_its_error_and_the_later_logs_go_on(tmp_pa
     it must not hold back the logs behind it."""
     tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "refusals")
     done: list[str] = []
-    tracker._submit(lambda: tracker.client.log_param("0" * 32, "strength", "0.5"))
-    tracker._submit(lambda: done.append("the next log"))
+    tracker._submit("a param", lambda: tracker.client.log_param("0" * 32, "strength", "0.5"))
+    tracker._submit("the next log", lambda: done.append("the next log"))
     assert done == ["the next log"] and tracker.flush()
-    assert "MLflow refused a log, dropped (MlflowException: Run with id=00000000000000000000000000000000 not found" in caplog.text
+    assert "MLflow refused a param, dropped (MlflowException: Run with id=00000000000000000000000000000000 not found" in caplog.text
 
 
 @pytest.mark.parametrize("outage", ["connection refused", "connection cut mid-answer", "database locked"])
-def test_an_outage_keeps_the_logs_in_order_until_the_store_answers(outage: str, tmp_path: Path) -> None:
+def test_an_outage_keeps_the_logs_in_order_until_the_store_answers(outage: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """What MLflow raises when the server is gone (a wrapped ConnectionError), is killed while it answers (the
     request may have been carried out: a wrapped ChunkedEncodingError, seen when a trial's run was created and
     its params were then never logged) or its database is locked (503)."""
@@ -583,11 +637,152 @@ def test_an_outage_keeps_the_logs_in_order_until_the_store_answers(outage: str, 
                 raise MlflowException(f"API request to http://127.0.0.1:1 failed with exception {error}")  # noqa: B904
         done.append("first")
 
-    tracker._submit(first)
-    tracker._submit(lambda: done.append("second"))
+    tracker._submit("first", first)
+    tracker._submit("second", lambda: done.append("second"))
     assert done == [] and not tracker.flush()
+    said = f"MLflow's store sqlite:///{tmp_path}/mlflow.db" if outage == "database locked" else "MLflow still unreachable"
+    assert said in caplog.text and ("is locked by another process" in caplog.text) == (outage == "database locked")
     up[0] = True
     assert tracker.flush() and done == ["first", "second"]
+
+
+def refusal() -> MlflowException:
+    return MlflowException("Invalid value for the artifact (simulated refusal)", error_code=INVALID_PARAMETER_VALUE)
+
+
+def store_error(message: str) -> MlflowException:
+    """What MLflow's SQL store raises for a failed statement: MlflowException(TEMPORARILY_UNAVAILABLE) from
+    SQLAlchemy's OperationalError (`mlflow.store.db.utils.make_managed_session`), whatever the cause."""
+    import sqlite3
+
+    import sqlalchemy.exc
+
+    cause = sqlalchemy.exc.OperationalError("INSERT INTO metrics", {}, sqlite3.OperationalError(message))
+    try:
+        raise MlflowException(message=cause, error_code=TEMPORARILY_UNAVAILABLE) from cause
+    except MlflowException as error:
+        return error
+
+
+@pytest.mark.parametrize("refused", ["log_artifact", "log_batch"])
+def test_one_refused_log_of_a_trial_s_close_drops_only_that_log(
+    refused: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The close of a trial was one action: a refused artifact (or metric batch) dropped it whole, and the run
+    stayed RUNNING without its metrics, tags or name."""
+    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "closes")
+    tracker.start_study("closes", {}, {})
+    tracker.start_trial("closes", 2, {"strength": 0.5}, "a trial", [])
+    profile = tmp_path / "attention_profile.json"
+    profile.write_text("{}", encoding="utf-8")
+    real = getattr(tracker.client, refused)
+
+    def refuse(*args: object, **kwargs: object) -> object:
+        if refused == "log_batch" and not kwargs.get("metrics"):
+            return real(*args, **kwargs)  # only the batch that carries the metrics is refused
+        raise refusal()
+
+    monkeypatch.setattr(tracker.client, refused, refuse)
+    record = TrialRecord(2, "COMPLETE", {"strength": 0.5}, {"psi": 0.25}, {"posfair.verdict": "feasible"}, [profile], "done", ["winner"])
+    tracker.finish_trial("closes", record)
+    assert tracker.flush()
+    run = tracker.client.get_run(tracker.trial_run_id(2))
+    assert run.info.status == "FINISHED" and run.info.run_name == "trial-2 · winner"
+    assert run.data.tags["posfair.verdict"] == "feasible" and run.data.tags["posfair.state"] == "COMPLETE"
+    assert ("psi" in run.data.metrics) == (refused != "log_batch")
+    assert [a.path for a in tracker.client.list_artifacts(run.info.run_id)] == ([] if refused == "log_artifact" else [profile.name])
+    assert "simulated refusal" in caplog.text
+
+
+def test_a_permanent_store_error_is_reported_once_and_holds_back_no_later_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`no such column` reaches posfair as MLflow's "temporarily unavailable" (503) over SQLAlchemy's
+    OperationalError: it was taken for an outage, every later log was held behind it and the warning repeated."""
+    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "permanent")
+    tracker.start_study("permanent", {}, {})
+    real = tracker.client.log_batch
+
+    def broken_metrics(*args: object, **kwargs: object) -> object:
+        if kwargs.get("metrics"):
+            raise store_error("no such column: metrics.is_nan")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tracker.client, "log_batch", broken_metrics)
+    for number in range(3):
+        tracker.start_trial("permanent", number, {"strength": 0.5}, "", [])
+        tracker.finish_trial("permanent", TrialRecord(number, "COMPLETE", {"strength": 0.5}, {"psi": 0.25}))
+    assert tracker.flush()
+    assert [tracker.client.get_run(tracker.trial_run_id(n)).info.status for n in range(3)] == ["FINISHED"] * 3
+    assert caplog.text.count("no such column: metrics.is_nan") == 1 and "unreachable" not in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("error", "kind"),
+    [
+        (lambda: store_error("database is locked"), "outage"),
+        (lambda: MlflowException("(sqlite3.OperationalError) database is locked", error_code=TEMPORARILY_UNAVAILABLE), "outage"),
+        (lambda: MlflowException("API request to http://h:5000 failed: 502 Bad Gateway", error_code=TEMPORARILY_UNAVAILABLE), "outage"),
+        (lambda: MlflowException("Internal server error", error_code=INTERNAL_ERROR), "outage"),
+        (lambda: requests.ConnectionError("[Errno 111] Connection refused"), "outage"),
+        (lambda: store_error("no such column: runs.lifecycle_stage"), "refused"),
+        (lambda: store_error("no such table: metrics"), "refused"),
+        (lambda: store_error("attempt to write a readonly database"), "refused"),
+        (lambda: MlflowException("(sqlite3.OperationalError) no such column: x", error_code=TEMPORARILY_UNAVAILABLE), "refused"),
+        (lambda: refusal(), "refused"),
+        (lambda: store_error("database or disk is full"), "disk full"),
+        (lambda: OSError(28, "No space left on device"), "disk full"),
+    ],
+    ids=lambda value: value if isinstance(value, str) else "",
+)
+def test_outages_are_told_from_permanent_errors_and_a_full_disk(error: Callable[[], BaseException], kind: str) -> None:
+    """An outage (connection refused or cut, a 5xx answer, a locked database) is kept for retry; an error that
+    will recur at every retry (a schema MLflow does not know, a read-only store, a refusal) is dropped; a full
+    disk is kept, and said with its fix."""
+    from tuner.tracking.runs import classify_failure
+
+    assert classify_failure(error()) == kind
+
+
+@contextmanager
+def full_sqlite_disk(engine: sqlalchemy.engine.Engine) -> Iterator[None]:
+    """SQLite's own "database or disk is full" (SQLITE_FULL, what a full disk gives) on every write that grows the
+    file: each connection may hold no more pages than the file has now (`PRAGMA max_page_count`)."""
+
+    def capped(connection: object, _record: object) -> None:
+        cursor = connection.cursor()  # type: ignore[attr-defined]
+        pages = cursor.execute("PRAGMA page_count").fetchone()[0]
+        cursor.execute(f"PRAGMA max_page_count = {pages}")
+        cursor.close()
+
+    sqlalchemy.event.listen(engine, "connect", capped)
+    engine.dispose()
+    try:
+        yield
+    finally:
+        sqlalchemy.event.remove(engine, "connect", capped)
+        engine.dispose()
+
+
+def test_a_full_disk_under_the_mlflow_store_keeps_the_logs_says_so_with_the_file_and_they_land_once_space_is_freed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A full disk under MLflow's store was an "outage" ("MLflow still unreachable"), naming neither the file nor the fix."""
+    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "full")
+    tracker.start_study("full", {}, {})
+    engine = tracker.client._tracking_client.store.engine
+    with full_sqlite_disk(engine):
+        for number in range(3):
+            tracker.start_trial("full", number, {"strength": 0.5, "padding": "x" * 2000}, "", [])
+            tracker.finish_trial("full", TrialRecord(number, "COMPLETE", {"strength": 0.5}, {"psi": 0.25}))
+        assert not tracker.flush()
+    assert f"MLflow cannot write sqlite:///{tmp_path}/mlflow.db" in caplog.text
+    assert "the disk is full (" in caplog.text and "database or disk is full" in caplog.text and "free space on that disk" in caplog.text
+    assert "unreachable" not in caplog.text
+    assert tracker.flush()  # space freed: every kept log lands, in order
+    for number in range(3):
+        run = tracker.client.get_run(tracker.trial_run_id(number))
+        assert run.info.status == "FINISHED" and run.data.metrics["psi"] == 0.25
 
 
 def test_a_trial_run_logged_late_keeps_the_trial_s_own_start_and_end(tmp_path: Path) -> None:

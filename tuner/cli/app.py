@@ -611,7 +611,15 @@ def ui(
 
     Refuses to start on a store that does not exist (it would serve an empty one).
     Example: cd my-project && tune ui --port 5001"""
-    from tuner.tracking.runs import check_tracking_uri, describe_store, local_store, serve_ui, training_view_url, ui_command
+    from tuner.tracking.runs import (
+        check_store_schema,
+        check_tracking_uri,
+        describe_store,
+        local_store,
+        serve_ui,
+        training_view_url,
+        ui_command,
+    )
 
     with _friendly_errors():
         if tracking_uri is not None:
@@ -624,6 +632,8 @@ def ui(
             "that holds mlruns/, or pass --tracking-uri sqlite:///PATH/mlruns/mlflow.db"
         )
         raise typer.Exit(2)
+    with _friendly_errors():
+        check_store_schema(uri)
     console.print(
         f"MLflow UI: {training_view_url(uri, host, port)}  (this link opens the model-training view; "
         "without it a browser opens the view it last used, GenAI at first: switch with the sidebar's "

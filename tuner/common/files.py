@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from tuner.common.messages import UserError
+from tuner.common.messages import FULL_DISK_ERRNOS, UserError
 
 STORE = Path("mlruns")
 """Everything a run keeps by default, under the working folder: Optuna's and MLflow's stores, exports, caches."""
@@ -257,6 +257,21 @@ def _starts_with(path: Path, header: bytes) -> bool:
 # ---------------------------------------------------------------------------- writing
 
 
+class DiskFullError(UserError, OSError):
+    """A file could not be written for want of space: said in one line with the file and the fix. Still an
+    OSError with the system's number and words, for callers that handle those."""
+
+    def __init__(self, path: Path, error: OSError) -> None:
+        OSError.__init__(self, error.errno, error.strerror)
+        self.message = (
+            f"cannot write {path}: {error.strerror or error}; nothing written (no partial file). Free space on its disk, "
+            "or write it elsewhere"
+        )
+
+    def __str__(self) -> str:
+        return self.message
+
+
 def temporary_beside(path: Path, suffix: str = TEMPORARY_SUFFIX) -> Path:
     """A new empty file in `path`'s folder, hidden and named after it, for writing `path`'s next content."""
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent if str(path.parent) else ".")
@@ -269,7 +284,8 @@ def replacing(
     path: Path, suffix: str = TEMPORARY_SUFFIX, *, kind: Artefact | None = None, force: bool = False, flag: str = "output"
 ) -> Iterator[Path]:
     """Yield a temporary file beside `path` to write; it replaces `path` when the block completes and is removed
-    if the block fails (a full disk included), so a reader sees the whole old file or the whole new one.
+    if the block fails, so a reader sees the whole old file or the whole new one; a full disk is a
+    `DiskFullError` naming `path`.
 
     Through a symbolic link the link's target is replaced and the link kept. The new file keeps the mode of the
     file it replaces, or has the umask's; what may be replaced is `check_replaceable`'s (checked again here: the
@@ -288,8 +304,10 @@ def replacing(
             mode = 0o666 & ~umask()
         os.chmod(temporary, mode)
         os.replace(temporary, target)
-    except BaseException:
+    except BaseException as error:
         temporary.unlink(missing_ok=True)
+        if isinstance(error, OSError) and not isinstance(error, DiskFullError) and error.errno in FULL_DISK_ERRNOS:
+            raise DiskFullError(path, error) from None
         raise
 
 

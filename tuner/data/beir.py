@@ -9,7 +9,8 @@ distributes it (`.gz` versions are read too):
 
 A document's text is its title and body joined by a space, as BEIR's dense-retrieval evaluation encodes it
 (`include_title=False` keeps the body only). Only queries with at least one judgement of score > 0 in the
-chosen qrels split are kept: `queries.jsonl` holds the queries of every split.
+chosen qrels split are kept: `queries.jsonl` holds the queries of every split. The files are read as strictly
+as `tuner.data.jsonl` reads its own: an id given twice, or a text or title that is not a string, is refused.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tuner.data.dataset import PositionalDataset
-from tuner.data.jsonl import field, read_jsonl, read_qrels_tsv, require_file
+from tuner.data.jsonl import identifier, read_jsonl, read_qrels_tsv, require_file, text_field, unique
 
 
 def load_beir(path: str | Path, *, split: str = "test", include_title: bool = True, name: str | None = None) -> PositionalDataset:
@@ -31,16 +32,21 @@ def load_beir(path: str | Path, *, split: str = "test", include_title: bool = Tr
     qrels_path = require_file(folder / "qrels", f"{split}.tsv", layout)
 
     corpus: dict[str, str] = {}
+    corpus_lines: dict[str, int] = {}
     for line, record in read_jsonl(corpus_path):
-        body = str(field(record, "text", corpus_path, line))
-        title = str(record.get("title") or "").strip()
-        doc_id = str(field(record, "_id", corpus_path, line))
-        if doc_id in corpus:
-            raise ValueError(f"{corpus_path}:{line}: document id {doc_id[:80]!r} appears twice; document ids must be unique")
-        corpus[doc_id] = f"{title} {body}" if include_title and title else body
+        doc_id = identifier(record, corpus_path, line, "_id")
+        unique("document", doc_id, corpus_lines, corpus_path, line)
+        body = text_field(record, corpus_path, line)
+        title = text_field(record, corpus_path, line, "title", required=False).strip()
+        corpus[doc_id], corpus_lines[doc_id] = f"{title} {body}" if include_title and title else body, line
 
     qrels = {qid: judged for qid, judged in read_qrels_tsv(qrels_path).items() if any(r > 0 for r in judged.values())}
-    all_queries = {str(field(r, "_id", queries_path, n)): str(field(r, "text", queries_path, n)) for n, r in read_jsonl(queries_path)}
+    all_queries: dict[str, str] = {}
+    query_lines: dict[str, int] = {}
+    for line, record in read_jsonl(queries_path):
+        qid = identifier(record, queries_path, line, "_id")
+        unique("query", qid, query_lines, queries_path, line)
+        all_queries[qid], query_lines[qid] = text_field(record, queries_path, line), line
     missing = [qid for qid in qrels if qid not in all_queries]
     if missing:
         raise ValueError(f"{qrels_path} judges queries missing from {queries_path}: {missing[:5]!r}")

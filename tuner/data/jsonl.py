@@ -21,7 +21,10 @@ A folder with up to three files (`.gz` versions are read too):
 - `stratum` (optional): a stratum label (e.g. a length bucket); PSI is then computed within each stratum.
 
 `qrels.tsv` (optional): `query-id<TAB>doc-id<TAB>relevance` per line, with or without a header line. Its
-judgements are added to those given by `relevant` (the TSV wins where both judge the same pair).
+judgements are added to those given by `relevant`; a pair judged in both places must have one relevance in
+both (a contradiction is refused, naming the query, the document and both lines).
+
+Every file is strict UTF-8; a byte order mark at its start (as Windows editors save) is skipped.
 
 Group order: labels that are all among begin/middle/end are ordered begin, middle, end; other labels keep
 the order in which they first appear, unless `group_order=` is passed.
@@ -34,6 +37,7 @@ import json
 import math
 import zlib
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -64,8 +68,12 @@ def require_file(folder: Path, name: str, layout: str) -> Path:
     return found
 
 
+BYTE_ORDER_MARK = "\ufeff"
+
+
 def read_text(path: Path) -> str:
-    """A whole text file as strict UTF-8 (gunzipped if it ends in .gz), with a fix in the error if it is not."""
+    """A whole text file as strict UTF-8 (gunzipped if it ends in .gz), with a fix in the error if it is not. A
+    leading byte order mark is no text: kept, it would be part of the first id or text."""
     raw = path.read_bytes()
     if path.suffix == ".gz":
         try:
@@ -73,7 +81,7 @@ def read_text(path: Path) -> str:
         except (OSError, EOFError, zlib.error) as error:
             raise ValueError(f"{path} is not a readable gzip file ({error}); compress it again with `gzip`") from None
     try:
-        return raw.decode("utf-8")
+        return raw.decode("utf-8").removeprefix(BYTE_ORDER_MARK)
     except UnicodeDecodeError as error:
         raise ValueError(
             f"{path} is not UTF-8 (invalid byte at offset {error.start}); re-save it as UTF-8, "
@@ -151,18 +159,23 @@ def field(record: dict[str, Any], key: str, path: Path, line: int) -> Any:
     return record[key]
 
 
-def identifier(record: dict[str, Any], path: Path, line: int) -> str:
-    """A record's id as text: a string or an integer (1 and "1" are then one id, which `unique` reports)."""
-    value = field(record, "id", path, line)
+def identifier(record: dict[str, Any], path: Path, line: int, key: str = "id") -> str:
+    """A record's id (`key`: BEIR's is `_id`) as text: a string or an integer (1 and "1" are then one id, which
+    `unique` reports)."""
+    value = field(record, key, path, line)
     if isinstance(value, bool) or not isinstance(value, (str, int)):
-        raise ValueError(f"{path}:{line}: 'id' must be a string or an integer, got {shown(value)}")
+        raise ValueError(f"{path}:{line}: {key!r} must be a string or an integer, got {shown(value)}")
     return str(value)
 
 
-def text_field(record: dict[str, Any], path: Path, line: int) -> str:
-    value = field(record, "text", path, line)
+def text_field(record: dict[str, Any], path: Path, line: int, key: str = "text", *, required: bool = True) -> str:
+    """A record's text (`key`) as it is: anything but a string is refused, since its repr would be encoded. An
+    optional field (`required=False`) that is absent or null is ""."""
+    value = field(record, key, path, line) if required else record.get(key)
+    if value is None and not required:
+        return ""
     if not isinstance(value, str):
-        raise ValueError(f"{path}:{line}: 'text' must be a string, got {type(value).__name__} {shown(value)}")
+        raise ValueError(f"{path}:{line}: {key!r} must be a string, got {type(value).__name__} {shown(value)}")
     return value
 
 
@@ -182,9 +195,34 @@ def grade(value: Any, where: str) -> int:
     return int(value)
 
 
+@dataclass(frozen=True)
+class Judgement:
+    """One line of a qrels file: a query, a document, and the document's relevance to it."""
+
+    line: int
+    query: str
+    document: str
+    relevance: int
+
+
 def read_qrels_tsv(path: Path) -> dict[str, dict[str, int]]:
-    """TREC-style `query-id<TAB>doc-id<TAB>relevance` lines, header optional (BEIR writes one)."""
+    """TREC-style `query-id<TAB>doc-id<TAB>relevance` lines, header optional (BEIR writes one); a pair judged
+    twice must be judged alike."""
     qrels: dict[str, dict[str, int]] = {}
+    lines: dict[tuple[str, str], int] = {}
+    for judged in read_judgements(path):
+        known = qrels.setdefault(judged.query, {}).get(judged.document)
+        if known is not None and known != judged.relevance:
+            raise ValueError(
+                f"{path}:{judged.line}: query {shown(judged.query)}, document {shown(judged.document)}: relevance "
+                f"{judged.relevance} here, but {known} on line {lines[judged.query, judged.document]}; judge each pair once"
+            )
+        qrels[judged.query][judged.document], lines[judged.query, judged.document] = judged.relevance, judged.line
+    return qrels
+
+
+def read_judgements(path: Path) -> Iterator[Judgement]:
+    """The judgements of a TREC-style qrels file in order (`read_qrels_tsv`), each with its line."""
     first = True
     for number, line in enumerate(lines_of(read_text(path)), start=1):
         if not line.strip():
@@ -201,8 +239,7 @@ def read_qrels_tsv(path: Path) -> dict[str, dict[str, int]]:
                 continue
             raise ValueError(f"{path}:{number}: relevance {shown(rel)} is not a number") from None
         first = False
-        qrels.setdefault(qid, {})[doc_id] = grade(number_read, f"{path}:{number}")
-    return qrels
+        yield Judgement(number, qid, doc_id, grade(number_read, f"{path}:{number}"))
 
 
 def infer_group_order(groups: dict[str, tuple[str, ...]]) -> tuple[str, ...]:
@@ -307,6 +344,15 @@ def load_jsonl(
     qrels_path = find_file(folder, qrels_file)
     if qrels_path is not None:
         for qid, judged in read_qrels_tsv(qrels_path).items():
+            for doc, relevance in judged.items():  # `qrels` holds the `relevant` fields' judgements so far
+                inline = qrels.get(qid, {}).get(doc)
+                if inline is not None and inline != relevance:
+                    line = next(j.line for j in read_judgements(qrels_path) if (j.query, j.document) == (qid, doc))
+                    raise ValueError(
+                        f"{qrels_path}:{line}: query {shown(qid)}, document {shown(doc)}: relevance {relevance} here, but "
+                        f"{inline} in {queries_path}:{query_lines[qid]} ('relevant'); make the two agree, or judge the pair "
+                        "in one place only"
+                    )
             qrels.setdefault(qid, {}).update(judged)
 
     for qid, (start, end, line) in spans.items():

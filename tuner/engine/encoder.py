@@ -97,6 +97,8 @@ class Batches:
         the batch's longest text): batches of short passages then hold more of them than batches of long ones,
         and memory stays bounded by tokens. A text longer than the budget gets a batch of its own."""
         tokenizer, max_length = model.tokenizer, model.max_length
+        if not texts:  # no batch: the tokenizer raises IndexError on an empty list
+            return cls((), (), 0, 0)
         lengths = [len(ids) for ids in tokenizer(list(texts), add_special_tokens=True, truncation=False)["input_ids"]]
         truncated = sum(n > max_length for n in lengths)
         if truncated:

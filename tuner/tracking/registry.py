@@ -1,12 +1,19 @@
 """The winner as an MLflow model: a pyfunc that wraps `CalibratedEncoder`, registered and aliased.
 
 `mlflow.pyfunc.load_model("models:/posfair-minilm@champion").predict(texts)` returns calibrated,
-L2-normalised document vectors (float32, one row per text); `params={"kind": "query"}` returns query
-vectors (never calibrated, with the model's query prompt). `mlflow models serve -m
+L2-normalised document vectors (float32, one row per text; no text, no row); `params={"kind": "query"}`
+returns query vectors (never calibrated, with the model's query prompt). `mlflow models serve -m
 models:/posfair-minilm@champion` serves the same over REST (POST /invocations
 `{"inputs": [...], "params": {"kind": "query"}}`). The model artifact holds the exported YAML; the
 encoder weights are loaded as the YAML says (the registry alias, hub revision or folder), exactly as
 `CalibratedEncoder.from_yaml` does, so the serving machine needs the base model as `tune encode` does.
+
+Texts come as a string, a list (or array, Series) of strings, a DataFrame or a dict (`{"text": [...]}`, what
+REST's `inputs` object, `dataframe_split` and `dataframe_records` become): a frame or dict is read by its
+`text` column, or its only one, and refused otherwise. The signature declares the `kind` parameter and the
+output but no input schema: MLflow checks a declared input schema before the model sees its input, and
+neither form of one fits: an unnamed column is filled from a frame's first column whatever its name (`other`
+before `text` would be embedded), and a named `text` column refuses a plain list.
 """
 
 from __future__ import annotations
@@ -60,15 +67,15 @@ def _load_pyfunc(data_path: str) -> CalibratedEncoderModel:
 
 
 def _texts(model_input: Any) -> list[str]:
-    """The texts, one output row each: a string, a list, array or Series of strings, or a DataFrame's `text`
-    column (or its only column), as MLflow passes `inputs`. Anything but a string (None, a number) is refused
+    """The texts, one output row each: a string, a list, array or Series of strings, or the `text` column (or
+    only column) of a DataFrame or dict, as MLflow passes them. Anything but a string (None, a number) is refused
     with its index: embedding its repr would return a vector for the word "None"."""
-    if hasattr(model_input, "columns"):
-        columns = list(model_input.columns)
+    if isinstance(model_input, dict) or hasattr(model_input, "columns"):
+        columns = list(model_input.keys() if isinstance(model_input, dict) else model_input.columns)
         if "text" in columns:
             model_input = model_input["text"]
         elif len(columns) == 1:
-            model_input = model_input.iloc[:, 0]
+            model_input = model_input[columns[0]]
         else:
             raise ValueError(f"input columns {columns}: give one column, or one named 'text'")
     if isinstance(model_input, str):
@@ -124,24 +131,33 @@ def withdraw(tracker: Tracker, registered: Registered) -> None:
 
 def publish(tracker: Tracker, registered: Registered, yaml_path: Path, dimension: int) -> None:
     """Write the pyfunc model (YAML artifact, signature) into the reserved version and make it the champion."""
-    from mlflow.models import infer_signature
-
-    example = ["A passage to index.", "Another passage."]
-    signature = infer_signature(example, np.zeros((2, dimension), dtype=np.float32), params={"kind": "document"})
     with tempfile.TemporaryDirectory(prefix="posfair-model-") as folder:
-        mlflow.pyfunc.save_model(
-            Path(folder) / "model",
-            loader_module=__name__,
-            data_path=str(yaml_path),
-            signature=signature,
-            input_example=example,
-            pip_requirements=_requirements(),
-        )
+        save_pyfunc(Path(folder) / "model", yaml_path, dimension)
         tracker.client.log_model_artifacts(registered.model_id, str(Path(folder) / "model"))
     tracker.client.finalize_logged_model(registered.model_id, "READY")
     tracker.client.set_registered_model_alias(registered.name, CHAMPION, str(registered.version))
     log.info(
         "registered %s version %d as %s (load: mlflow.pyfunc.load_model(%r))", registered.name, registered.version, CHAMPION, registered.uri
+    )
+
+
+def save_pyfunc(folder: Path, yaml_path: Path, dimension: int) -> None:
+    """The pyfunc model in `folder`: the YAML, the signature, an input example and the requirements."""
+    from mlflow.models import ModelSignature
+    from mlflow.types import ParamSchema, ParamSpec, Schema, TensorSpec
+
+    example = ["A passage to index.", "Another passage."]
+    signature = ModelSignature(  # no input schema: see the module's docstring
+        outputs=Schema([TensorSpec(np.dtype(np.float32), (-1, dimension))]),
+        params=ParamSchema([ParamSpec("kind", "string", "document")]),
+    )
+    mlflow.pyfunc.save_model(
+        folder,
+        loader_module=__name__,
+        data_path=str(yaml_path),
+        signature=signature,
+        input_example=example,
+        pip_requirements=_requirements(),
     )
 
 

@@ -11,9 +11,11 @@ the paper default, infeasible trials and the winner are marked in run names and 
 for what they mean and are on the console's scale (nDCG@10 and HM ×100, PSI 0–1); `METRIC_NAMES` maps
 the 0–1 names the code uses to them.
 
-If the server goes away mid-study each log call is kept and retried, in order, before the next one and
-at the end: finished trials are never lost to a logging failure, and a retried run keeps its real start
-and end times.
+Every log is an action of its own (a trial's metrics, its tags, each artifact, the close of its run). If the
+server goes away mid-study, or the store's disk fills up, the actions are kept and retried, in order, before
+the next one and at the end: finished trials are never lost to a logging failure, and a retried run keeps its
+real start and end times. An action MLflow refuses for good (`classify_failure`) is dropped alone, said once
+per reason, and the rest go on: a refused artifact still leaves the trial's run closed with its metrics.
 """
 
 from __future__ import annotations
@@ -28,14 +30,17 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
+from typing import Literal
 
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
 from tuner.common.files import ARTIFACTS, MLFLOW_DB
-from tuner.common.messages import UserError, first_line
+from tuner.common.messages import UserError, causes, database_locked, disk_full, first_line
 from tuner.common.options import check_tracking_uri
+from tuner.common.stores import MLFLOW, is_database, require_own_database, schema_version
 
 log = logging.getLogger(__name__)
 
@@ -163,6 +168,37 @@ def _stop_group(leader: subprocess.Popen[bytes], grace: float) -> None:
             except ProcessLookupError:
                 return
             time.sleep(0.1)
+
+
+def check_store_schema(uri: str) -> None:
+    """A database store must be MLflow's (`require_own_database`) and have the schema this MLflow reads: on any
+    other, MLflow's server starts and then fails on every page, and MLflow's own message advises
+    `mlflow db upgrade` even for a store a newer MLflow wrote, which no upgrade can take back."""
+    import mlflow
+    from alembic.script import ScriptDirectory
+    from mlflow.store.db.utils import _get_alembic_config
+
+    if not is_database(uri):
+        return
+    require_own_database(uri, MLFLOW)
+    version = schema_version(uri)
+    if version is None:  # a new store: MLflow makes its tables
+        return
+    migrations = ScriptDirectory.from_config(_get_alembic_config(uri))
+    head = migrations.get_current_head()
+    if version == head:
+        return
+    where = f"the MLflow store {describe_store(uri)}"
+    if version in {revision.revision for revision in migrations.walk_revisions()}:
+        raise TrackingUnavailableError(
+            f"{where} was written by an older MLflow (schema {version}; MLflow {mlflow.__version__} reads {head}): "
+            f"back it up, then upgrade it: mlflow db upgrade {uri}"
+        )
+    raise TrackingUnavailableError(
+        f"{where} has schema {version}, unknown to this MLflow ({mlflow.__version__}): a newer MLflow wrote it, and "
+        "no command takes a store back. Read it with that MLflow (pip install -U mlflow in this environment), or "
+        "give another --tracking-uri"
+    )
 
 
 def training_view_url(uri: str, host: str, port: int) -> str:
@@ -384,12 +420,15 @@ class Tracker:
     """Logs a study and its trials to MLflow through the client API (no global fluent state).
 
     Nothing is created until the first write: a run that fails before its study starts leaves no
-    store behind. A server is checked at once, so an unreachable one fails before any work.
+    store behind. A server is checked at once, so an unreachable one fails before any work, and so is a
+    database store (`check_store_schema`): MLflow's client opens a store of another schema without a word,
+    and its writes then fail one by one.
     """
 
     def __init__(self, tracking_uri: str | None, experiment: str) -> None:
         self.uri = tracking_uri or default_tracking_uri()
         check_tracking_uri(self.uri)
+        check_store_schema(self.uri)  # a study database, or a store of another MLflow: before MLflow writes to it
         self.experiment_name = experiment
         os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # its bars would garble the log
         if self.uri.startswith(("http://", "https://")):
@@ -399,7 +438,8 @@ class Tracker:
             _check_server(self.uri)
         self._client: MlflowClient | None = None
         self._store_uri = self.uri
-        self._pending: list[Callable[[], None]] = []
+        self._pending: list[_Action] = []
+        self._refusals: set[str] = set()  # the reasons of the refusals said so far: each is said once
         self._experiment_id: str | None = None
         self._trial_runs: dict[int, str] = {}
         self.parent_id: str | None = None
@@ -435,9 +475,13 @@ class Tracker:
                     self._client = MlflowClient(self._store_uri, registry_uri=self._store_uri)
                     self._experiment_id = self._open_experiment()
             except Exception as error:  # noqa: BLE001 - any failure here means the store is unusable
+                fix = (
+                    "Another process keeps it locked: finish or close what holds it, then run the same command again."
+                    if database_locked(error)
+                    else "Start the server or fix --tracking-uri."
+                )
                 raise TrackingUnavailableError(
-                    f"cannot use the MLflow tracking store {self.uri!r} ({error.__class__.__name__}: "
-                    f"{first_line(error)}). Start the server or fix --tracking-uri."
+                    f"cannot use the MLflow tracking store {self.uri!r} ({error.__class__.__name__}: {first_line(error)}). {fix}"
                 ) from None
         return self._experiment_id
 
@@ -486,20 +530,14 @@ class Tracker:
 
     def finish_study(self, metrics: dict[str, float], artifacts: list[Path], tags: dict[str, str], status: str = "FINISHED") -> None:
         """Log the study's figures (already display-named), artifacts and tags, and close the parent run."""
-
-        def finish() -> None:
-            assert self.parent_id is not None
-            now = int(time.time() * 1000)
-            self.client.log_batch(
-                self.parent_id,
-                metrics=_stored(metrics, now),
-                tags=[RunTag(k, v[:MAX_TAG_LENGTH]) for k, v in tags.items()],
-            )
-            for path in artifacts:
-                self.client.log_artifact(self.parent_id, str(path))
-            self.client.set_terminated(self.parent_id, status)
-
-        self._submit(finish)
+        run = self.parent_id
+        assert run is not None
+        now = int(time.time() * 1000)
+        self._submit("the study's figures", lambda: self.client.log_batch(run, metrics=_stored(metrics, now)))
+        self._submit("the study's tags", lambda: self.client.log_batch(run, tags=_tags(tags)))
+        for path in artifacts:
+            self._submit(f"the study's {path.name}", partial(self._log_artifact, run, path))
+        self._submit(f"the close of the study's run ({status})", lambda: self.client.set_terminated(run, status))
         self.flush()
 
     # --- trial runs -------------------------------------------------------------------------------
@@ -509,12 +547,48 @@ class Tracker:
     ) -> str | None:
         """Open the trial's run now (shown as running); its id, or None while MLflow is unreachable."""
         start = int(time.time() * 1000)
-        self._submit(lambda: self._open_trial(study, number, params, description, markers, tags or {}, start))
+        self._submit(f"trial {number}'s run", lambda: self._open_trial(study, number, params, description, markers, tags or {}, start))
         return self._trial_runs.get(number)
 
     def finish_trial(self, study: str, record: TrialRecord) -> None:
-        """Log a trial's outcome to its run and close it with the trial's state; kept for retry on failure."""
-        self._submit(lambda: self._close_trial(study, record))
+        """Log a trial's outcome to its run and close it with the trial's state, one action per log (see the
+        module's docstring). A run found closed already (a resumed study's) is left alone; one that was never
+        opened (an outage, then a restart) is opened first, with the trial's own start."""
+        number = record.number
+        found: list[str] = []  # the trial's open run, once `find` has looked it up
+
+        def find() -> None:
+            run_id = self._trial_runs.get(number) or self._existing_trial_run(study, number)
+            if run_id is None:
+                self._open_trial(study, number, record.params, record.description, record.markers, {}, record.start_ms or record.end_ms)
+                run_id = self._trial_runs[number]
+            elif self.client.get_run(run_id).info.status in ("FINISHED", "FAILED", "KILLED"):
+                return
+            found.append(run_id)
+
+        def on_run(action: Callable[[str], object]) -> Callable[[], None]:
+            def act() -> None:
+                if found:
+                    action(found[0])
+
+            return act
+
+        tags = {"posfair.state": record.state, NOTE: record.description, **record.tags}
+        self._submit(f"trial {number}'s run", find)
+        metrics = _stored(display_metrics(record.metrics), record.end_ms)
+        self._submit(f"trial {number}'s metrics", on_run(lambda run: self.client.log_batch(run, metrics=metrics)))
+        self._submit(f"trial {number}'s tags", on_run(lambda run: self.client.log_batch(run, tags=_tags(tags))))
+        self._submit(f"trial {number}'s name", on_run(lambda run: self.client.update_run(run, name=run_name(number, record.markers))))
+        for path in record.artifacts:
+            self._submit(f"trial {number}'s {path.name}", on_run(partial(self._log_artifact, path=path)))
+        status = RUN_STATUS.get(record.state, "FAILED")
+        self._submit(
+            f"the close of trial {number}'s run ({status})",
+            on_run(lambda run: self.client.set_terminated(run, status, end_time=record.end_ms)),
+        )
+
+    def _log_artifact(self, run: str, path: Path) -> None:
+        self.client.log_artifact(run, str(path))
 
     def trial_run_id(self, number: int) -> str | None:
         return self._trial_runs.get(number)
@@ -545,27 +619,6 @@ class Tracker:
             self.client.log_batch(run_id, params=_params(params))
         self._trial_runs[number] = run_id
 
-    def _close_trial(self, study: str, record: TrialRecord) -> None:
-        """Idempotent: a closed run is left alone; an open one (or none, after an outage) is completed."""
-        assert self.parent_id is not None
-        run_id = self._trial_runs.get(record.number) or self._existing_trial_run(study, record.number)
-        if run_id is None:
-            self._open_trial(study, record.number, record.params, record.description, record.markers, {}, record.start_ms or record.end_ms)
-            run_id = self._trial_runs[record.number]
-        elif self.client.get_run(run_id).info.status in ("FINISHED", "FAILED", "KILLED"):
-            return
-        self.client.log_batch(
-            run_id,
-            metrics=_stored(display_metrics(record.metrics), record.end_ms),
-            tags=[
-                RunTag(k, v[:MAX_TAG_LENGTH]) for k, v in {"posfair.state": record.state, NOTE: record.description, **record.tags}.items()
-            ],
-        )
-        self.client.update_run(run_id, name=run_name(record.number, record.markers))
-        for path in record.artifacts:
-            self.client.log_artifact(run_id, str(path))
-        self.client.set_terminated(run_id, RUN_STATUS.get(record.state, "FAILED"), end_time=record.end_ms)
-
     def _existing_trial_run(self, study: str, number: int) -> str | None:
         """The run of this study's trial `number` if one was opened (by this process or before a restart)."""
         query = f"tags.`posfair.study` = '{study}' and tags.`posfair.trial` = '{number}'"
@@ -583,7 +636,7 @@ class Tracker:
             for key, value in {**tags, NOTE: description}.items():
                 self.client.set_tag(run_id, key, value[:MAX_TAG_LENGTH])
 
-        self._submit(mark)
+        self._submit(f"trial {number}'s winner mark", mark)
 
     def close_stale_trials(self, study: str, failed: list[int]) -> None:
         """Close the runs of trials Optuna failed elsewhere (a killed worker's): they would show as running forever."""
@@ -597,44 +650,90 @@ class Tracker:
                     self.client.set_terminated(run_id, "KILLED")
 
         if failed:
-            self._submit(close)
+            self._submit(f"the close of the runs of trials {failed} (failed elsewhere)", close)
 
     # --- retries ----------------------------------------------------------------------------------
 
     def flush(self) -> bool:
         """Retry everything MLflow has not accepted yet, in order; True when nothing is left pending.
 
-        Only an outage keeps an action (and those after it) for the next flush. An action MLflow refuses for
-        any other reason would fail the same way forever and hold back every later log: it is logged with its
-        error and dropped, and the rest go on.
+        Only an outage or a full disk keeps an action (and those after it) for the next flush. An action MLflow
+        refuses for any other reason would fail the same way forever and hold back every later log: it is
+        dropped, its reason said once, and the rest go on.
         """
         while self._pending:
+            action = self._pending[0]
             try:
-                self._pending[0]()
+                action.run()
             except TrackingUnavailableError:
                 raise
             except Exception as error:  # noqa: BLE001 - neither a dead server nor a refused log may end the study
-                if _is_outage(error):
+                failure = classify_failure(error)
+                if failure == "outage" and database_locked(error):
+                    log.warning(
+                        "MLflow's store %s is locked by another process; %d log(s) kept for retry",
+                        describe_store(self.uri),
+                        len(self._pending),
+                    )
+                    return False
+                if failure == "outage":
                     log.warning("MLflow still unreachable (%s); %d log(s) kept for retry", error.__class__.__name__, len(self._pending))
                     return False
-                log.warning(
-                    "MLflow refused a log, dropped (%s: %s); the others go on",
-                    error.__class__.__name__,
-                    first_line(error),
-                )
+                if failure == "disk full":
+                    log.warning(
+                        "MLflow cannot write %s: the disk is full (%s); %d log(s) kept and retried before each later log "
+                        "and at the end: free space on that disk",
+                        _full_file(error) or describe_store(self.uri),
+                        first_line(error),
+                        len(self._pending),
+                    )
+                    return False
+                reason = f"{error.__class__.__name__}: {first_line(error)}"
+                if reason not in self._refusals:
+                    self._refusals.add(reason)
+                    log.warning(
+                        "MLflow refused %s, dropped (%s); the other logs go on (later logs refused the same way are "
+                        "dropped without repeating this)",
+                        action.what,
+                        reason,
+                    )
             self._pending.pop(0)
         return True
 
-    def _submit(self, action: Callable[[], None]) -> None:
-        self._pending.append(action)
+    def _submit(self, what: str, action: Callable[[], object]) -> None:
+        """Queue one log (`what` names it for people) and try everything pending."""
+        self._pending.append(_Action(what, action))
         self.flush()
 
 
-def _is_outage(error: BaseException) -> bool:
-    """Whether `error` means the store did not answer (refused or lost connection, a connection cut mid-answer,
-    timeout, a server or database that is down or locked), read along the chain of causes: MLflow wraps what
-    requests and SQLAlchemy raised. A cut answer may follow a request the server carried out, so the action is
-    kept and retried: the trial actions look before they create (`_existing_trial_run`)."""
+@dataclass(frozen=True)
+class _Action:
+    """One log call the tracker keeps until MLflow accepts or refuses it for good."""
+
+    what: str  # e.g. "trial 3's metrics"
+    run: Callable[[], object]
+
+
+def _tags(values: Mapping[str, str]) -> list[RunTag]:
+    return [RunTag(k, v[:MAX_TAG_LENGTH]) for k, v in values.items()]
+
+
+Failure = Literal["outage", "disk full", "refused"]
+
+_SCHEMA_SIGNS = ("no such column", "no such table", "has no column named", "does not exist", "doesn't exist", "unknown column")
+_PERMANENT_SIGNS = (*_SCHEMA_SIGNS, "readonly database", "read-only")
+
+
+def classify_failure(error: BaseException) -> Failure:
+    """Whether a failed log is an outage (kept and retried), a full disk (kept too: space may be freed) or a
+    refusal (dropped: it would fail the same way at every retry), read along the chain of causes, since MLflow
+    wraps what requests and SQLAlchemy raised.
+
+    An outage: a refused or lost connection, a connection cut mid-answer (the request may have been carried
+    out: the trial actions look before they create), a timeout, a 5xx answer, a locked database. MLflow's SQL
+    store turns every SQLAlchemy OperationalError into "temporarily unavailable" (503), a schema it does not
+    know (`no such column`) or a read-only file included, so the error's words decide before its type does.
+    """
     import http.client
 
     import requests
@@ -642,30 +741,43 @@ def _is_outage(error: BaseException) -> bool:
     import urllib3
     from mlflow.exceptions import MlflowException
 
+    chain = causes(error)
+    if disk_full(error):
+        return "disk full"
+    if database_locked(error):
+        return "outage"
+    if any(sign in str(e).lower() for e in chain for sign in _PERMANENT_SIGNS):
+        return "refused"
+    outages = (
+        ConnectionError,
+        TimeoutError,
+        requests.ConnectionError,
+        requests.Timeout,
+        requests.exceptions.RetryError,
+        requests.exceptions.ChunkedEncodingError,
+        urllib3.exceptions.ProtocolError,
+        http.client.IncompleteRead,
+        sqlalchemy.exc.OperationalError,
+        sqlalchemy.exc.InterfaceError,
+    )
+    for seen in chain:
+        if isinstance(seen, outages):
+            return "outage"
+        if isinstance(seen, MlflowException) and seen.get_http_status_code() >= 500:
+            return "outage"
+        if isinstance(seen, requests.HTTPError) and seen.response is not None and seen.response.status_code >= 500:
+            return "outage"
+    return "refused"
+
+
+def _full_file(error: BaseException) -> str | None:
+    """The file a full disk refused, when the error names it (an artifact's copy does)."""
     seen: BaseException | None = error
     while seen is not None:
-        if isinstance(
-            seen,
-            (
-                ConnectionError,
-                TimeoutError,
-                requests.ConnectionError,
-                requests.Timeout,
-                requests.exceptions.RetryError,
-                requests.exceptions.ChunkedEncodingError,
-                urllib3.exceptions.ProtocolError,
-                http.client.IncompleteRead,
-                sqlalchemy.exc.OperationalError,
-                sqlalchemy.exc.InterfaceError,
-            ),
-        ):
-            return True
-        if isinstance(seen, MlflowException) and seen.get_http_status_code() in (502, 503, 504):  # TEMPORARILY_UNAVAILABLE
-            return True
-        if isinstance(seen, requests.HTTPError) and seen.response is not None and seen.response.status_code in (502, 503, 504):
-            return True
+        if isinstance(seen, OSError) and seen.filename:
+            return str(seen.filename)
         seen = seen.__cause__ or seen.__context__
-    return False
+    return None
 
 
 def _artifacts_beside_store(uri: str, store: Path, experiment_id: str) -> None:

@@ -25,8 +25,9 @@ from tuner.common.options import (
     Budget,
     check_tracking_uri,
 )
+from tuner.common.stores import MLFLOW, OPTUNA, require_apart, require_own_database
 from tuner.data import check_name, dataset_files
-from tuner.engine.specs import REGISTRY, ModelSpec, check_model_name, model_files, resolve_spec
+from tuner.engine.specs import HUB_ALIASES, REGISTRY, ModelSpec, check_model_name, model_files, resolve_spec
 
 if TYPE_CHECKING:
     from tuner.engine.models import LoadedModel
@@ -285,6 +286,10 @@ def check_run_options(settings: TuneSettings) -> None:
         )
     if settings.tracking_uri is not None:
         check_tracking_uri(settings.tracking_uri)
+        require_own_database(settings.tracking_uri, MLFLOW)
+    if settings.storage is not None:
+        require_own_database(settings.storage, OPTUNA)
+    require_apart(settings.storage or OPTUNA.default, settings.tracking_uri or MLFLOW.default)
     spec = check_model_name(settings.model, settings.pooling)  # type: ignore[arg-type]
     for flag, name in benchmark_names(settings):
         check_name(name, flag)
@@ -309,7 +314,7 @@ def run_inputs(settings: TuneSettings, spec: ModelSpec) -> list[Protected]:
 
 def default_dataset(model: str) -> str:
     """FineWeb-PosQ for the registry's long-passage models (as the paper tunes them), else WikiPos-dev."""
-    spec = REGISTRY.get(model)
+    spec = REGISTRY.get(HUB_ALIASES.get(model, model))
     return "fineweb-posq" if spec is not None and spec.long_passages else "wikipos-dev"
 
 

@@ -8,12 +8,19 @@ lock at BEGIN, so two processes never claim one queued trial. A journal is an ap
 process replays: Optuna settles a claim of a queued trial by the order of the lines (the first claim wins), and
 posfair adds the heartbeats Optuna's journal lacks (`JournalWithHeartbeats`). Kept apart from the study's loop
 so that what only opens a storage imports no model code.
+
+SQLite waits silently for a lock another process holds (a `sqlite3` shell or a database browser with a
+transaction open): a wait is said after a few seconds, with the file, and given up after `sqlite_wait()`
+seconds with what to do (`StoreLockedError`); a full disk is said with the file and the fix (`StoreFullError`).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import sqlite3
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -26,12 +33,14 @@ from optuna.storages._heartbeat import BaseHeartbeat  # the storages that have h
 from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
 from optuna.trial import TrialState
 
-from tuner.common.files import OPTUNA_DB
-from tuner.common.messages import first_line
+from tuner.common.files import OPTUNA_DB, sqlite_file
+from tuner.common.messages import UserError, causes, database_locked, disk_full, first_line, root_cause
 from tuner.common.options import HEARTBEAT_SECONDS
+from tuner.common.stores import OPTUNA, require_own_database
 
 SCHEMA_ATTEMPTS = 5
-SQLITE_WAIT_SECONDS = 60  # how long a process waits for another's write lock on a SQLite study
+SQLITE_WAIT_SECONDS = 60.0  # how long a process waits for another's write lock on a SQLite study (POSFAIR_SQLITE_WAIT)
+LOCK_NOTICE_SECONDS = 5.0  # a wait this long (at most half the limit) is said
 GRACE_HEARTBEATS = 3  # a trial silent for this many heartbeats is stale: failed and re-queued
 RETRIES = 2  # how often a stale trial is queued again
 JOURNAL_LOCK_SECONDS = 30  # a journal lock left this long by a writer killed mid-write is broken (Optuna's default)
@@ -40,6 +49,139 @@ HEARTBEAT_ATTR = "posfair:heartbeat"  # a journal trial's last heartbeat (a syst
 SQLITE_HEADER = b"SQLite format 3\x00"
 JOURNAL_LINE_BYTES = 1 << 20  # the first line of a journal is its study's creation: far shorter
 EXAMPLES = "sqlite:///mlruns/optuna.db, postgresql://user:pass@host/db, mysql://user:pass@host/db or journal:/shared/study.journal"
+
+log = logging.getLogger(__name__)
+
+
+class StoreLockedError(UserError, RuntimeError):
+    """The study database stayed locked by another process past the time limit."""
+
+
+class StoreFullError(UserError, RuntimeError):
+    """The study database's disk is full: nothing more can be recorded."""
+
+
+def sqlite_wait() -> float:
+    """Seconds to wait for another process's lock on a SQLite study database (`POSFAIR_SQLITE_WAIT`, else 60)."""
+    text = os.environ.get("POSFAIR_SQLITE_WAIT", "")
+    try:
+        return max(0.1, float(text)) if text else SQLITE_WAIT_SECONDS
+    except ValueError:
+        log.warning("POSFAIR_SQLITE_WAIT=%r is not a number of seconds; using %g", text, SQLITE_WAIT_SECONDS)
+        return SQLITE_WAIT_SECONDS
+
+
+def storage_error(error: BaseException, url: str) -> UserError | None:
+    """What a failed statement means for the user, when the machine rather than posfair is the cause: the study
+    database's disk is full, or another process kept it locked past the limit; None otherwise (also for a full
+    disk that a database did not report: another file's)."""
+    if not machine_fault(error):
+        return None
+    where = f"the study database {sqlite_file(url) or url}"
+    if disk_full(error):
+        return StoreFullError(
+            f"{where} is on a full disk ({root_cause(error)}); nothing more can be recorded. Free space on its disk, "
+            "then run the same command again to resume: the finished trials are kept"
+        )
+    if database_locked(error):
+        database = sqlite_file(url)
+        return StoreLockedError(
+            f"{where} stayed locked by another process for {sqlite_wait():g} s; finish or close what holds it "
+            f"(a sqlite3 shell or a database browser with a transaction open, say; `fuser {database}` names the "
+            "process), then run the same command again. POSFAIR_SQLITE_WAIT sets the wait in seconds"
+        )
+    return None
+
+
+def machine_fault(error: BaseException) -> bool:
+    """Whether a database reported a full disk or gave up on a lock along `error`'s causes (`storage_error`)."""
+    from optuna.exceptions import StorageInternalError
+
+    from_a_database = any(isinstance(e, (sqlalchemy.exc.SQLAlchemyError, StorageInternalError, sqlite3.Error)) for e in causes(error))
+    return from_a_database and (disk_full(error) or database_locked(error))
+
+
+class _LockWatch:
+    """Says once when a statement on a SQLite study database has waited `notice` seconds: SQLite itself waits
+    without a word, up to the connection's timeout. One daemon thread watches every waiting statement."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[int, tuple[float, Path]] = {}  # by thread: since when, on which file
+        self._said: set[tuple[int, float]] = set()
+        self._guard = threading.Lock()
+        self._busy = threading.Event()  # set while a statement runs: the thread sleeps otherwise
+        self._thread: threading.Thread | None = None
+
+    def start(self, database: Path) -> None:
+        with self._guard:
+            self._waiting[threading.get_ident()] = (time.monotonic(), database)
+            self._busy.set()
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._watch, name="sqlite-lock-watch", daemon=True)
+                self._thread.start()
+
+    def stop(self) -> None:
+        with self._guard:
+            self._waiting.pop(threading.get_ident(), None)
+
+    def _watch(self) -> None:
+        while self._busy.wait():
+            time.sleep(0.1)
+            limit = sqlite_wait()
+            notice = min(LOCK_NOTICE_SECONDS, limit / 2)
+            with self._guard:
+                if not self._waiting:
+                    self._busy.clear()
+                late = [(key, since, file) for key, (since, file) in self._waiting.items() if time.monotonic() - since >= notice]
+            for key, since, database in late:
+                if (key, since) not in self._said:
+                    self._said.add((key, since))
+                    log.warning(
+                        "%s is locked by another process: waited %g s so far, giving up after %g s (`fuser %s` names it)",
+                        database,
+                        notice,
+                        limit,
+                        database,
+                    )
+
+
+_LOCK_WATCH = _LockWatch()
+
+
+def _watch_waits(engine: sqlalchemy.engine.Engine, database: Path) -> None:
+    """Every statement on `engine` is watched while it runs (`_LockWatch`)."""
+
+    @sqlalchemy.event.listens_for(engine, "before_cursor_execute")
+    def _started(*_: Any) -> None:
+        _LOCK_WATCH.start(database)
+
+    @sqlalchemy.event.listens_for(engine, "after_cursor_execute")
+    def _ended(*_: Any) -> None:
+        _LOCK_WATCH.stop()
+
+    @sqlalchemy.event.listens_for(engine, "handle_error")
+    def _failed(*_: Any) -> None:
+        _LOCK_WATCH.stop()
+
+
+def _wait_for_the_write_lock(database: Path) -> None:
+    """Before Optuna opens an existing SQLite study database: take its write lock once (and let it go), waiting as
+    every statement does, so a lock another process holds is said, and given up on, before any work."""
+    if not database.is_file():
+        return
+    connection = sqlite3.connect(database, timeout=sqlite_wait(), isolation_level=None)
+    _LOCK_WATCH.start(database)
+    try:
+        connection.execute("BEGIN IMMEDIATE")
+        connection.execute("ROLLBACK")
+    except sqlite3.OperationalError as error:
+        explained = storage_error(error, f"sqlite:///{database}")
+        if explained is None:
+            raise
+        raise explained from None
+    finally:
+        _LOCK_WATCH.stop()
+        connection.close()
 
 
 def default_storage(database: Path = OPTUNA_DB) -> str:
@@ -57,7 +199,8 @@ def storage_file(url: str) -> Path | None:
 
 
 def check_storage_url(url: str) -> None:
-    """A malformed storage URL fails at once, before any work, without creating a database."""
+    """A malformed storage URL, MLflow's store, or a SQLite file another process keeps locked fails at once,
+    before any work, without creating a database."""
     if url.startswith(JOURNAL):
         _check_journal(url)
         return
@@ -65,6 +208,10 @@ def check_storage_url(url: str) -> None:
         sqlalchemy.engine.make_url(url).get_dialect()
     except Exception as error:  # noqa: BLE001 - sqlalchemy raises many kinds for a bad URL
         raise _unusable_storage(url, error) from None
+    require_own_database(url, OPTUNA)
+    database = sqlite_file(url)
+    if database is not None:
+        _wait_for_the_write_lock(database)
 
 
 def _check_journal(url: str) -> None:
@@ -104,11 +251,15 @@ def _unusable_storage(url: str, error: BaseException) -> ValueError:
 def make_storage(url: str, heartbeat: int = HEARTBEAT_SECONDS) -> BaseStorage:
     """The study's storage with heartbeats, so a killed worker's trial is failed and retried.
 
-    Workers starting together on a new database race to create Optuna's tables; the loser retries.
+    Workers starting together on a new database race to create Optuna's tables; the loser retries. MLflow's
+    store is refused before anything is written to it.
     """
     if url.startswith(JOURNAL):
         _check_journal(url)
+    else:
+        require_own_database(url, OPTUNA)
     store = storage_file(url)
+    database = sqlite_file(url)
     if store is not None:  # SQLite and the journal create their file, not its folder
         store.parent.mkdir(parents=True, exist_ok=True)
         for path in (store, store.parent):  # both write beside the file (SQLite's journal, the journal's lock): both must be writable
@@ -119,6 +270,8 @@ def make_storage(url: str, heartbeat: int = HEARTBEAT_SECONDS) -> BaseStorage:
                 )
     if url.startswith(JOURNAL) and store is not None:  # checked: a journal names its file
         return _journal_storage(url, store, heartbeat)
+    if database is not None:
+        _wait_for_the_write_lock(database)
     attempt = 0
     while True:
         try:
@@ -131,17 +284,20 @@ def make_storage(url: str, heartbeat: int = HEARTBEAT_SECONDS) -> BaseStorage:
                     heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=RETRIES),
                     engine_kwargs={
                         "pool_pre_ping": True,
-                        **({"connect_args": {"timeout": SQLITE_WAIT_SECONDS}} if url.startswith("sqlite") else {}),
+                        **({"connect_args": {"timeout": sqlite_wait()}} if url.startswith("sqlite") else {}),
                     },
                 )
                 if url.startswith("sqlite"):
                     _take_the_write_lock_first(storage.engine)
+                if database is not None:
+                    _watch_waits(storage.engine, database)
                 return storage
         except Exception as error:  # noqa: BLE001 - sqlalchemy raises many kinds for a bad URL
+            explained = storage_error(error, url)
+            if explained is not None:
+                raise explained from None
             attempt += 1
-            racing = any(
-                sign in str(error) for sign in ("already exists", "duplicate key", "database is locked", "UNIQUE constraint failed")
-            )
+            racing = any(sign in str(error) for sign in ("already exists", "duplicate key", "UNIQUE constraint failed"))
             if not racing or attempt == SCHEMA_ATTEMPTS:
                 raise _unusable_storage(url, error) from None
             time.sleep(attempt)

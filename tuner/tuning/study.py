@@ -46,7 +46,7 @@ from tuner.common.trials import (
 )
 from tuner.tuning.bisection import withdraw_queued
 from tuner.tuning.sampler import CostCooledTPESampler
-from tuner.tuning.storage import grace_seconds, make_storage
+from tuner.tuning.storage import grace_seconds, machine_fault, make_storage
 
 log = logging.getLogger(__name__)
 
@@ -317,6 +317,7 @@ def run_trials(
     failures_allowed = max(3, n_complete)
     failed_here: list[int] = []
     current: list[optuna.Trial] = []
+    failing_store: list[BaseException] = []
     requeued = None
 
     def room(study: optuna.Study) -> bool:
@@ -328,14 +329,25 @@ def run_trials(
             study.stop()
 
     def reserved(trial: optuna.Trial) -> float | Sequence[float]:
-        """Own the trial, prune it if it is surplus (`_surplus_reason`), else run the objective."""
+        """Own the trial, prune it if it is surplus (`_surplus_reason`), else run the objective. A write the study
+        database refused for want of space or a lock ends the study (`stop_on_a_failing_store`): every later
+        trial would fail the same way."""
         current[:] = [trial]
-        trial.set_user_attr(OWNER_ATTR, {**_owner(), "trial": trial.number})
-        reason = _surplus_reason(study, trial, n_complete)
-        if reason is not None:
-            trial.set_user_attr(SURPLUS_ATTR, True)
-            raise optuna.TrialPruned(reason)
-        return objective(trial)
+        try:
+            trial.set_user_attr(OWNER_ATTR, {**_owner(), "trial": trial.number})
+            reason = _surplus_reason(study, trial, n_complete)
+            if reason is not None:
+                trial.set_user_attr(SURPLUS_ATTR, True)
+                raise optuna.TrialPruned(reason)
+            return objective(trial)
+        except Exception as error:
+            if machine_fault(error):
+                failing_store.append(error)
+            raise
+
+    def stop_on_a_failing_store(study: optuna.Study, trial: FrozenTrial) -> None:
+        if failing_store:
+            raise failing_store[0]
 
     def stop_on_too_many_failures(study: optuna.Study, trial: FrozenTrial) -> None:
         if trial.state == TrialState.FAIL:
@@ -368,6 +380,7 @@ def run_trials(
                         n_trials=None,
                         catch=(Exception,),
                         callbacks=[
+                            stop_on_a_failing_store,
                             enough,
                             stop_on_too_many_failures,
                             stop_if_interrupted,

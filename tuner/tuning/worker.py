@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import multiprocessing.connection
 import multiprocessing.process
 import os
 import shutil
+import signal
 import socket
 import threading
 import time
@@ -37,8 +39,8 @@ from tuner.tuning.objective import SideSet, TrialObjective
 from tuner.tuning.search_space import PAPER_GRID, trial_basket_shares
 from tuner.tuning.session import FLOOR_ATTR, Session, describe_budget, prepare, price_budget
 from tuner.tuning.settings import TuneSettings, local_worker_identity, process_identity, worker_devices
-from tuner.tuning.storage import make_storage, storage_file
-from tuner.tuning.study import Terminated, TrialsEnd, run_trials, winner
+from tuner.tuning.storage import make_storage, storage_error, storage_file
+from tuner.tuning.study import OWNER_ATTR, Terminated, TrialsEnd, fail_dead_trials, run_trials, winner
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +80,7 @@ def run_session_trials(
         f"on {tuning.name}; lowest PSI subject to HM >= {100 * floor:.2f} (--hm-floor {settings.hm_floor}).",
     )
     staging = scratch_dir()
+    stop_watching = watch_workers(workers, study)
     try:
         objective = TrialObjective(
             evaluator,
@@ -126,14 +129,21 @@ def run_session_trials(
                     [partial(_log_trial, progress=progress), lambda s, trial: _require_stores(stores, trial.number)],
                     budget=trial_budget,
                 )
-            except Exception:  # whatever the storage raised, a deleted store is the cause to name
+            except Exception as error:  # whatever the storage raised, a deleted store or a full or locked one is the cause to name
                 _require_stores(stores, None)
-                raise
+                explained = storage_error(error, storage)
+                if explained is None:
+                    raise
+                if not settings.worker:
+                    tracker.finish_study({}, [], {"posfair.outcome": f"stopped: {explained}"}, "FAILED")
+                raise explained from None
         if ended.stopped == "terminated":  # a scheduler may have told only this process: pass the stop on
+            stop_watching()
             for worker in workers:
                 worker.terminate()
         for worker in workers:
             worker.join()
+        stop_watching()
         if ended.short:
             _stop_short(ended, session)
         return conclude(staging) if conclude is not None else None
@@ -142,6 +152,7 @@ def run_session_trials(
             TrialsEnd(len(finished(study)), settings.trials, "terminated" if isinstance(error, Terminated) else "interrupted"), session
         )
     finally:
+        stop_watching()
         for worker in workers:
             if worker.is_alive():
                 worker.terminate()
@@ -242,6 +253,43 @@ def _floor_set_by_coordinator(name: str, storage: str, heartbeat: int, timeout: 
             raise UserError(f"no coordinator set the HM floor of study {name!r}; start `tune` without --worker first")
         time.sleep(2)
     return float(attrs[FLOOR_ATTR])
+
+
+def watch_workers(workers: list[multiprocessing.process.BaseProcess], study: optuna.Study) -> Callable[[], None]:
+    """Say at once when a local worker ends other than normally (which one, its pid, its signal or exit code, the
+    trial it ran) and fail and re-queue that trial (`fail_dead_trials`), rather than leave it to the heartbeat
+    check; returns the call that stops watching (before the workers are stopped on purpose)."""
+    stopped = threading.Event()
+
+    def watch() -> None:
+        alive = {worker.sentinel: (number, worker) for number, worker in enumerate(workers, start=1)}
+        while alive and not stopped.is_set():
+            for sentinel in multiprocessing.connection.wait(list(alive), timeout=0.5):
+                number, worker = alive.pop(sentinel)  # type: ignore[arg-type]
+                worker.join(5)  # reaped (its pipe closes a moment before it can be): a zombie would count as alive
+                if stopped.is_set() or not worker.exitcode:
+                    continue
+                code = worker.exitcode or 0
+                how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+                running = [
+                    t.number
+                    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                    if (t.user_attrs.get(OWNER_ATTR) or {}).get("pid") == worker.pid
+                ]
+                ran = f" while it ran trial {running[0]}" if running else " between trials"
+                log.warning("local worker %d (pid %s) %s%s; the study goes on without it", number, worker.pid, how, ran)
+                fail_dead_trials(study)
+
+    thread = threading.Thread(target=watch, name="worker-watch", daemon=True)
+    if workers:
+        thread.start()
+
+    def stop() -> None:
+        stopped.set()
+        if thread.is_alive():
+            thread.join()
+
+    return stop
 
 
 def start_workers(settings: TuneSettings, count: int) -> list[multiprocessing.process.BaseProcess]:
