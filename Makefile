@@ -19,14 +19,14 @@ export UV_FIND_LINKS ?= $(PIP_FIND_LINKS)
 # --dist loadgroup keeps each module marked in tests/conftest.py (a shared `tune` run as its fixture) on one worker.
 TEST_WORKERS ?= 3
 
-.PHONY: setup tune test lint benchmarks
+.PHONY: setup tune test lint docs benchmarks
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet uv
 	$(BIN)/python -c "import torch" 2>/dev/null || $(UV_INSTALL) $(TORCH_SPEC)
-	$(UV_INSTALL) --quiet -e '.[test]'
+	$(UV_INSTALL) --quiet -e '.[test,docs]'
 	touch $@
 
 tune: setup
@@ -35,13 +35,17 @@ tune: setup
 # make test: lint (ruff check and format, mypy), then the suite. pytest's own exit status is make's: a failure, an error, or no
 # test collected at all (exit 5) fails the target. mypy runs before the suite, not beside it: on 2 cores its minute of CPU
 # would land on the suite's start, where the process tests that time their subprocesses run.
-test: setup lint
+test: setup lint docs
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+
+# The documentation site (mkdocs.yml, docs/): built strictly (a broken link or reference fails) and offline.
+docs: setup
+	$(BIN)/mkdocs build --strict --quiet
 
 benchmarks: setup
 	$(BIN)/python -m benchmarks.overhead
