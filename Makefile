@@ -45,7 +45,7 @@ lint: setup
 
 # The documentation site (mkdocs.yml, docs/): built strictly (a broken link or reference fails) and offline.
 docs: setup
-	$(BIN)/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 benchmarks: setup
 	$(BIN)/python -m benchmarks.overhead
