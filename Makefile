@@ -47,6 +47,10 @@ lint: setup
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
+# The figures the documentation shows: each benchmark writes its JSON record to docs/results/, then render fills the
+# docs' marked blocks from them (first_tune clones the committed HEAD: commit first).
 benchmarks: setup
-	$(BIN)/python -m benchmarks.overhead
-	$(BIN)/python -m benchmarks.trial_cost
+	$(BIN)/python -m benchmarks.first_tune
+	$(BIN)/python -m benchmarks.overhead --quick --json docs/results/overhead.json
+	$(BIN)/python -m benchmarks.trial_cost --skip-study --json docs/results/trial-cost.json
+	$(BIN)/python -m benchmarks.render
