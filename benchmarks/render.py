@@ -61,7 +61,7 @@ def _measured_on(data: dict[str, Any]) -> str:
     device = data["device"]
     where = device["gpu"] or f"{device['cores']} CPU cores ({device['cpu']}), {device['memory_gib']:g} GiB of memory"
     return (
-        f"Measured by `{data['command']}` at commit `{data['commit'][:10]}` on {where}, load average "
+        f"Measured by `{data['command'].removeprefix('.venv/bin/')}` at commit `{data['commit'][:10]}` on {where}, load average "
         f"{device['load_average'][0]:g} (other jobs shared the machine above 1 per core)."
     )
 
@@ -149,11 +149,13 @@ def trials(data: dict[str, Any]) -> str:
 
 
 def example_output(data: dict[str, Any]) -> str:
+    """The tuning split's table as the run printed it (the held-out ones follow it), then its closing lines."""
     r = data["results"]
-    tables = r["stdout"].rstrip().split("\n\n")
+    lines = r["stdout"].rstrip().splitlines()
+    tuning = lines[: next((i for i, line in enumerate(lines) if "held out," in line), len(lines))]
     keep = ("winner:", "chosen by", "exported config:", "registered model:")
     tail = [line.strip() for line in r["stderr_tail"] if line.strip().startswith(keep)]
-    return "```text\n" + "\n\n".join(tables[:2]).rstrip() + "\n\n" + "\n".join(tail) + "\n```"
+    return "```text\n" + "\n".join(line.rstrip() for line in tuning) + "\n" + "\n".join(tail) + "\n```"
 
 
 # ---------------------------------------------------------------- engine overhead (benchmarks.overhead)
