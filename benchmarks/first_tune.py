@@ -153,10 +153,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     command = "python -m benchmarks.first_tune " + " ".join(sys.argv[1:] if argv is None else argv)
     if args.clone is not None:
         results = measure(args.clone)
+        record.write(args.json, "first_tune", command.strip(), results, measured=args.clone)
     else:
         with tempfile.TemporaryDirectory(prefix="posfair-first-tune-") as folder:
             results = measure(Path(folder) / "posfair")
-    record.write(args.json, "first_tune", command.strip(), results)
+            record.write(args.json, "first_tune", command.strip(), results, measured=Path(folder) / "posfair")
     print(f"{args.json}: make setup {results['setup_seconds']:.0f} s, make tune {results['tune_seconds']:.0f} s")
 
 

@@ -18,7 +18,8 @@ from typing import Any
 
 from tuner.common.files import write_atomically
 
-RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results"
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "docs" / "results"
 """Where the records the documentation renders are committed."""
 
 
@@ -68,9 +69,8 @@ class Record:
     results: dict[str, Any]
 
 
-def commit() -> str:
+def commit(root: Path = ROOT) -> str:
     """The checkout's HEAD, marked `-dirty` when tracked files differ from it (the figures are then not that commit's)."""
-    root = Path(__file__).resolve().parent.parent
 
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
@@ -83,9 +83,10 @@ def commit() -> str:
     return head + ("-dirty" if dirty else "")
 
 
-def write(path: Path, benchmark: str, command: str, results: dict[str, Any]) -> Record:
-    """Write `results` with the command, commit, date (UTC) and device to `path`, whole or not at all."""
-    record = Record(benchmark, command, commit(), datetime.now(UTC).isoformat(timespec="seconds"), Device.here(), results)
+def write(path: Path, benchmark: str, command: str, results: dict[str, Any], measured: Path | None = None) -> Record:
+    """Write `results` with the command, commit, date (UTC) and device to `path`, whole or not at all; the commit is
+    the checkout `measured` (default: this one), where a benchmark ran another checkout."""
+    record = Record(benchmark, command, commit(measured or ROOT), datetime.now(UTC).isoformat(timespec="seconds"), Device.here(), results)
     write_atomically(path, json.dumps(asdict(record), indent=1, ensure_ascii=False) + "\n")
     return record
 
