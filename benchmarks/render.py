@@ -60,9 +60,11 @@ def _minutes(seconds: float) -> str:
 def _measured_on(data: dict[str, Any]) -> str:
     device = data["device"]
     where = device["gpu"] or f"{device['cores']} CPU cores ({device['cpu']}), {device['memory_gib']:g} GiB of memory"
+    load = device["load_average"][0]
+    busy = ": other jobs shared the machine" if load > device["cores"] else ""
     return (
-        f"Measured by `{data['command'].removeprefix('.venv/bin/')}` at commit `{data['commit'][:10]}` on {where}, load average "
-        f"{device['load_average'][0]:g} (other jobs shared the machine above 1 per core)."
+        f"Measured by `{data['command'].removeprefix('.venv/bin/')}` at commit `{data['commit'][:10]}` on {where}, "
+        f"load average {load:g}{busy}."
     )
 
 
@@ -138,13 +140,18 @@ def heldout_all(data: dict[str, Any]) -> str:
 
 def trials(data: dict[str, Any]) -> str:
     study = data["results"]["study"]
-    states = study["trials_by_state"]
-    budget = study["user_attrs"].get("budget", {})
-    spent = f" of a budget of {budget['study'] / 1e6:.2f} M layer-tokens" if "study" in budget else ""
+    states, attrs = study["trials_by_state"], study["user_attrs"]
+    ran = (
+        f"The default study ran {study['trials_counted']} trials ({states.get('COMPLETE', 0)} complete, "
+        f"{states.get('PRUNED', 0)} pruned between rungs)"
+    )
+    end = attrs.get("budget_end")
+    if end is None:
+        return ran + ": `--trials` ended it before the budget did."
+    left = max(int(end["trials"]) - int(end["spent"]), 0)
     return (
-        f"The default study ran {study['trials_counted']} trials of the 16 `--trials` allows "
-        f"({states.get('COMPLETE', 0)} complete, {states.get('PRUNED', 0)} pruned between rungs){spent}: "
-        "the budget ended it, not `--trials`."
+        f"{ran}, then stopped: trial {end['trial']} would have needed up to {int(end['needed']) / 1e6:.2f} M layer-tokens "
+        f"and {left / 1e6:.2f} M were left of the trials' {int(end['trials']) / 1e6:.2f} M."
     )
 
 
