@@ -204,7 +204,8 @@ def trial_cost(data: dict[str, Any]) -> str:
     lines = ["| encode | seconds | × full encode | × same trial from scratch |", "|---|---:|---:|---:|"]
     for key, seconds in trial["times"].items():
         vs = trial["vs_scratch"].get(key)
-        lines.append(f"| {key} | {seconds:.1f} | {trial['ratios'][key]:.2f} | {'' if vs is None else f'{vs:.2f}'} |")
+        against_scratch = "1.00" if vs is None and "scratch" in key else ("" if vs is None else f"{vs:.2f}")
+        lines.append(f"| {key} | {seconds:.1f} | {trial['ratios'][key]:.2f} | {against_scratch} |")
     return "\n".join([*lines, "", _measured_on(data)])
 
 
