@@ -160,7 +160,7 @@ def example_output(data: dict[str, Any]) -> str:
     r = data["results"]
     lines = r["stdout"].rstrip().splitlines()
     tuning = lines[: next((i for i, line in enumerate(lines) if "held out," in line), len(lines))]
-    keep = ("winner:", "chosen by", "exported config:", "registered model:")
+    keep = ("winner:", "exported config:", "registered model:")  # whole lines: a wrapped one would be cut
     tail = [line.strip() for line in r["stderr_tail"] if line.strip().startswith(keep)]
     return "```text\n" + "\n".join(line.rstrip() for line in tuning) + "\n" + "\n".join(tail) + "\n```"
 
