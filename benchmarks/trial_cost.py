@@ -187,7 +187,7 @@ def study_walls(model, dataset, args: argparse.Namespace, say: Callable[[str], N
         spent[mode] += seconds + more
         evaluators[mode], floor = evaluator, baseline.report.hm
         say(f"  {mode:<8} set-up ({what[mode]}) {seconds + more:6.1f} s")
-    # every depth, as the README's figures were measured (the default space stops at 50%); the fitting
+    # every depth, so each depth's cost is measured (the default space stops at 50%); the fitting
     # baskets as `tune` does
     space = SearchSpace(depths=tuple(DEPTHS)).fitting(evaluators["uncached"].longest_content())
 

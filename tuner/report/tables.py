@@ -258,7 +258,7 @@ def render(table: EvaluationTable, console: Console) -> None:
 
 
 def to_markdown(table: EvaluationTable) -> str:
-    """The same tables as GitHub markdown, each under its title in bold, for the README."""
+    """The same tables as GitHub markdown, each under its title in bold (`--markdown`)."""
 
     def line(cells: Sequence[str]) -> str:
         return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
