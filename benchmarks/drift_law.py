@@ -1,4 +1,4 @@
-"""How a family's drift grows with λ: the exponent p of drift ∝ λ^p, from stored studies (issue 21).
+"""How a family's drift grows with λ: the exponent p of drift ∝ λ^p, from stored studies.
 
 Run from the repository root, on studies `tune` has run:
 

@@ -60,7 +60,10 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any
+
+from benchmarks import record
 
 METHODS = ("sdpa", "eager", "oracle", "engine")
 METHOD_LABELS = {
@@ -946,7 +949,7 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=0, help="timed forwards per process (default 3 up to 512 tokens, else 2)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads in every process (default: torch's)")
     parser.add_argument("--pad-one", action="store_true", help="pad the last item of each batch to 3/4 of the length")
-    parser.add_argument("--json", help="also write the raw per-process results here")
+    parser.add_argument("--json", help="also write the raw per-process results here, as a record (benchmarks.record)")
     parser.add_argument(
         "--profile",
         action="store_true",
@@ -1008,8 +1011,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     print()
     print(report(columns, command, time.perf_counter() - began), flush=True)
     if args.json:
-        with open(args.json, "w") as handle:
-            json.dump([{**asdict(replace(c, plain_from=None)), "title": c.title} for c in columns], handle)
+        record.write(
+            Path(args.json), "overhead", command, {"columns": [{**asdict(replace(c, plain_from=None)), "title": c.title} for c in columns]}
+        )
 
 
 if __name__ == "__main__":

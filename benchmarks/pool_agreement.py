@@ -1,4 +1,4 @@
-"""Does the pooled screen rank configs as the full corpus does? (issue 21: validate the rung metric offline)
+"""Does the pooled screen rank configs as the full corpus does? (the rung metric, validated offline)
 
 Run from the repository root:
 

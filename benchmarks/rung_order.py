@@ -1,4 +1,4 @@
-"""What a study's rung order costs: replay its stored trials under other orders (issue 21).
+"""What a study's rung order costs: replay its stored trials under other orders.
 
 Run from the repository root, on studies `tune` has run (MiniLM on WikiPos-dev by default):
 

@@ -15,7 +15,7 @@ store of its own; arms share only the disk cache of query and baseline vectors, 
   no reversal or drift constraint), ranked by the tuning PSI.
 - `robust`: the previous default: 16 TPE trials whose objective is the worst PSI over the structures,
   with the reversal and drift constraints, pruned between structures (`--budget none`).
-- `robust-third`: today's default, the robust search within `--budget grid/3`, drawn by the cost-aware
+- `robust-third`: the default, the robust search within `--budget grid/3`, drawn by the cost-aware
   TPE (`tuner.tuning.sampler`): it ends at the first trial drawn that one third of the grid's
   layer-tokens (estimated for this model and data before the study) has no room for.
 

@@ -46,6 +46,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks import record
+
 TARGET_HALF = 0.6
 TARGET_LAST = 0.3
 TARGET_STUDY = 2.0
@@ -185,7 +187,7 @@ def study_walls(model, dataset, args: argparse.Namespace, say: Callable[[str], N
         spent[mode] += seconds + more
         evaluators[mode], floor = evaluator, baseline.report.hm
         say(f"  {mode:<8} set-up ({what[mode]}) {seconds + more:6.1f} s")
-    # every depth, as the README's figures were measured (the default space stops at 50%); the fitting
+    # every depth, so each depth's cost is measured (the default space stops at 50%); the fitting
     # baskets as `tune` does
     space = SearchSpace(depths=tuple(DEPTHS)).fitting(evaluators["uncached"].longest_content())
 
@@ -287,6 +289,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--skip-study", action="store_true")
+    parser.add_argument("--json", type=Path, help="also write the figures here, as a record (benchmarks.record)")
     parser.add_argument(
         "--pooling",
         choices=("mean", "cls"),
@@ -321,6 +324,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     study = None if args.skip_study else study_walls(model, dataset, args, say)
     command = ".venv/bin/python -m benchmarks.trial_cost " + " ".join(sys.argv[1:] if argv is None else argv)
     print(report(command.strip(), args, dataset, trial, study, time.perf_counter() - began), flush=True)
+    if args.json:
+        record.write(args.json, "trial_cost", command.strip(), {"trial": trial, "study": study})
 
 
 if __name__ == "__main__":

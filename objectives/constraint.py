@@ -109,9 +109,8 @@ class Constraints:
     max_crops_psi   PSI on the tuning set's crops (its passages re-cut shorter) may be at most this multiple
                     of the uncalibrated model's PSI there (1: no less fair than no calibration; None:
                     unconstrained, the default). A config that flattens full passages by over-weighting their
-                    end reverses the bias on shorter ones; this is where that would show. Off by default: in
-                    the default runs of seeds 0 and 1 under the previous space (32 trials) it excluded no
-                    trial, and it adds 61% to every trial's encoding (README "What wins").
+                    end reverses the bias on shorter ones; this is where that would show. Off by default: the
+                    crops are scored as a structure anyway, under the reversal and nDCG@10 constraints.
     max_reversal    how far a trial may turn the bias round on any tuning structure, as the largest tilt
                     against the uncalibrated model's direction there (`objectives.robustness`; 0: the end may
                     not become favoured where the beginning was, the default; None: unconstrained)
@@ -119,7 +118,7 @@ class Constraints:
                     the paper default's drift on the same structure (`RobustEvidence.drift_ratio`; None:
                     unconstrained). Queries stay uncalibrated, so a config that re-embeds the passages far more
                     than the paper's own setting does wins on the tuning passages by more than a re-weighting of
-                    positions, and loses it on passages built otherwise (README "What wins").
+                    positions, and loses it on passages built otherwise (docs/concepts.md).
     """
 
     hm_floor: float

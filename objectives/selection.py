@@ -13,9 +13,7 @@ query resamples (every trial is scored on the same resampled queries, `objective
 eligible when its objective exceeds the best one's by at most the standard deviation of the difference
 between the two over those resamples. Two configs scored on the same queries share most of their noise
 (which queries are hard, which passages are long), so the noise *between* them is smaller than either
-one's own: in the default WikiPos-dev studies of seeds 0-3 the paired spread against the best trial was
-0.012-0.024 (median 0.018), the best trial's own standard error 0.038, which admitted trials up to 0.038
-worse as "indistinguishable" (README "What wins"). Trials recorded without resamples fall back to the best
+one's own, which would admit clearly worse trials as "indistinguishable". Trials recorded without resamples fall back to the best
 one's own standard error.
 """
 

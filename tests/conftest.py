@@ -123,7 +123,7 @@ def one_thread():
 # `--dist loadgroup` the tests that use one of them run on one worker, so the study runs once instead of once per
 # worker that drew one of its tests; a module's other tests, and its other shared runs, spread over the workers
 # (grouping whole modules put test_paths' two studies and test_tracking's two behind each other on one worker).
-SHARED_RUNS = ("default_run", "server_run", "workspace", "headline_run", "bge_m3_run", "qwen3_run", "budgeted")
+SHARED_RUNS = ("default_run", "server_run", "workspace", "headline_run", "bge_m3_run", "qwen3_run", "budgeted", "readme_project")
 
 
 # The modules whose tests (or shared runs) take longest, started first: a long one drawn last would leave the

@@ -196,6 +196,9 @@ def test_a_six_trial_study_logs_six_nested_runs_with_params_metrics_and_profiles
     summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
     assert summary[0]["trial"] is None and summary[-1]["trial"] == outcome.winner_trial
     assert summary[-1]["tuning"]["psi"] == pytest.approx(study.trials[outcome.winner_trial].user_attrs["psi"])
+    for held in summary[-1]["heldout"].values():  # each change as numbers too (the docs render them), the summary's own
+        estimate, low, high = held["intervals"]["hm"]
+        assert low <= estimate <= high and f"ΔHM {100 * estimate:+.2f} [{100 * low:+.2f}, {100 * high:+.2f}]" in held["delta"]
     assert (folder / "pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-DEFAULT_TRIALS = 16  # the cap beside the default budget (`DEFAULT_BUDGET`), which ends plain `tune` first (README)
+DEFAULT_TRIALS = 16  # the cap beside the default budget (`DEFAULT_BUDGET`), which ends plain `tune` first (docs/search.md)
 # Passages in each trial's attention profile: a diagnostic, not used by selection; its all-layer observed
 # pass cost a third of a trial at 16 passages (py-spy, default run), so 8.
 DEFAULT_PROFILE_DOCS = 8
-DEFAULT_MAX_DRIFT = 2.0  # a trial may move the document vectors at most twice as far as the paper default does (README "What wins")
+DEFAULT_MAX_DRIFT = 2.0  # a trial may move the document vectors at most twice as far as the paper default does (docs/concepts.md)
 HEARTBEAT_SECONDS = 20  # a trial whose worker is silent for 3 heartbeats is failed and re-queued
 GRID_NAMES = ("paper",)  # `tune --grid`: the configs of `tuner.tuning.search_space.GRIDS`
 SCREEN_QUERIES = 48  # queries per position group (and stratum) in the pooled screen (`tuner.evaluation.pools`)
@@ -116,9 +116,7 @@ class Budget:
 
 
 DEFAULT_BUDGET = Budget(grid_share=1 / 3)
-"""Plain `tune` spends at most a third of what the paper's grid costs: on MiniLM / WikiPos-dev (seeds 0–4) its
-winners matched the grid winner held out as often as 16 unbudgeted trials did (two of five), at half their cost
-(README, *The default tuning run*)."""
+"""Plain `tune` spends at most a third of what the paper's grid costs (docs/search.md, *The budget*)."""
 
 
 @dataclass(frozen=True)

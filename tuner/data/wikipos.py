@@ -227,9 +227,8 @@ def packed_records(records: Iterator[dict[str, Any]], seed: int = 0) -> Iterator
     from `PACKED_CHARACTERS` (`pack_to_length`): passages of every length up to the model's window.
 
     Why: a calibration tuned on dev's full 512-token passages can lose retrieval on passages of other lengths, where
-    the last basket is filled to a different degree, in a way dev's crops (windows of those passages) do not show:
-    seed 4's winner of 2026-12-02 lost 1.9 points of HM beyond noise on these, and 0.6 within noise on the crops
-    (README, *The default tuning run*). The summaries and queries are the split's own, so this is tuning data, passage-disjoint
+    the last basket is filled to a different degree, in a way dev's crops (windows of those passages) do not show
+    beyond noise. The summaries and queries are the split's own, so this is tuning data, passage-disjoint
     from every held-out set; a query's group is the third of the new passage holding its summary's midpoint.
     """
     rng = random.Random(seed)

@@ -2,11 +2,11 @@
 
 A forward pass costs about in proportion to its padded tokens times the layers it runs: a calibrated trial
 resumes at its first calibrated layer from the inputs the baseline pass cached, so it runs only its own
-layers (README, *Trial cost and caches*). The estimate counts a study's layer-tokens as its trials and
+layers (docs/benchmarks.md, *Trial cost*). The estimate counts a study's layer-tokens as its trials and
 parent run do (`cost/layer_tokens`) and prices them by a probe: a forward pass of the first few (longest)
 passages, uncalibrated. Attention adds a term in the square of the length, so a rate measured on the
 longest passages overstates shorter ones; cls and last-token calibration recompute one row per layer and
-cost what a plain pass does (README, *Engine cost*), mean pooling up to ~1.5× that.
+cost what a plain pass does (docs/benchmarks.md, *Engine cost*), mean pooling up to ~1.5× that.
 """
 
 from __future__ import annotations

@@ -307,7 +307,7 @@ def render_grids(grids: Sequence[Grid], console: Console) -> None:
 
 
 def to_markdown(table: EvaluationTable) -> str:
-    """The same tables as GitHub markdown, each under its title in bold, for the README."""
+    """The same tables as GitHub markdown, each under its title in bold (`--markdown`)."""
     return grids_markdown(_grids(table))
 
 

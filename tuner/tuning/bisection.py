@@ -11,17 +11,15 @@ no feasible λ known yet the search gallops down (an exponential search): 2, the
 the weakest over-correcting λ, so a boundary far down is reached in a few probes, and one near the top (the
 usual case) in small, cheap steps: an over-correcting probe stops at the first rung (the least biased
 structure shows the reversal, `tuner.tuning.objective.corpus_rungs`), while a feasible one costs a full
-trial. Halving towards λ 0 instead spent seed 1's budget on a full trial at λ 0.45 and ended before its
-boundary (0.55-0.7) was found; two steps at a time walked seed 1's CLS-Hard B 64 family down λ 0.6, 0.5, 0.4,
-0.3 and left no room for the probe that had won it before.
+trial: halving towards λ 0 would spend a budget on full trials far below the boundary, and fixed small steps
+would walk a family down one probe at a time.
 A family that loses nDCG@10 at every λ is left as soon as a probe is no fairer than the best trial so far
-(`queue_next`): stopping only above what selection would take walked one (Uniform, 3 layers, B 64) down λ
-0.45, 0.35, 0.25, 0.15 and spent seed 2's budget on it.
+(`queue_next`): a weaker λ is less fair, so it could not beat a config the study has.
 Where the drift limit (`--max-drift`) bounds a family, the drift its probes measured says where without
 another probe: within a family the drift grows as a power of λ (`DRIFT_EXPONENTS`), so a λ whose drift that
 law puts over the limit on some structure is treated as over-correcting and never probed
-(`drift_ceiling`). Seed 4's CLS-Hard w 0.45 family probed λ 0.9, 0.7, 0.5, 0.4 and 0.35, every one over
-the limit, which λ 1.0 and 0.3's drift already showed (README, *What wins*).
+(`drift_ceiling`): a probe whose drift the family's earlier probes already predict is budget spent on nothing
+(docs/search.md, *λ bisection*).
 """
 
 from __future__ import annotations

@@ -455,7 +455,12 @@ def _row_dict(row: SummaryRow) -> dict[str, object]:
         "config": row.config.model_dump() if row.config else None,
         "tuning": row.tuning.as_dict(),
         "heldout": {
-            name: {"metrics": h.report.as_dict(), "delta": h.delta.summary() if h.delta else None} for name, h in row.heldout.items()
+            name: {
+                "metrics": h.report.as_dict(),
+                "delta": h.delta.summary() if h.delta else None,
+                "intervals": h.delta.intervals() if h.delta else None,  # metric → (estimate, low, high), 0–1 scale
+            }
+            for name, h in row.heldout.items()
         },
     }
 

@@ -403,9 +403,8 @@ class TrialObjective:
         the trial cannot win.
 
         Every trial's bootstrap draws the same query resamples (`trial_evidence`'s fixed seed: common random
-        numbers), so one config is judged alike whatever its trial number or the study's seed. (Seeded by the
-        trial number, one config was infeasible in seed 1's study and the winner of seed 2's: the upper end of
-        its crops' nDCG@10 interval crossed 0.)"""
+        numbers), so one config is judged alike whatever its trial number or the study's seed: resamples seeded
+        per trial could make a config infeasible in one study and the winner of another."""
         first = int(self.screen is not None)  # the corpus rungs' first index
         spent, screen = 0, None
         if self.screen is not None:
@@ -756,11 +755,8 @@ def corpus_rungs(tuning: Evaluator, uncalibrated: PositionReport, structures: Se
     What decides most trials is a constraint, not PSI: a calibration reverses the bias, or costs nDCG@10,
     first where there is least bias to remove, so the least biased structure shows it first and stops the
     trial before the rest is encoded; the most biased one, where a mild config's worst case shows, comes
-    last. On WikiPos-dev: the crops (uncalibrated PSI 0.161, 89k tokens a layer), the packed passages
-    (0.174, 144k), the openings (0.188, 41k), dev (0.299, 144k). In the default studies of seeds 0-3 (before
-    the packed structure), 7 of their 9 infeasible trials were decided on the crops, and
-    `benchmarks/rung_order.py` puts this order 18-34% below the previous one (cost per unit of PSI:
-    openings, dev, crops) on those studies' trials (README, *What wins*)."""
+    last. `benchmarks/rung_order.py` replays stored studies' trials under other orders (docs/search.md,
+    *Rungs and pruning*)."""
 
     def bias(rung: SideSet | None) -> float:
         return (uncalibrated.psi if rung is None else rung.report.psi) or 0.0

@@ -67,12 +67,12 @@ class SearchSpace:
     `basket_shares` defaults to the paper's `equal` alone: a fixed setting, not an Optuna parameter (trials
     keep the parameter names they always had); with several values it is suggested like the variant.
     (`by_size` is the milder rule: on WikiPos it removes most of the correction along with the partial
-    basket's boost, README "What wins"; search it with `basket_shares: [equal, by_size]`.)
+    basket's boost (docs/engine.md, *Basket shares*); search it with `basket_shares: [equal, by_size]`.)
 
     `depths` defaults to the paper's range, the last layer up to the last 50% (its §4 grid calibrates the
     last layer or the last half). Deeper calibration reached the lowest PSI on the tuning split but
-    transferred worst: the all-layer winner of a seed-1 run lost HM and nDCG@10 on WikiPos-lengths, and each
-    deep trial costs up to six last-layer trials (README "What wins"). '75%' and '100%' stay available.
+    transferred worst (all-layer winners lost HM and nDCG@10 on WikiPos-lengths), and each deep trial costs up
+    to six last-layer trials. '75%' and '100%' stay available.
     """
 
     strength_step: float = 0.05

@@ -1,0 +1,272 @@
+"""Fill the documentation's figures from the benchmarks' JSON records (docs/results/), so none is typed by hand.
+
+A figure is a marked block in README.md or a page under docs/:
+
+    <!-- figure: results -->
+    (rendered here from docs/results/first-tune.json)
+    <!-- /figure -->
+
+`python -m benchmarks.render` rewrites every block from its record; `--check` rewrites nothing and fails, naming
+the block, where a block differs from what its record renders (tests/test_docs.py runs it). Re-run a benchmark,
+then this, and the docs follow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks import record
+
+ROOT = Path(__file__).resolve().parent.parent
+BLOCK = re.compile(r"(<!-- figure: (?P<name>[a-z0-9-]+) -->\n)(?P<body>.*?)(<!-- /figure -->)", re.DOTALL)
+HELD_OUT_NAMES = {
+    "wikipos-test": "WikiPos-test",
+    "wikipos-sentences": "`sentences`",
+    "wikipos-mixed": "`mixed`",
+    "wikipos-lengths": "`lengths`",
+}
+
+
+def documents() -> list[Path]:
+    """Every file whose figures are rendered: the README and the documentation's pages."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A block's renderer: which record it reads (docs/results/NAME.json) and how it turns it into Markdown."""
+
+    source: str
+    render: Callable[[dict[str, Any]], str]
+
+
+# ---------------------------------------------------------------- the first `make tune` (benchmarks.first_tune)
+
+
+def _gb(size: float) -> str:
+    return f"{size / 1e9:.1f} GB"
+
+
+def _minutes(seconds: float) -> str:
+    return f"{int(seconds // 60)} min {int(seconds % 60)} s"
+
+
+def _measured_on(data: dict[str, Any]) -> str:
+    device = data["device"]
+    where = device["gpu"] or f"{device['cores']} CPU cores ({device['cpu']}), {device['memory_gib']:g} GiB of memory"
+    load = device["load_average"][0]
+    busy = ": other jobs shared the machine" if load > device["cores"] else ""
+    return (
+        f"Measured by `{data['command'].removeprefix('.venv/bin/')}` at commit `{data['commit'][:10]}` on {where}, "
+        f"load average {load:g}{busy}."
+    )
+
+
+def prerequisites(data: dict[str, Any]) -> str:
+    r = data["results"]
+    return "\n".join(
+        [
+            "| the first run, on a fresh clone | measured |",
+            "|---|---:|",
+            f"| `make setup` (creates `.venv`, downloads packages) | {_minutes(r['setup_seconds'])} |",
+            f"| `make tune` | {_minutes(r['tune_seconds'])} |",
+            f"| peak memory of `make tune` (all its processes) | {_gb(r['tune_peak_rss_bytes'])} |",
+            f"| disk: `.venv/` | {_gb(r['venv_bytes'])} |",
+            f"| disk: `mlruns/` after the run (stores, cache, export) | {_gb(r['mlruns_bytes'])} |",
+            "",
+            _measured_on(data),
+        ]
+    )
+
+
+def _interval(values: Sequence[float] | None, scale: float, digits: int) -> str:
+    if values is None:
+        return "—"
+    estimate, low, high = (v * scale for v in values)
+    return f"{estimate:+.{digits}f} [{low:+.{digits}f}, {high:+.{digits}f}]"
+
+
+def _config(row: dict[str, Any]) -> str:
+    config = row["config"]
+    if config is None:
+        return "—"
+    variant = {"uniform": "Uniform", "cls_soft": "CLS-Soft", "cls_hard": "CLS-Hard"}[config["variant"]]
+    weight = f" w {config['weight']:g}" if config["variant"] == "cls_hard" else ""
+    return f"{variant}{weight}, λ {config['strength']:g}, layers {config['layers']}, basket {config['basket_size']}"
+
+
+def heldout_table(data: dict[str, Any], set_name: str) -> str:
+    """No calibration, the paper default and the winner on one held-out set, with 95% paired-bootstrap intervals."""
+    lines = [
+        "| config | | HM | PSI ↓ | nDCG@10 | ΔHM | ΔPSI | ΔnDCG@10 |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in data["results"]["summary"]:
+        held = row["heldout"][set_name]
+        metrics, intervals = held["metrics"], held["intervals"] or {}
+        lines.append(
+            f"| {row['label']} | {_config(row)} | {100 * metrics['hm']:.2f} | {metrics['psi']:.3f} | {100 * metrics['ndcg10']:.2f} "
+            f"| {_interval(intervals.get('hm'), 100, 2)} | {_interval(intervals.get('psi'), 1, 3)} "
+            f"| {_interval(intervals.get('ndcg10'), 100, 2)} |"
+        )
+    return "\n".join(lines)
+
+
+def results(data: dict[str, Any]) -> str:
+    first = next(iter(data["results"]["summary"][0]["heldout"]))
+    return "\n".join(
+        [
+            heldout_table(data, first),
+            "",
+            f"{HELD_OUT_NAMES.get(first, first)}, never seen by the tuner; nDCG@10 and HM ×100; Δ against no calibration with "
+            "95% paired-bootstrap intervals. " + _measured_on(data),
+        ]
+    )
+
+
+def heldout_all(data: dict[str, Any]) -> str:
+    sets = list(data["results"]["summary"][0]["heldout"])
+    parts = []
+    for name in sets:
+        parts += [f"**{HELD_OUT_NAMES.get(name, name)}**", "", heldout_table(data, name), ""]
+    return "\n".join([*parts, _measured_on(data)])
+
+
+def trials(data: dict[str, Any]) -> str:
+    study = data["results"]["study"]
+    states, attrs = study["trials_by_state"], study["user_attrs"]
+    ran = (
+        f"The default study ran {study['trials_counted']} trials ({states.get('COMPLETE', 0)} complete, "
+        f"{states.get('PRUNED', 0)} pruned between rungs)"
+    )
+    end = attrs.get("budget_end")
+    if end is None:
+        return ran + ": `--trials` ended it before the budget did."
+    left = max(int(end["trials"]) - int(end["spent"]), 0)
+    return (
+        f"{ran}, then stopped: trial {end['trial']} would have needed up to {int(end['needed']) / 1e6:.2f} M layer-tokens "
+        f"and {left / 1e6:.2f} M were left of the trials' {int(end['trials']) / 1e6:.2f} M."
+    )
+
+
+def example_output(data: dict[str, Any]) -> str:
+    """The tuning split's table as the run printed it (the held-out ones follow it), then its closing lines."""
+    r = data["results"]
+    lines = r["stdout"].rstrip().splitlines()
+    tuning = lines[: next((i for i, line in enumerate(lines) if "held out," in line), len(lines))]
+    keep = ("winner:", "exported config:", "registered model:")  # whole lines: a wrapped one would be cut
+    tail = [line.strip() for line in r["stderr_tail"] if line.strip().startswith(keep)]
+    return "```text\n" + "\n".join(line.rstrip() for line in tuning) + "\n" + "\n".join(tail) + "\n```"
+
+
+# ---------------------------------------------------------------- engine overhead (benchmarks.overhead)
+
+
+def overhead(data: dict[str, Any]) -> str:
+    columns = data["results"]["columns"]
+    methods = ("sdpa", "eager", "oracle", "engine")
+    lines = [
+        "| method | " + " | ".join(c["title"] for c in columns) + " |",
+        "|---|" + "---:|" * len(columns),
+    ]
+    for method in methods:
+        cells = []
+        for column in columns:
+            result, sdpa = column["results"].get(method), column["results"].get("sdpa")
+            cells.append("—" if result is None or sdpa is None else f"{result['time_s']:.2f} s · {result['time_s'] / sdpa['time_s']:.2f}×")
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    paired = [column["results"].get("engine", {}).get("paired_ratio") for column in columns]
+    lines.append(
+        "| **engine ÷ uncalibrated, same process, interleaved** | "
+        + " | ".join("—" if p is None else f"**{p:.3f}×**" for p in paired)
+        + " |"
+    )
+    extra = []
+    for column in columns:
+        engine, sdpa = column["results"].get("engine"), column["results"].get("sdpa")
+        have = engine is not None and sdpa is not None and engine.get("extra_kib") is not None and sdpa.get("extra_kib") is not None
+        extra.append(f"{(engine['extra_kib'] - sdpa['extra_kib']) / 1024:+.2f} MiB" if have else "—")  # type: ignore[index]
+    lines.append("| extra peak memory, engine − SDPA | " + " | ".join(extra) + " |")
+    return "\n".join([*lines, "", _measured_on(data)])
+
+
+# ---------------------------------------------------------------- trial cost (benchmarks.trial_cost)
+
+
+def trial_cost(data: dict[str, Any]) -> str:
+    trial = data["results"]["trial"]
+    lines = ["| encode | seconds | × full encode | × same trial from scratch |", "|---|---:|---:|---:|"]
+    for key, seconds in trial["times"].items():
+        vs = trial["vs_scratch"].get(key)
+        against_scratch = "1.00" if vs is None and "scratch" in key else ("" if vs is None else f"{vs:.2f}")
+        lines.append(f"| {key} | {seconds:.1f} | {trial['ratios'][key]:.2f} | {against_scratch} |")
+    return "\n".join([*lines, "", _measured_on(data)])
+
+
+FIGURES: dict[str, Figure] = {
+    "prerequisites": Figure("first-tune", prerequisites),
+    "results": Figure("first-tune", results),
+    "heldout-all": Figure("first-tune", heldout_all),
+    "trials": Figure("first-tune", trials),
+    "example-output": Figure("first-tune", example_output),
+    "overhead": Figure("overhead", overhead),
+    "trial-cost": Figure("trial-cost", trial_cost),
+}
+
+
+def rendered(text: str, results: Path = record.RESULTS) -> str:
+    """`text` with every figure block filled from its record."""
+    loaded: dict[str, dict[str, Any]] = {}
+
+    def fill(match: re.Match[str]) -> str:
+        name = match["name"]
+        if name not in FIGURES:
+            raise KeyError(f"figure {name!r} has no renderer; known: {', '.join(FIGURES)}")
+        figure = FIGURES[name]
+        if figure.source not in loaded:
+            path = results / f"{figure.source}.json"
+            if not path.exists():
+                raise FileNotFoundError(f"{path} is missing: run `python -m benchmarks.{figure.source.replace('-', '_')}` to measure it")
+            loaded[figure.source] = record.read(path)
+        return f"{match.group(1)}{figure.render(loaded[figure.source]).rstrip()}\n{match.group(4)}"
+
+    return BLOCK.sub(fill, text)
+
+
+def stale(paths: Sequence[Path], results: Path = record.RESULTS) -> list[str]:
+    """The blocks whose text differs from what their record renders, as `file: figure` lines."""
+    out = []
+    for path in paths:
+        text = path.read_text(encoding="utf-8")
+        fresh = {m["name"]: m["body"] for m in BLOCK.finditer(rendered(text, results))}
+        for match in BLOCK.finditer(text):
+            if match["body"] != fresh[match["name"]]:
+                out.append(f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}: {match['name']}")
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 naming every block that differs from its record")
+    args = parser.parse_args(argv)
+    if args.check:
+        differ = stale(documents())
+        if differ:
+            sys.exit("figures that differ from their JSON record (run python -m benchmarks.render):\n" + "\n".join(differ))
+        return
+    for path in documents():
+        text = path.read_text(encoding="utf-8")
+        new = rendered(text)
+        if new != text:
+            path.write_text(new, encoding="utf-8")
+            print(f"rendered {path.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,175 @@
+"""The documentation as a user reads it: a short README whose links resolve, figures that are their benchmark's JSON
+record rendered (never typed), a command-line page generated from the app, and no development history in anything
+a user reads (issue numbers, dated diaries)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import typer
+import yaml
+
+from benchmarks import render
+from tuner.cli.app import app
+from tuner.cli.reference import reference
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+PAGES = sorted((ROOT / "docs").glob("*.md"))
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+EXTERNAL = {"https://arxiv.org/abs/2606.02737"}  # the paper; no network here to fetch it
+
+# What a user must not meet: this project's issue numbers ("issue 21", "Issues 20/21", "#21" but not another
+# project's "owner/repo#21"), dates in prose, and diary words that date a statement.
+HISTORY = re.compile(
+    r"\bissues? \d+"
+    r"|(?<![\w/.-])#\d+\b"
+    r"|\b20\d\d-\d\d-\d\d\b"
+    r"|\b(?:today|yesterday|tonight|this (?:morning|afternoon|evening)|earlier today)\b",
+    re.IGNORECASE,
+)
+
+
+def user_facing() -> dict[str, str]:
+    """Every text a user reads: README, the documentation's pages, the command line's help, and the package's source
+    (its messages, MLflow descriptions and tags, docstrings and comments)."""
+    texts = {str(path.relative_to(ROOT)): path.read_text(encoding="utf-8") for path in [README, *PAGES, ROOT / "benchmarks" / "README.md"]}
+    texts["tune --help (every command)"] = reference()
+    for package in ("tuner", "objectives"):
+        for source in sorted((ROOT / package).rglob("*.py")):
+            texts[str(source.relative_to(ROOT))] = source.read_text(encoding="utf-8")
+    return texts
+
+
+def test_the_readme_is_short() -> None:
+    assert len(README.read_text(encoding="utf-8").splitlines()) <= 150
+
+
+def test_every_readme_link_resolves() -> None:
+    links = LINK.findall(README.read_text(encoding="utf-8"))
+    assert links, "the README links into the documentation"
+    for target in links:
+        if target.startswith(("http://", "https://")):
+            assert target in EXTERNAL, f"{target}: an external link nobody checked"
+            continue
+        assert (ROOT / target.split("#")[0]).exists(), f"README links to {target}, which does not exist"
+
+
+def test_no_user_facing_text_carries_issue_numbers_or_a_dated_diary() -> None:
+    found = [
+        f"{name}:{text.count(chr(10), 0, match.start()) + 1}: {match.group(0)!r}"
+        for name, text in user_facing().items()
+        for match in HISTORY.finditer(text)
+    ]
+    assert not found, "history belongs in docs/changelog.md as what changed, not when:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["as issue 21 allows", "Issues 20/21", "see #21", "on 2026-12-03 it took", "Today's default", "earlier today", "this morning's run"],
+)
+def test_the_history_check_catches(text: str) -> None:
+    assert HISTORY.search(text)
+
+
+@pytest.mark.parametrize("text", ["pytest-dev/pytest-xdist#1386", "optuna-dashboard#772", "colour #1f77b4", "the issue is noise"])
+def test_the_history_check_leaves_alone(text: str) -> None:
+    assert not HISTORY.search(text)
+
+
+# ---------------------------------------------------------------- figures come from their records
+
+
+def test_every_figure_in_the_docs_is_its_record_rendered() -> None:
+    assert render.stale(render.documents()) == [], "run python -m benchmarks.render after a benchmark"
+
+
+def test_the_readme_and_getting_started_show_the_measured_figures() -> None:
+    for path in (README, ROOT / "docs" / "index.md"):
+        names = {m["name"] for m in render.BLOCK.finditer(path.read_text(encoding="utf-8"))}
+        assert {"prerequisites", "trials", "example-output"} <= names, path
+    assert "results" in {m["name"] for m in render.BLOCK.finditer(README.read_text(encoding="utf-8"))}
+
+
+def test_a_figure_typed_over_is_caught(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    original = render.rendered("Before.\n<!-- figure: prerequisites -->\n<!-- /figure -->\nAfter.\n")
+    page.write_text(original, encoding="utf-8")
+    assert render.stale([page]) == []
+    minutes = re.search(r"\| `make tune` \| (\d+) min", original)
+    assert minutes is not None
+    page.write_text(original.replace(minutes.group(0), f"| `make tune` | {int(minutes.group(1)) + 1} min"), encoding="utf-8")
+    assert render.stale([page]) == [f"{page}: prerequisites"]
+
+
+def test_a_figure_follows_its_record(tmp_path: Path) -> None:
+    """The rendered numbers are the record's: change the record and the figure changes with it."""
+    record = json.loads((render.record.RESULTS / "first-tune.json").read_text(encoding="utf-8"))
+    record["results"].update(tune_seconds=125.0, tune_peak_rss_bytes=7.7e9, mlruns_bytes=3.2e9)
+    (tmp_path / "first-tune.json").write_text(json.dumps(record), encoding="utf-8")
+    text = render.rendered("<!-- figure: prerequisites -->\n<!-- /figure -->\n", tmp_path)
+    assert "| `make tune` | 2 min 5 s |" in text
+    assert "| 7.7 GB |" in text and "| 3.2 GB |" in text
+
+
+def test_a_missing_record_names_the_benchmark_that_writes_it(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"python -m benchmarks\.trial_cost"):
+        render.rendered("<!-- figure: trial-cost -->\n<!-- /figure -->\n", tmp_path)
+
+
+def test_every_record_says_how_where_and_when_it_was_measured() -> None:
+    for path in sorted(render.record.RESULTS.glob("*.json")):
+        data = json.loads(path.read_text(encoding="utf-8"))
+        assert {"benchmark", "command", "commit", "date", "device", "results"} <= set(data), path
+        assert re.search(r"python -m benchmarks\.\w+", data["command"]) and re.fullmatch(r"[0-9a-f]{40}(-dirty)?", data["commit"]), path
+
+
+# ---------------------------------------------------------------- the command-line page is generated
+
+
+def hooks() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "docs" / "hooks.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_command_line_page_is_rendered_from_the_app_at_build_time() -> None:
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))
+    assert "docs/hooks.py" in config["hooks"]
+    page = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
+    assert hooks().MARKER in page and "--max-drift" not in page, "the reference is generated, not typed"
+    built = hooks().on_page_markdown(page)
+    command = typer.main.get_command(app)
+    for name, sub in command.commands.items():  # type: ignore[attr-defined]
+        assert f"## `tune {name}`" in built
+        for param in sub.params:
+            for flag in param.opts:
+                if flag.startswith("--"):
+                    assert f"`{flag}" in built, f"tune {name} {flag} is missing from the page"
+
+
+def test_changing_an_options_help_changes_the_page(monkeypatch: pytest.MonkeyPatch) -> None:
+    command = typer.main.get_command(app)
+    budget = next(p for p in command.commands["run"].params if p.name == "budget")  # type: ignore[attr-defined]
+    assert budget.help and budget.help in hooks().on_page_markdown(hooks().MARKER)
+    budget.help = "A help text written by this test."
+    monkeypatch.setattr(typer.main, "get_command", lambda _app: command)
+    page = hooks().on_page_markdown(hooks().MARKER)
+    assert "`--budget <str>`: A help text written by this test." in page
+
+
+def test_the_site_configuration_fetches_nothing_at_build_time() -> None:
+    """Offline builds: only plugins that download nothing (not material's social cards or privacy), and no external
+    inventories for mkdocstrings."""
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))
+    names = [plugin if isinstance(plugin, str) else next(iter(plugin)) for plugin in config["plugins"]]
+    assert set(names) <= {"search", "mkdocstrings"}, names
+    handler = next(p for p in config["plugins"] if isinstance(p, dict) and "mkdocstrings" in p)["mkdocstrings"]["handlers"]["python"]
+    assert "inventories" not in handler and "import" not in handler
