@@ -7,6 +7,7 @@ query counts, aggregated by `objectives.metrics.aggregate` — the same code tha
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -85,13 +86,7 @@ def paired_bootstrap(
 
     n_queries = len(baseline.query_ids)
     point = _deltas(baseline, candidate, np.ones((1, n_queries)))
-    rng = np.random.default_rng(seed)
-    block = max(1, _WEIGHT_CELLS_PER_BLOCK // n_queries)
-    blocks = []
-    for start in range(0, n_resamples, block):
-        size = min(block, n_resamples - start)
-        weights = rng.multinomial(n_queries, np.full(n_queries, 1.0 / n_queries), size=size).astype(np.float64)
-        blocks.append(_deltas(baseline, candidate, weights))
+    blocks = [_deltas(baseline, candidate, weights) for weights in _resamples(n_queries, n_resamples, seed)]
     resampled = {name: np.concatenate([b[name] for b in blocks]) for name in point}
 
     tail = 50 * (1 - confidence)
@@ -114,6 +109,45 @@ def paired_bootstrap(
         tilt=interval("tilt") if "tilt" in point else None,
         position_psi=interval("position_psi") if "position_psi" in point else None,
     )
+
+
+def _resamples(n_queries: int, n_resamples: int, seed: int) -> Iterator[np.ndarray]:
+    """Bootstrap query counts, `n_resamples` rows of `n_queries` in blocks of bounded size; one seed, one sequence."""
+    rng = np.random.default_rng(seed)
+    block = max(1, _WEIGHT_CELLS_PER_BLOCK // n_queries)
+    for start in range(0, n_resamples, block):
+        size = min(block, n_resamples - start)
+        yield rng.multinomial(n_queries, np.full(n_queries, 1.0 / n_queries), size=size).astype(np.float64)
+
+
+@dataclass(frozen=True)
+class PositionProfile:
+    """One run's nDCG@10 in each position group and its tilt (`objectives.metrics`: the slope along the passage over
+    the mean; None where positions are unknown), each with a percentile interval over query resamples (0–1 scale)."""
+
+    groups: dict[str, Interval]
+    tilt: Interval | None
+
+
+def position_profile(run: PerQuery, n_resamples: int = 1000, seed: int = 0, confidence: float = 0.95) -> PositionProfile:
+    """How one run does along the passage, with intervals: the same seed draws the same resamples for every run of a
+    dataset, so the profiles of several configs are drawn over common resamples."""
+    if n_resamples < 1:
+        raise ValueError(f"n_resamples must be at least 1, got {n_resamples}")
+    point = aggregate(run, np.ones((1, len(run.query_ids))))
+    blocks = [aggregate(run, weights) for weights in _resamples(len(run.query_ids), n_resamples, seed)]
+    tail = 50 * (1 - confidence)
+
+    def interval(estimate: float, samples: np.ndarray) -> Interval:
+        low, high = np.nanpercentile(samples, [tail, 100 - tail])
+        return Interval(float(estimate), float(low), float(high))
+
+    groups = np.concatenate([b.group_ndcg10 for b in blocks])
+    profile = {group: interval(point.group_ndcg10[0, g], groups[:, g]) for g, group in enumerate(run.group_order)}
+    tilt = None
+    if point.tilt is not None and np.isfinite(point.tilt[0]):
+        tilt = interval(point.tilt[0], np.concatenate([b.tilt for b in blocks if b.tilt is not None]))
+    return PositionProfile(profile, tilt)
 
 
 def _deltas(baseline: PerQuery, candidate: PerQuery, weights: np.ndarray) -> dict[str, np.ndarray]:

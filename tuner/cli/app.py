@@ -20,6 +20,7 @@ from typer.core import TyperCommand, TyperGroup
 
 from tuner.common.messages import UserError, shown
 from tuner.common.options import (
+    DEFAULT_CACHE_BYTES,
     DEFAULT_MAX_DRIFT,
     DEFAULT_PROFILE_DOCS,
     DEFAULT_TRIALS,
@@ -293,7 +294,10 @@ def run(
     revision: Annotated[str | None, typer.Option(help="Hub revision of the model.")] = None,
     trust_remote_code: TrustRemoteCode = False,
     cache_budget: Annotated[
-        str | None, typer.Option(help="Disk/RAM for cached layer inputs, e.g. 4GB or 0 (none); default: tuner.evaluation.store's budget.")
+        str | None,
+        typer.Option(
+            help=f"Disk for cached layer inputs (what trials resume from; read into memory while it fits), e.g. 4GB or 0 (none); default: {DEFAULT_CACHE_BYTES // 2**30} GiB, less where the disk has less free."
+        ),
     ] = None,
     workers: Annotated[int, typer.Option(help="Local worker processes on this study (each loads the model).")] = 1,
     worker: Annotated[
@@ -484,14 +488,18 @@ def encode(
 
         check_writable(output, "--output", inputs=(input, config), force=force)
         texts = read_texts(input)
-        from tuner.engine.encoder import CalibratedEncoder
+        import warnings
+
+        from tuner.engine.encoder import CalibratedEncoder, ShortDocumentsWarning
         from tuner.engine.exported import load_exported
 
         _quiet_libraries()
         load_exported(config)  # a broken config fails before the model loads
         encoder = CalibratedEncoder.from_yaml(config, trust_remote_code=trust_remote_code)
         method = encoder.encode_query if queries else encoder.encode_document
-        vectors = method(texts, batch_size=batch_size, show_progress_bar=True)
+        with warnings.catch_warnings():  # the line printed below counts them
+            warnings.simplefilter("ignore", ShortDocumentsWarning)
+            vectors = method(texts, batch_size=batch_size, show_progress_bar=True)
         _save_atomically(vectors, output, force=force)
     short = (
         f"; {encoder.too_short} shorter than one basket ({encoder.config.basket_size} tokens of content), left uncalibrated"
