@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import optuna
@@ -310,7 +310,7 @@ def record_export(study: optuna.Study, path: Path) -> None:
     """Mark the elected export as written (`claim_export`) on the study (later runs say where it is instead of
     exporting again), then remove the marker: written first, so a process that looks between the two finds one."""
     storage = study._storage
-    record = {"trials": len(complete_trials(study)), "export": str(path), OWNER_ATTR: _owner()}
+    record: dict[str, Any] = {"trials": len(complete_trials(study)), "export": str(path), OWNER_ATTR: _owner()}
     storage.set_study_system_attr(study._study_id, EXPORT_ATTR, record)
     try:
         storage.delete_study(storage.get_study_id_from_name(_export_mark(study)))
