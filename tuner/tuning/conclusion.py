@@ -14,9 +14,19 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from objectives import Constraints, HmFloor, Interval, PairedBootstrap, PositionReport, Selection, paired_bootstrap
-from objectives.bootstrap import PositionProfile, position_profile
-from objectives.constraint import CONSTRAINTS, describe_rule
+from objectives import (
+    CONSTRAINTS,
+    Constraints,
+    HmFloor,
+    Interval,
+    PairedBootstrap,
+    PositionProfile,
+    PositionReport,
+    Selection,
+    describe_rule,
+    paired_bootstrap,
+    position_profile,
+)
 from tuner.calibration import CalibrationConfig
 from tuner.common.files import EXPORTS, check_writable
 from tuner.common.messages import UserError, first_line
