@@ -123,14 +123,12 @@ def optuna_figures(study: optuna.Study, folder: Path) -> list[Path]:
     """Optuna's own history and parameter-importance plots (skipped when too few trials)."""
     from optuna.visualization import matplotlib as optuna_plots
 
-    target: Callable[[FrozenTrial], float] | None = (lambda t: t.values[0]) if len(study.directions) > 1 else None  # PSI
+    target = _psi_target(study)
     params = unconditional_params(study)
-    named = "worst-case PSI" if any("worst_structure" in t.user_attrs for t in complete_trials(study)) else "PSI"
     plots: tuple[tuple[str, Callable[[], Axes]], ...] = (
-        ("history.png", lambda: optuna_plots.plot_optimization_history(study, target=target, target_name=named)),
-        ("importances.png", lambda: optuna_plots.plot_param_importances(study, params=params, target=target, target_name=named)),
+        ("history.png", lambda: history(study)),
+        ("importances.png", lambda: optuna_plots.plot_param_importances(study, params=params, target=target, target_name=_psi_name(study))),
     )
-    ran = [t.number for t in study.get_trials(deepcopy=False) if t.state.is_finished() and SURPLUS_ATTR not in t.user_attrs]
     paths = []
     for name, plot in plots:
         try:
@@ -140,14 +138,32 @@ def optuna_figures(study: optuna.Study, folder: Path) -> list[Path]:
             figure = axis.figure
             if not isinstance(figure, Figure):  # optuna draws on a figure of its own, never a subfigure
                 raise TypeError(f"optuna drew {name} on a {type(figure).__name__}, not a figure")
-            if name == "history.png" and ran:  # Optuna draws its best-value line to the last trial number, run or not
-                axis.set_xlim(-0.5, max(ran) + 0.5)
             figure.savefig(folder / name, dpi=100, bbox_inches="tight")
             plt.close(figure)
             paths.append(folder / name)
         except (ValueError, RuntimeError, ZeroDivisionError) as error:
             log.info("skipped %s: %s", name, error)
     return paths
+
+
+def history(study: optuna.Study) -> Axes:
+    """Optuna's history of the objective, its axis ending at the last trial that ran: Optuna draws its best-value line to
+    the last trial number, and a queued trial the study withdrew unrun, or a surplus draw, has one."""
+    from optuna.visualization import matplotlib as optuna_plots
+
+    axis = optuna_plots.plot_optimization_history(study, target=_psi_target(study), target_name=_psi_name(study))
+    ran = [t.number for t in study.get_trials(deepcopy=False) if t.state.is_finished() and SURPLUS_ATTR not in t.user_attrs]
+    if ran:
+        axis.set_xlim(-0.5, max(ran) + 0.5)
+    return axis
+
+
+def _psi_target(study: optuna.Study) -> Callable[[FrozenTrial], float] | None:
+    return (lambda t: t.values[0]) if len(study.directions) > 1 else None  # PSI, the first of --pareto's two
+
+
+def _psi_name(study: optuna.Study) -> str:
+    return "worst-case PSI" if any("worst_structure" in t.user_attrs for t in complete_trials(study)) else "PSI"
 
 
 def param_importances(study: optuna.Study) -> dict[str, float]:
