@@ -760,12 +760,22 @@ def winner_columns(best: optuna.trial.FrozenTrial, rows: list[Row]) -> dict[str,
     return {k: round(v, 4) for k, v in columns.items()}
 
 
+WINNER_HELD_OUT = "Winner held out"
+"""The section of the parent run's metrics that holds the winner's held-out figures: logged first (MLflow's run page
+lists metrics in the order logged) and capitalised (its charts sort sections by name, capitals first), so they come
+before the reference configs' and the costs."""
+
+
 def _row_metrics(rows: list[Row]) -> dict[str, float]:
-    """The summary table as parent-run metrics: tuning figures per config, held-out figures with their intervals."""
+    """The summary table as parent-run metrics: the winner's held-out figures with their intervals first (under
+    `WINNER_HELD_OUT`), then every config's tuning figures and the reference configs' held-out ones."""
+    labels = ["uncalibrated", *(["paper_default"] if len(rows) > 2 else []), "winner"]
     metrics: dict[str, float] = {}
-    for index, row in enumerate(rows):
-        label = "uncalibrated" if index == 0 else "winner" if index == len(rows) - 1 else "paper_default"
+    for name, held in rows[-1].heldout.items():
+        metrics |= summary_metrics(f"{WINNER_HELD_OUT}/{name}", held.report.as_dict(), held.delta.intervals() if held.delta else None)
+    for label, row in zip(labels, rows):
         metrics |= summary_metrics(f"tuning/{label}", row.tuning.as_dict(), None)
+    for label, row in zip(labels[:-1], rows[:-1]):
         for name, held in row.heldout.items():
             metrics |= summary_metrics(f"heldout/{name}/{label}", held.report.as_dict(), held.delta.intervals() if held.delta else None)
     return metrics
