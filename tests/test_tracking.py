@@ -200,6 +200,7 @@ def test_runs_mark_baseline_paper_default_infeasible_trials_and_the_winner(clien
         assert f"worst-case PSI {attrs['robust_psi']:.3f} (on {attrs['worst_structure']}" in description
         assert metrics["psi"] == as_logged(attrs["psi"]) and metrics["hm_x100"] == as_logged(100 * attrs["hm"])
         assert metrics["worst_structure_psi"] == as_logged(study.trials[number].value)
+        assert list(metrics)[:2] == ["worst_structure_psi", "psi"], "logged first: what MLflow's compare view plots first"
         assert ("; infeasible: " in description) == (not feasible) == ("; feasible: " not in description), description
         checked = set(named_constraints(study.trials[number]))
         assert named(description) == checked and named(attrs["feasible"]) == checked, "every constraint checked, no other"

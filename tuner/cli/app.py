@@ -245,7 +245,7 @@ def run(
     bisect: Annotated[
         bool,
         typer.Option(
-            help="After a trial that over-corrects (reverses the bias, loses nDCG@10, moves the vectors past --max-drift), try the same config at a weaker λ."
+            help="After a trial too strong for its config (it reverses the bias, loses nDCG@10 or is over the drift limit), try the same config at a weaker λ."
         ),
     ] = True,
     grid: Annotated[str | None, typer.Option(help="'paper': run exactly the paper's 24 configs (its grid), unpruned.")] = None,

@@ -576,7 +576,10 @@ class TrialObjective:
         if scored.crops is not None:
             metrics.update(crops_psi=scored.crops.psi or 0.0, crops_hm=scored.crops.hm or 0.0, crops_ndcg10=scored.crops.ndcg10)
         metrics["cost/layer_tokens"] = float(scored.layer_tokens)
-        return metrics, constraints
+        # the run list's columns first: MLflow keeps a run's metrics in the order logged, and its compare view plots
+        # the first one the runs share unless told otherwise
+        leading = {name: metrics.pop(name) for name in ("robust_psi", "psi", "hm", "feasible", "ndcg10_delta") if name in metrics}
+        return leading | metrics, constraints
 
     def _profile(self, number: int, config: CalibrationConfig, metrics: dict[str, float]) -> list[Path]:
         """The pooled row's attention on a few passages (diagnostic only: selection never reads it)."""
