@@ -184,10 +184,11 @@ def mlflow_pruned_and_compare(page: object, runs_url: str, project: Path, study:
 
 
 def copy_scatter(project: Path, parent_id: str) -> None:
-    """The parent run's PSI–HM scatter, as logged, to docs/pareto.png."""
+    """The parent run's PSI–HM scatter and held-out profiles, as logged, to docs/pareto.png and docs/heldout.png."""
     client = store(project)
-    local = Path(client.download_artifacts(parent_id, "pareto.png", tempfile.mkdtemp(prefix="scatter-")))
-    (DOCS / "pareto.png").write_bytes(local.read_bytes())
+    for name in ("pareto.png", "heldout.png"):
+        local = Path(client.download_artifacts(parent_id, name, tempfile.mkdtemp(prefix="figure-")))
+        (DOCS / name).write_bytes(local.read_bytes())
 
 
 def dashboard_pages(page: object, base: str, study: optuna.Study) -> None:
@@ -199,7 +200,7 @@ def dashboard_pages(page: object, base: str, study: optuna.Study) -> None:
     page.evaluate("document.querySelectorAll('*').forEach(e => { e.scrollTop = 0; }); window.scrollTo(0, 0)")  # sticky header
     page.wait_for_timeout(3000)
     page.screenshot(path=DOCS / "optuna-dashboard.png", full_page=True)
-    page.goto(f"{base}/dashboard/studies/{study._study_id}/trial-table")
+    page.goto(f"{base}/dashboard/studies/{study._study_id}/trialTable")
     page.wait_for_timeout(4000)
     page.screenshot(path=DOCS / "optuna-dashboard-trials.png", full_page=True)
     pruned = [t for t in study.trials if t.state == optuna.trial.TrialState.PRUNED and "feasible" in t.user_attrs]

@@ -66,6 +66,8 @@ def test_one_stop_finishes_the_trial_says_so_exits_non_zero_exports_nothing_and_
     parent = parent_run(tracking, name)
     assert parent.info.status == "KILLED"
     assert parent.data.tags["posfair.outcome"] == f"stopped early ({reason}): {complete} of 5 trials"
+    winner = optuna.load_study(study_name=name, storage=storage).user_attrs["winner"]
+    assert winner == f"none yet: the study stopped early ({reason}): {complete} of 5 trials complete", "not 'the study is running'"
     assert list((tmp_path / "tmp").glob("posfair-*")) == []
 
     again = forkserver.run(cmd, cwd=tmp_path, env=environment(tmp_path), capture_output=True, text=True, timeout=600, check=False)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-from dataclasses import replace
 
 import optuna
 import pytest
@@ -341,5 +340,5 @@ def test_a_study_s_own_limits_come_back_from_its_attributes() -> None:
     study = optuna.create_study()
     for key, value in {"hm_floor": "baseline", "max_ndcg_drop": 0.005, "max_reversal": None, "max_drift": 3.0}.items():
         study.set_user_attr(key, value)
-    expected = replace(Constraints(0.55, conservative=False, max_ndcg_drop=0.005, max_reversal=None, max_drift=3.0))
+    expected = Constraints(0.55, conservative=False, max_ndcg_drop=0.005, max_reversal=None, max_drift=3.0)
     assert study_constraints(study, 0.55) == expected

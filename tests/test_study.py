@@ -315,6 +315,8 @@ def test_a_floor_no_trial_reaches_ends_without_an_export(workspace: dict, tmp_pa
     ):
         tune(settings)
     assert not (tmp_path / "none.yaml").exists()
+    said = optuna.load_study(study_name="unreachable", storage=settings.storage).user_attrs["winner"]
+    assert said.startswith("none: no trial met the constraints; nothing exported. every trial misses the HM floor")
 
 
 def add_trial(study: optuna.Study, psi: float, hm: float, floor_gap: float) -> None:

@@ -133,13 +133,15 @@ def conclude(
         *optuna_figures(study, staging),
     ]
     if picked is None:
+        reason = _nothing_feasible(study, settings, floor)
+        study.set_user_attr(WINNER_ATTR, f"none: {reason}")
         tracker.finish_study(
             {**summary_metrics("tuning/uncalibrated", baseline.report.as_dict(), None), **display_metrics({"hm_floor": floor})},
             figures,
-            {"posfair.outcome": "no feasible trial"},
+            {"posfair.outcome": "no feasible trial", NOTE: reason},
             "FAILED",
         )
-        raise NoFeasibleTrialError(_nothing_feasible(study, settings, floor))
+        raise NoFeasibleTrialError(reason)
     best, selection = picked
     log.info("winner: %s", selection.describe())
     tracker.close_stale_trials(study.study_name, [t.number for t in study.trials if t.state == TrialState.FAIL])

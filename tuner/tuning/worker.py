@@ -39,7 +39,7 @@ from tuner.tuning.search_space import PAPER_GRID, trial_basket_shares
 from tuner.tuning.session import FLOOR_ATTR, Session, describe_budget, prepare, price_budget
 from tuner.tuning.settings import TuneSettings, worker_devices
 from tuner.tuning.storage import make_storage
-from tuner.tuning.study import Terminated, TrialsEnd, run_trials
+from tuner.tuning.study import WINNER_ATTR, Terminated, TrialsEnd, run_trials
 
 log = logging.getLogger(__name__)
 
@@ -216,6 +216,7 @@ def _stop_short(ended: TrialsEnd, session: Session) -> NoReturn:
         f"Run the same command again to resume, or `tune export --study-name {session.name}` to export the winner so far"
     )
     if not session.settings.worker:
+        session.study.set_user_attr(WINNER_ATTR, f"none yet: the study {message.partition('; ')[0]}")
         session.tracker.finish_study(
             {"complete_trials": ended.complete},
             [],
