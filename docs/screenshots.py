@@ -176,7 +176,7 @@ def mlflow_pruned_and_compare(page: object, runs_url: str, project: Path, study:
     complete = [r.info.run_id for r in runs if r.data.tags.get("posfair.state") == "COMPLETE"]
     ids = ",".join(f'"{run}"' for run in complete)
     base = runs_url.split("#")[0]
-    page.goto(f'{base}#/compare-runs?runs=[{ids}]&experiments=["{experiment.experiment_id}"]')
+    page.goto(f'{base}#/compare-runs?runs=[{ids}]&experiments=["{experiment.experiment_id}"]&workflowType=machine_learning')
     page.get_by_text("Parallel Coordinates Plot").first.wait_for(timeout=60_000)
     close_assistant(page)
     page.wait_for_timeout(3000)
@@ -193,16 +193,17 @@ def copy_scatter(project: Path, parent_id: str) -> None:
 
 def dashboard_pages(page: object, base: str, study: optuna.Study) -> None:
     """The study page (history with pruned trials included, its default; the study attributes, `winner` first), the
-    trial list, and the first pruned trial's page with its `feasible` attribute."""
+    trial list (with the first trial open), and the first pruned trial's page with its `feasible` attribute."""
     page.goto(f"{base}/dashboard/studies/{study._study_id}")
     page.get_by_text("Best Trial").first.wait_for(timeout=60_000)
     page.get_by_text("winner").first.wait_for(timeout=30_000)
     page.evaluate("document.querySelectorAll('*').forEach(e => { e.scrollTop = 0; }); window.scrollTo(0, 0)")  # sticky header
     page.wait_for_timeout(3000)
     page.screenshot(path=DOCS / "optuna-dashboard.png", full_page=True)
-    page.goto(f"{base}/dashboard/studies/{study._study_id}/trialTable")
-    page.wait_for_timeout(4000)
-    page.screenshot(path=DOCS / "optuna-dashboard-trials.png", full_page=True)
+    page.goto(f"{base}/dashboard/studies/{study._study_id}/trials")  # "Trials (List)": each trial's state, the first one open
+    page.get_by_text("Best Trial").first.wait_for(timeout=60_000)
+    page.wait_for_timeout(1500)
+    page.screenshot(path=DOCS / "optuna-dashboard-trials.png")
     pruned = [t for t in study.trials if t.state == optuna.trial.TrialState.PRUNED and "feasible" in t.user_attrs]
     if pruned:
         page.goto(f"{base}/dashboard/studies/{study._study_id}/trials?numbers={pruned[0].number}")

@@ -233,7 +233,7 @@ def test_trial_runs_open_when_the_trial_starts_and_last_as_long_as_it(client: Ml
 
 def test_optuna_names_the_objective_and_explains_the_study(default_run: dict) -> None:
     study = the_study(default_run["work"])
-    assert study.metric_names == ["PSI"]
+    assert study.metric_names == ["worst-case PSI"]  # the objective: the worst PSI over the tuning structures
     assert study.user_attrs["objective"].startswith("minimise the worst PSI over the tuning structures")
     checked = {name for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE for name in named_constraints(t)}
     assert named(study.user_attrs["constraints"]) == checked == {"hm_floor", "ndcg_drop", "structure_ndcg", "reversal", "drift"}

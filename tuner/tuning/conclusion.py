@@ -669,7 +669,7 @@ def study_conclusion(best: optuna.trial.FrozenTrial, rows: list[Row], num_layers
     params = {**best.params, "layers": best.user_attrs.get("layers"), "basket_shares": trial_basket_shares(best)}
     first = (
         f"Winner: trial {best.number}, {describe_config(params, num_layers)}: {_figures(best)}; "
-        f"chosen by the {selection.rule} rule ({selection.reason()})."
+        f"chosen by the {selection.rule} rule: {selection.reason()}."
     )
     held = [
         f"{name} ΔHM {h.delta.hm.format()}, ΔPSI {h.delta.psi.format(scale=1, digits=3)}, ΔnDCG@10 {h.delta.ndcg10.format()}"

@@ -58,7 +58,7 @@ class StudyMismatchError(ValueError):
 WINNER_ATTR = "winner"  # the study attribute naming the exported winner: first among the study's attributes
 DASHBOARD_BEST_ATTR = "best trial in optuna-dashboard"
 DASHBOARD_BEST = (
-    "optuna-dashboard's 'Best Trial' is the lowest PSI of all complete trials, feasible or not (it does not read "
+    "optuna-dashboard's 'Best Trial' is the lowest value (worst-case PSI) of all complete trials, feasible or not (it does not read "
     "constraints there, nor the one-SE rule); the exported winner is `winner` above, each trial's `feasible` says yes "
     "or NO and why, and infeasible trials are grey in the dashboard's plots"
 )
@@ -78,7 +78,8 @@ def describe_study(study: optuna.Study, pareto: bool, constraints: Constraints, 
     each constraint in force (`checked`) with its limit, from the constraint list (`objectives.constraint`)."""
     with warnings.catch_warnings():  # "experimental" since Optuna 3.2, and what optuna-dashboard reads
         warnings.simplefilter("ignore", ExperimentalWarning)
-        study.set_metric_names(["PSI", "HM"] if pareto else ["PSI"])
+        psi = "worst-case PSI" if structures else "PSI"  # the objective, as the dashboard's plots and Best Trial name it
+        study.set_metric_names([psi, "HM"] if pareto else [psi])
     explanations = {
         "objective": describe_aim(pareto, structures) + " subject to the constraints; PSI = 1 - min/max of nDCG@10 over the "
         "position groups (0 = position-fair), HM = their harmonic mean (0-1)",
