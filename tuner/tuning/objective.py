@@ -336,6 +336,7 @@ class TrialObjective:
             f"{max(self.budget - spent, 0):,} of the trials' {self.budget:,} are left"
         )
         log.info("%s; no more trials start", reason)
+        trial.set_user_attr("feasible", f"NO: not run, {reason}")
         raise optuna.TrialPruned(reason)
 
     def trial_cost(self, config: CalibrationConfig) -> int:
