@@ -92,7 +92,7 @@ def replay(
             if seen and not reference:
                 robust = RobustEvidence(tuple(seen))
                 decided = {k: v for k, v in _decided(robust, constraints, seen).items() if v > 0}
-                if prune_reason(robust, threshold, decided, order[step:], z) is not None:
+                if prune_reason(robust, threshold, list(decided), order[step:], z) is not None:
                     stop = True
                     break
             if name not in rows:  # the stored study pruned it before this rung: charged, then stopped

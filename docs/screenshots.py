@@ -1,7 +1,11 @@
-"""The README's screenshots of MLflow and optuna-dashboard, from a fresh store, as a first-time user sees them.
+"""docs/tracking.md's screenshots of MLflow and optuna-dashboard, from a fresh store, as a first-time user sees them.
 
-    python docs/screenshots.py                 # tune --trials 4 --heldout wikipos-test in a fresh folder, then shoot
+    python docs/screenshots.py                 # plain `tune` in a fresh folder, then shoot
     python docs/screenshots.py --project DIR   # shoot an existing project (a folder holding mlruns/)
+
+MLflow: the run list (`tune ui`'s link), the study's parent run, the winner's run, a pruned trial's run, the compare
+view of the complete trials, the registered model; optuna-dashboard: the study page (history), the trial list and a
+pruned trial. What each shows is tested against the stores in the suite (docs/tracking.md says where).
 
 It starts `tune ui` and `optuna-dashboard` on loopback ports, opens each page in a fresh headless Chromium
 (no stored browser state: a first visit) through Playwright, and writes docs/*.png. It needs Playwright's
@@ -60,8 +64,8 @@ def serving(command: list[str], cwd: Path, health: str, log: Path) -> Iterator[s
 
 
 def tune_fresh(folder: Path) -> None:
-    """The short default-like run the screenshots show."""
-    subprocess.run([sys.executable, "-m", "tuner.cli", "--trials", "4", "--heldout", "wikipos-test"], cwd=folder, check=True)
+    """The default run the screenshots show: plain `tune` (MiniLM on WikiPos-dev, its budget, the four held-out sets)."""
+    subprocess.run([sys.executable, "-m", "tuner.cli"], cwd=folder, check=True)
 
 
 def shoot(project: Path) -> None:
@@ -90,6 +94,7 @@ def shoot(project: Path) -> None:
         mlflow_parent_run(page, runs_url, parent)
         copy_scatter(project, parent)
         mlflow_winner_and_model(page, runs_url, project, name)
+        mlflow_pruned_and_compare(page, runs_url, project, name)
         dashboard_pages(page, f"http://127.0.0.1:{dashboard_port}", study)
         browser.close()
     print(f"winner: {winner}")
@@ -158,28 +163,53 @@ def mlflow_winner_and_model(page: object, runs_url: str, project: Path, study: s
     )
 
 
-def copy_scatter(project: Path, parent_id: str) -> None:
-    """The parent run's PSI–HM scatter, as logged, to docs/pareto.png."""
+def mlflow_pruned_and_compare(page: object, runs_url: str, project: Path, study: str) -> None:
+    """A pruned trial's run (FINISHED, its reason, its figures per structure and under `pruned/`), and MLflow's compare
+    view of the complete trials, with the axes a user picks: the knobs and the objective."""
     client = store(project)
-    local = Path(client.download_artifacts(parent_id, "pareto.png", tempfile.mkdtemp(prefix="scatter-")))
-    (DOCS / "pareto.png").write_bytes(local.read_bytes())
+    experiment = client.get_experiment_by_name("posfair")
+    runs = client.search_runs([experiment.experiment_id], f"tags.`posfair.study` = '{study}' and tags.`posfair.role` = 'trial'")
+    pruned = [r for r in runs if r.data.tags.get("posfair.state") == "PRUNED"]
+    if pruned:
+        first = min(pruned, key=lambda r: int(r.data.tags["posfair.trial"]))
+        mlflow_page(page, runs_url.replace("/runs?", f"/runs/{first.info.run_id}?"), "pruned after", "mlflow-pruned-trial.png")
+    complete = [r.info.run_id for r in runs if r.data.tags.get("posfair.state") == "COMPLETE"]
+    ids = ",".join(f'"{run}"' for run in complete)
+    base = runs_url.split("#")[0]
+    page.goto(f'{base}#/compare-runs?runs=[{ids}]&experiments=["{experiment.experiment_id}"]&workflowType=machine_learning')
+    page.get_by_text("Parallel Coordinates Plot").first.wait_for(timeout=60_000)
+    close_assistant(page)
+    page.wait_for_timeout(3000)
+    page.screenshot(path=DOCS / "mlflow-compare.png", full_page=True)
+
+
+def copy_scatter(project: Path, parent_id: str) -> None:
+    """The parent run's PSI–HM scatter and held-out profiles, as logged, to docs/pareto.png and docs/heldout.png."""
+    client = store(project)
+    for name in ("pareto.png", "heldout.png"):
+        local = Path(client.download_artifacts(parent_id, name, tempfile.mkdtemp(prefix="figure-")))
+        (DOCS / name).write_bytes(local.read_bytes())
 
 
 def dashboard_pages(page: object, base: str, study: optuna.Study) -> None:
-    """The study page (the Best Trial card, infeasible trials grey, the study attributes' last page with
-    `winner`), and the dashboard's Best Trial on its trial page, with its `feasible` attribute."""
+    """The study page (history with pruned trials included, its default; the study attributes, `winner` first), the
+    trial list (with the first trial open), and the first pruned trial's page with its `feasible` attribute."""
     page.goto(f"{base}/dashboard/studies/{study._study_id}")
     page.get_by_text("Best Trial").first.wait_for(timeout=60_000)
-    page.get_by_label("last page").last.click()  # the study attributes' last page: `winner`, what Best Trial is
-    page.get_by_text("best trial in optuna-dashboard").first.wait_for(timeout=30_000)
+    page.get_by_text("winner").first.wait_for(timeout=30_000)
     page.evaluate("document.querySelectorAll('*').forEach(e => { e.scrollTop = 0; }); window.scrollTo(0, 0)")  # sticky header
     page.wait_for_timeout(3000)
     page.screenshot(path=DOCS / "optuna-dashboard.png", full_page=True)
-    best = min((t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE), key=lambda t: t.value)
-    page.goto(f"{base}/dashboard/studies/{study._study_id}/trials?numbers={best.number}")
-    page.get_by_text(best.user_attrs["feasible"][:20]).first.wait_for(timeout=60_000)
+    page.goto(f"{base}/dashboard/studies/{study._study_id}/trials")  # "Trials (List)": each trial's state, the first one open
+    page.get_by_text("Best Trial").first.wait_for(timeout=60_000)
     page.wait_for_timeout(1500)
-    page.screenshot(path=DOCS / "optuna-dashboard-trials.png")  # the metrics JSON is one long line: the viewport only
+    page.screenshot(path=DOCS / "optuna-dashboard-trials.png")
+    pruned = [t for t in study.trials if t.state == optuna.trial.TrialState.PRUNED and "feasible" in t.user_attrs]
+    if pruned:
+        page.goto(f"{base}/dashboard/studies/{study._study_id}/trials?numbers={pruned[0].number}")
+        page.get_by_text(pruned[0].user_attrs["feasible"][:20]).first.wait_for(timeout=60_000)
+        page.wait_for_timeout(1500)
+        page.screenshot(path=DOCS / "optuna-dashboard-pruned-trial.png")  # the metrics JSON is one long line: the viewport only
 
 
 def main() -> None:

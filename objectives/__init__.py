@@ -1,7 +1,7 @@
 """Position-aware retrieval metrics and the constrained tuning objective (no model code here)."""
 
-from objectives.bootstrap import Interval, PairedBootstrap, paired_bootstrap
-from objectives.constraint import Constraints, HmFloor
+from objectives.bootstrap import Interval, PairedBootstrap, PositionProfile, paired_bootstrap, position_profile
+from objectives.constraint import CONSTRAINTS, Constraints, HmFloor, describe_rule
 from objectives.metrics import (
     Aggregates,
     PerQuery,
@@ -17,6 +17,7 @@ from objectives.retrieval import Run, exact_search
 from objectives.selection import RULES, Candidate, Selection, select
 
 __all__ = [
+    "CONSTRAINTS",
     "Aggregates",
     "Candidate",
     "Constraints",
@@ -24,14 +25,17 @@ __all__ = [
     "Interval",
     "PairedBootstrap",
     "PerQuery",
+    "PositionProfile",
     "PositionReport",
     "Run",
     "StratumReport",
     "aggregate",
+    "describe_rule",
     "evaluate",
     "exact_search",
     "harmonic_mean",
     "paired_bootstrap",
+    "position_profile",
     "position_sensitivity",
     "RULES",
     "Selection",

@@ -124,6 +124,32 @@ def percentile_interval(estimate: float, samples: np.ndarray, confidence: float)
     return Interval(estimate, float(low), float(high))
 
 
+@dataclass(frozen=True)
+class PositionProfile:
+    """One run's nDCG@10 in each position group and its tilt (`objectives.metrics`: the slope along the passage over
+    the mean; None where positions are unknown), each with a percentile interval over query resamples (0–1 scale)."""
+
+    groups: dict[str, Interval]
+    tilt: Interval | None
+
+
+def position_profile(run: PerQuery, n_resamples: int = 1000, seed: int = 0, confidence: float = 0.95) -> PositionProfile:
+    """How one run does along the passage, with intervals: the same seed draws the same resamples for every run of a
+    dataset, so the profiles of several configs are drawn over common resamples."""
+    if n_resamples < 1:
+        raise ValueError(f"n_resamples must be at least 1, got {n_resamples}")
+    point = aggregate(run, np.ones((1, len(run.query_ids))))
+    blocks = [aggregate(run, weights) for weights in resampled_weights(len(run.query_ids), n_resamples, seed)]
+    groups = np.concatenate([b.group_ndcg10 for b in blocks])
+    profile = {
+        group: percentile_interval(float(point.group_ndcg10[0, g]), groups[:, g], confidence) for g, group in enumerate(run.group_order)
+    }
+    tilt = None
+    if point.tilt is not None and np.isfinite(point.tilt[0]):
+        tilt = percentile_interval(float(point.tilt[0]), np.concatenate([b.tilt for b in blocks if b.tilt is not None]), confidence)
+    return PositionProfile(profile, tilt)
+
+
 def _deltas(baseline: PerQuery, candidate: PerQuery, weights: np.ndarray) -> dict[str, np.ndarray]:
     """Candidate − baseline for every row of `weights` (NaN where a row leaves a cell empty)."""
     base, cand = aggregate(baseline, weights), aggregate(candidate, weights)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -186,3 +187,215 @@ class Constraints:
         if self.max_drift is not None and drift_ratio is not None:
             values["drift"] = drift_ratio - self.max_drift
         return values
+
+    def in_force(self, structures: bool = True, crops: bool = False, general: bool = False) -> tuple[str, ...]:
+        """The constraints a study with these limits checks, in `CONSTRAINTS` order: `structures`, whether the
+        tuning passages are scored in other structures too (else the structures' nDCG@10 limit has nothing to
+        check); `crops`, whether one of them is the crops; `general`, whether a general set is scored. The
+        reversal and drift are checked on the tuning passages even alone."""
+        on = {
+            "hm_floor": True,
+            "ndcg_drop": self.max_ndcg_drop is not None,
+            "structure_ndcg": self.max_ndcg_drop is not None and structures,
+            "reversal": self.max_reversal is not None,
+            "drift": self.max_drift is not None,
+            "crops_psi": self.max_crops_psi is not None and crops,
+            "general_drop": self.max_general_drop is not None and general,
+        }
+        return tuple(r.name for r in CONSTRAINTS if on[r.name])
+
+    def rule(self, name: str) -> str:
+        """What constraint `name` asks of a trial under these limits, with their values (the study's rule)."""
+        title = REQUIREMENTS[name].title
+        if name == "hm_floor":
+            compared = "the lower end of HM's 95% paired-bootstrap interval" if self.conservative else "HM"
+            return f"{title}: {compared} must reach {100 * self.hm_floor:.2f}"
+        if name == "ndcg_drop":
+            return f"{title}: aggregate nDCG@10 on the tuning passages may fall {self._allowed(self.max_ndcg_drop)}"
+        if name == "structure_ndcg":
+            return (
+                f"{title}: on every other tuning structure the favourable end of the 95% interval of nDCG@10's change must "
+                f"be at least {_points(-(self.max_ndcg_drop or 0.0))} points (no loss beyond noise{' and the allowance' if self.max_ndcg_drop else ''})"
+            )
+        if name == "reversal":
+            limit = f"by more than {100 * (self.max_reversal or 0.0):.2f} tilt points" if self.max_reversal else "at all"
+            return f"{title}: no tuning structure's bias may be reversed {limit} (its favoured end changing sides)"
+        if name == "drift":
+            return (
+                f"{title}: on every tuning structure the document vectors may move at most {self.max_drift:g} times as far "
+                "from the uncalibrated ones as the paper default's (trial 1) do"
+            )
+        if name == "crops_psi":
+            return f"{title}: PSI on the crops may be at most {self.max_crops_psi:g} times the uncalibrated PSI there"
+        return f"{title}: nDCG@10 on the general-retrieval set may fall {self._allowed(self.max_general_drop)}"
+
+    @staticmethod
+    def _allowed(allowance: float | None) -> str:
+        allowance = allowance or 0.0
+        return (
+            "no lower than the uncalibrated model's"
+            if allowance == 0
+            else f"at most {100 * allowance:.2f} points below the uncalibrated model's"
+        )
+
+    def clause(self, name: str, value: float, where: str | None = None) -> str:
+        """How a trial met or missed constraint `name` (its Optuna value `value`, > 0 missed), with the figures
+        compared and the structure that decided it (`where`; for a met constraint the one that came closest):
+        'the drift limit met (closest: crops, 1.43× the paper default's drift, ≤ 2×)', 'reverses the bias
+        (openings: 1.20 tilt points the other way, 0.00 allowed)'. Every figure is read back from the value and
+        these limits, so the words cannot disagree with the value."""
+        met = value <= 0
+        requirement = REQUIREMENTS[name]
+        place = (f"closest: {where}, " if met else f"{where}: ") if where else ""
+        if name == "hm_floor":
+            compared = "HM lower bound" if self.conservative else "HM"
+            figures = f"{compared} {100 * (self.hm_floor - value):.2f} {'≥' if met else '<'} {100 * self.hm_floor:.2f}"
+        elif name in ("ndcg_drop", "general_drop"):
+            allowance = (self.max_ndcg_drop if name == "ndcg_drop" else self.max_general_drop) or 0.0
+            what = "nDCG@10" if name == "ndcg_drop" else "general nDCG@10"
+            figures = f"{what} {_points(-(value + allowance))} vs uncalibrated, {'≥' if met else '<'} {_points(-allowance)} allowed"
+        elif name == "structure_ndcg":
+            allowance = self.max_ndcg_drop or 0.0
+            figures = f"{place}nDCG@10 change at best {_points(-(value + allowance))}, {'≥' if met else '<'} {_points(-allowance)} allowed"
+        elif name == "reversal":
+            allowance = self.max_reversal or 0.0
+            if met:
+                figures = f"{place}{100 * -value:.2f} tilt points short of {'reversing' if allowance == 0 else 'the limit'}"
+            else:
+                figures = f"{place}{100 * (value + allowance):.2f} tilt points the other way, {100 * allowance:.2f} allowed"
+        elif name == "drift":
+            limit = self.max_drift or 0.0
+            figures = f"{place}{value + limit:.2f}× the paper default's drift, {'≤' if met else '>'} {limit:g}×"
+        elif name == "crops_psi":
+            figures = f"crops PSI {abs(value):.3f} {'under' if met else 'over'} {self.max_crops_psi:g}× the uncalibrated PSI there"
+        else:
+            raise KeyError(f"unknown constraint {name!r}")
+        return f"{requirement.title + ' met' if met else requirement.missed} ({figures})"
+
+    def clauses(self, values: Mapping[str, float], where: Mapping[str, str] | None = None) -> list[str]:
+        """`clause` for every constraint in `values`, the missed ones first, each group in `CONSTRAINTS` order."""
+        names = _ordered(values)
+        missed = [n for n in names if values[n] > 0]
+        return [self.clause(n, values[n], (where or {}).get(n)) for n in [*missed, *(n for n in names if n not in missed)]]
+
+    def explain(self, values: Mapping[str, float], where: Mapping[str, str] | None = None) -> str:
+        """A trial's feasibility in one sentence: 'feasible: the HM floor met (…); …' or 'infeasible: reverses
+        the bias (…); the HM floor met (…); …': every constraint checked, how it was met or missed."""
+        verdict = "infeasible" if missed_names(values) else "feasible"
+        return f"{verdict}: {'; '.join(self.clauses(values, where))}"
+
+
+# --- the constraints in words ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """One constraint as users read it. Every sentence about a constraint (the experiment's and the study's
+    rule, a trial's feasibility, a pruned trial's reason, λ bisection's note, the nothing-feasible message) is
+    built from these, so one constraint is named one way everywhere.
+
+    name     Optuna's constraint name (`Constraints.values`)
+    title    what a sentence calls it ("the drift limit")
+    option   the option that sets or lifts it
+    rule     what it asks of a trial, whatever the study's limits (the MLflow experiment's description)
+    missed   the outcome of a trial that misses it, a verb phrase: one wording wherever it is said
+    """
+
+    name: str
+    title: str
+    option: str
+    rule: str
+    missed: str
+
+
+CONSTRAINTS: tuple[Requirement, ...] = (
+    Requirement(
+        "hm_floor",
+        "the HM floor",
+        "--hm-floor",
+        "HM must clear the HM floor (by default the lower end of its 95% paired-bootstrap interval must reach the "
+        "uncalibrated HM: a gain beyond noise)",
+        "misses the HM floor",
+    ),
+    Requirement(
+        "ndcg_drop",
+        "the tuning passages' nDCG@10 limit",
+        "--max-ndcg-drop",
+        "aggregate nDCG@10 on the tuning passages may not fall below the uncalibrated model's by more than the "
+        "allowance (by default not at all)",
+        "loses nDCG@10 on the tuning passages",
+    ),
+    Requirement(
+        "structure_ndcg",
+        "the other structures' nDCG@10 limit",
+        "--max-ndcg-drop",
+        "nor on any other tuning structure beyond its noise (even the favourable end of the 95% interval of its "
+        "change a loss beyond the allowance)",
+        "loses nDCG@10 beyond noise on another structure",
+    ),
+    Requirement(
+        "reversal",
+        "the no-reversal rule",
+        "--max-reversal",
+        "no tuning structure's bias may be reversed (its tilt along the passage turned against the uncalibrated model's direction there)",
+        "reverses the bias",
+    ),
+    Requirement(
+        "drift",
+        "the drift limit",
+        "--max-drift",
+        "on every tuning structure the document vectors may move from the uncalibrated ones at most --max-drift "
+        "times as far as the paper default's (trial 1) do (by default twice)",
+        "is over the drift limit",
+    ),
+    Requirement(
+        "crops_psi",
+        "the crops PSI limit",
+        "--max-crops-psi",
+        "PSI on the crops may be at most --max-crops-psi times the uncalibrated PSI there (off by default)",
+        "is less fair on the crops than the crops PSI limit allows",
+    ),
+    Requirement(
+        "general_drop",
+        "the general nDCG@10 limit",
+        "--max-general-drop",
+        "nDCG@10 on the general-retrieval set may fall at most --max-general-drop below the uncalibrated model's "
+        "(only with --general and --max-general-drop)",
+        "loses general nDCG@10 beyond the general nDCG@10 limit",
+    ),
+)
+REQUIREMENTS: dict[str, Requirement] = {r.name: r for r in CONSTRAINTS}
+
+
+def describe_aim(pareto: bool, structures: bool) -> str:
+    """What a study optimises: 'minimise the worst PSI over the tuning structures' (`structures`: the tuning passages
+    are scored in other structures too), and with `pareto` HM as a second objective."""
+    psi = "the worst PSI over the tuning structures" if structures else "PSI on the tuning passages"
+    return f"minimise {psi} and maximise HM (Pareto front)" if pareto else f"minimise {psi}"
+
+
+def describe_rule(constraints: Constraints, checked: Sequence[str], pareto: bool, structures: bool) -> str:
+    """A study's rule in one sentence: its aim (`describe_aim`) subject to each constraint in `checked` (those in
+    force, `Constraints.in_force`), with its limit (`Constraints.rule`)."""
+    return f"{describe_aim(pareto, structures)} subject to " + "; ".join(constraints.rule(name) for name in checked)
+
+
+def missed_names(values: Mapping[str, float]) -> list[str]:
+    """The constraints `values` (Optuna's: > 0 missed) misses, in `CONSTRAINTS` order."""
+    return [r.name for r in CONSTRAINTS if values.get(r.name, 0.0) > 0]
+
+
+def outcome(names: Iterable[str]) -> str:
+    """What missing `names` means, in their one wording each: 'reverses the bias and is over the drift limit'."""
+    phrases = [REQUIREMENTS[name].missed for name in _ordered(names)]
+    return phrases[0] if len(phrases) == 1 else ", ".join(phrases[:-1]) + " and " + phrases[-1]
+
+
+def _ordered(names: Iterable[str]) -> list[str]:
+    given = set(names)
+    return [r.name for r in CONSTRAINTS if r.name in given]
+
+
+def _points(value: float) -> str:
+    """A signed change in points (x100) without a negative zero: +0.00, −0.40."""
+    return f"{100 * value + 0.0:+.2f}"

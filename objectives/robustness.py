@@ -122,6 +122,21 @@ class RobustEvidence:
         ratios = [s.drift / reference[s.name] for s in self.structures if reference.get(s.name, 0.0) > 0]
         return max(ratios) if ratios else None
 
+    def deciding(self, reference: Mapping[str, float] | None = None) -> dict[str, str]:
+        """constraint name → the structure that sets its value (`reversal`, `significant_ndcg_loss`, `drift_ratio`
+        against `reference`): where a trial came closest to a limit, or went past it. Missing where undefined."""
+        found: dict[str, str] = {}
+        reversed_ = [s for s in self.structures if s.reversal is not None]
+        if reversed_:
+            found["reversal"] = max(reversed_, key=lambda s: s.reversal or 0.0).name
+        others = [s for s in self.structures if not s.tuning and math.isfinite(s.evidence.ndcg_delta_high)]
+        if others:
+            found["structure_ndcg"] = min(others, key=lambda s: s.evidence.ndcg_delta_high).name
+        compared = [s for s in self.structures if reference is not None and reference.get(s.name, 0.0) > 0]
+        if compared and reference is not None:
+            found["drift"] = max(compared, key=lambda s: s.drift / reference[s.name]).name
+        return found
+
     def per_structure(self) -> dict[str, dict[str, float]]:
         """name → PSI, its standard error, tilt, reversal and drift, for MLflow, the YAML and the console."""
         table = {}
@@ -156,46 +171,47 @@ def certain_violations(tuning: TrialEvidence, hm_floor: float, max_ndcg_drop: fl
 
 
 def prune_reason(
-    robust: RobustEvidence, threshold: float | None, violations: Mapping[str, float], remaining: Sequence[str], z: float = MARGIN_Z
+    robust: RobustEvidence, threshold: float | None, missed: Sequence[str], remaining: Sequence[str], z: float = MARGIN_Z
 ) -> str | None:
     """Why a trial need not be scored on the `remaining` structures, or None to go on.
 
     `threshold` is the objective a trial must reach to be eligible under the selection rule, from the
     complete trials so far (None: no feasible complete trial yet, so nothing to compare with). A trial is
     pruned when its partial worst case, less `z` standard errors, is already above that threshold (the
-    rest can only raise it; the margin is for the threshold's own movement, `MARGIN_Z`), or when
-    `violations` holds a constraint the rungs so far have decided (its value can only grow: the tuning
-    split's HM and nDCG@10 are complete after its rung, a reversal stays). Nothing is pruned once no
-    structure remains: the trial is then complete.
+    rest can only raise it; the margin is for the threshold's own movement, `MARGIN_Z`), or when `missed`
+    (each constraint the rungs so far have decided is missed, in words: `Constraints.clause`) is not empty:
+    its value can only grow (the tuning split's HM and nDCG@10 are complete after its rung, a reversal stays).
+    Nothing is pruned once no structure remains: the trial is then complete.
     """
     if not remaining:
         return None
-    if violations:
-        return "misses " + ", ".join(sorted(violations)) + ", which no remaining structure can undo"
+    if missed:
+        return "; ".join(missed) + ", which no remaining structure can undo"
     return _beyond_noise(
         robust.objective,
         robust.objective_se,
         threshold,
-        violations,
+        (),
         z,
-        f"worst-case PSI {robust.objective:.3f} (on {robust.worst.name})",
+        f"worst-case PSI {robust.objective:.3f} so far (on {robust.worst.name})",
         "the most selection would take",
     )
 
 
-def screen_prune_reason(screen: TrialEvidence, threshold: float | None, violations: Mapping[str, float], z: float = PRUNE_Z) -> str | None:
+def screen_prune_reason(screen: TrialEvidence, threshold: float | None, missed: Sequence[str], z: float = PRUNE_Z) -> str | None:
     """Why a trial need not go past the pooled screen, or None to go on.
 
     The screen's PSI is not a bound on the corpus's, so it is compared with the complete trials' PSI on the
     same screen: `threshold` is the lowest of their screen PSI plus its standard error (None: no feasible
     complete trial yet). A trial is pruned when its screen PSI less `z` standard errors is above it, or when a
-    constraint the screen bounds (HM, nDCG@10: a pool only raises them) is missed beyond noise.
+    constraint the screen bounds (HM, nDCG@10: a pool only raises them) is missed beyond noise (`missed`: each
+    such constraint's outcome in words, `REQUIREMENTS`).
     """
     return _beyond_noise(
         screen.objective,
         screen.objective_se,
         threshold,
-        violations,
+        missed,
         z,
         f"PSI on the pooled screen {screen.objective:.3f}",
         "the best complete trial's screen PSI + 1 SE",
@@ -204,11 +220,11 @@ def screen_prune_reason(screen: TrialEvidence, threshold: float | None, violatio
 
 
 def _beyond_noise(
-    value: float, se: float, threshold: float | None, violations: Mapping[str, float], z: float, figure: str, limit: str, where: str = ""
+    value: float, se: float, threshold: float | None, missed: Sequence[str], z: float, figure: str, limit: str, where: str = ""
 ) -> str | None:
     """The reason both rules give: a constraint missed beyond noise, or `value` − `z` SE above `threshold`."""
-    if violations:
-        return "misses " + ", ".join(sorted(violations)) + " beyond noise" + where
+    if missed:
+        return " and ".join(missed) + " beyond noise" + where
     if threshold is not None and math.isfinite(threshold) and value - z * se > threshold:
         return f"{figure} − {z:g} SE = {value - z * se:.3f} is above {threshold:.3f}, {limit}"
     return None

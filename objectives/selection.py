@@ -72,14 +72,16 @@ class Selection:
     paired: bool = False
 
     def describe(self) -> str:
-        """One sentence for logs, MLflow and the exported YAML."""
+        """One sentence for logs, MLflow and the exported YAML: 'trial 2: the mildest …'."""
+        return f"trial {self.winner.trial_number}: {self.reason()}"
+
+    def reason(self) -> str:
+        """Why the winner won, without naming it (for a sentence that already does)."""
         if self.rule == "chosen":
-            return f"trial {self.winner.trial_number}: chosen by the user (tune export --trial), not by a selection rule"
+            return "chosen by the user (tune export --trial), not by a selection rule"
         if self.rule == "lowest":
-            return f"trial {self.winner.trial_number}: the feasible trial with the lowest objective ({self.winner.objective:.4f})"
-        mildest = (
-            f"trial {self.winner.trial_number}: the mildest (drift {self.winner.drift:.4f}) of the feasible trials {list(self.eligible)}"
-        )
+            return f"the feasible trial with the lowest objective ({self.winner.objective:.4f})"
+        mildest = f"the mildest (drift {self.winner.drift:.4f}) of the feasible trials {list(self.eligible)}"
         if self.paired:
             return (
                 f"{mildest} whose objective is within one paired standard error of the best (trial {self.best.trial_number}: "

@@ -3,6 +3,7 @@ PostgreSQL databases on the server `.ci/run` starts (tests.ci.require_postgres).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -24,6 +25,19 @@ def as_logged(value: float, abs: float = 0.0) -> object:
     """`value` as MLflow stores it: four significant digits (half a unit in the fourth: relative 5e-4), plus
     `abs` for a figure derived from other rounded ones."""
     return pytest.approx(value, rel=5e-4, abs=abs)
+
+
+def dashboard_api(storage: str, path: str) -> dict:
+    """optuna-dashboard's JSON API, called in-process through its WSGI app (what its web page reads)."""
+    from wsgiref.util import setup_testing_defaults
+
+    optuna_dashboard = pytest.importorskip("optuna_dashboard")
+    environ: dict = {"PATH_INFO": path}
+    setup_testing_defaults(environ)
+    status: list[str] = []
+    body = b"".join(optuna_dashboard.wsgi(storage)(environ, lambda code, headers, *rest: status.append(code)))
+    assert status[0].startswith("200"), (status, body[:300])
+    return json.loads(body)
 
 
 START_SECONDS = 240  # a cold `mlflow server` on a busy 2-core machine has taken 46 s to answer

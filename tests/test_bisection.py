@@ -19,23 +19,23 @@ pytestmark = pytest.mark.usefixtures("module_cache")  # the study run here, its 
 
 
 def ok(strength: float) -> Probe:
-    return Probe(strength, feasible=True, over_corrects=False)
+    return Probe(strength, feasible=True)
 
 
 def over(strength: float) -> Probe:
-    return Probe(strength, feasible=False, over_corrects=True)
+    return Probe(strength, feasible=False, missed=("reversal",))
 
 
 def neither(strength: float) -> Probe:  # pruned on PSI, or below the HM floor only
-    return Probe(strength, feasible=False, over_corrects=False)
+    return Probe(strength, feasible=False)
 
 
 def test_with_nothing_feasible_known_the_search_gallops_down_2_4_8_grid_steps():
     """Down from the top in small steps first: an over-correcting probe is cheap (pruned at the first rung), a
     feasible one costs a full trial; the steps double, so a boundary far down costs a few probes, not a walk."""
-    assert next_strength([over(0.8)], STEP) == (0.7, None, 0.8, None)
-    assert next_strength([over(0.8), over(0.7)], STEP) == (0.5, None, 0.7, None)  # from the weakest over-correcting λ
-    assert next_strength([over(0.95), over(0.85), over(0.65)], STEP) == (0.25, None, 0.65, None)
+    assert next_strength([over(0.8)], STEP)[:4] == (0.7, None, 0.8, None)
+    assert next_strength([over(0.8), over(0.7)], STEP)[:4] == (0.5, None, 0.7, None)  # from the weakest over-correcting λ
+    assert next_strength([over(0.95), over(0.85), over(0.65)], STEP)[:4] == (0.25, None, 0.65, None)
     assert next_strength([over(0.7), over(0.6), over(0.4)], STEP) is None  # 0.4 - 8 steps: λ 0, no calibration
     assert next_strength([over(0.1)], STEP) is None
 
@@ -43,19 +43,40 @@ def test_with_nothing_feasible_known_the_search_gallops_down_2_4_8_grid_steps():
 def test_a_queued_trial_says_why_it_runs() -> None:
     from tuner.tuning.bisection import describe_queued
 
-    assert describe_queued({"of": 4, "feasible": 0.55, "over_corrects": 0.7}) == (
-        "queued by λ bisection after trial 4: the same config, between λ 0.55, feasible, and λ 0.7, which over-corrects"
+    assert describe_queued({"of": 4, "feasible": 0.55, "too_strong": 0.7, "because": "reverses the bias"}) == (
+        "queued by λ bisection after trial 4: the same config, between λ 0.55, feasible, and λ 0.7, which reverses the bias"
     )
-    assert describe_queued({"of": 2, "feasible": None, "over_corrects": 1.0, "drift_ceiling": 0.5442}) == (
-        "queued by λ bisection after trial 2: the same config, below λ 1, which over-corrects; "
+    assert describe_queued(
+        {"of": 2, "feasible": None, "too_strong": 1.0, "because": "is over the drift limit", "drift_ceiling": 0.5442}
+    ) == (
+        "queued by λ bisection after trial 2: the same config, below λ 1, which is over the drift limit; "
         "the drift measured puts every λ above 0.544 over the drift limit"
     )
 
 
+def test_a_lambda_that_only_missed_the_drift_limit_is_said_to_be_over_it_not_to_over_correct(caplog: pytest.LogCaptureFixture) -> None:
+    """Seed 0's trial 4 (λ 0.4): crops tilt −17.4, not reversed, nDCG@10 within noise, over the drift limit only."""
+    caplog.set_level(logging.INFO, logger="tuner.tuning.bisection")
+    study = optuna.create_study()
+    trial = study.ask()
+    for name, value in {"strength": 0.4, "depth": "last", "basket_size": 128, "variant": "cls_soft"}.items():
+        trial.suggest_categorical(name, [value])
+    trial.set_user_attr("basket_shares", "equal")
+    values = {"hm_floor": -0.01, "ndcg_drop": -0.003, "reversal": -0.17, "structure_ndcg": -0.001, "drift": 0.4}
+    assert queue_next(study, trial, values, complete=False, step=STEP, worst_psi=0.07, best=0.167) == pytest.approx(0.3)
+    (queued,) = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    assert queued.user_attrs[BISECT_ATTR]["because"] == "is over the drift limit"
+    from tuner.tuning.bisection import describe_queued
+
+    said = [r.getMessage() for r in caplog.records if r.name == "tuner.tuning.bisection"]
+    for text in (*said, describe_queued(queued.user_attrs[BISECT_ATTR])):
+        assert "which is over the drift limit" in text and "over-correct" not in text, text
+
+
 def test_between_a_feasible_and_an_over_correcting_lambda_the_midpoint_on_the_grid_is_next():
-    assert next_strength([ok(0.5), over(0.8)], STEP) == (0.65, 0.5, 0.8, None)
-    assert next_strength([ok(0.55), over(0.7)], STEP) == (0.6, 0.55, 0.7, None)  # 0.625 rounded down to the grid
-    assert next_strength([ok(0.55), over(0.65)], STEP) == (0.6, 0.55, 0.65, None)
+    assert next_strength([ok(0.5), over(0.8)], STEP)[:4] == (0.65, 0.5, 0.8, None)
+    assert next_strength([ok(0.55), over(0.7)], STEP)[:4] == (0.6, 0.55, 0.7, None)  # 0.625 rounded down to the grid
+    assert next_strength([ok(0.55), over(0.65)], STEP)[:4] == (0.6, 0.55, 0.65, None)
     assert next_strength([ok(0.6), over(0.65)], STEP) is None  # one step apart: the boundary is found
 
 
@@ -70,12 +91,12 @@ def test_drift_grows_as_a_power_of_lambda_so_the_probes_measured_bound_where_it_
     λ^3.25. Seed 4's CLS-Hard family: λ 0.3 drifted 0.0189 on the openings (limit 0.0244), λ 1.0 0.1618 on the
     crops (limit 0.0224)."""
     assert DRIFT_EXPONENTS == (1.75, 3.25)
-    up = drift_ceiling([Probe(0.3, True, False, {"openings": 0.0189})], {"openings": 0.0244})
+    up = drift_ceiling([Probe(0.3, True, (), {"openings": 0.0189})], {"openings": 0.0244})
     assert up == pytest.approx(0.34714, abs=1e-4)  # 0.3 · 1.29101^(1/1.75) = 0.3 · 1.15715
     assert 0.0189 * (up / 0.3) ** 2 > 0.0244  # a quadratic law is over the limit there, as any steeper one
-    down = drift_ceiling([Probe(1.0, False, True, {"crops": 0.1618})], {"crops": 0.0224})
+    down = drift_ceiling([Probe(1.0, False, ("drift",), {"crops": 0.1618})], {"crops": 0.0224})
     assert down == pytest.approx(0.54420, abs=1e-4)  # 0.13844^(1/3.25)
-    both = [Probe(0.3, True, False, {"openings": 0.0189}), Probe(1.0, False, True, {"crops": 0.1618})]
+    both = [Probe(0.3, True, (), {"openings": 0.0189}), Probe(1.0, False, ("drift",), {"crops": 0.1618})]
     assert drift_ceiling(both, {"openings": 0.0244, "crops": 0.0224}) == pytest.approx(up)  # the lowest bound
     assert drift_ceiling(both, {"dev": 0.02}) is None  # no drift measured where a limit is
 
@@ -85,11 +106,18 @@ def test_a_lambda_the_drift_puts_over_the_limit_is_never_probed():
     0.35, all over the drift limit); with it, the boundary is found. Galloping from λ 1.0 lands at once below where
     the drift falls within the limit (0.5), not at 0.9."""
     limits = {"openings": 0.0244, "crops": 0.0224}
-    family = [Probe(0.3, True, False, {"openings": 0.0189, "crops": 0.0098}), over(0.7)]
-    assert next_strength(family, STEP) == (0.5, 0.3, 0.7, None)
+    family = [Probe(0.3, True, (), {"openings": 0.0189, "crops": 0.0098}), over(0.7)]
+    assert next_strength(family, STEP)[:4] == (0.5, 0.3, 0.7, None)
     assert next_strength(family, STEP, limits) is None
-    assert next_strength([Probe(1.0, False, True, {"crops": 0.1618})], STEP, limits) == pytest.approx((0.5, None, 1.0, 0.54420), abs=1e-4)
-    assert next_strength([Probe(0.9, False, True, {"crops": 0.0224 * 1.1})], STEP, limits) == (0.8, None, 0.9, None)  # the gallop is lower
+    assert next_strength([Probe(1.0, False, ("drift",), {"crops": 0.1618})], STEP, limits)[:4] == pytest.approx(
+        (0.5, None, 1.0, 0.54420), abs=1e-4
+    )
+    assert next_strength([Probe(0.9, False, ("drift",), {"crops": 0.0224 * 1.1})], STEP, limits)[:4] == (
+        0.8,
+        None,
+        0.9,
+        None,
+    )  # the gallop is lower
 
 
 @pytest.mark.parametrize("exponent", [1.9, 2.2, 2.8])
@@ -102,10 +130,10 @@ def test_bisection_with_the_drift_ceiling_finds_the_same_boundary_in_no_more_pro
     boundary = max((x for x in grid if 0.06 * x**exponent <= limit), default=None)
 
     def search(limits: dict[str, float] | None) -> tuple[float | None, int]:
-        probes = [Probe(1.0, False, True, {"dev": 0.06})]
+        probes = [Probe(1.0, False, ("drift",), {"dev": 0.06})]
         while (found := next_strength(probes, STEP, limits)) is not None:
             drift = 0.06 * found.strength**exponent
-            probes.append(Probe(found.strength, drift <= limit, drift > limit, {"dev": drift}))
+            probes.append(Probe(found.strength, drift <= limit, ("drift",) if drift > limit else (), {"dev": drift}))
         return max((p.strength for p in probes if p.feasible), default=None), len(probes)
 
     plain, plain_probes = search(None)
@@ -128,11 +156,12 @@ def test_an_over_correcting_trial_queues_its_own_config_weaker_once(caplog: pyte
     said = [r.getMessage() for r in caplog.records if r.name == "tuner.tuning.bisection"]
     assert said == [
         "trial 0: λ bisection stops: worst-case PSI 0.210 is above the best trial's 0.200 already, and weaker is less fair",
-        "trial 0: λ bisection queued the same config at λ 0.7 (below λ 0.8, which over-corrects)",
+        "trial 0: λ bisection queued the same config at λ 0.7 (below λ 0.8, which reverses the bias)",
     ]
     waiting = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
     assert len(waiting) == 1 and waiting[0].system_attrs["fixed_params"] == params | {"strength": 0.7}
-    assert waiting[0].user_attrs == {BISECT_ATTR: {"of": 0, "feasible": None, "over_corrects": 0.8}, "basket_shares": "equal"}
+    record = {"of": 0, "feasible": None, "too_strong": 0.8, "because": "reverses the bias"}
+    assert waiting[0].user_attrs == {BISECT_ATTR: record, "basket_shares": "equal"}
     assert queue_next(study, trial, {"reversal": 0.02}, False, STEP, worst_psi=0.15, best=None) is None  # queued already: not twice
     assert (
         queue_next(study, trial, {"hm_floor": 0.01, "reversal": -0.1}, True, STEP, worst_psi=0.15, best=None) is None
@@ -163,7 +192,7 @@ def test_a_real_study_runs_the_queued_weaker_config_next_and_counts_it(tiny_mode
     client = MlflowClient(settings.tracking_uri)
     experiment = client.get_experiment_by_name("posfair")
     (run,) = client.search_runs([experiment.experiment_id], "tags.`posfair.trial` = '2' and tags.`posfair.role` = 'trial'")
-    assert run.data.tags["posfair.bisect"] == "queued by λ bisection after trial 1: the same config, below λ 0.5, which over-corrects"
+    assert run.data.tags["posfair.bisect"] == "queued by λ bisection after trial 1: the same config, below λ 0.5, which misses the HM floor"
     # trial 2 queued λ 0.2 as well (galloping: 4 steps below 0.4), which the study ended before running: withdrawn, nothing is left waiting
     assert [t.state for t in trials[3:]] == [optuna.trial.TrialState.PRUNED] and trials[3].user_attrs[SURPLUS_ATTR]
     assert trials[3].system_attrs["fixed_params"]["strength"] == pytest.approx(0.2) and trials[3].user_attrs[BISECT_ATTR]["of"] == 2
@@ -258,7 +287,7 @@ def test_a_stored_probe_s_drift_rows_end_its_family_s_bisection(caplog: pytest.L
 
     caplog.set_level(logging.INFO, logger="tuner.tuning.bisection")
     study, trial = seed4_family({"openings": {"psi": 0.13, "drift": 0.0189}, "crops": {"psi": 0.12, "drift": 0.0098}})
-    assert probe_of(study.trials[0]) == Probe(0.3, True, False, {"openings": 0.0189, "crops": 0.0098})
+    assert probe_of(study.trials[0]) == Probe(0.3, True, (), {"openings": 0.0189, "crops": 0.0098})
     limits = {"openings": 0.0244, "crops": 0.0224}
     assert queue_next(study, trial, {"drift": 1.3}, False, STEP, 0.07, 0.2, {"crops": 0.0699}, limits) is None
     assert [r.getMessage() for r in caplog.records if r.name == "tuner.tuning.bisection"] == [
@@ -274,9 +303,10 @@ def test_a_probe_the_drift_ceiling_placed_says_so_in_its_record_and_the_log(capl
     study, trial = seed4_family({"openings": {"psi": 0.13, "drift": 0.0189}})
     assert queue_next(study, trial, {"drift": 1.3}, False, STEP, 0.07, 0.2, {}, {"openings": 0.04}) == pytest.approx(0.35)
     waiting = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
-    assert waiting[0].user_attrs[BISECT_ATTR] == {"of": 1, "feasible": 0.3, "over_corrects": 0.7, "drift_ceiling": 0.4604}
+    record = {"of": 1, "feasible": 0.3, "too_strong": 0.7, "because": "is over the drift limit", "drift_ceiling": 0.4604}
+    assert waiting[0].user_attrs[BISECT_ATTR] == record
     assert [r.getMessage() for r in caplog.records if r.name == "tuner.tuning.bisection"] == [
-        "trial 1: λ bisection queued the same config at λ 0.35 (between λ 0.3, feasible, and λ 0.7, which over-corrects; "
+        "trial 1: λ bisection queued the same config at λ 0.35 (between λ 0.3, feasible, and λ 0.7, which is over the drift limit; "
         "the drift measured puts every λ above 0.46 over the drift limit)"
     ]
 

@@ -111,6 +111,7 @@ def test_a_budgeted_study_ends_at_the_first_draw_it_has_no_room_for_and_exports(
     assert end["spent"] == spent and spent + end["needed"] > budget["trials"]  # the last draw did not fit
     refused = study.trials[end["trial"]]
     assert refused.state == PRUNED and refused.user_attrs[SURPLUS_ATTR] and not counted(refused)
+    assert refused.user_attrs["feasible"].startswith("NO: not run, the budget is spent: "), "not 'the trial is running'"
     assert refused.number == max(t.number for t in study.trials)  # nothing started after it
     # the whole study as a fresh machine spends it: its own baselines (no disk cache) and its trials
     assert setup_layer_tokens(study) + spent <= budget["study"] * 1.02  # the setup estimate is within 2% of what ran

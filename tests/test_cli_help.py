@@ -21,3 +21,16 @@ def test_help_fits_80_columns_without_cutting_words(command: list[str]) -> None:
     assert [line for line in lines if re.search(r"\w-$", line)] == [], "a word split at its hyphen"
     assert "<bool>" not in result.output and "--no-trust-remote-code" not in result.output
     assert not any(line.rstrip().endswith("...") and "[ARGS]" not in line for line in lines), "a command's summary cut short"
+
+
+def test_the_cache_budget_s_default_is_told_as_a_size_in_the_help_and_the_settings_table() -> None:
+    """A user reads how much disk the cache may take, not the name of the module that holds the constant."""
+    from tuner.common.options import DEFAULT_CACHE_BYTES
+    from tuner.evaluation.store import DEFAULT_BUDGET
+    from tuner.tuning.settings import TuneSettings, settings_in_force
+
+    assert DEFAULT_BUDGET == DEFAULT_CACHE_BYTES == 8 * 2**30  # the size the words below state
+    help_text = " ".join(CliRunner(env={"COLUMNS": "80"}).invoke(app, ["run", "-h"], terminal_width=80).output.split())
+    said = help_text.split("--cache-budget", 1)[1].split(" --", 1)[0]
+    assert "default: 8 GiB" in said and "tuner." not in said, said
+    assert settings_in_force(TuneSettings())["cache_budget"].startswith("8 GiB at most")

@@ -35,3 +35,29 @@ def test_encode_counts_the_texts_shorter_than_one_basket(tiny_model_dir, tmp_pat
     untouched = int(np.isclose(calibrated, plain, atol=1e-6).all(axis=1).sum())
     assert untouched == 3, "the three short texts come out uncalibrated, the long ones do not"
     assert f"{untouched} shorter than one basket (16 tokens of content), left uncalibrated" in said, said
+
+
+def test_python_encode_warns_once_when_documents_shorter_than_a_basket_stay_uncalibrated(tiny_model_dir) -> None:
+    """What `tune encode` prints, Python's `encode()` warns: once per encoder, with the count of the call that met them."""
+    import warnings
+
+    from tuner.engine.encoder import ShortDocumentsWarning
+
+    loaded = load_model(str(tiny_model_dir("bert")), pooling="cls")
+    encoder = CalibratedEncoder(loaded, loaded.default_config(basket_size=16, strength=1.0, layers="last"))
+    texts = random_texts(2, 2, 5, seed=1) + random_texts(3, 40, 60, seed=2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        encoder.encode(texts)
+        encoder.encode(texts)
+        assert encoder.too_short == 2
+        encoder.encode_query(texts)  # queries are never calibrated: nothing to say
+    said = [str(w.message) for w in caught if issubclass(w.category, ShortDocumentsWarning)]
+    assert said == [
+        "2 of 5 documents are shorter than one basket (16 tokens of content), left uncalibrated "
+        "(said once per encoder; `too_short` counts them per call)"
+    ]
+    with warnings.catch_warnings(record=True) as plain:
+        warnings.simplefilter("always")
+        CalibratedEncoder(loaded).encode(texts)  # no calibration: nothing left out
+    assert not [w for w in plain if issubclass(w.category, ShortDocumentsWarning)]

@@ -35,7 +35,7 @@ def assert_one_finished_run_per_complete_trial(storage: str, tracking: str, name
     for run in trial_runs(tracking, name):
         number = int(run.data.tags["posfair.trial"])
         if trials[number].state == optuna.trial.TrialState.PRUNED:  # stopped at a rung: its figures there, marked pruned
-            assert run.info.status == "KILLED" and run.data.tags.get("posfair.state") == "PRUNED", (number, run.info.status)
+            assert run.info.status == "FINISHED" and run.data.tags.get("posfair.state") == "PRUNED", (number, run.info.status)
         elif trials[number].state != COMPLETE:  # an aborted trial's run is closed as failed, without a trial's metrics
             assert run.info.status in ("FAILED", "KILLED") and "psi" not in run.data.metrics, (number, run.info.status)
 
@@ -72,6 +72,8 @@ def test_one_stop_finishes_the_trial_says_so_exits_non_zero_exports_nothing_and_
     parent = parent_run(tracking, name)
     assert parent.info.status == "KILLED"
     assert parent.data.tags["posfair.outcome"] == f"stopped early ({reason}): {complete} of 5 trials"
+    winner = optuna.load_study(study_name=name, storage=storage).user_attrs["winner"]
+    assert winner == f"none yet: the study stopped early ({reason}): {complete} of 5 trials complete", "not 'the study is running'"
     assert list((tmp_path / "tmp").glob("posfair-*")) == []
 
     again = forkserver.run(cmd, cwd=tmp_path, env=environment(tmp_path), capture_output=True, text=True, timeout=600, check=False)

@@ -73,7 +73,7 @@ def test_batches_are_sized_by_tokens_and_truncation_is_counted_per_trial(headlin
     ) in output
     truncated = sum(len(t.split()) + 2 > MAX_LENGTH for t in texts)
     assert truncated > 0
-    assert len(re.findall(rf"trial \d: PSI .*? {truncated} passages truncated", output)) == 2
+    assert len(re.findall(rf"trial \d: (?:worst-case )?PSI .*? {truncated} passages truncated", output)) == 2
 
 
 def test_the_cost_is_estimated_before_the_study_starts(headline_run: dict) -> None:

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from objectives import evaluate, exact_search
+from objectives.constraint import REQUIREMENTS
 from objectives.robustness import screen_prune_reason
 from tests.test_robustness import evidence
 from tuner.data import PositionalDataset
@@ -119,5 +120,5 @@ def test_the_screen_prunes_a_trial_worse_beyond_noise_than_the_best_screened_one
     assert screen_prune_reason(evidence(0.30, 0.02), 0.20, {}) is not None  # 0.30 − 0.04 = 0.26 > 0.20
     assert screen_prune_reason(evidence(0.30, 0.06), 0.20, {}) is None  # 0.30 − 0.12 = 0.18: within noise
     assert screen_prune_reason(evidence(0.30, 0.02), None, {}) is None  # nothing feasible to compare with yet
-    reason = screen_prune_reason(evidence(0.10, 0.02), 0.20, {"hm_floor": 0.01})
-    assert reason == "misses hm_floor beyond noise on the pooled screen"
+    reason = screen_prune_reason(evidence(0.10, 0.02), 0.20, [REQUIREMENTS["hm_floor"].missed])
+    assert reason == "misses the HM floor beyond noise on the pooled screen"

@@ -1,5 +1,6 @@
-"""Pruned trials through a real study: counted towards --trials, PRUNED in Optuna, visibly pruned (KILLED,
-tagged with the rung and reason) in MLflow, never selected or exported, and counted right on resume."""
+"""Pruned trials through a real study: counted towards --trials, PRUNED in Optuna with no value (so no plot ranks
+them among complete trials), visibly pruned in MLflow (FINISHED as designed, named `pruned`, tagged with the rung and
+reason, their figures never under a complete trial's names), never selected or exported, and counted right on resume."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ from mlflow.tracking import MlflowClient
 import tuner.tuning.objective
 import tuner.tuning.session
 from objectives.robustness import prune_reason
-from tests.services import as_logged
+from tests.services import as_logged, dashboard_api
 from tests.test_study import write_dataset
-from tuner.common.trials import PRUNED_ATTR, SCREEN_ATTR, counted, named_constraints
+from tuner.common.trials import DUPLICATE_ATTR, PRUNED_ATTR, SCREEN_ATTR, counted, named_constraints
 from tuner.data import load_benchmark
 from tuner.engine.exported import load_exported
 from tuner.tuning.run import TuneSettings, tune
@@ -73,7 +74,9 @@ def test_pruned_trials_count_stay_out_of_selection_and_are_marked_in_both_stores
         record = trial.user_attrs[PRUNED_ATTR]
         # the structure is the first rung: the trial stopped before the tuning passages were encoded
         assert record["rung"] == 0 and record["of"] == 2 and record["scored"] == ["tiny-openings"]
-        assert "worst-case PSI" in record["reason"] and trial.intermediate_values  # reported to Optuna before pruning
+        assert "worst-case PSI" in record["reason"]
+        assert trial.value is None and not trial.intermediate_values  # no partial figure in a complete one's place
+        assert trial.user_attrs["feasible"] == f"NO: pruned after tiny-openings (rung 0 of 2): {record['reason']}; never a candidate"
         assert "metrics" not in trial.user_attrs and "psi" not in trial.user_attrs  # nothing of the tuning split
         assert list(trial.user_attrs["structures"]) == ["tiny-openings"]
         assert 0 < trial.user_attrs["layer_tokens"] < references[0].user_attrs["layer_tokens"] / 2  # 8 passages of 20
@@ -84,10 +87,60 @@ def test_pruned_trials_count_stay_out_of_selection_and_are_marked_in_both_stores
     experiment = client.get_experiment_by_name("posfair")
     for trial in pruned:
         run = client.search_runs([experiment.experiment_id], f"tags.`posfair.trial` = '{trial.number}'")[0]
-        assert run.info.status == "KILLED" and "pruned" in run.info.run_name
-        assert run.data.tags["posfair.pruned"].startswith("rung 0 of 2: worst-case PSI")
+        assert run.info.status == "FINISHED" and run.info.run_name == f"trial-{trial.number} · pruned"
+        assert run.data.tags["posfair.state"] == "PRUNED" and run.data.tags["posfair.pruned"].startswith("rung 0 of 2: worst-case PSI")
         assert run.data.metrics["cost/layer_tokens"] == trial.user_attrs["layer_tokens"]
-        assert "psi" not in run.data.metrics and "worst_structure_psi" in run.data.metrics
+        complete_names = {"psi", "worst_structure_psi", "hm_x100", "feasible", "ndcg10_change_vs_uncalibrated_x100"}
+        assert complete_names.isdisjoint(run.data.metrics), "no partial figure under a complete trial's name"
+        row = trial.user_attrs["structures"]["tiny-openings"]
+        assert run.data.metrics["structure/tiny-openings/psi"] == as_logged(row["psi"])  # complete, for that structure
+        assert run.data.metrics["pruned/worst_psi_of_the_structures_scored"] == as_logged(row["psi"])
+
+
+@pytest.fixture()
+def flattering_first_rung(tiny_model_dir, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """`pruning_study`'s study, with the first rung (an extra structure) scoring every calibrated trial at PSI 0.001:
+    what a calibration that over-flattens a structure shows there. Each drawn trial is pruned after it, its worst case
+    so far 0.001, far below any complete trial's value (the tuning passages' PSI counts for those)."""
+    structure = replace(load_benchmark(f"jsonl:{write_dataset(tmp_path / 'other', docs=8, seed=3)}"), name="tiny-openings")
+    monkeypatch.setattr(tuner.tuning.session, "load_structures", lambda name, tuning=None: [structure])
+    monkeypatch.setattr(tuner.tuning.objective, "corpus_rungs", lambda tuning, uncalibrated, structures: [*structures, None])
+    monkeypatch.setattr(tuner.tuning.objective, "selection_threshold", lambda study, rule: -1.0)  # nothing can beat it
+    real, on_structure = tuner.tuning.objective.trial_evidence, len(structure.queries)
+
+    def flattered(baseline, candidate, *args, **kwargs):  # type: ignore[no-untyped-def]
+        found = real(baseline, candidate, *args, **kwargs)
+        calibrated = candidate.ndcg10.tolist() != baseline.ndcg10.tolist()
+        return replace(found, objective=0.001) if len(candidate.query_ids) == on_structure and calibrated else found
+
+    monkeypatch.setattr(tuner.tuning.objective, "trial_evidence", flattered)
+    settings = tiny_study(tiny_model_dir("bert"), write_dataset(tmp_path / "data"), tmp_path, "flattering")
+    return settings, tune(settings)
+
+
+def test_a_pruned_trial_fairer_so_far_than_the_winner_is_ranked_above_it_nowhere(flattering_first_rung) -> None:
+    """Optuna gives a pruned trial the last intermediate value it reported as its value. A worst case over fewer
+    structures is a lower bound, so it would stand below the winner's value: optuna-dashboard's history (pruned trials
+    included, its default) and distribution plots would draw it as the fairest. Here it has no value: Optuna's best
+    trial is a complete one, and the dashboard's history data (its API) holds no pruned trial to rank."""
+    settings, outcome = flattering_first_rung
+    study = optuna.load_study(study_name="flattering", storage=settings.storage)
+    pruned = [t for t in study.trials if t.state == optuna.trial.TrialState.PRUNED]
+    winner = study.trials[outcome.winner_trial]
+    assert pruned and all(t.user_attrs["structures"]["tiny-openings"]["psi"] == 0.001 < winner.value for t in pruned), (
+        "the study this test needs: every pruned trial fairer so far than the winner is in the end"
+    )
+    assert all(t.value is None for t in pruned)
+    assert study.best_trial.state == optuna.trial.TrialState.COMPLETE and study.best_value <= winner.value
+    detail = dashboard_api(settings.storage, f"/api/studies/{study._study_id}")
+    plotted = [t for t in detail["trials"] if t["state"] in ("Complete", "Pruned") and "values" in t]  # the history's trials
+    assert {t["number"] for t in plotted}.isdisjoint(t.number for t in pruned)
+    assert min(t["values"][0] for t in plotted) == study.best_value
+    assert [t["number"] for t in detail["best_trials"]] == [study.best_trial.number]
+    for trial in (t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE and DUPLICATE_ATTR not in t.user_attrs):
+        steps = trial.intermediate_values
+        assert steps[max(steps)] == trial.value, "a complete trial's intermediate values end at its value"
+        assert list(steps.values()) == sorted(steps.values()), "a worst case over more structures never falls"
 
 
 def test_a_resumed_study_counts_its_pruned_trials_and_adds_only_what_is_missing(pruning_study) -> None:
@@ -135,7 +188,7 @@ def test_a_trial_that_cannot_pass_the_pooled_screen_stops_there_at_a_fraction_of
     assert run.data.metrics["screen/psi"] == as_logged(screened["psi"])
     assert run.data.metrics["screen/hm_x100"] == as_logged(100 * screened["hm"])
     tag = run.data.tags["posfair.pruned"]
-    assert run.info.status == "KILLED" and tag.startswith("rung 0 of 4: ") and "pooled screen" in tag
+    assert run.info.status == "FINISHED" and tag.startswith("rung 0 of 4: ") and "pooled screen" in tag
 
 
 def test_a_constraint_the_tuning_split_decides_prunes_the_trial_before_its_other_structures(
@@ -164,7 +217,11 @@ def test_a_constraint_the_tuning_split_decides_prunes_the_trial_before_its_other
     for trial in lost:
         assert trial.state == optuna.trial.TrialState.PRUNED
         record = trial.user_attrs[PRUNED_ATTR]
-        assert record["scored"] == ["jsonl:data"] and record["reason"] == "misses ndcg_drop, which no remaining structure can undo"
+        delta = trial.user_attrs["structures"]["jsonl:data"]["ndcg10_delta"]
+        assert record["scored"] == ["jsonl:data"] and record["reason"] == (
+            f"loses nDCG@10 on the tuning passages (nDCG@10 {100 * delta + 0.0:+.2f} vs uncalibrated, < +0.00 allowed), "
+            "which no remaining structure can undo"
+        )
         assert named_constraints(trial)["ndcg_drop"] > 0  # filed as infeasible for TPE
     assert all(t.state == optuna.trial.TrialState.COMPLETE and "tiny-openings" in t.user_attrs["structures"] for t in kept)
 
@@ -193,8 +250,10 @@ def test_a_trial_that_moves_the_vectors_further_than_the_drift_limit_stops_on_it
     assert over and within, "the tiny study must draw both kinds for this test to say anything"
     for trial in over:
         assert trial.state == optuna.trial.TrialState.PRUNED and list(trial.user_attrs["structures"]) == ["tiny-openings"]
-        assert trial.user_attrs[PRUNED_ATTR]["reason"] == "misses drift, which no remaining structure can undo"
         ratio = trial.user_attrs["structures"]["tiny-openings"]["drift"] / reference["tiny-openings"]
+        assert trial.user_attrs[PRUNED_ATTR]["reason"] == (
+            f"is over the drift limit (tiny-openings: {ratio:.2f}× the paper default's drift, > 1×), which no remaining structure can undo"
+        )
         assert named_constraints(trial)["drift"] == pytest.approx(ratio - 1.0)
     for trial in within:
         assert trial.state == optuna.trial.TrialState.COMPLETE

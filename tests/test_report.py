@@ -138,3 +138,32 @@ def test_redirected_output_gets_tables_wide_enough_to_read(monkeypatch) -> None:
 
     monkeypatch.setattr("sys.stdout", io.StringIO())
     assert _console().width == PIPED_WIDTH
+
+
+def test_a_narrow_terminal_gets_the_table_in_parts_with_every_name_and_figure_whole(table: EvaluationTable) -> None:
+    """At 100 columns the Δ columns do not fit beside the figures: they follow in a second table, each part with the
+    method names, rather than 'No calibrat…' and cut intervals."""
+    console = Console(record=True, width=100)
+    render(table, console)
+    text = console.export_text()
+    assert "…" not in text and max(len(line) for line in text.splitlines()) <= 100
+    assert text.count("┏") >= 3 and text.count("┃ Indexing method") == text.count("┏"), "every part names the methods"
+    for row in table.rows:
+        assert text.count(f"│ {row.name} ") >= 2, row.name  # the main table in two parts at least
+        if row.deltas is not None:
+            assert row.deltas.hm is not None and row.deltas.hm.format() in text
+
+
+def test_segment_embed_average_says_how_far_it_has_got(tiny: LoadedModel, caplog: pytest.LogCaptureFixture) -> None:
+    """Its semantic chunking runs the model over every sentence (505 s on WikiPos-test for MiniLM): a line per tenth."""
+    from tuner.report.baselines import segment_embed_average
+
+    texts = [passage(seed) for seed in range(20)]
+    with caplog.at_level("INFO", logger="tuner"):
+        vectors, _ = segment_embed_average(tiny, texts, batch_size=4)
+    said = [r.getMessage() for r in caplog.records]
+    assert vectors.shape[0] == 20
+    assert said[0] == "Segment Embed Average: chunking 20 documents semantically (the model embeds their sentences) ..."
+    progress = [m for m in said if m.startswith("Segment Embed Average: ") and " of 20 documents chunked" in m]
+    assert [int(m.split(": ")[1].split(" of ")[0]) for m in progress] == [2, 4, 6, 8, 10, 12, 14, 16, 18]
+    assert any(m.startswith("Segment Embed Average: encoding ") and ": done in" in m for m in said)

@@ -128,7 +128,11 @@ def test_constraints_prune_only_when_missed_beyond_noise():
     # only what a pool's scores bound (HM, nDCG@10): a structure's reversed bias is never among them
     flipped = evidence(0.1, tilt=0.2, tilt_se=0.05, baseline_tilt=-0.5)
     assert certain_violations(flipped, 0.4, None) == {}
-    assert prune_reason(r, None, missed, ["crops"]) == "misses hm_floor, which no remaining structure can undo"
+    said = Constraints(0.52).clause("hm_floor", 0.52 - 0.51)  # the tuning split scored: its lower bound 0.51 under 0.52
+    assert (
+        prune_reason(r, None, [said], ["crops"])
+        == "misses the HM floor (HM lower bound 51.00 < 52.00), which no remaining structure can undo"
+    )
 
 
 def test_a_structure_that_loses_ndcg_beyond_its_noise_makes_the_trial_infeasible_the_tuning_split_aside():

@@ -315,9 +315,14 @@ def test_a_floor_no_trial_reaches_ends_without_an_export(workspace: dict, tmp_pa
         tracking_uri=f"sqlite:///{tmp_path / 'm.db'}",
         output=tmp_path / "none.yaml",
     )
-    with pytest.raises(NoFeasibleTrialError, match=r"no trial met the constraints; nothing exported. HM floor 99.90"):
+    with pytest.raises(
+        NoFeasibleTrialError,
+        match=r"no trial met the constraints; nothing exported. every trial misses the HM floor \(the closest, trial \d: HM [\d.]+ < 99.90\)",
+    ):
         tune(settings)
     assert not (tmp_path / "none.yaml").exists()
+    said = optuna.load_study(study_name="unreachable", storage=settings.storage).user_attrs["winner"]
+    assert said.startswith("none: no trial met the constraints; nothing exported. every trial misses the HM floor")
 
 
 def add_trial(study: optuna.Study, psi: float, hm: float, floor_gap: float, screen: dict[str, float] | None = None) -> None:

@@ -35,9 +35,11 @@ from typer.testing import CliRunner
 
 from tests import forkserver
 from tests.ci import MLFLOW
-from tests.services import as_logged, free_port, running_mlflow_server
+from tests.services import as_logged, dashboard_api, free_port, running_mlflow_server
+from tests.test_feasibility import named
 from tests.test_study import write_dataset
 from tests.tiny import random_texts, tiny_tune_options
+from tuner.common.trials import counted, named_constraints
 from tuner.engine.encoder import CalibratedEncoder
 from tuner.engine.exported import load_exported
 from tuner.tracking.registry import registered_name
@@ -49,8 +51,10 @@ from tuner.tracking.runs import (
     Tracker,
     TrackingUnavailableError,
     TrialRecord,
+    describe_config,
     significant,
 )
+from tuner.tuning.search_space import trial_basket_shares
 
 TRIALS = 4
 TEXTS = random_texts(5, 20, 60, seed=7)
@@ -129,15 +133,21 @@ def the_study(work: Path) -> optuna.Study:
 
 
 def test_the_log_file_shows_each_trial_with_progress_and_every_phase(default_run: dict) -> None:
-    """No terminal: one progress line per trial (k/N, best feasible so far, elapsed, ETA) and a line per phase."""
+    """No terminal: after each trial, under Optuna's own number, a line with its config (pruned or not) and a progress
+    line (done of --trials, best feasible so far, elapsed, ETA), and a line per phase."""
     log = default_run["log"]
-    for k in range(1, TRIALS + 1):
-        line = re.search(
-            rf"trial {k}/{TRIALS} finished · (best feasible so far: trial \d+ \(PSI [\d.]+, HM [\d.]+\)"
-            rf"|no feasible trial yet) · elapsed [\dhms ]+ · (ETA [\dhms ]+|ETA after the first calibrating trial|done)",
-            log,
+    messages = [" ".join(m.split()) for m in re.split(r"\s(?:INFO|WARNING|ERROR)\s", log)]  # a long one wraps in the file
+    study = the_study(default_run["work"])
+    ran = [t for t in study.trials if counted(t)]
+    for k, trial in enumerate(ran, 1):
+        line = re.compile(
+            rf"after trial {trial.number}: {k} of {TRIALS} trials done · (best feasible so far: trial \d+ \(worst-case PSI [\d.]+, "
+            rf"HM [\d.]+\)|no feasible trial yet) · elapsed [\dhms ]+ · (ETA [\dhms ]+|ETA after the first calibrating trial|trials done)"
         )
-        assert line, f"no progress line for trial {k}:\n{log[-3000:]}"
+        assert any(line.match(m) for m in messages), f"no progress line after trial {trial.number}:\n{log[-3000:]}"
+        params = {**trial.params, "layers": trial.user_attrs["layers"], "basket_shares": trial_basket_shares(trial)}
+        said = [m for m in messages if re.match(rf"trial {trial.number}[: ]", m)]
+        assert sum(describe_config(params, 3) in m for m in said) == 1, (trial.number, said)  # the tiny model: 3 layers
     assert re.search(r"baseline: encoding \d+ documents .*done in", log, re.S)
     assert re.search(r"held-out 1/1: scoring \d configs on jsonl:held \(12 documents, 36 queries\) \.\.\.", log)
     assert re.search(r"held-out 1/1: .* done in [\dhms ]+", log)
@@ -179,7 +189,8 @@ def test_the_run_list_view_tune_ui_links_to_shows_columns_every_finished_run_has
     for column in columns:
         name = column.removeprefix("metrics.`").removesuffix("`")
         assert name in parent.data.metrics, column
-        assert name.startswith("heldout_") or all(name in t.data.metrics for t in trials), column
+        complete = [t for t in trials if t.data.tags["posfair.state"] == "COMPLETE"]  # a pruned trial's are left empty
+        assert name.startswith("heldout_") or all(name in t.data.metrics for t in complete), column
     assert training_view_url(DEFAULT_TRACKING_URI, "127.0.0.1", 5000).endswith(
         f"/#/experiments/{experiment.experiment_id}/runs?workflowType=machine_learning&viewStateShareKey=posfair"
     )
@@ -198,9 +209,14 @@ def test_runs_mark_baseline_paper_default_infeasible_trials_and_the_winner(clien
         assert (" · winner" in name) == (number == winner) == (run.data.tags.get("posfair.winner") == "yes")
         description = run.data.tags[NOTE]
         attrs = study.trials[number].user_attrs  # the figures the sentence was written from (MLflow's are rounded)
-        assert f"PSI {attrs['psi']:.3f}" in description and f"HM {100 * attrs['hm']:.2f}" in description
+        assert f"PSI {attrs['psi']:.3f} and HM {100 * attrs['hm']:.2f} on the tuning passages" in description
+        assert f"worst-case PSI {attrs['robust_psi']:.3f} (on {attrs['worst_structure']}" in description
         assert metrics["psi"] == as_logged(attrs["psi"]) and metrics["hm_x100"] == as_logged(100 * attrs["hm"])
-        assert (": misses " in description) == (not feasible), description
+        assert metrics["worst_structure_psi"] == as_logged(study.trials[number].value)
+        assert list(metrics)[:2] == ["worst_structure_psi", "psi"], "logged first: what MLflow's compare view plots first"
+        assert ("; infeasible: " in description) == (not feasible) == ("; feasible: " not in description), description
+        checked = set(named_constraints(study.trials[number]))
+        assert named(description) == checked and named(attrs["feasible"]) == checked, "every constraint checked, no other"
     assert trials[0].info.run_name.startswith("trial-0 · baseline") and "no calibration (λ 0)" in trials[0].data.tags[NOTE]
     assert trials[1].info.run_name.startswith("trial-1 · paper default") and "CLS-Soft, λ 0.50" in trials[1].data.tags[NOTE]
     assert trials[winner].data.tags[NOTE].startswith(f"Winner (trial {winner})")
@@ -237,25 +253,32 @@ def test_trial_runs_open_when_the_trial_starts_and_last_as_long_as_it(client: Ml
 
 def test_optuna_names_the_objective_and_explains_the_study(default_run: dict) -> None:
     study = the_study(default_run["work"])
-    assert study.metric_names == ["PSI"]
-    assert "minimise PSI" in study.user_attrs["objective"] and "HM >=" in study.user_attrs["constraints"]
+    assert study.metric_names == ["worst-case PSI"]  # the objective: the worst PSI over the tuning structures
+    assert study.user_attrs["objective"].startswith("minimise the worst PSI over the tuning structures")
+    checked = {name for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE for name in named_constraints(t)}
+    assert named(study.user_attrs["constraints"]) == checked == {"hm_floor", "ndcg_drop", "structure_ndcg", "reversal", "drift"}
     importance = study.user_attrs.get("psi_importance (parameters every trial drew)", {})
     assert "weight" not in importance  # CLS-Hard's w is conditional: never ranked
 
 
 def test_the_parent_run_holds_held_out_figures_with_their_intervals(client: MlflowClient, default_run: dict) -> None:
+    """The winner's held-out figures come first: in the order logged (MLflow's run page lists them so) and in a section
+    whose name sorts first (its charts sort sections by name, capitals first)."""
     parent, _ = runs_of(client)
     exported = load_exported(default_run["yaml"])
     ((name, intervals),) = exported.provenance.intervals.items()
     metrics = parent.data.metrics
+    winners = [k for k in metrics if k.startswith("Winner held out/")]
+    assert winners and list(metrics)[: len(winners)] == winners
+    assert min({k.rpartition("/")[0] for k in metrics if "/" in k}) == f"Winner held out/{name}"
     for metric, scale, shown in (("hm", 100, "hm_x100"), ("psi", 1, "psi"), ("ndcg10", 100, "ndcg10_x100")):
         estimate, low, high = intervals[metric]
-        prefix = f"heldout/{name}/winner/change_{shown}"
+        prefix = f"Winner held out/{name}/change_{shown}"
         assert metrics[prefix] == as_logged(scale * estimate)
         assert metrics[f"{prefix}_ci_low"] == as_logged(scale * low) and metrics[f"{prefix}_ci_high"] == as_logged(scale * high)
         assert low <= estimate <= high
     held = exported.metrics[f"heldout/{name}"]
-    assert metrics[f"heldout/{name}/winner/hm_x100"] == as_logged(100 * held["hm"])
+    assert metrics[f"Winner held out/{name}/hm_x100"] == as_logged(100 * held["hm"])
     assert metrics[f"heldout/{name}/uncalibrated/hm_x100"] == as_logged(100 * exported.metrics[f"heldout_baseline/{name}"]["hm"])
     assert metrics["tuning/winner/psi"] == as_logged(exported.metrics["tuning"]["psi"])
 
@@ -272,24 +295,31 @@ def test_the_parent_run_names_the_winner_and_its_held_out_result(client: MlflowC
     hm, psi = intervals["hm"], intervals["psi"]
     assert f"{name} ΔHM {100 * hm[0]:+.2f} [{100 * hm[1]:+.2f}, {100 * hm[2]:+.2f}], ΔPSI {psi[0]:+.3f}" in description
     metrics, winner_metrics = parent.data.metrics, trials[winner].data.metrics
-    for column in ("psi", "hm_x100", "feasible", "ndcg10_change_vs_uncalibrated_x100"):  # the trials' columns show the winner
+    for column in ("worst_structure_psi", "psi", "hm_x100", "feasible", "ndcg10_change_vs_uncalibrated_x100"):  # the trials' columns
         assert metrics[column] == pytest.approx(winner_metrics[column], abs=1e-4)
     assert metrics["heldout_winner_change_hm_x100"] == as_logged(100 * hm[0])
     table = (Path(client.download_artifacts(parent.info.run_id, "heldout.md", str(default_run["work"] / "dl")))).read_text()
     assert f"| {name} | Winner (trial {winner}) | {100 * exported.metrics[f'heldout/{name}']['hm']:.2f} |" in table
 
 
-def dashboard_api(storage: str, path: str) -> dict:
-    """optuna-dashboard's JSON API, called in-process through its WSGI app (what its web page reads)."""
-    from wsgiref.util import setup_testing_defaults
-
-    optuna_dashboard = pytest.importorskip("optuna_dashboard")
-    environ: dict = {"PATH_INFO": path}
-    setup_testing_defaults(environ)
-    status: list[str] = []
-    body = b"".join(optuna_dashboard.wsgi(storage)(environ, lambda code, headers, *rest: status.append(code)))
-    assert status[0].startswith("200"), (status, body[:300])
-    return json.loads(body)
+def test_the_parent_run_shows_how_each_config_does_along_the_passage_on_the_held_out_sets(client: MlflowClient, default_run: dict) -> None:
+    """heldout.md's profile table (and heldout.png, its picture): per held-out set, each config's nDCG@10 in each
+    position group with its interval and its tilt, the winner's figures the YAML's own."""
+    parent, _ = runs_of(client)
+    exported = load_exported(default_run["yaml"])
+    ((name, _),) = exported.provenance.intervals.items()
+    artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {"heldout.png", "heldout.md"} <= artifacts
+    table = Path(client.download_artifacts(parent.info.run_id, "heldout.md", str(default_run["work"] / "dl-profile"))).read_text()
+    section = table.split(f"### {name}\n", 1)[1]
+    held = exported.metrics[f"heldout/{name}"]
+    groups = [k.removeprefix("ndcg10_") for k in held if k.startswith("ndcg10_") and not k.startswith("ndcg10_fifth")]
+    assert section.splitlines()[1] == "| config | " + " | ".join([*groups, "tilt"]) + " |"
+    winner = next(line for line in section.splitlines() if line.startswith(f"| Winner (trial {exported.provenance.trial}) |"))
+    cells = [cell.strip() for cell in winner.strip("|").split("|")][1:]
+    for group, cell in zip(groups, cells):
+        assert cell.startswith(f"{100 * held[f'ndcg10_{group}']:.2f} [") and cell.endswith("]"), (group, cell)
+    assert cells[-1].startswith(f"{100 * held['tilt']:+.1f} [") if "tilt" in held else cells[-1] == "–"
 
 
 def test_optuna_dashboard_greys_infeasible_trials_and_the_study_names_the_winner(default_run: dict) -> None:
@@ -311,7 +341,13 @@ def test_optuna_dashboard_greys_infeasible_trials_and_the_study_names_the_winner
         assert len(attrs["metrics"]) < 1024 - 200, "room for the metrics of --general and --max-crops-psi"
     study_attrs = {a["key"]: a["value"] for a in detail["user_attrs"]}
     assert study_attrs["winner"].startswith(f"Winner: trial {exported.provenance.trial}, ")
-    assert "feasible or not" in study_attrs["best trial in optuna-dashboard"]
+    assert (
+        "feasible or not" in study_attrs["best trial in optuna-dashboard"]
+        and "`winner` above" in study_attrs["best trial in optuna-dashboard"]
+    )
+    assert [a["key"] for a in detail["user_attrs"]][:2] == ["winner", "best trial in optuna-dashboard"], "the winner first"
+    studies = dashboard_api(storage, "/api/studies")["study_summaries"]
+    assert [s["study_name"] for s in studies] == [study.study_name], "no study beside the real one (the export's election)"
     lowest = min((t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE), key=lambda t: t.value)
     assert [t["number"] for t in detail["best_trials"]] == [lowest.number], "what the README says the dashboard shows"
 
@@ -327,9 +363,9 @@ def test_the_yaml_records_its_provenance(client: MlflowClient, default_run: dict
     assert provenance.heldout == ["jsonl:held"]
     assert provenance.hm_floor == pytest.approx(the_study(default_run["work"]).user_attrs["floor_value"])
     assert provenance.hm_floor_rule == "-50%" and provenance.objective.startswith("minimise the worst PSI over the tuning structures")
-    assert "no tuning structure's bias reversed" in provenance.objective
-    assert "drift from the uncalibrated document vectors <= 2.0 x the paper default's on every structure" in provenance.objective
     study = the_study(default_run["work"])
+    checked = {name for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE for name in named_constraints(t)}
+    assert named(provenance.objective) == checked and "at most 2 times as far" in provenance.objective
     winner = study.trials[provenance.trial]
     assert provenance.structures == winner.user_attrs["structures"]  # per structure: the winner's PSI and direction
     # the study's cost: every trial's and what the process encoded before them (baselines, queries)
@@ -342,6 +378,18 @@ def test_the_yaml_records_its_provenance(client: MlflowClient, default_run: dict
     assert provenance.versions["torch"] == torch.__version__
     calibration = yaml.safe_load(text)["calibration"]
     assert ("weight" in calibration) == (calibration["variant"] == "cls_hard")
+
+
+def test_the_registered_version_comes_from_the_winner_s_trial_run_and_says_why_once(client: MlflowClient, default_run: dict) -> None:
+    """The winner's run is the version's source (its Registered models panel shows it), as its description says."""
+    _, trials = runs_of(client)
+    provenance = load_exported(default_run["yaml"]).provenance
+    version = client.get_model_version_by_alias(registered_name(str(default_run["model"])), "champion")
+    winner_run = trials[provenance.trial]
+    assert version.run_id == winner_run.info.run_id
+    assert f"Registered as models:/{version.name}@champion (version {version.version})" in winner_run.data.tags[NOTE]
+    assert version.description.startswith(f"Study {provenance.study}, trial {provenance.trial}: ")
+    assert version.description.count(f"trial {provenance.trial}") == 1, version.description
 
 
 def test_the_winner_is_registered_and_loads_as_the_calibrated_encoder(client: MlflowClient, default_run: dict) -> None:

@@ -20,6 +20,7 @@ from typer.core import TyperCommand, TyperGroup
 
 from tuner.common.messages import UserError, shown
 from tuner.common.options import (
+    DEFAULT_CACHE_BYTES,
     DEFAULT_MAX_DRIFT,
     DEFAULT_PROFILE_DOCS,
     DEFAULT_TRIALS,
@@ -275,7 +276,7 @@ def run(
     bisect: Annotated[
         bool,
         typer.Option(
-            help="After a trial that over-corrects (reverses the bias, loses nDCG@10, moves the vectors past --max-drift), try the same config at a weaker λ."
+            help="After a trial too strong for its config (it reverses the bias, loses nDCG@10 or is over the drift limit), try the same config at a weaker λ."
         ),
     ] = True,
     grid: Annotated[str | None, typer.Option(help="'paper': run exactly the paper's 24 configs (its grid), unpruned.")] = None,
@@ -325,7 +326,10 @@ def run(
     revision: Annotated[str | None, typer.Option(help="Hub revision of the model.")] = None,
     trust_remote_code: TrustRemoteCode = False,
     cache_budget: Annotated[
-        str | None, typer.Option(help="Disk/RAM for cached layer inputs, e.g. 4GB or 0 (none); default: tuner.evaluation.store's budget.")
+        str | None,
+        typer.Option(
+            help=f"Disk for cached layer inputs (what trials resume from; read into memory while it fits), e.g. 4GB or 0 (none); default: {DEFAULT_CACHE_BYTES // 2**30} GiB, less where the disk has less free."
+        ),
     ] = None,
     workers: Annotated[int, typer.Option(help="Local worker processes on this study (each loads the model).")] = 1,
     worker: Annotated[
@@ -580,12 +584,16 @@ def encode(
             read.append(Protected(input, "--input"))
         check_output(output, "--output", VECTORS, protected=read, force=force)
         texts = read_texts(input, input_format)
-        from tuner.engine.encoder import CalibratedEncoder
+        import warnings
+
+        from tuner.engine.encoder import CalibratedEncoder, ShortDocumentsWarning
 
         _quiet_libraries()
         encoder = CalibratedEncoder.from_exported(exported, trust_remote_code=trust_remote_code)
         method = encoder.encode_query if queries else encoder.encode_document
-        vectors = method(texts, batch_size=batch_size, show_progress_bar=True)
+        with warnings.catch_warnings():  # the line printed below counts them
+            warnings.simplefilter("ignore", ShortDocumentsWarning)
+            vectors = method(texts, batch_size=batch_size, show_progress_bar=True)
         _save_atomically(vectors, output, force=force)
     short = (
         f"; {encoder.too_short} shorter than one basket ({encoder.config.basket_size} tokens of content), left uncalibrated"

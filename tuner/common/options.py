@@ -53,6 +53,10 @@ def parse_limit(text: str, flag: str, upper: float, example: str) -> float | Non
     return value
 
 
+DEFAULT_CACHE_BYTES = 8 * 2**30
+"""`--cache-budget`'s default: bytes of cached layer inputs at most (also capped by free disk space)."""
+
+
 def parse_bytes(text: str | None) -> int | None:
     """'4GB', '512MiB', '0' → bytes; None stays None (the default budget)."""
     if text is None:

@@ -22,7 +22,9 @@ SETUP_COST_ATTR = "setup_layer_tokens/"  # + a process: a study attribute, the b
 BUDGET_ATTR = "budget"  # a study attribute: {"spec", "study", "setup", "trials"} of `--budget`, resolved by the coordinator
 SELECTION_ATTR = "selection"  # a study attribute: the --selection rule of the run that last coordinated it (`tune export`'s default)
 BUDGET_END_ATTR = "budget_end"  # a study attribute: {"trial", "trials", "spent", "needed"} of the draw the budget had no room for
-BISECT_ATTR = "bisect"  # on a trial λ bisection queued: {"of": the trial that queued it, "feasible": λ, "over_corrects": λ}
+BISECT_ATTR = (
+    "bisect"  # on a trial λ bisection queued: {"of": the trial that queued it, "feasible": λ, "too_strong": λ, "because": what it missed}
+)
 RESERVED_ATTR = "layer_tokens_reserved"  # what a running trial may spend at most (`TrialObjective.trial_cost`)
 # A system attribute (out of the dashboard's user attributes: 500 numbers): the trial's worst-case PSI on each common
 # query resample, from which selection takes the noise between two trials (`objectives.selection.paired_se`)

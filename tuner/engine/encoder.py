@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass
@@ -216,6 +217,10 @@ def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     return tensor.pin_memory().to(device, non_blocking=True)
 
 
+class ShortDocumentsWarning(UserWarning):
+    """Some documents are shorter than one basket, so calibration leaves them as the plain model encodes them."""
+
+
 class CalibratedEncoder:
     """Encode documents with a calibration config applied, and queries without it."""
 
@@ -236,6 +241,7 @@ class CalibratedEncoder:
         self.truncated = 0  # documents cut at the model's maximum length in the last encode call
         self.layer_tokens = 0  # padded tokens × layers the last encode call ran (`Batches.layer_tokens`)
         self.too_short = 0  # documents of the last calibrated encode call whose content fills no basket: left uncalibrated
+        self._warned_short = False  # `encode_document` says so once per encoder
 
     @classmethod
     def from_yaml(cls, path: str | Path, *, allow_model_mismatch: bool = False, **load_options: object) -> CalibratedEncoder:
@@ -311,8 +317,11 @@ class CalibratedEncoder:
         - `normalize_embeddings`: L2-normalised (the default here: the vectors are compared by dot product);
           False returns the pooled vectors as they are;
         - `batch_tokens`: at most this many padded tokens per forward pass (long passages).
+
+        A document whose content fills no basket is left uncalibrated (its vector is the plain model's); the first
+        call that meets one warns (`ShortDocumentsWarning`), once per encoder, and `too_short` counts them per call.
         """
-        return self._encode(
+        vectors = self._encode(
             sentences,
             calibrate=True,
             prompt=prompt or "",
@@ -324,6 +333,16 @@ class CalibratedEncoder:
             batch_tokens=batch_tokens,
             observer=observer,
         )
+        if self.too_short and self.config is not None and self.config.strength > 0 and not self._warned_short:
+            self._warned_short = True
+            count = 1 if isinstance(sentences, str) else len(sentences)
+            warnings.warn(
+                f"{self.too_short} of {count} documents are shorter than one basket ({self.config.basket_size} tokens of "
+                "content), left uncalibrated (said once per encoder; `too_short` counts them per call)",
+                ShortDocumentsWarning,
+                stacklevel=2,
+            )
+        return vectors
 
     encode = encode_document
 

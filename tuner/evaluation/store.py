@@ -36,11 +36,12 @@ import torch
 
 import tuner
 from tuner.common.files import TEMPORARY_SUFFIX, temporary_beside, write_atomically
+from tuner.common.options import DEFAULT_CACHE_BYTES
 
 log = logging.getLogger(__name__)
 
 CACHE_FORMAT = 1
-DEFAULT_BUDGET = 8 * 2**30  # bytes of cached layer inputs, at most; also capped by free disk space
+DEFAULT_BUDGET = DEFAULT_CACHE_BYTES  # bytes of cached layer inputs, at most; also capped by free disk space
 RAM_FRACTION = 0.5  # cached layer inputs are loaded into RAM while they fit in this share of available memory
 CHUNK = 16 * 2**20
 STALE_TEMPORARY_S = 3600

@@ -19,7 +19,9 @@ slices of the text: no chunk is truncated by the encoder and the chunks always j
 
 from __future__ import annotations
 
+import logging
 import random
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 from functools import cache
@@ -31,6 +33,9 @@ from chonkie import BaseEmbeddings, SemanticChunker, SentenceChunker
 from tuner.data import PositionalDataset
 from tuner.engine.encoder import CalibratedEncoder
 from tuner.engine.models import LoadedModel
+from tuner.tracking.progress import Phase, clock
+
+log = logging.getLogger(__name__)
 
 
 class ModelEmbeddings(BaseEmbeddings):
@@ -86,9 +91,24 @@ def segment_embed_average(
     document's vector is the normalised mean of its chunk vectors.
     """
     chunker = ModelChunker(model, chunk_tokens, batch_size)
-    chunks = [chunker.chunk(text) for text in texts]
+    chunks: list[list[str]] = []
+    with Phase(f"Segment Embed Average: chunking {len(texts)} documents semantically (the model embeds their sentences)"):
+        started, step = time.monotonic(), max(1, len(texts) // 10)
+        for done, text in enumerate(texts, 1):
+            chunks.append(chunker.chunk(text))
+            if done % step == 0 and done < len(texts):
+                elapsed = time.monotonic() - started
+                log.info(
+                    "Segment Embed Average: %d of %d documents chunked · elapsed %s · ETA %s",
+                    done,
+                    len(texts),
+                    clock(elapsed),
+                    clock(elapsed / done * (len(texts) - done)),
+                )
+    pieces = [c for doc in chunks for c in doc]
     encoder = CalibratedEncoder(model)
-    vectors = encoder.encode([c for doc in chunks for c in doc], batch_size=batch_size)
+    with Phase(f"Segment Embed Average: encoding {len(pieces)} chunks"):
+        vectors = encoder.encode(pieces, batch_size=batch_size)
     owner = np.repeat(np.arange(len(texts)), [len(doc) for doc in chunks])
     sums = np.zeros((len(texts), vectors.shape[1]), dtype=np.float64)
     np.add.at(sums, owner, vectors)

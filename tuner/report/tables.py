@@ -296,14 +296,30 @@ def render(table: EvaluationTable, console: Console) -> None:
 
 
 def render_grids(grids: Sequence[Grid], console: Console) -> None:
-    """Print grids as rich tables (numbers right-aligned, method names left)."""
+    """Print grids as rich tables (numbers right-aligned, method names left). Nothing is cut: a grid wider than the
+    terminal is printed in parts, each repeating the method names (`_column_parts`)."""
     for title, headers, rows in grids:
-        grid = Table(title=title, title_justify="left")
-        for i, header in enumerate(headers):
-            grid.add_column(header, justify="left" if i == 0 else "right", no_wrap=i > 0)
-        for row in rows:
-            grid.add_row(*row)
-        console.print(grid)
+        for part, columns in enumerate(_column_parts(headers, rows, console.width)):
+            grid = Table(title=title if part == 0 else None, title_justify="left")
+            for i in columns:
+                grid.add_column(headers[i], justify="left" if i == 0 else "right", no_wrap=True)
+            for row in rows:
+                grid.add_row(*(row[i] for i in columns))
+            console.print(grid)
+
+
+def _column_parts(headers: Sequence[str], rows: Sequence[Sequence[str]], width: int) -> list[list[int]]:
+    """The column indices of each part of a table `width` characters wide at most: the first column (the method) in
+    every part, then as many of the others, in order, as fit beside it with the borders (3 characters a column, 1 more
+    for the edge). A column too wide for any part gets one of its own."""
+    sizes = [max(len(str(cell)) for cell in [header, *(row[i] for row in rows)]) + 3 for i, header in enumerate(headers)]
+    parts: list[list[int]] = []
+    for i in range(1, len(headers)):
+        if parts and 1 + sum(sizes[c] for c in parts[-1]) + sizes[i] <= width:
+            parts[-1].append(i)
+        else:
+            parts.append([0, i])
+    return parts or [[0]]
 
 
 def to_markdown(table: EvaluationTable) -> str:

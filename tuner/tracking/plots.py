@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +17,9 @@ from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from optuna.trial import FrozenTrial  # noqa: E402
 
-from tuner.common.trials import complete_trials, named_constraints  # noqa: E402
+from objectives.bootstrap import PositionProfile  # noqa: E402
+from objectives.constraint import REQUIREMENTS  # noqa: E402
+from tuner.common.trials import SURPLUS_ATTR, complete_trials, named_constraints  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -62,13 +64,15 @@ def pareto_scatter(
     figure, axis = plt.subplots(figsize=(6.5, 4.5))
     groups = (
         ("feasible", lambda p: not p.missed, "tab:blue", "o"),
-        ("misses the HM floor", lambda p: "hm_floor" in p.missed, "tab:gray", "x"),
+        (REQUIREMENTS["hm_floor"].missed, lambda p: "hm_floor" in p.missed, "tab:gray", "x"),
         ("misses another constraint", lambda p: p.missed and "hm_floor" not in p.missed, "tab:orange", "x"),
     )
     for label, member, color, marker in groups:
         group = [p for p in points if member(p)]
         if group:
             axis.scatter([p.psi for p in group], [100 * p.hm for p in group], label=label, zorder=2, c=color, marker=marker)
+    for p in points:  # each point named by its trial, as the run list and the dashboard name it
+        axis.annotate(str(p.number), (p.psi, 100 * p.hm), textcoords="offset points", xytext=(5, 4), fontsize=7, zorder=4)
     if conservative and points:
         axis.vlines(
             [p.psi for p in points],
@@ -119,11 +123,11 @@ def optuna_figures(study: optuna.Study, folder: Path) -> list[Path]:
     """Optuna's own history and parameter-importance plots (skipped when too few trials)."""
     from optuna.visualization import matplotlib as optuna_plots
 
-    target: Callable[[FrozenTrial], float] | None = (lambda t: t.values[0]) if len(study.directions) > 1 else None  # PSI
+    target = _psi_target(study)
     params = unconditional_params(study)
     plots: tuple[tuple[str, Callable[[], Axes]], ...] = (
-        ("history.png", lambda: optuna_plots.plot_optimization_history(study, target=target, target_name="PSI")),
-        ("importances.png", lambda: optuna_plots.plot_param_importances(study, params=params, target=target, target_name="PSI")),
+        ("history.png", lambda: history(study)),
+        ("importances.png", lambda: optuna_plots.plot_param_importances(study, params=params, target=target, target_name=_psi_name(study))),
     )
     paths = []
     for name, plot in plots:
@@ -142,6 +146,26 @@ def optuna_figures(study: optuna.Study, folder: Path) -> list[Path]:
     return paths
 
 
+def history(study: optuna.Study) -> Axes:
+    """Optuna's history of the objective, its axis ending at the last trial that ran: Optuna draws its best-value line to
+    the last trial number, and a queued trial the study withdrew unrun, or a surplus draw, has one."""
+    from optuna.visualization import matplotlib as optuna_plots
+
+    axis = optuna_plots.plot_optimization_history(study, target=_psi_target(study), target_name=_psi_name(study))
+    ran = [t.number for t in study.get_trials(deepcopy=False) if t.state.is_finished() and SURPLUS_ATTR not in t.user_attrs]
+    if ran:
+        axis.set_xlim(-0.5, max(ran) + 0.5)
+    return axis
+
+
+def _psi_target(study: optuna.Study) -> Callable[[FrozenTrial], float] | None:
+    return (lambda t: t.values[0]) if len(study.directions) > 1 else None  # PSI, the first of --pareto's two
+
+
+def _psi_name(study: optuna.Study) -> str:
+    return "worst-case PSI" if any("worst_structure" in t.user_attrs for t in complete_trials(study)) else "PSI"
+
+
 def param_importances(study: optuna.Study) -> dict[str, float]:
     """fANOVA importance of the unconditional parameters for PSI ({} when too few trials to say)."""
     params = unconditional_params(study)
@@ -155,3 +179,26 @@ def param_importances(study: optuna.Study) -> dict[str, float]:
     except (ValueError, RuntimeError, ZeroDivisionError) as error:
         log.info("no parameter importance: %s", error)
         return {}
+
+
+def heldout_profiles(sets: Mapping[str, Sequence[tuple[str, PositionProfile]]], path: Path) -> Path:
+    """Each held-out set (a panel) as the configs do along the passage: nDCG@10 in each of the set's position groups,
+    in passage order, with 95% intervals; each config's tilt (the slope along the passage over its mean, x100) with
+    its interval in the legend."""
+    figure, axes = plt.subplots(1, max(len(sets), 1), figsize=(4.6 * max(len(sets), 1), 4.0), squeeze=False)
+    for axis, (name, lines) in zip(axes[0], sets.items()):
+        for offset, (label, profile) in enumerate(lines):
+            groups = list(profile.groups)
+            shift = (offset - (len(lines) - 1) / 2) * 0.06  # side by side, so the intervals do not hide each other
+            y = [100 * profile.groups[g].estimate for g in groups]
+            low = [y[i] - 100 * profile.groups[g].low for i, g in enumerate(groups)]
+            high = [100 * profile.groups[g].high - y[i] for i, g in enumerate(groups)]
+            tilt = profile.tilt
+            said = f"{label}, tilt {100 * tilt.estimate:+.1f} [{100 * tilt.low:+.1f}, {100 * tilt.high:+.1f}]" if tilt else label
+            axis.errorbar([i + shift for i in range(len(groups))], y, yerr=[low, high], marker="o", capsize=3, label=said)
+            axis.set_xticks(range(len(groups)), groups)
+        axis.set(title=name, xlabel="where the answer is in the passage", ylabel="nDCG@10 (95% interval)")
+        axis.legend(fontsize=7)
+    figure.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(figure)
+    return path

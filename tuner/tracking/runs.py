@@ -37,6 +37,7 @@ from typing import Literal
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
+from objectives.constraint import CONSTRAINTS
 from tuner.common.files import ARTIFACTS, MLFLOW_DB
 from tuner.common.messages import UserError, causes, database_locked, disk_full, first_line
 from tuner.common.options import check_tracking_uri
@@ -59,6 +60,7 @@ PARENT = "mlflow.parentRunId"
 VIEW_KEY = "posfair"
 VIEW_TAG = f"mlflow.sharedViewState.{VIEW_KEY}"
 RUN_LIST_COLUMNS = (
+    "worst_structure_psi",
     "psi",
     "hm_x100",
     "feasible",
@@ -68,16 +70,31 @@ RUN_LIST_COLUMNS = (
 )
 RUN_LIST_VIEW = json.dumps({"selectedColumns": [f"metrics.`{name}`" for name in RUN_LIST_COLUMNS]})
 
-EXPERIMENT_NOTE = """posfair tunes attention calibration (Michail et al., 2026) per model with Optuna.
-One parent run per study (its settings, the winner, held-out figures with 95% bootstrap intervals, plots,
+
+def experiment_note() -> str:
+    """The experiment's description: the rule every study applies, built from the constraint list
+    (`objectives.constraint.CONSTRAINTS`), with each study's own limits on its parent run."""
+    rules = "\n".join(f"- {r.title} ({r.option}): {r.rule}" for r in CONSTRAINTS)
+    return f"""posfair tunes attention calibration (Michail et al., 2026) per model with Optuna.
+One parent run per study (its rule and limits, the winner, held-out figures with 95% bootstrap intervals, plots,
 the exported YAML), one nested run per trial (its config, figures and attention profile).
 
-Objective: minimise **psi** (Position Sensitivity Index = 1 - min/max of nDCG@10 over the begin, middle and
-end groups; 0 = position-fair) subject to **hm_x100** (harmonic mean of the groups' nDCG@10) >= the HM floor
-and aggregate nDCG@10 not falling below the uncalibrated model's. `feasible` = 1 when a trial meets every
-constraint. nDCG@10, HM and recall are x100 (points, as the console prints them); PSI and drift are 0-1.
-Run names mark the baseline (trial 0, no calibration), the paper default (trial 1), infeasible trials and
-the winner, which is registered as the model posfair-MODEL with the alias `champion`."""
+Objective: minimise **worst_structure_psi**, the worst PSI over the tuning structures (the tuning passages as
+they are and rebuilt otherwise: crops, openings, packed passages, or length halves; the tuning passages alone
+with --no-structures). PSI (Position Sensitivity Index) = 1 - min/max of nDCG@10 over the position groups
+(0 = position-fair); HM = their harmonic mean. Subject to these constraints, each where its option is set:
+{rules}
+
+`feasible` = 1 when a trial meets every constraint it was checked on; its description names each one and how
+close it came. A pruned trial stopped after the rungs (structures) that showed it cannot win: its run says
+`pruned`, its figures are per structure (`structure/...`) or marked `pruned/` (a worst case over fewer structures
+is a lower bound, not a result), and it is never a candidate. nDCG@10, HM and recall are x100 (points, as the
+console prints them); PSI and drift are 0-1. Run names mark the baseline (trial 0, no calibration), the paper
+default (trial 1), infeasible and pruned trials and the winner, which is registered as the model posfair-MODEL
+with the alias `champion`."""
+
+
+EXPERIMENT_NOTE = experiment_note()
 
 
 class TrackingUnavailableError(UserError, RuntimeError):
@@ -335,64 +352,20 @@ def describe_config(params: Mapping[str, object], num_layers: int | None = None)
     return f"{variant}, λ {strength:.2f} on {where}, baskets of {params.get('basket_size')} tokens{shares}"
 
 
-CONSTRAINT_WORDS = {
-    "hm_floor": "the HM floor",
-    "ndcg_drop": "the nDCG@10 limit",
-    "general_drop": "the general nDCG@10 limit",
-    "crops_psi": "the crops PSI limit",
-    "reversal": "the no-reversal rule (a tuning structure's bias turned round)",
-    "structure_ndcg": "the nDCG@10 limit on another tuning structure (a significant loss there)",
-    "drift": "the drift limit (the document vectors moved further than --max-drift times the paper default's)",
-}
+def describe_outcome(metrics: Mapping[str, float], worst: str, feasibility: str) -> str:
+    """What a complete trial scored and whether it is feasible, in the console's words and scale: its objective
+    (the worst PSI over the tuning structures, and on which), the tuning passages' own PSI and HM, then
+    `feasibility` (`Constraints.explain`: every constraint checked, how it was met or missed)."""
+    return (
+        f"worst-case PSI {metrics['robust_psi']:.3f} (on {worst}; lower is fairer), PSI {metrics['psi']:.3f} and "
+        f"HM {100 * metrics['hm']:.2f} on the tuning passages; {feasibility}"
+    )
 
 
-def missed_constraints(metrics: Mapping[str, float]) -> list[str]:
-    """The constraints a trial misses, by name, read from its constraint values (Optuna's: > 0 is missed)."""
-    return [name for name in CONSTRAINT_WORDS if metrics.get(f"constraint_{name}", 0.0) > 0]
-
-
-def hm_compared(metrics: Mapping[str, float]) -> float:
-    """The HM the floor was compared with (the lower bound under `significant`, else the point HM), as the
-    constraint value records it: floor − constraint."""
-    return metrics["hm_floor"] - metrics["constraint_hm_floor"]
-
-
-def describe_hm_rule(metrics: Mapping[str, float], conservative: bool) -> str:
-    """'HM 55.52, lower bound 53.95 < floor 55.31' (or 'HM 56.90 ≥ floor 55.31'): the comparison the HM floor made."""
-    text = f"HM {100 * metrics['hm']:.2f}"
-    if "constraint_hm_floor" not in metrics:
-        return text
-    sign = "<" if metrics["constraint_hm_floor"] > 0 else "≥"
-    compared = f", lower bound {100 * hm_compared(metrics):.2f}" if conservative else ""
-    return f"{text}{compared} {sign} floor {100 * metrics['hm_floor']:.2f}"
-
-
-def describe_verdict(metrics: Mapping[str, float]) -> str:
-    """'feasible', or 'misses the HM floor' / 'misses the HM floor and the nDCG@10 limit'."""
-    missed = [CONSTRAINT_WORDS[name] for name in missed_constraints(metrics)]
-    if not missed:
-        return "feasible"
-    return "misses " + (missed[0] if len(missed) == 1 else ", ".join(missed[:-1]) + " and " + missed[-1])
-
-
-def describe_feasibility(metrics: Mapping[str, float], conservative: bool) -> str:
-    """'HM 55.52, lower bound 53.95 < floor 55.31: misses the HM floor': the rule as it was applied, and what it decided."""
-    return f"{describe_hm_rule(metrics, conservative)}: {describe_verdict(metrics)}"
-
-
-def describe_outcome(metrics: Mapping[str, float], conservative: bool) -> str:
-    """What a complete trial scored and whether it is feasible, in the console's words and scale."""
-    text = f"PSI {metrics['psi']:.3f} (lower is fairer), {describe_hm_rule(metrics, conservative)}"
-    if "ndcg10_delta" in metrics:
-        text += f", nDCG@10 {100 * metrics['ndcg10_delta']:+.2f} vs uncalibrated"
-        if metrics.get("constraint_ndcg_drop", 0.0) > 0:
-            lowest = metrics["ndcg10_delta"] + metrics["constraint_ndcg_drop"]  # the change the allowance permits
-            text += f" < {100 * lowest + 0.0:+.2f} allowed"
-    return f"{text}: {describe_verdict(metrics)}"
-
-
-RUN_STATUS = {"COMPLETE": "FINISHED", "PRUNED": "KILLED", "FAIL": "FAILED"}
-"""A trial's Optuna state → its MLflow run status: a pruned trial was stopped early on purpose (KILLED)."""
+RUN_STATUS = {"COMPLETE": "FINISHED", "PRUNED": "FINISHED", "FAIL": "FAILED"}
+"""A trial's Optuna state → its MLflow run status. A pruned trial ran as far as it had to and ended as designed:
+FINISHED, as Optuna's own MLflow callback and Ray Tune's log an early-stopped trial (MLflow's KILLED means "killed by
+user", a red cross that users read as a crash); its name says `pruned` and the tag `posfair.state` PRUNED."""
 
 
 def run_name(number: int, markers: list[str]) -> str:
@@ -501,8 +474,8 @@ class Tracker:
             if store is not None:
                 _artifacts_beside_store(self.uri, store, experiment_id)
             return experiment_id
-        if found.tags.get(VIEW_TAG) != RUN_LIST_VIEW:  # a store made by an older posfair
-            for key, value in {KIND_TAG: TRAINING_KIND, NOTE: EXPERIMENT_NOTE, VIEW_TAG: RUN_LIST_VIEW}.items():
+        for key, value in {KIND_TAG: TRAINING_KIND, NOTE: EXPERIMENT_NOTE, VIEW_TAG: RUN_LIST_VIEW}.items():
+            if found.tags.get(key) != value:  # a store made by an older posfair
                 self.client.set_experiment_tag(found.experiment_id, key, value)
         return found.experiment_id
 
@@ -592,6 +565,10 @@ class Tracker:
 
     def trial_run_id(self, number: int) -> str | None:
         return self._trial_runs.get(number)
+
+    def find_trial_run(self, study: str, number: int) -> str | None:
+        """The run of `study`'s trial `number`, opened by this process or another (None: MLflow has none)."""
+        return self._trial_runs.get(number) or self._existing_trial_run(study, number)
 
     def _open_trial(
         self, study: str, number: int, params: dict[str, object], description: str, markers: list[str], tags: dict[str, str], start: int

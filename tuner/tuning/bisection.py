@@ -17,7 +17,7 @@ A family that loses nDCG@10 at every λ is left as soon as a probe is no fairer 
 (`queue_next`): a weaker λ is less fair, so it could not beat a config the study has.
 Where the drift limit (`--max-drift`) bounds a family, the drift its probes measured says where without
 another probe: within a family the drift grows as a power of λ (`DRIFT_EXPONENTS`), so a λ whose drift that
-law puts over the limit on some structure is treated as over-correcting and never probed
+law puts over the limit on some structure is treated as too strong and never probed
 (`drift_ceiling`): a probe whose drift the family's earlier probes already predict is budget spent on nothing
 (docs/search.md, *λ bisection*).
 """
@@ -34,6 +34,7 @@ from typing import NamedTuple
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from objectives.constraint import outcome
 from tuner.common.trials import BISECT_ATTR, SURPLUS_ATTR, named_constraints
 from tuner.tuning.search_space import SHARES_ATTR, trial_basket_shares
 
@@ -55,14 +56,19 @@ further than it ever did there."""
 
 @dataclass(frozen=True)
 class Probe:
-    """One scored λ of a family: feasible (complete, every constraint met) or over-correcting (an `OVER_CORRECTION`
-    constraint missed); a trial that is neither (pruned on PSI, below the HM floor only) tells nothing about the boundary.
-    `drift`: the drift it measured on each structure scored (mean 1 − cos to the uncalibrated document vectors)."""
+    """One scored λ of a family: feasible (complete, every constraint met) or too strong (`missed`: the
+    `OVER_CORRECTION` constraints it missed); a trial that is neither (pruned on PSI, below the HM floor only) tells
+    nothing about the boundary. `drift`: the drift it measured on each structure scored (mean 1 − cos to the
+    uncalibrated document vectors)."""
 
     strength: float
     feasible: bool
-    over_corrects: bool
+    missed: tuple[str, ...] = ()
     drift: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def too_strong(self) -> bool:
+        return bool(self.missed)
 
 
 def drift_ceiling(probes: Iterable[Probe], limits: Mapping[str, float]) -> float | None:
@@ -81,26 +87,29 @@ def drift_ceiling(probes: Iterable[Probe], limits: Mapping[str, float]) -> float
 
 
 class NextStrength(NamedTuple):
-    """The λ bisection tries next, the feasible λ below it (None while galloping down), the weakest over-correcting
-    λ above it, and the drift ceiling when that is lower (`drift_ceiling`: no probe above it)."""
+    """The λ bisection tries next, the feasible λ below it (None while galloping down), the weakest too strong λ
+    above it and what that one missed (`OVER_CORRECTION` names), and the drift ceiling when that is lower
+    (`drift_ceiling`: no probe above it)."""
 
     strength: float
     feasible: float | None
     over: float
     ceiling: float | None = None
+    missed: tuple[str, ...] = ()
 
 
 def next_strength(probes: Iterable[Probe], step: float, drift_limits: Mapping[str, float] | None = None) -> NextStrength | None:
     """The λ to try next in a family, with the feasible and over-correcting λ it lies between; None when no λ of the
     family over-corrects, or the boundary is found to within one step of the λ grid (or would need λ ≤ 0). With
     `drift_limits` (the drift allowed per structure) the λ the probes' drift puts over the limit (`drift_ceiling`)
-    count as over-correcting: nothing above it is tried."""
+    count as too strong: nothing above it is tried."""
     probes = list(probes)
     feasible = max((p.strength for p in probes if p.feasible), default=None)
-    above = [p.strength for p in probes if p.over_corrects and (feasible is None or p.strength > feasible)]
+    above = [p for p in probes if p.too_strong and (feasible is None or p.strength > feasible)]
     if not above:
         return None
-    over = min(above)
+    weakest = min(above, key=lambda p: p.strength)
+    over = weakest.strength
     ceiling = drift_ceiling(probes, drift_limits) if drift_limits else None
     if feasible is None:  # galloping down: 2, 4, 8 ... grid steps below the weakest over-correcting λ
         gallop = over - 2 ** len(above) * step
@@ -117,7 +126,7 @@ def next_strength(probes: Iterable[Probe], step: float, drift_limits: Mapping[st
     tried = {round(p.strength, 6) for p in probes}
     if strength <= 0 or round(strength, 6) in tried:
         return None
-    return NextStrength(strength, feasible, over, ceiling)
+    return NextStrength(strength, feasible, over, ceiling, weakest.missed)
 
 
 def _on_grid(value: float, step: float) -> float:
@@ -152,7 +161,7 @@ def probe_of(
     return Probe(
         strength,
         complete and all(v <= 0 for v in constraints.values()),
-        any(constraints.get(n, 0.0) > 0 for n in OVER_CORRECTION),
+        tuple(n for n in OVER_CORRECTION if constraints.get(n, 0.0) > 0),
         dict(drift),
     )
 
@@ -192,7 +201,7 @@ def queue_next(
                 drift_ceiling(probes, drift_limits or {}),
             )
         return None
-    strength, feasible, over, ceiling = found
+    strength, feasible, over, ceiling, missed = found
     if feasible is None and best is not None and worst_psi > best:
         log.info(
             "trial %d: λ bisection stops: worst-case PSI %.3f is above the best trial's %.3f already, and weaker is less fair",
@@ -201,7 +210,7 @@ def queue_next(
             best,
         )
         return None
-    record = {"of": trial.number, "feasible": feasible, "over_corrects": over}
+    record = {"of": trial.number, "feasible": feasible, "too_strong": over, "because": outcome(missed)}
     attrs: dict[str, object] = {BISECT_ATTR: record if ceiling is None else {**record, "drift_ceiling": round(ceiling, 4)}}
     if SHARES_ATTR not in trial.params:
         attrs[SHARES_ATTR] = trial_basket_shares(trial)
@@ -209,20 +218,30 @@ def queue_next(
     study.enqueue_trial({**trial.params, "strength": strength}, user_attrs=attrs, skip_if_exists=True)
     if len(study.get_trials(deepcopy=False)) == before:  # run or queued already (by another worker, say)
         return None
-    log.info("trial %d: λ bisection queued the same config at λ %g (%s)", trial.number, strength, _between(feasible, over, ceiling))
+    log.info(
+        "trial %d: λ bisection queued the same config at λ %g (%s)",
+        trial.number,
+        strength,
+        _between(feasible, over, outcome(missed), ceiling),
+    )
     return strength
 
 
 def describe_queued(record: Mapping[str, object]) -> str:
     """Why a queued trial runs, from its `BISECT_ATTR` record: for its MLflow run, beside the log line that queued it."""
-    feasible, over, ceiling = record.get("feasible"), record.get("over_corrects"), record.get("drift_ceiling")
+    feasible, ceiling = record.get("feasible"), record.get("drift_ceiling")
+    over = record.get("too_strong", record.get("over_corrects"))  # the key a study queued by an older posfair holds
     assert over is not None
-    return f"queued by λ bisection after trial {record['of']}: the same config, {_between(feasible, float(over), ceiling)}"  # type: ignore[arg-type]
+    because = str(record.get("because", "misses a constraint that grows with λ"))
+    between = _between(feasible, float(over), because, ceiling)  # type: ignore[arg-type]
+    return f"queued by λ bisection after trial {record['of']}: the same config, {between}"
 
 
-def _between(feasible: float | None, over: float, ceiling: float | None = None) -> str:
+def _between(feasible: float | None, over: float, because: str, ceiling: float | None = None) -> str:
+    """'between λ 0.55, feasible, and λ 0.7, which reverses the bias': `because`, what the stronger λ missed, in the
+    constraints' own words (`objectives.constraint.outcome`)."""
     where = f"between λ {feasible:g}, feasible, and" if feasible is not None else "below"
-    said = f"{where} λ {over:g}, which over-corrects"
+    said = f"{where} λ {over:g}, which {because}"
     return said if ceiling is None else f"{said}; the drift measured puts every λ above {ceiling:.3g} over the drift limit"
 
 

@@ -7,25 +7,45 @@ import json
 import logging
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
 import optuna
 from optuna.trial import TrialState
 
-from objectives import PairedBootstrap, PositionReport, Selection, paired_bootstrap
+from objectives import (
+    CONSTRAINTS,
+    Constraints,
+    HmFloor,
+    Interval,
+    PairedBootstrap,
+    PositionProfile,
+    PositionReport,
+    Selection,
+    describe_rule,
+    paired_bootstrap,
+    position_profile,
+)
 from tuner.calibration import CalibrationConfig
 from tuner.common.files import EXPORTS, OutputRefusedError
 from tuner.common.messages import UserError, first_line
-from tuner.common.trials import BUDGET_ATTR, BUDGET_END_ATTR, SELECTION_ATTR, SETUP_COST_ATTR, budget_ended, complete_trials
+from tuner.common.trials import (
+    BUDGET_ATTR,
+    BUDGET_END_ATTR,
+    SELECTION_ATTR,
+    SETUP_COST_ATTR,
+    budget_ended,
+    complete_trials,
+    named_constraints,
+)
 from tuner.data import PositionalDataset
 from tuner.engine.exported import build_export, write_exported
 from tuner.engine.models import LoadedModel, hub_revision, load_model
 from tuner.engine.prefix import starting_layers
 from tuner.evaluation.evaluator import Evaluation, Evaluator
 from tuner.evaluation.visible import within_reach
-from tuner.tracking.plots import optuna_figures, param_importances, pareto_scatter
+from tuner.tracking.plots import heldout_profiles, optuna_figures, param_importances, pareto_scatter
 from tuner.tracking.progress import Phase
 from tuner.tracking.registry import Registered, publish, reserve_version, withdraw
 from tuner.tracking.runs import NOTE, Tracker, describe_config, display_metrics, summary_metrics
@@ -34,6 +54,7 @@ from tuner.tuning.session import FLOOR_ATTR, split_datasets
 from tuner.tuning.settings import EXPERIMENT, TuneSettings
 from tuner.tuning.study import (
     OWNER_ATTR,
+    WINNER_ATTR,
     claim_export,
     load_stored_study,
     pareto_front,
@@ -43,13 +64,6 @@ from tuner.tuning.study import (
 )
 
 log = logging.getLogger(__name__)
-
-
-DASHBOARD_BEST = (
-    "optuna-dashboard's 'Best Trial' is the lowest PSI of all complete trials, feasible or not (it does not "
-    "read constraints there); the exported winner is `winner` above, and each trial's `feasible` says yes or NO "
-    "with the rule; infeasible trials are grey in the dashboard's plots"
-)
 
 
 class NoFeasibleTrialError(RuntimeError):
@@ -69,6 +83,7 @@ class HeldOut:
     report: PositionReport
     delta: PairedBootstrap | None
     layer_tokens: int = 0  # what scoring it cost (`Batches.layer_tokens`)
+    profile: PositionProfile | None = None  # nDCG@10 per position group and the tilt, with intervals
 
 
 @dataclass(frozen=True)
@@ -126,13 +141,15 @@ def conclude(
         *optuna_figures(study, staging),
     ]
     if picked is None:
+        reason = _nothing_feasible(study, settings, floor)
+        study.set_user_attr(WINNER_ATTR, f"none: {reason}")
         tracker.finish_study(
             {**summary_metrics("tuning/uncalibrated", baseline.report.as_dict(), None), **display_metrics({"hm_floor": floor})},
             figures,
-            {"posfair.outcome": "no feasible trial"},
+            {"posfair.outcome": "no feasible trial", NOTE: reason},
             "FAILED",
         )
-        raise NoFeasibleTrialError(_nothing_feasible(study, settings, floor))
+        raise NoFeasibleTrialError(reason)
     best, selection = picked
     log.info("winner: %s", selection.describe())
     tracker.close_stale_trials(study.study_name, [t.number for t in study.trials if t.state == TrialState.FAIL])
@@ -183,42 +200,24 @@ def _leave_export_to(elected: dict[str, object], study: optuna.Study, tracker: T
 
 
 def _nothing_feasible(study: optuna.Study, settings: TuneSettings, floor: float) -> str:
-    """Why no trial won: the best each constraint saw, and what to relax."""
-    complete = complete_trials(study)
-    worst = {
-        name: min((t.constraints.get(name, 0.0) for t in complete), default=float("nan"))
-        for name in ("hm_floor", "ndcg_drop", "general_drop", "crops_psi", "reversal", "structure_ndcg")
-    }
-    parts = [
-        f"HM floor {100 * floor:.2f} ({settings.hm_floor}), missed by at least {100 * worst['hm_floor']:.2f} points"
-        if worst["hm_floor"] > 0
-        else ""
-    ]
-    if worst["ndcg_drop"] > 0:
-        parts.append(f"every trial lost aggregate nDCG@10 (the smallest loss beyond the allowance: {100 * worst['ndcg_drop']:.2f} points)")
-    if worst["crops_psi"] > 0:
-        parts.append("every trial made the crops (the tuning passages re-cut shorter) less fair than --max-crops-psi allows")
-    if worst["reversal"] > 0:
-        parts.append(
-            "every trial reversed the bias on a tuning structure (the end favoured where the beginning was; --max-reversal none lifts this)"
-        )
-    if worst["structure_ndcg"] > 0:
-        parts.append(
-            "every trial lost nDCG@10 significantly on another tuning structure (shorter crops, openings, packed passages, a length half) "
-            f"beyond --max-ndcg-drop (by at least {100 * worst['structure_ndcg']:.2f} points)"
-        )
-    if worst["general_drop"] > 0:
-        parts.append(
-            f"every trial dropped general nDCG@10 beyond --max-general-drop (by at least {100 * worst['general_drop']:.2f} points)"
-        )
-    said = (
-        "; ".join(p for p in parts if p)
-        or "no constraint was missed by every trial (each trial's `feasible` attribute says which it missed)"
-    )
-    return (
-        f"no trial met the constraints; nothing exported. {said}. Relax --hm-floor (e.g. baseline or -1%) or --max-ndcg-drop "
-        "(e.g. 0.005), widen the search space, or run more --trials."
-    )
+    """Why no trial won: each constraint every complete trial missed, with the trial that came closest (in the
+    constraints' own words, `Constraints.clause`), and the options that relax them."""
+    complete = [named_constraints(t) | {"trial": t.number} for t in complete_trials(study)]
+    constraints = replace(settings.constraints(0.0), hm_floor=floor)
+    parts, options = [], []
+    for requirement in CONSTRAINTS:
+        checked = [values for values in complete if requirement.name in values]
+        if not checked or any(values[requirement.name] <= 0 for values in checked):
+            continue
+        closest = min(checked, key=lambda values: values[requirement.name])
+        clause = constraints.clause(requirement.name, closest[requirement.name])
+        parts.append(f"every trial {requirement.missed} (the closest, trial {int(closest['trial'])}: {clause.partition(' (')[2][:-1]})")
+        options.append(requirement.option)
+    said = "; ".join(parts) or "no constraint was missed by every trial (each trial's `feasible` attribute says which it missed)"
+    if not options:  # the options of what some trial missed
+        options = [r.option for r in CONSTRAINTS if any(values.get(r.name, 0.0) > 0 for values in complete)]
+    relax = " or ".join(dict.fromkeys(options))
+    return f"no trial met the constraints; nothing exported. {said}. Relax {relax}, widen the search space, or run more --trials."
 
 
 def reexport(
@@ -356,7 +355,10 @@ def _summary_rows(
                 result = scorer(config) if config is not None else baseline
                 delta = paired_bootstrap(baseline.per_query, result.per_query, settings.bootstrap, settings.seed) if config else None
                 held[label][dataset.name] = HeldOut(
-                    result.report, delta, result.layer_tokens if config is not None else baseline.layer_tokens
+                    result.report,
+                    delta,
+                    result.layer_tokens if config is not None else baseline.layer_tokens,
+                    position_profile(result.per_query, settings.bootstrap, settings.seed),
                 )
                 log.info(
                     "held-out %s: %s scored (%s)",
@@ -475,8 +477,8 @@ def _export_and_register(winning: _Winning) -> tuple[Path, Registered | None]:
             registered = reserve_version(
                 winning.tracker,
                 winning.model.spec.alias,
-                winning.tracker.parent_id or "",
-                f"Study {winning.study.study_name}, trial {winning.best.number}: {winning.selection.describe()}",
+                winning.tracker.find_trial_run(winning.study.study_name, winning.best.number) or winning.tracker.parent_id or "",
+                f"Study {winning.study.study_name}, trial {winning.best.number}: {winning.selection.reason()}",
                 {
                     "posfair.study": winning.study.study_name,
                     "posfair.trial": str(winning.best.number),
@@ -492,7 +494,7 @@ def _export_and_register(winning: _Winning) -> tuple[Path, Registered | None]:
         try:
             path = _export(
                 winning,
-                objective=describe_objective(winning.settings),
+                objective=describe_objective(winning.study, winning.best, winning.floor),
                 structures=winning.best.user_attrs.get("structures", {}),
                 layer_tokens=study_layer_tokens(winning.study),
                 hm_floor=winning.floor if winning.floor == winning.floor else None,  # NaN: a re-exported study that recorded none
@@ -581,9 +583,9 @@ def _concluded(staging: Path, figures: Sequence[Path], winning: _Winning, path: 
     summary.write_text(json.dumps([_row_dict(r) for r in rows], indent=1), encoding="utf-8")
     heldout_table = staging / "heldout.md"
     heldout_table.write_text(heldout_markdown(rows), encoding="utf-8")
+    pictures = [heldout_picture(rows, staging / "heldout.png")] if rows[0].heldout else []
     description = study_conclusion(best, rows, winning.model.num_layers, winning.selection)
-    study.set_user_attr("winner", description)
-    study.set_user_attr("best trial in optuna-dashboard", DASHBOARD_BEST)
+    study.set_user_attr(WINNER_ATTR, description)
     return _Closing(
         {
             **display_metrics({"hm_floor": winning.floor}),
@@ -594,7 +596,7 @@ def _concluded(staging: Path, figures: Sequence[Path], winning: _Winning, path: 
             "cost/heldout_layer_tokens": float(sum(row.heldout_layer_tokens for row in rows)),
             **budget_metrics(study),
         },
-        [*figures, heldout_table, summary],
+        [*figures, *pictures, heldout_table, summary],
         {NOTE: description, **budget_tags(study)},
     )
 
@@ -619,19 +621,27 @@ def budget_tags(study: optuna.Study) -> dict[str, str]:
     }
 
 
-def describe_objective(settings: TuneSettings) -> str:
-    """What the study optimised, and subject to what, in one line (the YAML, MLflow)."""
-    constraints = ["HM >= floor"]
-    if settings.max_ndcg_drop is not None:
-        constraints.append(f"aggregate nDCG@10 drop <= {settings.max_ndcg_drop}")
-    if settings.max_reversal is not None:
-        constraints.append(f"no tuning structure's bias reversed (tilt against the uncalibrated direction <= {settings.max_reversal})")
-    if settings.max_drift is not None:
-        constraints.append(f"drift from the uncalibrated document vectors <= {settings.max_drift} x the paper default's on every structure")
-    if settings.max_crops_psi is not None:
-        constraints.append(f"crops PSI <= {settings.max_crops_psi} x uncalibrated (where crops exist)")
-    psi = "the worst PSI over the tuning structures" if settings.structures else "PSI"
-    return (f"minimise {psi}, maximise HM (Pareto)" if settings.pareto else f"minimise {psi}") + " subject to " + ", ".join(constraints)
+def describe_objective(study: optuna.Study, best: optuna.trial.FrozenTrial, floor: float) -> str:
+    """What the study optimised, and subject to what, in one line (the YAML's provenance): the constraints its trials
+    were checked on, with the study's limits (`study_constraints`)."""
+    complete = complete_trials(study)
+    checked = [r.name for r in CONSTRAINTS if any(r.name in named_constraints(t) for t in complete)]
+    structures = len(best.user_attrs.get("structures", {})) > 1
+    return describe_rule(study_constraints(study, floor), checked, bool(study.user_attrs.get("pareto")), structures)
+
+
+def study_constraints(study: optuna.Study, floor: float) -> Constraints:
+    """The limits a study ran under, from its identity attributes (`tuner.tuning.session.prepare`), with `floor` resolved."""
+    attrs, defaults = study.user_attrs, Constraints(floor)
+    return Constraints(
+        floor,
+        HmFloor.parse(str(attrs.get("hm_floor", "significant"))).conservative,
+        attrs.get("max_ndcg_drop", defaults.max_ndcg_drop),
+        attrs.get("max_general_drop"),
+        attrs.get("max_crops_psi"),
+        attrs.get("max_reversal", defaults.max_reversal),
+        attrs.get("max_drift"),
+    )
 
 
 def setup_layer_tokens(study: optuna.Study) -> int:
@@ -662,9 +672,18 @@ def _mark_winner(
         best.number,
         markers,
         {"posfair.winner": "yes"},
-        f"Winner (trial {best.number}): {describe_config(params, model.num_layers)}: PSI {best.user_attrs['psi']:.3f}, "
-        f"HM {100 * best.user_attrs['hm']:.2f}. Chosen by the {selection.rule} rule: {selection.describe()}.{where}",
+        f"Winner (trial {best.number}): {describe_config(params, model.num_layers)}: {_figures(best)}. "
+        f"Chosen by the {selection.rule} rule: {selection.reason()}.{where}",
     )
+
+
+def _figures(best: optuna.trial.FrozenTrial) -> str:
+    """A complete trial's objective and tuning figures and how it met each constraint, from its Optuna record."""
+    attrs = best.user_attrs
+    worst = f"worst-case PSI {attrs['robust_psi']:.3f} (on {attrs['worst_structure']}), " if "worst_structure" in attrs else ""
+    verdict, _, checks = attrs.get("feasible", "").partition(": ")
+    said = {"yes": "feasible", "NO": "infeasible"}.get(verdict)
+    return f"{worst}PSI {attrs['psi']:.3f} and HM {100 * attrs['hm']:.2f} on the tuning passages" + (f"; {said}: {checks}" if said else "")
 
 
 def _structure_metrics(best: optuna.trial.FrozenTrial) -> dict[str, float]:
@@ -679,10 +698,9 @@ def study_conclusion(best: optuna.trial.FrozenTrial, rows: list[SummaryRow], num
     """The parent run's description, two sentences: the winner with its config and the rule that chose it,
     then its change against no calibration on each held-out set."""
     params = {**best.params, "layers": best.user_attrs.get("layers"), "basket_shares": trial_basket_shares(best)}
-    feasibility = best.user_attrs.get("feasible", "").partition(": ")[2] or f"HM {100 * best.user_attrs['hm']:.2f}"
     first = (
-        f"Winner: trial {best.number}, {describe_config(params, num_layers)}: PSI {best.user_attrs['psi']:.3f}, "
-        f"{feasibility.removesuffix(': feasible')}; chosen by the {selection.rule} rule ({selection.describe()})."
+        f"Winner: trial {best.number}, {describe_config(params, num_layers)}: {_figures(best)}; "
+        f"chosen by the {selection.rule} rule: {selection.reason()}."
     )
     held = [
         f"{name} ΔHM {h.delta.hm.format()}, ΔPSI {h.delta.psi.format(scale=1, digits=3)}, ΔnDCG@10 {h.delta.ndcg10.format()}"
@@ -700,8 +718,9 @@ def study_conclusion(best: optuna.trial.FrozenTrial, rows: list[SummaryRow], num
 
 
 def heldout_markdown(rows: list[SummaryRow]) -> str:
-    """Every held-out set as one Markdown table: each config's HM, PSI, nDCG@10 and its change against no
-    calibration with the 95% interval (the console's held-out tables, as one artifact)."""
+    """Every held-out set as Markdown: one table of each config's HM, PSI, nDCG@10 and its change against no
+    calibration with the 95% interval (the console's held-out tables), then per set how each config does along the
+    passage: nDCG@10 in each position group and the tilt, with intervals, and their change against no calibration."""
     lines = [
         "# Held-out results",
         "",
@@ -720,27 +739,76 @@ def heldout_markdown(rows: list[SummaryRow]) -> str:
                 f"{d.hm.format() if d and d.hm else '–'} | {d.psi.format(scale=1, digits=3) if d and d.psi else '–'} | "
                 f"{d.ndcg10.format() if d else '–'} |"
             )
+    lines += [
+        "",
+        "## Along the passage",
+        "",
+        "nDCG@10 (points) in each position group of the set, from the beginning of the passage to its end, and the tilt "
+        "(the slope of nDCG@10 along the passage over its mean, x100: negative, the beginning is favoured), each with its "
+        "95% bootstrap interval; below each config, its change against no calibration (95% paired-bootstrap interval). "
+        "The same picture: `heldout.png`.",
+    ]
+    for name in rows[0].heldout:
+        profiles = [(row, row.heldout[name]) for row in rows if row.heldout[name].profile is not None]
+        if not profiles:
+            continue
+        groups = list(profiles[0][1].profile.groups)  # type: ignore[union-attr]
+        lines += ["", f"### {name}", "", "| config | " + " | ".join([*groups, "tilt"]) + " |", "|---|" + "---:|" * (len(groups) + 1)]
+        for row, held in profiles:
+            profile, delta = held.profile, held.delta
+            assert profile is not None
+            cells = [_interval(profile.groups[g], signed=False) for g in groups] + [_interval(profile.tilt) if profile.tilt else "–"]
+            lines.append(f"| {row.label} | " + " | ".join(cells) + " |")
+            if delta is not None:
+                changes = [delta.groups[g].format() if g in delta.groups else "–" for g in groups]
+                lines.append("| Δ vs no calibration | " + " | ".join([*changes, delta.tilt.format() if delta.tilt else "–"]) + " |")
     return "\n".join(lines) + "\n"
 
 
+def _interval(interval: Interval, signed: bool = True) -> str:
+    """'57.31 [55.02, 59.47]' (points), or signed: '-17.4 [-20.1, -14.6]'."""
+    if signed:
+        return interval.format(digits=1)
+    return f"{100 * interval.estimate:.2f} [{100 * interval.low:.2f}, {100 * interval.high:.2f}]"
+
+
+def heldout_picture(rows: list[SummaryRow], path: Path) -> Path:
+    """`heldout_markdown`'s profiles as a picture (`tuner.tracking.plots.heldout_profiles`)."""
+    sets = {
+        name: [(row.label, row.heldout[name].profile) for row in rows if row.heldout[name].profile is not None] for name in rows[0].heldout
+    }
+    return heldout_profiles(sets, path)  # type: ignore[arg-type]
+
+
 def winner_columns(best: optuna.trial.FrozenTrial, rows: list[SummaryRow]) -> dict[str, float]:
-    """The winner's figures on the parent run under the trials' own column names (psi, hm_x100, feasible,
-    ndcg10_change_vs_uncalibrated_x100), so one set of run-list columns shows them on the study's row too,
+    """The winner's figures on the parent run under the trials' own column names (worst_structure_psi, psi, hm_x100,
+    feasible, ndcg10_change_vs_uncalibrated_x100), so one set of run-list columns shows them on the study's row too,
     and its change on the first held-out set as `heldout_winner_change_hm_x100` / `_psi`, rounded as shown."""
     metrics = best.user_attrs.get("metrics", {})
-    columns = {k: v for k, v in display_metrics({k: metrics[k] for k in ("psi", "hm", "feasible", "ndcg10_delta") if k in metrics}).items()}
+    names = ("robust_psi", "psi", "hm", "feasible", "ndcg10_delta")
+    columns = {k: v for k, v in display_metrics({k: metrics[k] for k in names if k in metrics}).items()}
     first = next((h.delta for h in rows[-1].heldout.values() if h.delta is not None), None)
     if first is not None and first.hm is not None and first.psi is not None:
         columns |= {"heldout_winner_change_hm_x100": 100 * first.hm.estimate, "heldout_winner_change_psi": first.psi.estimate}
     return {k: round(v, 4) for k, v in columns.items()}
 
 
+WINNER_HELD_OUT = "Winner held out"
+"""The section of the parent run's metrics that holds the winner's held-out figures: logged first (MLflow's run page
+lists metrics in the order logged) and capitalised (its charts sort sections by name, capitals first), so they come
+before the reference configs' and the costs."""
+
+
 def _row_metrics(rows: list[SummaryRow]) -> dict[str, float]:
-    """The summary table as parent-run metrics: tuning figures per config, held-out figures with their intervals."""
+    """The summary table as parent-run metrics: the winner's held-out figures with their intervals first (under
+    `WINNER_HELD_OUT`), then every config's tuning figures and the reference configs' held-out ones."""
+    labels = ["uncalibrated", *(["paper_default"] if len(rows) > 2 else []), "winner"]
     metrics: dict[str, float] = {}
-    for index, row in enumerate(rows):
-        label = "uncalibrated" if index == 0 else "winner" if index == len(rows) - 1 else "paper_default"
+    for name, held in rows[-1].heldout.items():
+        metrics |= summary_metrics(f"{WINNER_HELD_OUT}/{name}", held.report.as_dict(), held.delta.intervals() if held.delta else None)
+    for label, row in zip(labels, rows):
         metrics |= summary_metrics(f"tuning/{label}", row.tuning.as_dict(), None)
+    for label, row in zip(labels[:-1], rows[:-1]):
         for name, held in row.heldout.items():
             metrics |= summary_metrics(f"heldout/{name}/{label}", held.report.as_dict(), held.delta.intervals() if held.delta else None)
     return metrics

@@ -31,7 +31,8 @@ def coordinate(session: Session) -> TuneOutcome | None:
         raise ValueError(f"{tuning.name} has no position groups, so no HM to place the floor by")
     floor = HmFloor.parse(settings.hm_floor).resolve(baseline.report.hm)
     study.set_user_attr(FLOOR_ATTR, floor)
-    describe_study(study, settings.pareto, floor, settings.hm_floor)
+    constraints = settings.constraints(baseline.report.hm)
+    describe_study(study, settings.pareto, constraints, session.in_force(constraints), bool(session.structures))
     for reference, label in ((BASELINE_PARAMS, "the uncalibrated baseline"), (PAPER_DEFAULT_PARAMS, "the paper's default")):
         if space.admits(reference):
             enqueue_once(study, *space.reference_trial(reference))

@@ -28,6 +28,7 @@ import os
 import random
 import socket
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -37,6 +38,7 @@ from optuna.study._constrained_optimization import _CONSTRAINTS_KEY
 from optuna.trial import FrozenTrial, TrialState
 
 from objectives import Constraints, PerQuery, PositionReport
+from objectives.constraint import REQUIREMENTS, missed_names
 from objectives.evidence import TrialEvidence, trial_evidence
 from objectives.robustness import RobustEvidence, StructureEvidence, certain_violations, prune_reason, screen_prune_reason
 from tuner.calibration import CalibrationConfig
@@ -54,10 +56,10 @@ from tuner.common.trials import (
     trials_spent,
 )
 from tuner.data import is_crops
-from tuner.engine.encoder import Batches, CalibratedEncoder
+from tuner.engine.encoder import Batches, CalibratedEncoder, ShortDocumentsWarning
 from tuner.evaluation.evaluator import Evaluation, Evaluator
 from tuner.evaluation.profile import AttentionProfile, plot_profile
-from tuner.tracking.runs import Tracker, TrialRecord, describe_config, describe_feasibility, describe_outcome
+from tuner.tracking.runs import Tracker, TrialRecord, describe_config, describe_outcome
 from tuner.tuning.bisection import describe_queued, queue_next
 from tuner.tuning.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, SearchSpace, config_of, grid_points, is_reference_trial
 from tuner.tuning.study import best_objective, screen_threshold, selection_threshold, wait_for_other_processes
@@ -143,6 +145,7 @@ class Scored:
     layer_tokens: int
     pruned: str | None = None  # why the trial stopped before its last rung
     screen: TrialEvidence | None = None  # on the pooled screen, where the study has one
+    steps: tuple[float, ...] = ()  # after each rung: the screen's PSI, then the worst PSI over the structures so far
 
 
 class TrialObjective:
@@ -210,6 +213,8 @@ class TrialObjective:
             "layers": layers,
             "basket_shares": config.basket_shares,
         }  # a parameter or fixed by the space: logged either way
+        trial.set_user_attr("feasible", "not known yet: the trial is running")  # first among its attributes in the dashboard
+        trial.set_user_attr("layers", layers)
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
         key = calibration_key(params)
         trial.set_user_attr("calibration", key)
@@ -234,8 +239,9 @@ class TrialObjective:
         except (Exception, KeyboardInterrupt) as error:  # an aborted trial's run is closed FAILED too, never left open
             self._record_failure(trial, error, opened)
             raise
-        self._record(trial, scored, metrics, constraints, layers)
-        self._record_complete(trial, opened, metrics, artifacts)
+        where = scored.robust.deciding(self._drift_yardstick(scored.robust))
+        self._record(trial, scored, metrics, constraints, where)
+        self._record_complete(trial, opened, metrics, artifacts, scored.robust.worst.name, self.constraints.explain(constraints, where))
         self._bisect(trial, constraints, scored, complete=True)
         assert scored.tuning is not None
         return (scored.robust.objective, scored.tuning.report.hm) if self.pareto else scored.robust.objective  # type: ignore[return-value]
@@ -284,13 +290,17 @@ class TrialObjective:
             else f"{error.__class__.__name__}: {error}"
         )
         trial.set_user_attr("failure_reason", reason)
+        trial.set_user_attr("feasible", f"NO: the trial failed ({reason[:300]}); never a candidate")
         self.tracker.finish_trial(
             self.study_name,
             opened.ended("FAIL", {}, {"posfair.failure": reason[:4000]}, f" failed: {opened.config_text}; {reason[:300]}", "failed"),
         )
 
-    def _record_complete(self, trial: optuna.Trial, opened: _Opened, metrics: dict[str, float], artifacts: list[Path]) -> None:
-        """A complete trial's MLflow run: its figures, profile and the sentence that says whether it is feasible."""
+    def _record_complete(
+        self, trial: optuna.Trial, opened: _Opened, metrics: dict[str, float], artifacts: list[Path], worst: str, feasibility: str
+    ) -> None:
+        """A complete trial's MLflow run: its figures, profile and the sentence that says whether it is feasible
+        (`feasibility`, every constraint checked; `worst`: the structure of its worst PSI)."""
         feasible = metrics["feasible"] == 1.0
         self.tracker.finish_trial(
             self.study_name,
@@ -298,7 +308,7 @@ class TrialObjective:
                 "COMPLETE",
                 metrics,
                 {"posfair.feasible": "yes" if feasible else "no"},
-                f": {opened.config_text}: {describe_outcome(metrics, self.constraints.conservative)}.",
+                f": {opened.config_text}: {describe_outcome(metrics, worst, feasibility)}.",
                 None if feasible else "infeasible",
                 artifacts,
             ),
@@ -326,6 +336,7 @@ class TrialObjective:
             f"{max(self.budget - spent, 0):,} of the trials' {self.budget:,} are left"
         )
         log.info("%s; no more trials start", reason)
+        trial.set_user_attr("feasible", f"NO: not run, {reason}")
         raise optuna.TrialPruned(reason)
 
     def trial_cost(self, config: CalibrationConfig) -> int:
@@ -406,21 +417,22 @@ class TrialObjective:
         numbers), so one config is judged alike whatever its trial number or the study's seed: resamples seeded
         per trial could make a config infeasible in one study and the winner of another."""
         first = int(self.screen is not None)  # the corpus rungs' first index
-        spent, screen = 0, None
+        spent, screen, steps = 0, None, []
         if self.screen is not None:
             pooled = self.screen.run(config)
             spent += pooled.layer_tokens
             screen = trial_evidence(self.screen.baseline.per_query, pooled.per_query)
             trial.set_user_attr(SCREEN_ATTR, {"psi": screen.objective, "psi_se": screen.objective_se, "hm": screen.hm})
+            steps.append(screen.objective)
             if self.prune and not reference:
-                trial.report(screen.objective, 0)
                 alone = RobustEvidence((StructureEvidence(self.screen.name, screen),))
-                reason = screen_prune_reason(screen, screen_threshold(trial.study), self._certain_violations(screen))
+                certain = [REQUIREMENTS[name].missed for name in self._certain_violations(screen)]
+                reason = screen_prune_reason(screen, screen_threshold(trial.study), certain)
                 if reason is not None:
                     trial.set_user_attr(
                         PRUNED_ATTR, {"rung": 0, "of": first + len(self.rungs), "reason": reason, "scored": [self.screen.name]}
                     )
-                    return Scored(pooled, screen, alone, None, spent, pruned=reason, screen=screen)
+                    return Scored(pooled, screen, alone, None, spent, pruned=reason, screen=screen, steps=tuple(steps))
         tuning: Evaluation | None = None
         evidence: TrialEvidence | None = None
         crops: PositionReport | None = None
@@ -428,17 +440,18 @@ class TrialObjective:
         for step, rung in enumerate(self.rungs):
             if seen and self.prune and not reference:  # after rung `first + step - 1`, the last one scored
                 robust = RobustEvidence(tuple(seen))
-                trial.report(robust.objective, first + step - 1)
+                values = self._constraint_values(evidence, robust, crops, partial=True)
+                where = robust.deciding(self._drift_yardstick(robust))
                 reason = prune_reason(
                     robust,
                     selection_threshold(trial.study, self.selection),
-                    {k: v for k, v in self._constraint_values(evidence, robust, crops, partial=True).items() if v > 0},
+                    [self.constraints.clause(name, values[name], where.get(name)) for name in missed_names(values)],
                     [self._rung_name(r) for r in self.rungs[step:]],
                 )
                 if reason is not None:
                     record = {"rung": first + step - 1, "of": first + len(self.rungs), "reason": reason, "scored": [s.name for s in seen]}
                     trial.set_user_attr(PRUNED_ATTR, record)
-                    return Scored(tuning, evidence, robust, crops, spent, pruned=reason, screen=screen)
+                    return Scored(tuning, evidence, robust, crops, spent, pruned=reason, screen=screen, steps=tuple(steps))
             if rung is None:
                 tuning = self.evaluator.run(config)
                 report = tuning.report
@@ -453,8 +466,9 @@ class TrialObjective:
                 seen.append(StructureEvidence(rung.name, trial_evidence(rung.baseline.per_query, result.per_query), drift=result.drift))
                 if is_crops(rung.evaluator.dataset):
                     crops = result.report
+            steps.append(RobustEvidence(tuple(seen)).objective)
         assert tuning is not None and evidence is not None  # the tuning split is one of the rungs
-        return Scored(tuning, evidence, RobustEvidence(tuple(seen)), crops, spent, screen=screen)
+        return Scored(tuning, evidence, RobustEvidence(tuple(seen)), crops, spent, screen=screen, steps=tuple(steps))
 
     def _rung_name(self, rung: SideSet | None) -> str:
         return self.evaluator.dataset.name if rung is None else rung.name
@@ -562,13 +576,20 @@ class TrialObjective:
         if scored.crops is not None:
             metrics.update(crops_psi=scored.crops.psi or 0.0, crops_hm=scored.crops.hm or 0.0, crops_ndcg10=scored.crops.ndcg10)
         metrics["cost/layer_tokens"] = float(scored.layer_tokens)
-        return metrics, constraints
+        # the run list's columns first: MLflow keeps a run's metrics in the order logged, and its compare view plots
+        # the first one the runs share unless told otherwise
+        leading = {name: metrics.pop(name) for name in ("robust_psi", "psi", "hm", "feasible", "ndcg10_delta") if name in metrics}
+        return leading | metrics, constraints
 
     def _profile(self, number: int, config: CalibrationConfig, metrics: dict[str, float]) -> list[Path]:
         """The pooled row's attention on a few passages (diagnostic only: selection never reads it)."""
         profile = AttentionProfile()
         encoder = CalibratedEncoder(self.evaluator.model, config)
-        encoder.encode(self.profile_texts, batch_size=self.evaluator.batch_size, batch_tokens=self.evaluator.batch_tokens, observer=profile)
+        with warnings.catch_warnings():  # a short profile passage is a diagnostic's, not the user's
+            warnings.simplefilter("ignore", ShortDocumentsWarning)
+            encoder.encode(
+                self.profile_texts, batch_size=self.evaluator.batch_size, batch_tokens=self.evaluator.batch_tokens, observer=profile
+            )
         metrics.update(profile.summary())
         metrics["cost/layer_tokens"] += encoder.layer_tokens
         folder = self.staging / f"trial-{number}"
@@ -580,20 +601,25 @@ class TrialObjective:
         return [json_path, image]
 
     def _record(
-        self, trial: optuna.Trial, scored: Scored, metrics: dict[str, float], constraints: dict[str, float], layers: list[int]
+        self,
+        trial: optuna.Trial,
+        scored: Scored,
+        metrics: dict[str, float],
+        constraints: dict[str, float],
+        where: Mapping[str, str],
     ) -> None:
-        """What selection, the conclusion and the dashboard read back from Optuna."""
+        """What selection, the conclusion and the dashboard read back from Optuna, and the intermediate value after
+        each rung, the last of which is the trial's value."""
         assert scored.tuning is not None and scored.evidence is not None
         report = scored.tuning.report
         feasible = metrics["feasible"] == 1.0
-        feasibility = describe_feasibility(metrics, self.constraints.conservative)
+        feasibility = "; ".join(self.constraints.clauses(constraints, where))
         # 6 significant digits, and the structures under their own attribute: the JSON stays under the 1,024
         # characters optuna-dashboard shows of a non-string attribute
         shown = {k: float(f"{v:.6g}") for k, v in metrics.items() if not k.startswith(("structure/", "screen/"))}
         attributes = {
             "feasible": f"{'yes' if feasible else 'NO'}: {feasibility}",
             "metrics": shown,
-            "layers": layers,
             "psi": report.psi,
             "hm": report.hm,
             "psi_se": scored.evidence.objective_se,
@@ -613,10 +639,20 @@ class TrialObjective:
         if resamples is not None:  # JSON has no NaN: an undefined resample is null
             rows = [None if not math.isfinite(v) else round(float(v), 6) for v in resamples]
             trial.storage.set_trial_system_attr(trial._trial_id, RESAMPLES_ATTR, rows)
+        if not self.pareto:  # Optuna keeps intermediate values of one objective only
+            # Reported once the trial is complete: a pruned trial has none, so Optuna gives it no value (it would
+            # take the last one: a worst case over fewer structures, lower than the trial's, drawn as if fairer)
+            for step, value in enumerate(scored.steps):
+                trial.report(value, step)
 
     def _record_pruned(self, trial: optuna.Trial, scored: Scored, opened: _Opened) -> dict[str, float]:
         """A pruned trial keeps what it measured, its partial constraint values (so TPE files it as infeasible
-        when it was pruned for a constraint) and the rung and reason, in Optuna and in MLflow; returns those values."""
+        when it was pruned for a constraint) and the rung and reason, in Optuna and in MLflow; returns those values.
+
+        Nothing of it stands where a complete trial's result does: Optuna gets no intermediate value (so the trial
+        has no value, `_record`), and MLflow gets its figures per structure scored (`structure/NAME/...`, complete
+        for that structure) and what spans the structures under `pruned/` (its worst case so far is a lower bound,
+        its constraint margins so far upper bounds), never under the complete trials' names."""
         on_screen = scored.screen is not None and scored.evidence is scored.screen  # stopped on the screen
         constraints = self._constraints(scored)  # between corpus rungs the violation that pruned it is among them
         if on_screen and scored.evidence is not None:  # the pool's own figures, with what they show missed beyond noise
@@ -624,28 +660,30 @@ class TrialObjective:
         for name, value in constraints.items():
             trial.set_constraint(name, value)
         mark_for_dashboard(trial, constraints)
-        trial.set_user_attr("layer_tokens", scored.layer_tokens)
-        trial.set_user_attr("structures", scored.robust.per_structure())
         pruned = trial.user_attrs[PRUNED_ATTR]
+        said = (
+            f"pruned after {', '.join(pruned['scored'])} (rung {pruned['rung']} of {pruned['of']}): {pruned['reason']}; never a candidate"
+        )
+        trial.set_user_attr("feasible", f"NO: {said}")
+        trial.set_user_attr("layer_tokens", scored.layer_tokens)
+        rows = scored.robust.per_structure()
+        trial.set_user_attr("structures", rows)
         metrics: dict[str, float] = {}
         if on_screen and scored.evidence is not None:  # the pool's figures are not the tuning split's: logged under their own names only
             metrics = _screen_metrics(scored.evidence)
         else:
-            if scored.tuning is not None:  # the tuning split's figures, where it was scored before the trial stopped
-                report = scored.tuning.report
-                trial.set_user_attr("psi", report.psi)
-                trial.set_user_attr("hm", report.hm)
-                metrics = {k: float(v) for k, v in report.as_dict().items() if v is not None}
-            metrics["robust_psi"] = scored.robust.objective
-        metrics |= {f"constraint_{name}": value for name, value in constraints.items()}
-        metrics |= {"cost/layer_tokens": float(scored.layer_tokens), "pruned_at_rung": float(pruned["rung"])}
+            for name, row in rows.items():
+                metrics.update({f"structure/{name}/{k}": v for k, v in row.items()})
+            metrics["pruned/worst_psi_of_the_structures_scored"] = scored.robust.objective
+        metrics |= {f"pruned/constraint_{name}": value for name, value in constraints.items()}  # the margins so far, named apart
+        metrics |= {"cost/layer_tokens": float(scored.layer_tokens), "pruned/at_rung": float(pruned["rung"])}
         self.tracker.finish_trial(
             self.study_name,
             opened.ended(
                 "PRUNED",
                 metrics,
                 {"posfair.pruned": f"rung {pruned['rung']} of {pruned['of']}: {pruned['reason']}"[:4000]},
-                f": {opened.config_text}: pruned after {', '.join(pruned['scored'])} ({pruned['reason']}); never a candidate.",
+                f": {opened.config_text}: {said}.",
                 "pruned",
             ),
         )

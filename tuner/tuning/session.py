@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 import optuna
 
+from objectives import Constraints
 from tuner.calibration import CalibrationConfig
 from tuner.common.messages import UserError
 from tuner.common.options import Budget
@@ -199,6 +200,15 @@ class Session:
     name: str
     identity: dict[str, object]
     study: optuna.Study
+    cost: StudyCost | None = None  # the estimate printed before the study (the coordinator's; a worker has none)
+
+    def in_force(self, constraints: Constraints) -> tuple[str, ...]:
+        """The constraints this study checks (`Constraints.in_force`), given the structures and sets it scores."""
+        return constraints.in_force(
+            structures=bool(self.structures),
+            crops=any(is_crops(s) for s in self.structures),
+            general=self.general is not None,
+        )
 
 
 def prepare(settings: TuneSettings) -> Session:
@@ -244,6 +254,7 @@ def prepare(settings: TuneSettings) -> Session:
     if settings.max_crops_psi is not None and not any(is_crops(s) for s in structures) and not settings.worker:
         log.info("%s has no crops view (its passages' segments are unknown): --max-crops-psi does not apply", tuning.name)
     budget: dict[str, object] | None = None
+    cost: StudyCost | None = None
     if not settings.worker:
         side = [general] if general is not None else []
         encoded = [s for s in structures if s.corpus != tuning.corpus]  # length halves reuse the tuning vectors
@@ -304,7 +315,7 @@ def prepare(settings: TuneSettings) -> Session:
     if not settings.worker:  # workers read it from the study: a resume without --budget lifts it
         study.set_user_attr(BUDGET_ATTR, budget)
         study.set_user_attr(SELECTION_ATTR, settings.selection)  # the rule `tune export` names the winner by
-    return Session(settings, tracker, storage, model, tuning, heldout, evaluator, space, general, structures, name, identity, study)
+    return Session(settings, tracker, storage, model, tuning, heldout, evaluator, space, general, structures, name, identity, study, cost)
 
 
 def resolve_budget(budget: Budget | None, cost: StudyCost, evaluator: Evaluator) -> dict[str, object] | None:

@@ -15,6 +15,7 @@ from tuner.common.files import EXPORTED_CONFIG, EXPORTS, Protected, check_output
 from tuner.common.messages import shown
 from tuner.common.options import (
     DEFAULT_BUDGET,
+    DEFAULT_CACHE_BYTES,
     DEFAULT_MAX_DRIFT,
     DEFAULT_PROFILE_DOCS,
     DEFAULT_TRIALS,
@@ -77,7 +78,7 @@ class TuneSettings:
     trust_remote_code: bool = False
     revision: str | None = None
     space: SearchSpace = None  # type: ignore[assignment]  # None: the default SearchSpace(), made after the checks
-    cache_budget: int | None = None  # bytes of cached layer inputs (None: tuner.evaluation.store's default; 0: none)
+    cache_budget: int | None = None  # bytes of cached layer inputs (None: `DEFAULT_CACHE_BYTES`; 0: none)
     workers: int = 1
     worker: bool = False  # only run trials of a study another `tune` coordinates
     array_task: ArrayTask | None = None  # a job array's task (`--job-array`): its index decides `worker`
@@ -206,7 +207,7 @@ UNSET = {
     "budget": "none: --trials alone ends the study",
     "batch_tokens": "long-passage models: chosen from the device's free memory; others: by batch size",
     "revision": "the local snapshot (or the hub's latest)",
-    "cache_budget": "tuner.evaluation.store's default",
+    "cache_budget": f"{DEFAULT_CACHE_BYTES // 2**30} GiB at most (less where the disk has less free)",
 }
 
 

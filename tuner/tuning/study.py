@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import optuna
@@ -29,7 +29,8 @@ from optuna.exceptions import ExperimentalWarning
 from optuna.storages._heartbeat import BaseHeartbeat  # the storages that have heartbeats (not exported)
 from optuna.trial import FrozenTrial, TrialState
 
-from objectives import Candidate, Selection, select
+from objectives import Candidate, Constraints, Selection, select
+from objectives.constraint import describe_aim
 from objectives.selection import chosen
 from tuner.common.files import sqlite_file
 from tuner.common.options import HEARTBEAT_SECONDS
@@ -55,20 +56,36 @@ class StudyMismatchError(ValueError):
     """A stored study of this name was made for another model, dataset or objective."""
 
 
-def describe_study(study: optuna.Study, pareto: bool, floor: float, floor_rule: str) -> None:
-    """Name the objectives and explain the study for optuna-dashboard (user attributes are shown there)."""
+WINNER_ATTR = "winner"  # the study attribute naming the exported winner: first among the study's attributes
+DASHBOARD_BEST_ATTR = "best trial in optuna-dashboard"
+DASHBOARD_BEST = (
+    "optuna-dashboard's 'Best Trial' is the lowest value (worst-case PSI) of all complete trials, feasible or not (it does not read "
+    "constraints there, nor the one-SE rule); the exported winner is `winner` above, each trial's `feasible` says yes "
+    "or NO and why, and infeasible trials are grey in the dashboard's plots"
+)
+
+
+def mark_winner_first(study: optuna.Study) -> None:
+    """Give a study its `winner` attribute and the note on the dashboard's Best Trial before any other: the
+    dashboard lists a study's attributes in the order they were created, and the conclusion only updates them."""
+    attrs = study.user_attrs
+    for key, value in ((WINNER_ATTR, "none yet: the study is running"), (DASHBOARD_BEST_ATTR, DASHBOARD_BEST)):
+        if attrs.get(key) is None or (key == DASHBOARD_BEST_ATTR and attrs[key] != value):
+            study.set_user_attr(key, value)
+
+
+def describe_study(study: optuna.Study, pareto: bool, constraints: Constraints, checked: Sequence[str], structures: bool) -> None:
+    """Name the objectives and explain the study for optuna-dashboard (user attributes are shown there): its aim and
+    each constraint in force (`checked`) with its limit, from the constraint list (`objectives.constraint`)."""
     with warnings.catch_warnings():  # "experimental" since Optuna 3.2, and what optuna-dashboard reads
         warnings.simplefilter("ignore", ExperimentalWarning)
-        study.set_metric_names(["PSI", "HM"] if pareto else ["PSI"])
+        psi = "worst-case PSI" if structures else "PSI"  # the objective, as the dashboard's plots and Best Trial name it
+        study.set_metric_names([psi, "HM"] if pareto else [psi])
     explanations = {
-        "objective": ("minimise PSI and maximise HM (Pareto front)" if pareto else "minimise PSI")
-        + " subject to the constraints; PSI = 1 - min/max of nDCG@10 over the begin, middle and end groups "
-        "(0 = position-fair), HM = their harmonic mean (0-1)",
-        "constraints": f"hm_floor: HM >= {floor:.4f} (--hm-floor {floor_rule}); ndcg_drop: aggregate nDCG@10 may not "
-        "fall below the uncalibrated model's by more than the allowance (--max-ndcg-drop); structure_ndcg: nor on another "
-        "tuning structure beyond its noise; reversal: no tuning structure's favoured end may change sides (--max-reversal); "
-        "drift: on every structure the document vectors may move at most --max-drift times as far as trial 1's (the paper "
-        "default); each where its option is set; a trial is feasible when every constraint value is <= 0",
+        "objective": describe_aim(pareto, structures) + " subject to the constraints; PSI = 1 - min/max of nDCG@10 over the "
+        "position groups (0 = position-fair), HM = their harmonic mean (0-1)",
+        "constraints": "; ".join(constraints.rule(name) for name in checked)
+        + "; a trial is feasible when it meets every one (each trial's `feasible` says how)",
         "reference_trials": "trial 0 = baseline (no calibration, λ 0), trial 1 = the paper's default "
         "(CLS-Soft, λ 0.5, last 50% of layers, baskets of 128)",
         "parameters": "strength = λ (0 = uncalibrated, 1 = fully equalised); depth = calibrated layers; basket_size = "
@@ -135,6 +152,7 @@ def open_study(
             f"study {name!r} in {storage} was created with other settings ({', '.join(changed)}); "
             "resume it with the same options or choose another --study-name"
         )
+    mark_winner_first(study)
     for key in changed:  # a new study, or one whose start failed before any trial ran: no evidence is at stake
         study.set_user_attr(key, identity[key])
     return study
@@ -244,9 +262,18 @@ def _orphaned(study: optuna.Study, trial: FrozenTrial) -> bool:
     return datetime.datetime.now() - trial.datetime_start > datetime.timedelta(seconds=grace)
 
 
+EXPORT_ATTR = "posfair:export"  # a study system attribute: {"trials", "export", "owner"} of its last export
+
+
 def _export_mark(study: optuna.Study) -> str:
     """The name of the marker of an export of `study` as it stands (`~` is outside study names' characters)."""
     return f"{study.study_name}~export~{len(complete_trials(study))}"
+
+
+def _exported(study: optuna.Study) -> dict[str, object] | None:
+    """The study's export as it stands ({"export": path, OWNER_ATTR: who}), if one was written (`record_export`)."""
+    done = study._storage.get_study_system_attrs(study._study_id).get(EXPORT_ATTR)
+    return done if done is not None and done.get("trials") == len(complete_trials(study)) else None
 
 
 def claim_export(study: optuna.Study) -> dict[str, object] | None:
@@ -255,20 +282,24 @@ def claim_export(study: optuna.Study) -> dict[str, object] | None:
 
     Processes that finish a study together all reach its conclusion; the election is the creation of a
     marker study named after the study and its trial count, which the storage every process shares lets
-    exactly one of them create. A marker whose exporter died on this machine before it finished is taken over.
+    exactly one of them create. The marker lives only while the export is written (`record_export` moves what it
+    says onto the study itself and deletes it), so optuna-dashboard lists no study beside the real one once it is
+    done. A marker whose exporter died on this machine before it finished is taken over.
     """
     storage, mark = study._storage, _export_mark(study)
     while True:
+        if (done := _exported(study)) is not None:
+            return done
         try:
             mark_id = storage.create_new_study([optuna.study.StudyDirection.MINIMIZE], mark)
         except optuna.exceptions.DuplicatedStudyError:
             try:
                 mark_id = storage.get_study_id_from_name(mark)
                 attrs = storage.get_study_user_attrs(mark_id)
-            except KeyError:  # deleted by a process taking over: try again
+            except KeyError:  # deleted by a process taking over, or by the exporter as it finished: look again
                 continue
             owner = attrs.get(OWNER_ATTR) or {}
-            if "export" in attrs or owner.get("host") != socket.gethostname() or _process_alive(int(owner.get("pid", os.getpid()))):
+            if owner.get("host") != socket.gethostname() or _process_alive(int(owner.get("pid", os.getpid()))):
                 return attrs
             log.warning("the export of study %s by process %s did not finish (it is gone); it is done here", study.study_name, owner["pid"])
             try:
@@ -276,14 +307,23 @@ def claim_export(study: optuna.Study) -> dict[str, object] | None:
             except KeyError:
                 pass
             continue
+        if (done := _exported(study)) is not None:  # written, and its marker deleted, between the two looks above
+            storage.delete_study(mark_id)
+            return done
         storage.set_study_user_attr(mark_id, OWNER_ATTR, _owner())
         return None
 
 
 def record_export(study: optuna.Study, path: Path) -> None:
-    """Mark the elected export as written (`claim_export`): later runs say where it is instead of exporting again."""
+    """Mark the elected export as written (`claim_export`) on the study (later runs say where it is instead of
+    exporting again), then remove the marker: written first, so a process that looks between the two finds one."""
     storage = study._storage
-    storage.set_study_user_attr(storage.get_study_id_from_name(_export_mark(study)), "export", str(path))
+    record: dict[str, Any] = {"trials": len(complete_trials(study)), "export": str(path), OWNER_ATTR: _owner()}
+    storage.set_study_system_attr(study._study_id, EXPORT_ATTR, record)
+    try:
+        storage.delete_study(storage.get_study_id_from_name(_export_mark(study)))
+    except KeyError:
+        pass
 
 
 def _requeue(study: optuna.Study, trials: Sequence[FrozenTrial]) -> None:

@@ -26,6 +26,7 @@ from typing import Any, ClassVar, NoReturn
 import optuna
 from optuna.trial import TrialState
 
+from objectives.constraint import describe_rule
 from tuner.common.messages import UserError, first_line
 from tuner.common.scratch import scratch_dir
 from tuner.common.trials import BUDGET_ATTR, DUPLICATE_ATTR, PRUNED_ATTR, SETUP_COST_ATTR, SURPLUS_ATTR, finished
@@ -34,13 +35,13 @@ from tuner.engine.models import LoadedModel
 from tuner.evaluation.evaluator import Evaluator
 from tuner.evaluation.pools import SCREEN_SHARE, pool
 from tuner.tracking.progress import StudyProgress
-from tuner.tracking.runs import local_store
+from tuner.tracking.runs import describe_config, local_store
 from tuner.tuning.objective import SideSet, TrialObjective
 from tuner.tuning.search_space import PAPER_GRID, trial_basket_shares
 from tuner.tuning.session import FLOOR_ATTR, Session, describe_budget, prepare, price_budget
 from tuner.tuning.settings import TuneSettings, local_worker_identity, process_identity, worker_devices
 from tuner.tuning.storage import make_storage, storage_error, storage_file
-from tuner.tuning.study import OWNER_ATTR, Terminated, TrialsEnd, fail_dead_trials, run_trials, winner
+from tuner.tuning.study import OWNER_ATTR, WINNER_ATTR, Terminated, TrialsEnd, fail_dead_trials, run_trials, winner
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,8 @@ def run_session_trials(
     general, identity = session.general, session.identity
     budget = study.user_attrs.get(BUDGET_ATTR)  # the coordinator's `--budget`, resolved (`session.resolve_budget`)
     within = f" within a budget of {budget['spec']}" if budget else ""
+    constraints = replace(settings.constraints(0.0), hm_floor=floor)
+    rule = describe_rule(constraints, session.in_force(constraints), settings.pareto, bool(session.structures))
     tracker.start_study(
         name,
         params={
@@ -77,7 +80,7 @@ def run_session_trials(
         },
         tags={"posfair.model": model.spec.alias, "posfair.dataset": tuning.name},
         description=f"Study {name}: {'at most ' if budget else ''}{settings.trials} trials{within} tuning {model.spec.alias} "
-        f"on {tuning.name}; lowest PSI subject to HM >= {100 * floor:.2f} (--hm-floor {settings.hm_floor}).",
+        f"on {tuning.name}: {rule} (--hm-floor {settings.hm_floor}).",
     )
     staging = scratch_dir()
     stop_watching = watch_workers(workers, study)
@@ -85,7 +88,7 @@ def run_session_trials(
         objective = TrialObjective(
             evaluator,
             space,
-            replace(settings.constraints(0.0), hm_floor=floor),
+            constraints,
             tracker,
             name,
             staging,
@@ -118,7 +121,12 @@ def run_session_trials(
             study.set_user_attr(f"{SETUP_COST_ATTR}{socket.gethostname()}:{os.getpid()}:{time.time_ns()}", setup)
         evaluator.show_progress = False  # the trial bar (on a terminal) and the per-trial lines take over
         with StudyProgress(
-            settings.trials, len(finished(study)), bar=not settings.worker, workers=settings.workers, budget=trial_budget
+            settings.trials,
+            len(finished(study)),
+            bar=not settings.worker,
+            workers=settings.workers,
+            budget=trial_budget,
+            estimate=session.cost,
         ) as progress:
             stores = _local_stores(session)
             try:
@@ -126,7 +134,10 @@ def run_session_trials(
                     study,
                     objective,
                     settings.trials,
-                    [partial(_log_trial, progress=progress), lambda s, trial: _require_stores(stores, trial.number)],
+                    [
+                        partial(_log_trial, progress=progress, num_layers=model.num_layers),
+                        lambda s, trial: _require_stores(stores, trial.number),
+                    ],
                     budget=trial_budget,
                 )
             except Exception as error:  # whatever the storage raised, a deleted store or a full or locked one is the cause to name
@@ -226,6 +237,7 @@ def _stop_short(ended: TrialsEnd, session: Session) -> NoReturn:
     why = _why(ended)
     message = stopped_message(ended, session.study, session.settings.selection)
     if not session.settings.worker:
+        session.study.set_user_attr(WINNER_ATTR, f"none yet: the study {message.partition('; ')[0]}")
         session.tracker.finish_study(
             {"complete_trials": ended.complete},
             [],
@@ -387,46 +399,51 @@ def _no_traceback_for_the_environment(record: logging.LogRecord) -> bool:
     return True
 
 
-def _log_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial, progress: StudyProgress) -> None:
-    """One readable line per finished trial, with the study's progress (k/N, best so far, elapsed, ETA)."""
+def _log_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial, progress: StudyProgress, num_layers: int | None = None) -> None:
+    """One readable line per finished trial, under Optuna's number, with its config (pruned or not), then the study's
+    progress (trials done of --trials, best so far, elapsed, ETA)."""
     attrs = trial.user_attrs
+    params = {**trial.params, "layers": attrs.get("layers"), "basket_shares": trial_basket_shares(trial)}
+    config = describe_config(params, num_layers)
+    seconds = trial.duration.total_seconds() if trial.duration else 0.0
     if trial.state == TrialState.COMPLETE and DUPLICATE_ATTR in attrs:
         log.info("trial %d drew the calibration of trial %d again: not run, not counted", trial.number, attrs[DUPLICATE_ATTR])
         return
     if trial.state == TrialState.COMPLETE:
         truncated = int(attrs.get("metrics", {}).get("truncated_documents", 0))
-        worst = f"  worst {attrs['robust_psi']:.3f} on {attrs['worst_structure']}" if "worst_structure" in attrs else ""
+        worst = f"worst-case PSI {attrs['robust_psi']:.3f} on {attrs['worst_structure']} · " if "worst_structure" in attrs else ""
         log.info(
-            "trial %d: PSI %.3f ± %.3f%s  ΔnDCG@10 %+.2f  drift %.4f  %s  (%s)  %.0f s%s",
+            "trial %d: %sPSI %.3f ± %.3f, HM %.2f, ΔnDCG@10 %+.2f, drift %.4f on the tuning passages · %s · %s · %.0f s%s",
             trial.number,
+            worst,
             attrs["psi"],
             attrs.get("psi_se", 0.0),
-            worst,
+            100 * attrs["hm"],
             100 * attrs["metrics"].get("ndcg10_delta", 0.0),
             attrs.get("drift", 0.0),
-            attrs.get("feasible", "").partition(": ")[2] or f"HM {100 * attrs['hm']:.2f}",
-            ", ".join(
-                f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                for k, v in {**trial.params, "basket_shares": trial_basket_shares(trial)}.items()
-            ),
-            trial.duration.total_seconds() if trial.duration else 0.0,
+            attrs.get("feasible", "").replace("yes: ", "feasible: ", 1).replace("NO: ", "infeasible: ", 1),
+            config,
+            seconds,
             f"  {truncated} passages truncated" if truncated else "",
         )
     elif trial.state == TrialState.PRUNED and PRUNED_ATTR in attrs:
         pruned = attrs[PRUNED_ATTR]
         log.info(
-            "trial %d pruned after rung %d of %d (%s): %s",
+            "trial %d pruned after %s (rung %d of %d): %s · %s · %.0f s",
             trial.number,
+            ", ".join(pruned["scored"]),
             pruned["rung"],
             pruned["of"],
-            ", ".join(pruned["scored"]),
             pruned["reason"],
+            config,
+            seconds,
         )
     elif attrs.get(SURPLUS_ATTR):
         return
     else:
-        log.warning("trial %d %s: %s", trial.number, trial.state.name, attrs.get("failure_reason", "interrupted"))
-    log.info("trial %d/%d finished · %s", min(len(finished(study)), progress.total), progress.total, progress.status(study))
+        log.warning("trial %d %s: %s · %s", trial.number, trial.state.name, attrs.get("failure_reason", "interrupted"), config)
+    done = min(len(finished(study)), progress.total)
+    log.info("after trial %d: %d of %d trials done · %s", trial.number, done, progress.total, progress.status(study))
 
 
 def _screen(session: Session) -> SideSet | None:
