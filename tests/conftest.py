@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from tests import mlflow_template
-from tests.tiny import save_tiny
+from tests.tiny import export_of, save_tiny
 
 POOLING = {
     "bert-cls": ("bert", "cls"),
@@ -75,22 +75,12 @@ class TinyExport:
 
 @pytest.fixture(scope="module")
 def tiny_export(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir) -> TinyExport:
-    from tuner.engine.exported import build_export, write_exported
+    from tuner.engine.exported import write_exported
     from tuner.engine.models import load_model
 
     model = Path(shutil.copytree(tiny_model_dir("bert"), tmp_path_factory.mktemp("model") / "tiny-bert"))
     loaded = load_model(str(model), pooling="cls")
-    exported = build_export(
-        loaded,
-        loaded.default_config(basket_size=8),
-        {"tuning": {"hm": 0.5}},
-        study="s",
-        trial=0,
-        storage="sqlite://",
-        dataset="d",
-        dataset_fingerprint="f",
-        seed=0,
-    )
+    exported = export_of(loaded)
     return TinyExport(model, write_exported(exported, tmp_path_factory.mktemp("config") / "cal.yaml"))
 
 

@@ -22,10 +22,10 @@ from typer.testing import CliRunner
 
 from tests.ci import require
 from tests.test_study import write_dataset
-from tests.tiny import save_custom_code, tiny_tune_options
+from tests.tiny import export_of, save_custom_code, tiny_tune_options
 from tuner.cli.app import app
 from tuner.data import load_benchmark
-from tuner.engine.exported import build_export, write_exported
+from tuner.engine.exported import write_exported
 from tuner.engine.models import load_model
 
 runner = CliRunner()
@@ -54,17 +54,7 @@ def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.fixture(scope="module")
 def exported_yaml(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir) -> dict:
     loaded = load_model(str(tiny_model_dir("bert")), pooling="cls")
-    exported = build_export(
-        loaded,
-        loaded.default_config(basket_size=8),
-        {"tuning": {"hm": 0.5}},
-        study="s",
-        trial=0,
-        storage="sqlite://",
-        dataset="d",
-        dataset_fingerprint="f",
-        seed=0,
-    )
+    exported = export_of(loaded)
     return exported.model_dump(mode="json", by_alias=True)
 
 
@@ -1118,8 +1108,8 @@ def full_after_trials(count: int, monkeypatch: pytest.MonkeyPatch) -> Iterator[N
         cursor.execute(f"PRAGMA max_page_count = {cursor.execute('PRAGMA page_count').fetchone()[0]}")
         cursor.close()
 
-    def log_then_fill(study, trial, progress) -> None:  # noqa: ANN001 - worker._log_trial's arguments
-        real(study, trial, progress)
+    def log_then_fill(study, trial, progress, **options) -> None:  # noqa: ANN001 - worker._log_trial's arguments
+        real(study, trial, progress, **options)
         if len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))) == count:
             engine = study._storage._backend.engine
             sqlalchemy.event.listen(engine, "connect", capped)

@@ -8,19 +8,16 @@ import numpy as np
 import yaml
 from typer.testing import CliRunner
 
-from tests.tiny import random_texts
+from tests.tiny import export_of, random_texts
 from tuner.cli.app import app
 from tuner.engine.encoder import CalibratedEncoder
-from tuner.engine.exported import build_export
 from tuner.engine.models import load_model
 
 
 def test_encode_counts_the_texts_shorter_than_one_basket(tiny_model_dir, tmp_path: Path) -> None:
     loaded = load_model(str(tiny_model_dir("bert")), pooling="cls")
     config = loaded.default_config(basket_size=16, strength=1.0, layers="last")
-    exported = build_export(
-        loaded, config, {"tuning": {"hm": 0.5}}, study="s", trial=0, storage="sqlite://", dataset="d", dataset_fingerprint="f", seed=0
-    )
+    exported = export_of(loaded, config)
     (tmp_path / "best.yaml").write_text(yaml.safe_dump(exported.model_dump(mode="json", by_alias=True)), encoding="utf-8")
     texts = random_texts(3, 2, 5, seed=1) + random_texts(3, 40, 60, seed=2)
     (tmp_path / "docs.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")

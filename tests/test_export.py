@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import yaml
 
-from tests.tiny import random_texts
+from tests.tiny import export_of, random_texts
 from tuner.engine.encoder import CalibratedEncoder
-from tuner.engine.exported import build_export, load_exported, write_exported
+from tuner.engine.exported import load_exported, write_exported
 from tuner.engine.models import LoadedModel, load_model
 
 
@@ -20,17 +20,7 @@ def tiny(tiny_model_dir) -> LoadedModel:
 
 
 def export(tiny: LoadedModel, path: Path, **config: object) -> Path:
-    exported = build_export(
-        tiny,
-        tiny.default_config(basket_size=8, strength=0.9, **config),
-        {"tuning": {"hm": 0.5}},
-        study="s",
-        trial=0,
-        storage="sqlite://",
-        dataset="d",
-        dataset_fingerprint="f",
-        seed=0,
-    )
+    exported = export_of(tiny, tiny.default_config(basket_size=8, strength=0.9, **config))
     return write_exported(exported, path)
 
 

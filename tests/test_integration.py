@@ -7,8 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.tiny import export_of
 from tuner.engine.encoder import CalibratedEncoder
-from tuner.engine.exported import build_export, write_exported
+from tuner.engine.exported import write_exported
 from tuner.engine.integration import load_sentence_transformer
 from tuner.engine.models import load_model
 
@@ -18,17 +19,7 @@ LONG = " ".join(["The lighthouse keeper logged every ship that passed the northe
 @pytest.fixture(scope="module")
 def minilm_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
     loaded = load_model("minilm")
-    exported = build_export(
-        loaded,
-        loaded.default_config(strength=1.0, layers="last", basket_size=64),
-        {"tuning": {}},
-        study="s",
-        trial=0,
-        storage="sqlite://",
-        dataset="d",
-        dataset_fingerprint="f",
-        seed=0,
-    )
+    exported = export_of(loaded, loaded.default_config(strength=1.0, layers="last", basket_size=64), metrics={"tuning": {}})
     return write_exported(exported, tmp_path_factory.mktemp("st") / "best.yaml")
 
 

@@ -15,10 +15,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from tests.tiny import save_tiny
+from tests.tiny import export_of, save_tiny
 from tuner.cli.app import app
 from tuner.engine.encoder import CalibratedEncoder
-from tuner.engine.exported import ExportError, build_export, load_exported, write_exported
+from tuner.engine.exported import ExportError, load_exported, write_exported
 from tuner.engine.models import load_model
 from tuner.engine.specs import weights_fingerprint
 
@@ -33,17 +33,7 @@ def run(*args: str) -> tuple[int, str]:
 
 def export_for(folder: Path, pooling: str, path: Path) -> Path:
     loaded = load_model(str(folder), pooling=pooling)  # type: ignore[arg-type]
-    exported = build_export(
-        loaded,
-        loaded.default_config(basket_size=8),
-        {"tuning": {"hm": 0.5}},
-        study="s",
-        trial=0,
-        storage="sqlite://",
-        dataset="d",
-        dataset_fingerprint="f",
-        seed=0,
-    )
+    exported = export_of(loaded)
     return write_exported(exported, path)
 
 

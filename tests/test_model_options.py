@@ -22,7 +22,7 @@ import yaml
 from typer.testing import CliRunner
 
 from tests.ci import require
-from tests.tiny import save_custom_code
+from tests.tiny import export_of, save_custom_code
 from tuner.cli.app import app
 
 MODEL_OPTIONS = ("--pooling", "--padding-side", "--trust-remote-code")
@@ -84,21 +84,10 @@ def read_only(path: Path, text: str = "keep me\n") -> Path:
 def exported_config(folder: Path, tiny_model_dir, model_folder: str | None = None, **model: str) -> Path:
     """A valid exported YAML for the tiny BERT (or the model in `model_folder`, its own code trusted), with its
     model section changed as given."""
-    from tuner.engine.exported import build_export
     from tuner.engine.models import load_model
 
     loaded = load_model(model_folder or str(tiny_model_dir("bert")), pooling="cls", trust_remote_code=model_folder is not None)
-    exported = build_export(
-        loaded,
-        loaded.default_config(basket_size=8),
-        {"tuning": {"hm": 0.5}},
-        study="s",
-        trial=0,
-        storage="sqlite://",
-        dataset="d",
-        dataset_fingerprint="f",
-        seed=0,
-    ).model_dump(mode="json", by_alias=True)
+    exported = export_of(loaded).model_dump(mode="json", by_alias=True)
     exported["model"].update(model)
     path = folder / "config.yaml"
     path.write_text(yaml.safe_dump(exported), encoding="utf-8")

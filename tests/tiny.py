@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
@@ -32,6 +33,11 @@ from transformers import (
 )
 
 from tuner.engine.adapters import adapt
+
+if TYPE_CHECKING:
+    from tuner.calibration import CalibrationConfig
+    from tuner.engine.exported import ExportedConfig
+    from tuner.engine.models import LoadedModel
 
 WORDS = [f"w{i}" for i in range(200)]
 SPECIALS = {
@@ -182,3 +188,21 @@ def load_as(folder: Path | str, implementation: str, **options: object) -> PreTr
     model = AutoModel.from_pretrained(folder, attn_implementation=implementation, **options)
     adapt(model)
     return model.eval()
+
+
+def export_of(loaded: LoadedModel, config: CalibrationConfig | None = None, metrics: dict | None = None) -> ExportedConfig:
+    """A config exported for `loaded` as a study exports one, with placeholder provenance (study "s", trial 0): the
+    paper default at basket 8 unless `config` is given."""
+    from tuner.engine.exported import build_export
+
+    return build_export(
+        loaded,
+        config or loaded.default_config(basket_size=8),
+        {"tuning": {"hm": 0.5}} if metrics is None else metrics,
+        study="s",
+        trial=0,
+        storage="sqlite://",
+        dataset="d",
+        dataset_fingerprint="f",
+        seed=0,
+    )
