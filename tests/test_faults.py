@@ -20,7 +20,7 @@ from mlflow.tracking import MlflowClient
 from tests import forkserver
 from tests.test_accounting import BACKENDS, COMPLETE, FAIL, WAITING, catch_running, environment, parent_run, trials_of
 from tests.test_study import write_dataset
-from tests.test_workers import command, done, finished_trial_numbers, study_backend, trial_runs
+from tests.test_workers import command, done, finished_trial_numbers, polled, study_backend, trial_runs
 from tuner.tracking.registry import registered_name
 
 
@@ -72,7 +72,7 @@ def test_one_stop_finishes_the_trial_says_so_exits_non_zero_exports_nothing_and_
     parent = parent_run(tracking, name)
     assert parent.info.status == "KILLED"
     assert parent.data.tags["posfair.outcome"] == f"stopped early ({reason}): {complete} of 5 trials"
-    winner = optuna.load_study(study_name=name, storage=storage).user_attrs["winner"]
+    winner = optuna.load_study(study_name=name, storage=polled(storage)).user_attrs["winner"]
     assert winner == f"none yet: the study stopped early ({reason}): {complete} of 5 trials complete", "not 'the study is running'"
     assert list((tmp_path / "tmp").glob("posfair-*")) == []
 

@@ -237,11 +237,12 @@ def _stop_short(ended: TrialsEnd, session: Session) -> NoReturn:
     why = _why(ended)
     message = stopped_message(ended, session.study, session.settings.selection)
     if not session.settings.worker:
-        session.study.set_user_attr(WINNER_ATTR, f"none yet: the study {message.partition('; ')[0]}")
+        outcome = f"stopped early ({why}): {ended.complete} of {ended.target} trials"
+        session.study.set_user_attr(WINNER_ATTR, f"none yet: the study {outcome} complete")
         session.tracker.finish_study(
             {"complete_trials": ended.complete},
             [],
-            {"posfair.outcome": f"stopped early ({why}): {ended.complete} of {ended.target} trials"},
+            {"posfair.outcome": outcome},
             "KILLED" if signalled else "FAILED",
         )
     raise StoppedEarlyError(message, ended.stopped or "failures")
