@@ -219,7 +219,7 @@ class Constraints:
             )
         if name == "reversal":
             limit = f"by more than {100 * (self.max_reversal or 0.0):.2f} tilt points" if self.max_reversal else "at all"
-            return f"{title}: no tuning structure's bias may be reversed {limit} (its favoured end changing sides)"
+            return f"{title}: no tuning structure's bias may be reversed {limit} (its favoured end changing sides; a structure where the uncalibrated model favours neither end beyond noise has none to reverse)"
         if name == "drift":
             return (
                 f"{title}: on every tuning structure the document vectors may move at most {self.max_drift:g} times as far "
@@ -337,7 +337,8 @@ CONSTRAINTS: tuple[Requirement, ...] = (
         "reversal",
         "the no-reversal rule",
         "--max-reversal",
-        "no tuning structure's bias may be reversed (its tilt along the passage turned against the uncalibrated model's direction there)",
+        "no tuning structure's bias may be reversed (its tilt along the passage turned against the uncalibrated model's direction "
+        "there, where that direction is beyond noise)",
         "reverses the bias",
     ),
     Requirement(

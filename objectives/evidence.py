@@ -31,6 +31,7 @@ class TrialEvidence:
     tilt: float | None = None  # the signed trend along the passage (`objectives.metrics._tilt`); None: positions unknown
     tilt_se: float = 0.0
     baseline_tilt: float | None = None
+    baseline_tilt_se: float = 0.0  # 0: unknown (the uncalibrated direction is then taken as it stands)
     # PSI on each of the common resamples (`evidence_weights`): two trials' rows are paired, so the spread of
     # their difference is the noise between those two configs, not each one's own (`objectives.selection`)
     psi_resamples: np.ndarray | None = field(default=None, compare=False, repr=False)
@@ -55,6 +56,7 @@ def trial_evidence(baseline: PerQuery, candidate: PerQuery, n_resamples: int = E
     assert base.hm is not None and cand.hm is not None and cand.psi is not None
     psi, hm_change, ndcg_change = cand.psi[1:], (cand.hm - base.hm)[1:], (cand.ndcg10 - base.ndcg10)[1:]
     tilt = cand.tilt if cand.tilt is not None and np.isfinite(cand.tilt[0]) else None
+    base_tilt = base.tilt if base.tilt is not None and np.isfinite(base.tilt[0]) else None
     return TrialEvidence(
         objective=float(cand.psi[0]),
         objective_se=float(np.nanstd(psi)),
@@ -65,6 +67,7 @@ def trial_evidence(baseline: PerQuery, candidate: PerQuery, n_resamples: int = E
         ndcg_delta_high=float(np.nanpercentile(ndcg_change, 97.5)),
         tilt=None if tilt is None else float(tilt[0]),
         tilt_se=0.0 if tilt is None else float(np.nanstd(tilt[1:])),
-        baseline_tilt=None if base.tilt is None or not np.isfinite(base.tilt[0]) else float(base.tilt[0]),
+        baseline_tilt=None if base_tilt is None else float(base_tilt[0]),
+        baseline_tilt_se=0.0 if base_tilt is None else float(np.nanstd(base_tilt[1:])),
         psi_resamples=np.asarray(psi, dtype=float),
     )

@@ -42,6 +42,11 @@ estimate of the final one but a lower bound on it (more structures can only rais
 the threshold alone: it falls as trials complete, and rises only when a new best has a larger standard error
 than the old one (by a few thousandths of PSI between trials on one split), never by a whole standard error."""
 
+DIRECTION_Z = 1.96
+"""Standard errors the uncalibrated tilt must clear zero by (its 95% interval) for a structure to have a favoured
+end that a calibration could reverse. A model nearly level on a structure (all-mpnet-base-v2 on the openings)
+otherwise makes its noise the direction, and every calibration that tips it the other way a reversal."""
+
 
 @dataclass(frozen=True)
 class StructureEvidence:
@@ -55,9 +60,11 @@ class StructureEvidence:
     @property
     def reversal(self) -> float | None:
         """The tilt measured against the uncalibrated model's direction there: > 0 means the favoured end
-        has changed sides (over-correction), ≤ 0 that the bias kept its sign or is gone. None without positions."""
+        has changed sides (over-correction), ≤ 0 that the bias kept its sign or is gone. None without positions,
+        and where the uncalibrated model favours neither end beyond noise: there is no direction to reverse, and
+        a tilt the calibration brings is unevenness that PSI measures."""
         tilt, baseline = self.evidence.tilt, self.evidence.baseline_tilt
-        if tilt is None or baseline is None:
+        if tilt is None or baseline is None or abs(baseline) < DIRECTION_Z * self.evidence.baseline_tilt_se:
             return None
         natural = -1.0 if baseline <= 0 else 1.0  # the uncalibrated bias: negative tilt = beginning favoured
         return -natural * tilt
@@ -149,8 +156,10 @@ class RobustEvidence:
                 "ndcg10_delta_high": s.evidence.ndcg_delta_high,
                 "drift": s.drift,
             }
-            if s.reversal is not None and s.evidence.tilt is not None:
-                row |= {"tilt": s.evidence.tilt, "reversal": s.reversal}
+            if s.evidence.tilt is not None:
+                row["tilt"] = s.evidence.tilt
+            if s.reversal is not None:
+                row["reversal"] = s.reversal
             table[s.name] = row
         return table
 

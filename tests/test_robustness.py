@@ -3,8 +3,10 @@ and a trial is pruned between rungs only when it is out of the running beyond no
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
+import numpy as np
 import pytest
 
 from objectives.constraint import Constraints
@@ -65,6 +67,41 @@ def test_a_reversal_is_a_tilt_against_the_uncalibrated_direction():
     # a model biased towards the end (tilt > 0) is reversed when the beginning becomes favoured
     assert StructureEvidence("s", evidence(0.1, tilt=-0.2, baseline_tilt=0.3)).reversal == pytest.approx(0.2)
     assert StructureEvidence("s", evidence(0.1, tilt=None)).reversal is None
+
+
+def test_a_structure_whose_uncalibrated_tilt_is_within_noise_has_no_direction_to_reverse():
+    """Where the uncalibrated model favours neither end beyond noise (|tilt| under 1.96 of its bootstrap
+    standard errors), a calibrated tilt of either sign is unevenness that PSI measures, not a reversal."""
+    level = dataclasses.replace(evidence(0.1, tilt=0.12, baseline_tilt=-0.017), baseline_tilt_se=0.02)
+    assert StructureEvidence("openings", level).reversal is None
+    tilted = dataclasses.replace(evidence(0.1, tilt=0.12, baseline_tilt=-0.05), baseline_tilt_se=0.02)
+    assert StructureEvidence("openings", tilted).reversal == pytest.approx(0.12)  # 2.5 standard errors: a direction
+    r = robust(("dev", evidence(0.05, tilt=-0.02)), ("openings", level))
+    assert r.reversal() == pytest.approx(-0.02)  # only the structure with a direction counts
+    assert "reversal" not in r.per_structure()["openings"] and r.per_structure()["openings"]["tilt"] == pytest.approx(0.12)
+
+
+def test_the_uncalibrated_tilt_s_standard_error_is_its_spread_over_the_evidence_resamples():
+    """Scored against itself, the uncalibrated model's tilt and its standard error are the candidate's; scored
+    beside a calibrated run, the same figures stand as the baseline's."""
+    from objectives.evidence import trial_evidence
+    from objectives.metrics import PerQuery
+
+    rng = np.random.default_rng(3)
+    positions = rng.uniform(0, 1, 400)
+    groups = np.minimum((positions * 3).astype(int), 2)
+
+    def run(slope: float) -> PerQuery:
+        scores = np.clip(0.7 + slope * positions + rng.normal(0, 0.2, 400), 0, 1)
+        ids = tuple(f"q{i}" for i in range(400))
+        return PerQuery(ids, scores, scores, ("begin", "middle", "end"), np.eye(3)[groups], (), np.ones((400, 1)), positions)
+
+    uncalibrated, calibrated = run(-0.3), run(0.0)
+    alone = trial_evidence(uncalibrated, uncalibrated, n_resamples=300)
+    beside = trial_evidence(uncalibrated, calibrated, n_resamples=300)
+    assert alone.tilt is not None and alone.tilt < 0 and alone.tilt_se > 0
+    assert beside.baseline_tilt == pytest.approx(alone.tilt) and beside.baseline_tilt_se == pytest.approx(alone.tilt_se)
+    assert beside.tilt_se != pytest.approx(alone.tilt_se)
 
 
 def test_the_reversal_constraint_takes_the_most_reversed_structure():
