@@ -37,6 +37,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from benchmarks import record
+
 ARMS = ("grid", "tpe", "robust", "robust-third")
 HELDOUT = "wikipos-test,wikipos-sentences,wikipos-mixed,wikipos-lengths"
 
@@ -87,7 +89,7 @@ def heldout_cells(outcome) -> dict[str, dict[str, object]]:
 def run_arm(arm: str, seed: int, args: argparse.Namespace) -> dict[str, object]:
     import optuna
 
-    from tuner.common.trials import counted
+    from tuner.common.trials import BUDGET_ATTR, counted
     from tuner.tuning.conclusion import setup_layer_tokens, study_layer_tokens
     from tuner.tuning.run import tune
 
@@ -106,6 +108,7 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace) -> dict[str, object]:
             "seconds": round(seconds, 1),
             "layer_tokens": study_layer_tokens(study) - setup,  # the trials'; the setup below
             "setup_layer_tokens": setup,
+            "grid_layer_tokens": (study.user_attrs.get(BUDGET_ATTR) or {}).get("grid"),  # the paper grid's study, priced on this data
             "pruned": states.count("PRUNED"),
             "winner": outcome.winner_trial,
             "config": outcome.config.model_dump(include={"variant", "strength", "layers", "basket_size"}),
@@ -123,11 +126,12 @@ def table(results: list[dict[str, object]]) -> str:
         "|---|---:|---:|---:|---|" + "---|" * len(sets),
     ]
     setup = max(r["setup_layer_tokens"] for r in results)  # type: ignore[type-var]  # what the first study encoded
-    grid = next((r["layer_tokens"] + setup for r in results if r["arm"] == "grid"), None)  # type: ignore[operator]
+    ran = next((r["layer_tokens"] + setup for r in results if r["arm"] == "grid"), None)  # type: ignore[operator]
     for r in results:
         c = r["config"]
         cost = r["layer_tokens"] + setup  # type: ignore[operator]
-        share = f" ({cost / grid:.2f}×)" if grid else ""
+        grid = ran or r.get("grid_layer_tokens")  # the grid as run, else as priced by the study's budget
+        share = f" ({cost / grid:.2f}×)" if grid else ""  # type: ignore[operator]
         cells = []
         for s in sets:
             h = r["heldout"].get(s)  # type: ignore[union-attr]
@@ -149,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=16)
     parser.add_argument("--profile-docs", type=int, default=8)
     parser.add_argument("--bootstrap", type=int, default=1000)
-    parser.add_argument("--json", type=Path, help="write every result here as JSON")
+    parser.add_argument("--json", type=Path, help="write the record here (docs/results/…), rewritten after every study")
     args = parser.parse_args(argv)
 
     from tuner.tuning.worker import quiet_libraries
@@ -160,9 +164,10 @@ def main(argv: list[str] | None = None) -> int:
         for seed in args.seeds if arm != "grid" else args.seeds[:1]:  # the grid draws nothing: one seed is all seeds
             results.append(run_arm(arm, seed, args))
             print(json.dumps(results[-1]), flush=True)
+            if args.json:  # a long run leaves what it has measured so far
+                command = "python -m benchmarks.search_cost " + " ".join(sys.argv[1:] if argv is None else argv)
+                record.write(args.json, "search_cost", command, {"model": args.model, "dataset": args.dataset, "studies": results})
     print(table(results))
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=1), encoding="utf-8")
     return 0
 
 
