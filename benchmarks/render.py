@@ -209,6 +209,42 @@ def trial_cost(data: dict[str, Any]) -> str:
     return "\n".join([*lines, "", _measured_on(data)])
 
 
+# ---------------------------------------------------------------- where each model's bias points (benchmarks.baseline_direction)
+
+
+def _direction(row: dict[str, Any]) -> str:
+    if row["tilt"] is None:
+        return "unknown"
+    if not row["beyond_noise"]:
+        return "level (within noise): no direction to reverse"
+    return "beginning favoured" if row["tilt"] < 0 else "end favoured"
+
+
+def baseline_direction(data: dict[str, Any]) -> str:
+    r = data["results"]
+    lines = ["| model | structure | PSI ± SE | tilt ± SE | uncalibrated bias |", "|---|---|---:|---:|---|"]
+    for model, rows in r["models"].items():
+        for row in rows:
+            tilt = "—" if row["tilt"] is None else f"{row['tilt']:+.3f} ± {row['tilt_se']:.3f}"
+            lines.append(f"| {model} | {row['structure']} | {row['psi']:.3f} ± {row['psi_se']:.3f} | {tilt} | {_direction(row)} |")
+    return "\n".join(
+        [
+            *lines,
+            "",
+            f"Tilt: the fitted change of nDCG@10 from a passage's first to its last character, as a fraction of its mean; a direction is beyond noise at {r['direction_z']:g} standard errors. {_measured_on(data)}",
+        ]
+    )
+
+
+# ---------------------------------------------------------------- studies of one model (benchmarks.search_cost)
+
+
+def studies(data: dict[str, Any]) -> str:
+    from benchmarks.search_cost import table
+
+    return "\n".join([table(data["results"]["studies"]), "", _measured_on(data)])
+
+
 FIGURES: dict[str, Figure] = {
     "prerequisites": Figure("first-tune", prerequisites),
     "results": Figure("first-tune", results),
@@ -217,6 +253,8 @@ FIGURES: dict[str, Figure] = {
     "example-output": Figure("first-tune", example_output),
     "overhead": Figure("overhead", overhead),
     "trial-cost": Figure("trial-cost", trial_cost),
+    "baseline-direction": Figure("baseline-direction", baseline_direction),
+    "mpnet-studies": Figure("search-cost-mpnet", studies),
 }
 
 

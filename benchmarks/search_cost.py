@@ -136,9 +136,9 @@ def table(results: list[dict[str, object]]) -> str:
         for s in sets:
             h = r["heldout"].get(s)  # type: ignore[union-attr]
             cells.append(f"{h['psi_ratio']:.2f}× · {h['hm_delta']} · {h['ndcg_delta']} · {h['end_minus_begin']:+.1f}" if h else "")
+        config = f"{c['variant']} λ {c['strength']:.2f} L{c['layers']} B{c['basket_size']}" if c["strength"] else "no calibration"
         lines.append(
-            f"| {r['arm']} | {r['seed']} | {cost:,}{share} | {r['pruned']} | "
-            f"{c['variant']} λ {c['strength']:.2f} L{c['layers']} B{c['basket_size']} | " + " | ".join(cells) + " |"
+            f"| {r['arm']} | {r['seed']} | {cost:,}{share} | {r['pruned']} | trial {r['winner']}: {config} | " + " | ".join(cells) + " |"
         )
     return "\n".join(lines)
 

@@ -27,3 +27,29 @@ def test_an_unknown_arm_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
         main(["--arms", "random"])
     assert stop.value.code == 2
     assert "invalid choice: 'random'" in capsys.readouterr().err
+
+
+def study(strength: float, layer_tokens: int, grid: int | None) -> dict[str, object]:
+    config = {"variant": "cls_soft", "strength": strength, "layers": "last:3", "basket_size": 128}
+    held = {"psi_ratio": 0.5, "hm_delta": "+1.00 [+0.20, +1.80]", "ndcg_delta": "+0.10 [-0.30, +0.50]", "end_minus_begin": -3.0, "tilt": -0.1}
+    return {
+        "arm": "robust-third",
+        "seed": 0,
+        "layer_tokens": layer_tokens,
+        "setup_layer_tokens": 100,
+        "grid_layer_tokens": grid,
+        "pruned": 3,
+        "winner": 5 if strength else 0,
+        "config": config,
+        "heldout": {"wikipos-test": held},
+    }
+
+
+def test_the_table_compares_a_study_with_the_grid_as_priced_when_the_grid_did_not_run() -> None:
+    from benchmarks.search_cost import table
+
+    rows = table([study(0.5, 900, 3000), study(0.0, 400, 3000)]).splitlines()[2:]
+    assert "| 1,000 (0.33×) |" in rows[0] and "trial 5: cls_soft λ 0.50 Llast:3 B128" in rows[0]
+    assert "| 500 (0.17×) |" in rows[1] and "trial 0: no calibration" in rows[1]  # λ 0 is the uncalibrated reference
+    assert "0.50× · +1.00 [+0.20, +1.80] · +0.10 [-0.30, +0.50] · -3.0" in rows[0]
+    assert "(" not in table([study(0.5, 900, None)]).splitlines()[2].split("|")[3]  # no grid known: no share
