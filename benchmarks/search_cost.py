@@ -30,6 +30,7 @@ Nothing is simulated: every figure is from encoded vectors.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import tempfile
@@ -93,8 +94,13 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace) -> dict[str, object]:
     from tuner.tuning.conclusion import setup_layer_tokens, study_layer_tokens
     from tuner.tuning.run import tune
 
-    with tempfile.TemporaryDirectory(prefix=f"posfair-search-cost-{arm}-") as folder:
-        settings = settings_for(arm, seed, Path(folder), args)
+    with contextlib.ExitStack() as stack:
+        if args.keep:  # the stores stay for the benchmarks that read studies (drift_law, rung_order)
+            folder = args.keep / f"{arm}-seed{seed}"
+            folder.mkdir(parents=True, exist_ok=True)
+        else:
+            folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=f"posfair-search-cost-{arm}-")))
+        settings = settings_for(arm, seed, folder, args)
         start = time.perf_counter()
         outcome = tune(settings)
         seconds = time.perf_counter() - start
@@ -153,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=16)
     parser.add_argument("--profile-docs", type=int, default=8)
     parser.add_argument("--bootstrap", type=int, default=1000)
+    parser.add_argument("--keep", type=Path, help="keep each study's stores in FOLDER/ARM-seedN (default: a temporary folder)")
     parser.add_argument("--json", type=Path, help="write the record here (docs/results/…), rewritten after every study")
     args = parser.parse_args(argv)
 
