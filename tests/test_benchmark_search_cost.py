@@ -31,7 +31,13 @@ def test_an_unknown_arm_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
 
 def study(strength: float, layer_tokens: int, grid: int | None) -> dict[str, object]:
     config = {"variant": "cls_soft", "strength": strength, "layers": "last:3", "basket_size": 128}
-    held = {"psi_ratio": 0.5, "hm_delta": "+1.00 [+0.20, +1.80]", "ndcg_delta": "+0.10 [-0.30, +0.50]", "end_minus_begin": -3.0, "tilt": -0.1}
+    held = {
+        "psi_ratio": 0.5,
+        "hm_delta": "+1.00 [+0.20, +1.80]",
+        "ndcg_delta": "+0.10 [-0.30, +0.50]",
+        "end_minus_begin": -3.0,
+        "tilt": -0.1,
+    }
     return {
         "arm": "robust-third",
         "seed": 0,
