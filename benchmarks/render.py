@@ -245,6 +245,45 @@ def studies(data: dict[str, Any]) -> str:
     return "\n".join([table(data["results"]["studies"]), "", _measured_on(data)])
 
 
+# ---------------------------------------------------------------- the rules on each model's studies (benchmarks.rules_transfer)
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{name} {n}" for name, n in counts.items()) or "none"
+
+
+def rules_transfer(data: dict[str, Any]) -> str:
+    r = data["results"]
+    models = r["models"]
+    low, high = r["drift_exponent_bounds"]
+
+    def exponents(m: dict[str, Any]) -> str:
+        e = m["exponents"]
+        if not e["pairs"]:
+            return "no family measured at two λ"
+        return (
+            f"{e['pairs']} pairs: {e['low']:.2f} to {e['high']:.2f}, median {e['median']:.2f}; {e['outside']} outside [{low:g}, {high:g}]"
+        )
+
+    def paper(m: dict[str, Any]) -> str:
+        ratios = ", ".join(f"{x:.2f}×" for x in m["paper_default_psi_ratio"])
+        return f"feasible in {m['paper_default_feasible']} of {len(m['paper_default_psi_ratio'])} studies; worst-case PSI {ratios} the uncalibrated"
+
+    rows = [
+        ("studies · calibrated trials (complete, pruned)", lambda m: f"{m['studies']} · {m['trials']} ({m['complete']}, {m['pruned']})"),
+        ("trials that missed each constraint", lambda m: _counts(m["missed"])),
+        ("pruned as worse beyond noise (no constraint missed)", lambda m: str(m["pruned_as_worse"])),
+        ("structure that set a complete trial's objective", lambda m: _counts(m["worst_structure"])),
+        ("rung order (least biased first)", lambda m: " → ".join(m["rung_order"]) or "—"),
+        ("drift law exponents p (drift ∝ λ^p)", exponents),
+        ("the paper default (trial 1)", paper),
+        ("winners", lambda m: ", ".join(m["winners"])),
+    ]
+    lines = ["| | " + " | ".join(m["model"] for m in models) + " |", "|---|" + "---|" * len(models)]
+    lines += [f"| {title} | " + " | ".join(cell(m) for m in models) + " |" for title, cell in rows]
+    return "\n".join([*lines, "", _measured_on(data)])
+
+
 FIGURES: dict[str, Figure] = {
     "prerequisites": Figure("first-tune", prerequisites),
     "results": Figure("first-tune", results),
@@ -255,6 +294,8 @@ FIGURES: dict[str, Figure] = {
     "trial-cost": Figure("trial-cost", trial_cost),
     "baseline-direction": Figure("baseline-direction", baseline_direction),
     "mpnet-studies": Figure("search-cost-mpnet", studies),
+    "minilm-studies": Figure("search-cost-minilm", studies),
+    "rules-transfer": Figure("rules-transfer", rules_transfer),
 }
 
 
