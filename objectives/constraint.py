@@ -28,6 +28,10 @@ _ACCEPTED = (
 )
 _PERCENT = re.compile(r"^([+-]?)\s*(\d+(?:\.\d*)?|\.\d+)\s*%$")
 
+NO_DIRECTION = "no direction"
+"""Where the no-reversal rule was decided (`RobustEvidence.deciding`) when no tuning structure scored so far has
+a favoured end beyond noise uncalibrated: nothing could be reversed, so the rule is met."""
+
 
 @dataclass(frozen=True)
 class HmFloor:
@@ -259,7 +263,9 @@ class Constraints:
             figures = f"{place}nDCG@10 change at best {_points(-(value + allowance))}, {'≥' if met else '<'} {_points(-allowance)} allowed"
         elif name == "reversal":
             allowance = self.max_reversal or 0.0
-            if met:
+            if met and where == NO_DIRECTION:
+                figures = "no tuning structure favours one end beyond noise uncalibrated: none to reverse"
+            elif met:
                 figures = f"{place}{100 * -value:.2f} tilt points short of {'reversing' if allowance == 0 else 'the limit'}"
             else:
                 figures = f"{place}{100 * (value + allowance):.2f} tilt points the other way, {100 * allowance:.2f} allowed"

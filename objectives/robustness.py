@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from objectives.constraint import NO_DIRECTION
 from objectives.evidence import TrialEvidence
 
 PRUNE_Z = 2.0
@@ -106,9 +107,16 @@ class RobustEvidence:
 
     def reversal(self, allowance: float = 0.0, z: float = 0.0) -> float | None:
         """The `reversal` constraint value (≤ 0 met): the largest reversal over the structures, less `z`
-        of its standard errors, over `allowance`. None when no structure knows its positions."""
+        of its standard errors, over `allowance`; where no structure has a direction to reverse, nothing is
+        reversed (0 over `allowance`). None when no structure knows its positions."""
+        if not self._placed():
+            return None
         known = [(s.reversal - z * s.evidence.tilt_se) for s in self.structures if s.reversal is not None]
-        return max(known) - allowance if known else None
+        return (max(known) if known else 0.0) - allowance
+
+    def _placed(self) -> list[StructureEvidence]:
+        """The structures whose tilt is known, calibrated and uncalibrated."""
+        return [s for s in self.structures if s.evidence.tilt is not None and s.evidence.baseline_tilt is not None]
 
     def significant_ndcg_loss(self) -> float | None:
         """The largest nDCG@10 loss over the structures beyond the tuning split that their noise cannot explain:
@@ -136,6 +144,8 @@ class RobustEvidence:
         reversed_ = [s for s in self.structures if s.reversal is not None]
         if reversed_:
             found["reversal"] = max(reversed_, key=lambda s: s.reversal or 0.0).name
+        elif self._placed():
+            found["reversal"] = NO_DIRECTION
         others = [s for s in self.structures if not s.tuning and math.isfinite(s.evidence.ndcg_delta_high)]
         if others:
             found["structure_ndcg"] = min(others, key=lambda s: s.evidence.ndcg_delta_high).name

@@ -11,7 +11,7 @@ import pytest
 
 from objectives.constraint import Constraints
 from objectives.evidence import TrialEvidence
-from objectives.robustness import RobustEvidence, StructureEvidence, certain_violations, prune_reason
+from objectives.robustness import NO_DIRECTION, RobustEvidence, StructureEvidence, certain_violations, prune_reason
 from objectives.selection import Candidate, select
 
 
@@ -79,6 +79,18 @@ def test_a_structure_whose_uncalibrated_tilt_is_within_noise_has_no_direction_to
     r = robust(("dev", evidence(0.05, tilt=-0.02)), ("openings", level))
     assert r.reversal() == pytest.approx(-0.02)  # only the structure with a direction counts
     assert "reversal" not in r.per_structure()["openings"] and r.per_structure()["openings"]["tilt"] == pytest.approx(0.12)
+
+
+def test_where_no_structure_has_a_direction_the_rule_is_met_and_says_there_is_none_to_reverse():
+    """The rule stays checked (every trial names it, as the study's rule does); with nothing to reverse it is met."""
+    level = dataclasses.replace(evidence(0.1, tilt=0.3, baseline_tilt=-0.01), baseline_tilt_se=0.02)
+    r = robust(("dev", level), ("openings", level))
+    assert r.reversal() == 0.0 and r.reversal(allowance=0.05) == pytest.approx(-0.05)
+    assert r.deciding()["reversal"] == NO_DIRECTION
+    constraints = Constraints(0.5)
+    sentence = constraints.explain(constraints.values(0.55, 0.53, 0.01, reversal=r.reversal()), r.deciding())
+    assert "the no-reversal rule met (no tuning structure favours one end beyond noise uncalibrated: none to reverse)" in sentence
+    assert robust(("dev", evidence(0.05, tilt=None))).reversal() is None  # positions unknown: not checked at all
 
 
 def test_the_uncalibrated_tilt_s_standard_error_is_its_spread_over_the_evidence_resamples():

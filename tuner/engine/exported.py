@@ -103,8 +103,8 @@ class Provenance(_Strict):
     structures: dict[str, dict[str, float]] = Field(
         default_factory=dict,
         description="tuning structure → the winner's psi, psi_se, hm, ndcg10_delta, drift (mean 1 - cos to the uncalibrated "
-        "vectors) and, where positions are known, tilt and reversal (> 0: the end favoured where the beginning was): why it "
-        "won (objectives.robustness)",
+        "vectors), where positions are known its tilt, and where the uncalibrated model favours one end beyond noise the "
+        "reversal (> 0: the other end now favoured): why it won (objectives.robustness)",
     )
     layer_tokens: int | None = Field(None, description="what the study's trials cost: padded tokens × layers run")
     mlflow_run_id: str | None = Field(None, description="the study's parent run in MLflow")
