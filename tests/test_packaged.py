@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import shutil
 import zipfile
 from pathlib import Path
 
@@ -61,10 +62,11 @@ def test_the_parts_are_joined_checked_and_unpacked_once(site: Path, tmp_path: Pa
     folder = weights.folder()
     assert folder is not None and folder.parent.parent == tmp_path / "models"
     assert {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()} == FILES
-    assert weights.revision() == "posfair-test-part-001==0.0.1"
-    for part in site.rglob("tiny-model.zip.*"):
-        part.unlink()  # a later load reads the unpacked folder, not the parts
+    assert weights.revision() == f"sha256:{weights.digest[:12]}"  # the joined zip's digest: the bytes, however they came
+    for info in site.glob("*.dist-info"):
+        shutil.rmtree(info)  # the parts uninstalled: a later load reads the unpacked folder, not the parts
     assert weights.folder() == folder
+    assert weights.revision() == f"sha256:{weights.digest[:12]}"
     assert [p.name for p in folder.parent.parent.iterdir()] == [folder.parent.name], "no scratch folder left behind"
 
 

