@@ -626,6 +626,7 @@ def ui(
     """Open the MLflow UI on the project's store (compare trials, profiles, the registered winner).
 
     Refuses to start on a store that does not exist (it would serve an empty one).
+
     Example: cd my-project && tune ui --port 5001"""
     from tuner.tracking.runs import (
         check_store_schema,
