@@ -275,7 +275,10 @@ def run(
         ),
     ] = f"{DEFAULT_MAX_DRIFT:g}",
     structures: Annotated[
-        bool, typer.Option(help="Score trials on the tuning passages' other structures too (WikiPos: crops, openings, packed).")
+        bool,
+        typer.Option(
+            help="Score trials on the tuning passages' other structures too (WikiPos: crops, openings, packed; other sets: their shorter and longer half)."
+        ),
     ] = True,
     prune: Annotated[bool, typer.Option(help="Stop a trial between structures once it cannot win.")] = True,
     bisect: Annotated[
