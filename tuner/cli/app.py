@@ -264,7 +264,7 @@ def run(
     max_reversal: Annotated[
         str,
         typer.Option(
-            help="How far a trial may turn the bias round on a tuning structure (tilt against the uncalibrated direction); 'none' lifts it."
+            help="How far a trial may turn the bias round on a tuning structure (tilt against the uncalibrated direction, where that direction is beyond noise); 'none' lifts it."
         ),
     ] = "0",
     max_drift: Annotated[
