@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import requests
+import typer
 from typer.testing import CliRunner
 
 from tests import forkserver
@@ -30,6 +32,7 @@ from tests.tiny import save_tiny, tiny_tune_options
 ROOT = Path(__file__).resolve().parent.parent
 DOCUMENTS = (ROOT / "README.md", ROOT / "docs" / "index.md")
 FENCE = re.compile(r"^```(\w+)\n(.*?)^```", re.DOTALL | re.MULTILINE)
+INLINE = re.compile(r"(?<!`)`([^`]+)`(?!`)")
 EXPORT = "mlruns/exports/minilm--wikipos-dev--seed0.yaml"
 VENV_BIN = str(Path(sys.executable).parent)
 
@@ -45,6 +48,14 @@ def command_lines() -> list[str]:
     """The shell lines of those blocks, comments and blank lines dropped."""
     lines = (line.split(" #")[0].strip() for block in blocks("bash") for line in block.splitlines())
     return list(dict.fromkeys(line for line in lines if line and not line.startswith("#")))
+
+
+def inline_commands() -> list[str]:
+    """The commands quoted in the prose of those pages: `tune …`, `make …`, `optuna-dashboard …` and lone `--option …`."""
+    spans = (" ".join(match.group(1).split()) for path in DOCUMENTS for match in INLINE.finditer(path.read_text(encoding="utf-8")))
+    return list(
+        dict.fromkeys(span for span in spans if span.split(" ")[0] in ("tune", "make", "optuna-dashboard") or span.startswith("--"))
+    )
 
 
 def activated() -> dict[str, str]:
@@ -92,6 +103,36 @@ def test_the_venv_the_readme_activates_is_the_one_make_setup_makes() -> None:
     dry = subprocess.run(["make", "-n", "setup", "tune", "test"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     assert re.search(r"^\.venv/bin/tune\s*$", dry, re.MULTILINE), dry  # `make tune` is `tune` with no arguments
     assert ".venv/bin/pytest" in dry and "mkdocs build --strict" in dry
+
+
+def test_every_command_quoted_in_the_prose_parses_as_written() -> None:
+    """A renamed option, subcommand or make target fails here rather than for a reader who types it."""
+    from tuner.cli.app import app
+
+    group = typer.main.get_group(app)
+    run_options = {name for param in group.commands["run"].params for name in param.opts}
+    commands = inline_commands()
+    assert any(span.startswith("tune ") for span in commands) and any(span.startswith("--") for span in commands), commands
+    for span in commands:
+        words = shlex.split(span)
+        if words[0] == "make":
+            assignments = dict(word.split("=", 1) for word in words[1:] if "=" in word)
+            dry = subprocess.run(["make", "-n", "-B", *words[1:]], cwd=ROOT, capture_output=True, text=True)
+            assert dry.returncode == 0, f"{span}: {dry.stderr}"
+            assert all(value in dry.stdout for value in assignments.values()), f"{span}: its variables reach no command\n{dry.stdout}"
+            if "ARGS" in assignments:
+                words = ["tune", *shlex.split(assignments["ARGS"])]
+            else:
+                continue
+        if words[0] == "optuna-dashboard":
+            assert (Path(VENV_BIN) / "optuna-dashboard").exists(), span
+        elif words[0].startswith("--"):
+            assert words[0] in run_options, f"{span}: `tune run` has no option {words[0]}"
+        elif len(words) == 2 and words[1] in group.commands:  # a command named, not run: `tune ui`
+            continue
+        else:
+            args = words[1:] if words[1:2] and words[1] in group.commands else ["run", *words[1:]]  # `tune` is `tune run`
+            group.commands[args[0]].make_context(args[0], args[1:])  # raises on an unknown option or a bad value
 
 
 def test_make_tune_parses_and_prints_the_path_the_readme_uses(monkeypatch: pytest.MonkeyPatch) -> None:

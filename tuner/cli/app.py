@@ -200,7 +200,7 @@ BatchTokens = Annotated[
         help="Padded tokens per forward pass (rows × longest text); default for long-passage models: chosen from the device's free memory.",
     ),
 ]
-Seed = Annotated[int, typer.Option(min=0, max=2**32 - 1, help="Seed of the sampler and the bootstrap.")]
+MAX_SEED = 2**32 - 1
 Resamples = Annotated[int, typer.Option(min=1, help="Bootstrap resamples for the intervals.")]
 TrustRemoteCode = Annotated[bool, typer.Option("--trust-remote-code", help="Allow a model's own code from its hub repository to run.")]
 # What loads any model, on every command that takes --model (a registry alias knows its own).
@@ -236,11 +236,16 @@ def run(
             help="Benchmark to tune on (see `tune evaluate --help`); default: fineweb-posq for bge-m3, qwen3-embedding-* and gte-multilingual-base, wikipos-dev otherwise."
         ),
     ] = None,
-    trials: Annotated[int, typer.Option(help="Complete trials to reach (failed ones do not count).")] = DEFAULT_TRIALS,
+    trials: Annotated[
+        int,
+        typer.Option(
+            help="Trials to run, complete or pruned (failed and repeated ones do not count), unless --budget ends the study first."
+        ),
+    ] = DEFAULT_TRIALS,
     hm_floor: Annotated[
         str,
         typer.Option(
-            help="'significant' (HM's 95% lower bound above the uncalibrated HM), 'baseline' (HM at least the uncalibrated HM), a value like 0.52, or relative like -1%."
+            help="'significant' (the lower end of HM's 95% interval reaches the uncalibrated HM: a gain beyond noise), 'baseline' (HM at least the uncalibrated HM), a value like 0.52, or relative like -1%."
         ),
     ] = "significant",
     max_ndcg_drop: Annotated[
@@ -253,13 +258,13 @@ def run(
     max_crops_psi: Annotated[
         str,
         typer.Option(
-            help="PSI on the tuning passages re-cut shorter (WikiPos sets) may be at most this multiple of the uncalibrated PSI there, e.g. 1 (no less fair than no calibration); 'none' (the default): not scored."
+            help="PSI on the tuning passages re-cut shorter (WikiPos sets) may be at most this multiple of the uncalibrated PSI there, e.g. 1 (no less fair than no calibration); 'none' (the default): not constrained (the crops are still scored as a structure)."
         ),
     ] = "none",
     max_reversal: Annotated[
         str,
         typer.Option(
-            help="How far a trial may turn the bias round on a tuning structure (tilt against the uncalibrated direction); 'none' lifts it."
+            help="How far a trial may turn the bias round on a tuning structure (tilt against the uncalibrated direction, where that direction is beyond noise); 'none' lifts it."
         ),
     ] = "0",
     max_drift: Annotated[
@@ -270,7 +275,10 @@ def run(
         ),
     ] = f"{DEFAULT_MAX_DRIFT:g}",
     structures: Annotated[
-        bool, typer.Option(help="Score trials on the tuning passages' other structures too (WikiPos: crops, openings, packed).")
+        bool,
+        typer.Option(
+            help="Score trials on the tuning passages' other structures too (WikiPos: crops, openings, packed; other sets: their shorter and longer half)."
+        ),
     ] = True,
     prune: Annotated[bool, typer.Option(help="Stop a trial between structures once it cannot win.")] = True,
     bisect: Annotated[
@@ -297,7 +305,7 @@ def run(
     heldout: Annotated[
         str | None,
         typer.Option(
-            help="Held-out benchmark(s) for the final report, comma-separated; 'auto': WikiPos-test and the WikiPos transfer sets for WikiPos-dev, FineWeb-PosQ's held-out part for FineWeb-PosQ; 'none' for none."
+            help="Held-out benchmark(s) for the final report, comma-separated; 'auto': WikiPos-test and the WikiPos transfer sets for WikiPos-dev, FineWeb-PosQ's held-out part for FineWeb-PosQ, none for other sets; 'none' for none."
         ),
     ] = "auto",
     general: Annotated[
@@ -307,10 +315,13 @@ def run(
         ),
     ] = None,
     max_general_drop: Annotated[
-        float | None, typer.Option(help="Second constraint: general nDCG@10 may drop at most this much (0–1 scale).")
+        float | None,
+        typer.Option(
+            help="Make --general a constraint: its nDCG@10 may fall at most this much below the uncalibrated model's (0–1 scale, e.g. 0.005)."
+        ),
     ] = None,
     pareto: Annotated[bool, typer.Option("--pareto", help="Two-objective search (PSI down, HM up); reports the front.")] = False,
-    seed: Seed = 0,
+    seed: Annotated[int, typer.Option(min=0, max=MAX_SEED, help="Seed of the sampler and the held-out bootstrap.")] = 0,
     study_name: Annotated[str | None, typer.Option(help="Default: model--dataset--seedN.")] = None,
     storage: Storage = None,
     tracking_uri: TrackingUri = None,
@@ -427,7 +438,7 @@ def evaluate(
     general: Annotated[str | None, typer.Option(help="General-retrieval set for the original/shuffled table.")] = "wikipos-general",
     shuffled: Annotated[bool, typer.Option(help="Shuffled-sentence robustness check.")] = True,
     bootstrap: Resamples = 1000,
-    seed: Seed = 0,
+    seed: Annotated[int, typer.Option(min=0, max=MAX_SEED, help="Seed of the bootstrap and of the sentence shuffling.")] = 0,
     batch_size: BatchSize = None,
     markdown: Annotated[Path | None, typer.Option(help="Also write the tables as Markdown here.")] = None,
     json_output: Annotated[
@@ -618,6 +629,7 @@ def ui(
     """Open the MLflow UI on the project's store (compare trials, profiles, the registered winner).
 
     Refuses to start on a store that does not exist (it would serve an empty one).
+
     Example: cd my-project && tune ui --port 5001"""
     from tuner.tracking.runs import (
         check_store_schema,

@@ -191,7 +191,7 @@ def _local_folder(spec: ModelSpec, revision: str | None) -> Path | None:
 @functools.cache
 def _say_unpinned(path: str) -> None:
     log.warning(
-        "%s records no fingerprint of its model's weights (it was exported before posfair recorded one), so weights "
+        "%s records no fingerprint of its model's weights (it has no model.weights), so weights "
         "changed since the export would go unnoticed; export it again to record one",
         path,
     )

@@ -2,8 +2,8 @@
 
 A random sub-corpus biases every score upwards (fewer distractors) and by how much depends on the config.
 A *pool* does not drop the passages that matter: for a balanced sample of the tuning queries it keeps
-each query's relevant passages and its top candidates under reference rankings (the uncalibrated model
-and the paper default), as pooled test collections and MTEB's hard-negative tasks do.
+each query's relevant passages and its top candidates under reference rankings (in a study, the uncalibrated
+model's), as pooled test collections and MTEB's hard-negative tasks do.
 
 Two facts make it a sound screen:
 - a passage's rank among a subset of the corpus is never worse than its rank in the corpus, so a query's

@@ -272,7 +272,7 @@ def _type_problem(key: str, value: object) -> str | None:
 
 def trial_basket_shares(trial: FrozenTrial | optuna.Trial) -> str:
     """The basket_shares a trial calibrated with: its parameter, else its user attribute; `equal` for
-    trials recorded before the option existed (they calibrated as the paper does)."""
+    a trial that records neither (it calibrated as the paper does)."""
     return str(trial.params.get(SHARES_ATTR, trial.user_attrs.get(SHARES_ATTR, "equal")))
 
 

@@ -601,7 +601,7 @@ def _stop_after_current_trial(study: optuna.Study) -> Iterator[Callable[[], str 
 
 def candidates(study: optuna.Study) -> list[Candidate]:
     """Complete trials as selection sees them: the objective (the worst PSI over the tuning structures; the
-    tuning PSI for trials recorded before structures), its standard error, drift and constraint values.
+    tuning PSI for a trial that recorded none over structures), its standard error, drift and constraint values.
     A repeat of an earlier trial is that trial, so it is not a candidate of its own."""
     return [
         Candidate(
