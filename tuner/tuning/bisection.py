@@ -36,6 +36,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from objectives.constraint import outcome
 from tuner.common.trials import BISECT_ATTR, SURPLUS_ATTR, named_constraints
+from tuner.tuning.optuna_access import set_stored_trial_user_attr, set_trial_state
 from tuner.tuning.search_space import SHARES_ATTR, trial_basket_shares
 
 log = logging.getLogger(__name__)
@@ -249,11 +250,11 @@ def withdraw_queued(study: optuna.Study) -> list[int]:
     """The queued trials of a study that has ended before running them: pruned unrun as surplus (not counted, no
     MLflow run), so a finished study leaves nothing waiting. A trial a worker has just taken is left to it: the
     change from waiting to running succeeds once. Returns the trials withdrawn."""
-    storage, withdrawn = study._storage, []
+    withdrawn = []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-        if BISECT_ATTR in trial.user_attrs and storage.set_trial_state_values(trial._trial_id, TrialState.RUNNING):
-            storage.set_trial_user_attr(trial._trial_id, SURPLUS_ATTR, True)
-            storage.set_trial_state_values(trial._trial_id, TrialState.PRUNED)
+        if BISECT_ATTR in trial.user_attrs and set_trial_state(study, trial, TrialState.RUNNING):
+            set_stored_trial_user_attr(study, trial, SURPLUS_ATTR, True)
+            set_trial_state(study, trial, TrialState.PRUNED)
             withdrawn.append(trial.number)
     if withdrawn:
         log.info("λ bisection: the study ended before queued trial(s) %s ran; withdrawn (pruned unrun as surplus)", withdrawn)

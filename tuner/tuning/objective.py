@@ -34,7 +34,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import optuna
-from optuna.study._constrained_optimization import _CONSTRAINTS_KEY
 from optuna.trial import FrozenTrial, TrialState
 
 from objectives import Constraints, PerQuery, PositionReport
@@ -61,6 +60,7 @@ from tuner.evaluation.evaluator import Evaluation, Evaluator
 from tuner.evaluation.profile import AttentionProfile, plot_profile
 from tuner.tracking.runs import Tracker, TrialRecord, describe_config, describe_outcome
 from tuner.tuning.bisection import describe_queued, queue_next
+from tuner.tuning.optuna_access import set_dashboard_constraints, set_trial_system_attr
 from tuner.tuning.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, SearchSpace, config_of, grid_points, is_reference_trial
 from tuner.tuning.study import best_objective, screen_threshold, selection_threshold, wait_for_other_processes
 
@@ -638,7 +638,7 @@ class TrialObjective:
         resamples = scored.robust.objective_resamples
         if resamples is not None:  # JSON has no NaN: an undefined resample is null
             rows = [None if not math.isfinite(v) else round(float(v), 6) for v in resamples]
-            trial.storage.set_trial_system_attr(trial._trial_id, RESAMPLES_ATTR, rows)
+            set_trial_system_attr(trial, RESAMPLES_ATTR, rows)
         if not self.pareto:  # Optuna keeps intermediate values of one objective only
             # Reported once the trial is complete: a pruned trial has none, so Optuna gives it no value (it would
             # take the last one: a worst case over fewer structures, lower than the trial's, drawn as if fairer)
@@ -810,7 +810,7 @@ def mark_for_dashboard(trial: optuna.Trial, constraints: Mapping[str, float]) ->
     it does not read `set_constraint`'s named values. Optuna reads both formats, so the values count
     twice there: feasibility is unchanged and TPE's summed violations keep their order. The list is in
     the order of the names, as the storage gives the named values back."""
-    trial.storage.set_trial_system_attr(trial._trial_id, _CONSTRAINTS_KEY, [constraints[name] for name in sorted(constraints)])
+    set_dashboard_constraints(trial, [constraints[name] for name in sorted(constraints)])
 
 
 def reference_markers(trial: optuna.Trial) -> list[str]:

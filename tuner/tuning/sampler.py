@@ -21,10 +21,10 @@ import numpy as np
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.exceptions import ExperimentalWarning
-from optuna.samplers._tpe.parzen_estimator import _ParzenEstimator
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.common.trials import BUDGET_ATTR, trials_spent
+from tuner.tuning.optuna_access import ParzenEstimator
 
 
 class CostCooledTPESampler(optuna.samplers.TPESampler):
@@ -44,7 +44,7 @@ class CostCooledTPESampler(optuna.samplers.TPESampler):
         drawn = super().sample_independent(study, trial, param_name, param_distribution)  # the RNG moves as TPE's would
         if param_name != "depth" or not isinstance(param_distribution, CategoricalDistribution):
             return drawn
-        if len(study._get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))) >= self._n_startup_trials:
+        if len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))) >= self._n_startup_trials:
             return drawn  # past the start-up, TPE's own draw (the acquisition weighed the cost)
         penalty = cost_penalty(study, param_distribution)
         if penalty is None:
@@ -59,7 +59,7 @@ class CostCooledTPESampler(optuna.samplers.TPESampler):
         return super()._sample(study, trial, search_space)
 
     def _compute_acquisition_func(
-        self, samples: dict[str, np.ndarray], mpe_below: _ParzenEstimator, mpe_above: _ParzenEstimator
+        self, samples: dict[str, np.ndarray], mpe_below: ParzenEstimator, mpe_above: ParzenEstimator
     ) -> np.ndarray:
         values = super()._compute_acquisition_func(samples, mpe_below, mpe_above)
         if self._penalty is None or "depth" not in samples:

@@ -26,7 +26,6 @@ from typing import Any, Literal
 import numpy as np
 import optuna
 from optuna.exceptions import ExperimentalWarning
-from optuna.storages._heartbeat import BaseHeartbeat  # the storages that have heartbeats (not exported)
 from optuna.trial import FrozenTrial, TrialState
 
 from objectives import Candidate, Constraints, Selection, select
@@ -46,6 +45,14 @@ from tuner.common.trials import (
     objective_resamples,
 )
 from tuner.tuning.bisection import withdraw_queued
+from tuner.tuning.optuna_access import (
+    HeartbeatStorage,
+    set_study_system_attr,
+    set_trial_state,
+    storage_of,
+    stored_trial,
+    study_system_attrs,
+)
 from tuner.tuning.sampler import CostCooledTPESampler
 from tuner.tuning.storage import grace_seconds, machine_fault, make_storage
 
@@ -223,7 +230,6 @@ def fail_dead_trials(study: optuna.Study) -> list[int]:
     without waiting for one); returns their numbers. Known gone: its owner is a process of this machine that
     has ended, or it has no owner mark a grace period after it started (`_orphaned`). Trials of live processes
     and of other machines' owners are left to the heartbeat check."""
-    storage = study._storage
     here = socket.gethostname()
     failed = []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
@@ -236,7 +242,7 @@ def fail_dead_trials(study: optuna.Study) -> list[int]:
         elif _process_alive(int(owner["pid"])):
             continue
         try:
-            if storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL):
+            if set_trial_state(study, trial, TrialState.FAIL):
                 failed.append(trial)
         except optuna.exceptions.UpdateFinishedTrialError:
             pass  # another process got there first
@@ -256,7 +262,7 @@ def _orphaned(study: optuna.Study, trial: FrozenTrial) -> bool:
     within milliseconds of Optuna creating it (`run_trials`), and Optuna records no heartbeat before then, so
     a process killed in between leaves a trial that Optuna's stale check never fails. Its start is its last
     sign of life: older than the grace period, it is as stale as a heartbeat that old."""
-    grace = grace_seconds(study._storage)
+    grace = grace_seconds(storage_of(study))
     if grace is None or trial.datetime_start is None:
         return False
     return datetime.datetime.now() - trial.datetime_start > datetime.timedelta(seconds=grace)
@@ -272,7 +278,7 @@ def _export_mark(study: optuna.Study) -> str:
 
 def _exported(study: optuna.Study) -> dict[str, object] | None:
     """The study's export as it stands ({"export": path, OWNER_ATTR: who}), if one was written (`record_export`)."""
-    done = study._storage.get_study_system_attrs(study._study_id).get(EXPORT_ATTR)
+    done = study_system_attrs(study).get(EXPORT_ATTR)
     return done if done is not None and done.get("trials") == len(complete_trials(study)) else None
 
 
@@ -286,7 +292,7 @@ def claim_export(study: optuna.Study) -> dict[str, object] | None:
     says onto the study itself and deletes it), so optuna-dashboard lists no study beside the real one once it is
     done. A marker whose exporter died on this machine before it finished is taken over.
     """
-    storage, mark = study._storage, _export_mark(study)
+    storage, mark = storage_of(study), _export_mark(study)
     while True:
         if (done := _exported(study)) is not None:
             return done
@@ -317,9 +323,9 @@ def claim_export(study: optuna.Study) -> dict[str, object] | None:
 def record_export(study: optuna.Study, path: Path) -> None:
     """Mark the elected export as written (`claim_export`) on the study (later runs say where it is instead of
     exporting again), then remove the marker: written first, so a process that looks between the two finds one."""
-    storage = study._storage
     record: dict[str, Any] = {"trials": len(complete_trials(study)), "export": str(path), OWNER_ATTR: _owner()}
-    storage.set_study_system_attr(study._study_id, EXPORT_ATTR, record)
+    set_study_system_attr(study, EXPORT_ATTR, record)
+    storage = storage_of(study)
     try:
         storage.delete_study(storage.get_study_id_from_name(_export_mark(study)))
     except KeyError:
@@ -328,11 +334,11 @@ def record_export(study: optuna.Study, path: Path) -> None:
 
 def _requeue(study: optuna.Study, trials: Sequence[FrozenTrial]) -> None:
     """Queue failed trials again with what they had drawn (the storage's retry callback, as for stale ones)."""
-    storage = study._storage  # a storage with heartbeats (`make_storage`; RDB: in Optuna's cache, which passes them on)
-    retry = storage.get_heartbeat_stale_trial_callback() if isinstance(storage, BaseHeartbeat) else None
+    storage = storage_of(study)  # a storage with heartbeats (`make_storage`; RDB: in Optuna's cache, which passes them on)
+    retry = storage.get_heartbeat_stale_trial_callback() if isinstance(storage, HeartbeatStorage) else None
     for trial in trials:
         if retry is not None:
-            retry(study, study._storage.get_trial(trial._trial_id))
+            retry(study, stored_trial(study, trial))
 
 
 def run_trials(
@@ -458,7 +464,7 @@ def _surplus_reason(study: optuna.Study, trial: optuna.Trial, n_complete: int) -
     ahead = [t for t in study.get_trials(deepcopy=False) if t.number < trial.number]
     if sum(counted(t) for t in ahead) >= n_complete:
         return f"the study already has {n_complete} trials"
-    system = study._storage.get_trial(trial._trial_id).system_attrs
+    system = stored_trial(study, trial).system_attrs
     fixed = system.get("fixed_params")
     if (
         fixed
@@ -489,12 +495,11 @@ def wait_for_other_processes(study: optuna.Study, poll_seconds: float, announce:
 
 def _abort(study: optuna.Study, trial: optuna.Trial) -> int | None:
     """Fail an aborted trial (if Optuna has not) and queue it again; its number, or None if it had finished."""
-    storage = study._storage
     try:
-        storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
+        set_trial_state(study, trial, TrialState.FAIL)
     except optuna.exceptions.UpdateFinishedTrialError:
         pass
-    frozen = storage.get_trial(trial._trial_id)
+    frozen = stored_trial(study, trial)
     if frozen.state != TrialState.FAIL or frozen.user_attrs.get(SURPLUS_ATTR):
         return None
     _requeue(study, [frozen])
@@ -503,7 +508,7 @@ def _abort(study: optuna.Study, trial: optuna.Trial) -> int | None:
 
 def _failed_elsewhere(study: optuna.Study, trial: optuna.Trial) -> bool:
     """Whether `trial` was marked FAIL by another process's stale-trial check (it never reached our tell)."""
-    return study._storage.get_trial(trial._trial_id).state == TrialState.FAIL
+    return stored_trial(study, trial).state == TrialState.FAIL
 
 
 STOP_GRACE_SECONDS = 20.0
