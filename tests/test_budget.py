@@ -14,8 +14,9 @@ import pytest
 
 from tests.test_study import write_dataset
 from tests.tiny import save_tiny
+from tuner.common.budget import BUDGET_ATTR, BUDGET_END_ATTR
 from tuner.common.options import Budget
-from tuner.common.trials import BUDGET_ATTR, BUDGET_END_ATTR, RESERVED_ATTR, SURPLUS_ATTR, counted, trials_spent
+from tuner.common.trials import RESERVED_ATTR, SURPLUS_ATTR, counted, trials_spent
 from tuner.tuning.conclusion import budget_metrics, budget_tags, setup_layer_tokens, study_layer_tokens
 from tuner.tuning.run import TuneSettings, tune
 

@@ -19,13 +19,11 @@ PRUNED_ATTR = "pruned"  # {"rung", "of", "reason", "scored"} of a trial stopped 
 SURPLUS_ATTR = "surplus"  # a trial started when the study already had enough
 SCREEN_ATTR = "screen"  # {"psi", "psi_se", "hm"} of a trial on the study's pooled screen
 SETUP_COST_ATTR = "setup_layer_tokens/"  # + a process: a study attribute, the baselines and queries that process encoded
-BUDGET_ATTR = "budget"  # a study attribute: {"spec", "study", "setup", "trials"} of `--budget`, resolved by the coordinator
 SELECTION_ATTR = "selection"  # a study attribute: the --selection rule of the run that last coordinated it (`tune export`'s default)
-BUDGET_END_ATTR = "budget_end"  # a study attribute: {"trial", "trials", "spent", "needed"} of the draw the budget had no room for
 BISECT_ATTR = (
     "bisect"  # on a trial λ bisection queued: {"of": the trial that queued it, "feasible": λ, "too_strong": λ, "because": what it missed}
 )
-RESERVED_ATTR = "layer_tokens_reserved"  # what a running trial may spend at most (`TrialObjective.trial_cost`)
+RESERVED_ATTR = "layer_tokens_reserved"  # what a running trial may spend at most (`TrialPricing.trial_cost`)
 # A system attribute (out of the dashboard's user attributes: 500 numbers): the trial's worst-case PSI on each common
 # query resample, from which selection takes the noise between two trials (`objectives.selection.paired_se`)
 RESAMPLES_ATTR = "posfair:robust_psi_resamples"
@@ -86,9 +84,3 @@ def trials_spent(study: optuna.Study, excluding: int | None = None) -> int:
         else:
             total += int(trial.user_attrs.get("layer_tokens", 0))
     return total
-
-
-def budget_ended(study: optuna.Study, budget: int | None) -> bool:
-    """Whether the study ended at this trial budget (or a smaller one): a larger `--budget` on resume goes on."""
-    end = study.user_attrs.get(BUDGET_END_ATTR)
-    return budget is not None and end is not None and int(end["trials"]) >= budget
