@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 DUPLICATE_ATTR = "duplicate_of"  # the earlier trial whose calibration a trial drew again
-PRUNED_ATTR = "pruned"  # {"rung", "of", "reason", "scored"} of a trial stopped between rungs
+PRUNED_ATTR = "pruned"  # `PrunedAt.to_attr()` of a trial stopped between rungs
 SURPLUS_ATTR = "surplus"  # a trial started when the study already had enough
-SCREEN_ATTR = "screen"  # {"psi", "psi_se", "hm"} of a trial on the study's pooled screen
+SCREEN_ATTR = "screen"  # `ScreenFigures.to_attr()` of a trial on the study's pooled screen
 SETUP_COST_ATTR = "setup_layer_tokens/"  # + a process: a study attribute, the baselines and queries that process encoded
 SELECTION_ATTR = "selection"  # a study attribute: the --selection rule of the run that last coordinated it (`tune export`'s default)
 BISECT_ATTR = (
@@ -27,6 +28,47 @@ RESERVED_ATTR = "layer_tokens_reserved"  # what a running trial may spend at mos
 # A system attribute (out of the dashboard's user attributes: 500 numbers): the trial's worst-case PSI on each common
 # query resample, from which selection takes the noise between two trials (`objectives.selection.paired_se`)
 RESAMPLES_ATTR = "posfair:robust_psi_resamples"
+
+
+@dataclass(frozen=True)
+class PrunedAt:
+    """Where a trial stopped between rungs, and why (`PRUNED_ATTR`): after rung `rung` of `of`, `scored` scored."""
+
+    rung: int
+    of: int
+    reason: str
+    scored: tuple[str, ...]
+
+    @property
+    def where(self) -> str:
+        return f"rung {self.rung} of {self.of}"
+
+    def to_attr(self) -> dict[str, object]:
+        return {"rung": self.rung, "of": self.of, "reason": self.reason, "scored": list(self.scored)}
+
+    @classmethod
+    def of_trial(cls, trial: FrozenTrial | optuna.Trial) -> PrunedAt | None:
+        """The record of a trial pruned between rungs; None for any other trial."""
+        attr = trial.user_attrs.get(PRUNED_ATTR)
+        return None if attr is None else cls(int(attr["rung"]), int(attr["of"]), str(attr["reason"]), tuple(attr["scored"]))
+
+
+@dataclass(frozen=True)
+class ScreenFigures:
+    """A trial's figures on the study's pooled screen (`SCREEN_ATTR`): PSI, its standard error, HM."""
+
+    psi: float
+    psi_se: float
+    hm: float
+
+    def to_attr(self) -> dict[str, float]:
+        return {"psi": self.psi, "psi_se": self.psi_se, "hm": self.hm}
+
+    @classmethod
+    def of_trial(cls, trial: FrozenTrial) -> ScreenFigures | None:
+        """The figures of a trial scored on the screen; None for one that was not."""
+        attr = trial.user_attrs.get(SCREEN_ATTR)
+        return None if attr is None else cls(float(attr["psi"]), float(attr["psi_se"]), float(attr["hm"]))
 
 
 def complete_trials(study: optuna.Study) -> list[FrozenTrial]:

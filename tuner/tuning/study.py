@@ -36,8 +36,8 @@ from tuner.common.files import sqlite_file
 from tuner.common.options import HEARTBEAT_SECONDS
 from tuner.common.trials import (
     DUPLICATE_ATTR,
-    SCREEN_ATTR,
     SURPLUS_ATTR,
+    ScreenFigures,
     complete_trials,
     constraints_of,
     counted,
@@ -646,8 +646,8 @@ def screen_threshold(study: optuna.Study) -> float | None:
     """The screen PSI a trial must come within noise of to go past the pooled screen: the lowest screen PSI plus
     its standard error over the feasible complete trials that were screened; None while there is none."""
     trials = study.get_trials(deepcopy=False)
-    screened = [trials[c.trial_number].user_attrs.get(SCREEN_ATTR) for c in candidates(study) if c.feasible]
-    return min((s["psi"] + s["psi_se"] for s in screened if s is not None), default=None)
+    screened = [ScreenFigures.of_trial(trials[c.trial_number]) for c in candidates(study) if c.feasible]
+    return min((s.psi + s.psi_se for s in screened if s is not None), default=None)
 
 
 def winner(study: optuna.Study, rule: str = "one-se") -> tuple[FrozenTrial, Selection] | None:

@@ -18,7 +18,7 @@ from optuna.trial import FrozenTrial
 
 from objectives import Constraints
 from objectives.evidence import TrialEvidence
-from tuner.common.trials import BISECT_ATTR, PRUNED_ATTR, RESAMPLES_ATTR
+from tuner.common.trials import BISECT_ATTR, RESAMPLES_ATTR, PrunedAt
 from tuner.tracking.runs import Tracker, TrialRecord, describe_config, describe_outcome
 from tuner.tuning.bisection import describe_queued
 from tuner.tuning.optuna_access import set_dashboard_constraints, set_trial_system_attr
@@ -123,9 +123,9 @@ class TrialRecorder:
         complete for that structure) and what spans the structures under `pruned/` (its worst case so far is a lower
         bound, its constraint margins so far upper bounds), never under the complete trials' names."""
         set_constraints(trial, constraints)
-        pruned = trial.user_attrs[PRUNED_ATTR]
-        where = f"rung {pruned['rung']} of {pruned['of']}"
-        said = f"pruned after {', '.join(pruned['scored'])} ({where}): {pruned['reason']}; never a candidate"
+        pruned = PrunedAt.of_trial(trial)
+        assert pruned is not None  # recorded as the trial stopped (`TrialScoring.score`)
+        said = f"pruned after {', '.join(pruned.scored)} ({pruned.where}): {pruned.reason}; never a candidate"
         trial.set_user_attr("feasible", f"NO: {said}")
         trial.set_user_attr("layer_tokens", scored.layer_tokens)
         trial.set_user_attr("structures", scored.robust.per_structure())
@@ -133,8 +133,8 @@ class TrialRecorder:
             self.study_name,
             opened.ended(
                 "PRUNED",
-                pruned_metrics(scored, constraints, int(pruned["rung"])),
-                {"posfair.pruned": f"{where}: {pruned['reason']}"[:4000]},
+                pruned_metrics(scored, constraints, pruned.rung),
+                {"posfair.pruned": f"{pruned.where}: {pruned.reason}"[:4000]},
                 f": {opened.config_text}: {said}.",
                 "pruned",
             ),

@@ -22,7 +22,7 @@ from objectives.constraint import REQUIREMENTS, missed_names
 from objectives.evidence import TrialEvidence, trial_evidence
 from objectives.robustness import RobustEvidence, StructureEvidence, certain_violations, prune_reason, screen_prune_reason
 from tuner.calibration import CalibrationConfig
-from tuner.common.trials import PRUNED_ATTR, SCREEN_ATTR
+from tuner.common.trials import PRUNED_ATTR, SCREEN_ATTR, PrunedAt, ScreenFigures
 from tuner.data import is_crops
 from tuner.evaluation.evaluator import Evaluation, Evaluator
 from tuner.tuning.drift_yardstick import DriftYardstick
@@ -174,7 +174,7 @@ class TrialScoring:
         pooled = self.screen.run(config)
         so_far.spent += pooled.layer_tokens
         screen = so_far.screen = trial_evidence(self.screen.baseline.per_query, pooled.per_query)
-        trial.set_user_attr(SCREEN_ATTR, {"psi": screen.objective, "psi_se": screen.objective_se, "hm": screen.hm})
+        trial.set_user_attr(SCREEN_ATTR, ScreenFigures(screen.objective, screen.objective_se, screen.hm).to_attr())
         so_far.steps.append(screen.objective)
         if not prune:
             return None
@@ -182,7 +182,7 @@ class TrialScoring:
         reason = screen_prune_reason(screen, screen_threshold(trial.study), certain)
         if reason is None:
             return None
-        trial.set_user_attr(PRUNED_ATTR, {"rung": 0, "of": self.rung_count, "reason": reason, "scored": [self.screen.name]})
+        trial.set_user_attr(PRUNED_ATTR, PrunedAt(0, self.rung_count, reason, (self.screen.name,)).to_attr())
         alone = RobustEvidence((StructureEvidence(self.screen.name, screen),))
         return Scored(pooled, screen, alone, None, so_far.spent, pruned=reason, screen=screen, steps=tuple(so_far.steps))
 
@@ -199,8 +199,8 @@ class TrialScoring:
         )
         if reason is not None:
             first = int(self.screen is not None)  # the corpus rungs' first index
-            scored = [s.name for s in so_far.seen]
-            trial.set_user_attr(PRUNED_ATTR, {"rung": first + step - 1, "of": self.rung_count, "reason": reason, "scored": scored})
+            scored = tuple(s.name for s in so_far.seen)
+            trial.set_user_attr(PRUNED_ATTR, PrunedAt(first + step - 1, self.rung_count, reason, scored).to_attr())
         return reason
 
     def _run_rung(self, rung: SideSet | None, config: CalibrationConfig, so_far: _SoFar) -> None:

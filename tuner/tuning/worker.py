@@ -31,7 +31,7 @@ from objectives.constraint import describe_rule
 from tuner.common.budget import StudyBudget, await_priced, describe_budget, price_budget, store_study_budget, study_budget
 from tuner.common.messages import UserError, first_line
 from tuner.common.scratch import scratch_dir
-from tuner.common.trials import DUPLICATE_ATTR, PRUNED_ATTR, SETUP_COST_ATTR, SURPLUS_ATTR, finished
+from tuner.common.trials import DUPLICATE_ATTR, SETUP_COST_ATTR, SURPLUS_ATTR, PrunedAt, finished
 from tuner.data import PositionalDataset
 from tuner.engine.models import LoadedModel
 from tuner.evaluation.evaluator import Evaluator
@@ -441,15 +441,13 @@ def _log_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial, progress: S
             seconds,
             f"  {truncated} passages truncated" if truncated else "",
         )
-    elif trial.state == TrialState.PRUNED and PRUNED_ATTR in attrs:
-        pruned = attrs[PRUNED_ATTR]
+    elif trial.state == TrialState.PRUNED and (pruned := PrunedAt.of_trial(trial)) is not None:
         log.info(
-            "trial %d pruned after %s (rung %d of %d): %s · %s · %.0f s",
+            "trial %d pruned after %s (%s): %s · %s · %.0f s",
             trial.number,
-            ", ".join(pruned["scored"]),
-            pruned["rung"],
-            pruned["of"],
-            pruned["reason"],
+            ", ".join(pruned.scored),
+            pruned.where,
+            pruned.reason,
             config,
             seconds,
         )
