@@ -164,13 +164,7 @@ def prepare(settings: TuneSettings) -> Session:
     storage = settings.storage or default_storage()
     check_storage_url(storage)  # a malformed URL fails here too; the database is created with the study
     clean_orphans()  # temporary folders of killed runs
-    model = load_model(
-        settings.model,
-        revision=settings.revision,
-        trust_remote_code=settings.trust_remote_code,
-        pooling=settings.pooling,  # type: ignore[arg-type]
-        padding_side=settings.padding_side,  # type: ignore[arg-type]
-    )
+    model = _load_model(settings)
     tuning, heldout = within_reach(tuning, model), [within_reach(held, model) for held in heldout]
     _require_groups(tuning, heldout)  # again: queries past the model's reach are gone, and no store exists yet
     evaluator = Evaluator(
@@ -208,13 +202,7 @@ def prepare(settings: TuneSettings) -> Session:
 def reload_tuned(settings: TuneSettings, attrs: Mapping[str, Any]) -> tuple[LoadedModel, PositionalDataset, list[PositionalDataset]]:
     """The model and the tuning and held-out sets of a stored study (its attributes `attrs`, its `settings`), loaded as
     `tune` loaded them: the recorded revision, each set within the model's reach; one that changed since is named."""
-    model = load_model(
-        settings.model,
-        revision=settings.revision,
-        trust_remote_code=settings.trust_remote_code,
-        pooling=settings.pooling,  # type: ignore[arg-type]
-        padding_side=settings.padding_side,  # type: ignore[arg-type]
-    )
+    model = _load_model(settings)
     if model.revision != attrs["revision"]:
         raise ValueError(
             f"study {settings.study_name!r} tuned {attrs['model']} at revision {attrs['revision']}, "
@@ -225,6 +213,17 @@ def reload_tuned(settings: TuneSettings, attrs: Mapping[str, Any]) -> tuple[Load
     if tuning.fingerprint() != attrs["dataset_fingerprint"]:
         raise ValueError(f"dataset {settings.dataset!r} changed since study {settings.study_name!r} ran (fingerprint differs)")
     return model, tuning, heldout
+
+
+def _load_model(settings: TuneSettings) -> LoadedModel:
+    """The model as the settings name it (its revision, pooling and padding side, remote code if allowed)."""
+    return load_model(
+        settings.model,
+        revision=settings.revision,
+        trust_remote_code=settings.trust_remote_code,
+        pooling=settings.pooling,  # type: ignore[arg-type]
+        padding_side=settings.padding_side,  # type: ignore[arg-type]
+    )
 
 
 def _load_datasets(settings: TuneSettings) -> tuple[PositionalDataset, list[PositionalDataset], PositionalDataset | None]:
