@@ -97,9 +97,8 @@ class TrialObjective:
     def __call__(self, trial: optuna.Trial) -> float | tuple[float, float]:
         """Draw a config; a repeat of one the study ran tells its values, anything else is scored and logged."""
         config, params = self._draw(trial)
-        repeated = self.repeats.repeat_of(
-            trial, calibration_key(params)
-        )  # the enqueued references run first, so a later draw of theirs repeats them
+        # the enqueued references run first, so a later draw of theirs repeats them
+        repeated = self.repeats.repeat_of(trial, calibration_key(params))
         if repeated is not None:
             return self._values(repeat(trial, repeated, params, self.recorder))
         if self.pricing.allowance is not None and not reference_markers(trial):
