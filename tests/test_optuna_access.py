@@ -22,6 +22,7 @@ from tuner.tuning.optuna_access import (
     storage_of,
     stored_trial,
     study_system_attrs,
+    tpe_startup_trials,
     trial_id,
 )
 from tuner.tuning.storage import make_storage
@@ -127,3 +128,8 @@ def test_tpe_hands_its_acquisition_parzen_estimators(monkeypatch: pytest.MonkeyP
     study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=0, n_startup_trials=2))
     study.optimize(lambda trial: trial.suggest_float("x", 0, 1), n_trials=4)
     assert seen and all(isinstance(estimator, ParzenEstimator) for estimator in seen)
+
+
+def test_tpe_startup_trials_is_the_number_the_sampler_was_made_with() -> None:
+    assert tpe_startup_trials(optuna.samplers.TPESampler(n_startup_trials=7)) == 7
+    assert tpe_startup_trials(optuna.samplers.TPESampler()) == 10  # Optuna's default

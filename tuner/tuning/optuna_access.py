@@ -83,3 +83,9 @@ def set_study_system_attr(study: optuna.Study, key: str, value: Any) -> None:
     """Store a study system attribute (`study_system_attrs`): `Study.set_system_attr` is gone from Optuna's public
     API."""
     storage_of(study).set_study_system_attr(study._study_id, key, value)
+
+
+def tpe_startup_trials(sampler: optuna.samplers.TPESampler) -> int:
+    """The trials a TPE sampler draws at random before its model (`n_startup_trials`): the cost-cooled sampler
+    weighs its own start-up draws by cost until then, and `TPESampler` keeps the number private."""
+    return sampler._n_startup_trials

@@ -25,7 +25,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.common.budget import StudyBudget, study_budget
 from tuner.common.trials import trials_spent
-from tuner.tuning.optuna_access import ParzenEstimator
+from tuner.tuning.optuna_access import ParzenEstimator, tpe_startup_trials
 
 
 class CostCooledTPESampler(optuna.samplers.TPESampler):
@@ -45,7 +45,7 @@ class CostCooledTPESampler(optuna.samplers.TPESampler):
         drawn = super().sample_independent(study, trial, param_name, param_distribution)  # the RNG moves as TPE's would
         if param_name != "depth" or not isinstance(param_distribution, CategoricalDistribution):
             return drawn
-        if len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))) >= self._n_startup_trials:
+        if len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))) >= tpe_startup_trials(self):
             return drawn  # past the start-up, TPE's own draw (the acquisition weighed the cost)
         penalty = cost_penalty(study, param_distribution)
         if penalty is None:
