@@ -160,7 +160,7 @@ def _run_with_progress(session: Session, objective: TrialObjective, allowance: i
     settings, study, tracker = session.settings, session.study, session.tracker
     session.evaluator.show_progress = False  # the trial bar (on a terminal) and the per-trial lines take over
     with StudyProgress(
-        settings.trials, len(finished(study)), bar=not settings.worker, workers=settings.workers, budget=allowance, estimate=session.cost
+        settings.trials, len(finished(study)), bar=not settings.worker, workers=settings.workers, allowance=allowance, estimate=session.cost
     ) as progress:
         stores = _local_stores(session)
         try:
