@@ -318,13 +318,14 @@ def test_a_trial_s_objective_hands_its_drift_and_the_paper_default_s_yardstick_t
     from types import SimpleNamespace
 
     from objectives import Constraints
+    from tuner.tuning.drift_yardstick import DriftYardstick
     from tuner.tuning.objective import TrialObjective
     from tuner.tuning.search_space import SearchSpace
 
     study, trial = seed4_family({"dev-openings": {"psi": 0.13, "drift": 0.0189}})
     made = object.__new__(TrialObjective)  # only what the bisection step reads
-    made.bisect, made.space, made.constraints = True, SearchSpace(), Constraints(0.5, max_drift=max_drift)
-    made._own_reference, made._drift_reference = False, {"dev-openings": 0.0122, "dev-crops": 0.0112}
+    made.bisect, made.space, made.yardstick = True, SearchSpace(), DriftYardstick(Constraints(0.5, max_drift=max_drift), 0.0, 0.0)
+    made.yardstick.own, made.yardstick.reference = False, {"dev-openings": 0.0122, "dev-crops": 0.0112}
 
     def robust(drift: dict[str, float]) -> SimpleNamespace:  # the trial's evidence, as far as the bisection reads it
         return SimpleNamespace(drifts=lambda: dict(drift), objective=0.07)
@@ -332,8 +333,8 @@ def test_a_trial_s_objective_hands_its_drift_and_the_paper_default_s_yardstick_t
     made._bisect(trial, {"drift": 2.1}, SimpleNamespace(robust=robust({"dev-crops": 0.0699})), complete=False)  # type: ignore[arg-type]
     queued = [t.system_attrs["fixed_params"]["strength"] for t in study.get_trials(states=(optuna.trial.TrialState.WAITING,))]
     assert queued == ([] if max_drift else [0.5])
-    assert made._drift_limits(robust({"dev-crops": 0.0699})) == (  # type: ignore[arg-type]
+    assert made.yardstick.limits(robust({"dev-crops": 0.0699})) == (  # type: ignore[arg-type]
         {"dev-openings": pytest.approx(0.0244), "dev-crops": pytest.approx(0.0224)} if max_drift else None
     )
-    made._own_reference = True  # the paper default is its own yardstick
-    assert made._drift_limits(robust({"dev-crops": 0.0112})) == ({"dev-crops": pytest.approx(0.0224)} if max_drift else None)  # type: ignore[arg-type]
+    made.yardstick.own = True  # the paper default is its own yardstick
+    assert made.yardstick.limits(robust({"dev-crops": 0.0112})) == ({"dev-crops": pytest.approx(0.0224)} if max_drift else None)  # type: ignore[arg-type]

@@ -14,8 +14,9 @@ import pytest
 
 from tests.test_study import write_dataset
 from tests.tiny import save_tiny
+from tuner.common.budget import BUDGET_ATTR, BUDGET_END_ATTR
 from tuner.common.options import Budget
-from tuner.common.trials import BUDGET_ATTR, BUDGET_END_ATTR, RESERVED_ATTR, SURPLUS_ATTR, counted, trials_spent
+from tuner.common.trials import RESERVED_ATTR, SURPLUS_ATTR, counted, trials_spent
 from tuner.tuning.conclusion import budget_metrics, budget_tags, setup_layer_tokens, study_layer_tokens
 from tuner.tuning.run import TuneSettings, tune
 
@@ -222,3 +223,27 @@ def test_a_budget_that_trials_ended_first_says_so_on_the_parent_run() -> None:
     )
     study.set_user_attr(BUDGET_ATTR, None)  # a resume with --budget none
     assert budget_tags(study) == {} and budget_metrics(study) == {}
+
+
+def test_a_stored_budget_loads_into_its_record_and_is_stored_again_key_for_key() -> None:
+    """Studies store the budget as JSON under the keys posfair has always written: the record reads them, a worker
+    waits until `depth_cost` is there (priced), and writing the record back changes nothing a stored study holds."""
+    from tuner.common.budget import BudgetEnd, StudyBudget, budget_end, store_study_budget, study_budget
+
+    estimated = {"spec": "1/3 of the paper grid's layer-tokens", "study": 900, "grid": 2700, "setup": 300, "trials": 600}
+    priced = {**estimated, "depth_cost": {"last": 40, "half": 90}}
+    study = optuna.create_study()
+    assert study_budget(study) is None
+    for stored in (estimated, priced):
+        study.set_user_attr(BUDGET_ATTR, stored)
+        budget = study_budget(study)
+        assert budget is not None and budget.to_attr() == stored
+        assert (budget.study_allowance, budget.grid_cost, budget.setup_cost, budget.trial_allowance) == (900, 2700, 300, 600)
+        assert budget.priced == ("depth_cost" in stored)
+    store_study_budget(study, StudyBudget.from_attr(priced))
+    assert study.user_attrs[BUDGET_ATTR] == priced
+    store_study_budget(study, None)  # a resume with --budget none
+    assert study.user_attrs[BUDGET_ATTR] is None and study_budget(study) is None
+    end = {"trial": 7, "trials": 600, "spent": 580, "needed": 40}
+    study.set_user_attr(BUDGET_END_ATTR, end)
+    assert budget_end(study) == BudgetEnd(7, 600, 580, 40) and BudgetEnd(7, 600, 580, 40).to_attr() == end

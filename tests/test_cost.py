@@ -9,7 +9,7 @@ from tuner.data import PositionalDataset
 from tuner.engine.models import load_model
 from tuner.evaluation.cost import Probe, StudyCost, duration
 from tuner.evaluation.evaluator import Evaluator
-from tuner.tuning.session import estimate_cost
+from tuner.tuning.estimate import estimate_cost
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -155,8 +155,8 @@ def test_the_probe_is_timed_after_a_warm_up_and_fills_a_gpu_with_its_whole_batch
 
 def test_a_trial_resumes_at_the_deepest_cached_layer_before_its_first_calibrated_one(tmp_path) -> None:
     from tuner.calibration import CalibrationConfig
+    from tuner.tuning.estimate import layers_run
     from tuner.tuning.search_space import DEPTHS, SearchSpace
-    from tuner.tuning.session import layers_run
 
     model = load_model(str(save_tiny("bert", tmp_path / "bert", layers=4)), pooling="cls")
     tuning = PositionalDataset("t", {"d0": " ".join(WORDS[:40])}, {"q": "w1 w2"}, {"q": {"d0": 1}})

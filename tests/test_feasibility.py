@@ -35,7 +35,7 @@ def test_each_constraint_has_words_no_other_constraint_s_words_contain() -> None
 
 
 def trial_metrics(constraints: Constraints, hm: float, hm_low: float, ndcg_delta: float) -> dict[str, float]:
-    """A trial's metrics as TrialObjective records them."""
+    """A trial's metrics as `TrialRecorder` records them."""
     values = constraints.values(hm, hm_low, ndcg_delta)
     return {
         "psi": 0.063,
@@ -252,11 +252,12 @@ ALLOWANCE = 0.005  # --max-ndcg-drop 0.005: half a point
 
 
 def structure_constraints(highs: dict[str, float], allowance: float = ALLOWANCE, dev_delta: float = 0.001) -> dict[str, float]:
-    """A trial's constraint values as `TrialObjective` computes them, for a tuning split (`dev`) that keeps nDCG@10
+    """A trial's constraint values as `TrialScoring` computes them, for a tuning split (`dev`) that keeps nDCG@10
     and HM, and other structures whose 95% interval of the nDCG@10 change ends at `highs` (name → upper end)."""
     from objectives.evidence import TrialEvidence
     from objectives.robustness import RobustEvidence, StructureEvidence
-    from tuner.tuning.objective import TrialObjective
+    from tuner.tuning.drift_yardstick import DriftYardstick
+    from tuner.tuning.trial_scoring import TrialScoring
 
     def evidence(delta: float, high: float) -> TrialEvidence:
         return TrialEvidence(0.1, 0.02, 0.56, 0.555, delta, 0.565, high)
@@ -265,11 +266,11 @@ def structure_constraints(highs: dict[str, float], allowance: float = ALLOWANCE,
     robust = RobustEvidence(
         (StructureEvidence("dev", dev, tuning=True), *(StructureEvidence(n, evidence(h - 0.006, h)) for n, h in highs.items()))
     )
-    objective = object.__new__(TrialObjective)  # only what the constraint values read
-    objective.constraints = Constraints(FLOOR, max_ndcg_drop=allowance)
-    objective.structures = []
-    objective._own_reference, objective._drift_reference = False, None  # no drift yardstick: the drift limit is not applied
-    return objective._constraint_values(dev, robust, None)
+    scoring = object.__new__(TrialScoring)  # only what the constraint values read
+    scoring.constraints = Constraints(FLOOR, max_ndcg_drop=allowance)
+    scoring.structures = []
+    scoring.yardstick = DriftYardstick(scoring.constraints, 0.0, 0.0)  # no drift yardstick: the drift limit is not applied
+    return scoring.constraint_values(dev, robust, None)
 
 
 def test_the_nothing_feasible_message_names_the_closest_trial_to_a_constraint_every_trial_missed() -> None:

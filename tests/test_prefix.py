@@ -72,7 +72,7 @@ def test_every_layer_resumes_whatever_a_layer_returns(tiny: LoadedModel) -> None
 
 def test_a_pass_resumes_at_the_deepest_cached_layer_at_or_before_its_first_calibrated_one() -> None:
     """One rule for where a config's pass resumes, read by the cache policy (the pass itself) and by the study's
-    cost estimate (`tuner.tuning.session.layers_run`) alike."""
+    cost estimate (`tuner.tuning.estimate.layers_run`) alike."""
     from tuner.engine.prefix import resume_point
 
     assert resume_point((2, 5, 9), 6) == 5

@@ -39,7 +39,7 @@ def test_with_a_budget_the_eta_counts_only_the_trials_its_rest_buys_and_the_line
     add(study, 0.5, 60, layer_tokens=1_000_000)
     add(study, 0.8, 120, layer_tokens=3_000_000)
     # 4M of 10M spent; 2M a calibrating trial: 3 more trials (not the 13 that --trials 16 leaves) at 90 s
-    status = StudyProgress(16, 0, bar=False, budget=10_000_000).status(study)
+    status = StudyProgress(16, 0, bar=False, allowance=10_000_000).status(study)
     assert " · 4.00M of the trials' budget of 10.00M layer-tokens (40%) · " in status
     assert status.endswith("ETA 4m30s")
 

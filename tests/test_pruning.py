@@ -11,8 +11,8 @@ import optuna
 import pytest
 from mlflow.tracking import MlflowClient
 
-import tuner.tuning.objective
 import tuner.tuning.session
+import tuner.tuning.trial_scoring
 from objectives.robustness import prune_reason
 from tests.services import as_logged, dashboard_api
 from tests.test_study import write_dataset
@@ -57,8 +57,8 @@ def pruning_study(tiny_model_dir, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     trial is pruned at its first rung (the rule is the real one with a threshold nothing can beat)."""
     structure = replace(load_benchmark(f"jsonl:{write_dataset(tmp_path / 'other', docs=8, seed=3)}"), name="tiny-openings")
     monkeypatch.setattr(tuner.tuning.session, "load_structures", lambda name, tuning=None: [structure])
-    monkeypatch.setattr(tuner.tuning.objective, "corpus_rungs", lambda tuning, uncalibrated, structures: [*structures, None])
-    monkeypatch.setattr(tuner.tuning.objective, "selection_threshold", lambda study, rule: -1.0)  # nothing can beat it
+    monkeypatch.setattr(tuner.tuning.trial_scoring, "corpus_rungs", lambda tuning, uncalibrated, structures: [*structures, None])
+    monkeypatch.setattr(tuner.tuning.trial_scoring, "selection_threshold", lambda study, rule: -1.0)  # nothing can beat it
     settings = tiny_study(tiny_model_dir("bert"), write_dataset(tmp_path / "data"), tmp_path, "pruning")
     return settings, tune(settings)
 
@@ -104,16 +104,16 @@ def flattering_first_rung(tiny_model_dir, tmp_path: Path, monkeypatch: pytest.Mo
     so far 0.001, far below any complete trial's value (the tuning passages' PSI counts for those)."""
     structure = replace(load_benchmark(f"jsonl:{write_dataset(tmp_path / 'other', docs=8, seed=3)}"), name="tiny-openings")
     monkeypatch.setattr(tuner.tuning.session, "load_structures", lambda name, tuning=None: [structure])
-    monkeypatch.setattr(tuner.tuning.objective, "corpus_rungs", lambda tuning, uncalibrated, structures: [*structures, None])
-    monkeypatch.setattr(tuner.tuning.objective, "selection_threshold", lambda study, rule: -1.0)  # nothing can beat it
-    real, on_structure = tuner.tuning.objective.trial_evidence, len(structure.queries)
+    monkeypatch.setattr(tuner.tuning.trial_scoring, "corpus_rungs", lambda tuning, uncalibrated, structures: [*structures, None])
+    monkeypatch.setattr(tuner.tuning.trial_scoring, "selection_threshold", lambda study, rule: -1.0)  # nothing can beat it
+    real, on_structure = tuner.tuning.trial_scoring.trial_evidence, len(structure.queries)
 
     def flattered(baseline, candidate, *args, **kwargs):  # type: ignore[no-untyped-def]
         found = real(baseline, candidate, *args, **kwargs)
         calibrated = candidate.ndcg10.tolist() != baseline.ndcg10.tolist()
         return replace(found, objective=0.001) if len(candidate.query_ids) == on_structure and calibrated else found
 
-    monkeypatch.setattr(tuner.tuning.objective, "trial_evidence", flattered)
+    monkeypatch.setattr(tuner.tuning.trial_scoring, "trial_evidence", flattered)
     settings = tiny_study(tiny_model_dir("bert"), write_dataset(tmp_path / "data"), tmp_path, "flattering")
     return settings, tune(settings)
 
@@ -152,7 +152,7 @@ def test_a_resumed_study_counts_its_pruned_trials_and_adds_only_what_is_missing(
 
 def test_the_pruning_rule_the_study_used_is_the_one_specified() -> None:
     """The study calls `objectives.robustness.prune_reason` itself, not a copy of it."""
-    assert tuner.tuning.objective.prune_reason is prune_reason
+    assert tuner.tuning.trial_scoring.prune_reason is prune_reason
 
 
 def test_a_trial_that_cannot_pass_the_pooled_screen_stops_there_at_a_fraction_of_the_cost(
@@ -162,7 +162,7 @@ def test_a_trial_that_cannot_pass_the_pooled_screen_stops_there_at_a_fraction_of
     screen, the tuning split and its two length halves. With a
     screen threshold nothing can beat, every trial but the references stops after the screen, PRUNED, its rung
     and reason recorded; the references run every rung and carry their screen figures."""
-    monkeypatch.setattr(tuner.tuning.objective, "screen_threshold", lambda study: -1.0)
+    monkeypatch.setattr(tuner.tuning.trial_scoring, "screen_threshold", lambda study: -1.0)
     settings = tiny_study(tiny_model_dir("bert"), write_dataset(tmp_path / "data", docs=100), tmp_path, "screen", screen_queries=1)
     with caplog.at_level("INFO"):
         tune(settings)
@@ -200,14 +200,16 @@ def test_a_constraint_the_tuning_split_decides_prunes_the_trial_before_its_other
     keeps nDCG@10 goes on (no PSI threshold prunes here). The tuning passages are the first rung here."""
     structure = replace(load_benchmark(f"jsonl:{write_dataset(tmp_path / 'other', docs=16, seed=3)}"), name="tiny-openings")
     monkeypatch.setattr(tuner.tuning.session, "load_structures", lambda name, tuning=None: [structure])
-    monkeypatch.setattr(tuner.tuning.objective, "corpus_rungs", lambda tuning, uncalibrated, structures: [None, *structures])
-    monkeypatch.setattr(tuner.tuning.objective, "selection_threshold", lambda study, rule: None)  # nothing to beat: PSI never prunes
+    monkeypatch.setattr(tuner.tuning.trial_scoring, "corpus_rungs", lambda tuning, uncalibrated, structures: [None, *structures])
+    monkeypatch.setattr(tuner.tuning.trial_scoring, "selection_threshold", lambda study, rule: None)  # nothing to beat: PSI never prunes
     settings = tiny_study(
         tiny_model_dir("bert"), write_dataset(tmp_path / "data"), tmp_path, "decided", trials=8, max_ndcg_drop=0.0, bisect=False
     )  # without λ bisection, whose chains after an nDCG@10 loss would fill the study (tests/test_bisection.py)
     judged = []  # the resamples each trial's evidence drew: one seed for all, so a config is judged alike in any trial
-    real = tuner.tuning.objective.trial_evidence
-    monkeypatch.setattr(tuner.tuning.objective, "trial_evidence", lambda *args, **kwargs: judged.append(kwargs) or real(*args, **kwargs))
+    real = tuner.tuning.trial_scoring.trial_evidence
+    monkeypatch.setattr(
+        tuner.tuning.trial_scoring, "trial_evidence", lambda *args, **kwargs: judged.append(kwargs) or real(*args, **kwargs)
+    )
     tune(settings)
     assert judged and all(kwargs == {} for kwargs in judged), "trial_evidence's own fixed seed, not one per trial"
     trials = [t for t in optuna.load_study(study_name="decided", storage=settings.storage).trials if counted(t) and t.number > 1]
@@ -235,8 +237,8 @@ def test_a_trial_that_moves_the_vectors_further_than_the_drift_limit_stops_on_it
     own value is 1 − k (itself its yardstick); a trial within the limit on every structure completes."""
     structure = replace(load_benchmark(f"jsonl:{write_dataset(tmp_path / 'other', docs=16, seed=3)}"), name="tiny-openings")
     monkeypatch.setattr(tuner.tuning.session, "load_structures", lambda name, tuning=None: [structure])
-    monkeypatch.setattr(tuner.tuning.objective, "corpus_rungs", lambda tuning, uncalibrated, structures: [*structures, None])
-    monkeypatch.setattr(tuner.tuning.objective, "selection_threshold", lambda study, rule: None)  # nothing to beat: PSI never prunes
+    monkeypatch.setattr(tuner.tuning.trial_scoring, "corpus_rungs", lambda tuning, uncalibrated, structures: [*structures, None])
+    monkeypatch.setattr(tuner.tuning.trial_scoring, "selection_threshold", lambda study, rule: None)  # nothing to beat: PSI never prunes
     settings = tiny_study(
         tiny_model_dir("bert"), write_dataset(tmp_path / "data"), tmp_path, "drift", trials=10, max_drift=1.0, bisect=False
     )
@@ -274,7 +276,7 @@ def test_rungs_go_from_the_least_biased_structure_to_the_most_and_free_sets_last
     (PSI 0) goes first: any change there is damage."""
     from types import SimpleNamespace
 
-    from tuner.tuning.objective import corpus_rungs
+    from tuner.tuning.trial_scoring import corpus_rungs
 
     def side(name: str, tokens: int, psi: float, shares: object = None) -> SimpleNamespace:
         return SimpleNamespace(name=name, evaluator=SimpleNamespace(tokens=tokens), report=SimpleNamespace(psi=psi), shares=shares)
@@ -291,22 +293,19 @@ def test_the_drift_yardstick_is_the_paper_default_s_complete_trial_and_without_o
     """The reference is found by its knobs (whatever space ran it) once complete; a study without it (a space that
     excludes the paper default) applies no drift limit and says so once, in the log, naming the trial."""
     from objectives import Constraints
-    from tuner.tuning.objective import TrialObjective
+    from tuner.tuning.drift_yardstick import DriftYardstick
     from tuner.tuning.search_space import PAPER_DEFAULT_PARAMS, SearchSpace
 
-    def objective() -> TrialObjective:
-        made = object.__new__(TrialObjective)  # only what reading the yardstick needs
-        made.constraints, made.repeat_wait_seconds, made.repeat_poll_seconds = Constraints(0.5, max_drift=2.0), 0.0, 0.0
-        made._drift_reference, made._warned_no_reference = None, False
-        return made
+    def objective() -> DriftYardstick:
+        return DriftYardstick(Constraints(0.5, max_drift=2.0), wait_seconds=0.0, poll_seconds=0.0)
 
     study = optuna.create_study()
     drawn = study.ask()  # a drawn trial, with no reference in the study
     without = objective()
     with caplog.at_level("WARNING"):
-        without._await_drift_reference(drawn)
-        without._await_drift_reference(drawn)
-    assert without._drift_reference is None
+        without.await_reference(drawn)
+        without.await_reference(drawn)
+    assert without.reference is None
     warnings = [r.getMessage() for r in caplog.records if "--max-drift" in r.getMessage()]
     assert warnings == [
         f"trial {drawn.number}: the paper default has no complete trial in this study, so --max-drift (its yardstick) "
@@ -318,5 +317,5 @@ def test_the_drift_yardstick_is_the_paper_default_s_complete_trial_and_without_o
     reference.set_user_attr("structures", {"dev": {"psi": 0.2, "drift": 0.011}, "dev-crops": {"psi": 0.1, "drift": 0.009}})
     study.tell(reference, 0.2)
     with_reference = objective()
-    with_reference._await_drift_reference(study.ask())
-    assert with_reference._drift_reference == {"dev": 0.011, "dev-crops": 0.009}
+    with_reference.await_reference(study.ask())
+    assert with_reference.reference == {"dev": 0.011, "dev-crops": 0.009}

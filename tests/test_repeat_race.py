@@ -24,7 +24,7 @@ import pytest
 from optuna.trial import TrialState
 
 from tuner.common.trials import DUPLICATE_ATTR, calibration_key
-from tuner.tuning.objective import TrialObjective
+from tuner.tuning.repeats import RepeatCheck
 from tuner.tuning.storage import make_storage
 from tuner.tuning.study import OWNER_ATTR
 
@@ -48,13 +48,9 @@ def drawing_as(trial: optuna.Trial, params: dict[str, object], pid: int | None =
     return trial
 
 
-def check(poll: float = 0.05, wait: float = 120.0, repeat_limit: int = 12) -> TrialObjective:
-    """A TrialObjective reduced to what the repeat check reads (no model, data or tracker)."""
-    objective = object.__new__(TrialObjective)
-    objective.repeat_limit = repeat_limit
-    objective.repeat_poll_seconds = poll
-    objective.repeat_wait_seconds = wait
-    return objective
+def check(poll: float = 0.05, wait: float = 120.0, repeat_limit: int = 12) -> RepeatCheck:
+    """The repeat check a trial objective runs (no model, data or tracker)."""
+    return RepeatCheck(repeat_limit, wait_seconds=wait, poll_seconds=poll)
 
 
 @pytest.fixture(params=["sqlite", "journal"])
@@ -90,7 +86,7 @@ def test_a_trial_drawing_a_config_an_earlier_trial_is_running_waits_and_repeats_
     assert first.number < second.number
     ended = ends_elsewhere(storage, first.number, TrialState.COMPLETE, after=0.5)
     with caplog.at_level(logging.INFO, logger="tuner"):
-        repeated = check()._repeat_of(second, calibration_key(X))
+        repeated = check().repeat_of(second, calibration_key(X))
     ended.join()
     said = [r.getMessage() for r in caplog.records if "waiting for it" in r.getMessage()]
     assert said == [f"trial {second.number} drew the calibration trial {first.number} is running: waiting for it"], "said once"
@@ -104,10 +100,10 @@ def test_a_lower_numbered_trial_that_looks_later_waits_for_the_one_already_runni
     study = study_on(storage)
     lower = study.ask()
     higher = drawing(study_on(storage), X)  # another process, a moment ahead
-    assert check()._repeat_of(higher, calibration_key(X)) is None, "it saw nothing: it runs"
+    assert check().repeat_of(higher, calibration_key(X)) is None, "it saw nothing: it runs"
     drawing_as(lower, X)
     ended = ends_elsewhere(storage, higher.number, TrialState.COMPLETE, after=0.5)
-    repeated = check()._repeat_of(lower, calibration_key(X))
+    repeated = check().repeat_of(lower, calibration_key(X))
     ended.join()
     assert repeated is not None and repeated.number == higher.number, "both ran the config"
 
@@ -123,12 +119,12 @@ def test_two_workers_drawing_one_config_at_once_run_it_once_however_their_steps_
         start.wait()
         time.sleep(jitter)
         drawing_as(trial, params)
-        repeated = check()._repeat_of(trial, calibration_key(params))
+        repeated = check().repeat_of(trial, calibration_key(params))
         out[trial.number] = None if repeated is None else repeated.number
         if repeated is None:  # it runs the config, for longer than the two draws lie apart
             time.sleep(0.3)
             handle.tell(trial, 0.5)
-        else:  # what `TrialObjective._repeat` does
+        else:  # what `tuner.tuning.repeats.repeat` does
             trial.set_user_attr(DUPLICATE_ATTR, repeated.number)
             handle.tell(trial, repeated.values[0])
 
@@ -155,7 +151,7 @@ def test_when_the_running_trial_fails_or_is_pruned_the_waiting_one_runs_the_conf
     second = drawing(study, X)
     ended = ends_elsewhere(storage, first.number, state, after=0.3)
     started = time.monotonic()
-    assert check()._repeat_of(second, calibration_key(X)) is None
+    assert check().repeat_of(second, calibration_key(X)) is None
     ended.join()
     assert time.monotonic() - started < 60, "it stopped waiting once the other trial had ended, not at the limit"
 
@@ -168,7 +164,7 @@ def test_a_running_trial_whose_process_is_gone_is_failed_and_not_waited_for(stor
     first = drawing(study, X, pid=dead.pid)
     second = drawing(study, X)
     started = time.monotonic()
-    assert check()._repeat_of(second, calibration_key(X)) is None
+    assert check().repeat_of(second, calibration_key(X)) is None
     assert time.monotonic() - started < 60, "not waited for until the limit"
     assert study_on(storage).trials[first.number].state == TrialState.FAIL
 
@@ -179,7 +175,7 @@ def test_the_wait_is_bounded_and_then_the_trial_runs_the_config(storage: str, ca
     second = drawing(study, X)
     started = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="tuner"):
-        assert check(wait=0.4)._repeat_of(second, calibration_key(X)) is None
+        assert check(wait=0.4).repeat_of(second, calibration_key(X)) is None
     assert time.monotonic() - started >= 0.4
     assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
         f"trial {second.number}: trial {first.number} still runs the same calibration after 0 s; it is run here too"
@@ -197,13 +193,13 @@ def test_of_two_trials_that_see_each_other_the_lower_numbered_runs_once_the_othe
 
     def second_looks() -> None:
         time.sleep(0.3)  # after the first has looked and seen it undecided
-        waited["repeated"] = check()._repeat_of(second, calibration_key(X))
+        waited["repeated"] = check().repeat_of(second, calibration_key(X))
 
     thread = threading.Thread(target=second_looks, daemon=True)
     thread.start()
     started = time.monotonic()
-    assert check()._repeat_of(first, calibration_key(X)) is None, "the lower-numbered trial runs"
-    assert check()._repeat_of(elsewhere, calibration_key(OTHER)) is None, "another config is not waited for"
+    assert check().repeat_of(first, calibration_key(X)) is None, "the lower-numbered trial runs"
+    assert check().repeat_of(elsewhere, calibration_key(OTHER)) is None, "another config is not waited for"
     assert time.monotonic() - started < 60, "it ran once the other had decided, not at the limit"
     study.tell(first, 0.3)
     thread.join(timeout=60)
@@ -215,11 +211,11 @@ def test_a_complete_trial_of_the_config_is_repeated_at_once_and_the_repeat_limit
     first = drawing(study, X)
     study.tell(first, 0.2)
     second = drawing(study, X)
-    assert check(wait=600)._repeat_of(second, calibration_key(X)).number == first.number
+    assert check(wait=600).repeat_of(second, calibration_key(X)).number == first.number
     third = drawing(study, X)
     running = drawing(study, OTHER)
     later = drawing(study, OTHER)
     started = time.monotonic()
-    assert check(repeat_limit=0, wait=600)._repeat_of(third, calibration_key(X)) is None  # the space is as good as exhausted
-    assert check(repeat_limit=0, wait=600)._repeat_of(later, calibration_key(OTHER)) is None  # not even waited for
+    assert check(repeat_limit=0, wait=600).repeat_of(third, calibration_key(X)) is None  # the space is as good as exhausted
+    assert check(repeat_limit=0, wait=600).repeat_of(later, calibration_key(OTHER)) is None  # not even waited for
     assert time.monotonic() - started < 60 and running.number < later.number

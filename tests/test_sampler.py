@@ -8,7 +8,7 @@ from collections import Counter
 import optuna
 import pytest
 
-from tuner.common.trials import BUDGET_ATTR
+from tuner.common.budget import BUDGET_ATTR
 from tuner.tuning.sampler import CostCooledTPESampler, cooling
 
 COST = {"last": 100, "25%": 200, "50%": 300}  # MiniLM: a trial of each depth runs 1, 2 or 3 layers

@@ -10,25 +10,65 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 DUPLICATE_ATTR = "duplicate_of"  # the earlier trial whose calibration a trial drew again
-PRUNED_ATTR = "pruned"  # {"rung", "of", "reason", "scored"} of a trial stopped between rungs
+PRUNED_ATTR = "pruned"  # `PrunedAt.to_attr()` of a trial stopped between rungs
 SURPLUS_ATTR = "surplus"  # a trial started when the study already had enough
-SCREEN_ATTR = "screen"  # {"psi", "psi_se", "hm"} of a trial on the study's pooled screen
+SCREEN_ATTR = "screen"  # `ScreenFigures.to_attr()` of a trial on the study's pooled screen
 SETUP_COST_ATTR = "setup_layer_tokens/"  # + a process: a study attribute, the baselines and queries that process encoded
-BUDGET_ATTR = "budget"  # a study attribute: {"spec", "study", "setup", "trials"} of `--budget`, resolved by the coordinator
 SELECTION_ATTR = "selection"  # a study attribute: the --selection rule of the run that last coordinated it (`tune export`'s default)
-BUDGET_END_ATTR = "budget_end"  # a study attribute: {"trial", "trials", "spent", "needed"} of the draw the budget had no room for
 BISECT_ATTR = (
     "bisect"  # on a trial λ bisection queued: {"of": the trial that queued it, "feasible": λ, "too_strong": λ, "because": what it missed}
 )
-RESERVED_ATTR = "layer_tokens_reserved"  # what a running trial may spend at most (`TrialObjective.trial_cost`)
+RESERVED_ATTR = "layer_tokens_reserved"  # what a running trial may spend at most (`TrialPricing.trial_cost`)
 # A system attribute (out of the dashboard's user attributes: 500 numbers): the trial's worst-case PSI on each common
 # query resample, from which selection takes the noise between two trials (`objectives.selection.paired_se`)
 RESAMPLES_ATTR = "posfair:robust_psi_resamples"
+
+
+@dataclass(frozen=True)
+class PrunedAt:
+    """Where a trial stopped between rungs, and why (`PRUNED_ATTR`): after rung `rung` of `of`, `scored` scored."""
+
+    rung: int
+    of: int
+    reason: str
+    scored: tuple[str, ...]
+
+    @property
+    def where(self) -> str:
+        return f"rung {self.rung} of {self.of}"
+
+    def to_attr(self) -> dict[str, object]:
+        return {"rung": self.rung, "of": self.of, "reason": self.reason, "scored": list(self.scored)}
+
+    @classmethod
+    def of_trial(cls, trial: FrozenTrial | optuna.Trial) -> PrunedAt | None:
+        """The record of a trial pruned between rungs; None for any other trial."""
+        attr = trial.user_attrs.get(PRUNED_ATTR)
+        return None if attr is None else cls(int(attr["rung"]), int(attr["of"]), str(attr["reason"]), tuple(attr["scored"]))
+
+
+@dataclass(frozen=True)
+class ScreenFigures:
+    """A trial's figures on the study's pooled screen (`SCREEN_ATTR`): PSI, its standard error, HM."""
+
+    psi: float
+    psi_se: float
+    hm: float
+
+    def to_attr(self) -> dict[str, float]:
+        return {"psi": self.psi, "psi_se": self.psi_se, "hm": self.hm}
+
+    @classmethod
+    def of_trial(cls, trial: FrozenTrial) -> ScreenFigures | None:
+        """The figures of a trial scored on the screen; None for one that was not."""
+        attr = trial.user_attrs.get(SCREEN_ATTR)
+        return None if attr is None else cls(float(attr["psi"]), float(attr["psi_se"]), float(attr["hm"]))
 
 
 def complete_trials(study: optuna.Study) -> list[FrozenTrial]:
@@ -86,9 +126,3 @@ def trials_spent(study: optuna.Study, excluding: int | None = None) -> int:
         else:
             total += int(trial.user_attrs.get("layer_tokens", 0))
     return total
-
-
-def budget_ended(study: optuna.Study, budget: int | None) -> bool:
-    """Whether the study ended at this trial budget (or a smaller one): a larger `--budget` on resume goes on."""
-    end = study.user_attrs.get(BUDGET_END_ATTR)
-    return budget is not None and end is not None and int(end["trials"]) >= budget

@@ -43,13 +43,13 @@ def logging_console() -> object | None:
 
 class StudyProgress:
     """Counts complete trials towards `total` (those done before a resume included) and times the rest; with a
-    `budget` (the layer-tokens the trials may spend, `--budget`), also what of it is spent; with the `estimate`
+    `allowance` (the layer-tokens the trials may spend under `--budget`), also what of it is spent; with the `estimate`
     printed before the study (`StudyCost`), the held-out scoring after the trials, at the pace the trials measured."""
 
     def __init__(
-        self, total: int, done: int, *, bar: bool = True, workers: int = 1, budget: int | None = None, estimate: StudyCost | None = None
+        self, total: int, done: int, *, bar: bool = True, workers: int = 1, allowance: int | None = None, estimate: StudyCost | None = None
     ) -> None:
-        self.total, self.done_at_start, self.workers, self.budget, self.estimate = total, done, workers, budget, estimate
+        self.total, self.done_at_start, self.workers, self.allowance, self.estimate = total, done, workers, allowance, estimate
         self.started = time.monotonic()
         self._bar = bar
         self._progress: object | None = None
@@ -77,9 +77,9 @@ class StudyProgress:
         if self._progress is not None:
             self._progress.update(self._task, completed=done)  # type: ignore[attr-defined]
         elapsed = time.monotonic() - self.started
-        spent, used = "", trials_spent(study) if self.budget is not None else 0
-        if self.budget is not None:
-            spent = f" · {used / 1e6:.2f}M of the trials' budget of {self.budget / 1e6:.2f}M layer-tokens ({used / self.budget:.0%})"
+        spent, used = "", trials_spent(study) if self.allowance is not None else 0
+        if self.allowance is not None:
+            spent = f" · {used / 1e6:.2f}M of the trials' budget of {self.allowance / 1e6:.2f}M layer-tokens ({used / self.allowance:.0%})"
         complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
         return f"{best_so_far(complete)} · elapsed {clock(elapsed)}{spent} · {self.eta(finished(study), done, used)}"
 
@@ -96,9 +96,9 @@ class StudyProgress:
         if not calibrating:
             return "ETA after the first calibrating trial"
         remaining: float = self.total - done
-        if self.budget is not None:
+        if self.allowance is not None:
             per_trial = sum(int(t.user_attrs.get("layer_tokens", 0)) for t in calibrating) / len(calibrating)
-            remaining = min(remaining, max(self.budget - used, 0) / max(per_trial, 1.0))
+            remaining = min(remaining, max(self.allowance - used, 0) / max(per_trial, 1.0))
         seconds = sum(_seconds(t) for t in calibrating) / len(calibrating)
         text = f"ETA {clock(seconds * remaining / self.workers + (held or 0.0))}"
         if held is None or self.estimate is None:

@@ -10,7 +10,7 @@ the midpoint is queued (`study.enqueue_trial`), until the two are one step of th
 no feasible λ known yet the search gallops down (an exponential search): 2, then 4, then 8 grid steps below
 the weakest over-correcting λ, so a boundary far down is reached in a few probes, and one near the top (the
 usual case) in small, cheap steps: an over-correcting probe stops at the first rung (the least biased
-structure shows the reversal, `tuner.tuning.objective.corpus_rungs`), while a feasible one costs a full
+structure shows the reversal, `tuner.tuning.trial_scoring.corpus_rungs`), while a feasible one costs a full
 trial: halving towards λ 0 would spend a budget on full trials far below the boundary, and fixed small steps
 would walk a family down one probe at a time.
 A family that loses nDCG@10 at every λ is left as soon as a probe is no fairer than the best trial so far
@@ -36,6 +36,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from objectives.constraint import outcome
 from tuner.common.trials import BISECT_ATTR, SURPLUS_ATTR, named_constraints
+from tuner.tuning.optuna_access import set_stored_trial_user_attr, set_trial_state
 from tuner.tuning.search_space import SHARES_ATTR, trial_basket_shares
 
 log = logging.getLogger(__name__)
@@ -249,11 +250,11 @@ def withdraw_queued(study: optuna.Study) -> list[int]:
     """The queued trials of a study that has ended before running them: pruned unrun as surplus (not counted, no
     MLflow run), so a finished study leaves nothing waiting. A trial a worker has just taken is left to it: the
     change from waiting to running succeeds once. Returns the trials withdrawn."""
-    storage, withdrawn = study._storage, []
+    withdrawn = []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-        if BISECT_ATTR in trial.user_attrs and storage.set_trial_state_values(trial._trial_id, TrialState.RUNNING):
-            storage.set_trial_user_attr(trial._trial_id, SURPLUS_ATTR, True)
-            storage.set_trial_state_values(trial._trial_id, TrialState.PRUNED)
+        if BISECT_ATTR in trial.user_attrs and set_trial_state(study, trial, TrialState.RUNNING):
+            set_stored_trial_user_attr(study, trial, SURPLUS_ATTR, True)
+            set_trial_state(study, trial, TrialState.PRUNED)
             withdrawn.append(trial.number)
     if withdrawn:
         log.info("λ bisection: the study ended before queued trial(s) %s ran; withdrawn (pruned unrun as surplus)", withdrawn)

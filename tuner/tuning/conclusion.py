@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
+from typing import NoReturn
 
 import optuna
 from optuna.trial import TrialState
@@ -28,29 +29,21 @@ from objectives import (
     position_profile,
 )
 from tuner.calibration import CalibrationConfig
+from tuner.common.budget import budget_end, budget_ended, study_budget
 from tuner.common.files import EXPORTS, OutputRefusedError
 from tuner.common.messages import UserError, first_line
-from tuner.common.trials import (
-    BUDGET_ATTR,
-    BUDGET_END_ATTR,
-    SELECTION_ATTR,
-    SETUP_COST_ATTR,
-    budget_ended,
-    complete_trials,
-    named_constraints,
-)
+from tuner.common.trials import SELECTION_ATTR, SETUP_COST_ATTR, complete_trials, named_constraints
 from tuner.data import PositionalDataset
 from tuner.engine.exported import build_export, write_exported
-from tuner.engine.models import LoadedModel, hub_revision, load_model
+from tuner.engine.models import LoadedModel, hub_revision
 from tuner.engine.prefix import starting_layers
 from tuner.evaluation.evaluator import Evaluation, Evaluator
-from tuner.evaluation.visible import within_reach
 from tuner.tracking.plots import heldout_profiles, optuna_figures, param_importances, pareto_scatter
 from tuner.tracking.progress import Phase
 from tuner.tracking.registry import Registered, publish, reserve_version, withdraw
 from tuner.tracking.runs import NOTE, Tracker, describe_config, display_metrics, summary_metrics
 from tuner.tuning.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, is_reference_trial, trial_basket_shares, trial_config
-from tuner.tuning.session import FLOOR_ATTR, split_datasets
+from tuner.tuning.session import FLOOR_ATTR, reload_tuned
 from tuner.tuning.settings import EXPERIMENT, TuneSettings
 from tuner.tuning.study import (
     OWNER_ATTR,
@@ -141,15 +134,7 @@ def conclude(
         *optuna_figures(study, staging),
     ]
     if picked is None:
-        reason = _nothing_feasible(study, settings, floor)
-        study.set_user_attr(WINNER_ATTR, f"none: {reason}")
-        tracker.finish_study(
-            {**summary_metrics("tuning/uncalibrated", baseline.report.as_dict(), None), **display_metrics({"hm_floor": floor})},
-            figures,
-            {"posfair.outcome": "no feasible trial", NOTE: reason},
-            "FAILED",
-        )
-        raise NoFeasibleTrialError(reason)
+        _no_winner(study, settings, tracker, baseline, floor, figures)
     best, selection = picked
     log.info("winner: %s", selection.describe())
     tracker.close_stale_trials(study.study_name, [t.number for t in study.trials if t.state == TrialState.FAIL])
@@ -177,6 +162,21 @@ def conclude(
         selection,
         f"{registered.uri} (version {registered.version})" if registered else None,
     )
+
+
+def _no_winner(
+    study: optuna.Study, settings: TuneSettings, tracker: Tracker, baseline: Evaluation, floor: float, figures: list[Path]
+) -> NoReturn:
+    """No complete trial is feasible: say why on the study and its parent run (closed FAILED), and end with an error."""
+    reason = _nothing_feasible(study, settings, floor)
+    study.set_user_attr(WINNER_ATTR, f"none: {reason}")
+    tracker.finish_study(
+        {**summary_metrics("tuning/uncalibrated", baseline.report.as_dict(), None), **display_metrics({"hm_floor": floor})},
+        figures,
+        {"posfair.outcome": "no feasible trial", NOTE: reason},
+        "FAILED",
+    )
+    raise NoFeasibleTrialError(reason)
 
 
 def _leave_export_to(elected: dict[str, object], study: optuna.Study, tracker: Tracker) -> None:
@@ -241,6 +241,46 @@ def reexport(
     """
     study = load_stored_study(study_name, storage)
     attrs = study.user_attrs
+    _require_made_by_tune(study_name, storage, attrs)
+    if selection is None:
+        selection = attrs.get(SELECTION_ATTR) or "one-se"
+        if SELECTION_ATTR not in attrs:
+            log.info(
+                "study %s records no selection rule (an older posfair ran it): one-se, tune's default; --selection chooses", study_name
+            )
+    tracker = Tracker(tracking_uri or attrs.get("tracking_uri"), EXPERIMENT)  # an unreachable server fails here
+    settings = _stored_settings(
+        study,
+        storage,
+        selection,
+        output=output,
+        force=force,
+        tracking_uri=tracker.uri,
+        trust_remote_code=trust_remote_code or bool(attrs.get("trust_remote_code")),
+    )
+    picked = winner(study, selection) if trial is None else trial_by_number(study, trial)
+    if picked is None:
+        raise NoFeasibleTrialError(f"study {study_name!r} has no feasible complete trial; nothing to export")
+    best, chosen = picked
+    model, tuning, heldout = reload_tuned(settings, attrs)
+    evaluator = Evaluator(
+        model,
+        tuning,
+        settings.batch_size,
+        batch_tokens=settings.batch_tokens,
+        prefix_layers=settings.space.starting_layers(model.num_layers),
+    )
+    rows = _summary_rows(study, best, evaluator, heldout, settings)
+    tracker.start_study(study_name, params=dict(attrs), tags={"posfair.model": model.spec.alias, "posfair.dataset": tuning.name})
+    floor = float(attrs.get(FLOOR_ATTR, float("nan")))
+    path, _ = _export_and_close(
+        _Winning(settings, model, study, best, rows, storage, tuning, chosen, tracker, floor), outcome="re-exported"
+    )
+    return path
+
+
+def _require_made_by_tune(study_name: str, storage: str, attrs: dict[str, object]) -> None:
+    """A study `tune` did not make (it lacks what `tune` records) cannot be exported."""
     lacking = [
         key
         for key in ("model_name", "pooling", "dataset_name", "seed", "hm_floor", "pareto", "revision", "dataset_fingerprint")
@@ -251,14 +291,14 @@ def reexport(
             f"study {study_name!r} in {storage} was not made by `tune` (it lacks {', '.join(lacking)}); "
             "only studies that `tune` ran can be exported"
         )
-    if selection is None:
-        selection = attrs.get(SELECTION_ATTR) or "one-se"
-        if SELECTION_ATTR not in attrs:
-            log.info(
-                "study %s records no selection rule (an older posfair ran it): one-se, tune's default; --selection chooses", study_name
-            )
-    tracker = Tracker(tracking_uri or attrs.get("tracking_uri"), EXPERIMENT)  # an unreachable server fails here
-    settings = TuneSettings(
+
+
+def _stored_settings(
+    study: optuna.Study, storage: str, selection: str, *, output: Path | None, force: bool, tracking_uri: str, trust_remote_code: bool
+) -> TuneSettings:
+    """The settings a stored study was tuned with, from its attributes, with what `tune export` was given."""
+    attrs = study.user_attrs
+    return TuneSettings(
         model=attrs["model_name"],
         pooling=attrs["pooling"],
         padding_side=attrs.get("padding_side"),
@@ -270,53 +310,14 @@ def reexport(
         selection=selection,
         pareto=attrs["pareto"],
         storage=storage,
-        study_name=study_name,
+        study_name=study.study_name,
         output=output,
         force=force,
-        tracking_uri=tracker.uri,
+        tracking_uri=tracking_uri,
         heldout=attrs.get("heldout", "auto"),
-        trust_remote_code=trust_remote_code or bool(attrs.get("trust_remote_code")),
+        trust_remote_code=trust_remote_code,
         revision=hub_revision(attrs["revision"]),
     )
-    picked = winner(study, selection) if trial is None else trial_by_number(study, trial)
-    if picked is None:
-        raise NoFeasibleTrialError(f"study {study_name!r} has no feasible complete trial; nothing to export")
-    best, chosen = picked
-    model = load_model(
-        settings.model,
-        revision=settings.revision,
-        trust_remote_code=settings.trust_remote_code,
-        pooling=settings.pooling,  # type: ignore[arg-type]
-        padding_side=settings.padding_side,  # type: ignore[arg-type]
-    )
-    if model.revision != attrs["revision"]:
-        raise ValueError(
-            f"study {study_name!r} tuned {attrs['model']} at revision {attrs['revision']}, "
-            f"but {model.revision} loaded; restore that revision locally to re-export"
-        )
-    tuning, heldout = split_datasets(settings)
-    tuning, heldout = within_reach(tuning, model), [within_reach(held, model) for held in heldout]  # as `tune` scored them
-    if tuning.fingerprint() != attrs["dataset_fingerprint"]:
-        raise ValueError(f"dataset {settings.dataset!r} changed since study {study_name!r} ran (fingerprint differs)")
-    rows = _summary_rows(
-        study,
-        best,
-        Evaluator(
-            model,
-            tuning,
-            settings.batch_size,
-            batch_tokens=settings.batch_tokens,
-            prefix_layers=settings.space.starting_layers(model.num_layers),
-        ),
-        heldout,
-        settings,
-    )
-    tracker.start_study(study_name, params=dict(attrs), tags={"posfair.model": model.spec.alias, "posfair.dataset": tuning.name})
-    floor = float(attrs.get(FLOOR_ATTR, float("nan")))
-    path, _ = _export_and_close(
-        _Winning(settings, model, study, best, rows, storage, tuning, chosen, tracker, floor), outcome="re-exported"
-    )
-    return path
 
 
 def _config_of(trial: optuna.trial.FrozenTrial, model: LoadedModel) -> CalibrationConfig:
@@ -603,21 +604,21 @@ def _concluded(staging: Path, figures: Sequence[Path], winning: _Winning, path: 
 
 def budget_metrics(study: optuna.Study) -> dict[str, float]:
     """The study's `--budget` in layer-tokens, beside what it spent (`cost/layer_tokens`)."""
-    budget = study.user_attrs.get(BUDGET_ATTR)
-    return {"cost/budget_layer_tokens": float(budget["study"])} if budget else {}
+    budget = study_budget(study)
+    return {"cost/budget_layer_tokens": float(budget.study_allowance)} if budget else {}
 
 
 def budget_tags(study: optuna.Study) -> dict[str, str]:
     """Whether the budget ended the study, in the numbers that decided it."""
-    budget = study.user_attrs.get(BUDGET_ATTR)
+    budget = study_budget(study)
     if not budget:
         return {}
-    if not budget_ended(study, int(budget["trials"])):
-        return {"posfair.budget": f"{budget['spec']}: --trials ended the study first"}
-    end = study.user_attrs[BUDGET_END_ATTR]
+    end = budget_end(study)
+    if end is None or not budget_ended(study, budget.trial_allowance):
+        return {"posfair.budget": f"{budget.spec}: --trials ended the study first"}
     return {
-        "posfair.budget": f"{budget['spec']} ended the study: trial {end['trial']} would have needed up to {end['needed']:,} "
-        f"layer-tokens, and {max(int(end['trials']) - int(end['spent']), 0):,} of the trials' {end['trials']:,} were left"
+        "posfair.budget": f"{budget.spec} ended the study: trial {end.trial} would have needed up to {end.needed:,} "
+        f"layer-tokens, and {end.left:,} of the trials' {end.trial_allowance:,} were left"
     }
 
 

@@ -9,7 +9,7 @@ CArBO) explores cheaply first without shutting the dear region out at the end. T
 log-density ratio log l(x) − log g(x), so the division is a subtraction of α · log cost(x). TPE's random
 start-up draws the depth with probability ∝ cost^−α in the same spirit (the other parameters are drawn as
 plain TPE draws them). A depth whose trial no longer fits the rest of the budget is not drawn while another
-one fits: the study ends at the first trial the budget has no room for (`TrialObjective._reserve`).
+one fits: the study ends at the first trial the budget has no room for (`TrialPricing.reserve`).
 """
 
 from __future__ import annotations
@@ -21,16 +21,17 @@ import numpy as np
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.exceptions import ExperimentalWarning
-from optuna.samplers._tpe.parzen_estimator import _ParzenEstimator
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.common.trials import BUDGET_ATTR, trials_spent
+from tuner.common.budget import StudyBudget, study_budget
+from tuner.common.trials import trials_spent
+from tuner.tuning.optuna_access import ParzenEstimator, tpe_startup_trials
 
 
 class CostCooledTPESampler(optuna.samplers.TPESampler):
     """Multivariate, grouped TPE (as posfair always ran it) whose acquisition is divided by cost(depth)^α,
     α = the share of the study's trial budget still unspent. The costs are the study's: what an unpruned
-    trial of each depth spends, recorded with the budget (`BUDGET_ATTR`, `session.resolve_budget`), so every
+    trial of each depth spends, recorded with the budget (`StudyBudget.depth_costs`), so every
     worker weighs alike. Without a budget it is TPE, draw for draw."""
 
     def __init__(self, *, seed: int | None, n_startup_trials: int = 5) -> None:
@@ -44,7 +45,7 @@ class CostCooledTPESampler(optuna.samplers.TPESampler):
         drawn = super().sample_independent(study, trial, param_name, param_distribution)  # the RNG moves as TPE's would
         if param_name != "depth" or not isinstance(param_distribution, CategoricalDistribution):
             return drawn
-        if len(study._get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))) >= self._n_startup_trials:
+        if len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))) >= tpe_startup_trials(self):
             return drawn  # past the start-up, TPE's own draw (the acquisition weighed the cost)
         penalty = cost_penalty(study, param_distribution)
         if penalty is None:
@@ -59,7 +60,7 @@ class CostCooledTPESampler(optuna.samplers.TPESampler):
         return super()._sample(study, trial, search_space)
 
     def _compute_acquisition_func(
-        self, samples: dict[str, np.ndarray], mpe_below: _ParzenEstimator, mpe_above: _ParzenEstimator
+        self, samples: dict[str, np.ndarray], mpe_below: ParzenEstimator, mpe_above: ParzenEstimator
     ) -> np.ndarray:
         values = super()._compute_acquisition_func(samples, mpe_below, mpe_above)
         if self._penalty is None or "depth" not in samples:
@@ -75,24 +76,24 @@ def cost_penalty(study: optuna.Study, depth: CategoricalDistribution) -> np.ndar
     alpha = cooling(study, left)
     if not budget or alpha == 0:
         return None
-    known = budget.get("depth_cost", {})
+    known = budget.depth_costs or {}
     costs = np.array([float(known.get(str(choice), 1.0)) for choice in depth.choices])
     penalty = alpha * np.log(costs / costs.min())
     fits = costs <= left
     return np.where(fits, penalty, np.inf) if fits.any() else penalty
 
 
-def unspent(study: optuna.Study) -> tuple[dict[str, Any] | None, int]:
+def unspent(study: optuna.Study) -> tuple[StudyBudget | None, int]:
     """The study's budget record and the layer-tokens its trials have left (0 without a budget)."""
-    budget = study.user_attrs.get(BUDGET_ATTR)
-    return (budget, int(budget["trials"]) - trials_spent(study)) if budget else (None, 0)
+    budget = study_budget(study)
+    return (budget, budget.trial_allowance - trials_spent(study)) if budget else (None, 0)
 
 
 def cooling(study: optuna.Study, left: int | None = None) -> float:
     """α: the share of the study's trial budget not yet spent (or reserved by running trials); 0 without a budget.
     `left`: what `unspent` says is left, when the caller has read it already."""
-    budget = study.user_attrs.get(BUDGET_ATTR)
+    budget = study_budget(study)
     if not budget:
         return 0.0
     left = unspent(study)[1] if left is None else left
-    return float(max(0.0, left / max(int(budget["trials"]), 1)))
+    return float(max(0.0, left / max(budget.trial_allowance, 1)))

@@ -8,29 +8,29 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import optuna
 
 from objectives import Constraints
-from tuner.calibration import CalibrationConfig
+from tuner.common.budget import store_study_budget
 from tuner.common.messages import UserError
-from tuner.common.options import Budget
 from tuner.common.scratch import clean_orphans
-from tuner.common.trials import BUDGET_ATTR, SELECTION_ATTR
+from tuner.common.trials import SELECTION_ATTR
 from tuner.data import DatasetUnavailableError, PositionalDataset, is_crops, load_benchmark, load_structures, require_position_groups
 from tuner.data import check_available as check_benchmark
 from tuner.data.wikipos import TRANSFER_SPLITS
 from tuner.engine.models import LoadedModel, load_model
 from tuner.engine.specs import ModelUnavailableError, locate, resolve_spec
-from tuner.evaluation.cost import StudyCost, padded_tokens, probe
+from tuner.evaluation.cost import StudyCost
 from tuner.evaluation.evaluator import Evaluator
-from tuner.evaluation.pools import SCREEN_SHARE, most_passages
 from tuner.evaluation.visible import within_reach
 from tuner.tracking.runs import Tracker
-from tuner.tuning.search_space import DEPTHS, GRIDS, PAPER_GRID, SearchSpace, grid_size
-from tuner.tuning.settings import DEFAULT_TRIALS, EXPERIMENT, TuneSettings, process_identity
+from tuner.tuning.estimate import estimate_study
+from tuner.tuning.search_space import GRIDS, SearchSpace
+from tuner.tuning.settings import EXPERIMENT, TuneSettings, process_identity
 from tuner.tuning.storage import check_storage_url, default_storage
 from tuner.tuning.study import open_study
 
@@ -117,62 +117,6 @@ def check_held_out(tuning: PositionalDataset, heldout: list[PositionalDataset]) 
             )
 
 
-def estimate_cost(
-    evaluator: Evaluator,
-    heldout: list[PositionalDataset],
-    side: list[PositionalDataset],
-    profile_docs: int,
-    structures: Sequence[PositionalDataset] = (),
-    prune: bool = False,
-    screen_passages: int = 0,
-    depths: Sequence[str] = (),
-) -> StudyCost:
-    """What this run will encode, priced by a probe on this device (see `tuner.evaluation.cost`); a trial of
-    one of `depths` resumes at the deepest cached layer at or before its first calibrated one."""
-    model, batches = evaluator.model, evaluator.batches()
-    tuning = evaluator.dataset
-    once = padded_tokens(model, list(tuning.queries.values()))
-    held = 0
-    for h in heldout:  # uncalibrated, paper default and winner on each held-out corpus of its own
-        if h.corpus != tuning.corpus:
-            held += padded_tokens(model, list(h.corpus.values()))
-    per_trial = rungs = 0
-    first = (batches.tokens(), tuning.name)  # the cheapest corpus rung: the tuning passages or a structure
-    for extra in [*side, *structures]:  # scored every trial beside the tuning split (general retrieval, structures)
-        extra_tokens = padded_tokens(model, list(extra.corpus.values()))
-        once += extra_tokens + padded_tokens(model, list(extra.queries.values()))
-        per_trial += extra_tokens
-        rungs += extra_tokens if prune and extra in structures else 0
-        if extra in structures and extra_tokens < first[0]:
-            first = (extra_tokens, extra.name)
-    screen = batches.tokens() * screen_passages // max(len(tuning.corpus), 1)  # passages of average length
-    return StudyCost(
-        probe(model, batches),
-        batches.count,
-        batches.tokens(),
-        batches.truncated,
-        model.max_length,
-        per_trial,
-        once,
-        model.num_layers,
-        rungs,
-        screen,
-        profile_tokens=batches.tokens() * min(profile_docs, batches.count) // max(batches.count, 1),
-        trial_layers=layers_run(evaluator, depths) if depths else None,
-        heldout_tokens=held,
-        heldout_queries=padded_tokens(model, [q for h in heldout for q in h.queries.values()]),
-        first_rung_tokens=first[0],
-        first_rung=first[1],
-    )
-
-
-def layers_run(evaluator: Evaluator, depths: Sequence[str]) -> float:
-    """The layers a calibrated trial runs, averaged over `depths` (`Evaluator.layers_run`)."""
-    total = evaluator.model.num_layers
-    runs = [evaluator.layers_run(min(CalibrationConfig(layers=DEPTHS[depth]).resolve_layers(total))) for depth in depths]
-    return sum(runs) / len(runs)
-
-
 def _fitting_space(space: SearchSpace, evaluator: Evaluator) -> SearchSpace:
     """Drop basket sizes that no passage of the tuning data fills (trials that could only repeat the baseline)."""
     longest = evaluator.longest_content()
@@ -215,27 +159,14 @@ def prepare(settings: TuneSettings) -> Session:
     """Check, load and open what a study needs; a missing model or dataset, an unreachable tracking server
     or a malformed storage URL fails here, before any work."""
     check_available(settings)  # a missing model or dataset fails here, before anything is loaded or written
-    tuning, heldout = split_datasets(settings)  # so does a broken dataset (read before the model loads)
-    general = load_benchmark(settings.general) if settings.general else None
-    require_position_groups(tuning, "--dataset")
-    for held in heldout:
-        require_position_groups(held, "--heldout")
-    check_held_out(tuning, heldout)
+    tuning, heldout, general = _load_datasets(settings)  # so does a broken dataset (read before the model loads)
     tracker = Tracker(settings.tracking_uri, EXPERIMENT)  # an unreachable server fails here; a store is made later
     storage = settings.storage or default_storage()
     check_storage_url(storage)  # a malformed URL fails here too; the database is created with the study
     clean_orphans()  # temporary folders of killed runs
-    model = load_model(
-        settings.model,
-        revision=settings.revision,
-        trust_remote_code=settings.trust_remote_code,
-        pooling=settings.pooling,  # type: ignore[arg-type]
-        padding_side=settings.padding_side,  # type: ignore[arg-type]
-    )
+    model = _load_model(settings)
     tuning, heldout = within_reach(tuning, model), [within_reach(held, model) for held in heldout]
-    require_position_groups(tuning, "--dataset")  # again: queries past the model's reach are gone, and no store exists yet
-    for held in heldout:
-        require_position_groups(held, "--heldout")
+    _require_groups(tuning, heldout)  # again: queries past the model's reach are gone, and no store exists yet
     evaluator = Evaluator(
         model,
         tuning,
@@ -248,34 +179,88 @@ def prepare(settings: TuneSettings) -> Session:
     space = _fitting_space(settings.space, evaluator)
     if settings.grid is not None:
         space.check_grid(GRIDS[settings.grid])  # a basket no passage fills was dropped: the grid cannot run as the paper's
+    structures = _structures(settings, tuning, model)
+    budget, cost = (None, None) if settings.worker else estimate_study(settings, evaluator, heldout, general, structures, space)
+    name = settings.study_name_for(model)
+    identity = study_identity(settings, model, tuning, general, structures, space)
+    study = open_study(
+        name,
+        storage,
+        seed=settings.seed,
+        pareto=settings.pareto,
+        identity=identity,
+        heartbeat=settings.heartbeat,
+        worker=process_identity(settings),
+        grid=GRIDS[settings.grid] if settings.grid else None,
+    )
+    if not settings.worker:  # workers read it from the study: a resume without --budget lifts it
+        store_study_budget(study, budget)
+        study.set_user_attr(SELECTION_ATTR, settings.selection)  # the rule `tune export` names the winner by
+    return Session(settings, tracker, storage, model, tuning, heldout, evaluator, space, general, structures, name, identity, study, cost)
+
+
+def reload_tuned(settings: TuneSettings, attrs: Mapping[str, Any]) -> tuple[LoadedModel, PositionalDataset, list[PositionalDataset]]:
+    """The model and the tuning and held-out sets of a stored study (its attributes `attrs`, its `settings`), loaded as
+    `tune` loaded them: the recorded revision, each set within the model's reach; one that changed since is named."""
+    model = _load_model(settings)
+    if model.revision != attrs["revision"]:
+        raise ValueError(
+            f"study {settings.study_name!r} tuned {attrs['model']} at revision {attrs['revision']}, "
+            f"but {model.revision} loaded; restore that revision locally to re-export"
+        )
+    tuning, heldout = split_datasets(settings)
+    tuning, heldout = within_reach(tuning, model), [within_reach(held, model) for held in heldout]  # as `tune` scored them
+    if tuning.fingerprint() != attrs["dataset_fingerprint"]:
+        raise ValueError(f"dataset {settings.dataset!r} changed since study {settings.study_name!r} ran (fingerprint differs)")
+    return model, tuning, heldout
+
+
+def _load_model(settings: TuneSettings) -> LoadedModel:
+    """The model as the settings name it (its revision, pooling and padding side, remote code if allowed)."""
+    return load_model(
+        settings.model,
+        revision=settings.revision,
+        trust_remote_code=settings.trust_remote_code,
+        pooling=settings.pooling,  # type: ignore[arg-type]
+        padding_side=settings.padding_side,  # type: ignore[arg-type]
+    )
+
+
+def _load_datasets(settings: TuneSettings) -> tuple[PositionalDataset, list[PositionalDataset], PositionalDataset | None]:
+    """The tuning set, the held-out sets and the general set, each checked before the model loads."""
+    tuning, heldout = split_datasets(settings)
+    general = load_benchmark(settings.general) if settings.general else None
+    _require_groups(tuning, heldout)
+    check_held_out(tuning, heldout)
+    return tuning, heldout, general
+
+
+def _require_groups(tuning: PositionalDataset, heldout: list[PositionalDataset]) -> None:
+    require_position_groups(tuning, "--dataset")
+    for held in heldout:
+        require_position_groups(held, "--heldout")
+
+
+def _structures(settings: TuneSettings, tuning: PositionalDataset, model: LoadedModel) -> list[PositionalDataset]:
+    """The tuning passages in their other structures (`--structures`), within the model's reach."""
     structures = [within_reach(s, model) for s in load_structures(tuning_dataset(settings), tuning)] if settings.structures else []
     if settings.structures and not structures and not settings.worker:
         log.info("%s has no other structures (its passages' segments are unknown): trials are scored on it alone", tuning.name)
     if settings.max_crops_psi is not None and not any(is_crops(s) for s in structures) and not settings.worker:
         log.info("%s has no crops view (its passages' segments are unknown): --max-crops-psi does not apply", tuning.name)
-    budget: dict[str, object] | None = None
-    cost: StudyCost | None = None
-    if not settings.worker:
-        side = [general] if general is not None else []
-        encoded = [s for s in structures if s.corpus != tuning.corpus]  # length halves reuse the tuning vectors
-        screen = most_passages(tuning, settings.screen_queries) if settings.screens else 0
-        cost = estimate_cost(
-            evaluator,
-            heldout,
-            side,
-            settings.profile_docs,
-            encoded,
-            settings.prune,
-            screen if screen <= SCREEN_SHARE * len(tuning.corpus) else 0,
-            [str(d) for d in GRIDS[settings.grid]["depth"]] if settings.grid else space.depths,
-        )
-        budget = resolve_budget(settings.budget, cost, evaluator)
-        if budget is not None:
-            cost = replace(cost, budget_layer_tokens=float(budget["study"]))  # type: ignore[arg-type]
-        for line in cost.describe(settings.trials, DEFAULT_TRIALS):
-            log.info(line)
-    name = settings.study_name_for(model)
-    identity: dict[str, object] = {
+    return structures
+
+
+def study_identity(
+    settings: TuneSettings,
+    model: LoadedModel,
+    tuning: PositionalDataset,
+    general: PositionalDataset | None,
+    structures: list[PositionalDataset],
+    space: SearchSpace,
+) -> dict[str, object]:
+    """What a resumed study must match (`open_study`): the model, the data, the constraints, the space."""
+    return {
         "model_name": settings.model,
         "pooling": model.spec.pooling,
         "padding_side": settings.padding_side,  # as given (None: the model's own), so studies made without it still resume
@@ -301,54 +286,3 @@ def prepare(settings: TuneSettings) -> Session:
         "bisect": settings.bisect,
         "screen_queries": settings.screen_queries,
     }
-    worker_id = process_identity(settings)
-    study = open_study(
-        name,
-        storage,
-        seed=settings.seed,
-        pareto=settings.pareto,
-        identity=identity,
-        heartbeat=settings.heartbeat,
-        worker=worker_id,
-        grid=GRIDS[settings.grid] if settings.grid else None,
-    )
-    if not settings.worker:  # workers read it from the study: a resume without --budget lifts it
-        study.set_user_attr(BUDGET_ATTR, budget)
-        study.set_user_attr(SELECTION_ATTR, settings.selection)  # the rule `tune export` names the winner by
-    return Session(settings, tracker, storage, model, tuning, heldout, evaluator, space, general, structures, name, identity, study, cost)
-
-
-def resolve_budget(budget: Budget | None, cost: StudyCost, evaluator: Evaluator) -> dict[str, object] | None:
-    """`--budget` in layer-tokens on this model and data, estimated before the baselines (`price_budget`; the
-    coordinator prices it exactly once its structures are loaded, `TrialObjective.grid_cost`). A share of the grid
-    is of the paper grid's study here: its 24 configs and the baseline, on every structure, unpruned, as
-    `tune --grid paper` spends it."""
-    if budget is None:
-        return None
-    grid_depths = [str(d) for d in PAPER_GRID["depth"]]
-    grid = replace(cost, screen_tokens=0, trial_layers=layers_run(evaluator, grid_depths)).layer_tokens(1 + grid_size(PAPER_GRID))
-    return price_budget(budget, cost.setup_layer_tokens, grid - cost.setup_layer_tokens)
-
-
-def price_budget(budget: Budget, setup: float, grid_trials: float) -> dict[str, object]:
-    """The study's layer-tokens and its trials' (what is left once the baseline passes and the queries are paid),
-    as on a fresh machine whatever the disk cache holds, so that a study's trials do not depend on the cache."""
-    grid = round(grid_trials + setup)
-    study, spent = budget.resolve(grid), round(setup)
-    if study <= spent:
-        raise UserError(
-            f"--budget {budget} is ≈ {study:,} layer-tokens here, which does not cover the baselines and queries "
-            f"(≈ {spent:,}); raise it, e.g. --budget grid/3, or use --budget none"
-        )
-    return {"spec": str(budget), "study": study, "grid": grid, "setup": spent, "trials": study - spent}
-
-
-def describe_budget(budget: dict[str, object]) -> str:
-    """The budget in words, with what it buys at the space's depths (`depth_cost`: an unpruned trial of each)."""
-    trials, costs = int(budget["trials"]), list(budget["depth_cost"].values())  # type: ignore[call-overload, attr-defined]
-    return (
-        f"budget: {budget['spec']}, {budget['study']:,} layer-tokens for the study (the paper grid's study here: "
-        f"{budget['grid']:,}, each of its configs priced on this data); after the baselines and queries "
-        f"({budget['setup']:,}) its trials may spend {trials:,}: {trials / max(costs):.1f} to {trials / min(costs):.1f} "
-        "unpruned trials by depth, more where trials are pruned; the study ends at the first drawn trial that would not fit"
-    )

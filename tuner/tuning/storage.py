@@ -29,7 +29,6 @@ from typing import Any
 import sqlalchemy
 from optuna.exceptions import ExperimentalWarning, UpdateFinishedTrialError
 from optuna.storages import BaseStorage, JournalStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
-from optuna.storages._heartbeat import BaseHeartbeat  # the storages that have heartbeats (not exported)
 from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
 from optuna.trial import TrialState
 
@@ -37,6 +36,7 @@ from tuner.common.files import OPTUNA_DB, sqlite_file
 from tuner.common.messages import UserError, causes, database_locked, disk_full, first_line, root_cause
 from tuner.common.options import HEARTBEAT_SECONDS
 from tuner.common.stores import OPTUNA, require_own_database
+from tuner.tuning.optuna_access import HeartbeatStorage, trial_id
 
 SCHEMA_ATTEMPTS = 5
 SQLITE_WAIT_SECONDS = 60.0  # how long a process waits for another's write lock on a SQLite study (POSFAIR_SQLITE_WAIT)
@@ -324,7 +324,7 @@ def grace_seconds(storage: BaseStorage) -> float | None:
     """How long a running trial may stay silent before it counts as dead (None: a storage without heartbeats)."""
     if isinstance(storage, JournalWithHeartbeats):
         return storage.grace_seconds
-    interval = storage.get_heartbeat_interval() if isinstance(storage, BaseHeartbeat) else None
+    interval = storage.get_heartbeat_interval() if isinstance(storage, HeartbeatStorage) else None
     return None if interval is None else GRACE_HEARTBEATS * interval
 
 
@@ -338,7 +338,7 @@ def _journal_storage(url: str, path: Path, heartbeat: int) -> JournalWithHeartbe
         raise _unusable_storage(url, ValueError(f"{path} is not an Optuna journal ({first_line(error) or type(error).__name__})")) from None
 
 
-class JournalWithHeartbeats(JournalStorage, BaseHeartbeat):
+class JournalWithHeartbeats(JournalStorage, HeartbeatStorage):
     """Optuna's journal storage with the heartbeats of its RDB storage (Optuna's journal has none).
 
     A beat is a trial system attribute holding the trial's id and the writer's clock, an operation every reader
@@ -369,8 +369,8 @@ class JournalWithHeartbeats(JournalStorage, BaseHeartbeat):
         stale = []
         for trial in self.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,)):
             beat = trial.system_attrs.get(HEARTBEAT_ATTR)
-            if beat and beat["trial_id"] == trial._trial_id and now - beat["at"] > self.grace_seconds:
-                stale.append(trial._trial_id)
+            if beat and beat["trial_id"] == trial_id(trial) and now - beat["at"] > self.grace_seconds:
+                stale.append(trial_id(trial))
         return stale
 
     def get_heartbeat_interval(self) -> int:

@@ -26,19 +26,18 @@ from typing import Any, Literal
 import numpy as np
 import optuna
 from optuna.exceptions import ExperimentalWarning
-from optuna.storages._heartbeat import BaseHeartbeat  # the storages that have heartbeats (not exported)
 from optuna.trial import FrozenTrial, TrialState
 
 from objectives import Candidate, Constraints, Selection, select
 from objectives.constraint import describe_aim
 from objectives.selection import chosen
+from tuner.common.budget import budget_ended
 from tuner.common.files import sqlite_file
 from tuner.common.options import HEARTBEAT_SECONDS
 from tuner.common.trials import (
     DUPLICATE_ATTR,
-    SCREEN_ATTR,
     SURPLUS_ATTR,
-    budget_ended,
+    ScreenFigures,
     complete_trials,
     constraints_of,
     counted,
@@ -46,6 +45,14 @@ from tuner.common.trials import (
     objective_resamples,
 )
 from tuner.tuning.bisection import withdraw_queued
+from tuner.tuning.optuna_access import (
+    HeartbeatStorage,
+    set_study_system_attr,
+    set_trial_state,
+    storage_of,
+    stored_trial,
+    study_system_attrs,
+)
 from tuner.tuning.sampler import CostCooledTPESampler
 from tuner.tuning.storage import grace_seconds, machine_fault, make_storage
 
@@ -223,7 +230,6 @@ def fail_dead_trials(study: optuna.Study) -> list[int]:
     without waiting for one); returns their numbers. Known gone: its owner is a process of this machine that
     has ended, or it has no owner mark a grace period after it started (`_orphaned`). Trials of live processes
     and of other machines' owners are left to the heartbeat check."""
-    storage = study._storage
     here = socket.gethostname()
     failed = []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
@@ -236,7 +242,7 @@ def fail_dead_trials(study: optuna.Study) -> list[int]:
         elif _process_alive(int(owner["pid"])):
             continue
         try:
-            if storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL):
+            if set_trial_state(study, trial, TrialState.FAIL):
                 failed.append(trial)
         except optuna.exceptions.UpdateFinishedTrialError:
             pass  # another process got there first
@@ -256,7 +262,7 @@ def _orphaned(study: optuna.Study, trial: FrozenTrial) -> bool:
     within milliseconds of Optuna creating it (`run_trials`), and Optuna records no heartbeat before then, so
     a process killed in between leaves a trial that Optuna's stale check never fails. Its start is its last
     sign of life: older than the grace period, it is as stale as a heartbeat that old."""
-    grace = grace_seconds(study._storage)
+    grace = grace_seconds(storage_of(study))
     if grace is None or trial.datetime_start is None:
         return False
     return datetime.datetime.now() - trial.datetime_start > datetime.timedelta(seconds=grace)
@@ -272,7 +278,7 @@ def _export_mark(study: optuna.Study) -> str:
 
 def _exported(study: optuna.Study) -> dict[str, object] | None:
     """The study's export as it stands ({"export": path, OWNER_ATTR: who}), if one was written (`record_export`)."""
-    done = study._storage.get_study_system_attrs(study._study_id).get(EXPORT_ATTR)
+    done = study_system_attrs(study).get(EXPORT_ATTR)
     return done if done is not None and done.get("trials") == len(complete_trials(study)) else None
 
 
@@ -286,7 +292,7 @@ def claim_export(study: optuna.Study) -> dict[str, object] | None:
     says onto the study itself and deletes it), so optuna-dashboard lists no study beside the real one once it is
     done. A marker whose exporter died on this machine before it finished is taken over.
     """
-    storage, mark = study._storage, _export_mark(study)
+    storage, mark = storage_of(study), _export_mark(study)
     while True:
         if (done := _exported(study)) is not None:
             return done
@@ -317,9 +323,9 @@ def claim_export(study: optuna.Study) -> dict[str, object] | None:
 def record_export(study: optuna.Study, path: Path) -> None:
     """Mark the elected export as written (`claim_export`) on the study (later runs say where it is instead of
     exporting again), then remove the marker: written first, so a process that looks between the two finds one."""
-    storage = study._storage
     record: dict[str, Any] = {"trials": len(complete_trials(study)), "export": str(path), OWNER_ATTR: _owner()}
-    storage.set_study_system_attr(study._study_id, EXPORT_ATTR, record)
+    set_study_system_attr(study, EXPORT_ATTR, record)
+    storage = storage_of(study)
     try:
         storage.delete_study(storage.get_study_id_from_name(_export_mark(study)))
     except KeyError:
@@ -328,11 +334,11 @@ def record_export(study: optuna.Study, path: Path) -> None:
 
 def _requeue(study: optuna.Study, trials: Sequence[FrozenTrial]) -> None:
     """Queue failed trials again with what they had drawn (the storage's retry callback, as for stale ones)."""
-    storage = study._storage  # a storage with heartbeats (`make_storage`; RDB: in Optuna's cache, which passes them on)
-    retry = storage.get_heartbeat_stale_trial_callback() if isinstance(storage, BaseHeartbeat) else None
+    storage = storage_of(study)  # a storage with heartbeats (`make_storage`; RDB: in Optuna's cache, which passes them on)
+    retry = storage.get_heartbeat_stale_trial_callback() if isinstance(storage, HeartbeatStorage) else None
     for trial in trials:
         if retry is not None:
-            retry(study, study._storage.get_trial(trial._trial_id))
+            retry(study, stored_trial(study, trial))
 
 
 def run_trials(
@@ -341,110 +347,116 @@ def run_trials(
     n_complete: int,
     callbacks: Sequence[TrialCallback] = (),
     poll_seconds: float = 2.0,
-    budget: int | None = None,
+    allowance: int | None = None,
 ) -> TrialsEnd:
     """Run until `n_complete` trials are finished (complete, or pruned between rungs); failed trials are
     recorded and do not count, nor do repeats of a calibration the study already ran.
 
     At start, trials left RUNNING by a dead process of this machine are failed and re-queued, so they run
     before new ones. Trials RUNNING elsewhere are waited for: they complete, or the heartbeat check fails and
-    re-queues them, and then they run here. With a trial `budget` (layer-tokens) the study also ends at the first
-    trial drawn that it has no room for (`TrialObjective._reserve`). The stop rule counts only the failures of
+    re-queues them, and then they run here. With the trials' `allowance` (layer-tokens) the study also ends at the
+    first trial drawn that it has no room for (`TrialPricing.reserve`). The stop rule counts only the failures of
     this run (a study's old failures are history). Ctrl-C or SIGTERM stops after the current trial; a second signal (or, after
     SIGTERM, the grace period's end) aborts it and queues it again. The result says whether the target was reached, and if not, why.
     """
     fail_dead_trials(study)
-    failures_allowed = max(3, n_complete)
-    failed_here: list[int] = []
-    current: list[optuna.Trial] = []
-    failing_store: list[BaseException] = []
+    loop = _TrialLoop(study, objective, n_complete, allowance)
     requeued = None
-
-    def room(study: optuna.Study) -> bool:
-        return sum(counted(t) for t in study.get_trials(deepcopy=False)) < n_complete and not budget_ended(study, budget)
-
-    def enough(study: optuna.Study, trial: FrozenTrial) -> None:
-        """Stop once complete + running trials (of every worker) reach the target."""
-        if not room(study):
-            study.stop()
-
-    def reserved(trial: optuna.Trial) -> float | Sequence[float]:
-        """Own the trial, prune it if it is surplus (`_surplus_reason`), else run the objective. A write the study
-        database refused for want of space or a lock ends the study (`stop_on_a_failing_store`): every later
-        trial would fail the same way."""
-        current[:] = [trial]
-        try:
-            trial.set_user_attr(OWNER_ATTR, {**_owner(), "trial": trial.number})
-            reason = _surplus_reason(study, trial, n_complete)
-            if reason is not None:
-                trial.set_user_attr(SURPLUS_ATTR, True)
-                raise optuna.TrialPruned(reason)
-            return objective(trial)
-        except Exception as error:
-            if machine_fault(error):
-                failing_store.append(error)
-            raise
-
-    def stop_on_a_failing_store(study: optuna.Study, trial: FrozenTrial) -> None:
-        if failing_store:
-            raise failing_store[0]
-
-    def stop_on_too_many_failures(study: optuna.Study, trial: FrozenTrial) -> None:
-        if trial.state == TrialState.FAIL:
-            failed_here.append(trial.number)
-            if len(failed_here) >= failures_allowed:
-                log.error("%d trials of this run failed; stopping the study", len(failed_here))
-                study.stop()
-
-    waiting_said = False
     with _stop_after_current_trial(study) as interrupted:
+        try:
+            loop.run(interrupted, callbacks, poll_seconds)
+        except KeyboardInterrupt:  # a second signal or the grace period's end: the trial is aborted and queued again
+            requeued = _abort(study, loop.current[0]) if loop.current else None
+            stopped: str | None = interrupted() or "interrupted"
+        else:
+            stopped = interrupted() or ("failures" if loop.too_many_failures else None)
+    complete, spent = len(finished(study)), budget_ended(study, allowance)
+    if complete >= n_complete or spent:  # an interrupted study keeps its queue for the resume
+        withdraw_queued(study)
+    return TrialsEnd(complete, n_complete, stopped if complete < n_complete and not spent else None, len(loop.failed_here), requeued, spent)
+
+
+class _TrialLoop:
+    """One process's trial loop over `study` (`run_trials`): Optuna's `optimize`, stopped by the callbacks here."""
+
+    def __init__(
+        self, study: optuna.Study, objective: Callable[[optuna.Trial], float | Sequence[float]], n_complete: int, allowance: int | None
+    ) -> None:
+        self.study, self.objective, self.n_complete, self.allowance = study, objective, n_complete, allowance
+        self.failures_allowed = max(3, n_complete)
+        self.failed_here: list[int] = []
+        self.current: list[optuna.Trial] = []  # the trial this process runs (the last one it started)
+        self.failing_store: list[BaseException] = []
+
+    @property
+    def too_many_failures(self) -> bool:
+        return len(self.failed_here) >= self.failures_allowed
+
+    def run(self, interrupted: Callable[[], str | None], callbacks: Sequence[TrialCallback], poll_seconds: float) -> None:
+        """Optimize until the study has its trials (here or elsewhere), its allowance ended it, a stop was asked, or
+        too many trials of this run failed."""
+        study, waiting_said = self.study, False
 
         def stop_if_interrupted(study: optuna.Study, trial: FrozenTrial) -> None:
             if interrupted():
                 study.stop()
 
+        stops = [self.stop_on_a_failing_store, self.enough, self.stop_on_too_many_failures, stop_if_interrupted]
+        while (
+            len(finished(study)) < self.n_complete
+            and not budget_ended(study, self.allowance)
+            and not interrupted()
+            and not self.too_many_failures
+        ):
+            if not self.room(study):  # the rest are running elsewhere: wait until they complete or are found dead
+                wait_for_other_processes(study, poll_seconds, announce=not waiting_said)
+                waiting_said = True
+                continue
+            try:
+                study.optimize(self.reserved, n_trials=None, catch=(Exception,), callbacks=[*stops, *callbacks], gc_after_trial=False)
+            except (ValueError, AssertionError):  # optuna#5470: Optuna cannot tell a trial failed by another process
+                if not (self.current and _failed_elsewhere(study, self.current[0])):
+                    raise
+                log.warning(
+                    "trial %d was declared dead by another worker (missed heartbeats); it is re-run as a new trial and this worker goes on",
+                    self.current[0].number,
+                )
+
+    def room(self, study: optuna.Study) -> bool:
+        return sum(counted(t) for t in study.get_trials(deepcopy=False)) < self.n_complete and not budget_ended(study, self.allowance)
+
+    def enough(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        """Stop once complete + running trials (of every worker) reach the target."""
+        if not self.room(study):
+            study.stop()
+
+    def reserved(self, trial: optuna.Trial) -> float | Sequence[float]:
+        """Own the trial, prune it if it is surplus (`_surplus_reason`), else run the objective. A write the study
+        database refused for want of space or a lock ends the study (`stop_on_a_failing_store`): every later
+        trial would fail the same way."""
+        self.current[:] = [trial]
         try:
-            while (
-                len(finished(study)) < n_complete
-                and not budget_ended(study, budget)
-                and not interrupted()
-                and len(failed_here) < failures_allowed
-            ):
-                if not room(study):  # the rest are running elsewhere: wait until they complete or are found dead
-                    wait_for_other_processes(study, poll_seconds, announce=not waiting_said)
-                    waiting_said = True
-                    continue
-                try:
-                    study.optimize(
-                        reserved,
-                        n_trials=None,
-                        catch=(Exception,),
-                        callbacks=[
-                            stop_on_a_failing_store,
-                            enough,
-                            stop_on_too_many_failures,
-                            stop_if_interrupted,
-                            *callbacks,
-                        ],
-                        gc_after_trial=False,
-                    )
-                except (ValueError, AssertionError):  # optuna#5470: Optuna cannot tell a trial failed by another process
-                    if not (current and _failed_elsewhere(study, current[0])):
-                        raise
-                    log.warning(
-                        "trial %d was declared dead by another worker (missed heartbeats); it is re-run as a new "
-                        "trial and this worker goes on",
-                        current[0].number,
-                    )
-        except KeyboardInterrupt:  # a second signal or the grace period's end: the trial is aborted and queued again
-            requeued = _abort(study, current[0]) if current else None
-            stopped: str | None = interrupted() or "interrupted"
-        else:
-            stopped = interrupted() or ("failures" if len(failed_here) >= failures_allowed else None)
-    complete, spent = len(finished(study)), budget_ended(study, budget)
-    if complete >= n_complete or spent:  # an interrupted study keeps its queue for the resume
-        withdraw_queued(study)
-    return TrialsEnd(complete, n_complete, stopped if complete < n_complete and not spent else None, len(failed_here), requeued, spent)
+            trial.set_user_attr(OWNER_ATTR, {**_owner(), "trial": trial.number})
+            reason = _surplus_reason(self.study, trial, self.n_complete)
+            if reason is not None:
+                trial.set_user_attr(SURPLUS_ATTR, True)
+                raise optuna.TrialPruned(reason)
+            return self.objective(trial)
+        except Exception as error:
+            if machine_fault(error):
+                self.failing_store.append(error)
+            raise
+
+    def stop_on_a_failing_store(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        if self.failing_store:
+            raise self.failing_store[0]
+
+    def stop_on_too_many_failures(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        if trial.state == TrialState.FAIL:
+            self.failed_here.append(trial.number)
+            if self.too_many_failures:
+                log.error("%d trials of this run failed; stopping the study", len(self.failed_here))
+                study.stop()
 
 
 def _surplus_reason(study: optuna.Study, trial: optuna.Trial, n_complete: int) -> str | None:
@@ -458,7 +470,7 @@ def _surplus_reason(study: optuna.Study, trial: optuna.Trial, n_complete: int) -
     ahead = [t for t in study.get_trials(deepcopy=False) if t.number < trial.number]
     if sum(counted(t) for t in ahead) >= n_complete:
         return f"the study already has {n_complete} trials"
-    system = study._storage.get_trial(trial._trial_id).system_attrs
+    system = stored_trial(study, trial).system_attrs
     fixed = system.get("fixed_params")
     if (
         fixed
@@ -489,12 +501,11 @@ def wait_for_other_processes(study: optuna.Study, poll_seconds: float, announce:
 
 def _abort(study: optuna.Study, trial: optuna.Trial) -> int | None:
     """Fail an aborted trial (if Optuna has not) and queue it again; its number, or None if it had finished."""
-    storage = study._storage
     try:
-        storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
+        set_trial_state(study, trial, TrialState.FAIL)
     except optuna.exceptions.UpdateFinishedTrialError:
         pass
-    frozen = storage.get_trial(trial._trial_id)
+    frozen = stored_trial(study, trial)
     if frozen.state != TrialState.FAIL or frozen.user_attrs.get(SURPLUS_ATTR):
         return None
     _requeue(study, [frozen])
@@ -503,7 +514,7 @@ def _abort(study: optuna.Study, trial: optuna.Trial) -> int | None:
 
 def _failed_elsewhere(study: optuna.Study, trial: optuna.Trial) -> bool:
     """Whether `trial` was marked FAIL by another process's stale-trial check (it never reached our tell)."""
-    return study._storage.get_trial(trial._trial_id).state == TrialState.FAIL
+    return stored_trial(study, trial).state == TrialState.FAIL
 
 
 STOP_GRACE_SECONDS = 20.0
@@ -635,8 +646,8 @@ def screen_threshold(study: optuna.Study) -> float | None:
     """The screen PSI a trial must come within noise of to go past the pooled screen: the lowest screen PSI plus
     its standard error over the feasible complete trials that were screened; None while there is none."""
     trials = study.get_trials(deepcopy=False)
-    screened = [trials[c.trial_number].user_attrs.get(SCREEN_ATTR) for c in candidates(study) if c.feasible]
-    return min((s["psi"] + s["psi_se"] for s in screened if s is not None), default=None)
+    screened = [ScreenFigures.of_trial(trials[c.trial_number]) for c in candidates(study) if c.feasible]
+    return min((s.psi + s.psi_se for s in screened if s is not None), default=None)
 
 
 def winner(study: optuna.Study, rule: str = "one-se") -> tuple[FrozenTrial, Selection] | None:

@@ -26,22 +26,25 @@ from typing import Any, ClassVar, NoReturn
 import optuna
 from optuna.trial import TrialState
 
+from objectives import Constraints
 from objectives.constraint import describe_rule
+from tuner.common.budget import StudyBudget, await_priced, describe_budget, price_budget, store_study_budget, study_budget
 from tuner.common.messages import UserError, first_line
 from tuner.common.scratch import scratch_dir
-from tuner.common.trials import BUDGET_ATTR, DUPLICATE_ATTR, PRUNED_ATTR, SETUP_COST_ATTR, SURPLUS_ATTR, finished
+from tuner.common.trials import DUPLICATE_ATTR, SETUP_COST_ATTR, SURPLUS_ATTR, PrunedAt, finished
 from tuner.data import PositionalDataset
 from tuner.engine.models import LoadedModel
 from tuner.evaluation.evaluator import Evaluator
 from tuner.evaluation.pools import SCREEN_SHARE, pool
 from tuner.tracking.progress import StudyProgress
 from tuner.tracking.runs import describe_config, local_store
-from tuner.tuning.objective import SideSet, TrialObjective
+from tuner.tuning.objective import TrialObjective
 from tuner.tuning.search_space import PAPER_GRID, trial_basket_shares
-from tuner.tuning.session import FLOOR_ATTR, Session, describe_budget, prepare, price_budget
+from tuner.tuning.session import FLOOR_ATTR, Session, prepare
 from tuner.tuning.settings import TuneSettings, local_worker_identity, process_identity, worker_devices
 from tuner.tuning.storage import make_storage, storage_error, storage_file
 from tuner.tuning.study import OWNER_ATTR, WINNER_ATTR, Terminated, TrialsEnd, fail_dead_trials, run_trials, winner
+from tuner.tuning.trial_scoring import SideSet
 
 log = logging.getLogger(__name__)
 
@@ -62,99 +65,19 @@ def run_session_trials(
 ) -> object:
     """Open the study's parent run, run trials until the study has enough, wait for the local `workers`,
     then `conclude(staging)` (the coordinator's last step) and return what it returns."""
-    settings, study, tracker, model = session.settings, session.study, session.tracker, session.model
-    evaluator, space, name, storage, tuning = session.evaluator, session.space, session.name, session.storage, session.tuning
-    general, identity = session.general, session.identity
-    budget = study.user_attrs.get(BUDGET_ATTR)  # the coordinator's `--budget`, resolved (`session.resolve_budget`)
-    within = f" within a budget of {budget['spec']}" if budget else ""
+    study, settings = session.study, session.settings
+    budget = study_budget(study)  # the coordinator's `--budget`, resolved (`estimate.resolve_budget`)
     constraints = replace(settings.constraints(0.0), hm_floor=floor)
-    rule = describe_rule(constraints, session.in_force(constraints), settings.pareto, bool(session.structures))
-    tracker.start_study(
-        name,
-        params={
-            **identity,
-            FLOOR_ATTR: floor,
-            "trials": settings.trials,
-            "storage": storage,
-            **({"budget": budget["spec"]} if budget else {}),
-        },
-        tags={"posfair.model": model.spec.alias, "posfair.dataset": tuning.name},
-        description=f"Study {name}: {'at most ' if budget else ''}{settings.trials} trials{within} tuning {model.spec.alias} "
-        f"on {tuning.name}: {rule} (--hm-floor {settings.hm_floor}).",
-    )
+    _start_parent_run(session, constraints, budget)
     staging = scratch_dir()
     stop_watching = watch_workers(workers, study)
     try:
-        objective = TrialObjective(
-            evaluator,
-            space,
-            constraints,
-            tracker,
-            name,
-            staging,
-            pareto=settings.pareto,
-            general=_side_set(model, settings, general, cache_budget=0),  # short documents
-            structures=[
-                SideSet(_evaluator(model, settings, s, prefix_layers=evaluator.cache.prefix_layers, cache_budget=settings.cache_budget))
-                if s.corpus != tuning.corpus
-                else SideSet(_evaluator(model, settings, s, cache_budget=0), shares=evaluator)
-                for s in session.structures
-            ],
-            screen=_screen(session),
-            profile_docs=settings.profile_docs,
-            selection=settings.selection,
-            prune=settings.prune,
-            bisect=settings.bisect,
-            repeat_limit=settings.trials,
-        )
-        if budget and settings.budget is not None and not settings.worker:  # priced exactly, and each depth's cost
-            budget = {
-                **price_budget(settings.budget, budget["setup"], objective.grid_cost(PAPER_GRID)),
-                "depth_cost": objective.depth_costs(),
-            }
-            study.set_user_attr(BUDGET_ATTR, budget)
-            log.info(describe_budget(budget))
-        elif budget:  # a worker: the coordinator's exact price, once it has set it
-            budget = _priced_budget(study)
-        trial_budget = objective.budget = int(budget["trials"]) if budget else None  # type: ignore[arg-type]
-        if setup := objective.setup_layer_tokens():  # per process: each one that encodes its baselines pays for them
+        objective = _objective(session, constraints, staging)
+        allowance = objective.pricing.allowance = _trial_allowance(session, objective, budget)
+        if setup := objective.scoring.setup_layer_tokens():  # per process: each one that encodes its baselines pays for them
             study.set_user_attr(f"{SETUP_COST_ATTR}{socket.gethostname()}:{os.getpid()}:{time.time_ns()}", setup)
-        evaluator.show_progress = False  # the trial bar (on a terminal) and the per-trial lines take over
-        with StudyProgress(
-            settings.trials,
-            len(finished(study)),
-            bar=not settings.worker,
-            workers=settings.workers,
-            budget=trial_budget,
-            estimate=session.cost,
-        ) as progress:
-            stores = _local_stores(session)
-            try:
-                ended = run_trials(
-                    study,
-                    objective,
-                    settings.trials,
-                    [
-                        partial(_log_trial, progress=progress, num_layers=model.num_layers),
-                        lambda s, trial: _require_stores(stores, trial.number),
-                    ],
-                    budget=trial_budget,
-                )
-            except Exception as error:  # whatever the storage raised, a deleted store or a full or locked one is the cause to name
-                _require_stores(stores, None)
-                explained = storage_error(error, storage)
-                if explained is None:
-                    raise
-                if not settings.worker:
-                    tracker.finish_study({}, [], {"posfair.outcome": f"stopped: {explained}"}, "FAILED")
-                raise explained from None
-        if ended.stopped == "terminated":  # a scheduler may have told only this process: pass the stop on
-            stop_watching()
-            for worker in workers:
-                worker.terminate()
-        for worker in workers:
-            worker.join()
-        stop_watching()
+        ended = _run_with_progress(session, objective, allowance)
+        _join_workers(ended, workers, stop_watching)
         if ended.short:
             _stop_short(ended, session)
         return conclude(staging) if conclude is not None else None
@@ -167,8 +90,109 @@ def run_session_trials(
         for worker in workers:
             if worker.is_alive():
                 worker.terminate()
-        tracker.flush()
+        session.tracker.flush()
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _start_parent_run(session: Session, constraints: Constraints, budget: StudyBudget | None) -> None:
+    """Open the study's MLflow parent run, described by its trials, budget and rule."""
+    settings, model, tuning, name = session.settings, session.model, session.tuning, session.name
+    within = f" within a budget of {budget.spec}" if budget else ""
+    rule = describe_rule(constraints, session.in_force(constraints), settings.pareto, bool(session.structures))
+    session.tracker.start_study(
+        name,
+        params={
+            **session.identity,
+            FLOOR_ATTR: constraints.hm_floor,
+            "trials": settings.trials,
+            "storage": session.storage,
+            **({"budget": budget.spec} if budget else {}),
+        },
+        tags={"posfair.model": model.spec.alias, "posfair.dataset": tuning.name},
+        description=f"Study {name}: {'at most ' if budget else ''}{settings.trials} trials{within} tuning {model.spec.alias} "
+        f"on {tuning.name}: {rule} (--hm-floor {settings.hm_floor}).",
+    )
+
+
+def _objective(session: Session, constraints: Constraints, staging: Path) -> TrialObjective:
+    """The trial objective of this process, its side sets' baselines measured."""
+    settings, model, evaluator, tuning = session.settings, session.model, session.evaluator, session.tuning
+    return TrialObjective(
+        evaluator,
+        session.space,
+        constraints,
+        session.tracker,
+        session.name,
+        staging,
+        pareto=settings.pareto,
+        general=_side_set(model, settings, session.general, cache_budget=0),  # short documents
+        structures=[
+            SideSet(_evaluator(model, settings, s, prefix_layers=evaluator.cache.prefix_layers, cache_budget=settings.cache_budget))
+            if s.corpus != tuning.corpus
+            else SideSet(_evaluator(model, settings, s, cache_budget=0), shares=evaluator)
+            for s in session.structures
+        ],
+        screen=_screen(session),
+        profile_docs=settings.profile_docs,
+        selection=settings.selection,
+        prune=settings.prune,
+        bisect=settings.bisect,
+        repeat_limit=settings.trials,
+    )
+
+
+def _trial_allowance(session: Session, objective: TrialObjective, budget: StudyBudget | None) -> int | None:
+    """What the study's trials may spend (None: no budget). The coordinator prices its `--budget` exactly on its
+    loaded structures, with each depth's cost, and stores it; a worker waits for that price."""
+    settings, study = session.settings, session.study
+    if budget and settings.budget is not None and not settings.worker:
+        pricing = objective.pricing
+        budget = replace(price_budget(settings.budget, budget.setup_cost, pricing.grid_cost(PAPER_GRID)), depth_costs=pricing.depth_costs())
+        store_study_budget(study, budget)
+        log.info(describe_budget(budget))
+    elif budget:  # a worker: the coordinator's exact price, once it has set it
+        budget = await_priced(study)
+    return budget.trial_allowance if budget else None
+
+
+def _run_with_progress(session: Session, objective: TrialObjective, allowance: int | None) -> TrialsEnd:
+    """Run the trials under the progress bar and lines; a store deleted, full or locked is named as the cause."""
+    settings, study, tracker = session.settings, session.study, session.tracker
+    session.evaluator.show_progress = False  # the trial bar (on a terminal) and the per-trial lines take over
+    with StudyProgress(
+        settings.trials, len(finished(study)), bar=not settings.worker, workers=settings.workers, allowance=allowance, estimate=session.cost
+    ) as progress:
+        stores = _local_stores(session)
+        try:
+            return run_trials(
+                study,
+                objective,
+                settings.trials,
+                [
+                    partial(_log_trial, progress=progress, num_layers=session.model.num_layers),
+                    lambda s, trial: _require_stores(stores, trial.number),
+                ],
+                allowance=allowance,
+            )
+        except Exception as error:  # whatever the storage raised, a deleted store or a full or locked one is the cause to name
+            _require_stores(stores, None)
+            explained = storage_error(error, session.storage)
+            if explained is None:
+                raise
+            if not settings.worker:
+                tracker.finish_study({}, [], {"posfair.outcome": f"stopped: {explained}"}, "FAILED")
+            raise explained from None
+
+
+def _join_workers(ended: TrialsEnd, workers: list[multiprocessing.process.BaseProcess], stop_watching: Callable[[], None]) -> None:
+    """Wait for the local workers to finish; a SIGTERM is passed on to them (a scheduler may have told only this process)."""
+    if ended.stopped == "terminated":
+        stop_watching()
+        for worker in workers:
+            worker.terminate()
+    for worker in workers:
+        worker.join()
+    stop_watching()
 
 
 class StoreLostError(UserError, RuntimeError):
@@ -246,16 +270,6 @@ def _stop_short(ended: TrialsEnd, session: Session) -> NoReturn:
             "KILLED" if signalled else "FAILED",
         )
     raise StoppedEarlyError(message, ended.stopped or "failures")
-
-
-def _priced_budget(study: optuna.Study, timeout: float = 3600.0) -> dict[str, object] | None:
-    """The budget once the coordinating `tune` has priced it on its loaded structures (`depth_cost` is there)."""
-    deadline = time.monotonic() + timeout
-    while (budget := study.user_attrs.get(BUDGET_ATTR)) and "depth_cost" not in budget:
-        if time.monotonic() > deadline:
-            raise UserError(f"the coordinator of study {study.study_name!r} never priced its --budget; restart it")
-        time.sleep(1)
-    return budget
 
 
 def _floor_set_by_coordinator(name: str, storage: str, heartbeat: int, timeout: float = 3600.0) -> float:
@@ -427,15 +441,13 @@ def _log_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial, progress: S
             seconds,
             f"  {truncated} passages truncated" if truncated else "",
         )
-    elif trial.state == TrialState.PRUNED and PRUNED_ATTR in attrs:
-        pruned = attrs[PRUNED_ATTR]
+    elif trial.state == TrialState.PRUNED and (pruned := PrunedAt.of_trial(trial)) is not None:
         log.info(
-            "trial %d pruned after %s (rung %d of %d): %s · %s · %.0f s",
+            "trial %d pruned after %s (%s): %s · %s · %.0f s",
             trial.number,
-            ", ".join(pruned["scored"]),
-            pruned["rung"],
-            pruned["of"],
-            pruned["reason"],
+            ", ".join(pruned.scored),
+            pruned.where,
+            pruned.reason,
             config,
             seconds,
         )
