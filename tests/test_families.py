@@ -15,7 +15,7 @@ from transformers import AutoConfig, AutoModel
 
 from tests.tiny import PLAIN, build_tokenizer, load_as, random_texts
 from tuner.calibration.reference import register_reference
-from tuner.engine.adapters import ADAPTERS, INTERFACE, SUPPORTED
+from tuner.engine.adapters import ADAPTERS, INTERFACE, ROUTED, SUPPORTED
 from tuner.engine.encoder import CalibratedEncoder
 from tuner.engine.models import load_model
 
@@ -72,3 +72,16 @@ def test_the_models_page_lists_exactly_the_supported_families() -> None:
             assert how == "the attention interface; an adapter numbers its layers", family
         else:
             assert how.startswith("an adapter routes its attention to the interface"), family
+
+
+def test_the_readme_names_every_supported_family_and_how_it_is_reached() -> None:
+    """The README's sentence on model families is a claim: the interface's families, then the adapters' own."""
+    text = " ".join((Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8").split())
+    sentence = text.split("Model families, each tested against a full-matrix oracle: ")[1].split(" ([Models]")[0]
+    interface, routed = sentence.removeprefix("through transformers' attention interface ").split("; through an adapter of its own ")
+
+    def names(part: str) -> set[str]:
+        return {name.strip().strip("`") for name in part.split(",")}
+
+    assert names(routed) == set(ROUTED)
+    assert names(interface) == SUPPORTED - set(ROUTED)
