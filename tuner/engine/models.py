@@ -109,8 +109,9 @@ def default_dtype(device: str) -> torch.dtype:
 
 def hub_revision(recorded: str) -> str | None:
     """The revision to ask the hub for to load again what `LoadedModel.revision` recorded: the commit or the
-    requested revision; None for a package's weights (`package==version`) and a local folder (`local`)."""
-    return None if "==" in recorded or recorded == "local" else recorded
+    requested revision; None for a package's weights (`package==version`, or `sha256:…` of parts joined) and a local
+    folder (`local`)."""
+    return None if "==" in recorded or recorded.startswith("sha256:") or recorded == "local" else recorded
 
 
 def _revision_of(spec: ModelSpec, model: PreTrainedModel, requested: str | None, location: str) -> str:
