@@ -59,3 +59,14 @@ def test_calibrated_vectors_equal_the_oracle_within_1e6(mpnet: LoadedModel, fiel
     got = CalibratedEncoder(mpnet, config).encode(TEXTS, batch_size=3)
     assert np.abs(got - CalibratedEncoder(oracle, config).encode(TEXTS, batch_size=3)).max() < 1e-6
     assert np.abs(got - CalibratedEncoder(mpnet).encode(TEXTS)).max() > 1e-3, "calibration moved the long passages"
+
+
+def test_a_config_exported_for_the_packaged_model_loads_again_and_encodes_alike(mpnet: LoadedModel, tmp_path) -> None:
+    """The export records the joined parts' digest as the revision; loading it asks no hub and checks the weights."""
+    from tests.tiny import export_of
+    from tuner.engine.exported import write_exported
+
+    config = mpnet.default_config()
+    path = write_exported(export_of(mpnet, config), tmp_path / "mpnet.yaml")
+    again = CalibratedEncoder.from_yaml(path)
+    assert np.abs(again.encode(TEXTS[:2]) - CalibratedEncoder(mpnet, config).encode(TEXTS[:2])).max() < 1e-6
