@@ -227,13 +227,16 @@ def baseline_direction(data: dict[str, Any]) -> str:
         for row in rows:
             tilt = "—" if row["tilt"] is None else f"{row['tilt']:+.3f} ± {row['tilt_se']:.3f}"
             lines.append(f"| {model} | {row['structure']} | {row['psi']:.3f} ± {row['psi_se']:.3f} | {tilt} | {_direction(row)} |")
-    return "\n".join(
-        [
-            *lines,
-            "",
-            f"Tilt: the fitted change of nDCG@10 from a passage's first to its last character, as a fraction of its mean; a direction is beyond noise at {r['direction_z']:g} standard errors. {_measured_on(data)}",
-        ]
+    summary = []
+    for model, rows in r["models"].items():
+        kinds = [_direction(row).split(" (")[0] for row in rows]
+        counted = ", ".join(f"{kind} on {kinds.count(kind)}" for kind in dict.fromkeys(kinds))
+        summary.append(f"**{model}**, uncalibrated, of {len(rows)} structures: {counted}.")
+    note = (
+        "Tilt: the fitted change of nDCG@10 from a passage's first to its last character, as a fraction of its mean; "
+        f"a direction is beyond noise at {r['direction_z']:g} standard errors. {_measured_on(data)}"
     )
+    return "\n".join([*lines, "", " ".join(summary), "", note])
 
 
 # ---------------------------------------------------------------- studies of one model (benchmarks.search_cost)

@@ -30,6 +30,7 @@ def test_the_table_names_each_structure_s_bias_as_the_figures_show_it() -> None:
         "results": {"direction_z": DIRECTION_Z, "models": {"m": [asdict(r) | {"beyond_noise": r.beyond_noise} for r in rows]}},
     }
     lines = baseline_direction(data).splitlines()
+    assert lines[6] == "**m**, uncalibrated, of 3 structures: beginning favoured on 1, end favoured on 1, level on 1."
     assert lines[2] == "| m | dev | 0.300 ± 0.030 | -0.475 ± 0.062 | beginning favoured |"
     assert lines[3].endswith("| +0.079 ± 0.030 | end favoured |")
     assert lines[4].endswith("| level (within noise): no direction to reverse |")
