@@ -73,8 +73,8 @@ def _worst(trial: FrozenTrial) -> str | None:
 
 
 def _winner(study: optuna.Study) -> str:
-    text = str(study.user_attrs.get("winner", "none"))
-    return text.split(":")[0] if text.startswith("trial") else text
+    """The study's winner attribute up to its first colon: 'trial 2, CLS-Soft, λ 0.55 on layers [5] of 6, …', or why none."""
+    return str(study.user_attrs.get("winner", "none")).removeprefix("Winner: ").split(":")[0]
 
 
 def rules(model: str, studies: Sequence[optuna.Study]) -> ModelRules:

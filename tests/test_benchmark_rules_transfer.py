@@ -34,7 +34,7 @@ def trial(
 
 def test_each_rule_is_counted_from_the_trials_that_met_or_missed_it() -> None:
     study = optuna.create_study()
-    study.set_user_attr("winner", "trial 2: the mildest config within one standard error")
+    study.set_user_attr("winner", "Winner: trial 2, CLS-Soft, λ 0.25 on layers [5] of 6, baskets of 128 tokens: worst-case PSI 0.09")
     for t in [
         trial(0.0, 0.10, {"openings": (0.05, 0.0), "dev": (0.10, 0.0)}),  # the uncalibrated reference
         trial(0.5, 0.15, {"openings": (0.08, 0.02), "dev": (0.15, 0.04)}, drift=0.5),  # the paper default, over the drift limit
@@ -48,7 +48,7 @@ def test_each_rule_is_counted_from_the_trials_that_met_or_missed_it() -> None:
     assert found.missed == {"drift": 1, "reversal": 1} and found.pruned_as_worse == 1
     assert found.worst_structure == {"dev": 1, "openings": 1} and found.rung_order == ["openings", "dev"]
     assert found.paper_default_feasible == 0 and found.paper_default_psi_ratio == [pytest.approx(1.5)]
-    assert found.winners == ["trial 2"]
+    assert found.winners == ["trial 2, CLS-Soft, λ 0.25 on layers [5] of 6, baskets of 128 tokens"]
     # one family; openings has drift at λ .25 .3 .5 .8 (6 pairs), dev at .25 .5 (p = log 4 / log 2 = 2)
     e = found.exponents
     assert e.pairs == 7 and e.median == pytest.approx(2.0)
