@@ -91,6 +91,12 @@ def write(path: Path, benchmark: str, command: str, results: dict[str, Any], mea
     return record
 
 
+def amend(path: Path, data: dict[str, Any]) -> None:
+    """Rewrite a record read with `read` whose results gained figures read from what its run left (stores, files):
+    its command, commit, date and device stay those of the measurement."""
+    write_atomically(path, json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+
+
 def read(path: Path) -> dict[str, Any]:
     """A record as written by `write`."""
     return json.loads(path.read_text(encoding="utf-8"))

@@ -51,6 +51,13 @@ def study(strength: float, layer_tokens: int, grid: int | None) -> dict[str, obj
     }
 
 
+def test_a_study_whose_baselines_the_cache_held_is_charged_them_as_priced_for_a_fresh_machine() -> None:
+    from benchmarks.search_cost import table
+
+    cached = study(0.5, 900, 3000) | {"setup_layer_tokens": 0, "setup_priced": 600}
+    assert "| 1,500 (0.50×) |" in table([cached]).splitlines()[2]
+
+
 def test_the_table_compares_a_study_with_the_grid_as_priced_when_the_grid_did_not_run() -> None:
     from benchmarks.search_cost import table
 
