@@ -255,6 +255,13 @@ def _counts(counts: dict[str, int]) -> str:
     return ", ".join(f"{name} {n}" for name, n in counts.items()) or "none"
 
 
+def _missed(counts: dict[str, int]) -> str:
+    """Each constraint by the title the tuner's own messages give it."""
+    from objectives.constraint import REQUIREMENTS
+
+    return "; ".join(f"{REQUIREMENTS[name].title}: {n}" for name, n in counts.items()) or "none"
+
+
 def rules_transfer(data: dict[str, Any]) -> str:
     r = data["results"]
     models = r["models"]
@@ -274,13 +281,13 @@ def rules_transfer(data: dict[str, Any]) -> str:
 
     rows = [
         ("studies · calibrated trials (complete, pruned)", lambda m: f"{m['studies']} · {m['trials']} ({m['complete']}, {m['pruned']})"),
-        ("trials that missed each constraint", lambda m: _counts(m["missed"])),
+        ("trials that missed each constraint", lambda m: _missed(m["missed"])),
         ("pruned as worse beyond noise (no constraint missed)", lambda m: str(m["pruned_as_worse"])),
         ("structure that set a complete trial's objective", lambda m: _counts(m["worst_structure"])),
         ("rung order (least biased first)", lambda m: " → ".join(m["rung_order"]) or "—"),
         ("drift law exponents p (drift ∝ λ^p)", exponents),
         ("the paper default (trial 1)", paper),
-        ("winners", lambda m: ", ".join(m["winners"])),
+        ("winners", lambda m: "; ".join(m["winners"])),
     ]
     lines = ["| | " + " | ".join(m["model"] for m in models) + " |", "|---|" + "---|" * len(models)]
     lines += [f"| {title} | " + " | ".join(cell(m) for m in models) + " |" for title, cell in rows]

@@ -20,10 +20,11 @@ store of its own; arms share only the disk cache of query and baseline vectors, 
   layer-tokens (estimated for this model and data before the study) has no room for.
 
 Per arm and seed: the study's layer-tokens (padded tokens × layers run, every trial and rung; held-out
-scoring apart) and its winner on each held-out set. The arms share a disk cache, so only the first study
+scoring apart) and its winner on each held-out set, beside the paper default's (read from the `summary.json` the
+study's parent run keeps). The arms share a disk cache, so only the first study
 encodes the baselines and queries (its `setup_layer_tokens/…` attribute); every arm is charged that same
 setup beside its trials, as a study on a fresh machine would be: PSI as a ratio to the uncalibrated PSI there, ΔHM
-and ΔnDCG@10 with 95% paired-bootstrap intervals, and end − begin (nDCG@10 points; > 0: reversed).
+and ΔnDCG@10 with 95% paired-bootstrap intervals, and end − begin (nDCG@10 points; > 0: the end favoured).
 Nothing is simulated: every figure is from encoded vectors.
 """
 
@@ -37,6 +38,7 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from benchmarks import record
 
@@ -69,22 +71,49 @@ def settings_for(arm: str, seed: int, folder: Path, args: argparse.Namespace):
     return replace(base, budget=Budget.parse("grid/3"))
 
 
-def heldout_cells(outcome) -> dict[str, dict[str, object]]:
-    """The winner's row on each held-out set against the uncalibrated row."""
-    baseline, winner = outcome.rows[0], outcome.rows[-1]
+def heldout_cells(folder: Path) -> dict[str, object]:
+    """The winner's and the paper default's rows of the study's held-out table, as cells against no calibration.
+
+    Read from the `summary.json` the study's parent MLflow run keeps in FOLDER, so a record can be filled again
+    from the stores `--keep` left. The paper default is None where it won (its row is the winner's)."""
+    import mlflow
+
+    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    client = mlflow.MlflowClient(uri)
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    (parent,) = [r for r in client.search_runs(experiments) if "posfair.outcome" in r.data.tags]
+    rows = json.loads(
+        Path(mlflow.artifacts.download_artifacts(run_id=parent.info.run_id, artifact_path="summary.json", tracking_uri=uri)).read_text()
+    )
+    baseline, winner = rows[0], rows[-1]
+    default = next((r for r in rows[1:-1] if r["label"] == "Paper default"), None)
+    return {
+        "heldout": _cells(baseline, winner),
+        "paper_default": {"config": _knobs(default["config"]), "heldout": _cells(baseline, default)} if default else None,
+    }
+
+
+def _cells(baseline: dict[str, Any], row: dict[str, Any]) -> dict[str, dict[str, object]]:
+    """PSI as a ratio to no calibration's, ΔHM and ΔnDCG@10 with their intervals (points), end − begin (points)."""
+    from objectives.bootstrap import Interval
+
     cells = {}
-    for name, held in winner.heldout.items():
-        base = baseline.heldout[name].report
-        report, delta = held.report, held.delta
-        groups = list(report.group_ndcg10)
+    for name, held in row["heldout"].items():
+        metrics, intervals = held["metrics"], held["intervals"] or {}
+        base = baseline["heldout"][name]["metrics"]["psi"]
+        groups = [k.removeprefix("n_") for k in metrics if k.startswith("n_") and k != "n_queries"]  # in position order
         cells[name] = {
-            "psi_ratio": report.psi / base.psi if base.psi else float("nan"),
-            "hm_delta": delta.hm.format() if delta and delta.hm else "",
-            "ndcg_delta": delta.ndcg10.format() if delta else "",
-            "end_minus_begin": 100 * (report.group_ndcg10[groups[-1]] - report.group_ndcg10[groups[0]]),
-            "tilt": report.tilt,
+            "psi_ratio": metrics["psi"] / base if base else float("nan"),
+            "hm_delta": Interval(*intervals["hm"]).format() if intervals.get("hm") else "",
+            "ndcg_delta": Interval(*intervals["ndcg10"]).format() if intervals else "",
+            "end_minus_begin": 100 * (metrics[f"ndcg10_{groups[-1]}"] - metrics[f"ndcg10_{groups[0]}"]),
+            "tilt": metrics["tilt"],
         }
     return cells
+
+
+def _knobs(config: dict[str, Any]) -> dict[str, object]:
+    return {k: config[k] for k in ("variant", "strength", "layers", "basket_size")}
 
 
 def run_arm(arm: str, seed: int, args: argparse.Namespace) -> dict[str, object]:
@@ -104,6 +133,8 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace) -> dict[str, object]:
         start = time.perf_counter()
         outcome = tune(settings)
         seconds = time.perf_counter() - start
+        if outcome is None:  # another process concluded it: what it measured is in its record, not this one's
+            raise SystemExit(f"{folder}: this study was concluded by another run; fill a record from it with --reread")
         study = optuna.load_study(study_name=outcome.study, storage=settings.storage)
         states = [t.state.name for t in study.trials]
         setup = setup_layer_tokens(study)
@@ -117,8 +148,8 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace) -> dict[str, object]:
             **priced(study),
             "pruned": states.count("PRUNED"),
             "winner": outcome.winner_trial,
-            "config": outcome.config.model_dump(include={"variant", "strength", "layers", "basket_size"}),
-            "heldout": heldout_cells(outcome),
+            "config": _knobs(outcome.config.model_dump()),
+            **heldout_cells(folder),
         }
 
 
@@ -131,8 +162,9 @@ def priced(study) -> dict[str, object]:
     return {"grid_layer_tokens": budget.get("grid"), "setup_priced": budget.get("setup")}
 
 
-def reread_budgets(path: Path, keep: Path) -> None:
-    """Fill `priced` into a record written before it was recorded, from the stores `--keep` left."""
+def reread(path: Path, keep: Path) -> None:
+    """Fill what a record written by an earlier version lacks (the priced budget, the paper default's row)
+    from the stores `--keep` left."""
     import optuna
 
     data = record.read(path)
@@ -140,12 +172,13 @@ def reread_budgets(path: Path, keep: Path) -> None:
         folder = keep / f"{study['arm']}-seed{study['seed']}"
         url = f"sqlite:///{folder / 'optuna.db'}"
         study.update(priced(optuna.load_study(study_name=optuna.get_all_study_names(url)[0], storage=url)))
+        study.update(heldout_cells(folder))
     record.amend(path, data)
 
 
-def table(results: list[dict[str, object]]) -> str:
-    """The README's table: one row per arm and seed."""
-    sets = sorted({name for r in results for name in r["heldout"]})  # type: ignore[union-attr]
+def table(results: list[dict[str, Any]]) -> str:
+    """The docs' table: one row per arm and seed, then the paper default's on the same held-out sets."""
+    sets = sorted({name for r in results for name in r["heldout"]})
     lines = [
         "| arm | seed | layer-tokens on a fresh machine (× grid) | pruned | winner | "
         + " | ".join(f"{s.removeprefix('wikipos-')}: PSI× · ΔHM · ΔnDCG@10 · end−begin" for s in sets)
@@ -153,22 +186,35 @@ def table(results: list[dict[str, object]]) -> str:
         "|---|---:|---:|---:|---|" + "---|" * len(sets),
     ]
     # the baselines and queries: what the first study encoded, or as priced for a fresh machine where the disk cache held them
-    setup = max(max(r["setup_layer_tokens"], r.get("setup_priced") or 0) for r in results)  # type: ignore[type-var]
-    ran = next((r["layer_tokens"] + setup for r in results if r["arm"] == "grid"), None)  # type: ignore[operator]
+    setup = max(max(r["setup_layer_tokens"], r.get("setup_priced") or 0) for r in results)
+    ran = next((r["layer_tokens"] + setup for r in results if r["arm"] == "grid"), None)
     for r in results:
-        c = r["config"]
-        cost = r["layer_tokens"] + setup  # type: ignore[operator]
+        cost = r["layer_tokens"] + setup
         grid = ran or r.get("grid_layer_tokens")  # the grid as run, else as priced by the study's budget
-        share = f" ({cost / grid:.2f}×)" if grid else ""  # type: ignore[operator]
-        cells = []
-        for s in sets:
-            h = r["heldout"].get(s)  # type: ignore[union-attr]
-            cells.append(f"{h['psi_ratio']:.2f}× · {h['hm_delta']} · {h['ndcg_delta']} · {h['end_minus_begin']:+.1f}" if h else "")
-        config = f"{c['variant']} λ {c['strength']:.2f} L{c['layers']} B{c['basket_size']}" if c["strength"] else "no calibration"
+        share = f" ({cost / grid:.2f}×)" if grid else ""
         lines.append(
-            f"| {r['arm']} | {r['seed']} | {cost:,}{share} | {r['pruned']} | trial {r['winner']}: {config} | " + " | ".join(cells) + " |"
+            f"| {r['arm']} | {r['seed']} | {cost:,}{share} | {r['pruned']} | trial {r['winner']}: {_named(r['config'])} | "
+            + _row_cells(r["heldout"], sets)
         )
+    # the same config and sets in every study: the first study that ran it beside its winner speaks for all
+    default = next((r["paper_default"] for r in results if r.get("paper_default")), None)
+    if default:
+        lines.append(f"| paper default | | | | {_named(default['config'])} | " + _row_cells(default["heldout"], sets))
     return "\n".join(lines)
+
+
+def _named(config: dict[str, Any]) -> str:
+    if not config["strength"]:
+        return "no calibration"
+    return f"{config['variant']} λ {config['strength']:.2f} L{config['layers']} B{config['basket_size']}"
+
+
+def _row_cells(heldout: dict[str, dict[str, Any]], sets: list[str]) -> str:
+    cells = []
+    for name in sets:
+        h = heldout.get(name)
+        cells.append(f"{h['psi_ratio']:.2f}× · {h['hm_delta']} · {h['ndcg_delta']} · {h['end_minus_begin']:+.1f}" if h else "")
+    return " | ".join(cells) + " |"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -184,11 +230,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", type=Path, help="keep each study's stores in FOLDER/ARM-seedN (default: a temporary folder)")
     parser.add_argument("--json", type=Path, help="write the record here (docs/results/…), rewritten after every study")
     parser.add_argument(
-        "--reread-budgets", type=Path, metavar="KEEP", help="only fill the --json record's priced budgets from KEEP's stores"
+        "--reread", type=Path, metavar="KEEP", help="only fill the --json record's priced budgets and held-out rows from KEEP's stores"
     )
     args = parser.parse_args(argv)
-    if args.reread_budgets:
-        reread_budgets(args.json, args.reread_budgets)
+    if args.reread:
+        reread(args.json, args.reread)
         return 0
 
     from tuner.tuning.worker import quiet_libraries

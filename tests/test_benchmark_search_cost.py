@@ -66,3 +66,54 @@ def test_the_table_compares_a_study_with_the_grid_as_priced_when_the_grid_did_no
     assert "| 500 (0.17×) |" in rows[1] and "trial 0: no calibration" in rows[1]  # λ 0 is the uncalibrated reference
     assert "0.50× · +1.00 [+0.20, +1.80] · +0.10 [-0.30, +0.50] · -3.0" in rows[0]
     assert "(" not in table([study(0.5, 900, None)]).splitlines()[2].split("|")[3]  # no grid known: no share
+
+
+def summary_row(label: str, psi: float, begin: float, end: float, hm: list[float] | None) -> dict[str, object]:
+    metrics = {"ndcg10": 0.6, "n_queries": 30, "ndcg10_begin": begin, "ndcg10_end": end, "n_begin": 15, "n_end": 15}
+    metrics |= {"hm": 0.6, "psi": psi, "tilt": end - begin}
+    intervals = {"hm": hm, "ndcg10": [0.01, 0.0, 0.02], "psi": [0.0, 0.0, 0.0]} if hm else None
+    config = {"variant": "cls_soft", "strength": 0.5, "layers": [6, 7], "basket_size": 128, "pooling": "mean"}
+    return {
+        "label": label,
+        "trial": 1,
+        "config": config,
+        "tuning": {},
+        "heldout": {"wikipos-test": {"metrics": metrics, "intervals": intervals}},
+    }
+
+
+def test_the_held_out_rows_are_read_from_the_parent_runs_summary_in_the_kept_store(tmp_path: Path) -> None:
+    import json
+
+    import mlflow
+
+    from benchmarks.search_cost import heldout_cells, table
+
+    rows = [
+        summary_row("No calibration", 0.2, 0.5, 0.6, None),
+        summary_row("Paper default", 0.3, 0.4, 0.7, [-0.02, -0.03, -0.01]),
+        summary_row("Winner (trial 4)", 0.1, 0.55, 0.6, [0.015, 0.005, 0.025]),
+    ]
+    (tmp_path / "summary.json").write_text(json.dumps(rows))
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = client.create_experiment("study", artifact_location=(tmp_path / "artifacts").as_uri())
+    client.create_run(experiment, tags={"posfair.trial": "3"})  # a trial's run: no summary
+    parent = client.create_run(experiment, tags={"posfair.outcome": "exported"})
+    client.log_artifact(parent.info.run_id, str(tmp_path / "summary.json"))
+
+    cells = heldout_cells(tmp_path)
+    winner, default = cells["heldout"]["wikipos-test"], cells["paper_default"]["heldout"]["wikipos-test"]  # type: ignore[index]
+    assert winner["psi_ratio"] == pytest.approx(0.5) and winner["end_minus_begin"] == pytest.approx(5.0)
+    assert winner["hm_delta"] == "+1.50 [+0.50, +2.50]" and winner["ndcg_delta"] == "+1.00 [+0.00, +2.00]"
+    assert default["psi_ratio"] == pytest.approx(1.5) and default["end_minus_begin"] == pytest.approx(30.0)
+    assert cells["paper_default"]["config"] == {"variant": "cls_soft", "strength": 0.5, "layers": [6, 7], "basket_size": 128}  # type: ignore[index]
+
+    last = table([study(0.0, 400, 3000) | cells]).splitlines()[-1]
+    assert last.startswith("| paper default | | | | cls_soft λ 0.50 L[6, 7] B128 |")
+    assert "1.50× · -2.00 [-3.00, -1.00] · +1.00 [+0.00, +2.00] · +30.0" in last
+
+
+def test_without_a_paper_default_row_the_table_has_none() -> None:
+    from benchmarks.search_cost import table
+
+    assert "paper default" not in table([study(0.5, 900, 3000) | {"paper_default": None}])

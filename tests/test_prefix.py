@@ -99,6 +99,43 @@ def test_a_resumed_trial_equals_a_trial_from_scratch(tiny: LoadedModel, tmp_path
     assert baseline.report.hm is not None
 
 
+def test_the_evaluators_of_a_process_share_one_ram_allowance_and_get_it_back(
+    tiny: LoadedModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A study holds one evaluator per structure and held-out set, each caching layer inputs; by default together
+    they keep in RAM at most half the memory available when the first asked, not half each."""
+    import gc
+    import types
+
+    import psutil
+
+    from tuner.evaluation import store
+
+    dataset = tiny_dataset()
+    probe = Evaluator(tiny, dataset, BATCH, cache_dir=tmp_path / "probe", prefix_layers=(1, 2), ram_limit=0)
+    probe.run(None)
+    layer_bytes = probe.cache.store.layer_bytes
+    # half of this holds the two cached layers of one evaluator, not of two
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: types.SimpleNamespace(available=int(4.5 * layer_bytes)))
+    monkeypatch.setattr(store, "_PROCESS_RAM", None, raising=False)
+
+    def evaluator(folder: str) -> Evaluator:
+        made = Evaluator(tiny, dataset, BATCH, cache_dir=tmp_path / folder, prefix_layers=(1, 2))
+        made.run(None)
+        assert made.cached_layers() == (1, 2)
+        return made
+
+    def in_memory(made: Evaluator) -> list[bool]:
+        return [inputs.in_memory for inputs in made.cache.inputs.values()]
+
+    first = evaluator("first")
+    second = evaluator("second")
+    assert in_memory(first) == [True, True] and in_memory(second) == [False, False]
+    del first
+    gc.collect()
+    assert in_memory(evaluator("third")) == [True, True], "what a dropped evaluator held comes back"
+
+
 def test_a_trial_starting_after_the_deepest_cached_layer_resumes_from_it(tiny: LoadedModel, tmp_path: Path) -> None:
     dataset = tiny_dataset()
     evaluator = Evaluator(tiny, dataset, BATCH, cache_dir=tmp_path, prefix_layers=(1,))

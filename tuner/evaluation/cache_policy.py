@@ -39,9 +39,10 @@ from tuner.evaluation.store import (
     DiskCache,
     LayerInputs,
     LayerInputStore,
-    default_ram_limit,
+    RamAllowance,
     engine_identity,
     model_identity,
+    ram_allowance,
     slug,
     texts_digest,
 )
@@ -53,7 +54,8 @@ RECENT_CONFIGS = 8
 
 @dataclass
 class FirstLayerSums:
-    """`RowSums` of the first calibrated layer, per batch, kept in RAM (up to `budget` bytes) for later trials.
+    """`RowSums` of the first calibrated layer, per batch, kept in RAM (up to `budget` bytes, within `ram`) for
+    later trials.
 
     The first calibrated layer's input is the uncalibrated model's whatever the trial, and its `RowSums`
     depend only on that input, on where baskets are cut and on `basket_shares`: trials that share the first
@@ -63,6 +65,7 @@ class FirstLayerSums:
     """
 
     budget: int
+    ram: RamAllowance | None = None  # where the sums' RAM comes from (None: the budget alone bounds them)
     used: int = 0
     hits: int = 0
     entries: dict[tuple[object, ...], RowSums] = field(default_factory=dict)
@@ -86,7 +89,7 @@ class BatchSums:
     def offer(self, key: tuple[object, ...], sums: RowSums) -> None:
         """Keep `sums` if they fit in what is left of the budget (first come, first kept)."""
         owner = self.owner
-        if owner.used + sums.nbytes <= owner.budget:
+        if owner.used + sums.nbytes <= owner.budget and (owner.ram is None or owner.ram.take(owner, sums.nbytes)):
             owner.entries[(self.batch, *key)] = sums
             owner.used += sums.nbytes
 
@@ -340,8 +343,8 @@ class CachePolicy:
             store = self.store
             budget = DEFAULT_BUDGET if self.cache_budget is None else self.cache_budget
             if store is not None:
-                budget, ram = budget - store.layer_bytes * len(self.inputs), store.ram_left
+                budget, ram = budget - store.layer_bytes * len(self.inputs), store.ram
             else:
-                ram = default_ram_limit(self.ram_limit)
-            self._sums = FirstLayerSums(max(0, min(budget, ram)))
+                ram = ram_allowance(self.ram_limit)
+            self._sums = FirstLayerSums(max(0, budget), ram)
         return self._sums

@@ -23,7 +23,9 @@ import logging
 import os
 import re
 import shutil
+import threading
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -369,20 +371,50 @@ class LayerInputs:
         return _from_bytes(self.data[start : start + size], self.dtype, shape)
 
 
-def default_ram_limit(limit: int | None) -> int:
-    """`limit` bytes, or by default RAM_FRACTION of the memory available now."""
-    if limit is not None:
-        return limit
-    import psutil
+class RamAllowance:
+    """Bytes of RAM that cached layer inputs and shared sums may fill. What a holder took comes back when the
+    holder is garbage-collected, so a study's finished evaluators leave room for the next."""
 
-    return int(psutil.virtual_memory().available * RAM_FRACTION)
+    def __init__(self, limit: int) -> None:
+        self.left = limit
+        self._lock = threading.Lock()
+
+    def take(self, holder: object, nbytes: int) -> weakref.finalize | None:
+        """Reserve `nbytes` for `holder` if they fit (None: they are to be memory-mapped or not kept). Calling
+        the reservation gives them back before the holder goes."""
+        with self._lock:
+            if nbytes > self.left:
+                return None
+            self.left -= nbytes
+        return weakref.finalize(holder, self._give, nbytes)
+
+    def _give(self, nbytes: int) -> None:
+        with self._lock:
+            self.left += nbytes
+
+
+_PROCESS_RAM: RamAllowance | None = None
+
+
+def ram_allowance(limit: int | None) -> RamAllowance:
+    """An allowance of `limit` bytes of its own, or by default the process's: RAM_FRACTION of the memory
+    available when it is first asked, shared by every store, since a study holds one evaluator per structure
+    and held-out set and half the memory each would be several times what there is."""
+    global _PROCESS_RAM
+    if limit is not None:
+        return RamAllowance(limit)
+    if _PROCESS_RAM is None:
+        import psutil
+
+        _PROCESS_RAM = RamAllowance(int(psutil.virtual_memory().available * RAM_FRACTION))
+    return _PROCESS_RAM
 
 
 class LayerInputStore:
     """Cached layer inputs of one (model, dataset, batching): chosen within a budget, verified on load.
 
-    Layers are loaded into RAM while they fit in `ram_limit` bytes (default: half the available
-    memory), the rest are memory-mapped from their files.
+    Layers are loaded into RAM while they fit in `ram_limit` bytes (default: the process's `ram_allowance`),
+    the rest are memory-mapped from their files.
     """
 
     def __init__(
@@ -393,7 +425,7 @@ class LayerInputStore:
         itemsize = torch.empty((), dtype=dtype).element_size()
         self.offsets = list(np.cumsum([0] + [int(np.prod(s)) * itemsize for s in self.shapes])[:-1].tolist())
         self.layer_bytes = sum(int(np.prod(s)) for s in self.shapes) * itemsize
-        self.ram_left = default_ram_limit(ram_limit)
+        self.ram = ram_allowance(ram_limit)
         self.loaded: dict[int, LayerInputs] = {}
         self._writers: dict[int, RawWriter] = {}
 
@@ -419,12 +451,12 @@ class LayerInputStore:
         return f"layer-input-{layer:03d}"
 
     def load(self, layer: int) -> LayerInputs | None:
-        in_memory = self.layer_bytes <= self.ram_left
-        opened = self.cache.open_raw(self.name(layer), self.layer_key(layer), self.layer_bytes, in_memory)
+        reserved = self.ram.take(self, self.layer_bytes)
+        opened = self.cache.open_raw(self.name(layer), self.layer_key(layer), self.layer_bytes, reserved is not None)
         if opened is None:
+            if reserved is not None:
+                reserved()
             return None
-        if in_memory:
-            self.ram_left -= self.layer_bytes
         self.loaded[layer] = LayerInputs(layer, opened[0], self.dtype, self.shapes, self.offsets)
         return self.loaded[layer]
 

@@ -49,10 +49,9 @@ the document vectors moved further than the drift limit allows (drift grows with
 DRIFT_EXPONENTS = (1.75, 3.25)
 """Bounds on p in drift ∝ λ^p within a family (the other knobs fixed), on every structure. To first order in λ
 the calibrated attention, so the pooled vector, moves linearly in λ, and 1 − cos grows as the square of that
-move: p = 2 for a mild calibration; measured on MiniLM over the studies of seeds 0-4 and the grid
-(`benchmarks/drift_law.py`: 209 pairs of λ in 20 families, four structures), p lay between 1.88 and 2.83.
-The bounds are that range widened, so a λ `drift_ceiling` rules out is over the limit unless the law bends
-further than it ever did there."""
+move: p = 2 for a mild calibration. The bounds widen the range measured on real models' studies
+(`benchmarks/drift_law.py`, `benchmarks/rules_transfer.py`; docs/models.md), so a λ `drift_ceiling` rules out is
+over the limit unless the law bends further than it did on any of them."""
 
 
 @dataclass(frozen=True)
