@@ -282,6 +282,7 @@ def rules_transfer(data: dict[str, Any]) -> str:
     rows = [
         ("studies · calibrated trials (complete, pruned)", lambda m: f"{m['studies']} · {m['trials']} ({m['complete']}, {m['pruned']})"),
         ("trials that missed each constraint", lambda m: _missed(m["missed"])),
+        ("complete trials that met every constraint", lambda m: str(m["feasible"])),
         ("pruned as worse beyond noise (no constraint missed)", lambda m: str(m["pruned_as_worse"])),
         ("structure that set a complete trial's objective", lambda m: _counts(m["worst_structure"])),
         ("rung order (least biased first)", lambda m: " → ".join(m["rung_order"]) or "—"),

@@ -59,6 +59,7 @@ class ModelRules:
     pruned: int
     missed: dict[str, int]  # constraint name → trials (complete or pruned) that missed it
     pruned_as_worse: int  # pruned trials that missed no constraint: worse beyond noise than the threshold
+    feasible: int  # complete calibrated trials that met every constraint
     worst_structure: dict[str, int]  # structure → complete calibrated trials whose objective it set
     rung_order: list[str]
     exponents: Exponents
@@ -107,6 +108,7 @@ def rules(model: str, studies: Sequence[optuna.Study]) -> ModelRules:
         pruned=sum(t.state == TrialState.PRUNED for t in calibrated),
         missed=dict(sorted(missed.items())),
         pruned_as_worse=worse,
+        feasible=sum(not any(v > 0 for v in named_constraints(t).values()) for t in complete),
         worst_structure=dict(worst.most_common()),
         rung_order=order,
         exponents=Exponents(

@@ -46,6 +46,7 @@ def test_each_rule_is_counted_from_the_trials_that_met_or_missed_it() -> None:
     found = rules("m", [study])
     assert (found.trials, found.complete, found.pruned) == (4, 2, 2)
     assert found.missed == {"drift": 1, "reversal": 1} and found.pruned_as_worse == 1
+    assert found.feasible == 1, "trial 2 met every constraint; the paper default missed the drift limit"
     assert found.worst_structure == {"dev": 1, "openings": 1} and found.rung_order == ["openings", "dev"]
     assert found.paper_default_feasible == 0 and found.paper_default_psi_ratio == [pytest.approx(1.5)]
     assert found.winners == ["trial 2, CLS-Soft, λ 0.25 on layers [5] of 6, baskets of 128 tokens"]
