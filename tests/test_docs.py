@@ -173,3 +173,24 @@ def test_the_site_configuration_fetches_nothing_at_build_time() -> None:
     assert set(names) <= {"search", "mkdocstrings"}, names
     handler = next(p for p in config["plugins"] if isinstance(p, dict) and "mkdocstrings" in p)["mkdocstrings"]["handlers"]["python"]
     assert "inventories" not in handler and "import" not in handler
+
+
+def test_what_the_models_page_says_of_mpnet_is_what_its_records_hold() -> None:
+    """docs/models.md explains MPNet's default studies in words beside their tables; the words must stay true."""
+    page = (ROOT / "docs" / "models.md").read_text(encoding="utf-8")
+    results = ROOT / "docs" / "results"
+    studies = json.loads((results / "search-cost-mpnet.json").read_text(encoding="utf-8"))["results"]["studies"]
+    rules = {m["model"]: m for m in json.loads((results / "rules-transfer.json").read_text(encoding="utf-8"))["results"]["models"]}
+    bias = json.loads((results / "baseline-direction.json").read_text(encoding="utf-8"))["results"]
+    assert "So MPNet's winners are no calibration" in page
+    assert all(s["config"]["strength"] == 0 for s in studies if s["arm"] == "robust-third")
+    assert "every calibrated trial of its studies missed a constraint" in page
+    assert rules["mpnet"]["feasible"] == 0 and rules["mpnet"]["pruned_as_worse"] == 0
+    assert "on MPNet it is rarely the constraint that decides, nDCG@10 is" in page
+    missed = rules["mpnet"]["missed"]
+    assert missed["drift"] < missed["structure_ndcg"]
+    assert "favours no end beyond noise on three of its four tuning structures and the end on\nthe fourth" in page
+    directions = ["level" if not row["beyond_noise"] else "end" if row["tilt"] > 0 else "beginning" for row in bias["models"]["mpnet"]]
+    assert sorted(directions) == ["end", "level", "level", "level"]
+    quoted = "no calibration is fairer than the uncalibrated model by more than the tuning split's noise"
+    assert quoted in page and quoted in (ROOT / "tuner" / "tuning" / "conclusion.py").read_text(encoding="utf-8")
