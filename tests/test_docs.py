@@ -180,7 +180,8 @@ def test_what_the_models_page_says_of_mpnet_is_what_its_records_hold() -> None:
     page = (ROOT / "docs" / "models.md").read_text(encoding="utf-8")
     results = ROOT / "docs" / "results"
     studies = json.loads((results / "search-cost-mpnet.json").read_text(encoding="utf-8"))["results"]["studies"]
-    rules = {m["model"]: m for m in json.loads((results / "rules-transfer.json").read_text(encoding="utf-8"))["results"]["models"]}
+    transfer = json.loads((results / "rules-transfer.json").read_text(encoding="utf-8"))["results"]
+    rules = {m["model"]: m for m in transfer["models"]}
     bias = json.loads((results / "baseline-direction.json").read_text(encoding="utf-8"))["results"]
     assert "So MPNet's winners are no calibration" in page
     assert all(s["config"]["strength"] == 0 for s in studies if s["arm"] == "robust-third")
@@ -194,3 +195,18 @@ def test_what_the_models_page_says_of_mpnet_is_what_its_records_hold() -> None:
     assert sorted(directions) == ["end", "level", "level", "level"]
     quoted = "no calibration is fairer than the uncalibrated model by more than the tuning split's noise"
     assert quoted in page and quoted in (ROOT / "tuner" / "tuning" / "conclusion.py").read_text(encoding="utf-8")
+    assert "none of its calibrated configs met every constraint either" in page
+    assert rules["mpnet-grid"]["feasible"] == 0 and rules["mpnet-grid"]["pruned"] == 0
+    grid = next(s for s in studies if s["arm"] == "grid")
+    assert grid["config"]["strength"] == 0
+    assert "what it\nspent equals what the default studies' budget priced it at" in page
+    priced = [s for s in studies if s["arm"] != "grid"]
+    assert {grid["layer_tokens"] + s["setup_priced"] for s in priced} == {s["grid_layer_tokens"] for s in priced}
+    assert "in every default study of both models the exponents lie inside the bounds" in page
+    assert rules["minilm"]["exponents"]["outside"] == rules["mpnet"]["exponents"]["outside"] == 0
+    assert "On MPNet's grid one pair falls just below the lower bound" in page
+    low, _ = transfer["drift_exponent_bounds"]
+    assert rules["mpnet-grid"]["exponents"]["outside"] == 1 and low - 0.05 < rules["mpnet-grid"]["exponents"]["low"] < low
+    # the ceiling λ·(limit/drift)^(1/p): with the bound for p it moves by r^(1/p − 1/bound) for a probe r times under the limit
+    assert "moves by a fraction of a percent" in page
+    assert 20 ** (1 / rules["mpnet-grid"]["exponents"]["low"] - 1 / low) < 1.01
