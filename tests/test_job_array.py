@@ -93,7 +93,8 @@ def test_local_workers_of_different_processes_never_share_an_identity() -> None:
     assert [local_worker_identity("0", n) for n in (1, 2)] == ["1", "2"]  # the coordinator's, as before
 
 
-TRIALS = 8
+TRIALS = 24  # the workers set up after the coordinator's baseline: with 8 trials of a tiny model on idle cores the
+# coordinator finished the study alone before any worker ran a trial
 TASKS = 4  # the coordinator and three workers
 
 
