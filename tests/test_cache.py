@@ -82,6 +82,21 @@ def test_a_held_out_evaluator_keeps_each_configs_vectors_for_the_next_study(bert
     assert plain.counts.resumed == {2: 1}  # the tuning evaluators keep only what every trial shares
 
 
+def test_a_held_out_evaluator_resumes_from_layer_inputs_it_does_not_leave_in_the_cache(bert: LoadedModel, tmp_path: Path) -> None:
+    """`keep_layer_inputs=False`: a held-out set scores two or three configs once per study, so its layer inputs
+    live only as long as its evaluator; its vectors stay for the next study, which records the inputs again only
+    for a config it has not scored."""
+    first, baseline, _, vectors = study(bert, tmp_path, keep_on_disk=True, keep_layer_inputs=False)
+    assert first.counts.full == 1 and first.counts.resumed == {2: 1}
+    assert not list(tmp_path.rglob("layer-input-*")) and list(tmp_path.rglob("baseline.npy"))
+    assert np.abs(vectors - scratch(bert, tiny_dataset(), trial(bert))).max() <= 1e-6
+    again, baseline2, _, vectors2 = study(bert, tmp_path, keep_on_disk=True, keep_layer_inputs=False)
+    assert again.counts.layer_tokens == 0 and np.array_equal(vectors, vectors2) and np.array_equal(baseline, baseline2)
+    again.document_vectors(bert.default_config(strength=0.4, basket_size=8, layers="last"))
+    assert again.counts.full == 0 and again.counts.recorded == 1 and again.counts.resumed == {2: 1}
+    assert not list(tmp_path.rglob("layer-input-*"))
+
+
 def test_missing_layer_inputs_are_recorded_without_a_full_pass(bert: LoadedModel, tmp_path: Path) -> None:
     study(bert, tmp_path)
     for path in tmp_path.rglob("layer-input-*"):

@@ -108,6 +108,23 @@ def trial_runs(settings: TuneSettings) -> list:
     return client.search_runs([experiment.experiment_id], "tags.`posfair.role` = 'trial'", max_results=1000)
 
 
+def test_the_cache_keeps_layer_inputs_for_the_tuning_passages_and_only_vectors_for_a_held_out_set(
+    workspace: dict, module_cache: Path
+) -> None:
+    """Every trial resumes from the tuning passages' layer inputs; a held-out set scores a few configs once, so what
+    stays of it in the cache is its vectors (the uncalibrated model's, each config's), not gigabytes of inputs."""
+    from tuner.evaluation.store import slug
+
+    def folder(source: str) -> Path:
+        dataset = load_benchmark(source)
+        [found] = module_cache.glob(f"*/{slug(dataset.name)}-{dataset.fingerprint()[:12]}")
+        return found
+
+    settings = workspace["settings"]
+    tuning, held = folder(settings.dataset), folder(settings.heldout)
+    assert list(tuning.glob("layer-input-*")) and list(held.glob("baseline*")) and not list(held.glob("layer-input-*"))
+
+
 def test_a_six_trial_study_logs_six_nested_runs_with_params_metrics_and_profiles(workspace: dict, tmp_path: Path) -> None:
     """Each trial's run holds what Optuna recorded for it, and its metrics obey the paper's definitions."""
     settings, outcome = workspace["settings"], workspace["outcome"]

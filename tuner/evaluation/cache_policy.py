@@ -114,9 +114,11 @@ class CachePolicy:
                   capped by free disk space; 0: none, every trial runs the full forward)
     prefix_layers the layers worth caching, where the configs to come start calibrating
                   (`tuner.engine.prefix.starting_layers`); none by default
-    ram_limit     bytes of layer inputs held in RAM; the rest are memory-mapped (None: half the
-                  available memory)
+    ram_limit     bytes of layer inputs held in RAM; the rest are memory-mapped (None: the process's
+                  `ram_allowance`)
     keep_on_disk  keep every calibration's document vectors in the disk cache too (`calibrated`, `encoded`)
+    keep_layer_inputs  False: layer inputs go to a temporary folder that lives as long as this policy, for sets
+                  that score a few configs once (the held-out sets), whose inputs would fill the cache for nothing
     """
 
     def __init__(
@@ -132,9 +134,11 @@ class CachePolicy:
         prefix_layers: Sequence[int] = (),
         ram_limit: int | None = None,
         keep_on_disk: bool = False,
+        keep_layer_inputs: bool = True,
     ) -> None:
         self.model = model
         self.keep_on_disk = keep_on_disk
+        self.keep_layer_inputs = keep_layer_inputs
         self.cache_budget = cache_budget
         self.prefix_layers = tuple(sorted({int(x) for x in prefix_layers if 0 < int(x) < model.num_layers}))
         self.ram_limit = ram_limit
@@ -153,10 +157,7 @@ class CachePolicy:
             # one folder per dataset content: a changed or shuffled copy never evicts the original's entries
             folder = self.cache_dir / slug(model.spec.source) / f"{slug(dataset.name)}-{fingerprint[:12]}"
         else:
-            self._temporary = tempfile.TemporaryDirectory(
-                prefix=f"posfair-layer-inputs-{os.getpid()}-"
-            )  # tuner.common.scratch cleans it if killed
-            folder = Path(self._temporary.name)
+            folder = self._scratch()
         self.disk = DiskCache(folder)
         doc_ids, query_ids = list(dataset.corpus), list(dataset.queries)
         base = {
@@ -253,6 +254,16 @@ class CachePolicy:
 
     # ------------------------------------------------------------------------------ layer inputs
 
+    def _scratch(self) -> Path:
+        """A temporary folder for this policy's life (`tuner.common.scratch` cleans it if the process is killed)."""
+        if self._temporary is None:
+            self._temporary = tempfile.TemporaryDirectory(prefix=f"posfair-layer-inputs-{os.getpid()}-")
+        return Path(self._temporary.name)
+
+    def _layer_disk(self) -> DiskCache:
+        """Where layer inputs go: the disk cache, or a temporary folder (`keep_layer_inputs`)."""
+        return self.disk if self.keep_layer_inputs or self.cache_dir is None else DiskCache(self._scratch())
+
     def plan_layer_inputs(self, batches: Batches) -> None:
         """Once: choose the layers to cache within the budget, check they can be resumed, load valid ones."""
         if self._planned:
@@ -266,7 +277,7 @@ class CachePolicy:
             log.warning("%s: %s; every trial runs the full forward pass", self.model.spec.alias, error)
             return
         hidden = int(self.model.model.config.hidden_size)
-        self.store = LayerInputStore(self.disk, self._document_key, batches.shapes, hidden, self.model.model.dtype, self.ram_limit)
+        self.store = LayerInputStore(self._layer_disk(), self._document_key, batches.shapes, hidden, self.model.model.dtype, self.ram_limit)
         chosen = self.store.budget_layers(self.prefix_layers, self.cache_budget)
         if len(chosen) < len(self.prefix_layers):
             log.info(

@@ -66,6 +66,7 @@ class Evaluator:
     reuse_baseline  copy baseline vectors for batches a config cannot change instead of encoding them
     keep_on_disk    keep every calibration's document vectors in the disk cache too, for sets that studies score
                     with the same configs (the held-out sets: the paper default, a re-exported winner)
+    keep_layer_inputs  False: layer inputs only for this evaluator's life (`CachePolicy`)
     """
 
     def __init__(
@@ -83,6 +84,7 @@ class Evaluator:
         ram_limit: int | None = None,
         reuse_baseline: bool = True,
         keep_on_disk: bool = False,
+        keep_layer_inputs: bool = True,
     ) -> None:
         self.model = model
         self.dataset = dataset
@@ -114,6 +116,7 @@ class Evaluator:
             prefix_layers=prefix_layers,
             ram_limit=ram_limit,
             keep_on_disk=keep_on_disk,
+            keep_layer_inputs=keep_layer_inputs,
         )
         self._queries: np.ndarray | None = None
         self._baseline: tuple[np.ndarray, int] | None = None

@@ -378,7 +378,8 @@ def _held_out_scorer(
 ) -> Callable[[CalibrationConfig | None], Evaluation]:
     """Scores on a held-out set. A held-out part of the tuning corpus (FineWeb-PosQ's) reuses the tuning
     vectors; another corpus gets its own evaluator, whose baseline pass records the inputs of the layers
-    where the configs start calibrating, so each config resumes there."""
+    where the configs start calibrating, so each config resumes there. Those inputs are gone with the evaluator:
+    each study scores a held-out set with a few configs once, and the vectors it keeps serve the next."""
     if dataset.corpus == evaluator.dataset.corpus:
         scorer = Evaluator(evaluator.model, dataset, evaluator.batch_size, batch_tokens=settings.batch_tokens, cache_budget=0)
         return partial(scorer.run_over, evaluator)
@@ -390,6 +391,7 @@ def _held_out_scorer(
         batch_tokens=settings.batch_tokens,
         prefix_layers=starts,
         keep_on_disk=True,
+        keep_layer_inputs=False,
     )
     return own.run
 
