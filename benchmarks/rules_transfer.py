@@ -83,11 +83,12 @@ def rules(model: str, studies: Sequence[optuna.Study]) -> ModelRules:
     trials = [t for s in studies for t in s.get_trials(deepcopy=False) if counted(t) and t.state != TrialState.RUNNING]
     calibrated = [t for t in trials if float(t.params.get("strength", 0.0)) > 0]
     missed: Counter[str] = Counter()
-    worse = 0
+    worse = feasible_trials = 0
     for t in calibrated:
         names = [name for name, value in named_constraints(t).items() if value > 0]
         missed.update(names)
         worse += t.state == TrialState.PRUNED and PRUNED_ATTR in t.user_attrs and not names
+        feasible_trials += t.state == TrialState.COMPLETE and not names
     complete = [t for t in calibrated if t.state == TrialState.COMPLETE]
     worst = Counter(w for t in complete if (w := _worst(t)) is not None)
     order = next((list(t.user_attrs["structures"]) for t in complete if t.user_attrs.get("structures")), [])
@@ -108,7 +109,7 @@ def rules(model: str, studies: Sequence[optuna.Study]) -> ModelRules:
         pruned=sum(t.state == TrialState.PRUNED for t in calibrated),
         missed=dict(sorted(missed.items())),
         pruned_as_worse=worse,
-        feasible=sum(not any(v > 0 for v in named_constraints(t).values()) for t in complete),
+        feasible=feasible_trials,
         worst_structure=dict(worst.most_common()),
         rung_order=order,
         exponents=Exponents(
