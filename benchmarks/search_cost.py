@@ -18,6 +18,8 @@ store of its own; arms share only the disk cache of query and baseline vectors, 
 - `robust-third`: the default, the robust search within `--budget grid/3`, drawn by the cost-aware
   TPE (`tuner.tuning.sampler`): it ends at the first trial drawn that one third of the grid's
   layer-tokens (estimated for this model and data before the study) has no room for.
+- `tpe-third` and `gp-third`: the same search and budget drawn by `--sampler tpe` (TPE without the cost)
+  and `--sampler gp` (Optuna's GPSampler, constrained log-EI): the samplers side by side.
 
 Per arm and seed: the study's layer-tokens (padded tokens × layers run, every trial and rung; held-out
 scoring apart) and its winner on each held-out set, beside the paper default's (read from the `summary.json` the
@@ -42,7 +44,8 @@ from typing import Any
 
 from benchmarks import record
 
-ARMS = ("grid", "tpe", "robust", "robust-third")
+ARMS = ("grid", "tpe", "robust", "robust-third", "tpe-third", "gp-third")
+SAMPLER_ARMS = {"robust-third": "cost-tpe", "tpe-third": "tpe", "gp-third": "gp"}  # the same search, drawn by each sampler
 HELDOUT = "wikipos-test,wikipos-sentences,wikipos-mixed,wikipos-lengths"
 
 
@@ -68,7 +71,7 @@ def settings_for(arm: str, seed: int, folder: Path, args: argparse.Namespace):
         return replace(base, structures=False, prune=False, max_reversal=None, max_drift=None, budget=None)
     if arm == "robust":
         return replace(base, budget=None)
-    return replace(base, budget=Budget.parse("grid/3"))
+    return replace(base, budget=Budget.parse("grid/3"), sampler=SAMPLER_ARMS[arm])
 
 
 def heldout_cells(folder: Path) -> dict[str, object]:
@@ -107,6 +110,9 @@ def _cells(baseline: dict[str, Any], row: dict[str, Any]) -> dict[str, dict[str,
             "hm_delta": Interval(*intervals["hm"]).format() if intervals.get("hm") else "",
             "ndcg_delta": Interval(*intervals["ndcg10"]).format() if intervals else "",
             "end_minus_begin": 100 * (metrics[f"ndcg10_{groups[-1]}"] - metrics[f"ndcg10_{groups[0]}"]),
+            "psi": metrics["psi"],
+            # the bootstrap SE of the PSI change against no calibration, from its 95% interval (NaN without one)
+            "psi_se": (intervals["psi"][2] - intervals["psi"][1]) / (2 * 1.96) if intervals.get("psi") else float("nan"),
             "tilt": metrics["tilt"],
         }
     return cells
@@ -220,7 +226,7 @@ def _row_cells(heldout: dict[str, dict[str, Any]], sets: list[str]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
     parser.add_argument("--model", default="minilm")
     parser.add_argument("--dataset", default="wikipos-dev")
     parser.add_argument("--heldout", default=HELDOUT)
@@ -241,13 +247,15 @@ def main(argv: list[str] | None = None) -> int:
 
     quiet_libraries()
     results = []
-    for arm in args.arms:
-        for seed in args.seeds if arm != "grid" else args.seeds[:1]:  # the grid draws nothing: one seed is all seeds
-            results.append(run_arm(arm, seed, args))
-            print(json.dumps(results[-1]), flush=True)
-            if args.json:  # a long run leaves what it has measured so far
-                command = "python -m benchmarks.search_cost " + " ".join(sys.argv[1:] if argv is None else argv)
-                record.write(args.json, "search_cost", command, {"model": args.model, "dataset": args.dataset, "studies": results})
+    # seed by seed across the arms, so that a run cut short leaves them compared on the same seeds; the grid last
+    # (it draws nothing: one seed is all seeds)
+    runs = [(arm, seed) for seed in args.seeds for arm in args.arms if arm != "grid"] + [("grid", args.seeds[0])] * ("grid" in args.arms)
+    for arm, seed in runs:
+        results.append(run_arm(arm, seed, args))
+        print(json.dumps(results[-1]), flush=True)
+        if args.json:  # a long run leaves what it has measured so far
+            command = "python -m benchmarks.search_cost " + " ".join(sys.argv[1:] if argv is None else argv)
+            record.write(args.json, "search_cost", command, {"model": args.model, "dataset": args.dataset, "studies": results})
     print(table(results))
     return 0
 

@@ -130,10 +130,15 @@ class RobustEvidence:
         λ bisection extrapolates from."""
         return {s.name: s.drift for s in self.structures}
 
-    def drift_ratio(self, reference: Mapping[str, float]) -> float | None:
+    def drift_ratio(self, reference: Mapping[str, float] | None) -> float | None:
         """The largest drift over the structures as a multiple of `reference`'s (structure name → the reference
-        calibration's drift there). A structure the reference did not measure, or where it moved nothing, is left
-        out; None when no structure is comparable. More structures can only raise it."""
+        calibration's drift there; None: not known yet). A structure the reference did not measure, or where it
+        moved nothing, is left out; None when no structure is comparable. More structures can only raise it.
+        A trial that moved no vector anywhere (no calibration) is 0 against any reference, known or not."""
+        if self.structures and all(s.drift == 0 for s in self.structures):
+            return 0.0
+        if reference is None:
+            return None
         ratios = [s.drift / reference[s.name] for s in self.structures if reference.get(s.name, 0.0) > 0]
         return max(ratios) if ratios else None
 

@@ -222,6 +222,17 @@ def test_the_drift_ratio_is_the_largest_drift_over_the_structures_as_a_multiple_
     assert moved.drift_ratio({"crops": 0.005}) == pytest.approx(4.0)  # a structure the reference never measured is left out
     assert moved.drift_ratio({"half": 0.0}) is None and moved.drift_ratio({}) is None  # nothing to compare with
     assert moved.per_structure()["dev"]["drift"] == 0.06
+    assert moved.drift_ratio(None) is None  # moved, and no yardstick yet: unknown
+
+
+def test_no_calibration_drifts_zero_times_any_reference_even_before_the_reference_is_known():
+    """The baseline trial runs before the paper default whose drift is the yardstick: it still has a drift
+    constraint, so every complete trial of a study has the same constraints (GPSampler needs them alike)."""
+    unmoved = RobustEvidence(
+        (StructureEvidence("dev", evidence(0.3), tuning=True, drift=0.0), StructureEvidence("crops", evidence(0.2), drift=0.0))
+    )
+    assert unmoved.drift_ratio(None) == 0.0 and unmoved.drift_ratio({"dev": 0.01}) == 0.0
+    assert Constraints(0.5, max_drift=2.0).values(0.55, 0.53, 0.01, drift_ratio=unmoved.drift_ratio(None))["drift"] == -2.0
 
 
 def test_the_drift_limit_is_a_multiple_of_the_reference_s_drift():

@@ -4,12 +4,19 @@ depth that no longer fits the rest of the budget is not drawn while another one 
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 import optuna
 import pytest
 
+from tests.test_study import write_dataset
+from tests.tiny import save_tiny
 from tuner.common.budget import BUDGET_ATTR
-from tuner.tuning.sampler import CostCooledTPESampler, cooling
+from tuner.common.options import SAMPLERS
+from tuner.common.trials import SAMPLER_ATTR, named_constraints
+from tuner.tuning.run import TuneSettings, tune
+from tuner.tuning.sampler import STARTUP_TRIALS, CostCooledTPESampler, cooling, make_sampler
+from tuner.tuning.trial_record import set_constraints
 
 COST = {"last": 100, "25%": 200, "50%": 300}  # MiniLM: a trial of each depth runs 1, 2 or 3 layers
 UNSPENT = {"trials": 10**9, "depth_cost": COST}  # nothing is spent (no trial records layer-tokens): α stays 1
@@ -80,3 +87,67 @@ def test_a_depth_that_no_longer_fits_the_rest_of_the_budget_is_not_drawn_while_a
     late = draws(CostCooledTPESampler(seed=0), budget, trials=40, spend=10)[30:]
     assert {p["depth"] for p in late} <= {"last", "25%"}
     assert any(p["depth"] == "50%" for p in draws(CostCooledTPESampler(seed=0), None, trials=40)[30:])  # unbudgeted, it is drawn
+
+
+def constrained(trial: optuna.Trial, limit: float | None) -> float:
+    """λ 0.6 is the optimum; with a `limit`, only λ ≤ limit meets the constraint."""
+    strength = trial.suggest_float("strength", 0.0, 1.0, step=0.05)
+    trial.suggest_categorical("depth", list(COST))
+    if limit is not None:
+        set_constraints(trial, {"reversal": strength - limit})
+    return (strength - 0.6) ** 2
+
+
+@pytest.mark.parametrize("name", SAMPLERS)
+def test_every_sampler_steers_towards_what_meets_the_constraints_the_objective_sets(name: str) -> None:
+    """The objective stores its constraints as posfair's does and no sampler is given a `constraints_func`:
+    each must still learn that the optimum it would chase is infeasible."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    limit = 0.325  # λ 0.3 is the best feasible value (a margin: λ 0.3 is drawn as 0.30000000000000004)
+    feasible = {}
+    for given in (limit, None):
+        study = optuna.create_study(sampler=make_sampler(name, seed=0))
+        study.optimize(lambda trial, given=given: constrained(trial, given), n_trials=30)
+        feasible[given] = sum(t.params["strength"] <= limit for t in study.trials[STARTUP_TRIALS:])
+        if given is not None:
+            best = min((t for t in study.trials if t.params["strength"] <= limit), key=lambda t: t.value)
+            assert best.params["strength"] == pytest.approx(0.3), name
+    assert feasible[limit] >= feasible[None] + 5, (name, feasible)
+
+
+def test_an_unknown_sampler_is_refused_naming_the_choices() -> None:
+    with pytest.raises(ValueError, match="--sampler must be one of cost-tpe, tpe, gp, got 'random'"):
+        TuneSettings(sampler="random")
+    with pytest.raises(ValueError, match="--sampler gp draws a single-objective search"):
+        TuneSettings(sampler="gp", grid="paper")
+
+
+@pytest.mark.parametrize("name", ["tpe", "gp"])
+def test_tune_runs_and_exports_with_each_sampler(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    model = save_tiny("bert", tmp_path / "tiny-bert", max_length=512)
+    data = write_dataset(tmp_path / "data", docs=8, words=45)
+    settings = TuneSettings(
+        model=str(model),
+        pooling="cls",
+        dataset=f"jsonl:{data}",
+        heldout=None,
+        trials=8,
+        budget=None,
+        prune=False,
+        bisect=False,
+        sampler=name,
+        storage=f"sqlite:///{tmp_path / 'o.db'}",
+        tracking_uri=f"sqlite:///{tmp_path / 'm.db'}",
+        output=tmp_path / "best.yaml",
+        bootstrap=50,
+    )
+    outcome = tune(settings)
+    study = optuna.load_study(study_name=outcome.study, storage=settings.storage)
+    assert study.user_attrs[SAMPLER_ATTR] == name
+    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert named_constraints(complete[0])["drift"] == -settings.max_drift  # the baseline moved nothing
+    assert {tuple(named_constraints(t)) for t in complete} == {("drift", "hm_floor", "ndcg_drop", "reversal", "structure_ndcg")}
+    assert sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials) >= STARTUP_TRIALS + 3  # some drawn by its model
+    assert study.trials[outcome.winner_trial].params["strength"] == pytest.approx(outcome.config.strength)
+    assert (tmp_path / "best.yaml").exists()

@@ -23,7 +23,7 @@ from objectives.evidence import EVIDENCE_RESAMPLES
 from tests.services import as_logged, running_mlflow_server
 from tests.tiny import WORDS
 from tuner.calibration import CalibrationConfig, ConfigError
-from tuner.common.trials import DUPLICATE_ATTR, SCREEN_ATTR, SURPLUS_ATTR, counted, objective_resamples
+from tuner.common.trials import DUPLICATE_ATTR, SCREEN_ATTR, SURPLUS_ATTR, counted, named_constraints, objective_resamples
 from tuner.data import load_benchmark
 from tuner.engine.encoder import CalibratedEncoder
 from tuner.engine.exported import load_exported
@@ -572,7 +572,7 @@ def test_each_trial_is_constrained_by_its_psi_on_the_crops_against_the_uncalibra
         )
         psi = evaluator.run(config).report.psi
         assert trial.user_attrs["metrics"]["crops_psi"] == pytest.approx(psi, rel=1e-5)  # the attribute keeps 6 significant digits
-        assert trial.constraints["crops_psi"] == pytest.approx(psi - uncalibrated, abs=1e-9)
+        assert named_constraints(trial)["crops_psi"] == pytest.approx(psi - uncalibrated, abs=1e-9)
 
 
 def test_a_process_opening_the_study_while_its_creator_writes_the_identity_is_not_refused(

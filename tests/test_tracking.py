@@ -333,8 +333,9 @@ def test_optuna_dashboard_greys_infeasible_trials_and_the_study_names_the_winner
         trial = study.trials[shown["number"]]
         if trial.state != optuna.trial.TrialState.COMPLETE:
             continue
-        named = [v for k, v in trial.constraints.items() if not k.isdigit()]
+        named = list(named_constraints(trial).values())
         assert shown["constraints"] == pytest.approx(named), "the dashboard's feasibility is the study's"
+        assert trial.constraints == {str(i): v for i, v in enumerate(named)}, "the samplers read each constraint once"
         attrs = {a["key"]: a["value"] for a in shown["user_attrs"]}
         assert attrs["feasible"].startswith("yes: " if all(v <= 0 for v in named) else "NO: ")
         assert json.loads(attrs["metrics"]) == pytest.approx(trial.user_attrs["metrics"]), "the metrics JSON is not cut"

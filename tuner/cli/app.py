@@ -288,6 +288,13 @@ def run(
         ),
     ] = True,
     grid: Annotated[str | None, typer.Option(help="'paper': run exactly the paper's 24 configs (its grid), unpruned.")] = None,
+    sampler: Annotated[
+        str,
+        typer.Option(
+            help="How the search draws trials: 'cost-tpe' (TPE that weighs each config by its cost under --budget), "
+            "'tpe' (the same without the cost) or 'gp' (Optuna's GPSampler); all three respect the constraints."
+        ),
+    ] = "cost-tpe",
     budget: Annotated[
         str,
         typer.Option(
@@ -388,6 +395,7 @@ def run(
             prune=prune,
             bisect=bisect,
             grid=grid,
+            sampler=sampler,
             budget=Budget.parse(budget),
             selection=selection,
             pareto=pareto,

@@ -20,6 +20,7 @@ DEFAULT_PROFILE_DOCS = 8
 DEFAULT_MAX_DRIFT = 2.0  # a trial may move the document vectors at most twice as far as the paper default does (docs/concepts.md)
 HEARTBEAT_SECONDS = 20  # a trial whose worker is silent for 3 heartbeats is failed and re-queued
 GRID_NAMES = ("paper",)  # `tune --grid`: the configs of `tuner.tuning.search_space.GRIDS`
+SAMPLERS = ("cost-tpe", "tpe", "gp")  # `tune --sampler` (`tuner.tuning.sampler.make_sampler`); the first is the default
 SCREEN_QUERIES = 48  # queries per position group (and stratum) in the pooled screen (`tuner.evaluation.pools`)
 Pooling = Literal["cls", "last", "mean"]
 """`--pooling`: how a model outside the registry pools its vectors (`tuner.calibration.config.Pooling`'s values)."""

@@ -21,6 +21,8 @@ SURPLUS_ATTR = "surplus"  # a trial started when the study already had enough
 SCREEN_ATTR = "screen"  # `ScreenFigures.to_attr()` of a trial on the study's pooled screen
 SETUP_COST_ATTR = "setup_layer_tokens/"  # + a process: a study attribute, the baselines and queries that process encoded
 SELECTION_ATTR = "selection"  # a study attribute: the --selection rule of the run that last coordinated it (`tune export`'s default)
+CONSTRAINT_NAMES_ATTR = "constraint_names"  # a trial system attribute: the names of its constraint values, in order
+SAMPLER_ATTR = "sampler"  # the study attribute naming how its trials were drawn (`--sampler`)
 BISECT_ATTR = (
     "bisect"  # on a trial λ bisection queued: {"of": the trial that queued it, "feasible": λ, "too_strong": λ, "because": what it missed}
 )
@@ -82,14 +84,19 @@ def objective_resamples(trial: FrozenTrial) -> tuple[float, ...] | None:
 
 
 def constraints_of(trial: FrozenTrial) -> Sequence[float]:
-    """The trial's constraint values in Optuna's convention (≤ 0: met), as the objective set them by name
-    (without the unnamed copy kept for optuna-dashboard, which Optuna lists under '0', '1', ...)."""
+    """The trial's constraint values in Optuna's convention (≤ 0: met), in the order of their names."""
     return list(named_constraints(trial).values())
 
 
 def named_constraints(trial: FrozenTrial) -> dict[str, float]:
-    """{'hm_floor': ..., 'ndcg_drop': ...}: the named constraint values (`constraints_of`)."""
-    return {name: value for name, value in trial.constraints.items() if not name.isdigit()}
+    """{'hm_floor': ..., 'ndcg_drop': ...}: the trial's constraint values by name. They are stored once, as the list
+    Optuna lists under '0', '1', ... (`tuner.tuning.trial_record.set_constraints`), named by `CONSTRAINT_NAMES_ATTR`;
+    a study stored by an earlier posfair has them by name as well, and the unnamed copy is left out."""
+    names = trial.system_attrs.get(CONSTRAINT_NAMES_ATTR)
+    values = trial.constraints
+    if names is None:
+        return {name: value for name, value in values.items() if not name.isdigit()}
+    return {name: values[str(i)] for i, name in enumerate(names)}
 
 
 def counted(trial: FrozenTrial) -> bool:

@@ -10,6 +10,11 @@ log-density ratio log l(x) − log g(x), so the division is a subtraction of α 
 start-up draws the depth with probability ∝ cost^−α in the same spirit (the other parameters are drawn as
 plain TPE draws them). A depth whose trial no longer fits the rest of the budget is not drawn while another
 one fits: the study ends at the first trial the budget has no room for (`TrialPricing.reserve`).
+
+`--sampler` also offers what the cost-aware TPE is measured against (`benchmarks/search_cost.py`): the same
+TPE without the cost, and Optuna's `GPSampler` (a Gaussian process with constrained log-EI). All three read
+the constraints the objective stores (`tuner.tuning.trial_record.set_constraints`), start from the same five
+random draws and run within the same budget.
 """
 
 from __future__ import annotations
@@ -24,8 +29,36 @@ from optuna.exceptions import ExperimentalWarning
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.common.budget import StudyBudget, study_budget
+from tuner.common.options import SAMPLERS
 from tuner.common.trials import trials_spent
 from tuner.tuning.optuna_access import ParzenEstimator, tpe_startup_trials
+
+STARTUP_TRIALS = 5  # random draws before a model of the study is fitted; the reference trials count among them
+TPE_OPTIONS: dict[str, Any] = {"multivariate": True, "group": True, "n_startup_trials": STARTUP_TRIALS}
+
+
+def make_sampler(name: str, seed: int) -> optuna.samplers.BaseSampler:
+    """The single-objective sampler `name` (one of `SAMPLERS`), seeded."""
+    if name == "cost-tpe":
+        return CostCooledTPESampler(seed=seed)
+    if name == "tpe":
+        return grouped_tpe(seed)
+    if name == "gp":
+        with warnings.catch_warnings():  # GPSampler is "experimental" in Optuna 5
+            warnings.simplefilter("ignore", ExperimentalWarning)
+            # the objective is deterministic: a config scored twice on the same passages scores the same;
+            # conditional parameters (CLS-Hard's weight) are drawn at random, as GPSampler does outside its space
+            return optuna.samplers.GPSampler(
+                seed=seed, n_startup_trials=STARTUP_TRIALS, deterministic_objective=True, warn_independent_sampling=False
+            )
+    raise ValueError(f"--sampler {name!r}: choose one of {', '.join(SAMPLERS)}")
+
+
+def grouped_tpe(seed: int | None) -> optuna.samplers.TPESampler:
+    """Multivariate, grouped TPE, as posfair runs it: the cost-aware sampler's draws without a budget."""
+    with warnings.catch_warnings():  # multivariate/group TPE is "experimental" but long stable
+        warnings.simplefilter("ignore", ExperimentalWarning)
+        return optuna.samplers.TPESampler(seed=seed, **TPE_OPTIONS)
 
 
 class CostCooledTPESampler(optuna.samplers.TPESampler):
@@ -34,10 +67,10 @@ class CostCooledTPESampler(optuna.samplers.TPESampler):
     trial of each depth spends, recorded with the budget (`StudyBudget.depth_costs`), so every
     worker weighs alike. Without a budget it is TPE, draw for draw."""
 
-    def __init__(self, *, seed: int | None, n_startup_trials: int = 5) -> None:
+    def __init__(self, *, seed: int | None) -> None:
         with warnings.catch_warnings():  # multivariate/group TPE is "experimental" but long stable
             warnings.simplefilter("ignore", ExperimentalWarning)
-            super().__init__(seed=seed, multivariate=True, group=True, n_startup_trials=n_startup_trials)
+            super().__init__(seed=seed, **TPE_OPTIONS)
         self.seed = seed
         self._penalty: np.ndarray | None = None  # per depth choice, for the search space being sampled
 

@@ -18,7 +18,7 @@ from objectives import Constraints
 from tuner.common.budget import store_study_budget
 from tuner.common.messages import UserError
 from tuner.common.scratch import clean_orphans
-from tuner.common.trials import SELECTION_ATTR
+from tuner.common.trials import SAMPLER_ATTR, SELECTION_ATTR
 from tuner.data import DatasetUnavailableError, PositionalDataset, is_crops, load_benchmark, load_structures, require_position_groups
 from tuner.data import check_available as check_benchmark
 from tuner.data.wikipos import TRANSFER_SPLITS
@@ -192,10 +192,12 @@ def prepare(settings: TuneSettings) -> Session:
         heartbeat=settings.heartbeat,
         worker=process_identity(settings),
         grid=GRIDS[settings.grid] if settings.grid else None,
+        sampler_name=settings.sampler,
     )
     if not settings.worker:  # workers read it from the study: a resume without --budget lifts it
         store_study_budget(study, budget)
         study.set_user_attr(SELECTION_ATTR, settings.selection)  # the rule `tune export` names the winner by
+        study.set_user_attr(SAMPLER_ATTR, settings.sampler)  # how the latest session drew its trials
     return Session(settings, tracker, storage, model, tuning, heldout, evaluator, space, general, structures, name, identity, study, cost)
 
 

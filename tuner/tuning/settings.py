@@ -21,6 +21,7 @@ from tuner.common.options import (
     DEFAULT_TRIALS,
     GRID_NAMES,
     HEARTBEAT_SECONDS,
+    SAMPLERS,
     SCREEN_QUERIES,
     ArrayTask,
     Budget,
@@ -62,6 +63,7 @@ class TuneSettings:
     bisect: bool = True  # after an over-correcting trial, try its config weaker (`tuner.tuning.bisection`)
     screen_queries: int = SCREEN_QUERIES  # per position group in the pooled screen that pruning scores first (`tuner.evaluation.pools`)
     grid: str | None = None  # "paper": run exactly the paper's 24 configs (GridSampler), at full fidelity
+    sampler: str = SAMPLERS[0]  # how a single-objective search draws its trials (`tuner.tuning.sampler.make_sampler`)
     budget: Budget | None = DEFAULT_BUDGET  # layer-tokens the study may spend (`Budget`); None: only --trials limits it
     selection: str = "one-se"
     pareto: bool = False
@@ -110,6 +112,13 @@ class TuneSettings:
             raise ValueError(f"--batch-tokens must be at least 1, got {self.batch_tokens}")
         if self.grid is not None and self.grid not in GRID_NAMES:
             raise ValueError(f"--grid must be one of {', '.join(GRID_NAMES)}, got {self.grid!r}")
+        if self.sampler not in SAMPLERS:
+            raise ValueError(f"--sampler must be one of {', '.join(SAMPLERS)}, got {self.sampler!r}")
+        if self.sampler != SAMPLERS[0] and (self.grid is not None or self.pareto):
+            raise ValueError(
+                f"--sampler {self.sampler} draws a single-objective search; --grid runs fixed configs and --pareto draws "
+                "with NSGA-II: drop one of them"
+            )
         if self.max_crops_psi is not None and not self.structures:
             raise ValueError("--max-crops-psi reads the crops structure: drop --no-structures")
         if self.max_general_drop is not None and self.general is None:

@@ -1,8 +1,8 @@
 """The Optuna side: a persistent, resumable, seeded study with constraints, and its winner.
 
 The study calls an objective and knows nothing of models, MLflow or YAML. Constraints are Optuna's
-own: the objective sets them with `Trial.set_constraint` (values ≤ 0 are feasible) and the samplers
-(TPE, NSGA-II) use them to prefer feasible regions. Trials of a killed worker are failed by the heartbeat check and re-queued once, so the
+own: the objective stores each trial's values (≤ 0 is feasible) where every sampler (TPE, GP, NSGA-II)
+reads them to prefer feasible regions (`tuner.tuning.trial_record.set_constraints`). Trials of a killed worker are failed by the heartbeat check and re-queued once, so the
 study still ends with the requested number of complete trials.
 """
 
@@ -33,7 +33,7 @@ from objectives.constraint import describe_aim
 from objectives.selection import chosen
 from tuner.common.budget import budget_ended
 from tuner.common.files import sqlite_file
-from tuner.common.options import HEARTBEAT_SECONDS
+from tuner.common.options import HEARTBEAT_SECONDS, SAMPLERS
 from tuner.common.trials import (
     DUPLICATE_ATTR,
     SURPLUS_ATTR,
@@ -53,7 +53,7 @@ from tuner.tuning.optuna_access import (
     stored_trial,
     study_system_attrs,
 )
-from tuner.tuning.sampler import CostCooledTPESampler
+from tuner.tuning.sampler import make_sampler
 from tuner.tuning.storage import grace_seconds, machine_fault, make_storage
 
 log = logging.getLogger(__name__)
@@ -128,11 +128,12 @@ def open_study(
     heartbeat: int = HEARTBEAT_SECONDS,
     worker: str = "0",
     grid: Mapping[str, Sequence[object]] | None = None,
+    sampler_name: str = SAMPLERS[0],
 ) -> optuna.Study:
     """Create or resume a study; `identity` (model, dataset, floor, space...) must match on resume. The sampler
-    is seeded from `seed` and the `worker` identity (`sampler_seed`): TPE, which under a budget weighs each
-    depth by its cost (`tuner.tuning.sampler`); with `grid`, Optuna's `GridSampler` runs exactly the grid's
-    configs instead."""
+    is seeded from `seed` and the `worker` identity (`sampler_seed`): `sampler_name`'s (by default TPE, which
+    under a budget weighs each depth by its cost: `tuner.tuning.sampler`); with `grid`, Optuna's `GridSampler`
+    runs exactly the grid's configs instead, and a Pareto search NSGA-II."""
     seed = sampler_seed(seed, worker)
     sampler: optuna.samplers.BaseSampler
     directions: list[Literal["minimize", "maximize"]]
@@ -143,7 +144,7 @@ def open_study(
         sampler = optuna.samplers.NSGAIISampler(seed=seed, population_size=8)
         directions = ["minimize", "maximize"]  # PSI down, HM up
     else:
-        sampler = CostCooledTPESampler(seed=seed)
+        sampler = make_sampler(sampler_name, seed)
         directions = ["minimize"]  # PSI, subject to HM >= floor
     study = optuna.create_study(
         study_name=name, storage=make_storage(storage, heartbeat), sampler=sampler, directions=directions, load_if_exists=True

@@ -18,7 +18,7 @@ from optuna.trial import FrozenTrial
 
 from objectives import Constraints
 from objectives.evidence import TrialEvidence
-from tuner.common.trials import BISECT_ATTR, RESAMPLES_ATTR, PrunedAt
+from tuner.common.trials import BISECT_ATTR, CONSTRAINT_NAMES_ATTR, RESAMPLES_ATTR, PrunedAt
 from tuner.tracking.runs import Tracker, TrialRecord, describe_config, describe_outcome
 from tuner.tuning.bisection import describe_queued
 from tuner.tuning.optuna_access import set_dashboard_constraints, set_trial_system_attr
@@ -263,19 +263,14 @@ def screen_metrics(screen: TrialEvidence) -> dict[str, float]:
 
 
 def set_constraints(trial: optuna.Trial, constraints: Mapping[str, float]) -> None:
-    """The trial's named constraint values (≤ 0 met), as Optuna's samplers and optuna-dashboard read them."""
-    for name, value in constraints.items():
-        trial.set_constraint(name, value)
-    mark_for_dashboard(trial, constraints)
-
-
-def mark_for_dashboard(trial: optuna.Trial, constraints: Mapping[str, float]) -> None:
-    """Also store the constraint values as the list optuna-dashboard reads (0.21: the system attribute
-    `constraints`, the format of samplers' `constraints_func`), so its plots grey out infeasible trials;
-    it does not read `set_constraint`'s named values. Optuna reads both formats, so the values count
-    twice there: feasibility is unchanged and TPE's summed violations keep their order. The list is in
-    the order of the names, as the storage gives the named values back."""
-    set_dashboard_constraints(trial, [constraints[name] for name in sorted(constraints)])
+    """The trial's named constraint values (≤ 0 met), stored once where Optuna's samplers and optuna-dashboard
+    both read them: the list of the `constraints_func` format (optuna-dashboard 0.21 reads no other), named by
+    `CONSTRAINT_NAMES_ATTR` (`tuner.common.trials.named_constraints` reads them back). Stored by name as well
+    (`Trial.set_constraint`), every constraint would count twice for the samplers: GPSampler would fit a model
+    to each copy and square its probability of being met."""
+    names = sorted(constraints)
+    set_trial_system_attr(trial, CONSTRAINT_NAMES_ATTR, names)
+    set_dashboard_constraints(trial, [float(constraints[name]) for name in names])
 
 
 def reference_markers(trial: optuna.Trial) -> list[str]:

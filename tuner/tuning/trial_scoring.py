@@ -270,7 +270,7 @@ class TrialScoring:
             reversal=robust.reversal(self.constraints.max_reversal or 0.0),
             partial=partial,
             structure_ndcg_loss=robust.significant_ndcg_loss(),
-            drift_ratio=None if reference is None else robust.drift_ratio(reference),
+            drift_ratio=robust.drift_ratio(reference),
         )
 
 
