@@ -243,9 +243,17 @@ def baseline_direction(data: dict[str, Any]) -> str:
 
 
 def studies(data: dict[str, Any]) -> str:
+    """The default studies (plain `tune`) and the grid; the other samplers' are the `samplers` figure's."""
     from benchmarks.search_cost import table
 
-    return "\n".join([table(data["results"]["studies"]), "", _measured_on(data)])
+    default = [r for r in data["results"]["studies"] if r["arm"] in ("robust-third", "grid")]
+    return "\n".join([table(default), "", _measured_on(data)])
+
+
+def samplers(data: dict[str, Any]) -> str:
+    from benchmarks.search_cost import sampler_table
+
+    return "\n".join([sampler_table(data["results"]["studies"]), "", _measured_on(data)])
 
 
 # ---------------------------------------------------------------- the rules on each model's studies (benchmarks.rules_transfer)
@@ -306,6 +314,7 @@ FIGURES: dict[str, Figure] = {
     "baseline-direction": Figure("baseline-direction", baseline_direction),
     "mpnet-studies": Figure("search-cost-mpnet", studies),
     "minilm-studies": Figure("search-cost-minilm", studies),
+    "samplers": Figure("search-cost-minilm", samplers),
     "rules-transfer": Figure("rules-transfer", rules_transfer),
 }
 

@@ -3,7 +3,7 @@ robust, pruned search (MiniLM on WikiPos-dev by default).
 
 Run from the repository root:
 
-    .venv/bin/python -m benchmarks.search_cost                          # every arm, seeds 0 1 2, all held-out sets
+    .venv/bin/python -m benchmarks.search_cost                          # every arm, seeds 0-4, all held-out sets
     .venv/bin/python -m benchmarks.search_cost --arms grid robust --seeds 0 --heldout wikipos-test   # reduced
 
 Each arm is a real `tune` run (the same evaluator, selection and export as the command line), in a fresh
@@ -16,9 +16,11 @@ store of its own; arms share only the disk cache of query and baseline vectors, 
 - `robust`: the previous default: 16 TPE trials whose objective is the worst PSI over the structures,
   with the reversal and drift constraints, pruned between structures (`--budget none`).
 - `robust-third`: the default, the robust search within `--budget grid/3`, drawn by the cost-aware
-  TPE (`tuner.tuning.sampler`): it ends at the first trial drawn that one third of the grid's
-  layer-tokens (estimated for this model and data before the study) has no room for.
-- `tpe-third` and `gp-third`: the same search and budget drawn by `--sampler tpe` (TPE without the cost)
+  TPE (`tuner.tuning.sampler`) after the references and the paper default's cheaper siblings: it ends at
+  the first trial drawn that one third of the grid's layer-tokens (estimated for this model and data before
+  the study) has no room for.
+- `random-start-third`: the same with `--no-paper-siblings`: random start-up draws after the references.
+- `tpe-third` and `gp-third`: the default search and budget drawn by `--sampler tpe` (TPE without the cost)
   and `--sampler gp` (Optuna's GPSampler, constrained log-EI): the samplers side by side.
 
 Per arm and seed: the study's layer-tokens (padded tokens × layers run, every trial and rung; held-out
@@ -44,8 +46,15 @@ from typing import Any
 
 from benchmarks import record
 
-ARMS = ("grid", "tpe", "robust", "robust-third", "tpe-third", "gp-third")
-SAMPLER_ARMS = {"robust-third": "cost-tpe", "tpe-third": "tpe", "gp-third": "gp"}  # the same search, drawn by each sampler
+ARMS = ("grid", "tpe", "robust", "robust-third", "random-start-third", "tpe-third", "gp-third")
+SAMPLER_ARMS = {"robust-third": "cost-tpe", "random-start-third": "cost-tpe", "tpe-third": "tpe", "gp-third": "gp"}
+"""The arms within the default budget, by the sampler that draws them."""
+ARM_COMMANDS = {
+    "robust-third": "plain `tune`",
+    "random-start-third": "`--no-paper-siblings`",
+    "tpe-third": "`--sampler tpe`",
+    "gp-third": "`--sampler gp`",
+}
 HELDOUT = "wikipos-test,wikipos-sentences,wikipos-mixed,wikipos-lengths"
 
 
@@ -71,7 +80,7 @@ def settings_for(arm: str, seed: int, folder: Path, args: argparse.Namespace):
         return replace(base, structures=False, prune=False, max_reversal=None, max_drift=None, budget=None)
     if arm == "robust":
         return replace(base, budget=None)
-    return replace(base, budget=Budget.parse("grid/3"), sampler=SAMPLER_ARMS[arm])
+    return replace(base, budget=Budget.parse("grid/3"), sampler=SAMPLER_ARMS[arm], paper_siblings=arm != "random-start-third")
 
 
 def heldout_cells(folder: Path) -> dict[str, object]:
@@ -153,10 +162,29 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace) -> dict[str, object]:
             "setup_layer_tokens": setup,
             **priced(study),
             "pruned": states.count("PRUNED"),
+            "model_draws": model_draws(study, arm),
             "winner": outcome.winner_trial,
             "config": _knobs(outcome.config.model_dump()),
             **heldout_cells(folder),
         }
+
+
+def model_draws(study, arm: str) -> int:
+    """The trials the sampler's model drew: not queued (the references, λ bisection's) and past the random
+    start-up, which TPE counts in complete and pruned trials and GPSampler in complete ones alone."""
+    from optuna.trial import TrialState
+
+    from tuner.tuning.sampler import STARTUP_TRIALS
+
+    if arm not in SAMPLER_ARMS:
+        return 0
+    counts = (TrialState.COMPLETE,) if SAMPLER_ARMS[arm] == "gp" else (TrialState.COMPLETE, TrialState.PRUNED)
+    drawn, seen = 0, 0
+    for trial in sorted(study.trials, key=lambda t: t.number):  # one process: a trial starts after the last ended
+        if "fixed_params" not in trial.system_attrs and seen >= STARTUP_TRIALS:
+            drawn += 1
+        seen += trial.state in counts
+    return drawn
 
 
 def priced(study) -> dict[str, object]:
@@ -177,7 +205,8 @@ def reread(path: Path, keep: Path) -> None:
     for study in data["results"]["studies"]:
         folder = keep / f"{study['arm']}-seed{study['seed']}"
         url = f"sqlite:///{folder / 'optuna.db'}"
-        study.update(priced(optuna.load_study(study_name=optuna.get_all_study_names(url)[0], storage=url)))
+        stored = optuna.load_study(study_name=optuna.get_all_study_names(url)[0], storage=url)
+        study.update(priced(stored), model_draws=model_draws(stored, study["arm"]))
         study.update(heldout_cells(folder))
     record.amend(path, data)
 
@@ -207,6 +236,81 @@ def table(results: list[dict[str, Any]]) -> str:
     if default:
         lines.append(f"| paper default | | | | {_named(default['config'])} | " + _row_cells(default["heldout"], sets))
     return "\n".join(lines)
+
+
+def sampler_table(results: list[dict[str, Any]]) -> str:
+    """The docs' sampler table: per arm, what its seeds spent and how their winners compare with the grid's on
+    each held-out set, and how far apart the seeds' winners land there."""
+    grid = next((r for r in results if r["arm"] == "grid"), None)
+    sets = sorted({name for r in results for name in r["heldout"]})
+    setup = max(max(r["setup_layer_tokens"], r.get("setup_priced") or 0) for r in results)
+    arms = [a for a in SAMPLER_ARMS if any(r["arm"] == a for r in results)]
+    lines = [
+        "| | " + " | ".join(f"{a}: {ARM_COMMANDS[a]}" for a in arms) + " |",
+        "|---|" + "---:|" * len(arms),
+    ]
+
+    def row(title: str, cell) -> None:
+        lines.append(f"| {title} | " + " | ".join(cell([r for r in results if r["arm"] == a]) for a in arms) + " |")
+
+    def share(rs: list[dict[str, Any]]) -> str:
+        grid_cost = grid["layer_tokens"] + setup if grid else rs[0].get("grid_layer_tokens")
+        shares = [(r["layer_tokens"] + setup) / grid_cost for r in rs]
+        return f"{sum(shares) / len(shares):.2f}× ({min(shares):.2f}–{max(shares):.2f})"
+
+    row("seeds", lambda rs: ", ".join(str(r["seed"]) for r in rs))
+    row("layer-tokens on a fresh machine, × the grid's: mean (range)", share)
+    row("trials run (pruned)", lambda rs: ", ".join(f"{r['trials']} ({r['pruned']})" for r in rs))
+    row("trials the sampler's model drew", lambda rs: ", ".join(str(r.get("model_draws", "?")) for r in rs))
+    row("winners", lambda rs: "; ".join(_named(r["config"]) for r in rs))
+    for name in sets:
+        label = name.removeprefix("wikipos-")
+        row(f"{label}: PSI × uncalibrated, per seed", lambda rs, n=name: ", ".join(f"{r['heldout'][n]['psi_ratio']:.2f}" for r in rs))
+        row(f"{label}: seeds' PSI spread ÷ its bootstrap SE", lambda rs, n=name: _spread(rs, n))
+        if grid:
+            row(f"{label}: seeds at least as good as the grid's winner", lambda rs, n=name: _as_good(rs, grid, n))
+    lines.append("")
+    if grid:
+        lines.append(
+            f"The grid's winner: {_named(grid['config'])}; {grid['layer_tokens'] + setup:,} layer-tokens. "
+            "At least as good: on that held-out set, the winner's ΔHM and ΔnDCG@10 are no lower than the grid winner's "
+            "95% intervals and its PSI no higher than the grid winner's plus 1.96 bootstrap SE. "
+        )
+    lines.append(
+        "Spread ÷ SE: the largest minus the smallest of the seeds' held-out PSI, divided by the median bootstrap SE "
+        "of their PSI change against no calibration (≤ 1: the seeds agree within one SE)."
+    )
+    return "\n".join(lines)
+
+
+def _spread(results: list[dict[str, Any]], name: str) -> str:
+    psi = [r["heldout"][name]["psi"] for r in results]
+    ses = sorted(r["heldout"][name]["psi_se"] for r in results)
+    return f"{(max(psi) - min(psi)) / ses[len(ses) // 2]:.1f}"
+
+
+def _as_good(results: list[dict[str, Any]], grid: dict[str, Any], name: str) -> str:
+    g = grid["heldout"][name]
+    good = 0
+    for r in results:
+        h = r["heldout"][name]
+        good += (
+            _point(h["hm_delta"]) >= _interval(g["hm_delta"])[0]
+            and _point(h["ndcg_delta"]) >= _interval(g["ndcg_delta"])[0]
+            and h["psi"] <= g["psi"] + 1.96 * g["psi_se"]
+        )
+    return f"{good} of {len(results)}"
+
+
+def _point(cell: str) -> float:
+    """'+2.71 [+1.96, +3.51]' → 2.71 (an empty cell, no interval: 0, no change)."""
+    return float(cell.split()[0]) if cell else 0.0
+
+
+def _interval(cell: str) -> tuple[float, float]:
+    """'+2.71 [+1.96, +3.51]' → (1.96, 3.51)."""
+    low, high = cell[cell.index("[") + 1 : cell.index("]")].split(",")
+    return float(low), float(high)
 
 
 def _named(config: dict[str, Any]) -> str:

@@ -210,6 +210,7 @@ def test_two_workers_draw_twelve_distinct_configurations(backend: str, tiny_mode
         "--space",
         str(tmp_path / "space.yaml"),
         "--no-bisect",  # the draws of the samplers are what this test is about, not the trials bisection queues
+        "--no-paper-siblings",  # nor the queued start
         name=name,
         heartbeat=10,
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,12 @@ def test_each_arm_is_the_study_it_names(tmp_path: Path) -> None:
     assert robust.structures and robust.prune and robust.budget is None and robust.trials == 16 and robust.seed == 1
     assert third.budget == Budget(grid_share=1 / 3) and third.trials == 16 and third.prune  # the budget ends it, not --trials
     assert str(third.storage).endswith("optuna.db") and third.output == tmp_path / "winner.yaml"
+    assert third.sampler == "cost-tpe"
+    for arm, sampler in (("tpe-third", "tpe"), ("gp-third", "gp")):  # the same search and budget, another sampler
+        other = settings_for(arm, 1, tmp_path, args)
+        assert other.sampler == sampler and replace(other, sampler="cost-tpe") == third
+    random_start = settings_for("random-start-third", 1, tmp_path, args)
+    assert third.paper_siblings and not random_start.paper_siblings and replace(random_start, paper_siblings=True) == third
 
 
 def test_an_unknown_arm_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
@@ -44,6 +51,7 @@ def study(strength: float, layer_tokens: int, grid: int | None) -> dict[str, obj
         "layer_tokens": layer_tokens,
         "setup_layer_tokens": 100,
         "grid_layer_tokens": grid,
+        "trials": 6,
         "pruned": 3,
         "winner": 5 if strength else 0,
         "config": config,
@@ -117,3 +125,31 @@ def test_without_a_paper_default_row_the_table_has_none() -> None:
     from benchmarks.search_cost import table
 
     assert "paper default" not in table([study(0.5, 900, 3000) | {"paper_default": None}])
+
+
+def held(psi: float, psi_se: float, hm: str, ndcg: str) -> dict[str, object]:
+    return {"psi_ratio": psi / 0.2, "psi": psi, "psi_se": psi_se, "hm_delta": hm, "ndcg_delta": ndcg, "end_minus_begin": -3.0}
+
+
+def test_the_sampler_table_counts_the_seeds_as_good_as_the_grid_and_their_spread_in_standard_errors() -> None:
+    from benchmarks.search_cost import sampler_table
+
+    grid = study(0.5, 2000, 2000) | {
+        "arm": "grid",
+        "heldout": {"wikipos-test": held(0.10, 0.01, "+2.00 [+1.00, +3.00]", "+1.00 [+0.50, +1.50]")},
+    }
+    seeds = [
+        # as good: ΔHM 1.5 ≥ 1.00, ΔnDCG 0.6 ≥ 0.50, PSI 0.115 ≤ 0.10 + 1.96 × 0.01
+        held(0.115, 0.02, "+1.50 [+0.50, +2.50]", "+0.60 [+0.10, +1.10]"),
+        held(0.09, 0.03, "+0.90 [+0.10, +1.70]", "+1.20 [+0.70, +1.70]"),  # ΔHM below the grid's interval
+        held(0.125, 0.01, "+2.50 [+1.50, +3.50]", "+1.10 [+0.60, +1.60]"),  # PSI over 0.1196
+    ]
+    results = [study(0.5, 600, 2000) | {"seed": i, "heldout": {"wikipos-test": h}} for i, h in enumerate(seeds)]
+    table = sampler_table([*results, grid])
+    rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines() if line.startswith("|")}
+    assert rows["test: seeds at least as good as the grid's winner"].endswith("| 1 of 3 |")
+    # spread 0.125 - 0.09 = 0.035, median SE 0.02: 1.75 SE
+    assert rows["test: seeds' PSI spread ÷ its bootstrap SE"].endswith("| 1.8 |")
+    # (600 + 100) / (2000 + 100) for each seed
+    assert rows["layer-tokens on a fresh machine, × the grid's: mean (range)"].endswith("| 0.33× (0.33–0.33) |")
+    assert "tpe-third" not in table  # an arm that did not run has no column

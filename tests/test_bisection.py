@@ -209,7 +209,7 @@ def test_a_queued_trial_a_worker_has_taken_is_not_withdrawn(caplog: pytest.LogCa
     taken = study.ask()  # a worker pops the first
     assert withdraw_queued(study) == [1]
     assert [r.getMessage() for r in caplog.records if r.name == "tuner.tuning.bisection"] == [
-        "λ bisection: the study ended before queued trial(s) [1] ran; withdrawn (pruned unrun as surplus)"
+        "the study ended before queued trial(s) [1] ran; withdrawn (pruned unrun as surplus)"
     ]
     states = [t.state for t in study.get_trials()]
     assert states == [optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.WAITING]

@@ -4,6 +4,7 @@ depth that no longer fits the rest of the budget is not drawn while another one 
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import optuna
@@ -13,7 +14,7 @@ from tests.test_study import write_dataset
 from tests.tiny import save_tiny
 from tuner.common.budget import BUDGET_ATTR
 from tuner.common.options import SAMPLERS
-from tuner.common.trials import SAMPLER_ATTR, named_constraints
+from tuner.common.trials import SAMPLER_ATTR, START_ATTR, named_constraints
 from tuner.tuning.run import TuneSettings, tune
 from tuner.tuning.sampler import STARTUP_TRIALS, CostCooledTPESampler, cooling, make_sampler
 from tuner.tuning.trial_record import set_constraints
@@ -151,3 +152,40 @@ def test_tune_runs_and_exports_with_each_sampler(name: str, tmp_path: Path, monk
     assert sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials) >= STARTUP_TRIALS + 3  # some drawn by its model
     assert study.trials[outcome.winner_trial].params["strength"] == pytest.approx(outcome.config.strength)
     assert (tmp_path / "best.yaml").exists()
+
+
+def test_a_study_starts_with_the_references_then_the_paper_default_at_its_cheaper_depths(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every seed spends its first draws alike: the baseline, the paper's default (CLS-Soft λ 0.5, baskets of 128,
+    the last 50%), then the same config on the last layer and the last 25%, before the sampler draws anything."""
+    monkeypatch.chdir(tmp_path)
+    model = save_tiny("bert", tmp_path / "tiny-bert", layers=8, max_length=512)
+    data = write_dataset(tmp_path / "data", docs=8, words=45)
+    settings = TuneSettings(
+        model=str(model),
+        pooling="cls",
+        dataset=f"jsonl:{data}",
+        heldout=None,
+        trials=5,
+        budget=None,
+        prune=False,
+        bisect=False,
+        storage=f"sqlite:///{tmp_path / 'o.db'}",
+        tracking_uri=f"sqlite:///{tmp_path / 'm.db'}",
+        output=tmp_path / "best.yaml",
+        bootstrap=50,
+    )
+    for siblings in (True, False):
+        chosen = replace(settings, paper_siblings=siblings, study_name=f"siblings-{siblings}")
+        tune(chosen)
+        trials = optuna.load_study(study_name=chosen.study_name, storage=chosen.storage).trials
+        roles = [t.user_attrs.get("role") for t in trials]
+        layers = [t.user_attrs["layers"] for t in trials]
+        if siblings:
+            assert roles[:4] == ["baseline", "paper default", "paper default, last layer", "paper default, last 25%"]
+            assert layers[1:4] == [[4, 5, 6, 7], [7], [6, 7]]
+            assert all(t.params["strength"] == 0.5 and t.params["variant"] == "cls_soft" for t in trials[1:4])
+            assert [START_ATTR in t.user_attrs for t in trials[:5]] == [False, False, True, True, False]
+        else:
+            assert roles[:2] == ["baseline", "paper default"] and not any(START_ATTR in t.user_attrs for t in trials)

@@ -287,6 +287,12 @@ def run(
             help="After a trial too strong for its config (it reverses the bias, loses nDCG@10 or is over the drift limit), try the same config at a weaker λ."
         ),
     ] = True,
+    paper_siblings: Annotated[
+        bool,
+        typer.Option(
+            help="Run the paper's default at its cheaper depths (the last layer, the last 25%) right after it, before the sampler draws."
+        ),
+    ] = True,
     grid: Annotated[str | None, typer.Option(help="'paper': run exactly the paper's 24 configs (its grid), unpruned.")] = None,
     sampler: Annotated[
         str,
@@ -394,6 +400,7 @@ def run(
             structures=structures,
             prune=prune,
             bisect=bisect,
+            paper_siblings=paper_siblings,
             grid=grid,
             sampler=sampler,
             budget=Budget.parse(budget),

@@ -21,6 +21,7 @@ SURPLUS_ATTR = "surplus"  # a trial started when the study already had enough
 SCREEN_ATTR = "screen"  # `ScreenFigures.to_attr()` of a trial on the study's pooled screen
 SETUP_COST_ATTR = "setup_layer_tokens/"  # + a process: a study attribute, the baselines and queries that process encoded
 SELECTION_ATTR = "selection"  # a study attribute: the --selection rule of the run that last coordinated it (`tune export`'s default)
+START_ATTR = "start"  # on a trial queued at the study's start after the references: its role (`PAPER_SIBLINGS`)
 CONSTRAINT_NAMES_ATTR = "constraint_names"  # a trial system attribute: the names of its constraint values, in order
 SAMPLER_ATTR = "sampler"  # the study attribute naming how its trials were drawn (`--sampler`)
 BISECT_ATTR = (

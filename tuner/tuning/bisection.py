@@ -35,7 +35,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from objectives.constraint import outcome
-from tuner.common.trials import BISECT_ATTR, SURPLUS_ATTR, named_constraints
+from tuner.common.trials import BISECT_ATTR, START_ATTR, SURPLUS_ATTR, named_constraints
 from tuner.tuning.optuna_access import set_stored_trial_user_attr, set_trial_state
 from tuner.tuning.search_space import SHARES_ATTR, trial_basket_shares
 
@@ -252,10 +252,10 @@ def withdraw_queued(study: optuna.Study) -> list[int]:
     change from waiting to running succeeds once. Returns the trials withdrawn."""
     withdrawn = []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-        if BISECT_ATTR in trial.user_attrs and set_trial_state(study, trial, TrialState.RUNNING):
+        if (BISECT_ATTR in trial.user_attrs or START_ATTR in trial.user_attrs) and set_trial_state(study, trial, TrialState.RUNNING):
             set_stored_trial_user_attr(study, trial, SURPLUS_ATTR, True)
             set_trial_state(study, trial, TrialState.PRUNED)
             withdrawn.append(trial.number)
     if withdrawn:
-        log.info("λ bisection: the study ended before queued trial(s) %s ran; withdrawn (pruned unrun as surplus)", withdrawn)
+        log.info("the study ended before queued trial(s) %s ran; withdrawn (pruned unrun as surplus)", withdrawn)
     return withdrawn

@@ -6,10 +6,12 @@ from __future__ import annotations
 import logging
 
 from objectives import HmFloor
+from tuner.calibration.config import CalibrationConfig
+from tuner.common.trials import START_ATTR
 from tuner.tracking.progress import Phase
 from tuner.tracking.runs import Tracker
 from tuner.tuning.conclusion import TuneOutcome, conclude
-from tuner.tuning.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS
+from tuner.tuning.search_space import BASELINE_PARAMS, DEPTHS, PAPER_DEFAULT_PARAMS, PAPER_SIBLINGS
 from tuner.tuning.session import FLOOR_ATTR, Session
 from tuner.tuning.settings import TuneSettings
 from tuner.tuning.study import describe_study, enqueue_once
@@ -38,6 +40,8 @@ def coordinate(session: Session) -> TuneOutcome | None:
             enqueue_once(study, *space.reference_trial(reference))
         else:
             log.warning("%s is not in this search space (%s), so it is not run as a reference trial", label, space.outside(reference))
+    if settings.paper_siblings:
+        _queue_siblings(session)
     outcome = run_session_trials(
         session,
         floor,
@@ -46,6 +50,23 @@ def coordinate(session: Session) -> TuneOutcome | None:
     )
     assert outcome is None or isinstance(outcome, TuneOutcome)
     return outcome
+
+
+def _queue_siblings(session: Session) -> None:
+    """Queue the paper default's siblings (`PAPER_SIBLINGS`) that calibrate layers of their own on this model: a
+    sibling whose depth resolves to the layers of the default or of an earlier sibling (a small model) would
+    only repeat it, and one outside the space is left to the sampler."""
+
+    def layers_of(params: dict[str, object]) -> tuple[int, ...]:
+        return CalibrationConfig(layers=DEPTHS[str(params["depth"])]).resolve_layers(session.model.num_layers)
+
+    seen = {layers_of(PAPER_DEFAULT_PARAMS)}
+    for sibling, role in PAPER_SIBLINGS:
+        layers = layers_of(sibling)
+        if session.space.admits(sibling) and layers not in seen:
+            params, attrs = session.space.reference_trial(sibling)
+            enqueue_once(session.study, params, {**attrs, START_ATTR: role})
+            seen.add(layers)
 
 
 def _reload_attrs(settings: TuneSettings, tracker: Tracker) -> dict[str, object]:

@@ -32,6 +32,15 @@ PAPER_DEFAULT_PARAMS: dict[str, object] = {
     "variant": "cls_soft",
     "basket_shares": "equal",
 }
+# Queued after the paper's default unless `--no-paper-siblings`, with the role their trials are marked with: the
+# same config at the cheaper depths of the default space. Every seed starts from them, so a study spends its
+# first draws where the paper points, at a third and two thirds of the default's cost on a six-layer model,
+# instead of on random configs (docs/search.md). Unlike the references they are drawn trials in all but their
+# choice: priced against the budget, limited by the drift yardstick, pruned.
+PAPER_SIBLINGS: tuple[tuple[dict[str, object], str], ...] = (
+    ({**PAPER_DEFAULT_PARAMS, "depth": "last"}, "paper default, last layer"),
+    ({**PAPER_DEFAULT_PARAMS, "depth": "25%"}, "paper default, last 25%"),
+)
 # The paper's own grid (§4): λ ∈ {0.5, 1}, the last layer or the last 50%, baskets of 128 or 256, the three
 # variants (CLS-Hard with w 0.3): 24 configs, `tune --grid paper`, the yardstick of the search's cost.
 PAPER_GRID: dict[str, list[object]] = {

@@ -61,6 +61,7 @@ class TuneSettings:
     structures: bool = True  # score every trial on the tuning passages' other structures too (`tuner.data.load_structures`)
     prune: bool = True  # stop a trial between rungs once it cannot win (`objectives.robustness.prune_reason`)
     bisect: bool = True  # after an over-correcting trial, try its config weaker (`tuner.tuning.bisection`)
+    paper_siblings: bool = True  # queue the paper default at its cheaper depths before the sampler draws (`PAPER_SIBLINGS`)
     screen_queries: int = SCREEN_QUERIES  # per position group in the pooled screen that pruning scores first (`tuner.evaluation.pools`)
     grid: str | None = None  # "paper": run exactly the paper's 24 configs (GridSampler), at full fidelity
     sampler: str = SAMPLERS[0]  # how a single-objective search draws its trials (`tuner.tuning.sampler.make_sampler`)
@@ -146,6 +147,7 @@ class TuneSettings:
             object.__setattr__(self, "trials", 1 + grid_size(GRIDS[self.grid]))
             object.__setattr__(self, "prune", False)
             object.__setattr__(self, "bisect", False)  # the grid's configs and no other
+            object.__setattr__(self, "paper_siblings", False)
             object.__setattr__(self, "budget", None)  # the grid's cost is the grid's: every config runs
 
     def constraints(self, baseline_hm: float) -> Constraints:

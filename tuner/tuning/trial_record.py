@@ -18,7 +18,7 @@ from optuna.trial import FrozenTrial
 
 from objectives import Constraints
 from objectives.evidence import TrialEvidence
-from tuner.common.trials import BISECT_ATTR, CONSTRAINT_NAMES_ATTR, RESAMPLES_ATTR, PrunedAt
+from tuner.common.trials import BISECT_ATTR, CONSTRAINT_NAMES_ATTR, RESAMPLES_ATTR, START_ATTR, PrunedAt
 from tuner.tracking.runs import Tracker, TrialRecord, describe_config, describe_outcome
 from tuner.tuning.bisection import describe_queued
 from tuner.tuning.optuna_access import set_dashboard_constraints, set_trial_system_attr
@@ -70,10 +70,11 @@ class TrialRecorder:
         self.pareto = pareto
 
     def open(self, trial: optuna.Trial, params: dict[str, object]) -> OpenedRun:
-        """Mark a reference trial's role and open its MLflow run, described as running; what its end repeats."""
+        """Mark a reference or start trial's role and open its MLflow run, described as running; what its end repeats."""
         markers = reference_markers(trial)
-        if markers:
-            trial.set_user_attr("role", markers[0])
+        role = markers[0] if markers else trial.user_attrs.get(START_ATTR)
+        if role:
+            trial.set_user_attr("role", role)
         opened = OpenedRun(trial.number, params, describe_config(params, self.num_layers), markers, int(time.time() * 1000))
         queued = trial.user_attrs.get(BISECT_ATTR)
         tags = {"posfair.bisect": describe_queued(queued)} if queued else None
