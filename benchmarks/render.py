@@ -239,6 +239,28 @@ def baseline_direction(data: dict[str, Any]) -> str:
     return "\n".join([*lines, "", " ".join(summary), "", note])
 
 
+# ---------------------------------------------------------------- RAM or memory-mapped layer inputs (benchmarks.footprint)
+
+
+def footprint(data: dict[str, Any]) -> str:
+    r = data["results"]
+    variants = r["variants"]
+    ram = variants["ram"]
+    lines = [
+        "| cached layer inputs | `tune` wall time | × in RAM | peak memory | `mlruns/` after | exported config |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    for name, label in (("ram", f"in RAM (up to {r['default_ram_fraction']:g} of the available memory)"), ("mapped", "memory-mapped")):
+        v = variants[name]
+        c = v["config"]
+        config = f"{c['variant']} λ {c['strength']:g} L{c['layers']} B{c['basket_size']}"
+        lines.append(
+            f"| {label} | {_minutes(v['seconds'])} | {v['seconds'] / ram['seconds']:.2f}× | {_gb(v['peak_rss_bytes'])} | "
+            f"{_gb(v['mlruns_bytes'])} | {config} |"
+        )
+    return "\n".join([*lines, "", _measured_on(data)])
+
+
 # ---------------------------------------------------------------- studies of one model (benchmarks.search_cost)
 
 
@@ -310,6 +332,7 @@ FIGURES: dict[str, Figure] = {
     "trials": Figure("first-tune", trials),
     "example-output": Figure("first-tune", example_output),
     "overhead": Figure("overhead", overhead),
+    "footprint": Figure("footprint", footprint),
     "trial-cost": Figure("trial-cost", trial_cost),
     "baseline-direction": Figure("baseline-direction", baseline_direction),
     "mpnet-studies": Figure("search-cost-mpnet", studies),

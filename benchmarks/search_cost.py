@@ -163,6 +163,7 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace) -> dict[str, object]:
             **priced(study),
             "pruned": states.count("PRUNED"),
             "model_draws": model_draws(study, arm),
+            "paper_default_layer_tokens": paper_default_cost(study),
             "winner": outcome.winner_trial,
             "config": _knobs(outcome.config.model_dump()),
             **heldout_cells(folder),
@@ -170,10 +171,12 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace) -> dict[str, object]:
 
 
 def model_draws(study, arm: str) -> int:
-    """The trials the sampler's model drew: not queued (the references, λ bisection's) and past the random
-    start-up, which TPE counts in complete and pruned trials and GPSampler in complete ones alone."""
+    """The trials the sampler's model drew and the study ran: not queued (the references and siblings, λ
+    bisection's), past the start-up, which TPE counts in complete and pruned trials and GPSampler in complete ones
+    alone, and not left unrun because the budget was spent."""
     from optuna.trial import TrialState
 
+    from tuner.common.trials import SURPLUS_ATTR
     from tuner.tuning.sampler import STARTUP_TRIALS
 
     if arm not in SAMPLER_ARMS:
@@ -181,10 +184,15 @@ def model_draws(study, arm: str) -> int:
     counts = (TrialState.COMPLETE,) if SAMPLER_ARMS[arm] == "gp" else (TrialState.COMPLETE, TrialState.PRUNED)
     drawn, seen = 0, 0
     for trial in sorted(study.trials, key=lambda t: t.number):  # one process: a trial starts after the last ended
-        if "fixed_params" not in trial.system_attrs and seen >= STARTUP_TRIALS:
+        if "fixed_params" not in trial.system_attrs and SURPLUS_ATTR not in trial.user_attrs and seen >= STARTUP_TRIALS:
             drawn += 1
         seen += trial.state in counts
     return drawn
+
+
+def paper_default_cost(study) -> int:
+    """What the paper default's trial spent (0 where the study ran none): a reference every study pays for."""
+    return sum(int(t.user_attrs.get("layer_tokens", 0)) for t in study.trials if t.user_attrs.get("role") == "paper default")
 
 
 def priced(study) -> dict[str, object]:
@@ -206,7 +214,7 @@ def reread(path: Path, keep: Path) -> None:
         folder = keep / f"{study['arm']}-seed{study['seed']}"
         url = f"sqlite:///{folder / 'optuna.db'}"
         stored = optuna.load_study(study_name=optuna.get_all_study_names(url)[0], storage=url)
-        study.update(priced(stored), model_draws=model_draws(stored, study["arm"]))
+        study.update(priced(stored), model_draws=model_draws(stored, study["arm"]), paper_default_layer_tokens=paper_default_cost(stored))
         study.update(heldout_cells(folder))
     record.amend(path, data)
 
@@ -258,10 +266,16 @@ def sampler_table(results: list[dict[str, Any]]) -> str:
         shares = [(r["layer_tokens"] + setup) / grid_cost for r in rs]
         return f"{sum(shares) / len(shares):.2f}× ({min(shares):.2f}–{max(shares):.2f})"
 
+    def before_search(rs: list[dict[str, Any]]) -> str:
+        grid_cost = grid["layer_tokens"] + setup if grid else rs[0].get("grid_layer_tokens")
+        default = max(r.get("paper_default_layer_tokens", 0) for r in rs)
+        return f"{setup / grid_cost:.2f}× · {default / grid_cost:.2f}×"
+
     row("seeds", lambda rs: ", ".join(str(r["seed"]) for r in rs))
     row("layer-tokens on a fresh machine, × the grid's: mean (range)", share)
+    row("of which the baselines and queries · the paper default's trial", before_search)
     row("trials run (pruned)", lambda rs: ", ".join(f"{r['trials']} ({r['pruned']})" for r in rs))
-    row("trials the sampler's model drew", lambda rs: ", ".join(str(r.get("model_draws", "?")) for r in rs))
+    row("trials the sampler's model drew and ran", lambda rs: ", ".join(str(r.get("model_draws", "?")) for r in rs))
     row("winners", lambda rs: "; ".join(_named(r["config"]) for r in rs))
     for name in sets:
         label = name.removeprefix("wikipos-")

@@ -144,7 +144,9 @@ def test_the_sampler_table_counts_the_seeds_as_good_as_the_grid_and_their_spread
         held(0.09, 0.03, "+0.90 [+0.10, +1.70]", "+1.20 [+0.70, +1.70]"),  # ΔHM below the grid's interval
         held(0.125, 0.01, "+2.50 [+1.50, +3.50]", "+1.10 [+0.60, +1.60]"),  # PSI over 0.1196
     ]
-    results = [study(0.5, 600, 2000) | {"seed": i, "heldout": {"wikipos-test": h}} for i, h in enumerate(seeds)]
+    results = [
+        study(0.5, 600, 2000) | {"seed": i, "paper_default_layer_tokens": 210, "heldout": {"wikipos-test": h}} for i, h in enumerate(seeds)
+    ]
     table = sampler_table([*results, grid])
     rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines() if line.startswith("|")}
     assert rows["test: seeds at least as good as the grid's winner"].endswith("| 1 of 3 |")
@@ -152,4 +154,33 @@ def test_the_sampler_table_counts_the_seeds_as_good_as_the_grid_and_their_spread
     assert rows["test: seeds' PSI spread ÷ its bootstrap SE"].endswith("| 1.8 |")
     # (600 + 100) / (2000 + 100) for each seed
     assert rows["layer-tokens on a fresh machine, × the grid's: mean (range)"].endswith("| 0.33× (0.33–0.33) |")
+    assert rows["of which the baselines and queries · the paper default's trial"].endswith("| 0.05× · 0.10× |")  # 100 and 210 of 2,100
     assert "tpe-third" not in table  # an arm that did not run has no column
+
+
+def test_model_draws_count_the_trials_a_sampler_drew_past_its_start_up_and_ran() -> None:
+    import optuna
+    from optuna.trial import TrialState, create_trial
+
+    from benchmarks.search_cost import model_draws
+    from tuner.common.trials import SURPLUS_ATTR
+
+    study = optuna.create_study()
+    queued = {"fixed_params": {"x": 0.5}}
+    states = [
+        (TrialState.COMPLETE, queued, {}),  # the references and the siblings: queued, part of the start-up
+        (TrialState.COMPLETE, queued, {}),
+        (TrialState.COMPLETE, queued, {}),
+        (TrialState.PRUNED, {}, {}),  # a random draw, pruned: TPE counts it towards the start-up, GPSampler does not
+        (TrialState.COMPLETE, {}, {}),  # the fifth: TPE's start-up is over
+        (TrialState.COMPLETE, {}, {}),  # TPE's model; GPSampler's fifth complete trial, still random
+        (TrialState.PRUNED, queued, {}),  # λ bisection's
+        (TrialState.COMPLETE, {}, {}),  # both models
+        (TrialState.PRUNED, {}, {SURPLUS_ATTR: True}),  # drawn, never run: the budget was spent
+    ]
+    for state, system, user in states:
+        value = 0.1 if state == TrialState.COMPLETE else None
+        study.add_trial(create_trial(state=state, value=value, system_attrs=system, user_attrs=user))
+    assert model_draws(study, "robust-third") == 2 and model_draws(study, "tpe-third") == 2
+    assert model_draws(study, "gp-third") == 1
+    assert model_draws(study, "grid") == 0

@@ -210,3 +210,48 @@ def test_what_the_models_page_says_of_mpnet_is_what_its_records_hold() -> None:
     # the ceiling λ·(limit/drift)^(1/p): with the bound for p it moves by r^(1/p − 1/bound) for a probe r times under the limit
     assert "moves by a fraction of a percent" in page
     assert 20 ** (1 / rules["mpnet-grid"]["exponents"]["low"] - 1 / low) < 1.01
+
+
+def test_what_the_search_page_says_of_the_start_and_the_samplers_is_what_its_record_holds() -> None:
+    """docs/search.md reads the sampler table in words; the words must stay true of the record it renders."""
+    from benchmarks.search_cost import _interval, _point
+
+    page = " ".join((ROOT / "docs" / "search.md").read_text(encoding="utf-8").split())
+    studies = json.loads((ROOT / "docs" / "results" / "search-cost-minilm.json").read_text(encoding="utf-8"))["results"]["studies"]
+    arms = {arm: [s for s in studies if s["arm"] == arm] for arm in ("robust-third", "random-start-third", "tpe-third", "gp-third")}
+    (grid,) = [s for s in studies if s["arm"] == "grid"]
+    sets = sorted(grid["heldout"])
+    budgeted = [s for arm in arms.values() for s in arm]
+    assert "a study on MiniLM runs 6 to 12 trials" in page
+    assert min(s["trials"] for s in budgeted) == 6 and max(s["trials"] for s in budgeted) == 12
+    assert "The sampler's own model draws one or two of them" in page
+    assert {s["model_draws"] for s in budgeted} <= {0, 1, 2} and max(s["model_draws"] for s in arms["robust-third"]) <= 2
+
+    def as_good(study: dict, name: str) -> bool:
+        held, g = study["heldout"][name], grid["heldout"][name]
+        return (
+            _point(held["hm_delta"]) >= _interval(g["hm_delta"])[0]
+            and _point(held["ndcg_delta"]) >= _interval(g["ndcg_delta"])[0]
+            and held["psi"] <= g["psi"] + 1.96 * g["psi_se"]
+        )
+
+    assert "With the queued start every seed's winner is at least as good as the grid's on every held-out set" in page
+    assert all(as_good(s, name) for s in arms["robust-third"] for name in sets)
+    assert "the least fair seed is less fair than the queued start's least fair on every held-out set" in page
+    for name in sets:
+        assert max(s["heldout"][name]["psi"] for s in arms["random-start-third"]) > max(s["heldout"][name]["psi"] for s in arms["robust-third"])
+    assert "the spread is the seeds whose winner is fairer than the grid's, not seeds that fall short of it" in page
+    for name in sets:
+        ses = sorted(s["heldout"][name]["psi_se"] for s in arms["robust-third"])
+        assert all(s["heldout"][name]["psi"] <= grid["heldout"][name]["psi"] + ses[len(ses) // 2] for s in arms["robust-third"])
+    assert "Cost-aware TPE stays the default: it is no worse on any set" in page
+    for name in sets:
+        mean = {arm: sum(s["heldout"][name]["psi"] for s in runs) / len(runs) for arm, runs in arms.items()}
+        assert mean["robust-third"] <= min(mean["tpe-third"], mean["gp-third"]) + 1e-9
+    assert "GPSampler ignores pruned trials (it fits complete ones only), a large share of a study's trials here" in page
+    # `pruned` counts the one trial a study may leave unrun when its budget is spent; left out here
+    assert sum(s["pruned"] - 1 for s in budgeted) / sum(s["trials"] for s in budgeted) > 0.25
+    assert "A fifth of the grid's layer-tokens does not buy a search" in page
+    grid_cost = grid["layer_tokens"] + max(s["setup_priced"] for s in budgeted)
+    before = max(s["setup_priced"] for s in budgeted) + max(s["paper_default_layer_tokens"] for s in budgeted)
+    assert before / grid_cost > 0.5 * 0.2, "the baselines, queries and paper default cost most of a fifth of the grid"

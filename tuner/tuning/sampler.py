@@ -13,8 +13,8 @@ one fits: the study ends at the first trial the budget has no room for (`TrialPr
 
 `--sampler` also offers what the cost-aware TPE is measured against (`benchmarks/search_cost.py`): the same
 TPE without the cost, and Optuna's `GPSampler` (a Gaussian process with constrained log-EI). All three read
-the constraints the objective stores (`tuner.tuning.trial_record.set_constraints`), start from the same five
-random draws and run within the same budget.
+the constraints the objective stores (`tuner.tuning.trial_record.set_constraints`), fit their model after the
+same five start-up trials and run within the same budget.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from tuner.common.options import SAMPLERS
 from tuner.common.trials import trials_spent
 from tuner.tuning.optuna_access import ParzenEstimator, tpe_startup_trials
 
-STARTUP_TRIALS = 5  # random draws before a model of the study is fitted; the reference trials count among them
+STARTUP_TRIALS = 5  # trials before a model of the study is fitted: the queued start, then random draws
 TPE_OPTIONS: dict[str, Any] = {"multivariate": True, "group": True, "n_startup_trials": STARTUP_TRIALS}
 
 
