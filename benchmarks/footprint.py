@@ -7,7 +7,8 @@ Run from the repository root, on idle cores:
 
 Each variant is `tune` with its defaults (MiniLM on the embedded benchmark, its held-out sets) in a folder of its
 own, so each encodes its baselines and writes its cache from nothing, as a new user's first run does; only
-`RAM_FRACTION` (`tuner.evaluation.store`) differs. Measured per variant: wall seconds, the peak resident memory
+`LAYER_INPUTS_IN_RAM` (`tuner.evaluation.store`) differs: the layer inputs copied into RAM within the process's
+allowance (`RAM_FRACTION` of the available memory, shared with the first-layer sums), or memory-mapped. Measured per variant: wall seconds, the peak resident memory
 of the process tree (sampled every half second; memory-mapped pages count while they are resident), the bytes
 left in `mlruns/`, and the exported config, which must be the same (reading the inputs from RAM or from a mapped
 file changes no number).
@@ -27,20 +28,19 @@ import yaml
 from benchmarks import record
 from benchmarks.first_tune import disk_bytes, timed
 
-VARIANTS = {"ram": None, "mapped": 0.0}
-"""RAM_FRACTION per variant (None: the shipped default)."""
+VARIANTS = {"ram": True, "mapped": False}
+"""`LAYER_INPUTS_IN_RAM` per variant."""
 
 
-def run_variant(fraction: float | None, folder: Path) -> dict[str, Any]:
-    setting = "" if fraction is None else f"store.RAM_FRACTION = {fraction!r}; "
-    code = f"import tuner.evaluation.store as store; {setting}from tuner.cli.app import app; app(['run'])"
+def run_variant(in_ram: bool, folder: Path) -> dict[str, Any]:
+    code = f"import tuner.evaluation.store as store; store.LAYER_INPUTS_IN_RAM = {in_ram!r}; from tuner.cli.app import app; app(['run'])"
     done = timed([sys.executable, "-c", code], folder)
     if done["returncode"] != 0:
         raise RuntimeError(f"tune failed:\n{done['stderr'][-3000:]}")
     (export,) = (folder / "mlruns" / "exports").glob("*.yaml")
     config = yaml.safe_load(export.read_text(encoding="utf-8"))
     return {
-        "ram_fraction": fraction,
+        "layer_inputs_in_ram": in_ram,
         "seconds": done["seconds"],
         "peak_rss_bytes": done["peak_rss_bytes"],
         "mlruns_bytes": disk_bytes(folder / "mlruns"),
@@ -54,10 +54,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     from tuner.evaluation.store import RAM_FRACTION
 
-    results: dict[str, Any] = {"default_ram_fraction": RAM_FRACTION, "variants": {}}
-    for name, fraction in VARIANTS.items():
+    results: dict[str, Any] = {"ram_fraction": RAM_FRACTION, "variants": {}}
+    for name, in_ram in VARIANTS.items():
         with tempfile.TemporaryDirectory(prefix=f"posfair-footprint-{name}-") as folder:
-            results["variants"][name] = run_variant(fraction, Path(folder))
+            results["variants"][name] = run_variant(in_ram, Path(folder))
         print(name, results["variants"][name], flush=True)
     command = "python -m benchmarks.footprint " + " ".join(sys.argv[1:] if argv is None else argv)
     record.write(args.json, "footprint", command.strip(), results)

@@ -250,7 +250,8 @@ def footprint(data: dict[str, Any]) -> str:
         "| cached layer inputs | `tune` wall time | × in RAM | peak memory | `mlruns/` after | exported config |",
         "|---|---:|---:|---:|---:|---|",
     ]
-    for name, label in (("ram", f"in RAM (up to {r['default_ram_fraction']:g} of the available memory)"), ("mapped", "memory-mapped")):
+    labels = {"ram": f"in RAM (within {r['ram_fraction']:g} of the available memory)", "mapped": "memory-mapped"}
+    for name, label in labels.items():
         v = variants[name]
         c = v["config"]
         config = f"{c['variant']} λ {c['strength']:g} L{c['layers']} B{c['basket_size']}"

@@ -85,7 +85,8 @@ def test_a_pass_resumes_at_the_deepest_cached_layer_at_or_before_its_first_calib
 @pytest.mark.parametrize("ram", ["in memory", "memory-mapped"])
 def test_a_resumed_trial_equals_a_trial_from_scratch(tiny: LoadedModel, tmp_path: Path, ram: str) -> None:
     dataset = tiny_dataset()
-    evaluator = Evaluator(tiny, dataset, BATCH, cache_dir=tmp_path, prefix_layers=(1, 2), ram_limit=None if ram == "in memory" else 0)
+    limit = 2**40 if ram == "in memory" else None  # None: the process's allowance, none by default (`RAM_FRACTION`)
+    evaluator = Evaluator(tiny, dataset, BATCH, cache_dir=tmp_path, prefix_layers=(1, 2), ram_limit=limit)
     baseline, _ = evaluator.run(None), None
     assert evaluator.cached_layers() == (1, 2)
     assert all(inputs.in_memory == (ram == "in memory") for inputs in evaluator.cache.inputs.values())
@@ -99,11 +100,10 @@ def test_a_resumed_trial_equals_a_trial_from_scratch(tiny: LoadedModel, tmp_path
     assert baseline.report.hm is not None
 
 
-def test_the_evaluators_of_a_process_share_one_ram_allowance_and_get_it_back(
-    tiny: LoadedModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A study holds one evaluator per structure and held-out set, each caching layer inputs; by default together
-    they keep in RAM at most half the memory available when the first asked, not half each."""
+def test_the_evaluators_of_a_process_share_one_ram_allowance_and_get_it_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A study holds one evaluator per structure and held-out set, each keeping shared sums (and, where asked,
+    layer inputs) in RAM: together they keep at most `RAM_FRACTION` of the memory available when the first asked,
+    not that share each, and what a dropped holder took comes back."""
     import gc
     import types
 
@@ -111,29 +111,21 @@ def test_the_evaluators_of_a_process_share_one_ram_allowance_and_get_it_back(
 
     from tuner.evaluation import store
 
-    dataset = tiny_dataset()
-    probe = Evaluator(tiny, dataset, BATCH, cache_dir=tmp_path / "probe", prefix_layers=(1, 2), ram_limit=0)
-    probe.run(None)
-    layer_bytes = probe.cache.store.layer_bytes
-    # half of this holds the two cached layers of one evaluator, not of two
-    monkeypatch.setattr(psutil, "virtual_memory", lambda: types.SimpleNamespace(available=int(4.5 * layer_bytes)))
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: types.SimpleNamespace(available=1000))
     monkeypatch.setattr(store, "_PROCESS_RAM", None, raising=False)
+    monkeypatch.setattr(store, "RAM_FRACTION", 0.5)
+    allowance = store.ram_allowance(None)
+    assert store.ram_allowance(None) is allowance and allowance.left == 500
+    class Holder:
+        """A store or a sums table: what holds the reservation."""
 
-    def evaluator(folder: str) -> Evaluator:
-        made = Evaluator(tiny, dataset, BATCH, cache_dir=tmp_path / folder, prefix_layers=(1, 2))
-        made.run(None)
-        assert made.cached_layers() == (1, 2)
-        return made
-
-    def in_memory(made: Evaluator) -> list[bool]:
-        return [inputs.in_memory for inputs in made.cache.inputs.values()]
-
-    first = evaluator("first")
-    second = evaluator("second")
-    assert in_memory(first) == [True, True] and in_memory(second) == [False, False]
+    first, second = Holder(), Holder()
+    assert allowance.take(first, 400) is not None
+    assert allowance.take(second, 200) is None, "the share is the process's, not each holder's"
     del first
     gc.collect()
-    assert in_memory(evaluator("third")) == [True, True], "what a dropped evaluator held comes back"
+    assert allowance.take(second, 200) is not None, "what a dropped holder took comes back"
+    assert store.ram_allowance(300) is not allowance and store.ram_allowance(300).left == 300  # an explicit limit: its own
 
 
 def test_a_trial_starting_after_the_deepest_cached_layer_resumes_from_it(tiny: LoadedModel, tmp_path: Path) -> None:

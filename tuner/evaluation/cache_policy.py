@@ -346,7 +346,8 @@ class CachePolicy:
 
     def first_layer_sums(self, batches: Batches) -> FirstLayerSums | None:
         """Sums shared by trials with the same first calibrated layer (mean pooling), held in RAM within
-        what the cache budget and the RAM limit leave after the layer inputs; none without caching."""
+        what the cache budget leaves after the layer inputs and what the RAM allowance has left; none without
+        caching."""
         if self.cache_budget == 0:
             return None
         if self._sums is None:
@@ -354,8 +355,6 @@ class CachePolicy:
             store = self.store
             budget = DEFAULT_BUDGET if self.cache_budget is None else self.cache_budget
             if store is not None:
-                budget, ram = budget - store.layer_bytes * len(self.inputs), store.ram
-            else:
-                ram = ram_allowance(self.ram_limit)
-            self._sums = FirstLayerSums(max(0, budget), ram)
+                budget -= store.layer_bytes * len(self.inputs)
+            self._sums = FirstLayerSums(max(0, budget), ram_allowance(self.ram_limit))
         return self._sums

@@ -44,7 +44,12 @@ log = logging.getLogger(__name__)
 
 CACHE_FORMAT = 1
 DEFAULT_BUDGET = DEFAULT_CACHE_BYTES  # bytes of cached layer inputs, at most; also capped by free disk space
-RAM_FRACTION = 0.5  # cached layer inputs are loaded into RAM while they fit in this share of available memory
+RAM_FRACTION = 0.5  # shared first-layer sums are held in RAM within this share of the available memory
+# Cached layer inputs are memory-mapped from their files, which the OS page cache keeps hot, unless this is set (or
+# an evaluator is given a `ram_limit`): copied into RAM within the same allowance, a first `tune` took more memory
+# and more time (`benchmarks/footprint.py`, docs/benchmarks.md). A cache on a disk slower than this machine's may
+# want it.
+LAYER_INPUTS_IN_RAM = False
 CHUNK = 16 * 2**20
 STALE_TEMPORARY_S = 3600
 
@@ -399,7 +404,7 @@ _PROCESS_RAM: RamAllowance | None = None
 def ram_allowance(limit: int | None) -> RamAllowance:
     """An allowance of `limit` bytes of its own, or by default the process's: RAM_FRACTION of the memory
     available when it is first asked, shared by every store, since a study holds one evaluator per structure
-    and held-out set and half the memory each would be several times what there is."""
+    and held-out set and a share of the memory each would be several times what there is."""
     global _PROCESS_RAM
     if limit is not None:
         return RamAllowance(limit)
@@ -413,8 +418,8 @@ def ram_allowance(limit: int | None) -> RamAllowance:
 class LayerInputStore:
     """Cached layer inputs of one (model, dataset, batching): chosen within a budget, verified on load.
 
-    Layers are loaded into RAM while they fit in `ram_limit` bytes (default: the process's `ram_allowance`),
-    the rest are memory-mapped from their files.
+    Layers are memory-mapped from their files, or loaded into RAM while they fit in `ram_limit` bytes (where
+    given, or the process's `ram_allowance` with `LAYER_INPUTS_IN_RAM`).
     """
 
     def __init__(
@@ -425,7 +430,7 @@ class LayerInputStore:
         itemsize = torch.empty((), dtype=dtype).element_size()
         self.offsets = list(np.cumsum([0] + [int(np.prod(s)) * itemsize for s in self.shapes])[:-1].tolist())
         self.layer_bytes = sum(int(np.prod(s)) for s in self.shapes) * itemsize
-        self.ram = ram_allowance(ram_limit)
+        self.ram = ram_allowance(ram_limit) if ram_limit is not None or LAYER_INPUTS_IN_RAM else RamAllowance(0)
         self.loaded: dict[int, LayerInputs] = {}
         self._writers: dict[int, RawWriter] = {}
 
