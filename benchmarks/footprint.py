@@ -1,5 +1,5 @@
-"""What holding the cached layer inputs in RAM buys a first run: plain `tune` in a fresh folder, side by side with
-the layer inputs in RAM (while they fit the process's allowance) and memory-mapped from their files.
+"""What holding cached items in RAM buys a first run: plain `tune` in a fresh folder, side by side with the layer
+inputs and the shared first-layer sums in RAM, the sums alone, and neither (the default).
 
 Run from the repository root, on idle cores:
 
@@ -7,8 +7,7 @@ Run from the repository root, on idle cores:
 
 Each variant is `tune` with its defaults (MiniLM on the embedded benchmark, its held-out sets) in a folder of its
 own, so each encodes its baselines and writes its cache from nothing, as a new user's first run does; only
-`LAYER_INPUTS_IN_RAM` (`tuner.evaluation.store`) differs: the layer inputs copied into RAM within the process's
-allowance (`RAM_FRACTION` of the available memory, shared with the first-layer sums), or memory-mapped. Measured per variant: wall seconds, the peak resident memory
+`RAM_FRACTION` and `LAYER_INPUTS_IN_RAM` (`tuner.evaluation.store`) differ. Measured per variant: wall seconds, the peak resident memory
 of the process tree (sampled every half second; memory-mapped pages count while they are resident), the bytes
 left in `mlruns/`, and the exported config, which must be the same (reading the inputs from RAM or from a mapped
 file changes no number).
@@ -28,19 +27,24 @@ import yaml
 from benchmarks import record
 from benchmarks.first_tune import disk_bytes, timed
 
-VARIANTS = {"ram": True, "mapped": False}
-"""`LAYER_INPUTS_IN_RAM` per variant."""
+VARIANTS = {"both": (0.5, True), "sums": (0.5, False), "neither": (0.0, False)}
+"""`RAM_FRACTION` and `LAYER_INPUTS_IN_RAM` per variant: the layer inputs and the shared first-layer sums in RAM
+(within half the available memory: the default until this was measured), the sums alone, neither."""
 
 
-def run_variant(in_ram: bool, folder: Path) -> dict[str, Any]:
-    code = f"import tuner.evaluation.store as store; store.LAYER_INPUTS_IN_RAM = {in_ram!r}; from tuner.cli.app import app; app(['run'])"
+def run_variant(fraction: float, inputs_in_ram: bool, folder: Path) -> dict[str, Any]:
+    code = (
+        f"import tuner.evaluation.store as store; store.RAM_FRACTION = {fraction!r}; "
+        f"store.LAYER_INPUTS_IN_RAM = {inputs_in_ram!r}; from tuner.cli.app import app; app(['run'])"
+    )
     done = timed([sys.executable, "-c", code], folder)
     if done["returncode"] != 0:
         raise RuntimeError(f"tune failed:\n{done['stderr'][-3000:]}")
     (export,) = (folder / "mlruns" / "exports").glob("*.yaml")
     config = yaml.safe_load(export.read_text(encoding="utf-8"))
     return {
-        "layer_inputs_in_ram": in_ram,
+        "ram_fraction": fraction,
+        "layer_inputs_in_ram": inputs_in_ram,
         "seconds": done["seconds"],
         "peak_rss_bytes": done["peak_rss_bytes"],
         "mlruns_bytes": disk_bytes(folder / "mlruns"),
@@ -52,12 +56,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", type=Path, default=record.RESULTS / "footprint.json", help="where the record goes")
     args = parser.parse_args(argv)
-    from tuner.evaluation.store import RAM_FRACTION
-
-    results: dict[str, Any] = {"ram_fraction": RAM_FRACTION, "variants": {}}
-    for name, in_ram in VARIANTS.items():
+    results: dict[str, Any] = {"variants": {}}
+    for name, (fraction, inputs_in_ram) in VARIANTS.items():
         with tempfile.TemporaryDirectory(prefix=f"posfair-footprint-{name}-") as folder:
-            results["variants"][name] = run_variant(in_ram, Path(folder))
+            results["variants"][name] = run_variant(fraction, inputs_in_ram, Path(folder))
         print(name, results["variants"][name], flush=True)
     command = "python -m benchmarks.footprint " + " ".join(sys.argv[1:] if argv is None else argv)
     record.write(args.json, "footprint", command.strip(), results)

@@ -116,6 +116,7 @@ def test_the_evaluators_of_a_process_share_one_ram_allowance_and_get_it_back(mon
     monkeypatch.setattr(store, "RAM_FRACTION", 0.5)
     allowance = store.ram_allowance(None)
     assert store.ram_allowance(None) is allowance and allowance.left == 500
+
     class Holder:
         """A store or a sums table: what holds the reservation."""
 
@@ -321,7 +322,7 @@ def test_trials_sharing_first_calibrated_layer_and_basket_size_share_its_sums(ti
     kind, pooling = POOLING["bert-mean"]
     model = load_model(str(tiny_model_dir(kind)), pooling=pooling)
     dataset = tiny_dataset()
-    evaluator = Evaluator(model, dataset, BATCH, cache_dir=tmp_path, prefix_layers=(1, 2))
+    evaluator = Evaluator(model, dataset, BATCH, cache_dir=tmp_path, prefix_layers=(1, 2), ram_limit=2**30)  # RAM for the sums
     evaluator.run(None)
     trials = [
         model.default_config(variant="cls_soft", strength=0.8, basket_size=8, layers="last:2"),  # computes them

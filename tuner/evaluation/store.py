@@ -44,11 +44,12 @@ log = logging.getLogger(__name__)
 
 CACHE_FORMAT = 1
 DEFAULT_BUDGET = DEFAULT_CACHE_BYTES  # bytes of cached layer inputs, at most; also capped by free disk space
-RAM_FRACTION = 0.5  # shared first-layer sums are held in RAM within this share of the available memory
-# Cached layer inputs are memory-mapped from their files, which the OS page cache keeps hot, unless this is set (or
-# an evaluator is given a `ram_limit`): copied into RAM within the same allowance, a first `tune` took more memory
-# and more time (`benchmarks/footprint.py`, docs/benchmarks.md). A cache on a disk slower than this machine's may
-# want it.
+# The share of the available memory a process may fill with the shared first-layer sums (and, with
+# LAYER_INPUTS_IN_RAM, copies of the cached layer inputs). None by default: layer inputs are memory-mapped from their
+# files, which the OS page cache keeps hot, and sums are recomputed; with either held in RAM a first `tune` took
+# more than twice the memory and more time (`benchmarks/footprint.py`, docs/benchmarks.md). A cache on a disk slower
+# than this machine's, or a study that reuses one first layer and basket size often, may want them.
+RAM_FRACTION = 0.0
 LAYER_INPUTS_IN_RAM = False
 CHUNK = 16 * 2**20
 STALE_TEMPORARY_S = 3600
