@@ -123,26 +123,31 @@ def test_an_unknown_sampler_is_refused_naming_the_choices() -> None:
         TuneSettings(sampler="gp", grid="paper")
 
 
-@pytest.mark.parametrize("name", ["tpe", "gp"])
-def test_tune_runs_and_exports_with_each_sampler(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(tmp_path)
-    model = save_tiny("bert", tmp_path / "tiny-bert", max_length=512)
-    data = write_dataset(tmp_path / "data", docs=8, words=45)
-    settings = TuneSettings(
+def tiny_study(folder: Path, layers: int, **changes: object) -> TuneSettings:
+    """A study of a tiny random model with `layers` layers, every trial run to the end (no budget, pruning or
+    bisection), so that whatever follows the queued start is the sampler's."""
+    model = save_tiny("bert", folder / "tiny-bert", layers=layers, max_length=512)
+    data = write_dataset(folder / "data", docs=8, words=45)
+    settings: dict[str, object] = dict(
         model=str(model),
         pooling="cls",
         dataset=f"jsonl:{data}",
         heldout=None,
-        trials=8,
         budget=None,
         prune=False,
         bisect=False,
-        sampler=name,
-        storage=f"sqlite:///{tmp_path / 'o.db'}",
-        tracking_uri=f"sqlite:///{tmp_path / 'm.db'}",
-        output=tmp_path / "best.yaml",
+        storage=f"sqlite:///{folder / 'o.db'}",
+        tracking_uri=f"sqlite:///{folder / 'm.db'}",
+        output=folder / "best.yaml",
         bootstrap=50,
     )
+    return TuneSettings(**(settings | changes))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", ["tpe", "gp"])
+def test_tune_runs_and_exports_with_each_sampler(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    settings = tiny_study(tmp_path, layers=3, trials=8, sampler=name)
     outcome = tune(settings)
     study = optuna.load_study(study_name=outcome.study, storage=settings.storage)
     assert study.user_attrs[SAMPLER_ATTR] == name
@@ -160,22 +165,7 @@ def test_a_study_starts_with_the_references_then_the_paper_default_at_its_cheape
     """Every seed spends its first draws alike: the baseline, the paper's default (CLS-Soft λ 0.5, baskets of 128,
     the last 50%), then the same config on the last layer and the last 25%, before the sampler draws anything."""
     monkeypatch.chdir(tmp_path)
-    model = save_tiny("bert", tmp_path / "tiny-bert", layers=8, max_length=512)
-    data = write_dataset(tmp_path / "data", docs=8, words=45)
-    settings = TuneSettings(
-        model=str(model),
-        pooling="cls",
-        dataset=f"jsonl:{data}",
-        heldout=None,
-        trials=5,
-        budget=None,
-        prune=False,
-        bisect=False,
-        storage=f"sqlite:///{tmp_path / 'o.db'}",
-        tracking_uri=f"sqlite:///{tmp_path / 'm.db'}",
-        output=tmp_path / "best.yaml",
-        bootstrap=50,
-    )
+    settings = tiny_study(tmp_path, layers=8, trials=5)
     for siblings in (True, False):
         chosen = replace(settings, paper_siblings=siblings, study_name=f"siblings-{siblings}")
         tune(chosen)
