@@ -6,12 +6,11 @@ from __future__ import annotations
 import logging
 
 from objectives import HmFloor
-from tuner.calibration.config import CalibrationConfig
 from tuner.common.trials import START_ATTR
 from tuner.tracking.progress import Phase
 from tuner.tracking.runs import Tracker
 from tuner.tuning.conclusion import TuneOutcome, conclude
-from tuner.tuning.search_space import BASELINE_PARAMS, DEPTHS, PAPER_DEFAULT_PARAMS, PAPER_SIBLINGS
+from tuner.tuning.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, PAPER_SIBLINGS, depth_layers
 from tuner.tuning.session import FLOOR_ATTR, Session
 from tuner.tuning.settings import TuneSettings
 from tuner.tuning.study import describe_study, enqueue_once
@@ -56,13 +55,10 @@ def _queue_siblings(session: Session) -> None:
     """Queue the paper default's siblings (`PAPER_SIBLINGS`) that calibrate layers of their own on this model: a
     sibling whose depth resolves to the layers of the default or of an earlier sibling (a small model) would
     only repeat it, and one outside the space is left to the sampler."""
-
-    def layers_of(params: dict[str, object]) -> tuple[int, ...]:
-        return CalibrationConfig(layers=DEPTHS[str(params["depth"])]).resolve_layers(session.model.num_layers)
-
-    seen = {layers_of(PAPER_DEFAULT_PARAMS)}
+    num_layers = session.model.num_layers
+    seen = {depth_layers(str(PAPER_DEFAULT_PARAMS["depth"]), num_layers)}
     for sibling, role in PAPER_SIBLINGS:
-        layers = layers_of(sibling)
+        layers = depth_layers(str(sibling["depth"]), num_layers)
         if session.space.admits(sibling) and layers not in seen:
             params, attrs = session.space.reference_trial(sibling)
             enqueue_once(session.study, params, {**attrs, START_ATTR: role})

@@ -11,14 +11,13 @@ import logging
 from collections.abc import Sequence
 from dataclasses import replace
 
-from tuner.calibration import CalibrationConfig
 from tuner.common.budget import StudyBudget, price_budget
 from tuner.common.options import Budget
 from tuner.data import PositionalDataset
 from tuner.evaluation.cost import StudyCost, padded_tokens, probe
 from tuner.evaluation.evaluator import Evaluator
 from tuner.evaluation.pools import SCREEN_SHARE, most_passages
-from tuner.tuning.search_space import DEPTHS, GRIDS, PAPER_GRID, SearchSpace, grid_size
+from tuner.tuning.search_space import GRIDS, PAPER_GRID, SearchSpace, depth_layers, grid_size
 from tuner.tuning.settings import DEFAULT_TRIALS, TuneSettings
 
 log = logging.getLogger(__name__)
@@ -107,7 +106,7 @@ def estimate_cost(
 def layers_run(evaluator: Evaluator, depths: Sequence[str]) -> float:
     """The layers a calibrated trial runs, averaged over `depths` (`Evaluator.layers_run`)."""
     total = evaluator.model.num_layers
-    runs = [evaluator.layers_run(min(CalibrationConfig(layers=DEPTHS[depth]).resolve_layers(total))) for depth in depths]
+    runs = [evaluator.layers_run(min(depth_layers(depth, total))) for depth in depths]
     return sum(runs) / len(runs)
 
 

@@ -60,6 +60,11 @@ def grid_points(grid: Mapping[str, Sequence[object]]) -> list[dict[str, object]]
     return [json.loads(point) for point in sorted(distinct)]
 
 
+def depth_layers(depth: str, num_layers: int) -> tuple[int, ...]:
+    """The layers a depth of the space (`DEPTHS`) calibrates on a model with `num_layers` layers."""
+    return CalibrationConfig(layers=DEPTHS[depth]).resolve_layers(num_layers)
+
+
 def grid_size(grid: Mapping[str, Sequence[object]]) -> int:
     """Configs in a grid: its product, less the repeats a conditional parameter makes (w only for CLS-Hard)."""
     return len(grid_points(grid))
