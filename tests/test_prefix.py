@@ -129,6 +129,25 @@ def test_the_evaluators_of_a_process_share_one_ram_allowance_and_get_it_back(mon
     assert store.ram_allowance(300) is not allowance and store.ram_allowance(300).left == 300  # an explicit limit: its own
 
 
+def test_an_evaluators_ram_limit_bounds_its_layer_inputs_and_shared_sums_together(tiny_model_dir, tmp_path: Path) -> None:
+    """`ram_limit` is one allowance for what the evaluator holds in RAM: layer inputs that fill it leave no room
+    for the first-layer sums, which are then recomputed by each trial."""
+    kind, pooling = POOLING["bert-mean"]
+    model = load_model(str(tiny_model_dir(kind)), pooling=pooling)
+    dataset = tiny_dataset()
+    probe = Evaluator(model, dataset, BATCH, cache_dir=tmp_path / "probe", prefix_layers=(1, 2))
+    probe.run(None)
+    limit = 2 * probe.cache.store.layer_bytes  # the two cached layers, and not a byte more
+    evaluator = Evaluator(model, dataset, BATCH, cache_dir=tmp_path / "bounded", prefix_layers=(1, 2), ram_limit=limit)
+    evaluator.run(None)
+    assert [inputs.in_memory for inputs in evaluator.cache.inputs.values()] == [True, True]
+    sums = evaluator.first_layer_sums()
+    assert sums is not None
+    for strength in (0.8, 0.4):  # the second would reuse the first's sums, had they been kept
+        evaluator.document_vectors(model.default_config(variant="cls_soft", strength=strength, basket_size=8, layers="last:2"))
+    assert sums.entries == {} and sums.hits == 0
+
+
 def test_a_trial_starting_after_the_deepest_cached_layer_resumes_from_it(tiny: LoadedModel, tmp_path: Path) -> None:
     dataset = tiny_dataset()
     evaluator = Evaluator(tiny, dataset, BATCH, cache_dir=tmp_path, prefix_layers=(1,))

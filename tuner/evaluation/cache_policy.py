@@ -41,6 +41,7 @@ from tuner.evaluation.store import (
     LayerInputStore,
     RamAllowance,
     engine_identity,
+    layer_inputs_ram,
     model_identity,
     ram_allowance,
     slug,
@@ -114,8 +115,9 @@ class CachePolicy:
                   capped by free disk space; 0: none, every trial runs the full forward)
     prefix_layers the layers worth caching, where the configs to come start calibrating
                   (`tuner.engine.prefix.starting_layers`); none by default
-    ram_limit     bytes of layer inputs held in RAM; the rest are memory-mapped (None: the process's
-                  `ram_allowance`)
+    ram_limit     bytes this policy may hold in RAM, layer inputs and shared sums together; the rest of the
+                  layer inputs are memory-mapped and of the sums recomputed (None: the sums draw on the process's
+                  `ram_allowance`, and the layer inputs are mapped: `layer_inputs_ram`)
     keep_on_disk  keep every calibration's document vectors in the disk cache too (`calibrated`, `encoded`)
     keep_layer_inputs  False: layer inputs go to a temporary folder that lives as long as this policy, for sets
                   that score a few configs once (the held-out sets), whose inputs would fill the cache for nothing
@@ -142,6 +144,7 @@ class CachePolicy:
         self.cache_budget = cache_budget
         self.prefix_layers = tuple(sorted({int(x) for x in prefix_layers if 0 < int(x) < model.num_layers}))
         self.ram_limit = ram_limit
+        self.ram = ram_allowance(ram_limit)  # one allowance for the layer inputs and the sums
         self.stack: LayerStack | None = None
         self.store: LayerInputStore | None = None
         self.inputs: dict[int, LayerInputs] = {}  # layer → its recorded inputs, ready to resume from
@@ -277,7 +280,8 @@ class CachePolicy:
             log.warning("%s: %s; every trial runs the full forward pass", self.model.spec.alias, error)
             return
         hidden = int(self.model.model.config.hidden_size)
-        self.store = LayerInputStore(self._layer_disk(), self._document_key, batches.shapes, hidden, self.model.model.dtype, self.ram_limit)
+        ram = layer_inputs_ram(self.ram_limit, self.ram)
+        self.store = LayerInputStore(self._layer_disk(), self._document_key, batches.shapes, hidden, self.model.model.dtype, ram)
         chosen = self.store.budget_layers(self.prefix_layers, self.cache_budget)
         if len(chosen) < len(self.prefix_layers):
             log.info(
@@ -356,5 +360,5 @@ class CachePolicy:
             budget = DEFAULT_BUDGET if self.cache_budget is None else self.cache_budget
             if store is not None:
                 budget -= store.layer_bytes * len(self.inputs)
-            self._sums = FirstLayerSums(max(0, budget), ram_allowance(self.ram_limit))
+            self._sums = FirstLayerSums(max(0, budget), self.ram)
         return self._sums

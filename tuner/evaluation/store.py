@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 CACHE_FORMAT = 1
 DEFAULT_BUDGET = DEFAULT_CACHE_BYTES  # bytes of cached layer inputs, at most; also capped by free disk space
 # The share of the available memory a process may fill with the shared first-layer sums (and, with
-# LAYER_INPUTS_IN_RAM, copies of the cached layer inputs). None by default: layer inputs are memory-mapped from their
+# LAYER_INPUTS_IN_RAM, copies of the cached layer inputs). Nothing by default: layer inputs are memory-mapped from their
 # files, which the OS page cache keeps hot, and sums are recomputed; with either held in RAM a first `tune` took
 # more than twice the memory and more time (`benchmarks/footprint.py`, docs/benchmarks.md). A cache on a disk slower
 # than this machine's, or a study that reuses one first layer and basket size often, may want them.
@@ -416,22 +416,33 @@ def ram_allowance(limit: int | None) -> RamAllowance:
     return _PROCESS_RAM
 
 
+def layer_inputs_ram(limit: int | None, allowance: RamAllowance) -> RamAllowance | None:
+    """What cached layer inputs may fill in RAM: an evaluator's `allowance` where it was given a `limit`, or with
+    `LAYER_INPUTS_IN_RAM`; else nothing, and they are memory-mapped."""
+    return allowance if limit is not None or LAYER_INPUTS_IN_RAM else None
+
+
 class LayerInputStore:
     """Cached layer inputs of one (model, dataset, batching): chosen within a budget, verified on load.
 
-    Layers are memory-mapped from their files, or loaded into RAM while they fit in `ram_limit` bytes (where
-    given, or the process's `ram_allowance` with `LAYER_INPUTS_IN_RAM`).
+    Layers are memory-mapped from their files, or, given a `ram` allowance, loaded into RAM while they fit in it.
     """
 
     def __init__(
-        self, cache: DiskCache, key: dict, shapes: Sequence[tuple[int, int]], hidden: int, dtype: torch.dtype, ram_limit: int | None = None
+        self,
+        cache: DiskCache,
+        key: dict,
+        shapes: Sequence[tuple[int, int]],
+        hidden: int,
+        dtype: torch.dtype,
+        ram: RamAllowance | None = None,
     ) -> None:
         self.cache, self.key, self.dtype = cache, key, dtype
         self.shapes = [(rows, length, hidden) for rows, length in shapes]
         itemsize = torch.empty((), dtype=dtype).element_size()
         self.offsets = list(np.cumsum([0] + [int(np.prod(s)) * itemsize for s in self.shapes])[:-1].tolist())
         self.layer_bytes = sum(int(np.prod(s)) for s in self.shapes) * itemsize
-        self.ram = ram_allowance(ram_limit) if ram_limit is not None or LAYER_INPUTS_IN_RAM else RamAllowance(0)
+        self.ram = ram
         self.loaded: dict[int, LayerInputs] = {}
         self._writers: dict[int, RawWriter] = {}
 
@@ -457,7 +468,7 @@ class LayerInputStore:
         return f"layer-input-{layer:03d}"
 
     def load(self, layer: int) -> LayerInputs | None:
-        reserved = self.ram.take(self, self.layer_bytes)
+        reserved = self.ram.take(self, self.layer_bytes) if self.ram is not None else None
         opened = self.cache.open_raw(self.name(layer), self.layer_key(layer), self.layer_bytes, reserved is not None)
         if opened is None:
             if reserved is not None:
