@@ -228,9 +228,8 @@ def table(results: list[dict[str, Any]]) -> str:
         + " |",
         "|---|---:|---:|---:|---|" + "---|" * len(sets),
     ]
-    # the baselines and queries: what the first study encoded, or as priced for a fresh machine where the disk cache held them
-    setup = max(max(r["setup_layer_tokens"], r.get("setup_priced") or 0) for r in results)
-    ran = next((r["layer_tokens"] + setup for r in results if r["arm"] == "grid"), None)
+    setup = fresh_setup(results)
+    ran = grid_as_run(results, setup)
     for r in results:
         cost = r["layer_tokens"] + setup
         grid = ran or r.get("grid_layer_tokens")  # the grid as run, else as priced by the study's budget
@@ -246,12 +245,24 @@ def table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def fresh_setup(results: list[dict[str, Any]]) -> int:
+    """The baselines and queries: what the first study encoded, or as priced for a fresh machine where the disk
+    cache held them."""
+    return max(max(r["setup_layer_tokens"], r.get("setup_priced") or 0) for r in results)
+
+
+def grid_as_run(results: list[dict[str, Any]], setup: int) -> int | None:
+    """The grid's study with the setup, as it ran; None where it did not."""
+    return next((r["layer_tokens"] + setup for r in results if r["arm"] == "grid"), None)
+
+
 def sampler_table(results: list[dict[str, Any]]) -> str:
     """The docs' sampler table: per arm, what its seeds spent and how their winners compare with the grid's on
     each held-out set, and how far apart the seeds' winners land there."""
     grid = next((r for r in results if r["arm"] == "grid"), None)
     sets = sorted({name for r in results for name in r["heldout"]})
-    setup = max(max(r["setup_layer_tokens"], r.get("setup_priced") or 0) for r in results)
+    setup = fresh_setup(results)
+    grid_cost = grid_as_run(results, setup) or results[0]["grid_layer_tokens"]  # as run, else as the budget priced it
     arms = [a for a in SAMPLER_ARMS if any(r["arm"] == a for r in results)]
     lines = [
         "| | " + " | ".join(f"{a}: {ARM_COMMANDS[a]}" for a in arms) + " |",
@@ -262,12 +273,10 @@ def sampler_table(results: list[dict[str, Any]]) -> str:
         lines.append(f"| {title} | " + " | ".join(cell([r for r in results if r["arm"] == a]) for a in arms) + " |")
 
     def share(rs: list[dict[str, Any]]) -> str:
-        grid_cost = grid["layer_tokens"] + setup if grid else rs[0].get("grid_layer_tokens")
         shares = [(r["layer_tokens"] + setup) / grid_cost for r in rs]
         return f"{sum(shares) / len(shares):.2f}× ({min(shares):.2f}–{max(shares):.2f})"
 
     def before_search(rs: list[dict[str, Any]]) -> str:
-        grid_cost = grid["layer_tokens"] + setup if grid else rs[0].get("grid_layer_tokens")
         default = max(r.get("paper_default_layer_tokens", 0) for r in rs)
         return f"{setup / grid_cost:.2f}× · {default / grid_cost:.2f}×"
 
@@ -286,7 +295,7 @@ def sampler_table(results: list[dict[str, Any]]) -> str:
     lines.append("")
     if grid:
         lines.append(
-            f"The grid's winner: {_named(grid['config'])}; {grid['layer_tokens'] + setup:,} layer-tokens. "
+            f"The grid's winner: {_named(grid['config'])}; {grid_cost:,} layer-tokens. "
             "At least as good: on that held-out set, the winner's ΔHM and ΔnDCG@10 are no lower than the grid winner's "
             "95% intervals and its PSI no higher than the grid winner's plus 1.96 bootstrap SE. "
         )
