@@ -215,6 +215,7 @@ def test_what_the_models_page_says_of_mpnet_is_what_its_records_hold() -> None:
 def test_what_the_search_page_says_of_the_start_and_the_samplers_is_what_its_record_holds() -> None:
     """docs/search.md reads the sampler table in words; the words must stay true of the record it renders."""
     from benchmarks.search_cost import _interval, _point
+    from tuner.tuning.search_space import depth_layers
 
     page = " ".join((ROOT / "docs" / "search.md").read_text(encoding="utf-8").split())
     studies = json.loads((ROOT / "docs" / "results" / "search-cost-minilm.json").read_text(encoding="utf-8"))["results"]["studies"]
@@ -253,6 +254,8 @@ def test_what_the_search_page_says_of_the_start_and_the_samplers_is_what_its_rec
     assert "GPSampler ignores pruned trials (it fits complete ones only), a large share of a study's trials here" in page
     # `pruned` counts the one trial a study may leave unrun when its budget is spent; left out here
     assert sum(s["pruned"] - 1 for s in budgeted) / sum(s["trials"] for s in budgeted) > 0.25
+    assert "on six layers they calibrate one and two where the default calibrates three" in page
+    assert [len(depth_layers(depth, 6)) for depth in ("last", "25%", "50%")] == [1, 2, 3]
     assert "A fifth of the grid's layer-tokens does not buy a search" in page
     grid_cost = grid["layer_tokens"] + max(s["setup_priced"] for s in budgeted)
     before = max(s["setup_priced"] for s in budgeted) + max(s["paper_default_layer_tokens"] for s in budgeted)
@@ -267,5 +270,9 @@ def test_what_the_benchmarks_page_says_of_ram_is_what_its_record_holds() -> None
     neither = variants["neither"]
     assert all(neither["seconds"] <= v["seconds"] and neither["peak_rss_bytes"] <= v["peak_rss_bytes"] for v in variants.values())
     assert "the default until this was measured" in page
+    changelog = " ".join((ROOT / "docs" / "changelog.md").read_text(encoding="utf-8").split())
+    assert "which cost a first `tune` more than twice the memory and more time" in changelog
+    both = variants["both"]
+    assert both["peak_rss_bytes"] > 2 * neither["peak_rss_bytes"] and both["seconds"] > neither["seconds"]
     source = (ROOT / "tuner" / "evaluation" / "store.py").read_text(encoding="utf-8")
     assert "RAM_FRACTION = 0.0" in source and "LAYER_INPUTS_IN_RAM = False" in source, "the default is the variant `neither`"

@@ -34,7 +34,7 @@ PAPER_DEFAULT_PARAMS: dict[str, object] = {
 }
 # Queued after the paper's default unless `--no-paper-siblings`, with the role their trials are marked with: the
 # same config at the cheaper depths of the default space. Every seed starts from them, so a study spends its
-# first draws where the paper points, at a third and two thirds of the default's cost on a six-layer model,
+# first draws where the paper points, running a third and two thirds of the default's layers on a six-layer model,
 # instead of on random configs (docs/search.md). Unlike the references they are drawn trials in all but their
 # choice: priced against the budget, limited by the drift yardstick, pruned.
 PAPER_SIBLINGS: tuple[tuple[dict[str, object], str], ...] = (
