@@ -163,6 +163,17 @@ def test_a_local_model_whose_weights_changed_after_the_export_is_refused(tiny_mo
     assert np.isfinite(encoder.encode_document(["w1 w2"])).all()
 
 
+def test_a_local_model_whose_weights_file_is_gone_is_refused_naming_it(tiny_model_dir, tmp_path: Path) -> None:
+    """A weights file recorded at export but no longer in the folder is named as gone, before the model loads."""
+    folder = Path(shutil.copytree(tiny_model_dir("bert"), tmp_path / "bert"))
+    config = export_for(folder, "cls", tmp_path / "cal.yaml")
+    (folder / "model.safetensors").unlink()
+    code, said = encode(config, tmp_path)
+    assert code == 2
+    assert f"model.weights: the files in {folder} differ from those the config was exported with (model.safetensors is gone)" in said
+    assert not (tmp_path / "out.npy").exists()
+
+
 def test_a_config_without_a_fingerprint_loads_and_says_so_once(tiny_model_dir, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     folder = Path(shutil.copytree(tiny_model_dir("bert"), tmp_path / "bert"))
     data = yaml.safe_load(export_for(folder, "cls", tmp_path / "cal.yaml").read_text(encoding="utf-8"))
