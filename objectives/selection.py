@@ -15,19 +15,24 @@ between the two over those resamples. Two configs scored on the same queries sha
 (which queries are hard, which passages are long), so the noise *between* them is smaller than either
 one's own, which would admit clearly worse trials as "indistinguishable". Trials recorded without resamples fall back to the best
 one's own standard error.
+
+Within that band the rules differ only in their tie-break: `one-se` takes the mildest (least drift),
+`one-se-fairest` the fairest on the mean over the tuning structures (the objective is their worst case, so the
+mean is the evidence the objective leaves unused), `one-se-hm` the most accurate (highest HM). `lowest` takes
+the lowest objective with no band. `benchmarks/selection_rules.py` scores each rule's choices held out.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 
-Rule = Literal["one-se", "lowest"]
-RULES: tuple[str, ...] = ("one-se", "lowest")
+Rule = Literal["one-se", "one-se-fairest", "one-se-hm", "lowest"]
+RULES: tuple[str, ...] = ("one-se", "one-se-fairest", "one-se-hm", "lowest")
 
 
 @dataclass(frozen=True)
@@ -38,7 +43,8 @@ class Candidate:
     tuning queries; `drift` is the mean 1 − cosine between the trial's document vectors and the
     uncalibrated ones (0 for no calibration); `constraints` follow Optuna's convention (≤ 0 satisfied);
     `hm` breaks what ties remain. `resamples` is the objective on each common query resample (None: not
-    recorded), from which selection takes the noise between two candidates.
+    recorded), from which selection takes the noise between two candidates. `mean_psi` is the mean PSI over the
+    tuning structures (NaN: not recorded; the objective stands in for it).
     """
 
     trial_number: int
@@ -48,6 +54,12 @@ class Candidate:
     constraints: tuple[float, ...]
     hm: float = 0.0
     resamples: tuple[float, ...] | None = None
+    mean_psi: float = float("nan")
+
+    @property
+    def fairness_on_average(self) -> float:
+        """The mean PSI over the tuning structures, or the objective where that was not recorded."""
+        return self.mean_psi if math.isfinite(self.mean_psi) else self.objective
 
     @property
     def feasible(self) -> bool:
@@ -81,7 +93,11 @@ class Selection:
             return "chosen by the user (tune export --trial), not by a selection rule"
         if self.rule == "lowest":
             return f"the feasible trial with the lowest objective ({self.winner.objective:.4f})"
-        mildest = f"the mildest (drift {self.winner.drift:.4f}) of the feasible trials {list(self.eligible)}"
+        mildest = {
+            "one-se": f"the mildest (drift {self.winner.drift:.4f})",
+            "one-se-fairest": f"the fairest on average over the structures (mean PSI {self.winner.fairness_on_average:.4f})",
+            "one-se-hm": f"the most accurate (HM {self.winner.hm:.4f})",
+        }[self.rule] + f" of the feasible trials {list(self.eligible)}"
         if self.paired:
             return (
                 f"{mildest} whose objective is within one paired standard error of the best (trial {self.best.trial_number}: "
@@ -101,10 +117,11 @@ def chosen(candidate: Candidate) -> Selection:
 def select(candidates: Iterable[Candidate], rule: Rule = "one-se") -> Selection | None:
     """The winning candidate under `rule`; None when no candidate is feasible (keep the model uncalibrated).
 
-    `lowest`: the lowest objective (ties: lower drift, higher HM, then the earlier trial). `one-se`: the
-    lowest drift among the candidates within one standard error of the lowest objective (ties: lower
-    objective, higher HM, then the earlier trial); the standard error is the paired one (`paired_se`) where
-    both candidates carry resamples. A candidate with a non-finite objective never wins.
+    `lowest`: the lowest objective (ties: lower drift, higher HM, then the earlier trial). Among the candidates
+    within one standard error of the lowest objective (the paired one, `paired_se`, where both candidates carry
+    resamples): `one-se` the lowest drift, `one-se-fairest` the lowest mean PSI over the structures, `one-se-hm`
+    the highest HM (ties: lower drift, lower objective, then the earlier trial). A candidate with a non-finite
+    objective never wins.
     """
     if rule not in RULES:
         raise ValueError(f"unknown selection rule {rule!r}; choose one of {', '.join(RULES)}")
@@ -124,8 +141,16 @@ def select(candidates: Iterable[Candidate], rule: Rule = "one-se") -> Selection 
         return se if value is None else value
 
     eligible = sorted((c for c in feasible if c.objective - best.objective <= margin(c)), key=lambda c: c.trial_number)
-    winner = min(eligible, key=lambda c: (c.drift, c.objective, -c.hm, c.trial_number))
+    winner = min(eligible, key=TIE_BREAKS[rule])
     return Selection(rule, winner, best, threshold, tuple(c.trial_number for c in eligible), paired)
+
+
+TIE_BREAKS: dict[str, Callable[[Candidate], tuple[float, ...]]] = {
+    "one-se": lambda c: (c.drift, c.objective, -c.hm, c.trial_number),
+    "one-se-fairest": lambda c: (c.fairness_on_average, c.drift, c.objective, c.trial_number),
+    "one-se-hm": lambda c: (-c.hm, c.drift, c.objective, c.trial_number),
+}
+"""How each one-SE rule orders the candidates within the band (the first wins)."""
 
 
 def paired_se(candidate: Candidate, best: Candidate) -> float | None:

@@ -34,6 +34,36 @@ def test_a_config_better_by_more_than_one_standard_error_wins_however_strong():
     assert select([mild, strong]).winner == strong
 
 
+def band_of_three() -> list[Candidate]:
+    """Three feasible trials within one SE of the best (0.164 + 0.03): mildest, fairest on average, most accurate."""
+    return [
+        Candidate(1, 0.164, 0.03, 0.020, (-0.01,), hm=0.570, mean_psi=0.120),  # the best objective
+        Candidate(2, 0.180, 0.03, 0.008, (-0.01,), hm=0.574, mean_psi=0.140),  # the mildest
+        Candidate(3, 0.170, 0.03, 0.030, (-0.01,), hm=0.566, mean_psi=0.095),  # the fairest on the mean of the structures
+        Candidate(4, 0.185, 0.03, 0.015, (-0.01,), hm=0.581, mean_psi=0.150),  # the most accurate
+        Candidate(5, 0.240, 0.03, 0.001, (-0.01,), hm=0.590, mean_psi=0.050),  # outside the band: never chosen
+    ]
+
+
+@pytest.mark.parametrize(("rule", "expected"), [("one-se", 2), ("one-se-fairest", 3), ("one-se-hm", 4), ("lowest", 1)])
+def test_each_rule_breaks_the_one_se_band_by_its_own_criterion(rule, expected):
+    chosen = select(band_of_three(), rule)
+    assert chosen is not None and chosen.winner.trial_number == expected
+    if rule != "lowest":
+        assert chosen.eligible == (1, 2, 3, 4)
+
+
+def test_a_trial_without_structures_is_ranked_on_average_by_its_objective():
+    plain = [Candidate(1, 0.10, 0.05, 0.02, (-0.01,)), Candidate(2, 0.12, 0.05, 0.01, (-0.01,), mean_psi=0.11)]
+    assert select(plain, "one-se-fairest").winner.trial_number == 1  # 0.10 (its objective) < 0.11
+
+
+def test_the_reason_names_the_tie_break_and_its_figure():
+    fairest = select(band_of_three(), "one-se-fairest")
+    assert "fairest on average over the structures (mean PSI 0.0950)" in fairest.describe()
+    assert "the most accurate (HM 0.5810)" in select(band_of_three(), "one-se-hm").describe()
+
+
 def test_the_lowest_rule_takes_the_lowest_objective_as_before():
     aggressive, steady = trial(6, 0.032, 0.03, 0.056), trial(2, 0.055, 0.03, 0.010)
     chosen = select([aggressive, steady], "lowest")
@@ -140,7 +170,7 @@ def test_one_common_resample_measures_no_noise_so_the_best_trial_s_own_standard_
 
 
 def test_an_unknown_rule_is_refused_by_name():
-    with pytest.raises(ValueError, match="one-se, lowest"):
+    with pytest.raises(ValueError, match="one-se, one-se-fairest, one-se-hm, lowest"):
         select([trial(0, 0.1, 0.0, 0.0)], "median")  # type: ignore[arg-type]
 
 
