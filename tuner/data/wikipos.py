@@ -80,8 +80,16 @@ def read_records(data: bytes) -> Iterator[dict[str, Any]]:
             yield json.loads(line)
 
 
-def dataset_from_records(name: str, records: Iterator[dict[str, Any]], group_order: tuple[str, ...] = THIRDS) -> PositionalDataset:
-    """Assemble a dataset from WikiPos records: each query is relevant to the document holding its segment."""
+def dataset_from_records(
+    name: str, records: Iterator[dict[str, Any]], group_order: tuple[str, ...] = THIRDS, *, titles: bool = False
+) -> PositionalDataset:
+    """Assemble a dataset from WikiPos records: each query is relevant to the document holding its segment.
+
+    With `titles` (passages grouped by thirds), every segment's article title is a query too, id
+    `<passage>/t<slot>`: a second human-written handle on the same summary, so more position-labelled queries
+    over the same passages (queries are encoded once per study, passages once per trial)."""
+    if titles and group_order != THIRDS:
+        raise ValueError(f"{name}: title queries are grouped by thirds, but this set is grouped by {group_order}")
     corpus: dict[str, str] = {}
     queries: dict[str, str] = {}
     qrels: dict[str, dict[str, int]] = {}
@@ -89,7 +97,13 @@ def dataset_from_records(name: str, records: Iterator[dict[str, Any]], group_ord
     positions: dict[str, float] = {}
     for record in records:
         corpus[record["id"]] = record["text"]
-        for segment in record["segments"]:
+        for slot, segment in enumerate(record["segments"]):
+            if titles and segment.get("title"):
+                start, end = segment["span"]
+                qid = f"{record['id']}/t{slot}"
+                queries[qid], qrels[qid] = segment["title"], {record["id"]: 1}
+                groups[qid] = (span_third(start, end, len(record["text"])),)
+                positions[qid] = span_midpoint(start, end, len(record["text"]))
             query = segment.get("query")
             if query is None:
                 continue
@@ -283,12 +297,13 @@ STRUCTURE_RECORDS: dict[str, Callable[[Iterator[dict[str, Any]], int], Iterator[
 """The other structures a split's own passages are re-built in (`load_wikipos_structure`), by name."""
 
 
-def load_wikipos_structure(split: str, kind: str, seed: int = 0) -> PositionalDataset:
+def load_wikipos_structure(split: str, kind: str, seed: int = 0, *, titles: bool = False) -> PositionalDataset:
     """A WikiPos split re-built as the structure `kind` (`STRUCTURE_RECORDS`: crops, openings, packed), as
-    `wikipos-{split}-{kind}`."""
+    `wikipos-{split}-{kind}` (with `titles`, the article titles as queries too: `dataset_from_records`)."""
     if GROUP_ORDER.get(split) != THIRDS:
         raise ValueError(f"the {kind} structure is defined for the splits grouped by thirds (dev, test, lengths), not {split!r}")
-    return dataset_from_records(f"wikipos-{split}-{kind}", STRUCTURE_RECORDS[kind](_split_records(split), seed), THIRDS)
+    records = STRUCTURE_RECORDS[kind](_split_records(split), seed)
+    return dataset_from_records(f"wikipos-{split}-{kind}", records, THIRDS, titles=titles)
 
 
 def wikipos_folder() -> Traversable:
@@ -308,6 +323,7 @@ def _split_records(split: str) -> Iterator[dict[str, Any]]:
     return read_records(resource.read_bytes())
 
 
-def load_wikipos(split: str) -> PositionalDataset:
-    """Load a packaged WikiPos split ("dev", "test" or "general") as `wikipos-{split}`."""
-    return dataset_from_records(f"wikipos-{split}", _split_records(split), GROUP_ORDER[split])
+def load_wikipos(split: str, *, titles: bool = False) -> PositionalDataset:
+    """Load a packaged WikiPos split ("dev", "test" or "general") as `wikipos-{split}` (with `titles`, the
+    article titles as queries too: `dataset_from_records`)."""
+    return dataset_from_records(f"wikipos-{split}", _split_records(split), GROUP_ORDER[split], titles=titles)
