@@ -119,8 +119,40 @@ def test_every_sampler_steers_towards_what_meets_the_constraints_the_objective_s
 def test_an_unknown_sampler_is_refused_naming_the_choices() -> None:
     with pytest.raises(ValueError, match="--sampler must be one of cost-tpe, tpe, gp, got 'random'"):
         TuneSettings(sampler="random")
-    with pytest.raises(ValueError, match="--sampler gp draws a single-objective search"):
-        TuneSettings(sampler="gp", grid="paper")
+
+
+@pytest.mark.parametrize("search", [{"grid": "paper"}, {"pareto": True}])
+@pytest.mark.parametrize("name", ["tpe", "gp"])
+def test_another_sampler_is_refused_for_a_grid_or_a_pareto_search(name: str, search: dict[str, object]) -> None:
+    """A grid runs its fixed configs and a Pareto search draws with NSGA-II: neither would use the sampler asked for."""
+    with pytest.raises(ValueError, match=f"--sampler {name} draws a single-objective search"):
+        TuneSettings(sampler=name, **search)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", SAMPLERS)
+def test_every_sampler_draws_the_same_five_start_up_trials_at_random(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The samplers are compared on one footing: each draws its first five trials at random (Optuna's own default
+    start-up is ten) and every later one from its model. The objective has no conditional parameter, so no
+    sampler draws at random after its start-up for a parameter outside its model."""
+    at_random: set[int] = set()
+    draw = optuna.samplers.RandomSampler.sample_independent
+
+    def seen(self, study, trial, param_name, distribution):  # type: ignore[no-untyped-def]
+        at_random.add(trial.number)
+        return draw(self, study, trial, param_name, distribution)
+
+    monkeypatch.setattr(optuna.samplers.RandomSampler, "sample_independent", seen)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(sampler=make_sampler(name, seed=0))
+    study.optimize(lambda trial: constrained(trial, None), n_trials=12)
+    assert at_random == {0, 1, 2, 3, 4}, name
+
+
+@pytest.mark.parametrize("name", ["tpe", "cost-tpe"])
+def test_under_a_budget_only_the_cost_aware_sampler_weighs_the_cost(name: str) -> None:
+    """Without a budget the two TPE samplers draw alike, so only a budget tells which one `--sampler` gave."""
+    plain = draws(optuna.samplers.TPESampler(seed=3, multivariate=True, group=True, n_startup_trials=5), None)
+    assert (draws(make_sampler(name, seed=3), UNSPENT) == plain) == (name == "tpe")
 
 
 def tiny_study(folder: Path, layers: int, **changes: object) -> TuneSettings:
@@ -147,10 +179,19 @@ def tiny_study(folder: Path, layers: int, **changes: object) -> TuneSettings:
 @pytest.mark.parametrize("name", ["tpe", "gp"])
 def test_tune_runs_and_exports_with_each_sampler(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
+    samplers: dict[str, optuna.samplers.BaseSampler] = {}  # study name → the sampler it was created with
+    create = optuna.create_study
+
+    def created(**options):  # type: ignore[no-untyped-def]
+        samplers[options["study_name"]] = options["sampler"]
+        return create(**options)
+
+    monkeypatch.setattr(optuna, "create_study", created)
     settings = tiny_study(tmp_path, layers=3, trials=8, sampler=name)
     outcome = tune(settings)
     study = optuna.load_study(study_name=outcome.study, storage=settings.storage)
     assert study.user_attrs[SAMPLER_ATTR] == name
+    assert type(samplers[outcome.study]) is {"tpe": optuna.samplers.TPESampler, "gp": optuna.samplers.GPSampler}[name]
     complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     assert named_constraints(complete[0])["drift"] == -settings.max_drift  # the baseline moved nothing
     assert {tuple(named_constraints(t)) for t in complete} == {("drift", "hm_floor", "ndcg_drop", "reversal", "structure_ndcg")}
