@@ -127,10 +127,17 @@ def percentile_interval(estimate: float, samples: np.ndarray, confidence: float)
 @dataclass(frozen=True)
 class PositionProfile:
     """One run's nDCG@10 in each position group and its tilt (`objectives.metrics`: the slope along the passage over
-    the mean; None where positions are unknown), each with a percentile interval over query resamples (0–1 scale)."""
+    the mean; None where positions are unknown), each with a percentile interval over query resamples (0–1 scale).
+
+    `end_minus_begin` is the last group's nDCG@10 less the first's, both taken from the same resamples, so its
+    interval says whether one end of the passage is favoured beyond noise (negative: the beginning). `hm` and `psi`
+    are the report's HM and PSI with their intervals; all three are None for a run without position groups."""
 
     groups: dict[str, Interval]
     tilt: Interval | None
+    end_minus_begin: Interval | None = None
+    hm: Interval | None = None
+    psi: Interval | None = None
 
 
 def position_profile(run: PerQuery, n_resamples: int = 1000, seed: int = 0, confidence: float = 0.95) -> PositionProfile:
@@ -147,7 +154,14 @@ def position_profile(run: PerQuery, n_resamples: int = 1000, seed: int = 0, conf
     tilt = None
     if point.tilt is not None and np.isfinite(point.tilt[0]):
         tilt = percentile_interval(float(point.tilt[0]), np.concatenate([b.tilt for b in blocks if b.tilt is not None]), confidence)
-    return PositionProfile(profile, tilt)
+    if point.hm is None or point.psi is None:
+        return PositionProfile(profile, tilt)
+    first, last = point.group_ndcg10[0, 0], point.group_ndcg10[0, -1]
+    gap = percentile_interval(float(last - first), groups[:, -1] - groups[:, 0], confidence)
+    hms = np.concatenate([b.hm for b in blocks if b.hm is not None])
+    psis = np.concatenate([b.psi for b in blocks if b.psi is not None])
+    hm, psi = percentile_interval(float(point.hm[0]), hms, confidence), percentile_interval(float(point.psi[0]), psis, confidence)
+    return PositionProfile(profile, tilt, gap, hm, psi)
 
 
 def _deltas(baseline: PerQuery, candidate: PerQuery, weights: np.ndarray) -> dict[str, np.ndarray]:

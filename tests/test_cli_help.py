@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from tuner.cli.app import app
 
 
-@pytest.mark.parametrize("command", [[], ["run"], ["evaluate"], ["export"], ["encode"], ["ui"]])
+@pytest.mark.parametrize("command", [[], ["run"], ["evaluate"], ["diagnose"], ["export"], ["encode"], ["ui"]])
 def test_help_fits_80_columns_without_cutting_words(command: list[str]) -> None:
     result = CliRunner(env={"COLUMNS": "80"}).invoke(app, [*command, "-h"], terminal_width=80)
     assert result.exit_code == 0, result.output

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import optuna
 import pytest
+from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
+from optuna.trial import FrozenTrial
 
 import tuner.tuning.session
 import tuner.tuning.trial_scoring
@@ -52,6 +54,24 @@ def tiny_study(model: Path, data: Path, folder: Path, name: str, **changes: obje
     return TuneSettings(**(defaults | changes))  # type: ignore[arg-type]
 
 
+def trial_run(settings: TuneSettings, number: int) -> Run:
+    """Trial `number`'s MLflow run."""
+    client = MlflowClient(settings.tracking_uri)
+    experiment = client.get_experiment_by_name("posfair")
+    return client.search_runs([experiment.experiment_id], f"tags.`posfair.trial` = '{number}'")[0]
+
+
+def assert_logged_apart(settings: TuneSettings, pruned: list[FrozenTrial], complete: FrozenTrial) -> None:
+    """No pruned trial's run logs a figure (its constraint margins so far among them) under a name the `complete`
+    trial's run logs, but for its cost and its per-structure figures (complete for each structure scored)."""
+    logged = set(trial_run(settings, complete.number).data.metrics)
+    complete_names = {name for name in logged if name != "cost/layer_tokens" and not name.startswith("structure/")}
+    assert {"psi", "hm_x100", "hm_margin_over_floor_x100"} <= complete_names, "a complete trial's run, as this check needs"
+    for trial in pruned:
+        metrics = trial_run(settings, trial.number).data.metrics
+        assert complete_names.isdisjoint(metrics), f"trial {trial.number}: no partial figure under a complete trial's name"
+
+
 @pytest.fixture()
 def pruning_study(tiny_model_dir, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """A tiny study with one extra structure (8 passages against the tuning passages' 12), scored first (a random
@@ -85,17 +105,14 @@ def test_pruned_trials_count_stay_out_of_selection_and_are_marked_in_both_stores
     assert {c.trial_number for c in candidates(study)}.isdisjoint(t.number for t in pruned)
     assert outcome.winner_trial not in {t.number for t in pruned}
     assert load_exported(settings.output).provenance.trial == outcome.winner_trial
-    client = MlflowClient(settings.tracking_uri)
-    experiment = client.get_experiment_by_name("posfair")
+    assert_logged_apart(settings, pruned, references[0])
     for trial in pruned:
-        run = client.search_runs([experiment.experiment_id], f"tags.`posfair.trial` = '{trial.number}'")[0]
+        run = trial_run(settings, trial.number)
         assert run.info.status == "FINISHED" and run.info.run_name == f"trial-{trial.number} · pruned"
         assert run.data.tags["posfair.state"] == "PRUNED" and run.data.tags["posfair.pruned"].startswith("rung 0 of 2: worst-case PSI")
         assert run.data.metrics["cost/layer_tokens"] == trial.user_attrs["layer_tokens"]
-        complete_names = {"psi", "worst_structure_psi", "hm_x100", "feasible", "ndcg10_change_vs_uncalibrated_x100"}
-        assert complete_names.isdisjoint(run.data.metrics), "no partial figure under a complete trial's name"
         row = trial.user_attrs["structures"]["tiny-openings"]
-        assert run.data.metrics["structure/tiny-openings/psi"] == as_logged(row["psi"])  # complete, for that structure
+        assert run.data.metrics["pruned/structure/tiny-openings/psi"] == as_logged(row["psi"])  # complete, for that structure
         assert run.data.metrics["pruned/worst_psi_of_the_structures_scored"] == as_logged(row["psi"])
 
 
@@ -187,8 +204,8 @@ def test_a_trial_that_cannot_pass_the_pooled_screen_stops_there_at_a_fraction_of
     run = client.search_runs([client.get_experiment_by_name("posfair").experiment_id], f"tags.`posfair.trial` = '{pruned[0].number}'")[0]
     screened = pruned[0].user_attrs[SCREEN_ATTR]
     assert "psi" not in pruned[0].user_attrs and "psi" not in run.data.metrics  # the pool's PSI is not the split's
-    assert run.data.metrics["screen/psi"] == as_logged(screened["psi"])
-    assert run.data.metrics["screen/hm_x100"] == as_logged(100 * screened["hm"])
+    assert run.data.metrics["pruned/screen/psi"] == as_logged(screened["psi"])
+    assert run.data.metrics["pruned/screen/hm_x100"] == as_logged(100 * screened["hm"])
     tag = run.data.tags["posfair.pruned"]
     assert run.info.status == "FINISHED" and tag.startswith("rung 0 of 4: ") and "pooled screen" in tag
 
@@ -259,6 +276,7 @@ def test_a_trial_that_moves_the_vectors_further_than_the_drift_limit_stops_on_it
             f"is over the drift limit (tiny-openings: {ratio:.2f}× the paper default's drift, > 1×), which no remaining structure can undo"
         )
         assert named_constraints(trial)["drift"] == pytest.approx(ratio - 1.0)
+    assert_logged_apart(settings, over, within[0])  # the margins so far, never under a complete trial's names
     for trial in within:
         assert trial.state == optuna.trial.TrialState.COMPLETE
         rows = trial.user_attrs["structures"]
@@ -321,3 +339,23 @@ def test_the_drift_yardstick_is_the_paper_default_s_complete_trial_and_without_o
     with_reference = objective()
     with_reference.await_reference(study.ask())
     assert with_reference.reference == {"dev": 0.011, "dev-crops": 0.009}
+
+
+def test_mlflow_s_compare_view_ranks_no_pruned_trial_by_a_partial_figure_and_plots_lambda(pruning_study) -> None:
+    """MLflow 3.17's compare view colours its parallel-coordinates plot by the first metric the compared runs share (in
+    the order the first run logged them) and plots the first three parameters that differ, sorted by name. A pruned
+    run shares no figure of fairness with a complete one, only its cost; λ is among the three axes."""
+    settings, _ = pruning_study[:2]
+    study = optuna.load_study(study_name="pruning", storage=settings.storage)
+    pruned = [t for t in study.trials if t.state == optuna.trial.TrialState.PRUNED]
+    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE and t.number > 0]
+    assert pruned and complete
+    client = MlflowClient(settings.tracking_uri)
+    experiment = client.get_experiment_by_name("posfair")
+    runs = [client.search_runs([experiment.experiment_id], f"tags.`posfair.trial` = '{t.number}'")[0] for t in (*complete, *pruned)]
+    for first in (runs[0], runs[-1]):  # whichever run the view lists first
+        shared = [name for name in first.data.metrics if all(name in run.data.metrics for run in runs)]
+        assert shared == ["cost/layer_tokens"], shared
+    keys = sorted({key for run in runs for key in run.data.params})
+    differ = [key for key in keys if len({run.data.params.get(key) for run in runs}) > 1]
+    assert "lambda_strength" in differ[:3], differ

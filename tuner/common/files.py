@@ -40,6 +40,8 @@ CACHE_DIR_ENV = "POSFAIR_CACHE_DIR"
 TEMPORARY_SUFFIX = ".tmp"
 EXPORT_SCHEMA: Final = "posfair/calibration-config"
 """The `schema` an exported config names (`tuner.engine.exported`): how posfair knows a YAML of its own."""
+DIAGNOSIS_SCHEMA: Final = "posfair/diagnosis"
+"""The `schema` of `tune diagnose --json` (`tuner.report.diagnose`): how posfair knows that JSON as its own."""
 SQLITE_HEADER = b"SQLite format 3\x00"
 LARGEST_OWN_TEXT = 64 * 2**20  # bytes: posfair's YAML and JSON outputs are kilobytes; a larger file is read no further
 
@@ -121,6 +123,15 @@ def _is_evaluation_json(path: Path) -> bool:
     return isinstance(data, dict) and {"model", "dataset", "group_order", "rows"} <= data.keys()
 
 
+def _is_diagnosis_json(path: Path) -> bool:
+    text = _small_text(path)
+    try:
+        data = json.loads(text) if text is not None else None
+    except ValueError:
+        return False
+    return isinstance(data, dict) and data.get("schema") == DIAGNOSIS_SCHEMA
+
+
 def _is_evaluation_markdown(path: Path) -> bool:
     text = _small_text(path)
     lines = text.splitlines()[:3] if text is not None else []
@@ -131,6 +142,7 @@ EXPORTED_CONFIG = Artefact("a posfair exported config", _is_exported_config)
 VECTORS = Artefact("an .npy matrix", _is_vectors)
 EVALUATION_JSON = Artefact("a `tune evaluate --json` file", _is_evaluation_json)
 EVALUATION_MARKDOWN = Artefact("a `tune evaluate --markdown` file", _is_evaluation_markdown)
+DIAGNOSIS_JSON = Artefact("a `tune diagnose --json` file", _is_diagnosis_json)
 
 
 # ---------------------------------------------------------------------------- what an output may never be

@@ -162,6 +162,21 @@ class EvaluateRequest:
 
 
 @dataclass(frozen=True)
+class DiagnoseRequest:
+    """Every option of `tune diagnose`: the model as `tune evaluate` loads it, the dataset, the bootstrap."""
+
+    model: str = "minilm"
+    pooling: Pooling | None = None
+    padding_side: PaddingSide | None = None
+    trust_remote_code: bool = False
+    dataset: str = "wikipos-dev"
+    bootstrap: int = 1000
+    seed: int = 0
+    batch_size: int | None = None
+    batch_tokens: int | None = None
+
+
+@dataclass(frozen=True)
 class ArrayTask:
     """This process's task in a scheduler's job array (`tune run --job-array`): the first task coordinates the
     study, every other one runs its trials (as `--worker`)."""
