@@ -316,7 +316,7 @@ def test_mean_pooling_under_any_mask_is_calibrate_rows_applied_to_the_masked_sof
         got, _ = calibrated_attention(FakeAttention(0, 2, True), q, k, v, allowed, scaling=SCALE)
     keys = k.repeat_interleave(2, dim=1)
     attn = (q @ keys.transpose(-1, -2) * SCALE).masked_fill(~allowed, float("-inf")).softmax(-1).nan_to_num(0.0)
-    geometry = _Active(spec, None).geometry(allowed, 3, 30, q.device)
+    geometry = _Active(spec, None).state(allowed, None, 3, 30, q.device).geometry
     seen = allowed.expand_as(attn).flatten(1, 2)
     weights = calibrate_rows(attn.flatten(1, 2), geometry, spec, seen).view_as(attn)
     want = (weights @ v.repeat_interleave(2, dim=1)).transpose(1, 2)

@@ -10,6 +10,11 @@ with nothing to calibrate (λ = 0, or no passage of the batch filling one basket
 Masks: transformers hands an unpadded batch over with no mask; for a decoder (Qwen3) that call is
 causal (`is_causal`, decided as transformers' SDPA function decides it), so the calibrated paths
 apply the causal triangle, and a row is calibrated over the baskets it can see (see `rows.py`).
+A sliding-window layer (Gemma3, ModernBERT) receives a mask that holds its window, one mask object
+per kind of layer, and every path applies it: a row is calibrated over the passage's baskets as its
+window shows them, because a basket must be the same stretch of text for every row and every layer
+(§3's partition of the passage; Appendix A's one geometry per batch). The baskets come from which keys
+are tokens (`_real_keys`), since under a window no single row of the mask sees the whole passage.
 A `position_bias` (B or 1, H, Q, K), the additive score term T5 hands over and MPNet's adapter
 (`tuner.engine.adapters`) too, enters every score before the softmax, as in transformers' SDPA
 function: calibration redistributes the attention the model really computes.
@@ -59,19 +64,56 @@ class AttentionObserver(Protocol):
     def __call__(self, layer: int, before: torch.Tensor, after: torch.Tensor, geometry: BasketGeometry) -> None: ...
 
 
+Flags = tuple[tuple[tuple[bool, bool], ...], ...]
+"""Per run and content basket: whether the kernel needs a mask, and whether some row sees none of its keys."""
+
+
+@dataclass
+class _MaskState:
+    """What one mask of a batch decides, derived on first use and kept for every layer that receives the mask.
+
+    The mask object is kept referenced, so a later batch's mask can never reuse its identity.
+    """
+
+    mask: torch.Tensor | None
+    shape: tuple[int, int]  # (batch, keys)
+    geometry: BasketGeometry
+    _key_mask: torch.Tensor | None = field(default=None, init=False)
+    _flags: Flags | None = field(default=None, init=False)
+
+    def allowed(self) -> torch.Tensor:
+        """The boolean mask (B, 1, Q or 1, K): a single row when every query row sees the same keys.
+
+        transformers hands a padding-only mask over as a full (Q, K) matrix per item; one row of it lets
+        the mean path give the fused kernel a key mask, which it applies far faster than a matrix (a
+        causal or sliding-window mask stays a matrix). Built on first use, so cls / last pooling never
+        pays for the comparison.
+        """
+        if self._key_mask is None:
+            if self.mask is None:
+                self._key_mask = self.geometry.key_valid[:, None, None, :]
+            else:
+                allowed = _allowed(self.mask)
+                same_rows = allowed.shape[2] > 1 and bool((allowed == allowed[:, :, :1]).all())
+                self._key_mask = allowed[:, :, :1] if same_rows else allowed
+        return self._key_mask
+
+    def basket_flags(self) -> Flags:
+        """`_basket_flags` of this mask, read back once for all the layers that receive it."""
+        if self._flags is None:
+            self._flags = _basket_flags(self.allowed(), self.geometry)
+        return self._flags
+
+
 @dataclass
 class _Active:
-    """The calibration in force, plus the batch geometry shared by all layers of one forward pass."""
+    """The calibration in force, plus what the batch's masks decide, shared by all layers of one forward pass."""
 
     spec: ResolvedCalibration
     observer: AttentionObserver | None
     first_layer: SharedSums | None = None
     roles: tuple[Role, ...] = field(init=False)
-    _mask: torch.Tensor | None = field(default=None, init=False)
-    _shape: tuple[int, int] | None = field(default=None, init=False)
-    _geometry: BasketGeometry | None = field(default=None, init=False)
-    _key_mask: torch.Tensor | None = field(default=None, init=False)
-    _flags: tuple[tuple[tuple[bool, bool], ...], ...] | None = field(default=None, init=False)
+    _states: dict[object, _MaskState] = field(default_factory=dict, init=False)
     _causal: torch.Tensor | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
@@ -81,7 +123,7 @@ class _Active:
         """The mask the calibrated paths apply: transformers' own, or for a causal call without one (an
         unpadded decoder batch) the causal triangle, row i seeing keys 0..i, as SDPA's `is_causal` does.
         None means every key is visible to every row. The triangle is kept for the batch, so every layer
-        hands the same object to `geometry`."""
+        hands the same object to `state`."""
         if attention_mask is not None or not causal:
             return attention_mask
         batch, rows, keys = query.shape[0], query.shape[2], key.shape[2]
@@ -90,37 +132,28 @@ class _Active:
             self._causal = triangle.expand(batch, 1, rows, keys)
         return self._causal
 
-    def geometry(self, mask: torch.Tensor | None, batch: int, keys: int, device: torch.device) -> BasketGeometry:
-        """The baskets of this batch, built once per batch: every layer of a forward pass receives the
-        same mask object. The cached mask is kept referenced, so a later batch can never reuse its identity."""
-        if self._geometry is None or self._mask is not mask or self._shape != (batch, keys):
-            key_valid = _allowed(mask)[:, 0, -1, :] if mask is not None else torch.ones(batch, keys, dtype=torch.bool, device=device)
-            self._geometry = BasketGeometry.from_key_mask(key_valid, self.spec.basket_size, self.roles)
-            self._mask, self._shape, self._key_mask, self._flags = mask, (batch, keys), None, None
-        return self._geometry
+    def state(
+        self,
+        mask: torch.Tensor | None,
+        window: object,
+        batch: int,
+        keys: int,
+        device: torch.device,
+    ) -> _MaskState:
+        """What `mask` decides (its baskets first), built once per batch and kind of layer.
 
-    def allowed(self, mask: torch.Tensor | None, batch: int, keys: int, device: torch.device) -> torch.Tensor:
-        """The boolean mask (B, 1, Q or 1, K) of this batch: a single row when every query row sees the same keys.
-
-        transformers hands a padding-only mask over as a full (Q, K) matrix per item; one row of it lets
-        the mean path give the fused kernel a key mask, which it applies far faster than a matrix. Built
-        on first use per batch, so cls / last pooling never pays for the comparison.
+        Layers of one kind receive the same mask object; a model with sliding-window and full layers
+        (Gemma3, ModernBERT) builds one mask per kind and hands them over alternately, each kind's layers
+        passing their own `sliding_window` (`window`; None for a full layer). Keeping one state per kind
+        keeps both for the whole batch, so no layer rebuilds them (a rebuild reads values back from the device).
         """
-        geometry = self.geometry(mask, batch, keys, device)
-        if self._key_mask is None:
-            if mask is None:
-                self._key_mask = geometry.key_valid[:, None, None, :]
-            else:
-                allowed = _allowed(mask)
-                same_rows = allowed.shape[2] > 1 and bool((allowed == allowed[:, :, :1]).all())
-                self._key_mask = allowed[:, :, :1] if same_rows else allowed
-        return self._key_mask
-
-    def basket_flags(self, allowed: torch.Tensor, geometry: BasketGeometry) -> tuple[tuple[tuple[bool, bool], ...], ...]:
-        """`_basket_flags` of this batch, read back once for all its layers."""
-        if self._flags is None:
-            self._flags = _basket_flags(allowed, geometry)
-        return self._flags
+        state = self._states.get(window)
+        if state is None or state.mask is not mask or state.shape != (batch, keys):
+            real = _real_keys(mask) if mask is not None else torch.ones(batch, keys, dtype=torch.bool, device=device)
+            geometry = BasketGeometry.from_key_mask(real, self.spec.basket_size, self.roles)
+            state = _MaskState(mask, (batch, keys), geometry)
+            self._states[window] = state
+        return state
 
 
 _ACTIVE: ContextVar[_Active | None] = ContextVar("posfair_calibration", default=None)
@@ -173,15 +206,17 @@ def calibrated_attention(
     layer = getattr(module, "layer_idx", None)
     calibrate = active is not None and layer in active.spec.layers and active.spec.strength > 0.0
     observe = active is not None and active.observer is not None
-    mask = geometry = None
+    mask = state = geometry = None
     if active is not None and (calibrate or observe):
         causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
         mask = active.mask(attention_mask, bool(causal) and query.shape[2] > 1, query, key)
-        geometry = active.geometry(mask, query.shape[0], key.shape[2], query.device)
+        # the mask encodes a sliding layer's window; `sliding_window` only tells the layer kinds apart
+        state = active.state(mask, kwargs.get("sliding_window"), query.shape[0], key.shape[2], query.device)
+        geometry = state.geometry
         calibrate = calibrate and geometry.any_calibrated
     # Any: transformers' forward passes its own keyword arguments through untyped (`**kwargs`)
     sdpa_kwargs: dict[str, Any] = {"dropout": dropout, "scaling": scaling, "is_causal": is_causal, "position_bias": bias, **kwargs}
-    if active is None or geometry is None or not (calibrate or observe):
+    if active is None or state is None or geometry is None or not (calibrate or observe):
         return sdpa_attention_forward(module, query, key, value, attention_mask, **sdpa_kwargs)
     if layer is None:  # only an observer gets here without one: a calibrated layer is one of spec.layers
         raise ValueError(f"posfair cannot profile attention in {type(module).__name__}: the module has no layer_idx")
@@ -190,7 +225,7 @@ def calibrated_attention(
     scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
     mean = active.spec.pooling == "mean"
     if mean and calibrate:
-        output = _mean_layer(query, key, value, mask, bias, scaling, geometry, active, layer)
+        output = _mean_layer(query, key, value, state, bias, scaling, active, layer)
     else:
         output, _ = sdpa_attention_forward(module, query, key, value, attention_mask, **sdpa_kwargs)
     if not mean:
@@ -323,24 +358,22 @@ def _mean_layer(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    mask: torch.Tensor | None,
+    state: _MaskState,
     bias: torch.Tensor | None,
     scaling: float,
-    geometry: BasketGeometry,
     active: _Active,
     layer: int,
 ) -> torch.Tensor:
     """A calibrated mean-pooling layer: its `RowSums` (shared ones, in the first calibrated layer), blended."""
     groups = query.shape[1] // key.shape[1]
     key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+    geometry = state.geometry
     reuse = active.first_layer if layer == min(active.spec.layers) else None
     by_size = active.spec.basket_shares == "by_size"
     shared = (layer, geometry.basket_size, geometry.roles, active.spec.basket_shares)
     sums = reuse.lookup(shared) if reuse is not None else None
     if sums is None:
-        allowed = active.allowed(mask, query.shape[0], key.shape[2], query.device)
-        flags = active.basket_flags(allowed, geometry)
-        sums = _row_sums(query, key, value, allowed, bias, scaling, geometry, by_size, flags)
+        sums = _row_sums(query, key, value, state.allowed(), bias, scaling, geometry, by_size, state.basket_flags())
         if reuse is not None:
             reuse.offer(shared, sums)
     return _mean_rows(sums, value, geometry, active.spec, query.dtype)
@@ -355,7 +388,7 @@ def _row_sums(
     scaling: float,
     geometry: BasketGeometry,
     by_size: bool,
-    flags: tuple[tuple[tuple[bool, bool], ...], ...],
+    flags: Flags,
 ) -> RowSums:
     """The attention half of a mean-pooling layer's calibration, one fused SDPA call per content basket
     (`flags`: per run and basket, whether it needs a mask and has blind rows; see `_basket_flags`).
@@ -504,7 +537,7 @@ def _visible(allowed: torch.Tensor, content: torch.Tensor, positions: torch.Tens
     return allowed[..., begin:end] & (content[:, begin:end] & inside)[:, None, None, :]
 
 
-def _basket_flags(allowed: torch.Tensor, geometry: BasketGeometry) -> tuple[tuple[tuple[bool, bool], ...], ...]:
+def _basket_flags(allowed: torch.Tensor, geometry: BasketGeometry) -> Flags:
     """Per run and content basket: whether the kernel needs a mask (some key of its window is hidden from some
     row) and whether some row sees none of the basket's keys. Both depend on the batch alone, so they are read
     back once per batch, in one host sync for all baskets, and no layer asks the device again."""
@@ -693,6 +726,16 @@ def _mean_profile(
         after += (attn.view(batch, heads, stop - start, keys) * valid_rows).sum(2)
     counts = geometry.key_valid.sum(-1).clamp_min(1)[:, None, None]
     return before / counts, after / counts
+
+
+def _real_keys(mask: torch.Tensor) -> torch.Tensor:
+    """(B, K): which keys are tokens, not padding, under a transformers mask (B, 1, Q or 1, K).
+
+    Under a sliding window no row sees every key (a bidirectional window's last row sees only the passage's
+    end), but every token sees itself and no row sees a padding key: the diagonal says which keys are real.
+    """
+    allowed = _allowed(mask)[:, 0]
+    return allowed.diagonal(dim1=1, dim2=2) if allowed.shape[1] == allowed.shape[2] else allowed.any(1)
 
 
 def _allowed(mask: torch.Tensor) -> torch.Tensor:

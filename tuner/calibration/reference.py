@@ -11,11 +11,14 @@ derives the rest itself, from the paper: which tokens are isolated (Table 4), th
 §3.3), the baskets, the shares and the calibrated layers. It never calls the config's own resolution
 (`resolve`, `role_policies`, `resolve_layers`, `isolated_roles`), nor anything in `rows.py`.
 
-Rows that cannot see every key (a causal mask): a row is calibrated over what it sees. A content
-basket none of whose keys the row may see is not one of its baskets (it counts in no n_baskets and
-gets no share: there is no mass to renormalise), an isolated token it may not see stays at 0 whatever
-its policy, and a row that sees no content basket at all is left as it is. Under a padding mask every
-real row sees every real key, so this only matters for causal masks.
+Rows that cannot see every key (a causal mask, a sliding window): a row is calibrated over what it
+sees. The baskets are the passage's; a content basket none of whose keys the row may see is not one
+of its baskets (it counts in no n_baskets and gets no share: there is no mass to renormalise), one it
+sees part of is renormalised over that part, an isolated token it may not see stays at 0 whatever its
+policy, and a row that sees no content basket at all is left as it is. Under a padding mask every real
+row sees every real key, so this only matters for causal masks and sliding windows. A sliding layer's
+window is built here from the `sliding_window` the layer passes (`reference_mask`), not read from the
+mask transformers builds, which the engine uses.
 
 Content baskets split what the isolated tokens leave: equally (§3, `basket_shares: equal`), or in
 proportion to the number of their content keys the row sees (`by_size`).
@@ -188,19 +191,38 @@ def reference_attention(
 
 
 def reference_mask(
-    module: torch.nn.Module, attention_mask: torch.Tensor | None, is_causal: bool | None, batch: int, rows: int, keys: int
+    module: torch.nn.Module,
+    attention_mask: torch.Tensor | None,
+    is_causal: bool | None,
+    batch: int,
+    rows: int,
+    keys: int,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """The boolean (B, 1, Q, K) mask that transformers' SDPA integration applies.
 
-    A given mask is used as it is. Without one, every key is visible unless the call is causal: the
-    `is_causal` argument, else the module's `is_causal` attribute (True if it has none), and only for
-    more than one query row; a causal row i sees keys 0..i.
+    Causality: the `is_causal` argument, else the module's `is_causal` attribute (True if it has none),
+    and only for more than one query row; a causal row i sees keys 0..i. Without a sliding window a
+    given mask is used as it is (it holds padding and causality); without one, every key is visible
+    unless the call is causal.
+
+    A sliding layer (`sliding_window` w, as the layer passes it to its attention function) is built here
+    from its definition, not taken from the mask: row i sees the real keys j with |i − j| < w (and j ≤ i
+    if causal), the real keys being those some row of the given mask may see. The symmetric window is
+    flash attention's `window_size = (w − 1, w − 1)`, which transformers' masks for SDPA reproduce.
     """
-    if attention_mask is not None:
-        return attention_mask
-    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    allowed = torch.ones(batch, 1, rows, keys, dtype=torch.bool)
-    return allowed.tril() if causal and rows > 1 else allowed
+    causal = (is_causal if is_causal is not None else getattr(module, "is_causal", True)) and rows > 1
+    if sliding_window is None:
+        if attention_mask is not None:
+            return attention_mask
+        allowed = torch.ones(batch, 1, rows, keys, dtype=torch.bool)
+        return allowed.tril() if causal else allowed
+    real = torch.ones(batch, keys, dtype=torch.bool) if attention_mask is None else attention_mask[:, 0].any(-2).cpu()
+    distance = torch.arange(rows)[:, None] - torch.arange(keys)[None, :]  # row i − key j
+    window = distance.abs() < sliding_window
+    if causal:
+        window &= distance >= 0
+    return window[None, None] & real[:, None, None, :]
 
 
 def reference_attention_function(
@@ -215,15 +237,18 @@ def reference_attention_function(
     *,
     oracle_dtype: torch.dtype = torch.float64,
     position_bias: torch.Tensor | None = None,
+    sliding_window: int | None = None,
     **kwargs: object,
 ) -> tuple[torch.Tensor, None]:
     """The oracle as a transformers attention function, for end-to-end comparisons and benchmarks.
 
     Inside `calibrating(...)` it applies the user-level config the engine was given, in the layers
-    it derives itself from that config and the model's depth.
+    it derives itself from that config and the model's depth; a sliding layer's window comes from its
+    `sliding_window` (`reference_mask`).
     """
     batch, _, rows, _ = query.shape
-    allowed = reference_mask(module, attention_mask, is_causal, batch, rows, key.shape[2]).to(query.device)
+    allowed = reference_mask(module, attention_mask, is_causal, batch, rows, key.shape[2], sliding_window)
+    allowed = allowed.to(query.device)
     spec = active_spec()
     config = spec.config if spec is not None else None
     # cast: torch types a module's unknown attribute as Tensor | Module; an attention module's `config` is its model's

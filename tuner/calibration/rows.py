@@ -6,7 +6,9 @@ Nothing here knows about transformers. Input rows are post-softmax attention ove
 A row is calibrated over the keys it may see (`seen`): a content basket none of whose keys it sees
 is not one of its baskets (no share: there is no mass to renormalise), an isolated token it does not
 see stays 0 whatever its policy, and a row that sees no content basket is left as it is. Under a
-padding mask every real row sees every real key; a causal mask hides later baskets from earlier rows.
+padding mask every real row sees every real key; a causal mask hides later baskets from earlier rows,
+and a sliding window the baskets beyond it (one it clips is renormalised over the keys the row sees).
+The baskets are the passage's in every case, so a basket is the same stretch of text for every row.
 
 Content baskets split what the isolated tokens leave (`basket_shares`): equally (§3: a partial last
 basket gets as much as a full one), or `by_size`, in proportion to the content keys of each basket the
