@@ -20,7 +20,7 @@ from tuner.cli.app import app
 from tuner.engine.encoder import CalibratedEncoder
 from tuner.engine.exported import ExportError, load_exported, write_exported
 from tuner.engine.models import load_model
-from tuner.engine.specs import weights_fingerprint
+from tuner.engine.specs import check_model_name, weights_fingerprint
 
 runner = CliRunner()
 
@@ -46,8 +46,9 @@ def edited(path: Path, **model: object) -> Path:
     return changed
 
 
-def sentence_transformers_folder(folder: Path, pooling_key: str) -> Path:
-    """A tiny model saved as sentence-transformers saves one: modules.json naming a Pooling module and its config."""
+def sentence_transformers_folder(folder: Path, *pooling_keys: str) -> Path:
+    """A tiny model saved as sentence-transformers saves one: modules.json naming a Pooling module and its config,
+    which turns on the modes `pooling_keys`."""
     (folder / "modules.json").write_text(
         json.dumps(
             [
@@ -58,7 +59,7 @@ def sentence_transformers_folder(folder: Path, pooling_key: str) -> Path:
         encoding="utf-8",
     )
     (folder / "1_Pooling").mkdir()
-    modes = {key: key == pooling_key for key in ("pooling_mode_cls_token", "pooling_mode_mean_tokens", "pooling_mode_max_tokens")}
+    modes = {key: key in pooling_keys for key in ("pooling_mode_cls_token", "pooling_mode_mean_tokens", "pooling_mode_max_tokens")}
     (folder / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 32, **modes}), encoding="utf-8")
     return folder
 
@@ -67,6 +68,24 @@ def sentence_transformers_folder(folder: Path, pooling_key: str) -> Path:
 def mean_pooled(tmp_path: Path, tiny_model_dir) -> Path:
     """A mean-pooled sentence-transformers model (as MiniLM is), in a folder of the test's own."""
     return sentence_transformers_folder(Path(shutil.copytree(tiny_model_dir("bert"), tmp_path / "mean-model")), "pooling_mode_mean_tokens")
+
+
+def test_a_pooling_config_with_two_modes_on_is_read_as_neither(tiny_model_dir, tmp_path: Path) -> None:
+    """sentence-transformers joins the vectors of every mode a Pooling config turns on, so a model with CLS and mean
+    pooling on pools by neither alone: neither is taken as its own (which would accept one `--pooling` and refuse
+    the other as not the model's)."""
+    folder = sentence_transformers_folder(
+        Path(shutil.copytree(tiny_model_dir("bert"), tmp_path / "two-modes")), "pooling_mode_cls_token", "pooling_mode_mean_tokens"
+    )
+    said = {}
+    for pooling in ("cls", "mean"):
+        try:
+            check_model_name(str(folder), pooling)  # type: ignore[arg-type]
+            said[pooling] = "accepted"
+        except ValueError as error:  # whatever the refusal, it must not depend on which mode was asked for
+            said[pooling] = str(error).replace(f"--pooling {pooling}", "--pooling X")
+    assert said["cls"] == said["mean"], said
+    assert "pools with 'cls'" not in said["cls"] and "pools with 'mean'" not in said["cls"]
 
 
 def encode(config: Path, folder: Path, *extra: str) -> tuple[int, str]:
