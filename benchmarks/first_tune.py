@@ -88,23 +88,22 @@ def disk_bytes(folder: Path) -> int:
     return total
 
 
-def study_facts(clone: Path) -> dict[str, Any]:
-    """The study the run made: its name, its trials by state, and the budget record that ended it."""
+def study_facts(storage: str, name: str | None = None) -> dict[str, Any]:
+    """The study a run made in `storage` (its only one, or `name`): its name, its trials by Optuna state and as every store counts them
+    (`TrialCounts`: the console, MLflow and optuna-dashboard's notes say the same), and the budget record that ended it."""
     import optuna
 
-    storage = f"sqlite:///{clone / 'mlruns' / 'optuna.db'}"
+    from tuner.common.trials import trial_counts
+
     names = [s.study_name for s in optuna.get_all_study_summaries(storage) if "~" not in s.study_name]
-    study = optuna.load_study(study_name=names[0], storage=storage)
+    study = optuna.load_study(study_name=name or names[0], storage=storage)
     states: dict[str, int] = {}
     for trial in study.get_trials(deepcopy=False):
         states[trial.state.name] = states.get(trial.state.name, 0) + 1
     return {
         "name": study.study_name,
         "trials_by_state": states,
-        "trials_counted": sum(
-            1 for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE" and not t.user_attrs.get("duplicate")
-        )
-        + states.get("PRUNED", 0),
+        "counts": trial_counts(study).to_dict(),
         "user_attrs": {k: v for k, v in study.user_attrs.items() if k.startswith("budget")},
     }
 
@@ -138,7 +137,7 @@ def measure(clone: Path) -> dict[str, Any]:
         "mlruns_bytes": disk_bytes(clone / "mlruns"),
         "venv_bytes": disk_bytes(clone / ".venv"),
         "export": exported_path(tune["stderr"]),
-        "study": study_facts(clone),
+        "study": study_facts(f"sqlite:///{clone / 'mlruns' / 'optuna.db'}"),
         "summary": json.loads(summaries[0].read_text(encoding="utf-8")),
         "stdout": tune["stdout"],
         "stderr_tail": tune["stderr"].splitlines()[-40:],

@@ -814,20 +814,39 @@ def verdicts(columns: list[Column]) -> list[str]:
     return lines
 
 
+AGREEMENT = {
+    "engine vs oracle (calibrated)": (("engine", "embedding"), ("oracle", "embedding")),
+    "sdpa vs eager (plain)": (("sdpa", "embedding"), ("eager", "embedding")),
+    "engine uncalibrated vs sdpa": (("engine", "plain_embedding"), ("sdpa", "embedding")),
+    "engine vs sdpa (calibration effect)": (("engine", "embedding"), ("sdpa", "embedding")),
+}
+"""Which processes' pooled vectors are compared: each pair's max |Δ| is what the record keeps of them."""
+RAW = ("embedding", "plain_embedding")  # each process's pooled vectors: compared (`agreement_diffs`), not recorded
+
+
+def agreement_diffs(results: dict[str, dict[str, Any]], pooling: str) -> dict[str, float]:
+    """Max |Δ| of the pooled vectors of each `AGREEMENT` pair that both processes returned."""
+    diffs = {}
+    for name, ((a, a_field), (b, b_field)) in AGREEMENT.items():
+        first = (results.get(a, {}).get(a_field) or {}).get(pooling)
+        second = (results.get(b, {}).get(b_field) or {}).get(pooling)
+        if (diff := _max_abs_diff(first, second)) is not None:
+            diffs[name] = diff
+    return diffs
+
+
+def summarised(column: Column) -> dict[str, Any]:
+    """A column as the record keeps it: every figure measured and the agreement of the pooled vectors, without the
+    vectors themselves (8 × 1,024 floats per process and pooling: the record would weigh megabytes)."""
+    results = {method: {k: v for k, v in result.items() if k not in RAW} for method, result in column.results.items()}
+    kept = asdict(replace(column, plain_from=None, results=results))
+    return {**kept, "title": column.title, "agreement": agreement_diffs(column.results, column.pooling)}
+
+
 def agreement(columns: list[Column]) -> list[str]:
     lines = []
     for column in columns:
-
-        def embedding(key: str, name: str = "embedding") -> list[list[float]] | None:
-            return (column.results.get(key, {}).get(name) or {}).get(column.pooling)  # noqa: B023 - called in this iteration
-
-        pairs = {
-            "engine vs oracle (calibrated)": (embedding("engine"), embedding("oracle")),
-            "sdpa vs eager (plain)": (embedding("sdpa"), embedding("eager")),
-            "engine uncalibrated vs sdpa": (embedding("engine", "plain_embedding"), embedding("sdpa")),
-            "engine vs sdpa (calibration effect)": (embedding("engine"), embedding("sdpa")),
-        }
-        parts = [f"{name} {diff:.2e}" for name, (a, b) in pairs.items() if (diff := _max_abs_diff(a, b)) is not None]
+        parts = [f"{name} {diff:.2e}" for name, diff in agreement_diffs(column.results, column.pooling).items()]
         lines.append(f"{column.title}: max |Δ| pooled embedding: " + "; ".join(parts))
     return lines
 
@@ -1011,9 +1030,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     print()
     print(report(columns, command, time.perf_counter() - began), flush=True)
     if args.json:
-        record.write(
-            Path(args.json), "overhead", command, {"columns": [{**asdict(replace(c, plain_from=None)), "title": c.title} for c in columns]}
-        )
+        record.write(Path(args.json), "overhead", command, {"columns": [summarised(c) for c in columns]})
 
 
 if __name__ == "__main__":

@@ -139,11 +139,13 @@ def heldout_all(data: dict[str, Any]) -> str:
 
 
 def trials(data: dict[str, Any]) -> str:
+    """The study's trials as every store counts them (`tuner.common.trials.TrialCounts`, kept in the record), and
+    the draw the budget had no room for, which never ran."""
     study = data["results"]["study"]
-    states, attrs = study["trials_by_state"], study["user_attrs"]
+    counts, attrs = study["counts"], study["user_attrs"]
     ran = (
-        f"The default study ran {study['trials_counted']} trials ({states.get('COMPLETE', 0)} complete, "
-        f"{states.get('PRUNED', 0)} pruned between rungs)"
+        f"The default study ran {counts['complete'] + counts['pruned']} trials ({counts['complete']} complete, "
+        f"{counts['pruned']} pruned between rungs)"
     )
     end = attrs.get("budget_end")
     if end is None:
@@ -151,7 +153,7 @@ def trials(data: dict[str, Any]) -> str:
     left = max(int(end["trials"]) - int(end["spent"]), 0)
     return (
         f"{ran}, then stopped: trial {end['trial']} would have needed up to {int(end['needed']) / 1e6:.2f} M layer-tokens "
-        f"and {left / 1e6:.2f} M were left of the trials' {int(end['trials']) / 1e6:.2f} M."
+        f"and {left / 1e6:.2f} M were left of the trials' {int(end['trials']) / 1e6:.2f} M, so it was not run."
     )
 
 

@@ -176,7 +176,7 @@ def model_draws(study, arm: str) -> int:
     alone, and not left unrun because the budget was spent."""
     from optuna.trial import TrialState
 
-    from tuner.common.trials import SURPLUS_ATTR
+    from tuner.common.trials import never_ran
     from tuner.tuning.sampler import STARTUP_TRIALS
 
     if arm not in SAMPLER_ARMS:
@@ -184,7 +184,7 @@ def model_draws(study, arm: str) -> int:
     counts = (TrialState.COMPLETE,) if SAMPLER_ARMS[arm] == "gp" else (TrialState.COMPLETE, TrialState.PRUNED)
     drawn, seen = 0, 0
     for trial in sorted(study.trials, key=lambda t: t.number):  # one process: a trial starts after the last ended
-        if "fixed_params" not in trial.system_attrs and SURPLUS_ATTR not in trial.user_attrs and seen >= STARTUP_TRIALS:
+        if "fixed_params" not in trial.system_attrs and not never_ran(trial) and seen >= STARTUP_TRIALS:
             drawn += 1
         seen += trial.state in counts
     return drawn
@@ -220,28 +220,33 @@ def reread(path: Path, keep: Path) -> None:
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    """The docs' table: one row per arm and seed, then the paper default's on the same held-out sets."""
+    """The docs' tables, each narrow enough to read at a laptop's width: one row per arm and seed (what it spent and
+    pruned, its winner), then per held-out set each winner's and the paper default's change against no calibration."""
     sets = sorted({name for r in results for name in r["heldout"]})
-    lines = [
-        "| arm | seed | layer-tokens on a fresh machine (× grid) | pruned | winner | "
-        + " | ".join(f"{s.removeprefix('wikipos-')}: PSI× · ΔHM · ΔnDCG@10 · end−begin" for s in sets)
-        + " |",
-        "|---|---:|---:|---:|---|" + "---|" * len(sets),
-    ]
+    lines = ["| arm | seed | layer-tokens on a fresh machine (× grid) | pruned | winner |", "|---|---:|---:|---:|---|"]
     setup = fresh_setup(results)
     ran = grid_as_run(results, setup)
     for r in results:
         cost = r["layer_tokens"] + setup
         grid = ran or r.get("grid_layer_tokens")  # the grid as run, else as priced by the study's budget
         share = f" ({cost / grid:.2f}×)" if grid else ""
-        lines.append(
-            f"| {r['arm']} | {r['seed']} | {cost:,}{share} | {r['pruned']} | trial {r['winner']}: {_named(r['config'])} | "
-            + _row_cells(r["heldout"], sets)
-        )
+        lines.append(f"| {r['arm']} | {r['seed']} | {cost:,}{share} | {r['pruned']} | trial {r['winner']}: {_named(r['config'])} |")
     # the same config and sets in every study: the first study that ran it beside its winner speaks for all
     default = next((r["paper_default"] for r in results if r.get("paper_default")), None)
     if default:
-        lines.append(f"| paper default | | | | {_named(default['config'])} | " + _row_cells(default["heldout"], sets))
+        lines.append(f"| paper default | | | | {_named(default['config'])} |")
+    for name in sets:
+        lines += [
+            "",
+            f"Held out, {name.removeprefix('wikipos-')}: PSI as a share of no calibration's, ΔHM and ΔnDCG@10 (95% intervals) "
+            "and end − begin (nDCG@10 points):",
+            "",
+            "| arm | seed | PSI× | ΔHM | ΔnDCG@10 | end−begin |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
+        lines += [f"| {r['arm']} | {r['seed']} | {_set_cells(r['heldout'].get(name))}" for r in results]
+        if default:
+            lines.append(f"| paper default | | {_set_cells(default['heldout'].get(name))}")
     return "\n".join(lines)
 
 
@@ -342,12 +347,11 @@ def _named(config: dict[str, Any]) -> str:
     return f"{config['variant']} λ {config['strength']:.2f} L{config['layers']} B{config['basket_size']}"
 
 
-def _row_cells(heldout: dict[str, dict[str, Any]], sets: list[str]) -> str:
-    cells = []
-    for name in sets:
-        h = heldout.get(name)
-        cells.append(f"{h['psi_ratio']:.2f}× · {h['hm_delta']} · {h['ndcg_delta']} · {h['end_minus_begin']:+.1f}" if h else "")
-    return " | ".join(cells) + " |"
+def _set_cells(held: dict[str, Any] | None) -> str:
+    """One held-out set's cells of a row: PSI×, ΔHM, ΔnDCG@10, end − begin (empty where the set was not scored)."""
+    if held is None:
+        return " | | | |"
+    return f"{held['psi_ratio']:.2f}× | {held['hm_delta']} | {held['ndcg_delta']} | {held['end_minus_begin']:+.1f} |"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -93,11 +93,9 @@ class Selection:
             return "chosen by the user (tune export --trial), not by a selection rule"
         if self.rule == "lowest":
             return f"the feasible trial with the lowest objective ({self.winner.objective:.4f})"
-        mildest = {
-            "one-se": f"the mildest (drift {self.winner.drift:.4f})",
-            "one-se-fairest": f"the fairest on average over the structures (mean PSI {self.winner.fairness_on_average:.4f})",
-            "one-se-hm": f"the most accurate (HM {self.winner.hm:.4f})",
-        }[self.rule] + f" of the feasible trials {list(self.eligible)}"
+        figure = {"one-se": self.winner.drift, "one-se-fairest": self.winner.fairness_on_average, "one-se-hm": self.winner.hm}
+        chosen_as, measure, _ = TIE_BREAK_WORDS[self.rule]
+        mildest = f"{chosen_as} ({measure} {figure[self.rule]:.4f}) of the feasible trials {list(self.eligible)}"
         if self.paired:
             return (
                 f"{mildest} whose objective is within one paired standard error of the best (trial {self.best.trial_number}: "
@@ -143,6 +141,27 @@ def select(candidates: Iterable[Candidate], rule: Rule = "one-se") -> Selection 
     eligible = sorted((c for c in feasible if c.objective - best.objective <= margin(c)), key=lambda c: c.trial_number)
     winner = min(eligible, key=TIE_BREAKS[rule])
     return Selection(rule, winner, best, threshold, tuple(c.trial_number for c in eligible), paired)
+
+
+TIE_BREAK_WORDS: dict[str, tuple[str, str, str]] = {
+    "one-se": ("the mildest", "drift", "the least drift of the document vectors from the uncalibrated ones"),
+    "one-se-fairest": ("the fairest on average over the structures", "mean PSI", "the lowest mean PSI over the tuning structures"),
+    "one-se-hm": ("the most accurate", "HM", "the highest HM"),
+}
+"""Each one-SE rule's winner in words, the figure `TIE_BREAKS` orders it by, and that order in words: what
+`Selection.reason` says of a winner and `describe_selection_rule` of the rule."""
+
+
+def describe_selection_rule(rule: str) -> str:
+    """The rule itself in one sentence, without a study's numbers: for the places that explain it before any winner
+    exists (MLflow's experiment description)."""
+    if rule == "lowest":
+        return "the feasible trial with the lowest objective"
+    chosen_as, _, order = TIE_BREAK_WORDS[rule]
+    return (
+        "among the feasible trials whose objective is within one standard error of the lowest (the paired one, over the "
+        f"common query resamples), {chosen_as}: {order}"
+    )
 
 
 TIE_BREAKS: dict[str, Callable[[Candidate], tuple[float, ...]]] = {

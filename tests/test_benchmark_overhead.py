@@ -10,7 +10,23 @@ from contextlib import redirect_stdout
 
 import pytest
 
-from benchmarks.overhead import METHODS, Case, Column, child_main, measure, measure_noop, noop_report, parse, plan, plan_noop, report
+from benchmarks.overhead import (
+    AGREEMENT,
+    METHODS,
+    RAW,
+    Case,
+    Column,
+    agreement_diffs,
+    child_main,
+    measure,
+    measure_noop,
+    noop_report,
+    parse,
+    plan,
+    plan_noop,
+    report,
+    summarised,
+)
 
 
 def tiny_case(method: str, pooling: str, **overrides: object) -> Case:
@@ -45,6 +61,11 @@ def test_measure_and_report_on_a_tiny_model(pooling: str) -> None:
     assert (pooled("sdpa") - pooled("eager")).abs().max() < 1e-4
     assert (pooled("engine", "plain_embedding") - pooled("sdpa")).abs().max() < 1e-5
     assert (pooled("engine") - pooled("sdpa")).abs().max() > 1e-6
+
+    kept = summarised(column)  # the record keeps the comparison, not the vectors
+    assert kept["agreement"] == agreement_diffs(column.results, pooling) and kept["agreement"]["engine vs oracle (calibrated)"] < 1e-4
+    assert not any(key in result for result in kept["results"].values() for key in RAW)
+    assert kept["results"]["engine"]["paired_ratio"] == engine["paired_ratio"]
 
     text = report([column], "python -m benchmarks.overhead --test")
     assert f"| method | tiny XLM-R {pooling} 40×2 |" in text
@@ -104,3 +125,16 @@ def test_nothing_to_calibrate_is_timed_against_sdpa_and_gives_sdpas_embeddings(p
 
 def test_noop_plan_covers_pooled_and_mean_columns() -> None:
     assert [c.title for c in plan_noop(parse(["--noop"]))] == ["XLM-R cls 512×8", "XLM-R mean 512×8", "MiniLM mean 512×16"]
+
+
+def test_the_committed_record_keeps_summaries_not_raw_samples() -> None:
+    """docs/results/overhead.json holds every figure the docs render and each column's agreement, not the pooled vectors
+    each process returned (they made it 7.8 MB)."""
+    from benchmarks import record
+
+    path = record.RESULTS / "overhead.json"
+    data = record.read(path)
+    assert path.stat().st_size < 100_000
+    for column in data["results"]["columns"]:
+        assert set(column["agreement"]) == set(AGREEMENT)
+        assert not any(key in result for result in column["results"].values() for key in RAW)

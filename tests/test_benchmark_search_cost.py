@@ -72,7 +72,8 @@ def test_the_table_compares_a_study_with_the_grid_as_priced_when_the_grid_did_no
     rows = table([study(0.5, 900, 3000), study(0.0, 400, 3000)]).splitlines()[2:]
     assert "| 1,000 (0.33×) |" in rows[0] and "trial 5: cls_soft λ 0.50 Llast:3 B128" in rows[0]
     assert "| 500 (0.17×) |" in rows[1] and "trial 0: no calibration" in rows[1]  # λ 0 is the uncalibrated reference
-    assert "0.50× · +1.00 [+0.20, +1.80] · +0.10 [-0.30, +0.50] · -3.0" in rows[0]
+    held = table([study(0.5, 900, 3000)]).split("Held out, test:", 1)[1].splitlines()
+    assert held[4] == "| robust-third | 0 | 0.50× | +1.00 [+0.20, +1.80] | +0.10 [-0.30, +0.50] | -3.0 |"  # a column each
     assert "(" not in table([study(0.5, 900, None)]).splitlines()[2].split("|")[3]  # no grid known: no share
 
 
@@ -116,9 +117,9 @@ def test_the_held_out_rows_are_read_from_the_parent_runs_summary_in_the_kept_sto
     assert default["psi_ratio"] == pytest.approx(1.5) and default["end_minus_begin"] == pytest.approx(30.0)
     assert cells["paper_default"]["config"] == {"variant": "cls_soft", "strength": 0.5, "layers": [6, 7], "basket_size": 128}  # type: ignore[index]
 
-    last = table([study(0.0, 400, 3000) | cells]).splitlines()[-1]
-    assert last.startswith("| paper default | | | | cls_soft λ 0.50 L[6, 7] B128 |")
-    assert "1.50× · -2.00 [-3.00, -1.00] · +1.00 [+0.00, +2.00] · +30.0" in last
+    lines = table([study(0.0, 400, 3000) | cells]).splitlines()
+    assert "| paper default | | | | cls_soft λ 0.50 L[6, 7] B128 |" in lines
+    assert lines[-1] == "| paper default | | 1.50× | -2.00 [-3.00, -1.00] | +1.00 [+0.00, +2.00] | +30.0 |"
 
 
 def test_without_a_paper_default_row_the_table_has_none() -> None:
@@ -163,7 +164,7 @@ def test_model_draws_count_the_trials_a_sampler_drew_past_its_start_up_and_ran()
     from optuna.trial import TrialState, create_trial
 
     from benchmarks.search_cost import model_draws
-    from tuner.common.trials import SURPLUS_ATTR
+    from tuner.common.trials import NOT_RUN_ATTR
 
     study = optuna.create_study()
     queued = {"fixed_params": {"x": 0.5}}
@@ -176,7 +177,7 @@ def test_model_draws_count_the_trials_a_sampler_drew_past_its_start_up_and_ran()
         (TrialState.COMPLETE, {}, {}),  # TPE's model; GPSampler's fifth complete trial, still random
         (TrialState.PRUNED, queued, {}),  # λ bisection's
         (TrialState.COMPLETE, {}, {}),  # both models
-        (TrialState.PRUNED, {}, {SURPLUS_ATTR: True}),  # drawn, never run: the budget was spent
+        (TrialState.FAIL, {}, {NOT_RUN_ATTR: "the budget is spent"}),  # drawn, never run: the budget was spent
     ]
     for state, system, user in states:
         value = 0.1 if state == TrialState.COMPLETE else None
@@ -184,3 +185,14 @@ def test_model_draws_count_the_trials_a_sampler_drew_past_its_start_up_and_ran()
     assert model_draws(study, "robust-third") == 2 and model_draws(study, "tpe-third") == 2
     assert model_draws(study, "gp-third") == 1
     assert model_draws(study, "grid") == 0
+
+
+def test_the_studies_tables_read_at_a_laptop_s_width() -> None:
+    """At 1,280 px a table of the docs holds about 150 characters a row before it scrolls sideways: the held-out
+    figures of each set get a table of their own instead of four intervals packed into one cell per set."""
+    from benchmarks.search_cost import table
+
+    sets = {name: study(0.5, 900, 3000)["heldout"]["wikipos-test"] for name in ("wikipos-test", "wikipos-mixed", "wikipos-lengths")}
+    text = table([study(0.5, 900, 3000) | {"heldout": sets}, study(0.0, 400, 3000) | {"heldout": sets}])
+    assert max(len(line) for line in text.splitlines()) <= 150
+    assert text.count("| arm | seed | PSI× | ΔHM | ΔnDCG@10 | end−begin |") == 3

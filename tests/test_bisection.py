@@ -10,7 +10,7 @@ import optuna
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tuner.common.trials import BISECT_ATTR, SURPLUS_ATTR
+from tuner.common.trials import BISECT_ATTR, NOT_RUN_ATTR, never_ran
 from tuner.tuning.bisection import DRIFT_EXPONENTS, Probe, drift_ceiling, next_strength, queue_next
 
 STEP = 0.05
@@ -168,9 +168,10 @@ def test_an_over_correcting_trial_queues_its_own_config_weaker_once(caplog: pyte
     )  # not over-correcting
 
 
-def test_a_real_study_runs_the_queued_weaker_config_next_and_counts_it(tiny_model_dir, tmp_path, monkeypatch) -> None:
+def test_a_real_study_runs_the_queued_weaker_config_next_and_counts_it(tiny_model_dir, tmp_path, monkeypatch, caplog) -> None:
     """Through `tune`: the paper default (trial 1, λ 0.5) misses a constraint counted as over-correction here (the
-    HM floor, set out of reach), so trial 2 is the same config at λ 0.4, queued by trial 1, run and counted."""
+    HM floor, set out of reach), so trial 2 is the same config at λ 0.4, queued by trial 1, run and counted. The
+    console says trial 1's result first, then what it queued, then the study's progress."""
     import tuner.tuning.bisection
     from tests.test_pruning import tiny_study
     from tests.test_study import write_dataset
@@ -182,8 +183,13 @@ def test_a_real_study_runs_the_queued_weaker_config_next_and_counts_it(tiny_mode
     settings = tiny_study(
         tiny_model_dir("bert"), write_dataset(tmp_path / "data"), tmp_path, "bisect", trials=3, hm_floor="+50%", budget=None, prune=False
     )
-    with pytest.raises(NoFeasibleTrialError):  # nothing reaches the floor, the baseline included
+    with pytest.raises(NoFeasibleTrialError), caplog.at_level("INFO", logger="tuner"):  # nothing reaches the floor
         tune(settings)
+    said = [r.getMessage() for r in caplog.records]
+    result = next(i for i, line in enumerate(said) if line.startswith("trial 1: "))
+    queued = next(i for i, line in enumerate(said) if line.startswith("trial 1: λ bisection queued the same config at λ 0.4"))
+    progress = next(i for i, line in enumerate(said) if line.startswith("after trial 1: "))
+    assert result < queued < progress, said[result - 1 : progress + 1]
     trials = optuna.load_study(study_name="bisect", storage=settings.storage).trials
     assert [t.params["strength"] for t in trials[:3]] == [0.0, 0.5, 0.4]
     knobs = {k: v for k, v in PAPER_DEFAULT_PARAMS.items() if k != "basket_shares"}
@@ -194,7 +200,7 @@ def test_a_real_study_runs_the_queued_weaker_config_next_and_counts_it(tiny_mode
     (run,) = client.search_runs([experiment.experiment_id], "tags.`posfair.trial` = '2' and tags.`posfair.role` = 'trial'")
     assert run.data.tags["posfair.bisect"] == "queued by λ bisection after trial 1: the same config, below λ 0.5, which misses the HM floor"
     # trial 2 queued λ 0.2 as well (galloping: 4 steps below 0.4), which the study ended before running: withdrawn, nothing is left waiting
-    assert [t.state for t in trials[3:]] == [optuna.trial.TrialState.PRUNED] and trials[3].user_attrs[SURPLUS_ATTR]
+    assert [t.state for t in trials[3:]] == [optuna.trial.TrialState.FAIL] and never_ran(trials[3])  # not a pruned trial
     assert trials[3].system_attrs["fixed_params"]["strength"] == pytest.approx(0.2) and trials[3].user_attrs[BISECT_ATTR]["of"] == 2
 
 
@@ -209,17 +215,16 @@ def test_a_queued_trial_a_worker_has_taken_is_not_withdrawn(caplog: pytest.LogCa
     taken = study.ask()  # a worker pops the first
     assert withdraw_queued(study) == [1]
     assert [r.getMessage() for r in caplog.records if r.name == "tuner.tuning.bisection"] == [
-        "the study ended before queued trial(s) [1] ran; withdrawn (pruned unrun as surplus)"
+        "the study ended before queued trial(s) [1] ran; withdrawn (not run)"
     ]
     states = [t.state for t in study.get_trials()]
-    assert states == [optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.WAITING]
-    assert taken.number == 0 and study.get_trials()[1].user_attrs[SURPLUS_ATTR]
+    assert states == [optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.FAIL, optuna.trial.TrialState.WAITING]
+    assert taken.number == 0 and study.get_trials()[1].user_attrs[NOT_RUN_ATTR] == "the study ended before this queued trial ran"
 
 
 def test_a_surplus_draw_that_never_ran_is_no_probe_so_a_resume_can_queue_it_again() -> None:
     from optuna.distributions import FloatDistribution
 
-    from tuner.common.trials import SURPLUS_ATTR
     from tuner.tuning.bisection import probe_of
 
     def pruned(strength: float, **attrs: object) -> optuna.trial.FrozenTrial:
@@ -232,7 +237,8 @@ def test_a_surplus_draw_that_never_ran_is_no_probe_so_a_resume_can_queue_it_agai
         )
 
     assert probe_of(pruned(0.7)) == over(0.7)  # pruned on a reversal the rungs decided
-    assert probe_of(pruned(0.6, **{SURPLUS_ATTR: True})) is None
+    assert probe_of(pruned(0.6, **{NOT_RUN_ATTR: "the budget is spent"})) is None
+    assert probe_of(pruned(0.6, surplus=True)) is None  # as a study stored before marked one
 
 
 def test_a_family_is_left_once_a_probe_is_no_fairer_than_the_best_trial_though_within_one_se_of_it() -> None:
@@ -325,6 +331,7 @@ def test_a_trial_s_objective_hands_its_drift_and_the_paper_default_s_yardstick_t
     study, trial = seed4_family({"dev-openings": {"psi": 0.13, "drift": 0.0189}})
     made = object.__new__(TrialObjective)  # only what the bisection step reads
     made.bisect, made.space, made.yardstick = True, SearchSpace(), DriftYardstick(Constraints(0.5, max_drift=max_drift), 0.0, 0.0)
+    made.said_after = {}
     made.yardstick.own, made.yardstick.reference = False, {"dev-openings": 0.0122, "dev-crops": 0.0112}
 
     def robust(drift: dict[str, float]) -> SimpleNamespace:  # the trial's evidence, as far as the bisection reads it

@@ -16,7 +16,7 @@ from tests.test_study import write_dataset
 from tests.tiny import save_tiny
 from tuner.common.budget import BUDGET_ATTR, BUDGET_END_ATTR
 from tuner.common.options import Budget
-from tuner.common.trials import RESERVED_ATTR, SURPLUS_ATTR, counted, trials_spent
+from tuner.common.trials import NOT_RUN_ATTR, RESERVED_ATTR, counted, never_ran, trials_spent
 from tuner.tuning.conclusion import budget_metrics, budget_tags, setup_layer_tokens, study_layer_tokens
 from tuner.tuning.run import TuneSettings, tune
 
@@ -111,7 +111,7 @@ def test_a_budgeted_study_ends_at_the_first_draw_it_has_no_room_for_and_exports(
     assert spent <= budget["trials"]
     assert end["spent"] == spent and spent + end["needed"] > budget["trials"]  # the last draw did not fit
     refused = study.trials[end["trial"]]
-    assert refused.state == PRUNED and refused.user_attrs[SURPLUS_ATTR] and not counted(refused)
+    assert refused.state == optuna.trial.TrialState.FAIL and never_ran(refused) and not counted(refused)  # never PRUNED
     assert refused.user_attrs["feasible"].startswith("NO: not run, the budget is spent: "), "not 'the trial is running'"
     assert refused.number == max(t.number for t in study.trials)  # nothing started after it
     # the whole study as a fresh machine spends it: its own baselines (no disk cache) and its trials
@@ -121,6 +121,52 @@ def test_a_budgeted_study_ends_at_the_first_draw_it_has_no_room_for_and_exports(
         f"the budget is spent: trial {end['trial']} would need up to {end['needed']:,} layer-tokens and "
         f"{budget['trials'] - spent:,} of the trials' {budget['trials']:,} are left; no more trials start"
     ) in budgeted["log"]  # type: ignore[operator]
+
+
+def test_the_console_mlflow_optuna_dashboard_and_the_readme_count_the_same_trials(budgeted: dict[str, object]) -> None:
+    """The draw the budget had no room for never ran: it is no pruned trial anywhere. Optuna records it FAIL with why
+    (its only finished state that claims no result), MLflow has no run of it, and the console's progress, its closing
+    count, the parent run, optuna-dashboard and the README's sentence (rendered from the record `benchmarks.first_tune`
+    keeps of a study) all count the trials Optuna ran."""
+    from benchmarks.first_tune import study_facts
+    from benchmarks.render import trials as trials_sentence
+    from tests.services import dashboard_api
+
+    study, settings, log = budgeted["study"], budgeted["settings"], budgeted["log"]
+    assert isinstance(study, optuna.Study) and isinstance(settings, TuneSettings) and isinstance(log, str)
+    end = study.user_attrs[BUDGET_END_ATTR]["trial"]
+    complete = [t.number for t in study.trials if t.state == COMPLETE and "duplicate_of" not in t.user_attrs]
+    pruned = [t.number for t in study.trials if t.state == PRUNED]
+    unrun = [t for t in study.trials if t.state == optuna.trial.TrialState.FAIL]
+    assert [t.number for t in unrun] == [end] and unrun[0].user_attrs[NOT_RUN_ATTR].startswith("the budget is spent: ")
+    ran = len(complete) + len(pruned)
+    said = f"{ran} trials ran ({len(complete)} complete, {len(pruned)} pruned between rungs)"
+    # the console: the last progress line, and the closing count
+    progress = re.findall(r"after trial \d+: (\d+) of 40 trials done", log)
+    assert progress and int(progress[-1]) == ran
+    assert f"trials: {said}; trial {end} was drawn but not run: " in log, log[-2000:]
+    # MLflow: one run per trial that ran, the pruned ones PRUNED; the parent run counts them alike
+    mlflow.set_tracking_uri(settings.tracking_uri)
+    parent = mlflow.search_runs(experiment_names=["posfair"], filter_string="tags.mlflow.runName = 'budgeted'", output_format="list")[0]
+    runs = mlflow.search_runs(
+        experiment_names=["posfair"], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'", output_format="list"
+    )
+    states = [r.data.tags["posfair.state"] for r in runs if "posfair.duplicate_of" not in r.data.tags]
+    assert (states.count("COMPLETE"), states.count("PRUNED"), len(states)) == (len(complete), len(pruned), ran)
+    assert end not in {int(r.data.tags["posfair.trial"]) for r in runs}
+    metrics = parent.data.metrics
+    assert (metrics["trials/ran"], metrics["trials/pruned"], metrics["trials/not_run"]) == (ran, len(pruned), 1)
+    assert parent.data.tags["posfair.trials"].startswith(said)
+    # optuna-dashboard: as many Pruned as ran pruned, the unrun one Fail with a note saying it never ran
+    detail = dashboard_api(settings.storage, f"/api/studies/{study._study_id}")
+    shown = {t["number"]: t for t in detail["trials"]}
+    assert sorted(n for n, t in shown.items() if t["state"] == "Pruned") == pruned
+    assert shown[end]["state"] == "Fail" and shown[end]["note"]["body"].startswith("## Not run")
+    assert said in detail["note"]["body"]
+    # the README's sentence, from the record of this study
+    sentence = trials_sentence({"results": {"study": study_facts(settings.storage, "budgeted")}})
+    assert sentence.startswith(f"The default study ran {ran} trials ({len(complete)} complete, {len(pruned)} pruned between rungs)")
+    assert f"trial {end} would have needed" in sentence and sentence.endswith("so it was not run.")
 
 
 def test_a_complete_trial_spends_exactly_what_it_reserved(budgeted: dict[str, object]) -> None:
@@ -164,7 +210,7 @@ def test_the_budget_is_said_before_the_study_and_on_its_parent_run(budgeted: dic
     )
     # the refused draw opened no MLflow run: one run per trial that started
     runs = mlflow.search_runs(experiment_names=["posfair"], filter_string="tags.mlflow.parentRunId = '" + parent.info.run_id + "'")
-    started = [t for t in study.trials if not t.user_attrs.get(SURPLUS_ATTR)]
+    started = [t for t in study.trials if not never_ran(t)]
     assert len(runs) == len(started)
 
 

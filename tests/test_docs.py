@@ -4,6 +4,7 @@ a user reads (issue numbers, dated diaries)."""
 
 from __future__ import annotations
 
+import html
 import importlib.util
 import json
 import re
@@ -276,3 +277,57 @@ def test_what_the_benchmarks_page_says_of_ram_is_what_its_record_holds() -> None
     assert both["peak_rss_bytes"] > 2 * neither["peak_rss_bytes"] and both["seconds"] > neither["seconds"]
     source = (ROOT / "tuner" / "evaluation" / "store.py").read_text(encoding="utf-8")
     assert "RAM_FRACTION = 0.0" in source and "LAYER_INPUTS_IN_RAM = False" in source, "the default is the variant `neither`"
+
+
+def site_page(name: str) -> str:
+    """A page's HTML body as the site builds it: Markdown with the site's extensions, then the site's hooks."""
+    import markdown
+
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))
+    names = [e if isinstance(e, str) else next(iter(e)) for e in config["markdown_extensions"]]
+    options = {next(iter(e)): next(iter(e.values())) or {} for e in config["markdown_extensions"] if isinstance(e, dict)}
+    hooks = load_module(ROOT / "docs" / "hooks.py")
+    text = hooks.on_page_markdown((ROOT / "docs" / name).read_text(encoding="utf-8"))
+    return hooks.on_page_content(markdown.markdown(text, extensions=names, extension_configs=options))
+
+
+def load_module(path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_math_is_typeset_at_build_time_and_needs_no_script_or_network() -> None:
+    """Concepts' formulas reach the page as SVG, not as raw `\\( … \\)` waiting for a MathJax or KaTeX that is not
+    there; the TeX is kept as each formula's label, and nothing on the page or in the site's configuration loads a
+    script or a font from elsewhere."""
+    source = (ROOT / "docs" / "concepts.md").read_text(encoding="utf-8")
+    formulas = re.findall(r"\\\((.+?)\\\)", source)
+    page = site_page("concepts.md")
+    assert formulas and "\\(" not in page and "\\[" not in page
+    labels = re.findall(r'<svg role="img" aria-label="([^"]+)"', page)
+    assert [html.unescape(label) for label in labels] == [formula.strip() for formula in formulas]
+    assert "<style" not in page.split("<svg", 1)[1], "no stylesheet of the formulas' reaches the page"
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))
+    assert not config.get("extra_javascript") and not config.get("extra_css", [])
+    assert "http" not in "".join(re.findall(r"<(?:script|link)[^>]*>", page))
+
+
+def test_every_screenshot_has_a_caption_and_opens_full_size() -> None:
+    """The Tracking page's pictures are shrunk to the text's width: each is a link to itself, in a figure with a caption."""
+    page = site_page("tracking.md")
+    images = re.findall(r'<img alt="[^"]*" src="([^"]+)"', page)
+    assert len(images) >= 10
+    for figure in re.findall(r"<figure>(.*?)</figure>", page, re.S):
+        (src,) = re.findall(r'<img alt="[^"]*" src="([^"]+)"', figure)
+        assert f'<a href="{src}"><img' in figure and re.search(r"<figcaption>\S.*</figcaption>", figure, re.S), figure
+    assert len(re.findall(r"<figure>", page)) == len(images), "every picture in a captioned figure"
+
+
+def test_the_flow_diagram_fits_the_page() -> None:
+    """The search page's diagram is a code block: at 1,280 px the text column holds about 80 characters of it."""
+    page = (ROOT / "docs" / "search.md").read_text(encoding="utf-8")
+    diagram = page.split("## How a trial flows", 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
+    assert max(len(line) for line in diagram.splitlines()) <= 78

@@ -23,7 +23,7 @@ from objectives.evidence import EVIDENCE_RESAMPLES
 from tests.services import as_logged, running_mlflow_server
 from tests.tiny import WORDS
 from tuner.calibration import CalibrationConfig, ConfigError
-from tuner.common.trials import DUPLICATE_ATTR, SCREEN_ATTR, SURPLUS_ATTR, counted, named_constraints, objective_resamples
+from tuner.common.trials import DUPLICATE_ATTR, SCREEN_ATTR, counted, named_constraints, never_ran, objective_resamples
 from tuner.data import load_benchmark
 from tuner.engine.encoder import CalibratedEncoder
 from tuner.engine.exported import load_exported
@@ -37,7 +37,7 @@ from tuner.tuning.study import OWNER_ATTR, fail_dead_trials, load_stored_study, 
 
 pytestmark = pytest.mark.usefixtures("module_cache")  # the studies run here, their disk cache not in the checkout
 
-TRIAL_PARAMS = {"strength", "depth", "basket_size", "variant", "layers", "basket_shares"}
+TRIAL_PARAMS = {"lambda_strength", "depth", "basket_size", "variant", "layers", "basket_shares"}
 # MLflow's names: on the console's scale (nDCG@10 and HM ×100, PSI 0–1), constraints as margins (>= 0: met)
 TRIAL_METRICS = {
     "ndcg10_begin_x100",
@@ -131,7 +131,7 @@ def test_a_six_trial_study_logs_six_nested_runs_with_params_metrics_and_profiles
     runs = trial_runs(settings)
     client = MlflowClient(settings.tracking_uri)
     study = optuna.load_study(study_name="tiny", storage=settings.storage)
-    ran = [t.number for t in study.trials if SURPLUS_ATTR not in t.user_attrs]  # a queued trial the study ended first never ran
+    ran = [t.number for t in study.trials if not never_ran(t)]  # a queued trial the study ended first never ran
     assert sorted(int(r.data.tags["posfair.trial"]) for r in runs) == ran  # one run per trial that ran
     assert sum(counted(t) for t in study.trials) == 6  # repeats of a calibration already run do not count
     floor = study.user_attrs["floor_value"]
@@ -153,7 +153,7 @@ def test_a_six_trial_study_logs_six_nested_runs_with_params_metrics_and_profiles
             trial.params["depth"],
             trial.params["basket_size"],
         )
-        assert float(params["strength"]) == pytest.approx(trial.params["strength"])
+        assert float(params["lambda_strength"]) == pytest.approx(trial.params["strength"])
         assert json.loads(params["layers"]) == trial.user_attrs["layers"]
         begin, middle, end = (metrics[f"ndcg10_{g}_x100"] for g in ("begin", "middle", "end"))
         hm = metrics["hm_x100"]
@@ -302,7 +302,7 @@ def test_rerunning_resumes_the_study_without_repeating_trials(workspace: dict) -
     tune(settings)
     study = optuna.load_study(study_name="tiny", storage=settings.storage)
     assert sum(counted(t) for t in study.trials) == 8
-    ran = [t.number for t in study.trials if SURPLUS_ATTR not in t.user_attrs]  # a queued trial the study ended first never ran
+    ran = [t.number for t in study.trials if not never_ran(t)]  # a queued trial the study ended first never ran
     assert sorted(int(r.data.tags["posfair.trial"]) for r in trial_runs(settings)) == ran
 
 
@@ -519,7 +519,7 @@ def test_basket_sizes_no_passage_fills_leave_the_search(workspace: dict) -> None
     model = load_model(settings.model, pooling="cls")
     longest = Evaluator(model, load_benchmark(settings.dataset), 4, disk_cache=False).batches().longest - 1  # less [CLS]
     study = optuna.load_study(study_name="tiny", storage=settings.storage)
-    drawn = {t.params["basket_size"] for t in study.trials if SURPLUS_ATTR not in t.user_attrs}
+    drawn = {t.params["basket_size"] for t in study.trials if not never_ran(t)}
     assert drawn <= {b for b in (8, 16, 128) if b <= longest} and drawn
 
 

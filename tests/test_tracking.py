@@ -42,7 +42,7 @@ from tests.tiny import random_texts, tiny_tune_options
 from tuner.common.trials import counted, named_constraints
 from tuner.engine.encoder import CalibratedEncoder
 from tuner.engine.exported import load_exported
-from tuner.tracking.registry import registered_name
+from tuner.tracking.registry import USAGE, registered_name
 from tuner.tracking.runs import (
     DEFAULT_TRACKING_URI,
     KIND_TAG,
@@ -206,7 +206,8 @@ def test_runs_mark_baseline_paper_default_infeasible_trials_and_the_winner(clien
         feasible = metrics["feasible"] == 1.0
         assert feasible == all(c <= 0 for c in study.trials[number].constraints.values())
         assert (" · infeasible" in name) == (not feasible) == (run.data.tags["posfair.feasible"] == "no")
-        assert (" · winner" in name) == (number == winner) == (run.data.tags.get("posfair.winner") == "yes")
+        # the role first: the run list cuts long names ("trial-2 · paper d…" hid it)
+        assert name.startswith("winner · trial-") == (number == winner) == (run.data.tags.get("posfair.winner") == "yes")
         description = run.data.tags[NOTE]
         attrs = study.trials[number].user_attrs  # the figures the sentence was written from (MLflow's are rounded)
         assert f"PSI {attrs['psi']:.3f} and HM {100 * attrs['hm']:.2f} on the tuning passages" in description
@@ -217,8 +218,9 @@ def test_runs_mark_baseline_paper_default_infeasible_trials_and_the_winner(clien
         assert ("; infeasible: " in description) == (not feasible) == ("; feasible: " not in description), description
         checked = set(named_constraints(study.trials[number]))
         assert named(description) == checked and named(attrs["feasible"]) == checked, "every constraint checked, no other"
-    assert trials[0].info.run_name.startswith("trial-0 · baseline") and "no calibration (λ 0)" in trials[0].data.tags[NOTE]
-    assert trials[1].info.run_name.startswith("trial-1 · paper default") and "CLS-Soft, λ 0.50" in trials[1].data.tags[NOTE]
+    names = [run.info.run_name.removeprefix("winner · ") for run in trials]
+    assert names[0].startswith("trial-0 · baseline") and "no calibration (λ 0)" in trials[0].data.tags[NOTE]
+    assert names[1].startswith("trial-1 · paper default") and "CLS-Soft, λ 0.50" in trials[1].data.tags[NOTE]
     assert trials[winner].data.tags[NOTE].startswith(f"Winner (trial {winner})")
 
 
@@ -391,6 +393,22 @@ def test_the_registered_version_comes_from_the_winner_s_trial_run_and_says_why_o
     assert f"Registered as models:/{version.name}@champion (version {version.version})" in winner_run.data.tags[NOTE]
     assert version.description.startswith(f"Study {provenance.study}, trial {provenance.trial}: ")
     assert version.description.count(f"trial {provenance.trial}") == 1, version.description
+    # its config and held-out result, as the winner's run and the parent run say them, and what the pyfunc takes
+    config = winner_run.data.tags[NOTE].removeprefix(f"Winner (trial {provenance.trial}): ").split(":")[0]
+    assert version.description.startswith(f"Study {provenance.study}, trial {provenance.trial}: {config}. Held out, against")
+    parent, _ = runs_of(client)
+    note = parent.data.tags[NOTE]
+    held = note[note.index("Held out, against no calibration") :]  # the parent run's second sentence
+    assert f"{config}. {held} Chosen by the " in version.description
+    assert version.description.endswith(USAGE) and "`text` column" in USAGE and "params.kind" in USAGE
+    # the version's page shows an input example: texts, with the kind it takes as a parameter
+    from mlflow.models import Model
+
+    folder = Path(mlflow.artifacts.download_artifacts(f"models:/{version.name}/{version.version}"))
+    model = Model.load(folder)
+    assert model.load_input_example(folder) == ["A passage to index.", "Another passage."]
+    assert model.load_input_example_params(folder) == {"kind": "document"}
+    assert model.signature.inputs is None, "no input schema: MLflow would hand the model a frame's first column"
 
 
 def test_the_winner_is_registered_and_loads_as_the_calibrated_encoder(client: MlflowClient, default_run: dict) -> None:
@@ -736,7 +754,7 @@ def test_one_refused_log_of_a_trial_s_close_drops_only_that_log(
     tracker.finish_trial("closes", record)
     assert tracker.flush()
     run = tracker.client.get_run(tracker.trial_run_id(2))
-    assert run.info.status == "FINISHED" and run.info.run_name == "trial-2 · winner"
+    assert run.info.status == "FINISHED" and run.info.run_name == "winner · trial-2"
     assert run.data.tags["posfair.verdict"] == "feasible" and run.data.tags["posfair.state"] == "COMPLETE"
     assert ("psi" in run.data.metrics) == (refused != "log_batch")
     assert [a.path for a in tracker.client.list_artifacts(run.info.run_id)] == ([] if refused == "log_artifact" else [profile.name])
@@ -846,3 +864,26 @@ def test_a_trial_run_logged_late_keeps_the_trial_s_own_start_and_end(tmp_path: P
     tracker.finish_trial("late-study", record)
     run = tracker.client.get_run(tracker.trial_run_id(3))
     assert (run.info.status, run.info.start_time, run.info.end_time) == ("FINISHED", hour_ago, hour_ago + 90_000)
+
+
+def test_a_complete_trial_logs_each_figure_once_on_one_scale() -> None:
+    """The crops are a tuning structure: their PSI and HM are `structure/NAME/psi` and `…/hm_x100` (HM ×100, as the
+    console prints it), not a second time as 0–1 `crops_*` figures beside them."""
+    from types import SimpleNamespace
+
+    from tuner.tracking.runs import display_metrics
+    from tuner.tuning.trial_record import complete_metrics
+
+    report = SimpleNamespace(as_dict=lambda: {"psi": 0.2, "hm": 0.55, "ndcg10": 0.6})
+    row = {"psi": 0.25, "hm": 0.5, "ndcg10": 0.52}
+    scored = SimpleNamespace(
+        evidence=SimpleNamespace(hm_low=0.5, objective_se=0.01, ndcg_delta=0.0),
+        tuning=SimpleNamespace(report=report, drift=0.01, encode_seconds=1.0, truncated=0),
+        robust=SimpleNamespace(objective=0.25, objective_se=0.02, per_structure=lambda: {"dev-crops": row}),
+        screen=None,
+        crops=SimpleNamespace(psi=0.25, hm=0.5, ndcg10=0.52),
+        layer_tokens=100,
+    )
+    shown = display_metrics(complete_metrics(scored, {"hm_floor": -0.01}, 0.5, None))  # type: ignore[arg-type]
+    assert shown["structure/dev-crops/hm_x100"] == 50.0 and shown["structure/dev-crops/psi"] == 0.25
+    assert not [name for name in shown if name.startswith("crops")], "the crops' figures once, on the console's scale"

@@ -26,7 +26,7 @@ from tests.ci import require_mlflow_server, require_postgres
 from tests.services import as_logged, free_port, fresh_postgres_database, running_mlflow_server
 from tests.test_study import write_dataset
 from tests.tiny import tiny_tune_options
-from tuner.common.trials import DUPLICATE_ATTR, counted
+from tuner.common.trials import DUPLICATE_ATTR, counted, never_ran
 from tuner.tracking.runs import TrackingUnavailableError
 from tuner.tuning.run import TuneSettings, tune
 from tuner.tuning.search_space import SearchSpace
@@ -158,7 +158,7 @@ def test_two_workers_on_one_study_finish_exactly_the_requested_trials(backend: s
     assert len({t.number for t in study.trials}) == len(study.trials)
     assert len({t.user_attrs["worker"] for t in complete}) >= 2  # the trials really were shared
     logged = sorted(int(r.data.tags["posfair.trial"]) for r in trial_runs(tracking, name))
-    ran = [t for t in study.trials if t.state in (COMPLETE, optuna.trial.TrialState.PRUNED) and not t.user_attrs.get("surplus")]
+    ran = [t for t in study.trials if t.state in (COMPLETE, optuna.trial.TrialState.PRUNED) and not never_ran(t)]
     assert logged == sorted(t.number for t in ran)  # exactly one run per trial (repeats and pruned ones too), none twice
     assert (tmp_path / "best.yaml").exists()
 
@@ -297,7 +297,7 @@ def test_a_tracking_server_killed_mid_study_and_restarted_loses_no_trial_log(tin
             assert run.info.status == "FINISHED"
             assert run.data.metrics["psi"] == as_logged(trial.user_attrs["psi"])
             assert run.data.metrics["hm_x100"] == as_logged(100 * trial.user_attrs["hm"])
-            assert float(run.data.params["strength"]) == pytest.approx(trial.params["strength"])
+            assert float(run.data.params["lambda_strength"]) == pytest.approx(trial.params["strength"])
             if DUPLICATE_ATTR not in trial.user_attrs:  # a repeat was not run: it has no profile of its own
                 assert {"attention_profile.json", "attention_profile.png"} <= {a.path for a in client.list_artifacts(run.info.run_id)}
         parent = client.get_run(runs[0].data.tags["mlflow.parentRunId"])

@@ -1,9 +1,11 @@
 """A study's finished trials as everyone who reads a study sees them (the search, the plots, the conclusion).
 
 Not every finished trial counts towards `--trials`: a trial that drew a calibration the study already ran
-repeats that trial's values without running (`DUPLICATE_ATTR`), and a trial a worker started after the
-study was full, or that a `--budget` had no room for, is pruned unrun (`surplus`). A trial pruned between
-rungs (`PRUNED_ATTR`) was run, cheaply, and counts.
+repeats that trial's values without running (`DUPLICATE_ATTR`), and a trial Optuna created that never ran (a
+`--budget` had no room for it, a worker drew it after the study was full, or the study ended with it queued) is
+recorded as FAIL with the reason under `NOT_RUN_ATTR`: Optuna creates a trial before its parameters can be priced,
+and FAIL is the one finished state that claims no result (PRUNED reads as stopped partway). A trial pruned between
+rungs (`PRUNED_ATTR`) was run, cheaply, and counts. `TrialCounts` is the one count every screen shows.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 DUPLICATE_ATTR = "duplicate_of"  # the earlier trial whose calibration a trial drew again
 PRUNED_ATTR = "pruned"  # `PrunedAt.to_attr()` of a trial stopped between rungs
-SURPLUS_ATTR = "surplus"  # a trial started when the study already had enough
+NOT_RUN_ATTR = "not_run"  # why a trial Optuna created never ran (`NotRun`)
 SCREEN_ATTR = "screen"  # `ScreenFigures.to_attr()` of a trial on the study's pooled screen
 SETUP_COST_ATTR = "setup_layer_tokens/"  # + a process: a study attribute, the baselines and queries that process encoded
 SELECTION_ATTR = "selection"  # a study attribute: the --selection rule of the run that last coordinated it (`tune export`'s default)
@@ -72,6 +74,68 @@ class ScreenFigures:
         """The figures of a trial scored on the screen; None for one that was not."""
         attr = trial.user_attrs.get(SCREEN_ATTR)
         return None if attr is None else cls(float(attr["psi"]), float(attr["psi_se"]), float(attr["hm"]))
+
+
+class NotRun(Exception):
+    """Raised in place of running a trial (`NOT_RUN_ATTR` holds the reason): Optuna records it FAIL, and
+    `TrialCounts` counts it apart from the failures."""
+
+
+def never_ran(trial: FrozenTrial | optuna.Trial) -> bool:
+    """Whether the trial was created but never ran (`NotRun`); "surplus" is how studies stored before this
+    marked one (then as PRUNED)."""
+    attrs = trial.user_attrs
+    return NOT_RUN_ATTR in attrs or bool(attrs.get("surplus"))
+
+
+@dataclass(frozen=True)
+class TrialCounts:
+    """A study's trials as the console, MLflow, optuna-dashboard and the docs all count them: `complete` (repeats
+    apart) and `pruned` (between rungs) ran and count towards `--trials`; `repeats` drew a calibration the study
+    had run; `not_run` Optuna created but never ran (`NotRun`); `failed` failed. Waiting and running trials are in
+    none of them."""
+
+    complete: int
+    pruned: int
+    repeats: int
+    not_run: int
+    failed: int
+
+    @property
+    def ran(self) -> int:
+        return self.complete + self.pruned
+
+    def sentence(self) -> str:
+        """'8 trials ran (6 complete, 2 pruned between rungs)', then repeats and failures where there are any; what
+        never ran is said with its reason by the caller (`tuner.tuning.conclusion.describe_trials`)."""
+        said = f"{self.ran} trials ran ({self.complete} complete, {self.pruned} pruned between rungs)"
+        extra = [f"{count} {what}" for count, what in ((self.repeats, "drew a calibration already run"), (self.failed, "failed")) if count]
+        return said + (f"; {', '.join(extra)}" if extra else "")
+
+    def to_dict(self) -> dict[str, int]:
+        return {
+            "complete": self.complete,
+            "pruned": self.pruned,
+            "repeats": self.repeats,
+            "not_run": self.not_run,
+            "failed": self.failed,
+        }
+
+
+def trial_counts(study: optuna.Study) -> TrialCounts:
+    """The study's `TrialCounts`: `complete` + `pruned` are its `finished` trials."""
+    complete = pruned = repeats = not_run = failed = 0
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)):
+        if never_ran(trial) or (trial.state == TrialState.PRUNED and PRUNED_ATTR not in trial.user_attrs):
+            not_run += 1
+        elif trial.state == TrialState.COMPLETE:
+            repeats += DUPLICATE_ATTR in trial.user_attrs
+            complete += DUPLICATE_ATTR not in trial.user_attrs
+        elif trial.state == TrialState.PRUNED:
+            pruned += 1
+        else:
+            failed += 1
+    return TrialCounts(complete, pruned, repeats, not_run, failed)
 
 
 def complete_trials(study: optuna.Study) -> list[FrozenTrial]:

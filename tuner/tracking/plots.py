@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import textwrap
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -19,21 +20,24 @@ from optuna.trial import FrozenTrial  # noqa: E402
 
 from objectives.bootstrap import PositionProfile  # noqa: E402
 from objectives.constraint import REQUIREMENTS  # noqa: E402
-from tuner.common.trials import SURPLUS_ATTR, complete_trials, named_constraints  # noqa: E402
+from objectives.selection import TIE_BREAK_WORDS, Selection  # noqa: E402
+from tuner.common.trials import complete_trials, named_constraints, never_ran  # noqa: E402
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class ScatterPoint:
-    """One trial as the PSI–HM scatter draws it (0–1 scale): its HM, the HM the floor was compared with
-    (`hm_compared`: the lower bound under `significant`), and what its constraint values decided."""
+    """One trial as the scatter draws it (0–1 scale): its objective (the worst PSI over the tuning structures; the
+    tuning PSI for a study without structures), its HM, the HM the floor was compared with (`hm_compared`: the lower
+    bound under `significant`), what its constraint values decided, and its drift (the one-SE rule's tie-break)."""
 
     number: int
     psi: float
     hm: float
     compared: float
     missed: tuple[str, ...]
+    drift: float = 0.0
 
 
 def scatter_points(study: optuna.Study, floor: float) -> list[ScatterPoint]:
@@ -45,21 +49,31 @@ def scatter_points(study: optuna.Study, floor: float) -> list[ScatterPoint]:
         points.append(
             ScatterPoint(
                 trial.number,
-                trial.user_attrs["psi"],
+                trial.user_attrs.get("robust_psi", trial.user_attrs["psi"]),
                 trial.user_attrs["hm"],
                 compared,
                 tuple(name for name, value in named.items() if value > 0),
+                float(trial.user_attrs.get("drift", 0.0)),
             )
         )
     return points
 
 
 def pareto_scatter(
-    study: optuna.Study, floor: float, baseline: FrozenTrial | None, best: FrozenTrial | None, path: Path, conservative: bool = True
+    study: optuna.Study,
+    floor: float,
+    baseline: FrozenTrial | None,
+    best: FrozenTrial | None,
+    path: Path,
+    conservative: bool = True,
+    selection: Selection | None = None,
 ) -> Path:
-    """Every complete trial as (PSI, HM), with what the floor was compared with: under `significant` a line
-    from the HM down to its bootstrap lower bound, which must clear the floor line. The groups are named by
-    the constraints they miss, so a trial above the line can be infeasible and says why."""
+    """Every complete trial at its objective (the x axis: what the study minimises and selection reads) and HM, with
+    what the floor was compared with: under `significant` a line from the HM down to its bootstrap lower bound, which
+    must clear the floor line. The groups are named by the constraints they miss, so a trial above the line can be
+    infeasible and says why. With the `selection` that chose `best`, the band of the one-SE rule (the lowest objective
+    plus its standard error) is shaded and each trial in it labelled with its drift: the winner need not be the
+    leftmost point, and the picture says why."""
     points = scatter_points(study, floor)
     figure, axis = plt.subplots(figsize=(6.5, 4.5))
     groups = (
@@ -71,8 +85,20 @@ def pareto_scatter(
         group = [p for p in points if member(p)]
         if group:
             axis.scatter([p.psi for p in group], [100 * p.hm for p in group], label=label, zorder=2, c=color, marker=marker)
-    for p in points:  # each point named by its trial, as the run list and the dashboard name it
-        axis.annotate(str(p.number), (p.psi, 100 * p.hm), textcoords="offset points", xytext=(5, 4), fontsize=7, zorder=4)
+    banded = set(selection.eligible) if selection is not None and selection.rule in TIE_BREAK_WORDS else set()
+    for p in points:  # each point named by its trial, as the run list and the dashboard name it; in the band, with its drift
+        text = f"{p.number} · drift {p.drift:.4f}" if p.number in banded else str(p.number)
+        axis.annotate(text, (p.psi, 100 * p.hm), textcoords="offset points", xytext=(5, 4), fontsize=7, zorder=4)
+    if banded and selection is not None:
+        chosen_as = TIE_BREAK_WORDS[selection.rule][0]
+        axis.axvspan(
+            selection.best.objective,
+            max(selection.threshold, max(p.psi for p in points if p.number in banded)),
+            color="gold",
+            alpha=0.2,
+            zorder=0,
+            label=f"within one SE of the lowest: {selection.rule} takes {chosen_as}",
+        )
     if conservative and points:
         axis.vlines(
             [p.psi for p in points],
@@ -93,9 +119,8 @@ def pareto_scatter(
         )
     for trial, color, label in ((baseline, "tab:red", "no calibration"), (best, "gold", "winner")):
         if trial is not None:
-            axis.scatter(
-                trial.user_attrs["psi"], 100 * trial.user_attrs["hm"], marker="*", s=260, c=color, edgecolors="black", label=label, zorder=3
-            )
+            x = trial.user_attrs.get("robust_psi", trial.user_attrs["psi"])
+            axis.scatter(x, 100 * trial.user_attrs["hm"], marker="*", s=260, c=color, edgecolors="black", label=label, zorder=3)
     axis.axhline(
         100 * floor,
         color="tab:red",
@@ -103,8 +128,12 @@ def pareto_scatter(
         linewidth=1,
         label="HM floor (the lower bound must reach it)" if conservative else "HM floor",
     )
-    axis.set(xlabel="PSI (lower is fairer)", ylabel="HM of per-position nDCG@10", title=study.study_name)
-    axis.legend(fontsize=8)
+    robust = any("robust_psi" in t.user_attrs for t in complete_trials(study))
+    objective = "worst-case PSI over the tuning structures" if robust else "PSI"
+    title = study.study_name if selection is None else f"{study.study_name}\nwinner: {selection.describe()}"
+    axis.set_title("\n".join(textwrap.wrap(title, 95, replace_whitespace=False)), fontsize=7)
+    axis.set(xlabel=f"{objective} (the objective; lower is fairer)", ylabel="HM of per-position nDCG@10")
+    axis.legend(fontsize=7)
     figure.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(figure)
     return path
@@ -148,11 +177,11 @@ def optuna_figures(study: optuna.Study, folder: Path) -> list[Path]:
 
 def history(study: optuna.Study) -> Axes:
     """Optuna's history of the objective, its axis ending at the last trial that ran: Optuna draws its best-value line to
-    the last trial number, and a queued trial the study withdrew unrun, or a surplus draw, has one."""
+    the last trial number, and a trial that never ran (withdrawn from the queue, or drawn past the budget) has one."""
     from optuna.visualization import matplotlib as optuna_plots
 
     axis = optuna_plots.plot_optimization_history(study, target=_psi_target(study), target_name=_psi_name(study))
-    ran = [t.number for t in study.get_trials(deepcopy=False) if t.state.is_finished() and SURPLUS_ATTR not in t.user_attrs]
+    ran = [t.number for t in study.get_trials(deepcopy=False) if t.state.is_finished() and not never_ran(t)]
     if ran:
         axis.set_xlim(-0.5, max(ran) + 0.5)
     return axis

@@ -34,6 +34,12 @@ log = logging.getLogger(__name__)
 
 CHAMPION = "champion"
 KINDS = ("document", "query")
+USAGE = (
+    "predict(texts): a list of strings, or a frame or dict with a `text` column; params.kind 'document' (the default: "
+    "calibrated) or 'query' (never calibrated); returns L2-normalised float32 vectors, one row per text."
+)
+"""What the pyfunc takes and returns, for the registered version's description: its signature declares no input
+schema (see above), so the page says it here and shows it in the input example (texts with params.kind)."""
 
 
 def registered_name(model_alias: str) -> str:
@@ -156,7 +162,7 @@ def save_pyfunc(folder: Path, yaml_path: Path, dimension: int) -> None:
         loader_module=__name__,
         data_path=str(yaml_path),
         signature=signature,
-        input_example=example,
+        input_example=(example, {"kind": "document"}),
         pip_requirements=_requirements(),
     )
 

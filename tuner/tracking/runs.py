@@ -38,6 +38,7 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
 from objectives.constraint import CONSTRAINTS
+from objectives.selection import RULES, describe_selection_rule
 from tuner.common.files import ARTIFACTS, MLFLOW_DB
 from tuner.common.messages import UserError, causes, database_locked, disk_full, first_line
 from tuner.common.options import check_tracking_uri
@@ -73,8 +74,10 @@ RUN_LIST_VIEW = json.dumps({"selectedColumns": [f"metrics.`{name}`" for name in 
 
 def experiment_note() -> str:
     """The experiment's description: the rule every study applies, built from the constraint list
-    (`objectives.constraint.CONSTRAINTS`), with each study's own limits on its parent run."""
+    (`objectives.constraint.CONSTRAINTS`) and the selection rules (`objectives.selection`), with each study's own
+    limits and rule on its parent run."""
     rules = "\n".join(f"- {r.title} ({r.option}): {r.rule}" for r in CONSTRAINTS)
+    selection = "\n".join(f"- {rule}{' (the default)' if rule == RULES[0] else ''}: {describe_selection_rule(rule)}" for rule in RULES)
     return f"""posfair tunes attention calibration (Michail et al., 2026) per model with Optuna.
 One parent run per study (its rule and limits, the winner, held-out figures with 95% bootstrap intervals, plots,
 the exported YAML), one nested run per trial (its config, figures and attention profile).
@@ -85,13 +88,18 @@ with --no-structures). PSI (Position Sensitivity Index) = 1 - min/max of nDCG@10
 (0 = position-fair); HM = their harmonic mean. Subject to these constraints, each where its option is set:
 {rules}
 
+The winner (--selection) is not simply the lowest objective: the tuning split is small, and a lower value
+within its noise is as likely luck as merit. It is
+{selection}
+
 `feasible` = 1 when a trial meets every constraint it was checked on; its description names each one and how
 close it came. A pruned trial stopped after the rungs (structures) that showed it cannot win: its run says
-`pruned`, its figures are per structure (`structure/...`) or marked `pruned/` (a worst case over fewer structures
-is a lower bound, not a result), and it is never a candidate. nDCG@10, HM and recall are x100 (points, as the
-console prints them); PSI and drift are 0-1. Run names mark the baseline (trial 0, no calibration), the paper
-default (trial 1), infeasible and pruned trials and the winner, which is registered as the model posfair-MODEL
-with the alias `champion`."""
+`pruned`, its figures are all under `pruned/` (a worst case over fewer structures is a lower bound, not a result;
+`pruned/structure/...` per structure scored), and it is never a candidate. nDCG@10, HM and
+recall are x100 (points, as the console prints them); PSI and drift are 0-1; λ is the parameter `lambda_strength`.
+Run names mark the baseline (trial 0, no calibration), the paper default (trial 1), infeasible and pruned trials, and
+the winner first of all (`winner · trial-N`), which is registered as the model posfair-MODEL with the alias
+`champion`."""
 
 
 EXPERIMENT_NOTE = experiment_note()
@@ -369,8 +377,10 @@ user", a red cross that users read as a crash); its name says `pruned` and the t
 
 
 def run_name(number: int, markers: list[str]) -> str:
-    """'trial-6', or with its markers: 'trial-0 · baseline', 'trial-6 · winner', 'trial-3 · infeasible'."""
-    return " · ".join([f"trial-{number}", *markers])
+    """'trial-6', or with its markers: 'trial-0 · baseline', 'trial-3 · infeasible'; the winner's starts with its role,
+    'winner · trial-2 · paper default', so the run list, which cuts long names, shows it."""
+    first = ["winner"] if "winner" in markers else []
+    return " · ".join([*first, f"trial-{number}", *(m for m in markers if m != "winner")])
 
 
 @dataclass
@@ -812,5 +822,11 @@ def _check_server(uri: str) -> None:
         ) from None
 
 
+PARAM_NAMES = {"strength": "lambda_strength"}
+"""Trial parameters MLflow shows under another name. Its compare view plots the first three parameters that differ
+between the runs in alphabetical order (MLflow 3.17's parallel-coordinates panel): `lambda_strength` sorts among them
+(after `basket_size` and `depth`), where `strength` sorted behind `layers`."""
+
+
 def _params(values: dict[str, object]) -> list[Param]:
-    return [Param(k, str(v)[:MAX_PARAM_LENGTH]) for k, v in values.items()]
+    return [Param(PARAM_NAMES.get(k, k), str(v)[:MAX_PARAM_LENGTH]) for k, v in values.items()]

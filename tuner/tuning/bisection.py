@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -35,7 +35,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from objectives.constraint import outcome
-from tuner.common.trials import BISECT_ATTR, START_ATTR, SURPLUS_ATTR, named_constraints
+from tuner.common.trials import BISECT_ATTR, NOT_RUN_ATTR, START_ATTR, named_constraints, never_ran
 from tuner.tuning.optuna_access import set_stored_trial_user_attr, set_trial_state
 from tuner.tuning.search_space import SHARES_ATTR, trial_basket_shares
 
@@ -148,10 +148,10 @@ def probe_of(
     drift: Mapping[str, float] | None = None,
 ) -> Probe | None:
     """What a finished trial says of its family's boundary (None for λ 0, the baseline, which is no member of any
-    family, and for a surplus draw, which never ran). `constraints`, `complete` and `drift` (per structure scored)
+    family, and for a draw that never ran). `constraints`, `complete` and `drift` (per structure scored)
     describe a trial still being finished by the caller; a finished one's drift is in its structures' rows."""
     strength = float(trial.params.get("strength", 0.0))
-    if strength <= 0 or SURPLUS_ATTR in trial.user_attrs:  # a draw the budget or --trials had no room for never ran
+    if strength <= 0 or never_ran(trial):  # a draw the budget or --trials had no room for
         return None
     if constraints is None or complete is None:
         assert isinstance(trial, FrozenTrial)
@@ -177,10 +177,12 @@ def queue_next(
     best: float | None,
     drift: Mapping[str, float] | None = None,
     drift_limits: Mapping[str, float] | None = None,
+    say: Callable[[str], object] = log.info,
 ) -> float | None:
     """After `trial` (finished by the caller, so given its constraint values, whether it completed, its drift per
     structure scored and its worst-case PSI so far), queue its family's next λ if the boundary is not found yet;
     returns the λ queued (None: nothing). `drift_limits`: the drift allowed per structure (None: no drift limit).
+    `say` takes what is said of it (the trial loop says it after the trial's own line).
 
     With no feasible λ of the family known, the next one is weaker, so less fair: when the trial's worst case so
     far (a lower bound on its final one) is already above `best`, the lowest objective of the feasible trials, a
@@ -196,19 +198,17 @@ def queue_next(
     if found is None:
         unlimited = next_strength(probes, step) if drift_limits else None
         if unlimited is not None:
-            log.info(
-                "trial %d: λ bisection ends: the drift measured in this family puts every λ above %.3f over the drift limit",
-                trial.number,
-                drift_ceiling(probes, drift_limits or {}),
+            ceiling = drift_ceiling(probes, drift_limits or {})
+            say(
+                f"trial {trial.number}: λ bisection ends: the drift measured in this family puts every λ above "
+                f"{ceiling:.3f} over the drift limit"
             )
         return None
     strength, feasible, over, ceiling, missed = found
     if feasible is None and best is not None and worst_psi > best:
-        log.info(
-            "trial %d: λ bisection stops: worst-case PSI %.3f is above the best trial's %.3f already, and weaker is less fair",
-            trial.number,
-            worst_psi,
-            best,
+        say(
+            f"trial {trial.number}: λ bisection stops: worst-case PSI {worst_psi:.3f} is above the best trial's "
+            f"{best:.3f} already, and weaker is less fair"
         )
         return None
     record = {"of": trial.number, "feasible": feasible, "too_strong": over, "because": outcome(missed)}
@@ -219,12 +219,8 @@ def queue_next(
     study.enqueue_trial({**trial.params, "strength": strength}, user_attrs=attrs, skip_if_exists=True)
     if len(study.get_trials(deepcopy=False)) == before:  # run or queued already (by another worker, say)
         return None
-    log.info(
-        "trial %d: λ bisection queued the same config at λ %g (%s)",
-        trial.number,
-        strength,
-        _between(feasible, over, outcome(missed), ceiling),
-    )
+    between = _between(feasible, over, outcome(missed), ceiling)
+    say(f"trial {trial.number}: λ bisection queued the same config at λ {strength:g} ({between})")
     return strength
 
 
@@ -247,15 +243,15 @@ def _between(feasible: float | None, over: float, because: str, ceiling: float |
 
 
 def withdraw_queued(study: optuna.Study) -> list[int]:
-    """The queued trials of a study that has ended before running them: pruned unrun as surplus (not counted, no
-    MLflow run), so a finished study leaves nothing waiting. A trial a worker has just taken is left to it: the
+    """The queued trials of a study that has ended before running them: withdrawn unrun (`NotRun`'s FAIL: not
+    counted, no MLflow run), so a finished study leaves nothing waiting. A trial a worker has just taken is left to it: the
     change from waiting to running succeeds once. Returns the trials withdrawn."""
     withdrawn = []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
         if (BISECT_ATTR in trial.user_attrs or START_ATTR in trial.user_attrs) and set_trial_state(study, trial, TrialState.RUNNING):
-            set_stored_trial_user_attr(study, trial, SURPLUS_ATTR, True)
-            set_trial_state(study, trial, TrialState.PRUNED)
+            set_stored_trial_user_attr(study, trial, NOT_RUN_ATTR, "the study ended before this queued trial ran")
+            set_trial_state(study, trial, TrialState.FAIL)
             withdrawn.append(trial.number)
     if withdrawn:
-        log.info("the study ended before queued trial(s) %s ran; withdrawn (pruned unrun as surplus)", withdrawn)
+        log.info("the study ended before queued trial(s) %s ran; withdrawn (not run)", withdrawn)
     return withdrawn

@@ -32,7 +32,7 @@ from tuner.calibration import CalibrationConfig
 from tuner.common.budget import budget_end, budget_ended, study_budget
 from tuner.common.files import EXPORTS, OutputRefusedError
 from tuner.common.messages import UserError, first_line
-from tuner.common.trials import SELECTION_ATTR, SETUP_COST_ATTR, complete_trials, named_constraints
+from tuner.common.trials import NOT_RUN_ATTR, SELECTION_ATTR, SETUP_COST_ATTR, complete_trials, named_constraints, never_ran, trial_counts
 from tuner.data import PositionalDataset
 from tuner.engine.exported import build_export, write_exported
 from tuner.engine.models import LoadedModel, hub_revision
@@ -40,8 +40,9 @@ from tuner.engine.prefix import starting_layers
 from tuner.evaluation.evaluator import Evaluation, Evaluator
 from tuner.tracking.plots import heldout_profiles, optuna_figures, param_importances, pareto_scatter
 from tuner.tracking.progress import Phase
-from tuner.tracking.registry import Registered, publish, reserve_version, withdraw
+from tuner.tracking.registry import USAGE, Registered, publish, reserve_version, withdraw
 from tuner.tracking.runs import NOTE, Tracker, describe_config, display_metrics, summary_metrics
+from tuner.tuning.optuna_access import save_trial_note
 from tuner.tuning.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, is_reference_trial, trial_basket_shares, trial_config
 from tuner.tuning.session import FLOOR_ATTR, reload_tuned
 from tuner.tuning.settings import EXPERIMENT, TuneSettings
@@ -130,12 +131,15 @@ def conclude(
     reference = _trial_with(study, BASELINE_PARAMS)
     best = picked[0] if picked else None
     figures = [
-        pareto_scatter(study, floor, reference, best, staging / "pareto.png", settings.constraints(0.0).conservative),
+        pareto_scatter(
+            study, floor, reference, best, staging / "pareto.png", settings.constraints(0.0).conservative, picked[1] if picked else None
+        ),
         *optuna_figures(study, staging),
     ]
     if picked is None:
         _no_winner(study, settings, tracker, baseline, floor, figures)
     best, selection = picked
+    log.info("trials: %s", describe_trials(study))
     log.info("winner: %s", selection.describe())
     tracker.close_stale_trials(study.study_name, [t.number for t in study.trials if t.state == TrialState.FAIL])
     if best.params.get("strength") == 0:
@@ -156,7 +160,7 @@ def conclude(
         _config_of(best, model),
         export_path,
         rows,
-        [t.number for t in pareto_front(study)],
+        [t.number for t in pareto_front(study)] if settings.pareto else [],  # one objective: the rule, not the front, decides
         floor,
         tracker.uri,
         selection,
@@ -481,7 +485,7 @@ def _export_and_register(winning: _Winning) -> tuple[Path, Registered | None]:
                 winning.tracker,
                 winning.model.spec.alias,
                 winning.tracker.find_trial_run(winning.study.study_name, winning.best.number) or winning.tracker.parent_id or "",
-                f"Study {winning.study.study_name}, trial {winning.best.number}: {winning.selection.reason()}",
+                version_description(winning),
                 {
                     "posfair.study": winning.study.study_name,
                     "posfair.trial": str(winning.best.number),
@@ -589,6 +593,7 @@ def _concluded(staging: Path, figures: Sequence[Path], winning: _Winning, path: 
     pictures = [heldout_picture(rows, staging / "heldout.png")] if rows[0].heldout else []
     description = study_conclusion(best, rows, winning.model.num_layers, winning.selection)
     study.set_user_attr(WINNER_ATTR, description)
+    dashboard_notes(study, best, winning.selection, winning.model.num_layers)
     return _Closing(
         {
             **display_metrics({"hm_floor": winning.floor}),
@@ -598,10 +603,51 @@ def _concluded(staging: Path, figures: Sequence[Path], winning: _Winning, path: 
             "cost/layer_tokens": float(study_layer_tokens(study)),
             "cost/heldout_layer_tokens": float(sum(row.heldout_layer_tokens for row in rows)),
             **budget_metrics(study),
+            **trial_metrics(study),
         },
         [*figures, *pictures, heldout_table, summary],
-        {NOTE: description, **budget_tags(study)},
+        {NOTE: description, "posfair.trials": describe_trials(study), **budget_tags(study)},
     )
+
+
+def dashboard_notes(study: optuna.Study, best: optuna.trial.FrozenTrial, selection: Selection, num_layers: int) -> None:
+    """optuna-dashboard's notes, where its users look: on the study, which trial won and why and how many trials
+    ran; on the winner, that it won and why; on the trial its Best Trial card shows (the lowest objective) when that
+    is not the winner, why it was not chosen; on each trial that never ran, why."""
+    import optuna_dashboard
+
+    params = {**best.params, "layers": best.user_attrs.get("layers"), "basket_shares": trial_basket_shares(best)}
+    why = f"Chosen by the **{selection.rule}** rule: {selection.reason()}."
+    lowest = selection.best.trial_number
+    card = (
+        f"optuna-dashboard's *Best Trial* card shows trial {lowest}, the lowest objective: it reads neither the constraints "
+        "nor the selection rule."
+        if lowest != best.number
+        else "It is also the trial optuna-dashboard's *Best Trial* card shows (the lowest objective)."
+    )
+    optuna_dashboard.save_note(
+        study,
+        f"## Winner: trial {best.number}\n\n{describe_config(params, num_layers)}: {_figures(best)}.\n\n{why}\n\n{card}\n\n"
+        f"**Trials**: {describe_trials(study)}.\n",
+    )
+    save_trial_note(study, best, f"## Winner of study {study.study_name}\n\n{why}\n")
+    trials = study.get_trials(deepcopy=False)
+    if lowest != best.number:
+        save_trial_note(
+            study,
+            trials[lowest],
+            f"## Lowest objective, not the winner\n\nTrial {best.number} won: {selection.reason()}. A lower value within "
+            "that noise is as likely luck as merit, and the milder calibration over-corrects less elsewhere.\n",
+        )
+    for trial in trials:
+        if never_ran(trial) and trial.state.is_finished():
+            reason = trial.user_attrs.get(NOT_RUN_ATTR, "the study had its trials")
+            save_trial_note(
+                study,
+                trial,
+                f"## Not run\n\n{reason}. Optuna creates a trial before posfair can price or place it; it is recorded as "
+                "*Fail* with no values, and counted nowhere.\n",
+            )
 
 
 def budget_metrics(study: optuna.Study) -> dict[str, float]:
@@ -622,6 +668,30 @@ def budget_tags(study: optuna.Study) -> dict[str, str]:
         "posfair.budget": f"{budget.spec} ended the study: trial {end.trial} would have needed up to {end.needed:,} "
         f"layer-tokens, and {end.left:,} of the trials' {end.trial_allowance:,} were left"
     }
+
+
+def describe_trials(study: optuna.Study) -> str:
+    """The study's trials in one sentence, as the console, the parent run and optuna-dashboard all say it
+    (`TrialCounts`): what ran, then each trial Optuna created that never ran, and why."""
+    counts = trial_counts(study)
+    said = counts.sentence()
+    unrun = [t for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL, TrialState.PRUNED)) if never_ran(t)]
+    budget, end = study_budget(study), budget_end(study)
+    if budget and end is not None and budget_ended(study, budget.trial_allowance) and end.trial in {t.number for t in unrun}:
+        said += (
+            f"; trial {end.trial} was drawn but not run: it would have needed up to {end.needed:,} layer-tokens and "
+            f"{end.left:,} of the trials' {end.trial_allowance:,} were left"
+        )
+        unrun = [t for t in unrun if t.number != end.trial]
+    for trial in unrun:
+        said += f"; trial {trial.number} was not run: {trial.user_attrs.get(NOT_RUN_ATTR, 'the study had its trials')}"
+    return said
+
+
+def trial_metrics(study: optuna.Study) -> dict[str, float]:
+    """The study's `TrialCounts` as parent-run metrics (`trials/…`)."""
+    counts = trial_counts(study)
+    return {"trials/ran": float(counts.ran), **{f"trials/{k}": float(v) for k, v in counts.to_dict().items()}}
 
 
 def describe_objective(study: optuna.Study, best: optuna.trial.FrozenTrial, floor: float) -> str:
@@ -705,6 +775,11 @@ def study_conclusion(best: optuna.trial.FrozenTrial, rows: list[SummaryRow], num
         f"Winner: trial {best.number}, {describe_config(params, num_layers)}: {_figures(best)}; "
         f"chosen by the {selection.rule} rule: {selection.reason()}."
     )
+    return f"{first} {heldout_sentence(rows)}"
+
+
+def heldout_sentence(rows: list[SummaryRow]) -> str:
+    """The winner (the last row) against no calibration on each held-out set, in one sentence."""
     held = [
         f"{name} ΔHM {h.delta.hm.format()}, ΔPSI {h.delta.psi.format(scale=1, digits=3)}, ΔnDCG@10 {h.delta.ndcg10.format()}"
         if h.delta.hm and h.delta.psi
@@ -712,12 +787,20 @@ def study_conclusion(best: optuna.trial.FrozenTrial, rows: list[SummaryRow], num
         for name, h in rows[-1].heldout.items()
         if h.delta is not None
     ]
-    second = (
-        "Held out, against no calibration (95% paired-bootstrap intervals): " + "; ".join(held) + "."
-        if held
-        else "No held-out set was scored."
+    if not held:
+        return "No held-out set was scored."
+    return "Held out, against no calibration (95% paired-bootstrap intervals): " + "; ".join(held) + "."
+
+
+def version_description(winning: _Winning) -> str:
+    """The registered version's description: the study, the trial and its config, its held-out result, why it won,
+    and what the pyfunc takes (`tuner.tracking.registry.USAGE`)."""
+    best = winning.best
+    params = {**best.params, "layers": best.user_attrs.get("layers"), "basket_shares": trial_basket_shares(best)}
+    return (
+        f"Study {winning.study.study_name}, trial {best.number}: {describe_config(params, winning.model.num_layers)}. "
+        f"{heldout_sentence(winning.rows)} Chosen by the {winning.selection.rule} rule: {winning.selection.reason()}. {USAGE}"
     )
-    return f"{first} {second}"
 
 
 def heldout_markdown(rows: list[SummaryRow]) -> str:

@@ -93,6 +93,12 @@ class TrialObjective:
         encoded = [evaluator, *(s.evaluator for s in sides if s is not None and s.shares is None)]
         self.pricing = TrialPricing(encoded, space, self.profile)
         self.recorder = TrialRecorder(tracker, study_name, evaluator.model.num_layers, constraints, pareto)
+        self.said_after: dict[int, list[str]] = {}  # what a trial queued, said after its own line (`after`)
+
+    def after(self, number: int) -> list[str]:
+        """What trial `number` queued for the next trials (`tuner.tuning.bisection`), in words, once: the trial loop
+        says it after the trial's own line, which Optuna's callbacks print once the trial is told."""
+        return self.said_after.pop(number, [])
 
     def __call__(self, trial: optuna.Trial) -> float | tuple[float, float]:
         """Draw a config; a repeat of one the study ran tells its values, anything else is scored and logged."""
@@ -157,4 +163,5 @@ class TrialObjective:
             best = best_objective(trial.study)
             step, worst = self.space.strength_step, scored.robust.objective
             limits = self.yardstick.limits(scored.robust)
-            queue_next(trial.study, trial, constraints, complete, step, worst, best, scored.robust.drifts(), limits)
+            said = self.said_after.setdefault(trial.number, []).append
+            queue_next(trial.study, trial, constraints, complete, step, worst, best, scored.robust.drifts(), limits, say=said)

@@ -89,3 +89,14 @@ def tpe_startup_trials(sampler: optuna.samplers.TPESampler) -> int:
     """The trials a TPE sampler draws at random before its model (`n_startup_trials`): the cost-cooled sampler
     weighs its own start-up draws by cost until then, and `TPESampler` keeps the number private."""
     return sampler._n_startup_trials
+
+
+def save_trial_note(study: optuna.Study, trial: FrozenTrial, body: str) -> None:
+    """optuna-dashboard's note (Markdown) on a finished trial. Its public `optuna_dashboard.save_note` takes a running
+    `optuna.Trial`, which a finished trial has no more; a note is study system attributes either way, written here by
+    the function `save_note` itself calls, which optuna-dashboard keeps private."""
+    from optuna_dashboard._note import note_ver_key, save_note_with_version
+
+    number = trial_id(trial)
+    version = int(study_system_attrs(study).get(note_ver_key(number), 0)) + 1
+    save_note_with_version(storage_of(study), study._study_id, number, version, body)

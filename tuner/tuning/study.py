@@ -36,12 +36,14 @@ from tuner.common.files import sqlite_file
 from tuner.common.options import HEARTBEAT_SECONDS, SAMPLERS
 from tuner.common.trials import (
     DUPLICATE_ATTR,
-    SURPLUS_ATTR,
+    NOT_RUN_ATTR,
+    NotRun,
     ScreenFigures,
     complete_trials,
     constraints_of,
     counted,
     finished,
+    never_ran,
     objective_resamples,
 )
 from tuner.tuning.bisection import withdraw_queued
@@ -432,7 +434,7 @@ class _TrialLoop:
             study.stop()
 
     def reserved(self, trial: optuna.Trial) -> float | Sequence[float]:
-        """Own the trial, prune it if it is surplus (`_surplus_reason`), else run the objective. A write the study
+        """Own the trial, leave it unrun if it is surplus (`_surplus_reason`, `NotRun`), else run the objective. A write the study
         database refused for want of space or a lock ends the study (`stop_on_a_failing_store`): every later
         trial would fail the same way."""
         self.current[:] = [trial]
@@ -440,8 +442,8 @@ class _TrialLoop:
             trial.set_user_attr(OWNER_ATTR, {**_owner(), "trial": trial.number})
             reason = _surplus_reason(self.study, trial, self.n_complete)
             if reason is not None:
-                trial.set_user_attr(SURPLUS_ATTR, True)
-                raise optuna.TrialPruned(reason)
+                trial.set_user_attr(NOT_RUN_ATTR, reason)
+                raise NotRun(reason)
             return self.objective(trial)
         except Exception as error:
             if machine_fault(error):
@@ -453,7 +455,7 @@ class _TrialLoop:
             raise self.failing_store[0]
 
     def stop_on_too_many_failures(self, study: optuna.Study, trial: FrozenTrial) -> None:
-        if trial.state == TrialState.FAIL:
+        if trial.state == TrialState.FAIL and not never_ran(trial):
             self.failed_here.append(trial.number)
             if self.too_many_failures:
                 log.error("%d trials of this run failed; stopping the study", len(self.failed_here))
@@ -461,7 +463,7 @@ class _TrialLoop:
 
 
 def _surplus_reason(study: optuna.Study, trial: optuna.Trial, n_complete: int) -> str | None:
-    """Why `trial`, just started, must not run (the reason it is pruned with), or None to run it.
+    """Why `trial`, just started, must not run (the reason it is not run for, `NotRun`), or None to run it.
 
     It is surplus when the trials before it already count `n_complete` (a worker that lost the race for the
     last slot), or when it is a queued trial whose fixed parameters an earlier trial, neither failed nor
@@ -507,7 +509,7 @@ def _abort(study: optuna.Study, trial: optuna.Trial) -> int | None:
     except optuna.exceptions.UpdateFinishedTrialError:
         pass
     frozen = stored_trial(study, trial)
-    if frozen.state != TrialState.FAIL or frozen.user_attrs.get(SURPLUS_ATTR):
+    if frozen.state != TrialState.FAIL or never_ran(frozen):
         return None
     _requeue(study, [frozen])
     return trial.number

@@ -14,7 +14,7 @@ import optuna
 
 from tuner.calibration import CalibrationConfig
 from tuner.common.budget import BudgetEnd, store_budget_end
-from tuner.common.trials import RESERVED_ATTR, SURPLUS_ATTR, calibration_key, trials_spent
+from tuner.common.trials import NOT_RUN_ATTR, RESERVED_ATTR, NotRun, calibration_key, trials_spent
 from tuner.engine.models import LoadedModel
 from tuner.evaluation.evaluator import Evaluator
 from tuner.tuning.search_space import SearchSpace, config_of, grid_points
@@ -67,8 +67,8 @@ class TrialPricing:
 
     def reserve(self, trial: optuna.Trial, config: CalibrationConfig) -> None:
         """Reserve what the trial may spend, or end the study here when the allowance has no room for it: the
-        trial is then pruned unrun (surplus: not counted, no MLflow run) and no trial starts after it. Every
-        trial that starts can thus finish; the references (the baseline, the paper default) always run."""
+        trial is then not run (`NotRun`: not counted, no MLflow run) and no trial starts after it. Every trial that
+        starts can thus finish; the references (the baseline, the paper default) always run."""
         assert self.allowance is not None
         study, needed = trial.study, self.trial_cost(config)
         spent = trials_spent(study, excluding=trial.number)
@@ -76,11 +76,11 @@ class TrialPricing:
             trial.set_user_attr(RESERVED_ATTR, needed)
             return
         store_budget_end(study, BudgetEnd(trial.number, self.allowance, spent, needed))
-        trial.set_user_attr(SURPLUS_ATTR, True)
         reason = (
             f"the budget is spent: trial {trial.number} would need up to {needed:,} layer-tokens and "
             f"{max(self.allowance - spent, 0):,} of the trials' {self.allowance:,} are left"
         )
         log.info("%s; no more trials start", reason)
         trial.set_user_attr("feasible", f"NO: not run, {reason}")
-        raise optuna.TrialPruned(reason)
+        trial.set_user_attr(NOT_RUN_ATTR, reason)
+        raise NotRun(reason)

@@ -120,9 +120,8 @@ class TrialRecorder:
         when it was pruned for a constraint) and the rung and reason, in Optuna and in MLflow.
 
         Nothing of it stands where a complete trial's result does: Optuna gets no intermediate value (so the trial
-        has no value, `store_complete`), and MLflow gets its figures per structure scored (`structure/NAME/...`,
-        complete for that structure) and what spans the structures under `pruned/` (its worst case so far is a lower
-        bound, its constraint margins so far upper bounds), never under the complete trials' names."""
+        has no value, `store_complete`), and MLflow gets everything it measured under `pruned/` (`pruned_metrics`),
+        never under the complete trials' names."""
         set_constraints(trial, constraints)
         pruned = PrunedAt.of_trial(trial)
         assert pruned is not None  # recorded as the trial stopped (`TrialScoring.score`)
@@ -235,8 +234,7 @@ def complete_metrics(scored: Scored, constraints: dict[str, float], hm_floor: fl
         metrics["general_ndcg10_delta"] = general_delta
     if scored.screen is not None:
         metrics.update(screen_metrics(scored.screen))
-    if scored.crops is not None:
-        metrics.update(crops_psi=scored.crops.psi or 0.0, crops_hm=scored.crops.hm or 0.0, crops_ndcg10=scored.crops.ndcg10)
+    # the crops (what --max-crops-psi reads) are one of the structures: their figures are `structure/NAME/...`, once
     metrics["cost/layer_tokens"] = float(scored.layer_tokens)
     # the run list's columns first: MLflow keeps a run's metrics in the order logged, and its compare view plots
     # the first one the runs share unless told otherwise
@@ -245,14 +243,17 @@ def complete_metrics(scored: Scored, constraints: dict[str, float], hm_floor: fl
 
 
 def pruned_metrics(scored: Scored, constraints: dict[str, float], rung: int) -> dict[str, float]:
-    """What a trial pruned at `rung` logs: its figures per structure scored (the pool's, under their own names,
-    when it stopped on the screen), and what spans the structures and its constraint margins so far under `pruned/`."""
+    """What a trial pruned at `rung` logs, all under `pruned/` but its cost: its figures per structure scored
+    (`pruned/structure/NAME/...`, complete for that structure; the pool's when it stopped on the screen), what spans
+    the structures and its constraint margins so far. No figure shares a name with a complete trial's: MLflow's compare
+    view colours the runs by the first metric they share, and the structure a pruned trial over-flattened would rank
+    it above the winner there (the cost is what they share)."""
     metrics: dict[str, float] = {}
     if scored.on_screen and scored.evidence is not None:  # the pool's figures are not the tuning split's
-        metrics = screen_metrics(scored.evidence)
+        metrics = {f"pruned/{k}": v for k, v in screen_metrics(scored.evidence).items()}
     else:
         for name, row in scored.robust.per_structure().items():
-            metrics.update({f"structure/{name}/{k}": v for k, v in row.items()})
+            metrics.update({f"pruned/structure/{name}/{k}": v for k, v in row.items()})
         metrics["pruned/worst_psi_of_the_structures_scored"] = scored.robust.objective
     metrics |= {f"pruned/constraint_{name}": value for name, value in constraints.items()}  # the margins so far, named apart
     return metrics | {"cost/layer_tokens": float(scored.layer_tokens), "pruned/at_rung": float(rung)}

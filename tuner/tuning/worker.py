@@ -31,18 +31,18 @@ from objectives.constraint import describe_rule
 from tuner.common.budget import StudyBudget, await_priced, describe_budget, price_budget, store_study_budget, study_budget
 from tuner.common.messages import UserError, first_line
 from tuner.common.scratch import scratch_dir
-from tuner.common.trials import DUPLICATE_ATTR, SETUP_COST_ATTR, SURPLUS_ATTR, PrunedAt, finished
+from tuner.common.trials import DUPLICATE_ATTR, SETUP_COST_ATTR, NotRun, PrunedAt, finished, never_ran
 from tuner.data import PositionalDataset
 from tuner.engine.models import LoadedModel
 from tuner.evaluation.evaluator import Evaluator
 from tuner.evaluation.pools import SCREEN_SHARE, pool
-from tuner.tracking.progress import StudyProgress
+from tuner.tracking.progress import Phase, StudyProgress
 from tuner.tracking.runs import describe_config, local_store
 from tuner.tuning.objective import TrialObjective
 from tuner.tuning.search_space import PAPER_GRID, trial_basket_shares
-from tuner.tuning.session import FLOOR_ATTR, Session, prepare
+from tuner.tuning.session import FLOOR_ATTR, Session, await_floor, prepare
 from tuner.tuning.settings import TuneSettings, local_worker_identity, process_identity, worker_devices
-from tuner.tuning.storage import make_storage, storage_error, storage_file
+from tuner.tuning.storage import storage_error, storage_file
 from tuner.tuning.study import OWNER_ATTR, WINNER_ATTR, Terminated, TrialsEnd, fail_dead_trials, run_trials, winner
 from tuner.tuning.trial_scoring import SideSet
 
@@ -53,7 +53,7 @@ def run_as_worker(session: Session) -> None:
     """Run trials of a study another `tune` coordinates, once it has stored the HM floor."""
     settings = session.settings
     workers = start_workers(settings, settings.workers - 1)
-    floor = _floor_set_by_coordinator(session.name, session.storage, settings.heartbeat)
+    floor = await_floor(session.study, settings)
     run_session_trials(session, floor, workers)
 
 
@@ -116,7 +116,7 @@ def _start_parent_run(session: Session, constraints: Constraints, budget: StudyB
 
 def _objective(session: Session, constraints: Constraints, staging: Path) -> TrialObjective:
     """The trial objective of this process, its side sets' baselines measured."""
-    settings, model, evaluator, tuning = session.settings, session.model, session.evaluator, session.tuning
+    settings, model, evaluator = session.settings, session.model, session.evaluator
     return TrialObjective(
         evaluator,
         session.space,
@@ -126,12 +126,7 @@ def _objective(session: Session, constraints: Constraints, staging: Path) -> Tri
         staging,
         pareto=settings.pareto,
         general=_side_set(model, settings, session.general, cache_budget=0),  # short documents
-        structures=[
-            SideSet(_evaluator(model, settings, s, prefix_layers=evaluator.cache.prefix_layers, cache_budget=settings.cache_budget))
-            if s.corpus != tuning.corpus
-            else SideSet(_evaluator(model, settings, s, cache_budget=0), shares=evaluator)
-            for s in session.structures
-        ],
+        structures=_structure_sides(session),
         screen=_screen(session),
         profile_docs=settings.profile_docs,
         selection=settings.selection,
@@ -139,6 +134,24 @@ def _objective(session: Session, constraints: Constraints, staging: Path) -> Tri
         bisect=settings.bisect,
         repeat_limit=settings.trials,
     )
+
+
+def _structure_sides(session: Session) -> list[SideSet]:
+    """The tuning structures as rungs of every trial, each with its uncalibrated baseline measured here. A structure
+    over a corpus of its own (crops, openings, packed passages) is encoded for it, which can take as long as a trial:
+    a phase of its own, said as it starts and ends. One over the tuning corpus (a length half) encodes nothing."""
+    settings, model, evaluator, tuning = session.settings, session.model, session.evaluator, session.tuning
+    own = [s for s in session.structures if s.corpus != tuning.corpus]
+    sides = []
+    for structure in session.structures:
+        if structure.corpus == tuning.corpus:
+            sides.append(SideSet(_evaluator(model, settings, structure, cache_budget=0), shares=evaluator))
+            continue
+        number = next(i for i, s in enumerate(own, 1) if s is structure)
+        with Phase(f"structure {number}/{len(own)}: encoding {structure.name} uncalibrated ({len(structure.corpus)} passages)"):
+            prefix, budget = evaluator.cache.prefix_layers, settings.cache_budget
+            sides.append(SideSet(_evaluator(model, settings, structure, prefix_layers=prefix, cache_budget=budget)))
+    return sides
 
 
 def _trial_allowance(session: Session, objective: TrialObjective, budget: StudyBudget | None) -> int | None:
@@ -169,7 +182,7 @@ def _run_with_progress(session: Session, objective: TrialObjective, allowance: i
                 objective,
                 settings.trials,
                 [
-                    partial(_log_trial, progress=progress, num_layers=session.model.num_layers),
+                    partial(_log_trial, progress=progress, num_layers=session.model.num_layers, after=objective.after),
                     lambda s, trial: _require_stores(stores, trial.number),
                 ],
                 allowance=allowance,
@@ -270,16 +283,6 @@ def _stop_short(ended: TrialsEnd, session: Session) -> NoReturn:
             "KILLED" if signalled else "FAILED",
         )
     raise StoppedEarlyError(message, ended.stopped or "failures")
-
-
-def _floor_set_by_coordinator(name: str, storage: str, heartbeat: int, timeout: float = 3600.0) -> float:
-    """A worker waits until the coordinating `tune` has measured the baseline and stored the floor."""
-    deadline = time.monotonic() + timeout
-    while FLOOR_ATTR not in (attrs := optuna.load_study(study_name=name, storage=make_storage(storage, heartbeat)).user_attrs):
-        if time.monotonic() > deadline:
-            raise UserError(f"no coordinator set the HM floor of study {name!r}; start `tune` without --worker first")
-        time.sleep(2)
-    return float(attrs[FLOOR_ATTR])
 
 
 def watch_workers(workers: list[multiprocessing.process.BaseProcess], study: optuna.Study) -> Callable[[], None]:
@@ -408,15 +411,25 @@ def _not_a_lost_store(record: logging.LogRecord) -> bool:
 def _no_traceback_for_the_environment(record: logging.LogRecord) -> bool:
     """Optuna logs a failed trial's traceback. A stop (Ctrl-C, SIGTERM) or a file or database that went away
     under the run is not a bug: its one line (with the error) is enough, and posfair says the cause and the fix.
-    Any other error keeps its traceback."""
+    A trial that was never run (`NotRun`, recorded FAIL) did not fail: posfair says why it did not run, and Optuna's
+    line is dropped. Any other error keeps its traceback."""
+    if record.exc_info and isinstance(record.exc_info[1], NotRun):
+        return False
     if record.exc_info and (isinstance(record.exc_info[1], KeyboardInterrupt) or _environment_lost(record.exc_info[1])):
         record.exc_info = None
     return True
 
 
-def _log_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial, progress: StudyProgress, num_layers: int | None = None) -> None:
-    """One readable line per finished trial, under Optuna's number, with its config (pruned or not), then the study's
-    progress (trials done of --trials, best so far, elapsed, ETA)."""
+def _log_trial(
+    study: optuna.Study,
+    trial: optuna.trial.FrozenTrial,
+    progress: StudyProgress,
+    num_layers: int | None = None,
+    after: Callable[[int], list[str]] = lambda number: [],
+) -> None:
+    """One readable line per finished trial, under Optuna's number, with its config (pruned or not), then what it
+    queued (`after`: the objective's lines of it) and the study's progress (trials done of --trials, best so far,
+    elapsed, ETA)."""
     attrs = trial.user_attrs
     params = {**trial.params, "layers": attrs.get("layers"), "basket_shares": trial_basket_shares(trial)}
     config = describe_config(params, num_layers)
@@ -451,10 +464,12 @@ def _log_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial, progress: S
             config,
             seconds,
         )
-    elif attrs.get(SURPLUS_ATTR):
+    elif never_ran(trial):
         return
     else:
         log.warning("trial %d %s: %s · %s", trial.number, trial.state.name, attrs.get("failure_reason", "interrupted"), config)
+    for line in after(trial.number):
+        log.info("%s", line)
     done = min(len(finished(study)), progress.total)
     log.info("after trial %d: %d of %d trials done · %s", trial.number, done, progress.total, progress.status(study))
 
