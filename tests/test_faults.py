@@ -22,6 +22,8 @@ from tests.test_accounting import BACKENDS, COMPLETE, FAIL, WAITING, catch_runni
 from tests.test_study import write_dataset
 from tests.test_workers import command, done, finished_trial_numbers, polled, study_backend, trial_runs
 from tuner.tracking.registry import registered_name
+from tuner.tuning.storage import sqlite_wait
+from tuner.tuning.study import stop_grace
 
 
 @pytest.fixture(scope="module")
@@ -373,3 +375,19 @@ def test_a_local_worker_that_dies_is_reported_with_its_signal_and_its_trial_reru
     else:
         assert "local worker" not in caplog.text
         assert study.get_trials(deepcopy=False)[trial.number].state == optuna.trial.TrialState.RUNNING
+
+
+@pytest.mark.parametrize(
+    ("read", "variable", "default", "least"),
+    [(sqlite_wait, "POSFAIR_SQLITE_WAIT", 60.0, 0.1), (stop_grace, "POSFAIR_STOP_GRACE", 20.0, 0.0)],  # docs/faults.md
+)
+def test_a_wait_set_in_the_environment_is_read_in_seconds_and_a_bad_one_said(
+    read, variable: str, default: float, least: float, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    for text, seconds in (("2.5", 2.5), ("-3", least), ("", default)):
+        monkeypatch.setenv(variable, text)
+        assert read() == seconds, text
+    monkeypatch.setenv(variable, "soon")
+    with caplog.at_level(logging.WARNING):
+        assert read() == default
+    assert f"{variable}='soon' is not a number of seconds; using {default:g}" in caplog.text

@@ -6,7 +6,9 @@ without loading torch, transformers, MLflow or Optuna (tests/test_cli_speed.py c
 
 from __future__ import annotations
 
+import logging
 import math
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -216,3 +218,14 @@ def _array_index(environ: Mapping[str, str], variable: str) -> int:
     if not text.isdigit():
         raise ValueError(f"--job-array: {variable}={text[:40]!r} is not a task index (a whole number from 0)")
     return int(text)
+
+
+def env_seconds(variable: str, default: float, least: float = 0.0) -> float:
+    """Seconds from the environment variable `variable` (at least `least`), else `default`: a setting a scheduler's
+    script sets for every process. A value that is not a number is said in the log, and `default` used."""
+    text = os.environ.get(variable, "")
+    try:
+        return max(least, float(text)) if text else default
+    except ValueError:
+        logging.getLogger(__name__).warning("%s=%r is not a number of seconds; using %g", variable, text, default)
+        return default

@@ -34,7 +34,7 @@ from optuna.trial import TrialState
 
 from tuner.common.files import OPTUNA_DB, sqlite_file
 from tuner.common.messages import UserError, causes, database_locked, disk_full, first_line, root_cause
-from tuner.common.options import HEARTBEAT_SECONDS
+from tuner.common.options import HEARTBEAT_SECONDS, env_seconds
 from tuner.common.stores import OPTUNA, require_own_database
 from tuner.tuning.optuna_access import HeartbeatStorage, trial_id
 
@@ -63,12 +63,7 @@ class StoreFullError(UserError, RuntimeError):
 
 def sqlite_wait() -> float:
     """Seconds to wait for another process's lock on a SQLite study database (`POSFAIR_SQLITE_WAIT`, else 60)."""
-    text = os.environ.get("POSFAIR_SQLITE_WAIT", "")
-    try:
-        return max(0.1, float(text)) if text else SQLITE_WAIT_SECONDS
-    except ValueError:
-        log.warning("POSFAIR_SQLITE_WAIT=%r is not a number of seconds; using %g", text, SQLITE_WAIT_SECONDS)
-        return SQLITE_WAIT_SECONDS
+    return env_seconds("POSFAIR_SQLITE_WAIT", SQLITE_WAIT_SECONDS, least=0.1)
 
 
 def storage_error(error: BaseException, url: str) -> UserError | None:

@@ -33,7 +33,7 @@ from objectives.constraint import describe_aim
 from objectives.selection import chosen
 from tuner.common.budget import budget_ended
 from tuner.common.files import sqlite_file
-from tuner.common.options import HEARTBEAT_SECONDS, SAMPLERS
+from tuner.common.options import HEARTBEAT_SECONDS, SAMPLERS, env_seconds
 from tuner.common.trials import (
     DUPLICATE_ATTR,
     NOT_RUN_ATTR,
@@ -531,12 +531,7 @@ class Terminated(KeyboardInterrupt):
 
 def stop_grace() -> float:
     """The grace period after SIGTERM, in seconds (`POSFAIR_STOP_GRACE`, else `STOP_GRACE_SECONDS`)."""
-    text = os.environ.get("POSFAIR_STOP_GRACE", "")
-    try:
-        return max(0.0, float(text)) if text else STOP_GRACE_SECONDS
-    except ValueError:
-        log.warning("POSFAIR_STOP_GRACE=%r is not a number of seconds; using %g", text, STOP_GRACE_SECONDS)
-        return STOP_GRACE_SECONDS
+    return env_seconds("POSFAIR_STOP_GRACE", STOP_GRACE_SECONDS)
 
 
 DATABASE_MODULES = ("sqlalchemy", "psycopg", "psycopg2", "pymysql", "sqlite3", "alembic", "optuna.storages")
