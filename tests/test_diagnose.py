@@ -102,7 +102,7 @@ def test_hm_and_psi_come_with_their_intervals_over_the_same_resamples() -> None:
 @pytest.mark.parametrize(
     ("gap", "lean", "words"),
     [
-        (Interval(-0.1889, -0.2210, -0.1560), "beginning", "favours the beginning of a passage by 18.89 points [15.60, 22.10]"),
+        (Interval(-0.1889, -0.2210, -0.1560), "beginning", "the beginning of a passage by 18.89 points [15.60, 22.10]"),
         (Interval(0.0412, 0.0101, 0.0733), "end", "m favours the end of a passage by 4.12 points [1.01, 7.33]"),
         (Interval(-0.0150, -0.0390, 0.0080), "level", "end − begin -1.50 points [-3.90, +0.80]"),
         # as printed, to two decimals of a point: an interval whose end shows as 0.00 holds 0
@@ -206,7 +206,11 @@ def test_diagnose_says_level_within_noise_where_the_interval_holds_zero(tiny_mod
     assert "calibration is unlikely to help" in output and "calibration is indicated" not in output
 
 
-def test_diagnose_never_writes_its_json_over_an_input(tiny_model: Path, here: Path) -> None:
+def test_diagnose_writes_its_json_over_no_input_and_no_file_of_another_kind(tiny_model: Path, here: Path) -> None:
     write_set(here / "level", "level")
     output = diagnose(tiny_model, here / "level", "--json", str(here / "level" / "queries.jsonl"), "--force", expect=2)
     assert "an input of this command" in output and "end − begin" not in output, "refused before any work"
+    (here / "notes.json").write_text('{"model": "mine"}', encoding="utf-8")
+    output = diagnose(tiny_model, here / "level", "--json", str(here / "notes.json"), expect=2)
+    assert "is not a `tune diagnose --json` file posfair wrote" in output and "--force" in output
+    assert (here / "notes.json").read_text(encoding="utf-8") == '{"model": "mine"}'
