@@ -9,7 +9,9 @@ tree (the sum over its processes, sampled every half second); what the run leave
 `.venv/`; and what it printed. Kept from the study: the held-out table of every set (no calibration, the paper
 default and the winner, with their 95% paired-bootstrap intervals: the run's `summary.json` artifact), the
 trials it ran and the budget that ended it, and the path of the exported YAML. The README's prerequisites,
-example output and results table, and the documentation's default-run tables, are rendered from this record.
+example output and results table, and the documentation's default-run tables, are rendered from this record, and
+the site's pictures of the run (docs/screenshots.py: the screenshots where a browser is installed, the parent run's
+figures always) are written into docs/ from the same clone, their digests kept here.
 """
 
 from __future__ import annotations
@@ -116,6 +118,23 @@ def exported_path(stderr: str) -> str:
     raise RuntimeError("the run printed no exported config")
 
 
+CHROMIUM = Path(os.environ.get("CHROMIUM", "/usr/lib/chromium/chromium"))
+
+
+def site_pictures(clone: Path) -> dict[str, str]:
+    """The site's pictures of this run, written into docs/ by docs/screenshots.py: every screenshot where Playwright
+    and a Chromium are installed, else the parent run's pareto.png and heldout.png alone; their SHA-256 by name."""
+    import importlib.util
+    import json
+
+    browser = importlib.util.find_spec("playwright") is not None and CHROMIUM.exists()
+    with tempfile.TemporaryDirectory(prefix="posfair-pictures-") as folder:
+        written = Path(folder) / "pictures.json"
+        command = [sys.executable, str(REPOSITORY / "docs" / "screenshots.py"), "--project", str(clone), "--record", str(written)]
+        subprocess.run([*command, *([] if browser else ["--figures-only"])], cwd=REPOSITORY, check=True)
+        return json.loads(written.read_text(encoding="utf-8"))
+
+
 def measure(clone: Path) -> dict[str, Any]:
     """Clone, set up and tune as the README says; everything the documentation shows of a first run."""
     import json
@@ -130,6 +149,7 @@ def measure(clone: Path) -> dict[str, Any]:
     if tune["returncode"] != 0:
         raise RuntimeError(f"make tune failed:\n{tune['stderr'][-3000:]}")
     summaries = sorted((clone / "mlruns").rglob("summary.json"))
+    pictures = site_pictures(clone)
     return {
         "setup_seconds": setup["seconds"],
         "tune_seconds": tune["seconds"],
@@ -139,6 +159,7 @@ def measure(clone: Path) -> dict[str, Any]:
         "export": exported_path(tune["stderr"]),
         "study": study_facts(f"sqlite:///{clone / 'mlruns' / 'optuna.db'}"),
         "summary": json.loads(summaries[0].read_text(encoding="utf-8")),
+        "pictures": pictures,
         "stdout": tune["stdout"],
         "stderr_tail": tune["stderr"].splitlines()[-40:],
     }

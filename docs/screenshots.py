@@ -3,6 +3,10 @@
     python docs/screenshots.py                 # plain `tune` in a fresh folder, then shoot
     python docs/screenshots.py --project DIR   # shoot an existing project (a folder holding mlruns/)
 
+`python -m benchmarks.first_tune` runs it on the fresh clone whose run the README describes, so every picture on the
+site is that run's (`--figures-only` where no browser is installed: the parent run's pareto.png and heldout.png) and
+its record keeps each picture's digest (`--record`), which the suite checks against docs/*.png.
+
 MLflow: the run list (`tune ui`'s link), the study's parent run, the winner's run, a pruned trial's run, the compare
 view of the complete trials, the registered model; optuna-dashboard: the study page (history), the trial list and a
 pruned trial. What each shows is tested against the stores in the suite (docs/tracking.md says where).
@@ -17,6 +21,7 @@ gets its columns from the view `tune ui`'s link opens (an experiment tag posfair
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import socket
@@ -66,6 +71,34 @@ def serving(command: list[str], cwd: Path, health: str, log: Path) -> Iterator[s
 def tune_fresh(folder: Path) -> None:
     """The default run the screenshots show: plain `tune` (MiniLM on WikiPos-dev, its budget, the four held-out sets)."""
     subprocess.run([sys.executable, "-m", "tuner.cli"], cwd=folder, check=True)
+
+
+SCREENSHOTS = (
+    "mlflow-runs.png",
+    "mlflow-parent-run.png",
+    "mlflow-trial.png",
+    "mlflow-pruned-trial.png",
+    "mlflow-compare.png",
+    "mlflow-registered-model.png",
+    "optuna-dashboard.png",
+    "optuna-dashboard-trials.png",
+    "optuna-dashboard-pruned-trial.png",
+)
+FIGURES = ("pareto.png", "heldout.png")  # the parent run's own, copied as logged
+
+
+def digest(path: Path) -> str:
+    """A picture's SHA-256, as the first-tune record keeps it."""
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def copy_figures(project: Path) -> None:
+    """The parent run's pareto.png and heldout.png, as logged, to docs/ (no browser needed)."""
+    storage = f"sqlite:///{project / 'mlruns' / 'optuna.db'}"
+    (name,) = [n for n in optuna.get_all_study_names(storage) if "~" not in n]
+    copy_scatter(project, parent_run(project, name))
 
 
 def shoot(project: Path) -> None:
@@ -215,12 +248,20 @@ def dashboard_pages(page: object, base: str, study: optuna.Study) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--project", type=Path, help="a folder holding mlruns/ (default: tune one in a fresh folder)")
+    parser.add_argument("--figures-only", action="store_true", help="only copy the parent run's pareto.png and heldout.png")
+    parser.add_argument("--record", type=Path, help="write {picture: SHA-256} of every picture written here, as JSON")
     args = parser.parse_args()
     project = args.project
     if project is None:
         project = Path(tempfile.mkdtemp(prefix="posfair-screenshots-"))
         tune_fresh(project)
-    shoot(project.resolve())
+    if args.figures_only:
+        copy_figures(project.resolve())
+    else:
+        shoot(project.resolve())
+    if args.record is not None:
+        written = FIGURES if args.figures_only else (*SCREENSHOTS, *FIGURES)
+        args.record.write_text(json.dumps({name: digest(DOCS / name) for name in written}, indent=1), encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -318,7 +318,7 @@ def run(
     heldout: Annotated[
         str | None,
         typer.Option(
-            help="Held-out benchmark(s) for the final report, comma-separated; 'auto': WikiPos-test and the WikiPos transfer sets for WikiPos-dev, FineWeb-PosQ's held-out part for FineWeb-PosQ, none for other sets; 'none' for none."
+            help="Held-out benchmark(s) for the final report, comma-separated; 'auto': WikiPos-test and the WikiPos transfer sets for WikiPos-dev, squad-test for squad-tune, FineWeb-PosQ's held-out part for FineWeb-PosQ, none for other sets; 'none' for none."
         ),
     ] = "auto",
     general: Annotated[

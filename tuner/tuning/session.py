@@ -70,7 +70,9 @@ def check_available(settings: TuneSettings) -> None:
 
 
 WIKIPOS_HELDOUT = ("wikipos-test", *(f"wikipos-{split}" for split in TRANSFER_SPLITS))
-"""What `--heldout auto` checks a WikiPos-dev winner on: the test split and the transfer sets."""
+AUTO_HELDOUT: dict[str, tuple[str, ...]] = {"wikipos-dev": WIKIPOS_HELDOUT, "squad-tune": ("squad-test",)}
+"""What `--heldout auto` checks a winner on, by tuning set: WikiPos-dev's test split and transfer sets; the natural
+SQuAD set's held-out articles (FineWeb-PosQ holds its own part out: `split_datasets`)."""
 
 
 def tuning_dataset(settings: TuneSettings) -> str:
@@ -88,7 +90,7 @@ def split_datasets(settings: TuneSettings) -> tuple[PositionalDataset, list[Posi
         heldout = [load_benchmark(name, part="heldout")] if settings.heldout == "auto" else []
     else:
         tuning = load_benchmark(name)
-        heldout = [load_benchmark(h) for h in WIKIPOS_HELDOUT] if settings.heldout == "auto" and name == "wikipos-dev" else []
+        heldout = [load_benchmark(h) for h in AUTO_HELDOUT.get(name, ())] if settings.heldout == "auto" else []
     if settings.heldout not in (None, "auto"):
         heldout = [load_benchmark(h.strip()) for h in settings.heldout.split(",") if h.strip()]
     return tuning, heldout
