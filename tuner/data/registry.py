@@ -13,6 +13,11 @@ from tuner.data.fineweb_posq import check_available as check_fineweb_posq
 from tuner.data.fineweb_posq import load_fineweb_posq
 from tuner.data.jsonl import CORPUS_FILE, QRELS_FILE, QUERIES_FILE, find_file, load_jsonl
 from tuner.data.posir import PosIRFolder, PosIRLayout, load_posir, posir_domains, read_posir
+from tuner.data.probe import load_probe
+from tuner.data.squad import NAMES as SQUAD_NAMES
+from tuner.data.squad import cached_path as squad_cached_path
+from tuner.data.squad import load_named as load_squad_named
+from tuner.data.squad import load_squad, squad_file
 from tuner.data.wikipos import GROUP_ORDER, SPLITS, STRUCTURE_RECORDS, THIRDS, load_wikipos, load_wikipos_structure, wikipos_folder
 
 Loader = Callable[..., PositionalDataset]
@@ -27,9 +32,11 @@ def _wikipos(split: str, /, **options: Any) -> PositionalDataset:
 
 BENCHMARKS: dict[str, Loader] = {
     **{f"wikipos-{split}": partial(_wikipos, split) for split in SPLITS},
+    **{name: partial(load_squad_named, name) for name in SQUAD_NAMES},
     "fineweb-posq": load_fineweb_posq,
 }
-"""Benchmarks reachable by name alone (FineWeb-PosQ from the Hub or its local cache): what a user names."""
+"""Benchmarks reachable by name alone (SQuAD's splits fetched on first use, FineWeb-PosQ from the Hub or its local
+cache): what a user names."""
 
 STRUCTURE_VIEWS: dict[str, Loader] = {
     f"wikipos-{split}-{kind}": partial(load_wikipos_structure, split, kind)
@@ -42,10 +49,29 @@ benchmark, since a study scores them itself beside the set they come from."""
 
 NAMED: dict[str, Loader] = {**BENCHMARKS, **STRUCTURE_VIEWS}
 
+
+def _probe(path: str | Path, /, **options: Any) -> PositionalDataset:
+    """`probe:PATH`: the probe built from the retrieval set in the JSONL or BEIR folder PATH (`tuner.data.probe`)."""
+    folder = Path(path)
+    kind = detect_format(folder) if folder.is_dir() else None
+    if kind not in PROBE_SOURCES:
+        raise ValueError(
+            f"probe:{path} takes a retrieval set to build a probe from: a JSONL folder (corpus.jsonl, "
+            "queries.jsonl with 'relevant', or qrels.tsv) or a BEIR folder (corpus.jsonl, queries.jsonl, "
+            "qrels/test.tsv)"
+        )
+    return load_probe(folder, partial(PREFIXED[kind], folder), dataset_files(str(folder)), **options)
+
+
+PROBE_SOURCES = ("jsonl", "beir")
+"""The formats a probe is built from (`_probe`)."""
+
 PREFIXED: dict[str, Loader] = {
     "posir": load_posir,
     "jsonl": load_jsonl,
     "beir": load_beir,
+    "squad": load_squad,
+    "probe": _probe,
     "fineweb-posq": load_fineweb_posq,
 }
 """Benchmarks read from a path: `prefix:PATH`."""
@@ -70,6 +96,8 @@ def dataset_files(name_or_path: str) -> list[Path]:
     may never replace one (`tuner.common.files`). The embedded WikiPos's folder; a path given; a dataset
     folder's files that the loaders read, so other files beside them (an export, mlruns/) stay writable."""
     if name_or_path in NAMED:
+        if name_or_path in SQUAD_NAMES:
+            return [squad_cached_path()]
         return [Path(str(wikipos_folder()))] if name_or_path.startswith("wikipos-") else []
     prefix, colon, path = name_or_path.partition(":")
     given = Path(path if colon and prefix in PREFIXED else name_or_path)
@@ -137,13 +165,16 @@ def length_halves(dataset: PositionalDataset) -> list[PositionalDataset]:
 
 
 def check_available(name_or_path: str) -> None:
-    """Raise at once if a benchmark that lives outside posfair (FineWeb-PosQ) cannot be had from here.
+    """Raise at once if a benchmark that lives outside posfair cannot be had from here: FineWeb-PosQ, and SQuAD's
+    splits (fetched here, on first use, so a run that cannot have them stops before any other work).
 
     The other benchmarks are embedded or read from a local path, and their loaders fail fast on their own.
     """
     prefix, colon, path = name_or_path.partition(":")
     if prefix == "fineweb-posq":
         check_fineweb_posq(path if colon else None)
+    if name_or_path in SQUAD_NAMES:
+        squad_file()
 
 
 def load_benchmark(name_or_path: str, **options: Any) -> PositionalDataset:
