@@ -182,7 +182,11 @@ OptionsFile = Annotated[
 ]
 Model = Annotated[str, typer.Option(help="Registry alias (minilm, bge-m3, qwen3-embedding-0.6b, ...) or a local folder.")]
 Dataset = Annotated[
-    str, typer.Option(help="wikipos-dev, wikipos-test, wikipos-general, fineweb-posq, or posir:PATH, jsonl:PATH, beir:PATH.")
+    str,
+    typer.Option(
+        help="wikipos-dev, wikipos-test, wikipos-general, squad-tune, squad-test, fineweb-posq, or posir:PATH, jsonl:PATH, "
+        "beir:PATH, squad:PATH (a file in SQuAD's format), probe:PATH (a probe built from a JSONL or BEIR folder)."
+    ),
 ]
 TrackingUri = Annotated[str | None, typer.Option(help="MLflow tracking server; default: a SQLite store under ./mlruns.")]
 Storage = Annotated[
