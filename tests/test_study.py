@@ -568,7 +568,7 @@ def test_each_trial_is_constrained_by_its_psi_on_the_crops_against_the_uncalibra
             **({"weight": trial.params["weight"]} if "weight" in trial.params else {}),
         )
         psi = evaluator.run(config).report.psi
-        assert trial.user_attrs["metrics"]["crops_psi"] == pytest.approx(psi, rel=1e-5)  # the attribute keeps 6 significant digits
+        assert trial.user_attrs["structures"]["tiny-crops"]["psi"] == pytest.approx(psi, rel=1e-5)  # the crops are a structure
         assert named_constraints(trial)["crops_psi"] == pytest.approx(psi - uncalibrated, abs=1e-9)
 
 
