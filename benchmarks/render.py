@@ -496,6 +496,73 @@ def drawn_digest(path: Path) -> str | None:
         return getattr(image, "text", {}).get("Description")  # a PNG's text chunks
 
 
+# ---------------------------------------------------------------- natural SQuAD and its probe (benchmarks.squad_card)
+
+
+def _counted(data: dict[str, Any]) -> str:
+    source = data["results"]["source"]
+    return (
+        f"Counted by `{data['command'].removeprefix('.venv/bin/')}` at commit `{data['commit'][:10]}` from "
+        f"`{source['member']}` of `{source['package']}` (SHA-256 `{source['sha256'][:12]}…`)."
+    )
+
+
+SPREAD = ("min", "median", "max")
+
+
+def _spread(low: float, middle: float, high: float) -> str:
+    return f"{low:,g} / {middle:,g} / {high:,g}"
+
+
+def squad_card(data: dict[str, Any]) -> str:
+    """The natural SQuAD splits, step by step (`tuner.data.squad.SquadCard`)."""
+    cards = data["results"]["splits"]
+    names = list(cards)
+    rows = [
+        ("articles", lambda c: f"{c['articles']}"),
+        ("paragraphs (left out: longer than a window)", lambda c: f"{c['paragraphs']:,} ({c['long_paragraphs']})"),
+        ("windows", lambda c: f"{c['windows']:,}"),
+        ("tokens per window, min / median / max", lambda c: _spread(*(c[f"tokens_{k}"] for k in SPREAD))),
+        ("questions", lambda c: f"{c['questions']:,}"),
+        ("− unanswerable", lambda c: f"{c['unanswerable']:,}"),
+        ("− in a paragraph left out", lambda c: f"{c['in_long_paragraphs']:,}"),
+        ("− answer not at its `answer_start`", lambda c: f"{c['misaligned']:,}"),
+        ("− ambiguous: the answer is in another window too", lambda c: f"{c['ambiguous']:,}"),
+        ("**questions kept**", lambda c: f"**{c['kept']:,}**"),
+        ("begin / middle / end", lambda c: " / ".join(f"{n:,}" for n in c["thirds"].values())),
+        ("fifths, first to last", lambda c: " / ".join(f"{n:,}" for n in c["fifths"].values())),
+    ]
+    lines = ["| | " + " | ".join(f"`{n}`" for n in names) + " |", "|---|" + "---:|" * len(names)]
+    lines += [f"| {label} | " + " | ".join(cell(cards[n]) for n in names) + " |" for label, cell in rows]
+    mpnet = data["results"]["mpnet_tokens_max"]
+    longest = ", ".join(f"`{n}` {mpnet[n]}" for n in names if mpnet.get(n) is not None)
+    fits = f" all-mpnet-base-v2's own tokenizer counts the longest window at {longest} tokens." if longest else ""
+    return "\n".join([*lines, "", f"Tokens are all-MiniLM-L6-v2's, [CLS] and [SEP] included;{fits} {_counted(data)}"])
+
+
+def squad_probe_card(data: dict[str, Any]) -> str:
+    """The probe built from SQuAD's paragraphs, step by step (`tuner.data.probe.ProbeCard`)."""
+    c = data["results"]["probe"]
+    source = "the retrieval set (`examples/squad/squad_to_beir.py`)"
+    rows = [
+        (source, f"{c['passages']:,} passages, {c['queries']:,} queries"),
+        (f"− queries whose passage is over {c['short_tokens']} tokens (⅓ of a window)", f"{c['long_relevant']:,}"),
+        ("− queries with more or fewer than one relevant passage", f"{c['several_relevant']:,}"),
+        ("− queries of passages kept back as distractors", f"{c['pooled']:,}"),
+        ("− queries of windows with no room for two distractors", f"{c['unpacked']:,}"),
+        ("**queries kept**", f"**{c['kept']:,}** in {c['asked_passages']:,} windows"),
+        ("begin / middle / end", " / ".join(f"{n:,}" for n in c["groups"].values())),
+        ("distractor passages to draw from", f"{c['pool_passages']:,}"),
+        ("distractors per window, min / median / max", _spread(*(c[f"distractors_{k}"] for k in SPREAD))),
+        ("tokens per window, min / median / max", _spread(*(c[f"tokens_{k}"] for k in SPREAD))),
+    ]
+    head = [f"| `{c['name']}` (seed {c['seed']}) | |", "|---|---:|"]
+    lines = [*head, *(f"| {label} | {value} |" for label, value in rows)]
+    mpnet = data["results"]["mpnet_tokens_max"].get("probe")
+    fits = "" if mpnet is None else f" all-mpnet-base-v2's own tokenizer counts the longest window at {mpnet} tokens."
+    return "\n".join([*lines, "", f"Tokens are all-MiniLM-L6-v2's, [CLS] and [SEP] included;{fits} {_counted(data)}"])
+
+
 FIGURES: dict[str, Figure] = {
     "prerequisites": Figure("first-tune", prerequisites),
     "results": Figure("first-tune", results),
@@ -510,6 +577,8 @@ FIGURES: dict[str, Figure] = {
     "minilm-studies": Figure("search-cost-minilm", studies),
     "samplers": Figure("search-cost-minilm", samplers),
     "rules-transfer": Figure("rules-transfer", rules_transfer),
+    "squad-card": Figure("squad-card", squad_card),
+    "squad-probe-card": Figure("squad-card", squad_probe_card),
     **{name: Figure(plot.source, plot_block(name)) for name, plot in PLOTS.items()},
 }
 

@@ -76,7 +76,9 @@ class ProbeCard:
     seed: int
     max_tokens: int
     tokenizer: str
+    passages: int  # in the source's corpus
     queries: int  # in the source
+    short_tokens: int  # the most an asked passage may have
     several_relevant: int
     long_relevant: int
     pooled: int
@@ -198,7 +200,9 @@ def build_probe(
         seed=options.seed,
         max_tokens=options.max_tokens,
         tokenizer=TOKENIZER if count_tokens is None else "given",
+        passages=len(source.corpus),
         queries=len(source.queries),
+        short_tokens=options.short,
         several_relevant=len(source.queries) - len(single),
         long_relevant=len(single) - len(short),
         pooled=sum(len(qs) for d, qs in by_passage.items() if d not in kept_asked),
