@@ -73,7 +73,7 @@ def assert_logged_apart(settings: TuneSettings, pruned: list[FrozenTrial], compl
 
 
 @pytest.fixture()
-def pruning_study(tiny_model_dir, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def pruning_study(tiny_model_dir, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture):
     """A tiny study with one extra structure (8 passages against the tuning passages' 12), scored first (a random
     model's bias decides no order worth testing here; the order has its own test), in which every non-reference
     trial is pruned at its first rung (the rule is the real one with a threshold nothing can beat)."""
@@ -82,6 +82,7 @@ def pruning_study(tiny_model_dir, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(tuner.tuning.trial_scoring, "corpus_rungs", lambda tuning, uncalibrated, structures: [*structures, None])
     monkeypatch.setattr(tuner.tuning.trial_scoring, "selection_threshold", lambda study, rule: -1.0)  # nothing can beat it
     settings = tiny_study(tiny_model_dir("bert"), write_dataset(tmp_path / "data"), tmp_path, "pruning")
+    caplog.set_level("INFO", logger="tuner")  # what the console says (a test reads the setup's records)
     return settings, tune(settings)
 
 
@@ -339,6 +340,15 @@ def test_the_drift_yardstick_is_the_paper_default_s_complete_trial_and_without_o
     with_reference = objective()
     with_reference.await_reference(study.ask())
     assert with_reference.reference == {"dev": 0.011, "dev-crops": 0.009}
+
+
+def test_a_structure_s_baseline_is_said_as_it_is_encoded(pruning_study, caplog: pytest.LogCaptureFixture) -> None:
+    """The other structures' baselines are encoded before the first trial, which takes as long as a trial: a line
+    says each as it starts and ends (there were only the batch-size lines)."""
+    said = [r.getMessage() for r in caplog.get_records("setup")]
+    start = "structure 1/1: encoding tiny-openings uncalibrated (8 passages)"
+    assert f"{start} ..." in said and any(line.startswith(f"{start}: done in ") for line in said), said[:20]
+    assert said.index(f"{start} ...") < next(i for i, line in enumerate(said) if line.startswith("trial 0"))
 
 
 def test_mlflow_s_compare_view_ranks_no_pruned_trial_by_a_partial_figure_and_plots_lambda(pruning_study) -> None:
