@@ -7,13 +7,16 @@ read-only is read from the mode bits, so the suite (which runs as root here) see
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 import sqlite3
 import stat
 from pathlib import Path
 
 import numpy as np
+import optuna
 import pytest
 from typer.testing import CliRunner
 
@@ -21,7 +24,7 @@ from tests.conftest import TinyExport
 from tests.test_study import write_dataset
 from tests.tiny import tiny_tune_options
 from tuner.cli.app import app
-from tuner.common.files import EXPORTED_CONFIG, OutputRefusedError, check_output, write_atomically
+from tuner.common.files import EXPORTED_CONFIG, VECTORS, OutputRefusedError, check_output, write_atomically
 
 runner = CliRunner()
 
@@ -118,7 +121,7 @@ def test_an_existing_database_is_never_replaced_even_with_force(config: Path, in
         database.execute("CREATE TABLE studies (id INTEGER)")
     before = (in_tmp / "studies.npy").read_bytes()
     said = refused(*encode(config, in_tmp / "studies.npy", "--force"))
-    assert "is an SQLite database (a study or MLflow store?); posfair never replaces a database, even with --force" in said
+    assert "is an SQLite database (a study or MLflow store?); posfair never writes over a database, even with --force" in said
     assert (in_tmp / "studies.npy").read_bytes() == before
 
 
@@ -215,3 +218,98 @@ def test_the_write_itself_checks_again(in_tmp: Path) -> None:
     with pytest.raises(OutputRefusedError, match="exists and is not a posfair exported config posfair wrote"):
         write_atomically(in_tmp / "best.yaml", "schema: posfair/calibration-config\n", kind=EXPORTED_CONFIG, flag="--output")
     assert sorted(p.name for p in in_tmp.iterdir()) == ["best.yaml"] and "meanwhile" in (in_tmp / "best.yaml").read_text(encoding="utf-8")
+
+
+# ---------------------------------------------------------------- stores recognised by what they are, wherever they are
+
+
+def md5(path: Path) -> str:
+    return hashlib.md5(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def other_project(tmp_path_factory: pytest.TempPathFactory, tiny_export: TinyExport) -> dict[str, Path]:
+    """Another project's stores and model, each made by the tool that makes it (Optuna, MLflow, posfair's cache),
+    far from this test's working folder: a file of each, by name."""
+    from mlflow import MlflowClient
+
+    from tuner.evaluation.store import DiskCache
+    from tuner.tracking.registry import save_pyfunc
+
+    root = tmp_path_factory.mktemp("other-project")
+    journal = root / "study.journal"
+    backend = optuna.storages.journal.JournalFileBackend(str(journal))
+    optuna.create_study(study_name="s", storage=optuna.storages.JournalStorage(backend)).optimize(
+        lambda trial: trial.suggest_float("x", 0, 1), n_trials=2
+    )
+    store = root / "mlruns"
+    store.mkdir()
+    client = MlflowClient(f"sqlite:///{store / 'mlflow.db'}")
+    experiment = client.create_experiment("posfair", artifact_location=str(store / "artifacts"))
+    run = client.create_run(experiment)
+    client.log_artifact(run.info.run_id, str(tiny_export.config))
+    logged = client.create_logged_model(experiment, name="posfair-tiny", source_run_id=run.info.run_id)
+    save_pyfunc(root / "pyfunc", tiny_export.config, 32)
+    client.log_model_artifacts(logged.model_id, str(root / "pyfunc"))
+    cache = DiskCache(store / "cache" / "tiny-model" / "tiny-data")
+    cache.save_array("baseline", {"model": "tiny"}, np.zeros((2, 32), dtype=np.float32))
+    model = Path(shutil.copytree(tiny_export.model, root / "models" / "tiny-bert"))
+    [pyfunc_yaml] = (store / "artifacts").glob("models/*/artifacts/data/*.yaml")
+    [run_artifact] = (store / "artifacts").glob(f"{run.info.run_id}/artifacts/*.yaml")
+    return {
+        "an Optuna journal": journal,
+        "a registered pyfunc's YAML": pyfunc_yaml,
+        "a run's artifact": run_artifact,
+        "a new file among a run's artifacts": run_artifact.parent / "new.npy",
+        "a cache entry": cache.folder / "baseline.npy",
+        "a cache entry's metadata": cache.folder / "baseline.json",
+        "another model's weights": model / "model.safetensors",
+    }
+
+
+STORE_CASES = [
+    "an Optuna journal",
+    "a registered pyfunc's YAML",
+    "a run's artifact",
+    "a new file among a run's artifacts",
+    "a cache entry",
+    "a cache entry's metadata",
+    "another model's weights",
+]
+
+
+@pytest.mark.parametrize("case", STORE_CASES)
+def test_another_projects_stores_and_models_are_never_written_even_with_force(
+    config: Path, other_project: dict[str, Path], in_tmp: Path, case: str
+) -> None:
+    """`tune export --output <another project's registered pyfunc YAML>` replaced it without --force (its champion
+    then encoded with another study's trial), `tune encode --output <another project's cache>/baseline.npy` replaced
+    the cache entry, and with --force an Optuna journal or another model's weights went too: the rule knew only
+    SQLite files and the current folder's mlruns/. Each is recognised by what it holds, and no refusal advises --force."""
+    target = other_project[case]
+    before = md5(target) if target.exists() else None
+    for force in ([], ["--force"]):
+        said = refused(*encode(config, target, *force))
+        assert f"--output {target} " in said and "posfair never writes" in said and "even with --force" in said, said
+        assert "pass --force" not in said
+    kind = EXPORTED_CONFIG if target.suffix == ".yaml" else VECTORS
+    with pytest.raises(OutputRefusedError, match="posfair never writes") as error:
+        check_output(target, "--output", kind)
+    assert "pass --force" not in str(error.value)
+    assert (md5(target) if target.exists() else None) == before
+
+
+def test_a_journal_study_store_is_never_an_output_of_run_or_export(tiny_model_dir, data: Path, in_tmp: Path) -> None:
+    """`tune run --storage journal:J --output J --force` (and `tune export … --output J --force`) replaced the whole
+    study with the YAML, then appended journal lines to it; without --force the refusal told the user to pass --force."""
+    journal = in_tmp / "study.journal"
+    storage = f"journal:{journal}"
+    succeeds(*run_args(tiny_model_dir("bert"), data, "--storage", storage, "--study-name", "s", "--output", "best.yaml"))
+    before = md5(journal)
+    for force in ([], ["--force"]):
+        said = refused(*run_args(tiny_model_dir("bert"), data, "--storage", storage, "--study-name", "s", "--output", str(journal), *force))
+        assert f"--output {journal} is {journal} (the study store (--storage)), a store of this run" in said, said
+        said = refused("export", "--study-name", "s", "--storage", storage, "--output", str(journal), *force)
+        assert f"--output {journal} is {journal}" in said and "posfair never writes over a store, even with --force" in said, said
+        assert "pass --force" not in said
+    assert md5(journal) == before

@@ -6,8 +6,10 @@ The rule (`check_output` before any work, `replacing` again at the write itself)
 - an existing file is replaced only if it is posfair's own artefact of the kind being written (`Artefact`: an
   exported config it can read, an `.npy` matrix it can read, ...) or the user passed --force;
 - never, even with --force: an input of the command (`Protected`: a dataset's files, the model's folder and
-  anything in it, the config read), a store (the study's or MLflow's database, MLflow's artifacts, the cache), an
-  SQLite database, a device, a pipe or a socket;
+  anything in it, the config read), a store of the run (the study's database or journal, MLflow's database and
+  artifacts, the cache), any store or model folder wherever it lies, recognised by what it holds
+  (`tuner.common.recognise`: an SQLite database, an Optuna journal, an MLflow model or artifact tree, an entry of
+  posfair's cache, a model's weights), a device, a pipe or a socket;
 - a symbolic link is written through: its target is replaced and the link kept;
 - read-only is read by the mode bits, so it holds for root too (whom `os.access` never refuses).
 
@@ -28,6 +30,7 @@ from pathlib import Path
 from typing import Final
 
 from tuner.common.messages import FULL_DISK_ERRNOS, UserError
+from tuner.common.recognise import kept_at
 
 STORE = Path("mlruns")
 """Everything a run keeps by default, under the working folder: Optuna's and MLflow's stores, exports, caches."""
@@ -37,12 +40,12 @@ ARTIFACTS = STORE / "artifacts"
 EXPORTS = STORE / "exports"
 CACHE = STORE / "cache"
 CACHE_DIR_ENV = "POSFAIR_CACHE_DIR"
+JOURNAL = "journal:"  # --storage journal:PATH, Optuna's journal file
 TEMPORARY_SUFFIX = ".tmp"
 EXPORT_SCHEMA: Final = "posfair/calibration-config"
 """The `schema` an exported config names (`tuner.engine.exported`): how posfair knows a YAML of its own."""
 DIAGNOSIS_SCHEMA: Final = "posfair/diagnosis"
 """The `schema` of `tune diagnose --json` (`tuner.report.diagnose`): how posfair knows that JSON as its own."""
-SQLITE_HEADER = b"SQLite format 3\x00"
 LARGEST_OWN_TEXT = 64 * 2**20  # bytes: posfair's YAML and JSON outputs are kilobytes; a larger file is read no further
 
 
@@ -66,6 +69,15 @@ def default_cache_dir() -> Path:
 def sqlite_file(url: str) -> Path | None:
     """The file of a `sqlite:///` URL (Optuna's and MLflow's local stores); None for any other store."""
     return Path(url.removeprefix("sqlite:///")) if url.startswith("sqlite:///") else None
+
+
+def storage_file(url: str) -> Path | None:
+    """The file that holds a study where it is one on a file system: a SQLite database or a journal
+    (`journal:PATH`); None for a database server."""
+    for prefix in ("sqlite:///", JOURNAL):
+        if url.startswith(prefix) and url.removeprefix(prefix).strip():
+            return Path(url.removeprefix(prefix))
+    return None
 
 
 # ---------------------------------------------------------------------------- the kinds posfair writes
@@ -158,10 +170,10 @@ class Protected:
 
 
 def stores(storage: str | None, tracking_uri: str | None, cache: Path | None = None) -> list[Protected]:
-    """What a study keeps on this machine: the study's database, MLflow's database and its artifacts beside it
-    (or a folder store), and the cache of layer inputs. None for `storage` or `tracking_uri`: the default."""
+    """What a study keeps on this machine: the study's database or journal, MLflow's database and its artifacts
+    beside it (or a folder store), and the cache of layer inputs. None for `storage` or `tracking_uri`: the default."""
     found = [Protected(cache or default_cache_dir(), "the cache of layer inputs", store=True)]
-    study = sqlite_file(storage) if storage is not None else OPTUNA_DB
+    study = storage_file(storage) if storage is not None else OPTUNA_DB
     if study is not None:
         found.append(Protected(study, "the study store (--storage)", store=True))
     uri = tracking_uri or f"sqlite:///{MLFLOW_DB}"
@@ -210,7 +222,19 @@ def check_output(path: Path, flag: str, kind: Artefact, *, protected: Sequence[P
                 f"{flag} {path} {where} {reason.path} ({reason.what}), {role}; posfair never writes over "
                 f"{'a store' if reason.store else 'its inputs'}, even with --force: choose another {flag}"
             )
+    check_not_kept(path, flag)
     check_replaceable(path, flag, kind, force=force)
+
+
+def check_not_kept(path: Path, flag: str = "output") -> None:
+    """`path` is no store or model folder, nor inside one, wherever it lies (`tuner.common.recognise`)."""
+    kept = kept_at(path)
+    if kept is None:
+        return
+    itself = any(p == Path(os.path.abspath(kept.path)) for p in _names(path))
+    where = f"is {kept.what}" if itself else f"is inside {kept.path} ({kept.what})"
+    verb = "over" if itself else "into"
+    raise OutputRefusedError(f"{flag} {path} {where}; posfair never writes {verb} {kept.noun}, even with --force: choose another {flag}")
 
 
 def _check_folder(path: Path, flag: str) -> None:
@@ -227,8 +251,8 @@ def _check_folder(path: Path, flag: str) -> None:
 
 
 def check_replaceable(path: Path, flag: str = "output", kind: Artefact | None = None, *, force: bool = False) -> None:
-    """An existing `path` (a link: its target) may be replaced only if it is a regular file that is not a database,
-    is writable (or `force`), and is posfair's own artefact of `kind` (or `force`)."""
+    """An existing `path` (a link: its target) may be replaced only if it is a regular file, is writable (or
+    `force`), and is posfair's own artefact of `kind` (or `force`); what it may never be is `check_not_kept`'s."""
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
@@ -246,24 +270,11 @@ def check_replaceable(path: Path, flag: str = "output", kind: Artefact | None = 
             else "not a regular file"
         )
         raise OutputRefusedError(f"{flag} {path} is {what}, not a file posfair may replace; give the name of a regular file")
-    if _starts_with(path, SQLITE_HEADER):
-        raise OutputRefusedError(
-            f"{flag} {path} is an SQLite database (a study or MLflow store?); posfair never replaces a database, "
-            f"even with --force: choose another {flag}"
-        )
     fix = "pass --force to replace it, or choose another name" if flag.startswith("--") else "make it writable or choose another name"
     if not force and read_only(path):
         raise OutputRefusedError(f"{flag} {path} exists and is read-only; {fix}")
     if not force and kind is not None and not kind.recognise(path):
         raise OutputRefusedError(f"{flag} {path} exists and is not {kind.name} posfair wrote; {fix}")
-
-
-def _starts_with(path: Path, header: bytes) -> bool:
-    try:
-        with path.open("rb") as stream:
-            return stream.read(len(header)) == header
-    except OSError:  # unreadable: the read-only and kind checks decide
-        return False
 
 
 # ---------------------------------------------------------------------------- writing
@@ -293,18 +304,27 @@ def temporary_beside(path: Path, suffix: str = TEMPORARY_SUFFIX) -> Path:
 
 @contextmanager
 def replacing(
-    path: Path, suffix: str = TEMPORARY_SUFFIX, *, kind: Artefact | None = None, force: bool = False, flag: str = "output"
+    path: Path,
+    suffix: str = TEMPORARY_SUFFIX,
+    *,
+    kind: Artefact | None = None,
+    force: bool = False,
+    flag: str = "output",
+    in_store: bool = False,
 ) -> Iterator[Path]:
     """Yield a temporary file beside `path` to write; it replaces `path` when the block completes and is removed
     if the block fails, so a reader sees the whole old file or the whole new one; a full disk is a
     `DiskFullError` naming `path`.
 
     Through a symbolic link the link's target is replaced and the link kept. The new file keeps the mode of the
-    file it replaces, or has the umask's; what may be replaced is `check_replaceable`'s (checked again here: the
-    file may have appeared since the command's first check)."""
+    file it replaces, or has the umask's; what may be replaced is `check_replaceable`'s and `check_not_kept`'s
+    (checked again here: the file may have appeared since the command's first check). `in_store`: a store writes
+    a file of its own (the cache its metadata), which is no output of a command."""
     if Path(path).is_dir():
         raise OutputRefusedError(f"{flag} {path} is a folder; give a file name in it")
     _check_folder(path, flag)
+    if not in_store:
+        check_not_kept(path, flag)
     target = Path(os.path.realpath(path))
     check_replaceable(target, flag, kind, force=force)
     temporary = temporary_beside(target, suffix)
@@ -323,8 +343,16 @@ def replacing(
         raise
 
 
-def write_atomically(path: Path, data: bytes | str, *, kind: Artefact | None = None, force: bool = False, flag: str = "output") -> Path:
+def write_atomically(
+    path: Path,
+    data: bytes | str,
+    *,
+    kind: Artefact | None = None,
+    force: bool = False,
+    flag: str = "output",
+    in_store: bool = False,
+) -> Path:
     """Write `data` (text as UTF-8) to `path` through `replacing`."""
-    with replacing(path, kind=kind, force=force, flag=flag) as temporary:
+    with replacing(path, kind=kind, force=force, flag=flag, in_store=in_store) as temporary:
         temporary.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
     return path

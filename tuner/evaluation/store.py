@@ -209,7 +209,7 @@ class DiskCache:
             "checksum": {"algorithm": CHECKSUM, "value": digest},
             **extra,
         }
-        write_atomically(self._meta_path(name), json.dumps(meta, indent=1))
+        write_atomically(self._meta_path(name), json.dumps(meta, indent=1), in_store=True)
         self._note(name, "written")
 
     # -- arrays (.npy) --------------------------------------------------------------------------------
