@@ -4,7 +4,12 @@ all two processes share (the accounting under real processes: tests/test_job_arr
 
 from __future__ import annotations
 
+import hashlib
+import os
+import re
 import sqlite3
+import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -46,16 +51,122 @@ def test_a_journal_path_that_names_no_journal_fails_before_any_work(spec: str, s
     assert said.format(tmp=tmp_path) in str(error.value)
 
 
+def writing(journal: Path, rest: bytes, after: float = 0.3) -> threading.Thread:
+    """Another process appending a line, as Optuna's writers do: it holds the journal's lock (a symbolic link
+    beside it) while the line's start is on disk, writes the rest `after` seconds later, then lets the lock go."""
+    lock = Path(f"{journal}.lock")
+    lock.symlink_to(journal)
+
+    def finish() -> None:
+        time.sleep(after)
+        with journal.open("ab") as stream:
+            stream.write(rest)
+        lock.unlink()
+
+    writer = threading.Thread(target=finish)
+    writer.start()
+    return writer
+
+
 def test_a_first_line_still_being_written_by_another_process_is_no_reason_to_refuse_the_journal(tmp_path: Path) -> None:
     """Tasks of a job array start together: one may look at a new journal while another writes its first line."""
     journal = tmp_path / "study.journal"
     journal.write_bytes(b'{"op_code":0,"worker_id":"a-1","study_na')
+    writer = writing(journal, b'me":"s","directions":[1]}\n')
     check_storage_url(f"journal:{journal}")
+    writer.join()
     journal.write_bytes(b'{"op_code":0}\n')
     check_storage_url(f"journal:{journal}")
     journal.write_bytes(b'{"note": "mine"}\n')
     with pytest.raises(ValueError, match="is not an Optuna journal"):
         check_storage_url(f"journal:{journal}")
+
+
+def md5(path: Path) -> str:
+    return hashlib.md5(path.read_bytes()).hexdigest()
+
+
+def journal_of_three_trials(journal: Path) -> int:
+    """A study of three finished trials on `journal`; the number of its lines."""
+    handle(journal).optimize(lambda trial: trial.suggest_float("x", 0, 1), n_trials=3)
+    return len(journal.read_bytes().splitlines())
+
+
+def follow(advice: str, journal: Path) -> None:
+    """Run the command the refusal gives between backticks, as the user would."""
+    [command] = re.findall(r"`([^`]*)`", advice)
+    assert str(journal) in command
+    subprocess.run(command, shell=True, check=True)
+
+
+@pytest.mark.parametrize(
+    ("tail", "said"),
+    [
+        (b"garbage\n", "its last line is not a journal entry"),
+        (b'{"op_code":6,"worker_id":"killed","trial_id":2,"sta', "its last line ends without a line break"),
+    ],
+    ids=["garbage", "cut short"],
+)
+def test_a_journal_whose_last_line_is_garbage_or_cut_short_names_the_line_and_the_command_that_recovers_it(
+    tmp_path: Path, tail: bytes, said: str
+) -> None:
+    """A writer killed mid-append leaves such a line. The next run appended to the journal, then failed with a bare
+    `Expecting value: line 1 column 1 (char 0)`; from then on the file was "not an Optuna journal". It is refused
+    before anything is written, naming the file, the line and the command that cuts the line off; that command
+    recovers every trial."""
+    journal = tmp_path / "study.journal"
+    lines = journal_of_three_trials(journal)
+    with journal.open("ab") as stream:
+        stream.write(tail)
+    before = md5(journal)
+    for opening in (check_storage_url, make_storage):
+        with pytest.raises(ValueError, match=re.escape(f"{journal}:{lines + 1}: {said}")) as error:
+            opening(f"journal:{journal}")
+        assert md5(journal) == before, "nothing appended"
+    assert f"truncate -s {journal.stat().st_size - len(tail)} {journal}" in str(error.value)
+    follow(str(error.value), journal)
+    assert [t.state for t in handle(journal).trials] == [TrialState.COMPLETE] * 3
+
+
+def test_a_garbage_line_inside_a_journal_is_named_with_the_command_that_removes_it(tmp_path: Path) -> None:
+    """What the next run left when it appended after a garbage last line: the line is named, and deleting it (the
+    command said) recovers the study."""
+    journal = tmp_path / "study.journal"
+    lines = journal_of_three_trials(journal)
+    content = journal.read_bytes().splitlines(keepends=True)
+    journal.write_bytes(b"".join([*content[:-1], b"garbage\n", content[-1]]))
+    with pytest.raises(ValueError, match=re.escape(f"{journal}:{lines}: line {lines} of {lines + 1} is not a journal entry")) as error:
+        check_storage_url(f"journal:{journal}")
+    follow(str(error.value), journal)
+    assert [t.state for t in handle(journal).trials] == [TrialState.COMPLETE] * 3
+
+
+def test_a_line_cut_short_by_a_writer_killed_holding_the_lock_is_named_once_the_lock_is_stale(tmp_path: Path) -> None:
+    """A writer killed mid-append also leaves its lock: once the lock is older than Optuna would wait, the line is
+    no longer being written; the lock is named for removal too."""
+    journal = tmp_path / "study.journal"
+    journal_of_three_trials(journal)
+    with journal.open("ab") as stream:
+        stream.write(b'{"op_code":6,"worker_id":"killed"')
+    lock = Path(f"{journal}.lock")
+    lock.symlink_to(journal)
+    stale = time.time() - JOURNAL_LOCK_SECONDS - 5
+    os.utime(journal, (stale, stale))
+    start = time.monotonic()
+    with pytest.raises(ValueError, match="its last line ends without a line break") as error:
+        check_storage_url(f"journal:{journal}")
+    assert time.monotonic() - start < 5 and f"rm {lock}" in str(error.value)
+
+
+@pytest.mark.parametrize("content", [b'{"a": 1}', b'{"op_code": 0}', b"[1, 2, 3]"])
+def test_a_one_line_json_file_is_no_journal_and_is_left_as_it_was(tmp_path: Path, content: bytes) -> None:
+    """A one-line JSON file without a line break given as `journal:` was appended to, then failed with a traceback."""
+    path = tmp_path / "settings.json"
+    path.write_bytes(content)
+    for opening in (check_storage_url, make_storage):
+        with pytest.raises(ValueError, match=f"{path}"):
+            opening(f"journal:{path}")
+    assert path.read_bytes() == content
 
 
 def test_a_trial_silent_past_the_grace_period_is_failed_and_queued_again(tmp_path: Path) -> None:
@@ -129,3 +240,41 @@ def test_tune_export_opens_a_journal_study_and_names_one_that_is_not_there(tmp_p
     handle(journal)
     result = CliRunner().invoke(app, ["export", "--study-name", "other", "--storage", f"journal:{journal}"])
     assert result.exit_code == 2 and f"no study 'other' in journal:{journal}" in " ".join(result.output.split())
+
+
+def cli(*args: str) -> str:
+    """The command line's answer to a refusal: exit 2 and one message, no traceback; the output on one line."""
+    from typer.testing import CliRunner
+
+    from tuner.cli.app import app
+
+    result = CliRunner().invoke(app, list(args))
+    assert result.exit_code == 2 and isinstance(result.exception, SystemExit), f"{result.exception!r}\n{result.output}"
+    return " ".join(result.output.split())
+
+
+def test_reading_a_journal_that_is_not_there_creates_none(tmp_path: Path) -> None:
+    """`tune export --storage journal:<a typo>` created an empty file there and reported "no study"."""
+    typo = tmp_path / "stduy.journal"
+    said = cli("export", "--study-name", "s", "--storage", f"journal:{typo}")
+    assert f"no journal at {typo}, so no study 's'" in said and not typo.exists()
+
+
+def test_a_journal_given_as_a_sqlite_store_is_named_with_the_url_to_give(tmp_path: Path) -> None:
+    """`tune export --storage sqlite:///<a journal>` gave a raw `file is not a database`."""
+    journal = tmp_path / "study.journal"
+    handle(journal)
+    before = md5(journal)
+    said = cli("export", "--study-name", "s", "--storage", f"sqlite:///{journal}")
+    assert f"{journal} is an Optuna journal, not an SQLite database; give it as --storage journal:{journal}" in said
+    assert md5(journal) == before
+
+
+@pytest.mark.parametrize("uri", ["journal:{}", "sqlite:///{}", "{}"])
+def test_the_mlflow_ui_on_a_journal_says_what_reads_one(tmp_path: Path, uri: str) -> None:
+    """`tune ui` given a journal printed the UI link, then a traceback: MLflow cannot read a journal."""
+    journal = tmp_path / "study.journal"
+    handle(journal)
+    said = cli("ui", "--tracking-uri", uri.format(journal))
+    assert f"{journal} is an Optuna journal (a study store), which MLflow cannot read" in said, said
+    assert f"optuna-dashboard {journal}" in said and "MLflow UI:" not in said

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from tuner.common.recognise import is_journal
+
 DEFAULT_TRIALS = 16  # the cap beside the default budget (`DEFAULT_BUDGET`), which ends plain `tune` first (docs/search.md)
 # Passages in each trial's attention profile: a diagnostic, not used by selection; its all-layer observed
 # pass cost a third of a trial at 16 passages (py-spy, default run), so 8.
@@ -34,8 +36,19 @@ TRACKING_SCHEMES = ("file", "sqlite", "postgresql", "mysql", "mssql", "http", "h
 
 
 def check_tracking_uri(uri: str) -> None:
-    """A tracking URI MLflow can use: a folder, or one of `TRACKING_SCHEMES` (with a driver, e.g. postgresql+psycopg)."""
+    """A tracking URI MLflow can use: a folder, or one of `TRACKING_SCHEMES` (with a driver, e.g. postgresql+psycopg);
+    never an Optuna journal, however named (`journal:PATH`, `sqlite:///PATH`, the path)."""
     scheme, colon, _ = uri.partition("://")
+    journal = Path(uri.removeprefix("journal:")) if uri.startswith("journal:") else None
+    if journal is None and (not colon or scheme == "sqlite"):
+        named = Path(uri.removeprefix("sqlite:///"))
+        journal = named if named.is_file() and is_journal(named) else None
+    if journal is not None:
+        raise ValueError(
+            f"--tracking-uri {uri[:80]!r}: {journal} is an Optuna journal (a study store), which MLflow cannot read; "
+            f"browse the study with `optuna-dashboard {journal}` (pip install optuna-dashboard), and its runs in the "
+            "MLflow store it logged to (tune ui's default: sqlite:///mlruns/mlflow.db)"
+        )
     if colon and scheme.split("+")[0].lower() not in TRACKING_SCHEMES:
         raise ValueError(
             f"--tracking-uri {uri[:80]!r}: MLflow cannot use a {scheme[:20]!r} store; use e.g. http://127.0.0.1:5000, "

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from tuner.common.files import MLFLOW_DB, OPTUNA_DB, sqlite_file
+from tuner.common.recognise import is_journal, is_sqlite
 
 T = TypeVar("T")
 
@@ -83,9 +84,15 @@ def _read(url: str, read: Callable[[Any], T]) -> T | None:
 
 
 def require_own_database(url: str, tool: Tool) -> None:
-    """Refuse `url` as `tool`'s database when it holds the other tool's tables."""
+    """Refuse `url` as `tool`'s database when it holds the other tool's tables, or names a file that is no SQLite
+    database (an Optuna journal is said to be one, with the URL that opens it)."""
     if not is_database(url):
         return
+    path = sqlite_file(url)
+    if path is not None and path.is_file() and path.stat().st_size and not is_sqlite(path):
+        journal = is_journal(path)
+        fix = f"give it as --storage journal:{path}" if journal else f"give {tool.name}'s database ({tool.default} by default)"
+        raise ValueError(f"{tool.flag} {url}: {path} is {'an Optuna journal' if journal else 'a file'}, not an SQLite database; {fix}")
     other = MLFLOW if tool is OPTUNA else OPTUNA
     found = [table for table in other.tables if table in tables_of(url)]
     if found:

@@ -9,6 +9,11 @@ process replays: Optuna settles a claim of a queued trial by the order of the li
 posfair adds the heartbeats Optuna's journal lacks (`JournalWithHeartbeats`). Kept apart from the study's loop
 so that what only opens a storage imports no model code.
 
+A journal is read through before Optuna opens it (`check_journal`): Optuna appends after a last line it cannot
+read (a writer killed mid-append leaves one), and then cannot replay the study at all. Such a line is named
+with the command that cuts it off; posfair does not cut it itself, since the journal is the user's store and a
+writer on another machine may still be finishing that line when its lock says otherwise.
+
 SQLite waits silently for a lock another process holds (a `sqlite3` shell or a database browser with a
 transaction open): a wait is said after a few seconds, with the file, and given up after `sqlite_wait()`
 seconds with what to do (`StoreLockedError`); a full disk is said with the file and the fix (`StoreFullError`).
@@ -23,6 +28,7 @@ import sqlite3
 import threading
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +38,10 @@ from optuna.storages import BaseStorage, JournalStorage, RDBStorage, RetryHeartb
 from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
 from optuna.trial import TrialState
 
-from tuner.common.files import OPTUNA_DB, sqlite_file
+from tuner.common.files import JOURNAL, OPTUNA_DB, sqlite_file, storage_file
 from tuner.common.messages import UserError, causes, database_locked, disk_full, first_line, root_cause
 from tuner.common.options import HEARTBEAT_SECONDS, env_seconds
+from tuner.common.recognise import JOURNAL_ENTRY_START, is_sqlite, journal_entry
 from tuner.common.stores import OPTUNA, require_own_database
 from tuner.tuning.optuna_access import HeartbeatStorage, trial_id
 
@@ -44,10 +51,9 @@ LOCK_NOTICE_SECONDS = 5.0  # a wait this long (at most half the limit) is said
 GRACE_HEARTBEATS = 3  # a trial silent for this many heartbeats is stale: failed and re-queued
 RETRIES = 2  # how often a stale trial is queued again
 JOURNAL_LOCK_SECONDS = 30  # a journal lock left this long by a writer killed mid-write is broken (Optuna's default)
-JOURNAL = "journal:"  # --storage journal:PATH, Optuna's journal file
 HEARTBEAT_ATTR = "posfair:heartbeat"  # a journal trial's last heartbeat (a system attribute)
-SQLITE_HEADER = b"SQLite format 3\x00"
-JOURNAL_LINE_BYTES = 1 << 20  # the first line of a journal is its study's creation: far shorter
+JOURNAL_POLL_SECONDS = 0.1  # how often a line another process is still writing is looked at again
+LOCK_SUFFIX = ".lock"  # Optuna's symbolic-link lock beside the journal (`JournalFileSymlinkLock`)
 EXAMPLES = "sqlite:///mlruns/optuna.db, postgresql://user:pass@host/db, mysql://user:pass@host/db or journal:/shared/study.journal"
 
 log = logging.getLogger(__name__)
@@ -59,6 +65,10 @@ class StoreLockedError(UserError, RuntimeError):
 
 class StoreFullError(UserError, RuntimeError):
     """The study database's disk is full: nothing more can be recorded."""
+
+
+class JournalDamagedError(UserError, ValueError):
+    """A study journal holds a line Optuna cannot replay; the message names it and the command that recovers."""
 
 
 def sqlite_wait() -> float:
@@ -184,15 +194,6 @@ def default_storage(database: Path = OPTUNA_DB) -> str:
     return f"sqlite:///{database.resolve()}"
 
 
-def storage_file(url: str) -> Path | None:
-    """The file that holds the study where it is one on a file system: a SQLite database or a journal (None for
-    a database server)."""
-    for prefix in ("sqlite:///", JOURNAL):
-        if url.startswith(prefix) and url.removeprefix(prefix).strip():
-            return Path(url.removeprefix(prefix))
-    return None
-
-
 def check_storage_url(url: str) -> None:
     """A malformed storage URL, MLflow's store, or a SQLite file another process keeps locked fails at once,
     before any work, without creating a database."""
@@ -210,31 +211,94 @@ def check_storage_url(url: str) -> None:
 
 
 def _check_journal(url: str) -> None:
-    """`journal:PATH` names a file (not a folder, not a SQLite database); it need not exist yet."""
+    """`journal:PATH` names a file (not a folder, not a SQLite database) that is empty, missing (it is made), or a
+    journal every line of which Optuna can replay (`check_journal`)."""
     path = storage_file(url)
     if path is None:
         raise _unusable_storage(url, ValueError("no file named after 'journal:'"))
     if path.is_dir():
         raise _unusable_storage(url, ValueError(f"{path} is a folder; name a file in it, e.g. journal:{path / 'study.journal'}"))
     if path.is_file() and path.stat().st_size:
-        with path.open("rb") as stream:
-            start = stream.readline(JOURNAL_LINE_BYTES)
-        if start.startswith(SQLITE_HEADER):
+        if is_sqlite(path):
             raise ValueError(f"study storage {url!r}: {path} is a SQLite database, not a journal; use sqlite:///{path.resolve()}")
-        if not _journal_start(start):  # Optuna would append to it, and would replay a single line it cannot read as empty
-            raise _unusable_storage(url, ValueError(f"{path} is not an Optuna journal (its first line is no journal entry)"))
+        check_journal(url, path)
 
 
-def _journal_start(line: bytes) -> bool:
-    """Whether `line`, a file's first, is an entry of Optuna's journal (a JSON object with an operation code), or
-    may be one still being written by a process that opened the journal a moment earlier."""
-    if not line.endswith(b"\n"):
-        return line.startswith(b"{")
+def check_journal(url: str, path: Path) -> None:
+    """Every line of the journal at `path` is an entry Optuna can replay, ending in a line break, except a last
+    line another process is still appending (it holds the journal's lock, and the lock is not stale: Optuna
+    breaks a lock left `JOURNAL_LOCK_SECONDS`). Else the first line that is not is named, with the command that
+    recovers the study; a first line that is no entry means the file is no journal."""
+    lines, offset, damaged = _first_unreadable_line(path)
+    while damaged is not None and not damaged.endswith(b"\n") and _being_written(path, offset + len(damaged)):
+        time.sleep(JOURNAL_POLL_SECONDS)
+        lines, offset, damaged = _first_unreadable_line(path)
+    if damaged is None:
+        return
+    number = lines + 1
+    if number == 1 and not damaged.startswith(JOURNAL_ENTRY_START):
+        not_one = ValueError(f"{path} is not an Optuna journal (its first line is no journal entry)")
+        raise _unusable_storage(url, not_one)
+    kept = f"every trial in the {lines} line{'s' if lines != 1 else ''} before it"
+    where = f"study journal {path}:{number}"
+    if not damaged.endswith(b"\n"):
+        lock = Path(f"{path}{LOCK_SUFFIX}")
+        unlock = f" && rm {lock}" if lock.is_symlink() else ""
+        raise JournalDamagedError(
+            f"{where}: its last line ends without a line break, which a writer killed while appending leaves: that "
+            f"entry never became part of the study. Cut it off to recover {kept}: "
+            f"`truncate -s {offset} {path}{unlock}` (copy the file first to keep it), then run the same command again"
+        )
+    total = lines + 1 + sum(1 for _ in _lines_after(path, offset + len(damaged)))
+    if number == total:
+        raise JournalDamagedError(
+            f"{where}: its last line is not a journal entry ({_why(damaged)}), so the study cannot be read past it. "
+            f"Cut it off to recover {kept}: `truncate -s {offset} {path}` (copy the file first to keep it), then run "
+            "the same command again"
+        )
+    raise JournalDamagedError(
+        f"{where}: line {number} of {total} is not a journal entry ({_why(damaged)}), so Optuna cannot replay the "
+        f"study past it. Delete that line: `sed -i '{number}d' {path}` (copy the file first to keep it), then run the "
+        "same command again; if the journal then fails at another line, restore it from a copy"
+    )
+
+
+def _first_unreadable_line(path: Path) -> tuple[int, int, bytes | None]:
+    """(whole lines before it, their bytes, the line) for the first line that is not a journal entry ending in a
+    line break; (lines, bytes, None) when every line is one."""
+    lines = offset = 0
+    with path.open("rb") as stream:
+        for line in stream:
+            if not line.endswith(b"\n") or not journal_entry(line):
+                return lines, offset, line
+            lines, offset = lines + 1, offset + len(line)
+    return lines, offset, None
+
+
+def _lines_after(path: Path, offset: int) -> Iterator[bytes]:
+    with path.open("rb") as stream:
+        stream.seek(offset)
+        yield from stream
+
+
+def _being_written(path: Path, size: int) -> bool:
+    """Whether another process may still be appending to the journal, which ends in an unfinished line at `size`
+    bytes: the file has grown since, or a writer holds the lock and the file changed within the lock's grace."""
+    try:
+        now = path.stat()
+    except FileNotFoundError:
+        return False
+    lock = Path(f"{path}{LOCK_SUFFIX}")
+    return now.st_size != size or (lock.is_symlink() and time.time() - now.st_mtime <= JOURNAL_LOCK_SECONDS)
+
+
+def _why(line: bytes) -> str:
+    """What is wrong with a line that is no journal entry, in a few words."""
     try:
         entry = json.loads(line)
-    except ValueError:  # not JSON, or not UTF-8
-        return False
-    return isinstance(entry, dict) and "op_code" in entry
+    except ValueError as error:
+        return f"not JSON: {first_line(error)}"
+    return "a JSON object without an op_code" if isinstance(entry, dict) else f"JSON, but a {type(entry).__name__}"
 
 
 def _unusable_storage(url: str, error: BaseException) -> ValueError:

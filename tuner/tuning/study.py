@@ -32,7 +32,7 @@ from objectives import Candidate, Constraints, Selection, select
 from objectives.constraint import describe_aim
 from objectives.selection import chosen
 from tuner.common.budget import budget_ended
-from tuner.common.files import sqlite_file
+from tuner.common.files import JOURNAL, sqlite_file, storage_file
 from tuner.common.options import HEARTBEAT_SECONDS, SAMPLERS, env_seconds
 from tuner.common.trials import (
     DUPLICATE_ATTR,
@@ -106,14 +106,17 @@ def describe_study(study: optuna.Study, pareto: bool, constraints: Constraints, 
 
 
 def load_stored_study(name: str, storage: str) -> optuna.Study:
-    """A study that `tune` ran, by name, from `storage`; a missing one (or a missing SQLite file, which opening
-    would create) is named."""
+    """A study that `tune` ran, by name, from `storage`; a missing one (or a missing SQLite file or journal, which
+    opening would create) is named."""
     database = sqlite_file(storage)
     if database is not None and not database.is_file():
         raise ValueError(
             f"no study store at {database.resolve()}, so no study {name!r}: run `tune` here first, change to the folder "
             "that holds mlruns/, or pass --storage sqlite:///PATH/mlruns/optuna.db"
         )
+    journal = storage_file(storage) if storage.startswith(JOURNAL) else None
+    if journal is not None and not journal.is_file():
+        raise ValueError(f"no journal at {journal}, so no study {name!r}: check the path after journal: (the file `tune` was given)")
     try:
         return optuna.load_study(study_name=name, storage=make_storage(storage))
     except KeyError:
