@@ -927,6 +927,25 @@ def test_the_pyfunc_reads_the_dict_and_rest_forms_mlflow_clients_send(champion: 
     assert refused.status_code >= 400 and "give one column, or one named 'text'" in refused.text
 
 
+def test_a_study_tuned_with_remote_code_registers_a_model_that_loads(tiny_data: Path, in_tmp: Path) -> None:
+    """A `--trust-remote-code` study registered a pyfunc that could not be loaded: the pyfunc loaded its model without
+    the remote code the study had allowed. It records the permission in its MLmodel, and loads."""
+    import mlflow
+
+    from tuner.engine.encoder import CalibratedEncoder
+    from tuner.tracking.registry import registered_name
+
+    folder = save_custom_code(in_tmp / "custom")
+    succeeds(*tiny_run(folder, tiny_data, "--trust-remote-code", "--trials", "1", "--output", str(in_tmp / "best.yaml")))
+    mlflow.set_tracking_uri(f"sqlite:///{in_tmp / 'mlruns' / 'mlflow.db'}")
+    try:
+        champion = mlflow.pyfunc.load_model(f"models:/{registered_name(str(folder))}@champion")
+    finally:
+        mlflow.set_tracking_uri(None)
+    encoder = CalibratedEncoder.from_yaml(in_tmp / "best.yaml", trust_remote_code=True)
+    assert same_vectors(champion.predict(PASSAGES), encoder.encode_document(PASSAGES))
+
+
 @pytest.mark.parametrize("which", ["the same set", "a copy", "shared passages"])
 def test_a_heldout_set_that_overlaps_the_tuning_data_is_refused(tiny_model_dir, tiny_data: Path, in_tmp: Path, which: str) -> None:
     """Issue 24: `--heldout` equal to `--dataset` was accepted, and the tuning split reported and exported as held out."""

@@ -225,3 +225,20 @@ def test_a_folder_is_padded_on_the_side_its_tokenizer_config_names(tiny_model_di
 
     assert resolve_spec(str(tiny_model_dir("qwen3")), "mean").padding_side == "left"
     assert resolve_spec(str(tiny_model_dir("bert")), "last").padding_side == "right"
+
+
+def test_tuning_with_a_padding_side_the_model_does_not_have_is_refused_before_any_work(
+    tiny_model_dir, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`tune --model minilm --padding-side left` ran the study and registered a model, whose config posfair's own
+    `tune encode` and pyfunc then refused (`model.padding_side`). A model that says its side is padded on it."""
+    from tests.test_study import write_dataset
+
+    monkeypatch.chdir(tmp_path)
+    data = ["--dataset", f"jsonl:{write_dataset(tmp_path / 'data', docs=6)}", "--trials", "1", "--budget", "none"]
+    code, said = run("--model", "minilm", "--padding-side", "left", *data)
+    assert code == 2 and "--padding-side left: minilm pads on the 'right' (posfair's model registry); drop --padding-side" in said
+    qwen3 = tiny_model_dir("qwen3")
+    code, said = run("--model", str(qwen3), "--pooling", "last", "--padding-side", "right", *data)
+    assert code == 2 and f"--padding-side right: {qwen3} pads on the 'left' ({qwen3 / 'tokenizer_config.json'})" in said
+    assert "tune: settings" not in said and not (tmp_path / "mlruns").exists()

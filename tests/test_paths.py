@@ -630,8 +630,8 @@ def test_tune_export_restores_revision_and_remote_code_and_logs_where_asked(this
             "--pooling",
             "cls",
             "--trust-remote-code",
-            "--padding-side",  # not the tokenizer's (right): the study records it and the re-export loads it so again
-            "left",
+            "--padding-side",  # the tokenizer's own (another is refused): the study records it, the re-export loads it so
+            "right",
             "--dataset",
             f"jsonl:{data}",
             "--trials",
@@ -672,9 +672,10 @@ def test_tune_export_restores_revision_and_remote_code_and_logs_where_asked(this
     again = yaml.safe_load((work / "again.yaml").read_text(encoding="utf-8"))
     tuned = yaml.safe_load((work / "tuned.yaml").read_text(encoding="utf-8"))
     assert again["model"]["revision"] == tuned_revision and again["calibration"] == tuned["calibration"]
-    assert tuned["model"]["padding_side"] == again["model"]["padding_side"] == "left"
+    assert tuned["model"]["padding_side"] == again["model"]["padding_side"] == "right"
     assert again["metrics"]["tuning"] == pytest.approx(tuned["metrics"]["tuning"]), "the same weights, re-scored"
     assert str(work / "again.yaml") in output
+    assert f"study gte was tuned with --trust-remote-code, so {CUSTOM_CODE} runs its own code from its repository here too" in output
     client = MlflowClient(f"sqlite:///{work / 'exports.db'}")
     experiment = client.get_experiment_by_name("posfair")
     assert experiment is not None, "the export is logged to the store given by --tracking-uri"

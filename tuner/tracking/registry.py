@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 
 CHAMPION = "champion"
 KINDS = ("document", "query")
+TRUST_REMOTE_CODE = "trust_remote_code"  # the model_config key: the model runs its own code, as its study allowed
 USAGE = (
     "predict(texts): a list of strings, or a frame or dict with a `text` column; params.kind 'document' (the default: "
     "calibrated) or 'query' (never calibrated); returns L2-normalised float32 vectors, one row per text."
@@ -51,12 +52,15 @@ class CalibratedEncoderModel:
     """The pyfunc model: texts → document vectors (or, with params kind=query, query vectors).
 
     A plain pyfunc flavour (`loader_module`): the model folder holds only the YAML and MLflow's files,
-    nothing pickled, so loading runs no stored code."""
+    nothing pickled, so loading runs no stored code, but for the model's own code where its study allowed that
+    (`trust_remote_code` in the MLmodel's model_config, which a caller's `model_config` overrides)."""
 
-    def __init__(self, yaml_path: str) -> None:
+    def __init__(self, yaml_path: str, trust_remote_code: bool = False) -> None:
         from tuner.engine.encoder import CalibratedEncoder
 
-        self.encoder = CalibratedEncoder.from_yaml(yaml_path)
+        if trust_remote_code:
+            log.info("%s: the model runs its own code from its repository, as its study allowed (--trust-remote-code)", yaml_path)
+        self.encoder = CalibratedEncoder.from_yaml(yaml_path, trust_remote_code=trust_remote_code)
 
     def predict(self, model_input: Any, params: dict[str, Any] | None = None) -> np.ndarray:
         kind = (params or {}).get("kind", "document")
@@ -67,9 +71,10 @@ class CalibratedEncoderModel:
         return method(texts, show_progress_bar=False)
 
 
-def _load_pyfunc(data_path: str) -> CalibratedEncoderModel:
-    """MLflow's entry point for `loader_module="tuner.tracking.registry"`: `data_path` is the YAML inside the model."""
-    return CalibratedEncoderModel(data_path)
+def _load_pyfunc(data_path: str, model_config: dict[str, Any] | None = None) -> CalibratedEncoderModel:
+    """MLflow's entry point for `loader_module="tuner.tracking.registry"`: `data_path` is the YAML inside the model,
+    `model_config` what `save_pyfunc` recorded (over what the caller of `mlflow.pyfunc.load_model` gave)."""
+    return CalibratedEncoderModel(data_path, trust_remote_code=bool((model_config or {}).get(TRUST_REMOTE_CODE)))
 
 
 def _texts(model_input: Any) -> list[str]:
@@ -135,10 +140,10 @@ def withdraw(tracker: Tracker, registered: Registered) -> None:
     client.delete_logged_model(registered.model_id)
 
 
-def publish(tracker: Tracker, registered: Registered, yaml_path: Path, dimension: int) -> None:
+def publish(tracker: Tracker, registered: Registered, yaml_path: Path, dimension: int, trust_remote_code: bool = False) -> None:
     """Write the pyfunc model (YAML artifact, signature) into the reserved version and make it the champion."""
     with tempfile.TemporaryDirectory(prefix="posfair-model-") as folder:
-        save_pyfunc(Path(folder) / "model", yaml_path, dimension)
+        save_pyfunc(Path(folder) / "model", yaml_path, dimension, trust_remote_code)
         tracker.client.log_model_artifacts(registered.model_id, str(Path(folder) / "model"))
     tracker.client.finalize_logged_model(registered.model_id, "READY")
     tracker.client.set_registered_model_alias(registered.name, CHAMPION, str(registered.version))
@@ -147,8 +152,9 @@ def publish(tracker: Tracker, registered: Registered, yaml_path: Path, dimension
     )
 
 
-def save_pyfunc(folder: Path, yaml_path: Path, dimension: int) -> None:
-    """The pyfunc model in `folder`: the YAML, the signature, an input example and the requirements."""
+def save_pyfunc(folder: Path, yaml_path: Path, dimension: int, trust_remote_code: bool = False) -> None:
+    """The pyfunc model in `folder`: the YAML, the signature, an input example and the requirements; for a model
+    that runs its own code (`trust_remote_code`, as its study allowed), that permission as its model_config."""
     from mlflow.models import ModelSignature
     from mlflow.types import ParamSchema, ParamSpec, Schema, TensorSpec
 
@@ -164,6 +170,7 @@ def save_pyfunc(folder: Path, yaml_path: Path, dimension: int) -> None:
         signature=signature,
         input_example=(example, {"kind": "document"}),
         pip_requirements=_requirements(),
+        model_config={TRUST_REMOTE_CODE: True} if trust_remote_code else None,
     )
 
 

@@ -618,10 +618,13 @@ def dashboard_notes(study: optuna.Study, best: optuna.trial.FrozenTrial, selecti
 
     params = {**best.params, "layers": best.user_attrs.get("layers"), "basket_shares": trial_basket_shares(best)}
     why = f"Chosen by the **{selection.rule}** rule: {selection.reason()}."
-    lowest = selection.best.trial_number
+    trials = study.get_trials(deepcopy=False)
+    complete = [t for t in trials if t.state == TrialState.COMPLETE and t.values]
+    # the card's trial: the lowest value of the complete trials, feasible or not (one objective; none for --pareto)
+    lowest = min(complete, key=lambda t: t.values[0]).number if complete and len(study.directions) == 1 else best.number
     card = (
-        f"optuna-dashboard's *Best Trial* card shows trial {lowest}, the lowest objective: it reads neither the constraints "
-        "nor the selection rule."
+        f"optuna-dashboard's *Best Trial* card shows trial {lowest}, the lowest objective of the complete trials: it "
+        "reads neither the constraints nor the selection rule."
         if lowest != best.number
         else "It is also the trial optuna-dashboard's *Best Trial* card shows (the lowest objective)."
     )
@@ -631,13 +634,13 @@ def dashboard_notes(study: optuna.Study, best: optuna.trial.FrozenTrial, selecti
         f"**Trials**: {describe_trials(study)}.\n",
     )
     save_trial_note(study, best, f"## Winner of study {study.study_name}\n\n{why}\n")
-    trials = study.get_trials(deepcopy=False)
     if lowest != best.number:
         save_trial_note(
             study,
             trials[lowest],
-            f"## Lowest objective, not the winner\n\nTrial {best.number} won: {selection.reason()}. A lower value within "
-            "that noise is as likely luck as merit, and the milder calibration over-corrects less elsewhere.\n",
+            f"## Lowest objective, not the winner\n\noptuna-dashboard's *Best Trial* card shows this trial: the lowest "
+            f"value of the complete trials, feasible or not ({trials[lowest].user_attrs.get('feasible', '')[:300]}). "
+            f"Trial {best.number} won: {selection.reason()}.\n",
         )
     for trial in trials:
         if never_ran(trial) and trial.state.is_finished():

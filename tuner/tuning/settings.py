@@ -302,7 +302,12 @@ def check_run_options(settings: TuneSettings) -> None:
     if settings.storage is not None:
         require_own_database(settings.storage, OPTUNA)
     require_apart(settings.storage or OPTUNA.default, settings.tracking_uri or MLFLOW.default)
-    spec = check_model_name(settings.model, settings.pooling)  # type: ignore[arg-type]
+    spec = check_model_name(
+        settings.model,
+        settings.pooling,  # type: ignore[arg-type]
+        settings.padding_side,  # type: ignore[arg-type]
+        settings.revision,
+    )
     for flag, name in benchmark_names(settings):
         check_name(name, flag)
     if settings.output is not None:
