@@ -240,12 +240,19 @@ def reexport(
     was run with.
 
     The model is loaded exactly as the study loaded it: the recorded revision (a hub commit), and remote
-    code if the study was run with `--trust-remote-code`. The export is logged to the study's MLflow
-    parent run, in `tracking_uri` (default: the store the study logged to).
+    code if the study was run with `--trust-remote-code` (said, unless `trust_remote_code` allows it here too).
+    The export is logged to the study's MLflow parent run, in `tracking_uri` (default: the store the study
+    logged to).
     """
     study = load_stored_study(study_name, storage)
     attrs = study.user_attrs
     _require_made_by_tune(study_name, storage, attrs)
+    if attrs.get("trust_remote_code") and not trust_remote_code:
+        log.warning(
+            "study %s was tuned with --trust-remote-code, so %s runs its own code from its repository here too",
+            study_name,
+            attrs["model_name"],
+        )
     if selection is None:
         selection = attrs.get(SELECTION_ATTR) or "one-se"
         if SELECTION_ATTR not in attrs:
@@ -522,7 +529,7 @@ def _export_and_register(winning: _Winning) -> tuple[Path, Registered | None]:
             ) from None
         if registered is not None:
             try:
-                publish(winning.tracker, registered, path, int(winning.model.model.config.hidden_size))
+                publish(winning.tracker, registered, path, int(winning.model.model.config.hidden_size), winning.settings.trust_remote_code)
             except Exception as error:  # noqa: BLE001 - as above
                 log.warning(
                     "the winner's MLflow model was not written (%s: %s)",
@@ -618,13 +625,10 @@ def dashboard_notes(study: optuna.Study, best: optuna.trial.FrozenTrial, selecti
 
     params = {**best.params, "layers": best.user_attrs.get("layers"), "basket_shares": trial_basket_shares(best)}
     why = f"Chosen by the **{selection.rule}** rule: {selection.reason()}."
-    trials = study.get_trials(deepcopy=False)
-    complete = [t for t in trials if t.state == TrialState.COMPLETE and t.values]
-    # the card's trial: the lowest value of the complete trials, feasible or not (one objective; none for --pareto)
-    lowest = min(complete, key=lambda t: t.values[0]).number if complete and len(study.directions) == 1 else best.number
+    lowest = selection.best.trial_number
     card = (
-        f"optuna-dashboard's *Best Trial* card shows trial {lowest}, the lowest objective of the complete trials: it "
-        "reads neither the constraints nor the selection rule."
+        f"optuna-dashboard's *Best Trial* card shows trial {lowest}, the lowest objective: it reads neither the constraints "
+        "nor the selection rule."
         if lowest != best.number
         else "It is also the trial optuna-dashboard's *Best Trial* card shows (the lowest objective)."
     )
@@ -634,13 +638,13 @@ def dashboard_notes(study: optuna.Study, best: optuna.trial.FrozenTrial, selecti
         f"**Trials**: {describe_trials(study)}.\n",
     )
     save_trial_note(study, best, f"## Winner of study {study.study_name}\n\n{why}\n")
+    trials = study.get_trials(deepcopy=False)
     if lowest != best.number:
         save_trial_note(
             study,
             trials[lowest],
-            f"## Lowest objective, not the winner\n\noptuna-dashboard's *Best Trial* card shows this trial: the lowest "
-            f"value of the complete trials, feasible or not ({trials[lowest].user_attrs.get('feasible', '')[:300]}). "
-            f"Trial {best.number} won: {selection.reason()}.\n",
+            f"## Lowest objective, not the winner\n\nTrial {best.number} won: {selection.reason()}. A lower value within "
+            "that noise is as likely luck as merit, and the milder calibration over-corrects less elsewhere.\n",
         )
     for trial in trials:
         if never_ran(trial) and trial.state.is_finished():
