@@ -174,3 +174,34 @@ def test_a_job_array_on_one_journal_counts_every_trial_once_when_a_worker_is_kil
     assert [(t["number"], t["state"]) for t in dashboard_api(journal, f"/api/studies/{shown}")["trials"]] == [
         (t.number, t.state.name.capitalize()) for t in trials
     ]
+
+
+def test_a_worker_task_says_what_it_waits_for_and_for_how_long_then_gives_up(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A task other than the coordinator waited up to an hour without a word when no coordinator came (in the
+    Kubernetes example: pods 1-4 after pod 0 failed). It says what it waits for and until when, at once and then
+    periodically, and gives up naming the fix."""
+    import logging
+
+    import optuna
+
+    from tuner.common.messages import UserError
+    from tuner.tuning.session import await_floor
+    from tuner.tuning.storage import make_storage
+
+    storage = f"journal:{tmp_path / 'study.journal'}"
+    study = optuna.create_study(study_name="s", storage=make_storage(storage))
+    task = TuneSettings(array_task=ArrayTask(2, "JOB_COMPLETION_INDEX=2"))
+    start = time.monotonic()
+    with caplog.at_level(logging.INFO), pytest.raises(UserError) as error:
+        await_floor(study, task, timeout=2.5, every=1.0, poll=0.1)
+    said = [record.getMessage() for record in caplog.records if record.name.startswith("tuner")]
+    assert said[0] == (
+        "waiting for task 0 of the job array (the coordinator) to measure the baseline and set the HM floor of study "
+        "'s'; giving up after 2 s"
+    ), said
+    assert len([line for line in said if line.startswith("still waiting for task 0 of the job array")]) >= 2, said
+    assert "no coordinator set the HM floor of study 's'" in str(error.value) and "task 0" in str(error.value)
+    assert time.monotonic() - start < 10
+    study.set_user_attr("floor_value", 0.25)  # once it is set, the wait ends at once and says nothing
+    caplog.clear()
+    assert await_floor(study, task, timeout=2.5) == 0.25 and not [r for r in caplog.records if r.name.startswith("tuner")]

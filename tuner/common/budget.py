@@ -9,7 +9,6 @@ worker reads; the draw the allowance had no room for is stored as a `BudgetEnd` 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
@@ -18,6 +17,7 @@ import optuna
 
 from tuner.common.messages import UserError
 from tuner.common.options import Budget
+from tuner.common.waiting import wait_until
 
 BUDGET_ATTR = "budget"  # a study attribute: `StudyBudget.to_attr()` of `--budget`, resolved by the coordinator
 BUDGET_END_ATTR = "budget_end"  # a study attribute: `BudgetEnd.to_attr()` of the draw the budget had no room for
@@ -138,10 +138,12 @@ def describe_budget(budget: StudyBudget) -> str:
 
 
 def await_priced(study: optuna.Study, timeout: float = 3600.0) -> StudyBudget | None:
-    """The budget once the coordinating `tune` has priced it on its loaded structures (`StudyBudget.priced`)."""
-    deadline = time.monotonic() + timeout
-    while (budget := study_budget(study)) is not None and not budget.priced:
-        if time.monotonic() > deadline:
-            raise UserError(f"the coordinator of study {study.study_name!r} never priced its --budget; restart it")
-        time.sleep(1)
-    return budget
+    """The budget once the coordinating `tune` has priced it on its loaded structures (`StudyBudget.priced`), said
+    while it is awaited (`wait_until`)."""
+    wait_until(
+        lambda: (budget := study_budget(study)) is None or budget.priced,
+        waiting=f"waiting for the coordinator of study {study.study_name!r} to price its --budget",
+        gave_up=f"the coordinator of study {study.study_name!r} never priced its --budget; restart it",
+        timeout=timeout,
+    )
+    return study_budget(study)

@@ -40,9 +40,9 @@ from tuner.tracking.progress import Phase, StudyProgress
 from tuner.tracking.runs import describe_config, local_store
 from tuner.tuning.objective import TrialObjective
 from tuner.tuning.search_space import PAPER_GRID, trial_basket_shares
-from tuner.tuning.session import FLOOR_ATTR, Session, prepare
+from tuner.tuning.session import FLOOR_ATTR, Session, await_floor, prepare
 from tuner.tuning.settings import TuneSettings, local_worker_identity, process_identity, worker_devices
-from tuner.tuning.storage import make_storage, storage_error, storage_file
+from tuner.tuning.storage import storage_error, storage_file
 from tuner.tuning.study import OWNER_ATTR, WINNER_ATTR, Terminated, TrialsEnd, fail_dead_trials, run_trials, winner
 from tuner.tuning.trial_scoring import SideSet
 
@@ -53,7 +53,7 @@ def run_as_worker(session: Session) -> None:
     """Run trials of a study another `tune` coordinates, once it has stored the HM floor."""
     settings = session.settings
     workers = start_workers(settings, settings.workers - 1)
-    floor = _floor_set_by_coordinator(session.name, session.storage, settings.heartbeat)
+    floor = await_floor(session.study, settings)
     run_session_trials(session, floor, workers)
 
 
@@ -283,16 +283,6 @@ def _stop_short(ended: TrialsEnd, session: Session) -> NoReturn:
             "KILLED" if signalled else "FAILED",
         )
     raise StoppedEarlyError(message, ended.stopped or "failures")
-
-
-def _floor_set_by_coordinator(name: str, storage: str, heartbeat: int, timeout: float = 3600.0) -> float:
-    """A worker waits until the coordinating `tune` has measured the baseline and stored the floor."""
-    deadline = time.monotonic() + timeout
-    while FLOOR_ATTR not in (attrs := optuna.load_study(study_name=name, storage=make_storage(storage, heartbeat)).user_attrs):
-        if time.monotonic() > deadline:
-            raise UserError(f"no coordinator set the HM floor of study {name!r}; start `tune` without --worker first")
-        time.sleep(2)
-    return float(attrs[FLOOR_ATTR])
 
 
 def watch_workers(workers: list[multiprocessing.process.BaseProcess], study: optuna.Study) -> Callable[[], None]:
