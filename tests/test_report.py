@@ -10,7 +10,7 @@ from rich.console import Console
 
 from tuner.data import PositionalDataset
 from tuner.engine.models import LoadedModel, load_model
-from tuner.report.tables import BASELINE, SEA, EvaluationTable, render, run_evaluation, to_dict, to_markdown
+from tuner.report.tables import BASELINE, SEA, EvaluationTable, ScoringOptions, render, run_evaluation, to_dict, to_markdown
 
 GROUPS = ("begin", "middle", "end")
 
@@ -49,7 +49,7 @@ def tiny(tiny_model_dir) -> LoadedModel:
 @pytest.fixture(scope="module")
 def table(tiny: LoadedModel) -> EvaluationTable:
     configs = [("λ0", tiny.default_config(strength=0.0)), ("λ1 B8", tiny.default_config(strength=1.0, basket_size=8))]
-    return run_evaluation(tiny, positional(), configs, n_resamples=50, batch_size=4)
+    return run_evaluation(tiny, positional(), configs, ScoringOptions(n_resamples=50, batch_size=4))
 
 
 def test_rows_baseline_configs_then_sea(table: EvaluationTable) -> None:
@@ -85,11 +85,7 @@ def test_general_set_without_shuffling(tiny: LoadedModel) -> None:
         tiny,
         positional(),
         [("λ1", tiny.default_config(strength=1.0, basket_size=8))],
-        sea=False,
-        general=general(),
-        shuffled=False,
-        n_resamples=20,
-        batch_size=4,
+        ScoringOptions(sea=False, general=general(), shuffled=False, n_resamples=20, batch_size=4),
     )
     assert [row.name for row in result.rows] == [BASELINE, "λ1"]
     assert result.general is not None and result.general.dataset == "toy-general"
@@ -102,9 +98,9 @@ def test_general_set_without_shuffling(tiny: LoadedModel) -> None:
 def test_row_names_must_be_unique(tiny: LoadedModel) -> None:
     config = tiny.default_config()
     with pytest.raises(ValueError, match="unique"):
-        run_evaluation(tiny, positional(), [("a", config), ("a", config)], sea=False, shuffled=False)
+        run_evaluation(tiny, positional(), [("a", config), ("a", config)], ScoringOptions(sea=False, shuffled=False))
     with pytest.raises(ValueError, match="unique"):
-        run_evaluation(tiny, positional(), [(SEA, config)], shuffled=False)
+        run_evaluation(tiny, positional(), [(SEA, config)], ScoringOptions(shuffled=False))
 
 
 def test_markdown_has_the_paper_columns_and_every_row(table: EvaluationTable) -> None:

@@ -20,7 +20,7 @@ from tuner.engine.specs import resolve_spec
 from tuner.evaluation.visible import within_reach
 from tuner.report import posir, tables
 from tuner.report.posir import PosIRTable
-from tuner.report.tables import EvaluationTable
+from tuner.report.tables import EvaluationTable, ScoringOptions
 
 PAPER_DEFAULT = "Paper default (CLS-Soft, λ 0.5, 50% layers, B 128)"
 
@@ -48,18 +48,18 @@ def evaluate(request: EvaluateRequest) -> Table:
     for path, exported in exports:
         exported.check_model(loaded)
         configs.append((f"{path.name} (trial {exported.provenance.trial})", exported.calibration))
-    common: dict[str, Any] = {
-        "sea": request.sea,
-        "general": general,
-        "shuffled": request.shuffled,
-        "n_resamples": request.bootstrap,
-        "seed": request.seed,
-        "batch_size": request.batch_size,
-    }
+    options = ScoringOptions(
+        sea=request.sea,
+        general=general,
+        shuffled=request.shuffled,
+        n_resamples=request.bootstrap,
+        seed=request.seed,
+        batch_size=request.batch_size,
+    )
     if scored is not None:
-        return tables.run_evaluation(loaded, within_reach(scored, loaded), configs, **common)
+        return tables.run_evaluation(loaded, within_reach(scored, loaded), configs, options)
     name = folders[0].dataset.name if len(folders) == 1 else folders[0].dataset.name.rpartition("/")[0]
-    return posir.run_posir_evaluation(loaded, folders, configs, name=name, instruction=request.instruction, **common)
+    return posir.run_posir_evaluation(loaded, folders, configs, options, name=name, instruction=request.instruction)
 
 
 def render(table: Table, console: Console) -> None:

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Protocol, Self, TypeVar
 
 from rich.console import Console
 from rich.table import Table
 
 from objectives import PairedBootstrap, PositionReport, paired_bootstrap
+from objectives.bootstrap import Interval
 from tuner.calibration import CalibrationConfig
 from tuner.data import PositionalDataset
 from tuner.engine.models import LoadedModel
@@ -61,107 +62,143 @@ class GeneralTable:
 
 
 @dataclass(frozen=True)
-class EvaluationTable:
-    """Everything `run_evaluation` measured; the first row is always the uncalibrated baseline. `pooling`,
-    `padding_side` and `query_prompt` say how the model was loaded and what its queries were prefixed with."""
+class MethodTable:
+    """What `tune evaluate` measured, whichever the scoring: `pooling`, `padding_side` and `query_prompt` say how the
+    model was loaded and what its queries were prefixed with; `general` is Table 3, where it was run."""
 
     model: str
+    pooling: str
+    padding_side: str
+    query_prompt: str
     dataset: str
-    group_order: tuple[str, ...]
-    rows: tuple[PositionalRow, ...]
     general: GeneralTable | None
     n_resamples: int
     seed: int
-    pooling: str = ""
-    padding_side: str = ""
-    query_prompt: str = ""
+
+    @classmethod
+    def measured(
+        cls,
+        model: LoadedModel,
+        dataset: str,
+        general: GeneralTable | None,
+        options: ScoringOptions,
+        **own: Any,
+    ) -> Self:
+        """The table of `model` as loaded (its pooling, padding side and query prompt) on `dataset`, scored with
+        `options`; `own`: the scoring's own fields."""
+        loaded = (model.spec.alias, model.spec.pooling, model.spec.padding_side, model.spec.query_prompt)
+        return cls(*loaded, dataset, general, options.n_resamples, options.seed, **own)
+
+    def as_dict(self, scoring: str, rows: list[dict[str, Any]], **own: Any) -> dict[str, Any]:
+        """The JSON form every scoring shares, around its `rows` (`method_dict`) and its `own` fields."""
+        shared = {"model": self.model, "pooling": self.pooling, "padding_side": self.padding_side}
+        shared |= {"query_prompt": self.query_prompt, "dataset": self.dataset}
+        bootstrap = {"n_resamples": self.n_resamples, "seed": self.seed}
+        return {"scoring": scoring, **shared, **own, **bootstrap, "rows": rows, "general": general_dict(self.general)}
+
+
+@dataclass(frozen=True)
+class EvaluationTable(MethodTable):
+    """Everything `run_evaluation` measured: one row per method (the first always the uncalibrated baseline) over
+    the set's position groups."""
+
+    group_order: tuple[str, ...]
+    rows: tuple[PositionalRow, ...]
 
 
 def methods_evaluator(
-    model: LoadedModel, dataset: PositionalDataset, configs: Sequence[tuple[str, CalibrationConfig]], *, sea: bool, batch_size: int | None
+    model: LoadedModel,
+    dataset: PositionalDataset,
+    configs: Sequence[tuple[str, CalibrationConfig]],
+    options: ScoringOptions,
 ) -> Evaluator:
-    """An evaluator for scoring the baseline, `configs` and (if `sea`) SEA on `dataset` (layer inputs cached once)."""
-    names = [BASELINE, *(name for name, _ in configs), *([SEA] if sea else [])]
+    """An evaluator for scoring the baseline, `configs` and (if `options.sea`) SEA on `dataset` (layer inputs cached
+    once)."""
+    names = [BASELINE, *(name for name, _ in configs), *([SEA] if options.sea else [])]
     if len(set(names)) != len(names):
         raise ValueError(f"row names must be unique and differ from {BASELINE!r} and {SEA!r}; got {names}")
-    return Evaluator(model, dataset, batch_size, prefix_layers=starting_layers((c for _, c in configs), model.num_layers))
+    prefix_layers = starting_layers((c for _, c in configs), model.num_layers)
+    return Evaluator(model, dataset, options.batch_size, prefix_layers=prefix_layers)
 
 
 def score_methods(
-    evaluator: Evaluator, configs: Sequence[tuple[str, CalibrationConfig]], *, sea: bool, batch_size: int | None
+    evaluator: Evaluator, configs: Sequence[tuple[str, CalibrationConfig]], options: ScoringOptions
 ) -> Iterator[tuple[str, Evaluation]]:
-    """Each indexing method's evaluation as it completes: the baseline, each named config, then (if `sea`) SEA."""
+    """Each indexing method's evaluation as it completes: the baseline, each named config, then (if `options.sea`)
+    SEA."""
     yield BASELINE, evaluator.run(None)
     for name, config in configs:
         yield name, evaluator.run(config)
-    if sea:
+    if options.sea:
         start = time.perf_counter()
         texts = [evaluator.dataset.corpus[d] for d in evaluator.doc_ids]
-        vectors, truncated = segment_embed_average(evaluator.model, texts, batch_size=batch_size)
+        vectors, truncated = segment_embed_average(evaluator.model, texts, batch_size=options.batch_size)
         yield SEA, evaluator.score(vectors, seconds=time.perf_counter() - start, truncated=truncated)
 
 
 def general_table(
     model: LoadedModel,
-    general: PositionalDataset,
     configs: Sequence[tuple[str, CalibrationConfig]],
-    *,
-    shuffled: bool,
-    seed: int,
-    batch_size: int | None,
-) -> GeneralTable:
-    """Table 3: the baseline and `configs` on the general set, and (with `shuffled`) on its sentence-shuffled copy."""
+    options: ScoringOptions,
+) -> GeneralTable | None:
+    """Table 3: the baseline and `configs` on the general set, and (with `shuffled`) on its sentence-shuffled copy;
+    None without a general set."""
+    if options.general is None:
+        return None
     methods: list[tuple[str, CalibrationConfig | None]] = [(BASELINE, None), *configs]
-    evaluator = Evaluator(model, general, batch_size)
+    evaluator = Evaluator(model, options.general, options.batch_size)
     originals = {name: evaluator.run(config).report for name, config in methods}
-    return _general_table(evaluator, originals, methods, shuffled, seed)
+    return _general_table(evaluator, originals, methods, options.shuffled, options.seed)
+
+
+@dataclass(frozen=True)
+class ScoringOptions:
+    """How `tune evaluate` scores, whichever the scoring: Segment Embed Average beside the configs (`sea`), Table 3
+    on a `general` set and its sentence-shuffled check (`shuffled`), the paired bootstrap's `n_resamples` and
+    `seed` (which also shuffles), and the batch size (None: chosen from the device's free memory)."""
+
+    sea: bool = True
+    general: PositionalDataset | None = None
+    shuffled: bool = True
+    n_resamples: int = 1000
+    seed: int = 0
+    batch_size: int | None = None
 
 
 def run_evaluation(
     model: LoadedModel,
     dataset: PositionalDataset,
     configs: Sequence[tuple[str, CalibrationConfig]],
-    *,
-    sea: bool = True,
-    general: PositionalDataset | None = None,
-    shuffled: bool = True,
-    n_resamples: int = 1000,
-    seed: int = 0,
-    batch_size: int | None = None,
+    options: ScoringOptions,
 ) -> EvaluationTable:
-    """Score the baseline, each named config and (if `sea`) Segment Embed Average on `dataset`.
+    """Score the baseline, each named config and (with `options.sea`) Segment Embed Average on `dataset`.
 
-    Non-baseline rows carry paired-bootstrap intervals (`n_resamples`, `seed`) of their change against
-    the baseline. With `general`, the baseline and configs are also scored there, and with `shuffled`
-    on sentence-shuffled copies of its documents (seeded by `seed`); without `general`, `shuffled`
-    runs that check on `dataset` itself, reusing the original scores already computed.
+    Non-baseline rows carry paired-bootstrap intervals of their change against the baseline. With
+    `options.general`, the baseline and configs are also scored there, and with `options.shuffled` on
+    sentence-shuffled copies of its documents; without `general`, `shuffled` runs that check on `dataset`
+    itself, reusing the original scores already computed.
     """
-    evaluator = methods_evaluator(model, dataset, configs, sea=sea, batch_size=batch_size)
+    n_resamples, seed = options.n_resamples, options.seed
+    evaluator = methods_evaluator(model, dataset, configs, options)
     rows: list[PositionalRow] = []
     baseline: Evaluation | None = None
-    for name, evaluation in score_methods(evaluator, configs, sea=sea, batch_size=batch_size):
+    for name, evaluation in score_methods(evaluator, configs, options):
         baseline = baseline or evaluation
         deltas = None if not rows else paired_bootstrap(baseline.per_query, evaluation.per_query, n_resamples, seed)
         rows.append(PositionalRow(name, evaluation.report, deltas, evaluation.truncated, evaluation.encode_seconds))
         _log_row(rows[-1])
 
-    general_result = None
-    if general is not None:
-        general_result = general_table(model, general, configs, shuffled=shuffled, seed=seed, batch_size=batch_size)
-    elif shuffled:
+    general_result = general_table(model, configs, options)
+    if general_result is None and options.shuffled:
         originals = {row.name: row.report for row in rows}
-        general_result = _general_table(evaluator, originals, [(BASELINE, None), *configs], shuffled, seed)
-    return EvaluationTable(
-        model.spec.alias,
+        general_result = _general_table(evaluator, originals, [(BASELINE, None), *configs], options.shuffled, seed)
+    return EvaluationTable.measured(
+        model,
         dataset.name,
-        dataset.group_order,
-        tuple(rows),
         general_result,
-        n_resamples,
-        seed,
-        model.spec.pooling,
-        model.spec.padding_side,
-        model.spec.query_prompt,
+        options,
+        group_order=dataset.group_order,
+        rows=tuple(rows),
     )
 
 
@@ -205,41 +242,49 @@ def psi_cell(value: float | None) -> str:
     return "—" if value is None else f"{value:.3f}"
 
 
+def change(interval: Interval | None, scale: float = 100.0, digits: int = 2) -> str:
+    """A change against the baseline with its interval (`Interval.format`); — where undefined and for the baseline."""
+    return "—" if interval is None else interval.format(scale, digits)
+
+
+class MethodRow(Protocol):
+    """A row of a table of indexing methods: Table 1's (`PositionalRow`) or PosIR's."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def deltas(self) -> Any: ...  # its changes against the baseline (a dataclass), None for the baseline itself
+
+    @property
+    def truncated(self) -> int: ...  # documents cut at the model's maximum length
+
+
+Row = TypeVar("Row", bound=MethodRow)
+
+
+def method_grid(title: str, columns: Sequence[tuple[str, Callable[[Row], str]]], rows: Sequence[Row]) -> Grid:
+    """A table of indexing methods, as Table 1 lays it out: the method, one cell per column, the documents truncated."""
+    headers = ["Indexing method", *(header for header, _ in columns), "truncated"]
+    return title, headers, [[row.name, *(cell(row) for _, cell in columns), str(row.truncated)] for row in rows]
+
+
 def _main_grid(table: EvaluationTable) -> Grid:
     title = (
         f"nDCG@10 on {table.dataset} by answer position — {table.model} (×100; PSI raw; Δ vs {BASELINE} "
         f"with 95% paired-bootstrap CI over {table.n_resamples} resamples)"
     )
-    headers = [
-        "Indexing method",
-        *table.group_order,
-        "HM",
-        "PSI ↓",
-        "nDCG@10",
-        "Recall@10",
-        "ΔHM",
-        "ΔPSI",
-        "ΔnDCG@10",
-        "truncated",
+    columns: list[tuple[str, Callable[[PositionalRow], str]]] = [
+        *((group, lambda row, group=group: points(row.report.group_ndcg10[group])) for group in table.group_order),
+        ("HM", lambda row: points(row.report.hm)),
+        ("PSI ↓", lambda row: psi_cell(row.report.psi)),
+        ("nDCG@10", lambda row: points(row.report.ndcg10)),
+        ("Recall@10", lambda row: points(row.report.recall10)),
+        ("ΔHM", lambda row: change(row.deltas.hm if row.deltas else None)),
+        ("ΔPSI", lambda row: change(row.deltas.psi if row.deltas else None, scale=1, digits=3)),
+        ("ΔnDCG@10", lambda row: change(row.deltas.ndcg10 if row.deltas else None)),
     ]
-    rows = []
-    for row in table.rows:
-        report, deltas = row.report, row.deltas
-        rows.append(
-            [
-                row.name,
-                *(points(report.group_ndcg10[group]) for group in table.group_order),
-                points(report.hm),
-                psi_cell(report.psi),
-                points(report.ndcg10),
-                points(report.recall10),
-                "—" if deltas is None or deltas.hm is None else deltas.hm.format(),
-                "—" if deltas is None or deltas.psi is None else deltas.psi.format(scale=1, digits=3),
-                "—" if deltas is None else deltas.ndcg10.format(),
-                str(row.truncated),
-            ]
-        )
-    return title, headers, rows
+    return method_grid(title, columns, table.rows)
 
 
 def general_grid(model: str, general: GeneralTable) -> Grid:
@@ -343,28 +388,14 @@ def grids_markdown(grids: Sequence[Grid]) -> str:
 
 def to_dict(table: EvaluationTable) -> dict[str, Any]:
     """JSON-ready nested dict (scores on the 0–1 scale, as in `PositionReport`), e.g. for `mlflow.log_dict`."""
-    return {
-        "scoring": "posfair",
-        "model": table.model,
-        "pooling": table.pooling,
-        "padding_side": table.padding_side,
-        "query_prompt": table.query_prompt,
-        "dataset": table.dataset,
-        "group_order": list(table.group_order),
-        "n_resamples": table.n_resamples,
-        "seed": table.seed,
-        "rows": [
-            {
-                "name": row.name,
-                "metrics": row.report.as_dict(),
-                "deltas": None if row.deltas is None else asdict(row.deltas),
-                "truncated": row.truncated,
-                "encode_seconds": row.encode_seconds,
-            }
-            for row in table.rows
-        ],
-        "general": general_dict(table.general),
-    }
+    rows = [method_dict(row, row.report.as_dict(), encode_seconds=row.encode_seconds) for row in table.rows]
+    return table.as_dict("posfair", rows, group_order=list(table.group_order))
+
+
+def method_dict(row: MethodRow, metrics: Mapping[str, Any], **more: Any) -> dict[str, Any]:
+    """One method's row as JSON: its figures (`metrics`), its changes against the baseline, what was truncated."""
+    deltas = None if row.deltas is None else asdict(row.deltas)
+    return {"name": row.name, "metrics": dict(metrics), "deltas": deltas, "truncated": row.truncated, **more}
 
 
 def general_dict(general: GeneralTable | None) -> dict[str, Any] | None:
