@@ -485,6 +485,14 @@ def test_a_yaml_alias_bomb_is_refused_at_once(exported_yaml: dict, in_tmp: Path)
     assert time.monotonic() - start < 30
 
 
+def test_a_yaml_of_too_many_written_out_values_is_not_called_an_alias_bomb(in_tmp: Path) -> None:
+    """A `--space` of 200,000 written-out values was said to expand "through its aliases", which it has none of."""
+    (in_tmp / "space.yaml").write_text(f"basket_sizes: [{', '.join(['64'] * 200_000)}]\n", encoding="utf-8")
+    output = tune("--space", str(in_tmp / "space.yaml"), "--trials", "1")
+    assert f"--space {in_tmp / 'space.yaml'}: holds more than 100,000 values, far more than any file posfair reads" in output
+    assert "alias" not in output
+
+
 def test_a_huge_value_is_shown_shortened_in_the_error(exported_yaml: dict, in_tmp: Path) -> None:
     """Case 8: a 50 MB unknown value was echoed in full on stderr."""
     path = write_config(in_tmp, exported_yaml)
@@ -894,6 +902,14 @@ def test_the_pyfunc_reads_a_frame_by_its_text_column_or_refuses_it(champion: dic
     assert same_vectors(model.predict(PASSAGES, params={"kind": "query"}), encoder.encode_query(PASSAGES))
 
 
+def test_the_pyfunc_reads_a_zero_dimensional_array_as_one_text(champion: dict) -> None:
+    """`predict(np.array("text"))`, a 0-d array, raised a raw `TypeError: iteration over a 0-d array`."""
+    model, encoder = champion["model"], champion["encoder"]
+    assert same_vectors(model.predict(np.array(PASSAGES[0])), encoder.encode_document(PASSAGES[:1]))
+    with pytest.raises(ValueError, match=r"input 0 is an int \(3\), not a string"):
+        model.predict(np.array(3))
+
+
 def test_the_pyfunc_answers_no_texts_with_no_rows(champion: dict) -> None:
     """`predict([])` raised MLflow's schema error, an empty `text` column an IndexError."""
     import pandas as pd
@@ -972,6 +988,19 @@ def test_a_stratum_with_too_few_queries_per_group_is_refused_before_the_model_lo
     assert not (in_tmp / "mlruns").exists()
     edit_jsonl(copy / "queries.jsonl", lambda queries: [{**q, "stratum": "long"} for q in queries])
     succeeds(*tiny_run(tiny_model_dir("bert"), copy, "--trials", "1"))
+
+
+def test_a_stratum_on_some_queries_only_is_refused_before_the_model_loads_leaving_no_store(
+    tiny_model_dir, tiny_data: Path, in_tmp: Path
+) -> None:
+    """A stratum that covered only part of the queries failed after the model loaded (the metrics refused it),
+    and left mlruns/optuna.db behind."""
+    copy = copy_of(tiny_data, "partial-stratum")
+    edit_jsonl(copy / "queries.jsonl", lambda queries: [{**q, "stratum": "long"} if i < 18 else q for i, q in enumerate(queries)])
+    output = tune(*tiny_run(tiny_model_dir("bert"), copy))
+    assert "18 of its 36 queries with a position group have no stratum (e.g. 'q6-begin')" in output
+    assert "give each of them a 'stratum', or drop 'stratum' from every query" in output
+    assert not (in_tmp / "mlruns").exists()
 
 
 def test_resuming_a_study_with_its_constraints_or_side_sets_changed_is_refused(tiny_model_dir, tiny_data: Path, in_tmp: Path) -> None:

@@ -66,6 +66,7 @@ def _answer(*args: str, cwd: Path) -> tuple[dict, float]:
         (["evaluate", "--calibration", "nonsense"], 2),
         (["--model", "minlm"], 2),  # a name typo: before the settings table and the heavy imports
         (["--dataset", "wikipos-dve"], 2),
+        (["--space", "nowhere.yaml"], 2),  # a --space file that is not there was said after the heavy imports (35 s)
     ],
 )
 def test_help_and_refused_options_load_no_heavy_library(args: list[str], code: int, tmp_path: Path) -> None:

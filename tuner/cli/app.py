@@ -775,9 +775,16 @@ def parse_inline(text: str) -> dict[str, object]:
 
 
 def _space_from(path: Path | None) -> SearchSpace | None:
-    """The search space of a YAML file; None (no file) lets TuneSettings make the default after its checks."""
+    """The search space of a YAML file; None (no file) lets TuneSettings make the default after its checks. A file
+    that is missing or no YAML is said before the search space's heavy imports (Optuna, torch)."""
     if path is None:
         return None
+    from tuner.common.safe_yaml import YamlError, load_file
+
+    try:
+        load_file(path)
+    except YamlError as error:
+        raise ValueError(f"--space {error}") from None
     from tuner.tuning.search_space import SearchSpace
 
     return SearchSpace.from_yaml(path)

@@ -39,8 +39,9 @@ class _Loader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def _expanded_size(root: Node, limit: int) -> int:
-    """Nodes the document holds once every alias is expanded, counted on the shared graph (linear time)."""
+def _expanded_size(root: Node, limit: int) -> tuple[int, int]:
+    """Nodes the document holds once every alias is expanded, counted on the shared graph (linear time), and the
+    nodes written in it (each alias's target once)."""
     sizes: dict[int, int] = {}
     visiting: set[int] = set()
 
@@ -62,7 +63,7 @@ def _expanded_size(root: Node, limit: int) -> int:
         sizes[key] = min(total, limit + 1)
         return sizes[key]
 
-    return size(root)
+    return size(root), len(sizes)
 
 
 def loads(text: str, source: str = "<yaml>", max_nodes: int = MAX_NODES) -> Any:
@@ -72,7 +73,13 @@ def loads(text: str, source: str = "<yaml>", max_nodes: int = MAX_NODES) -> Any:
         node = loader.get_single_node()
         if node is None:
             return None
-        if _expanded_size(node, max_nodes) > max_nodes:
+        expanded, written = _expanded_size(node, max_nodes)
+        if written > max_nodes:
+            raise YamlError(
+                f"{source}: holds more than {max_nodes:,} values, far more than any file posfair reads (a config, a "
+                "search space or an options file holds tens); give the right file, or list fewer values"
+            )
+        if expanded > max_nodes:
             raise YamlError(
                 f"{source}: expands to more than {max_nodes:,} values through its aliases (*name); "
                 "write the values out or use fewer aliases"
@@ -105,7 +112,7 @@ def load_file(path: str | Path, max_nodes: int = MAX_NODES) -> Any:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise YamlError(f"{path}: no such file") from None
+        raise YamlError(f"{path}: no such file; check the name and the folder ({Path.cwd()})") from None
     except UnicodeDecodeError:
         raise YamlError(f"{path}: not UTF-8 text; re-save it as UTF-8") from None
     except OSError as error:

@@ -205,6 +205,14 @@ def require_position_groups(dataset: PositionalDataset, flag: str) -> None:
 
 
 def _require_full_strata(dataset: PositionalDataset, flag: str, groups: list[str]) -> None:
+    grouped = [qid for qid, labels in dataset.groups.items() if labels]
+    unstratified = [qid for qid in grouped if qid not in dataset.strata] if dataset.strata else []
+    if unstratified:  # HM and PSI are means over strata: such a query would belong to none
+        raise ValueError(
+            f"{flag} {dataset.name}: {len(unstratified)} of its {len(grouped)} queries with a position group have no "
+            f"stratum (e.g. {unstratified[0]!r}), while the others have one; give each of them a 'stratum', or drop "
+            "'stratum' from every query"
+        )
     counts: dict[str, dict[str, int]] = {}
     for qid, stratum in dataset.strata.items():
         cell = counts.setdefault(stratum, dict.fromkeys(groups, 0))

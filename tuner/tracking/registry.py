@@ -78,7 +78,7 @@ def _load_pyfunc(data_path: str, model_config: dict[str, Any] | None = None) -> 
 
 
 def _texts(model_input: Any) -> list[str]:
-    """The texts, one output row each: a string, a list, array or Series of strings, or the `text` column (or
+    """The texts, one output row each: a string, a list, array (0-d too) or Series of strings, or the `text` column (or
     only column) of a DataFrame or dict, as MLflow passes them. Anything but a string (None, a number) is refused
     with its index: embedding its repr would return a vector for the word "None"."""
     if isinstance(model_input, dict) or hasattr(model_input, "columns"):
@@ -89,6 +89,8 @@ def _texts(model_input: Any) -> list[str]:
             model_input = model_input[columns[0]]
         else:
             raise ValueError(f"input columns {columns}: give one column, or one named 'text'")
+    if getattr(model_input, "ndim", None) == 0:  # a 0-d array (np.array("text")): its one element
+        model_input = [model_input.item()]
     if isinstance(model_input, str):
         return [model_input]
     texts = list(model_input)
