@@ -49,8 +49,36 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+WATCHDOG = """
+import os, signal, subprocess, sys, time
+
+suite, command = int(sys.argv[1]), sys.argv[2:]
+server = subprocess.Popen(command)  # in this process group, as its uvicorn worker will be
+
+
+def end(*_):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    os.killpg(0, signal.SIGTERM)
+    try:
+        server.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(0, signal.SIGKILL)
+    sys.exit(server.returncode or 0)
+
+
+signal.signal(signal.SIGTERM, end)
+while server.poll() is None and os.getppid() == suite:
+    time.sleep(0.5)
+end()
+"""
+"""Runs the server as its child and ends the process group with it when the test process is gone: pytest
+stopped by SIGTERM (as CI runners and schedulers stop `make test`) runs no fixture's teardown, and the server's
+own session keeps the signal from reaching it; a killed pytest leaves this parentless, which it notices."""
+
+
 class MlflowServer:
-    """`mlflow server` on loopback, in its own process group so that a kill takes its workers too."""
+    """`mlflow server` on loopback, in its own process group so that a kill takes its workers too, under a
+    watchdog (`WATCHDOG`) that ends the group when the test process ends, however it ends."""
 
     def __init__(self, backend: str, artifacts: Path, log: Path, port: int | None = None) -> None:
         self.backend, self.artifacts, self.log = backend, artifacts, log
@@ -63,6 +91,10 @@ class MlflowServer:
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
                 [
+                    sys.executable,
+                    "-c",
+                    WATCHDOG,
+                    str(os.getpid()),
                     sys.executable,
                     "-m",
                     "mlflow",
