@@ -45,7 +45,11 @@ def living(group: int) -> list[str]:
 def test_the_suites_mlflow_server_ends_when_the_suite_is_stopped_by_sigterm(tmp_path: Path) -> None:
     (tmp_path / "test_suite.py").write_text(SUITE, encoding="utf-8")
     group_file = tmp_path / "server-group"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), "SERVER_GROUP_FILE": str(group_file)}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "SERVER_GROUP_FILE": str(group_file),
+    }
     suite = subprocess.Popen(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path / "test_suite.py")],
         cwd=tmp_path,
