@@ -408,7 +408,7 @@ def resumes_bit_identically(model: torch.nn.Module, inputs: dict[str, torch.Tens
 def pooled(hidden: torch.Tensor, inputs: dict[str, torch.Tensor], pooling: str) -> torch.Tensor:
     from tuner.engine.encoder import _pool
 
-    return _pool(hidden, inputs["attention_mask"], pooling)
+    return torch.nn.functional.normalize(_pool(hidden, inputs["attention_mask"], pooling), dim=-1)
 
 
 def against_oracle(case: Case, plan: Plan, model: torch.nn.Module) -> dict[str, Any]:

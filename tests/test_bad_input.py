@@ -87,12 +87,34 @@ def encode_with(config: Path, folder: Path) -> str:
         ("calibration__colour", "red", "calibration.colour: Extra inputs are not permitted"),
         ("calibration__strength", "strong", "calibration.strength: Input should be a valid number"),
         ("model__source", "BAAI/bge-m3", "this config was made for another model"),
+        ("model__max_length", 100, "model: its fields were edited after the export (they no longer match model.digest"),
+        ("model__pooling", "mean", "model.pooling: the config says 'mean', but it was exported with 'cls' (edited"),
+        ("model__pooling+calibration__pooling", "mean", "model.pooling: the config says 'mean', but it was exported"),
+        ("model__pooling+calibration__pooling", "last", "calibration.pooling: the config says 'last', but it was"),
+        ("calibration__padding_side", "left", "calibration.padding_side: the config says 'left', but it was exported"),
     ],
 )
 def test_an_invalid_or_foreign_config_is_refused_naming_the_field(
     exported_yaml: dict, in_tmp: Path, field: str, value: object, message: str
 ) -> None:
-    assert message in encode_with(write_config(in_tmp, exported_yaml, **{field: value}), in_tmp)
+    """`a+b` edits both fields: a plain transformers folder (no modules.json) tuned with --pooling cls, its config
+    edited to another pooling in both sections, loaded without a word and moved every vector."""
+    assert message in encode_with(write_config(in_tmp, exported_yaml, **dict.fromkeys(field.split("+"), value)), in_tmp)
+    assert not (in_tmp / "out.npy").exists()
+
+
+def test_a_tokenizer_changed_after_the_export_is_refused(tiny_model_dir, in_tmp: Path) -> None:
+    """A tokenizer changed after the export (here two words trade ids) moved every vector without a word: the
+    fingerprint covered the weights only."""
+    folder = Path(shutil.copytree(tiny_model_dir("bert"), in_tmp / "bert"))
+    config = write_exported(export_of(load_model(str(folder), pooling="cls")), in_tmp / "cal.yaml")
+    tokenizer = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
+    vocab = tokenizer["model"]["vocab"]
+    vocab["w1"], vocab["w2"] = vocab["w2"], vocab["w1"]
+    (folder / "tokenizer.json").write_text(json.dumps(tokenizer), encoding="utf-8")
+    said = encode_with(config, in_tmp)
+    changed = f"the tokenizer files in {folder} differ from those the config was exported with (tokenizer.json changed)"
+    assert f"model.tokenizer: {changed}" in said
     assert not (in_tmp / "out.npy").exists()
 
 

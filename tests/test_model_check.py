@@ -196,7 +196,8 @@ def test_a_local_model_whose_weights_file_is_gone_is_refused_naming_it(tiny_mode
 def test_a_config_without_a_fingerprint_loads_and_says_so_once(tiny_model_dir, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     folder = Path(shutil.copytree(tiny_model_dir("bert"), tmp_path / "bert"))
     data = yaml.safe_load(export_for(folder, "cls", tmp_path / "cal.yaml").read_text(encoding="utf-8"))
-    del data["model"]["weights"]
+    for key in ("weights", "tokenizer", "pipeline", "digest"):  # as configs were exported before they were recorded
+        data["model"].pop(key, None)
     old = tmp_path / "old.yaml"
     old.write_text(yaml.safe_dump(data), encoding="utf-8")
     with caplog.at_level(logging.WARNING, logger="tuner.engine.exported"):
@@ -216,6 +217,34 @@ def test_tuning_with_a_pooling_the_model_does_not_have_is_refused_before_any_wor
     code, said = run("--model", str(mean_pooled), "--pooling", "cls")
     assert code == 2 and f"--pooling cls: {mean_pooled} pools with 'mean' ({mean_pooled / '1_Pooling' / 'config.json'})" in said
     assert "tune: settings" not in said and not (tmp_path / "mlruns").exists()
+
+
+def test_evaluate_refuses_a_config_for_the_model_pooled_otherwise(
+    tiny_model_dir,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`tune evaluate --model FOLDER --pooling mean --config cls.yaml` on a plain folder (which names no pooling of
+    its own) must not score a CLS calibration under mean pooling: the loaded model is checked against the config."""
+    from tests.test_study import write_dataset
+
+    monkeypatch.chdir(tmp_path)
+    folder = Path(shutil.copytree(tiny_model_dir("bert"), tmp_path / "bert"))
+    config = export_for(folder, "cls", tmp_path / "cls.yaml")
+    data = write_dataset(tmp_path / "data", docs=3, words=5)
+    code, said = run(
+        "evaluate",
+        "--model",
+        str(folder),
+        "--pooling",
+        "mean",
+        "--config",
+        str(config),
+        "--dataset",
+        f"jsonl:{data}",
+    )
+    refused = "this config was made for another model: model.pooling: config says 'cls', model has 'mean'"
+    assert code == 2 and refused in said, said
 
 
 def test_a_folder_is_padded_on_the_side_its_tokenizer_config_names(tiny_model_dir) -> None:

@@ -278,9 +278,10 @@ class CalibratedEncoder:
         normalize_embeddings: bool = True,
         batch_tokens: int | None = None,
     ) -> Embeddings:
-        """Queries: never calibrated; `prompt` defaults to the model's query prompt (e.g. Qwen3-Embedding's
-        instruction). The other keywords are `encode`'s."""
-        prompt = self.model.spec.query_prompt if prompt is None else prompt
+        """Queries: never calibrated; `prompt` defaults to the model's query prompt (its sentence-transformers
+        `query` prompt, or the registry's: Qwen3-Embedding's instruction). The other keywords are
+        `encode_document`'s."""
+        prompt = self.model.query_prompt if prompt is None else prompt
         return self._encode(
             sentences,
             calibrate=False,
@@ -309,13 +310,15 @@ class CalibratedEncoder:
         """Documents, calibrated with this encoder's config (plain if it has none); sentence-transformers' keywords:
 
         - `sentences`: one text (→ one vector) or a list of texts (→ one row each, in order);
-        - `prompt`: prepended to every text (none by default for documents);
+        - `prompt`: prepended to every text (default: the model's document prompt, as sentence-transformers'
+          `encode_document` picks it; none for most models);
         - `batch_size`: texts per forward pass (default: chosen from the device's free memory);
         - `show_progress_bar`: default on a terminal when there is more than one batch;
         - `convert_to_numpy` (default) → float32 array; `convert_to_tensor` → a torch tensor; neither → a list
           of 1-D tensors;
         - `normalize_embeddings`: L2-normalised (the default here: the vectors are compared by dot product);
-          False returns the pooled vectors as they are;
+          False returns the model's embeddings as its own modules leave them (pooled, then its Dense and Normalize
+          modules, if any);
         - `batch_tokens`: at most this many padded tokens per forward pass (long passages).
 
         A document whose content fills no basket is left uncalibrated (its vector is the plain model's); the first
@@ -324,7 +327,7 @@ class CalibratedEncoder:
         vectors = self._encode(
             sentences,
             calibrate=True,
-            prompt=prompt or "",
+            prompt=self.model.document_prompt if prompt is None else prompt,
             batch_size=batch_size,
             show_progress_bar=show_progress_bar,
             convert_to_numpy=convert_to_numpy,
@@ -408,7 +411,8 @@ def forward(
     normalize: bool = True,
     ran: list[int] | None = None,
 ) -> np.ndarray:
-    """The one forward loop: pooled, L2-normalised float32 vectors of every text of `batches`, in text order.
+    """The one forward loop: float32 embeddings of every text of `batches`, in text order: pooled, through the
+    model's modules after pooling (its Dense and Normalize, `LoadedModel.head`), L2-normalised.
 
     Plain encoding, calibrated encoding and trial resumption all run here, so their vectors agree bit for bit.
 
@@ -418,10 +422,10 @@ def forward(
                  fills a basket) is copied from them instead of encoded
     around       batch index → a context held open around that batch's forward (`tuner.engine.prefix`: resume from
                  cached layer inputs, or record them)
-    normalize    False: the pooled vectors as they are (sentence-transformers' `normalize_embeddings=False`)
+    normalize    False: the embeddings as the model's modules leave them (`normalize_embeddings=False`)
     ran          receives the index of every batch encoded (not copied): what the pass cost, with `Batches.layer_tokens`
     """
-    vectors = np.empty((batches.count, int(model.model.config.hidden_size)), dtype=np.float32)
+    vectors = np.empty((batches.count, model.dimension), dtype=np.float32)
     show = show_progress if show_progress is not None else sys.stderr.isatty() and len(batches) > 1
     with torch.inference_mode():
         for i in tqdm(range(len(batches)), desc="encode", disable=not show, unit="batch"):
@@ -438,7 +442,12 @@ def forward(
                 if around is not None:
                     scope.enter_context(around(i))
                 hidden = model.model(**batch).last_hidden_state
-            vectors[rows] = _pool(hidden, batch["attention_mask"], model.spec.pooling, normalize).cpu().numpy()
+            embedded = _pool(hidden, batch["attention_mask"], model.spec.pooling)
+            if model.head is not None:
+                embedded = model.head(embedded)
+            if normalize and not model.pipeline.normalized:  # once: bit for bit as the model's own Normalize
+                embedded = torch.nn.functional.normalize(embedded, dim=-1)
+            vectors[rows] = embedded.cpu().numpy()
     return vectors
 
 
@@ -449,9 +458,8 @@ def _changes(spec: ResolvedCalibration | None, attention_mask: torch.Tensor) -> 
     return bool(fills_a_basket(attention_mask.sum(-1), spec.basket_size, len(spec.policies)).any())
 
 
-def _pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: str, normalize: bool = True) -> torch.Tensor:
-    """cls: first real token; last: final real token (left or right padding); mean: over real tokens;
-    L2-normalised unless `normalize` is False."""
+def _pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: str) -> torch.Tensor:
+    """In float32: cls: first real token; last: final real token (left or right padding); mean: over real tokens."""
     mask = mask.bool()
     positions = torch.arange(mask.shape[1], device=mask.device)
     if pooling == "mean":
@@ -460,4 +468,4 @@ def _pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: str, normalize: boo
     else:
         pick = torch.where(mask, positions, -1).amax(-1) if pooling == "last" else torch.where(mask, positions, mask.shape[1]).amin(-1)
         pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), pick]
-    return torch.nn.functional.normalize(pooled.float(), dim=-1) if normalize else pooled.float()
+    return pooled.float()

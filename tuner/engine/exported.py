@@ -5,13 +5,17 @@ version, the objective and floor, held-out sets with their intervals, library ve
 
 Loading uses `tuner.common.safe_yaml` (a `!!python/...` tag is refused, never executed; duplicate keys and alias
 bombs too) and validates every field. A config that does not fit its model is refused before the model loads
-(`check_model_files`: pooling and padding against the registry or the model's own sentence-transformers files,
-the weights against the fingerprint recorded at export) and after (`ExportedConfig.check_model`: source, depth).
+(`check_model_files`: pooling and padding against the registry or the model's own sentence-transformers files; the
+model's pipeline (prompts, modules, Dense weights), weights and tokenizer against what was recorded at export; the
+model section's own fields against their digest) and after (`ExportedConfig.check_model`: source, depth).
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import itertools
+import json
 import logging
 import subprocess
 from datetime import UTC, datetime
@@ -28,14 +32,17 @@ from tuner.common.files import EXPORT_SCHEMA, EXPORTED_CONFIG, write_atomically
 from tuner.common.messages import shown
 from tuner.common.safe_yaml import YamlError, load_file
 from tuner.engine.models import LoadedModel, hub_revision
+from tuner.engine.pipeline import ModuleKind, Pipeline
 from tuner.engine.specs import (
     ModelSpec,
     fingerprint_changes,
     is_hub_snapshot,
     locate,
     model_files,
+    own_pipeline,
     own_settings,
     resolve_spec,
+    tokenizer_fingerprint,
     weights_fingerprint,
 )
 
@@ -54,6 +61,34 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class ModuleRecord(_Strict):
+    """One module of the model's sentence-transformers pipeline, as modules.json lists it."""
+
+    type: ModuleKind
+    path: str
+    mode: Pooling | None = Field(None, description="a Pooling module's mode")
+    in_features: int | None = None
+    out_features: int | None = None
+    bias: bool | None = None
+    activation: str | None = Field(None, description="a Dense module's activation: a torch.nn module's dotted name")
+    weights: dict[str, str] | None = Field(None, description="a Dense module's weight file → sha256")
+
+
+class PipelineRecord(_Strict):
+    """The model's own sentence-transformers pipeline (`tuner.engine.pipeline`): what every encoder applies."""
+
+    query_prompt: str = Field(description="put before every query")
+    document_prompt: str = Field(description="put before every document")
+    lower_case: bool = Field(False, description="the input is lower-cased (sentence_bert_config.json's do_lower_case)")
+    modules: list[ModuleRecord] = Field(
+        default_factory=list, description="modules.json's modules in order; none for a plain transformers folder"
+    )
+
+    @classmethod
+    def of(cls, pipeline: Pipeline) -> PipelineRecord:
+        return cls.model_validate(pipeline.record())
+
+
 class ModelSection(_Strict):
     name: str = Field(description="registry alias or folder the model loads from")
     source: str
@@ -66,6 +101,16 @@ class ModelSection(_Strict):
         None,
         description="file → sha256 of the model's config.json and weight files, for a model loaded from a local folder "
         "(a hub snapshot is pinned by its revision); checked when the config is loaded",
+    )
+    tokenizer: dict[str, str] | None = Field(
+        None,
+        description="file → sha256 of the tokenizer's files, for a model from a local folder; checked when loaded",
+    )
+    pipeline: PipelineRecord | None = Field(None, description="the model's prompts and modules; checked when loaded")
+    digest: str | None = Field(
+        None,
+        description="sha256 of this section's other fields (but name and source) and the calibration's pooling and "
+        "padding_side, as exported: an edit of them is refused when the config is loaded",
     )
 
     def load_revision(self) -> str | None:
@@ -148,23 +193,32 @@ class ExportedConfig(_Strict):
 
 def check_model_files(exported: ExportedConfig, path: str | Path, *, allow_mismatch: bool = False) -> None:
     """Before the model loads: the config's pooling and padding are the model's own (the registry's entry, or
-    what a sentence-transformers folder's files say), and its weights are those it was exported with (the
-    fingerprint recorded at export). A difference is refused naming it, unless `allow_mismatch` (then warned).
-    A config exported without a fingerprint loads, saying once that changed weights go unnoticed."""
+    what a sentence-transformers folder's files say); its pipeline, weights and tokenizer are those it was exported
+    with; and its model section is as exported (`config_digest`). A difference is refused naming it, unless
+    `allow_mismatch` (then warned). A config exported without a fingerprint or a pipeline loads where the model's
+    vectors are what they were then, saying once that changed weights go unnoticed."""
     model = exported.model
-    differences = []
+    differences = _edited(exported)
     folder = _local_folder(model.spec(), model.load_revision())
     for field_name, own in own_settings(model.name, folder).items():
         value = getattr(model, field_name)
         if own.value != value:
             differences.append(f"model.{field_name}: the config says {value!r}, but {model.name} uses {own.value!r} ({own.source})")
-    if model.weights is not None and folder is not None:
-        changes = fingerprint_changes(model.weights, weights_fingerprint(folder))
+    if folder is not None:
+        differences += _pipeline_differences(model, own_pipeline(model.spec(), folder), folder)
+    for what, recorded, fingerprint in (
+        ("weights", model.weights, weights_fingerprint),
+        ("tokenizer", model.tokenizer, tokenizer_fingerprint),
+    ):
+        if recorded is None or folder is None:
+            continue
+        changes = fingerprint_changes(recorded, fingerprint(folder))
         if changes:
             differences.append(
-                f"model.weights: the files in {folder} differ from those the config was exported with ({'; '.join(changes)})"
+                f"model.{what}: the {'' if what == 'weights' else 'tokenizer '}files in {folder} differ from those the "
+                f"config was exported with ({'; '.join(changes)})"
             )
-    elif model.weights is None and folder is not None and not is_hub_snapshot(folder):
+    if model.weights is None and folder is not None and not is_hub_snapshot(folder):
         _say_unpinned(str(path))
     if not differences:
         return
@@ -177,6 +231,91 @@ def check_model_files(exported: ExportedConfig, path: str | Path, *, allow_misma
         + "\n  ".join(differences)
         + f"\nRe-export the config for this model (`tune export --study-name {exported.provenance.study}`), or pass {OVERRIDE} to use it as it is"
     )
+
+
+def config_digest(model: ModelSection, calibration: CalibrationConfig) -> str:
+    """The sha256 of what says how the model makes a vector: the model section's fields but `digest` and where the
+    model is (`name`, `source`: a folder moved elsewhere is checked by its fingerprints), None ones left out (a field
+    added later with default None leaves older digests valid), and the calibration's pooling and padding side. A
+    check against edits, not a signature."""
+    fields = {
+        "model": model.model_dump(mode="json", exclude={"digest", "name", "source"}, exclude_none=True),
+        "calibration": {"pooling": calibration.pooling, "padding_side": calibration.padding_side},
+    }
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
+def _edited(exported: ExportedConfig) -> list[str]:
+    """The model section's edits since the export, by its digest: named where another pooling or padding side in
+    the model and calibration sections gives the recorded digest (the edits a user makes), else said in general.
+    A config exported without a digest is taken as it is."""
+    model, calibration = exported.model, exported.calibration
+    if model.digest is None or config_digest(model, calibration) == model.digest:
+        return []
+    poolings: tuple[Pooling, ...] = ("cls", "mean", "last")
+    sides: tuple[PaddingSide, ...] = ("left", "right")
+    for pooling, side, calibration_pooling, calibration_side in itertools.product(poolings, sides, poolings, sides):
+        was = model.model_copy(update={"pooling": pooling, "padding_side": side})
+        then = calibration.model_copy(update={"pooling": calibration_pooling, "padding_side": calibration_side})
+        if config_digest(was, then) == model.digest:
+            edits = [
+                f"{where}: the config says {now!r}, but it was exported with {before!r}"
+                for where, now, before in (
+                    ("model.pooling", model.pooling, pooling),
+                    ("model.padding_side", model.padding_side, side),
+                    ("calibration.pooling", calibration.pooling, calibration_pooling),
+                    ("calibration.padding_side", calibration.padding_side, calibration_side),
+                )
+                if now != before
+            ]
+            return [f"{edit} (edited after the export)" for edit in edits]
+    return ["model: its fields were edited after the export (they no longer match model.digest, recorded at export)"]
+
+
+def _pipeline_differences(model: ModelSection, now: Pipeline, folder: Path) -> list[str]:
+    """How the model's pipeline in `folder` differs from the one the config recorded, one phrase per difference. A
+    config exported without one fits a folder whose pipeline leaves posfair's plain vectors as they are."""
+    if model.pipeline is None:
+        if not now.changes_vectors():
+            return []
+        return [
+            f"model.pipeline: the config records none: it was exported before posfair applied {folder}'s own "
+            f"sentence-transformers pipeline ({_described(now)}), so its calibration was chosen on other vectors"
+        ]
+    recorded, current = model.pipeline, PipelineRecord.of(now)
+    differences = []
+    for name in ("query_prompt", "document_prompt", "lower_case"):
+        was, now_has = getattr(recorded, name), getattr(current, name)
+        if was != now_has:
+            said = f"the config says {shown(was)}, but {folder} has {shown(now_has)}"
+            differences.append(f"model.pipeline.{name}: {said}")
+    listed = [(m.type, m.path) for m in recorded.modules]
+    if listed != [(m.type, m.path) for m in current.modules]:
+        listing = f"the config lists {_modules(recorded)}, but {folder} has {_modules(current)}"
+        return [*differences, f"model.pipeline.modules: {listing}"]
+    for index, (was, now_module) in enumerate(zip(recorded.modules, current.modules)):
+        for name in ("mode", "in_features", "out_features", "bias", "activation"):
+            if getattr(was, name) != getattr(now_module, name):
+                differences.append(
+                    f"model.pipeline.modules[{index}] ({was.path}): {name}: the config says {getattr(was, name)!r}, "
+                    f"but {folder} has {getattr(now_module, name)!r}"
+                )
+        changes = fingerprint_changes(was.weights or {}, now_module.weights or {})
+        if changes:
+            where = f"model.pipeline.modules[{index}] ({was.path})"
+            differences.append(f"{where}: its weights differ ({'; '.join(changes)})")
+    return differences
+
+
+def _modules(record: PipelineRecord) -> str:
+    return " → ".join(f"{m.type} ({m.path or '.'})" for m in record.modules) or "no modules"
+
+
+def _described(pipeline: Pipeline) -> str:
+    prompts = (("query", pipeline.query_prompt), ("document", pipeline.document_prompt))
+    parts = [f"{name} prompt {shown(text)}" for name, text in prompts if text]
+    parts += [f"Dense {m.path}" for m in pipeline.head if m.dense is not None]
+    return ", ".join(parts + (["lower-cased input"] if pipeline.lower_case else []))
 
 
 def _local_folder(spec: ModelSpec, revision: str | None) -> Path | None:
@@ -197,10 +336,11 @@ def _say_unpinned(path: str) -> None:
     )
 
 
-def model_section(loaded: LoadedModel) -> ModelSection:
+def model_section(loaded: LoadedModel, calibration: CalibrationConfig) -> ModelSection:
+    """The model as `calibration` was tuned on it, with what loading checks: fingerprints, pipeline, digest."""
     location = Path(loaded.location)
     pinned = loaded.location and location.is_dir() and not is_hub_snapshot(location)
-    return ModelSection(
+    section = ModelSection(
         name=loaded.spec.alias,
         source=loaded.spec.source,
         revision=loaded.revision,
@@ -209,7 +349,11 @@ def model_section(loaded: LoadedModel) -> ModelSection:
         num_layers=loaded.num_layers,
         max_length=loaded.max_length,
         weights=weights_fingerprint(location) if pinned else None,
+        tokenizer=tokenizer_fingerprint(location) if pinned else None,
+        pipeline=PipelineRecord.of(loaded.pipeline),
+        digest=None,
     )
+    return section.model_copy(update={"digest": config_digest(section, calibration)})
 
 
 def explicit(config: CalibrationConfig, num_layers: int) -> CalibrationConfig:
@@ -233,9 +377,10 @@ def build_export(
     **provenance: object,
 ) -> ExportedConfig:
     """The export of `config` for `loaded`; `provenance` adds the optional Provenance fields (run id, intervals...)."""
+    calibration = explicit(config, loaded.num_layers)
     return ExportedConfig(
-        model=model_section(loaded),
-        calibration=explicit(config, loaded.num_layers),
+        model=model_section(loaded, calibration),
+        calibration=calibration,
         metrics=metrics,
         provenance=Provenance(
             study=study,
@@ -283,6 +428,9 @@ def to_yaml(exported: ExportedConfig) -> str:
     if "fixed" not in exported.calibration.role_policies().values():  # w is the "fixed" policy's self-mass
         data["calibration"].pop("weight", None)
     data["provenance"] = {k: v for k, v in data["provenance"].items() if v not in (None, [], {})}
+    for module in (data["model"].get("pipeline") or {}).get("modules", []):  # only the fields of its type
+        for key in [k for k, v in module.items() if v is None]:
+            del module[key]
     return yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
 
 

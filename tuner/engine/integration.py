@@ -6,7 +6,9 @@
     query_vectors = model.encode_query(queries)      # never calibrated
 
 The model is loaded with the "posfair" attention function; calibration is switched on around every
-encode call except those for queries.
+encode call except those for queries. A sentence-transformers folder brings its own modules and prompts, as
+`SentenceTransformer(folder)` loads them (the exported config checked them first); a plain transformers folder gets
+posfair's: the config's pooling, then L2 normalisation.
 """
 
 from __future__ import annotations
@@ -15,11 +17,17 @@ from pathlib import Path
 from typing import Any
 
 from sentence_transformers import SentenceTransformer
+from sentence_transformers.base.modules import Normalize, Transformer
+from sentence_transformers.sentence_transformer.modules import Pooling
 from transformers import PreTrainedModel
 
 from tuner.calibration import ATTENTION_NAME, ResolvedCalibration, calibrating
 from tuner.engine.exported import ExportError, check_model_files, load_exported
+from tuner.engine.pipeline import ST_POOLING
 from tuner.engine.specs import locate, resolve_spec
+
+ST_MODES = {pooling: mode for mode, pooling in ST_POOLING.items()}
+"""posfair's poolings as sentence-transformers' Pooling names them."""
 
 
 class CalibratedSentenceTransformer(SentenceTransformer):
@@ -36,14 +44,23 @@ class CalibratedSentenceTransformer(SentenceTransformer):
 
 def load_sentence_transformer(config: str | Path, *, allow_model_mismatch: bool = False, **options: Any) -> CalibratedSentenceTransformer:
     """Load the model an exported config was made for, as a calibrated SentenceTransformer; a config that does not
-    fit the model (`check_model_files`) is refused before the model loads, unless `allow_model_mismatch`."""
+    fit the model (`check_model_files`) is refused before the model loads, unless `allow_model_mismatch`. A plain
+    transformers folder is pooled as the config says and L2-normalised, as posfair's encoder does."""
     exported = load_exported(config)
     check_model_files(exported, config, allow_mismatch=allow_model_mismatch)
     spec = resolve_spec(exported.model.name, exported.model.pooling, exported.model.padding_side)
     model_kwargs = {**options.pop("model_kwargs", {}), "attn_implementation": ATTENTION_NAME}
-    model = CalibratedSentenceTransformer(
-        locate(spec, exported.model.load_revision()), revision=exported.model.load_revision(), model_kwargs=model_kwargs, **options
-    )
+    revision = exported.model.load_revision()
+    location = locate(spec, revision)
+    if spec.query_prompt:  # the registry's, as posfair's encoder uses it
+        options["prompts"] = {"query": spec.query_prompt, **options.get("prompts", {})}
+    if Path(location).is_dir() and not (Path(location) / "modules.json").is_file():
+        padding = {"padding_side": spec.padding_side}
+        transformer = Transformer(location, model_kwargs=model_kwargs, processor_kwargs=padding)
+        pooling = Pooling(transformer.get_embedding_dimension(), pooling_mode=ST_MODES[spec.pooling])
+        model = CalibratedSentenceTransformer(modules=[transformer, pooling, Normalize()], **options)
+    else:
+        model = CalibratedSentenceTransformer(location, revision=revision, model_kwargs=model_kwargs, **options)
     encoder = model[0].auto_model
     if not isinstance(encoder, PreTrainedModel):
         raise ExportError(f"{spec.alias}: the SentenceTransformer's first module holds no transformers model")

@@ -1,4 +1,6 @@
-"""Model loading: a registered alias, a hub id or a local folder (`tuner.engine.specs`), ready to calibrate.
+"""Model loading: a registered alias, a hub id or a local folder (`tuner.engine.specs`), ready to calibrate, with
+its own sentence-transformers pipeline (`tuner.engine.pipeline`: prompts, and the Dense and Normalize modules after
+pooling, `tuner.engine.head`).
 
 Every model is loaded with `attn_implementation="posfair"`, so calibration reaches it through
 transformers' attention interface; families whose attention bypasses the interface are routed to it by
@@ -9,7 +11,7 @@ attention function, and refuses a model where one did not, naming its class.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -18,7 +20,9 @@ from transformers import AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTo
 from tuner.calibration import ATTENTION_NAME, calibrating
 from tuner.calibration.config import CalibrationConfig, PaddingSide, Pooling
 from tuner.engine.adapters import ROUTED, SUPPORTED, adapt
-from tuner.engine.specs import ModelSpec, UnsupportedModelError, locate, resolve_spec
+from tuner.engine.head import load_head
+from tuner.engine.pipeline import NONE, PIPELINE_FILES, Pipeline
+from tuner.engine.specs import ModelSpec, UnsupportedModelError, locate, own_pipeline, resolve_spec
 
 log = logging.getLogger(__name__)
 
@@ -35,10 +39,29 @@ class LoadedModel:
     tokenizer: PreTrainedTokenizerBase
     revision: str
     location: str = ""  # where it loaded from (`locate`): a folder, or a hub id
+    pipeline: Pipeline = NONE  # its own prompts and modules (the registry's query prompt over the folder's)
+    head: torch.nn.Module | None = field(default=None, repr=False)  # the modules after pooling (`tuner.engine.head`)
 
     @property
     def num_layers(self) -> int:
         return int(self.model.config.num_hidden_layers)
+
+    @property
+    def dimension(self) -> int:
+        """The width of its embeddings: the last Dense module's, else the hidden size."""
+        return self.pipeline.dimension or int(self.model.config.hidden_size)
+
+    @property
+    def query_prompt(self) -> str:
+        return self.pipeline.query_prompt
+
+    @property
+    def document_prompt(self) -> str:
+        return self.pipeline.document_prompt
+
+    def documents(self, texts: list[str]) -> list[str]:
+        """Texts as the model reads them as documents: after its document prompt."""
+        return [self.document_prompt + text for text in texts] if self.document_prompt else texts
 
     @property
     def max_length(self) -> int:
@@ -75,6 +98,7 @@ def load_model(
     """Load a registered alias or a local folder with the calibrated attention function."""
     spec = resolve_spec(name, pooling, padding_side)
     location = locate(spec, revision)
+    pipeline = model_pipeline(spec, location, revision)  # refuses what posfair cannot apply before the weights load
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = dtype or default_dtype(device)
     try:
@@ -96,9 +120,51 @@ def load_model(
         ) from error
     adapt(model)
     model.to(device).eval()
-    loaded = LoadedModel(spec, model, tokenizer, _revision_of(spec, model, revision, location), location)
+    if pipeline.lower_case:
+        _lower_case(tokenizer)
+    revision_loaded = _revision_of(spec, model, revision, location)
+    head = load_head(pipeline, torch.device(device))
+    loaded = LoadedModel(spec, model, tokenizer, revision_loaded, location, pipeline, head)
     _probe_attention(loaded)
     return loaded
+
+
+def model_pipeline(spec: ModelSpec, location: str | Path, revision: str | None = None) -> Pipeline:
+    """The pipeline of the model in `location` (`own_pipeline`); a model loaded from the hub (not from a folder) has
+    its sentence-transformers files fetched first. Pooled otherwise than its Pooling module says, it is warned of."""
+    folder = Path(location)
+    if not folder.is_dir():
+        from huggingface_hub import snapshot_download
+
+        folder = Path(snapshot_download(str(location), revision=revision, allow_patterns=PIPELINE_FILES))
+    pipeline = own_pipeline(spec, folder)
+    if pipeline.pooling is not None and pipeline.pooling != spec.pooling:
+        log.warning(
+            "%s pools with %r (%s) but is loaded with %r pooling: its vectors are not its own",
+            spec.alias,
+            pipeline.pooling,
+            pipeline.pooling_source,
+            spec.pooling,
+        )
+    return pipeline
+
+
+def _lower_case(tokenizer: PreTrainedTokenizerBase) -> None:
+    """Lower-case the tokenizer's input as sentence-transformers does for `do_lower_case`: a Lowercase normaliser in
+    front of the tokenizer's own, unless it has one."""
+    from tokenizers.normalizers import Lowercase
+    from tokenizers.normalizers import Sequence as Normalizers
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        problem = "do_lower_case asks to lower-case the input, but its tokenizer has no normaliser to do it with"
+        raise UnsupportedModelError(f"{tokenizer.name_or_path}: {problem}; use a fast tokenizer (tokenizer.json)")
+    normalizer = backend.normalizer
+    own = [normalizer] if normalizer is not None else []
+    if isinstance(normalizer, Normalizers):
+        own = [*normalizer]  # type: ignore[misc]
+    if not any(isinstance(n, Lowercase) for n in own):
+        backend.normalizer = Normalizers([Lowercase(), *own])
 
 
 def default_dtype(device: str) -> torch.dtype:

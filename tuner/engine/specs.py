@@ -1,6 +1,6 @@
 """The model registry (what each embedding model needs to be calibrated), where a model's files are, and what
-those files say of it: its pooling and padding (a sentence-transformers folder's own config) and a fingerprint
-of its weights.
+those files say of it: its pooling and padding (a sentence-transformers folder's own config, `tuner.engine.pipeline`)
+and fingerprints of its weights and tokenizer.
 
 Light on purpose (no torch, no transformers): the command line checks a model's name, and an exported config
 its model, before any heavy import or model load (`tuner.engine.models` loads).
@@ -13,11 +13,12 @@ import json
 import socket
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 from urllib.parse import urlparse
 
 from tuner.common.messages import UserError
 from tuner.engine.packaged import EMBEDDINGGEMMA, MINILM, MPNET, PackagedWeights
+from tuner.engine.pipeline import Pipeline, read_pipeline
 
 if TYPE_CHECKING:
     from tuner.calibration.config import PaddingSide, Pooling
@@ -92,18 +93,20 @@ HUB_ALIASES = {"Alibaba-NLP/gte-multilingual-base": "gte-multilingual-base"}
 
 def resolve_spec(name: str, pooling: Pooling | None = None, padding_side: PaddingSide | None = None) -> ModelSpec:
     """An alias from the registry (or a hub id it stands for), or a local folder / hub id described by explicit
-    pooling options."""
+    pooling options; a sentence-transformers folder's pooling is its own Pooling module's unless `pooling` is given."""
     name = HUB_ALIASES.get(name, name)
     if name in REGISTRY:
         spec = REGISTRY[name]
         return replace(spec, pooling=pooling or spec.pooling, padding_side=padding_side or spec.padding_side)
+    folder = Path(name).expanduser()
+    settings = own_settings(name, folder if folder.is_dir() else None)
+    pooling = pooling or cast("Pooling | None", settings["pooling"].value if "pooling" in settings else None)
     if pooling is None:
         raise ValueError(
-            f"unknown model {name!r}. Known aliases: {', '.join(REGISTRY)}. "
-            "For another model give its folder or hub id together with --pooling cls|last|mean."
+            f"unknown model {name!r}. Known aliases: {', '.join(REGISTRY)}. For another model give its folder or hub "
+            "id together with --pooling cls|last|mean (a sentence-transformers folder's own Pooling module names it)."
         )
-    folder = Path(name).expanduser()
-    own = own_settings(name, folder if folder.is_dir() else None).get("padding_side")
+    own = settings.get("padding_side")
     if padding_side is None:  # the folder's own (its tokenizer_config.json), else what the pooling usually takes
         padding_side = ("left" if own.value == "left" else "right") if own else "left" if pooling == "last" else "right"
     return ModelSpec(name, name, pooling, padding_side, max_length=0)
@@ -208,19 +211,12 @@ def is_hub_snapshot(location: str | Path) -> bool:
 
 # ------------------------------------------------------------------ what a model's own files say of it
 
-POOLING_MODES: dict[str, Pooling] = {
-    "pooling_mode_cls_token": "cls",
-    "pooling_mode_mean_tokens": "mean",
-    "pooling_mode_lasttoken": "last",
-}
-"""sentence-transformers' Pooling config keys for the poolings posfair calibrates."""
-
 
 @dataclass(frozen=True)
 class Own:
     """A setting as the model itself has it, and where it says so (posfair's registry, or one of its files)."""
 
-    value: str  # a pooling (cls, mean, last; or another sentence-transformers mode: max_tokens, ...) or a padding side
+    value: str  # a pooling (cls, mean, last) or a padding side
     source: str
 
 
@@ -229,31 +225,29 @@ REGISTRY_SOURCE = "posfair's model registry"
 
 def own_settings(name: str, folder: Path | None) -> dict[str, Own]:
     """The `pooling` and `padding_side` a model has of its own: the registry's entry for an alias; else what its
-    folder's files say, where they say it: a sentence-transformers folder's modules.json names its Pooling
-    module, whose config.json sets one `pooling_mode_*`, and tokenizer_config.json may set `padding_side`."""
+    folder's files say, where they say it: a sentence-transformers folder's Pooling module (`read_pipeline`, which
+    refuses what posfair cannot apply), and tokenizer_config.json's `padding_side`."""
     name = HUB_ALIASES.get(name, name)
     if name in REGISTRY:
         return {"pooling": Own(REGISTRY[name].pooling, REGISTRY_SOURCE), "padding_side": Own(REGISTRY[name].padding_side, REGISTRY_SOURCE)}
     if folder is None:
         return {}
     own = {}
-    modules = _json(folder / "modules.json")
-    pooling = (
-        next((m for m in modules if isinstance(m, dict) and str(m.get("type", "")).endswith("Pooling")), None)
-        if isinstance(modules, list)
-        else None
-    )
-    if pooling is not None:
-        source = folder / str(pooling.get("path", "")) / "config.json"
-        config = _json(source)
-        modes = [key for key, on in (config.items() if isinstance(config, dict) else []) if key.startswith("pooling_mode_") and on]
-        if len(modes) == 1:
-            own["pooling"] = Own(POOLING_MODES.get(modes[0], modes[0].removeprefix("pooling_mode_")), str(source))
+    pipeline = read_pipeline(folder)
+    if pipeline.pooling is not None:
+        own["pooling"] = Own(pipeline.pooling, pipeline.pooling_source)
     tokenizer = _json(folder / "tokenizer_config.json")
     side = tokenizer.get("padding_side") if isinstance(tokenizer, dict) else None
     if side in ("left", "right"):
         own["padding_side"] = Own(side, str(folder / "tokenizer_config.json"))
     return own
+
+
+def own_pipeline(spec: ModelSpec, folder: Path | None) -> Pipeline:
+    """The pipeline of the model in `folder` (`read_pipeline`), with the registry's query prompt where it names one
+    (Qwen3-Embedding's instruction, for a copy whose folder lacks it)."""
+    pipeline = read_pipeline(folder)
+    return replace(pipeline, query_prompt=spec.query_prompt) if spec.query_prompt else pipeline
 
 
 def _json(path: Path) -> object:
@@ -271,10 +265,29 @@ def weight_files(folder: Path) -> list[Path]:
     return [path for path in [folder / "config.json", *weights] if path.is_file()]
 
 
+TOKENIZER_FILES = ("tokenizer*", "special_tokens_map.json", "added_tokens.json", "vocab*", "merges.txt", "*.model")
+"""The names of the files a tokenizer is built from (transformers' fast and slow tokenizers, sentencepiece models)."""
+
+
+def tokenizer_files(folder: Path) -> list[Path]:
+    """The tokenizer's files in the folder: a tokenizer changed after an export changes every vector too."""
+    found = {path for pattern in TOKENIZER_FILES for path in folder.glob(pattern) if path.is_file()}
+    return sorted(found)
+
+
 def weights_fingerprint(folder: Path) -> dict[str, str]:
     """File name → sha256 of its content, for every file of `weight_files`; read in blocks, never whole."""
+    return _digests(weight_files(folder))
+
+
+def tokenizer_fingerprint(folder: Path) -> dict[str, str]:
+    """File name → sha256 of its content, for every file of `tokenizer_files`."""
+    return _digests(tokenizer_files(folder))
+
+
+def _digests(paths: list[Path]) -> dict[str, str]:
     fingerprint = {}
-    for path in weight_files(folder):
+    for path in paths:
         with path.open("rb") as stream:
             fingerprint[path.name] = hashlib.file_digest(stream, "sha256").hexdigest()
     return fingerprint

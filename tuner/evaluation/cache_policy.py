@@ -170,7 +170,7 @@ class CachePolicy:
             "batch_size": batch_size,
             **({"batch_tokens": batch_tokens} if batch_tokens is not None else {}),
         }
-        prompt = model.spec.query_prompt
+        prompt = model.query_prompt
         self._query_key = {
             **base,
             "kind": "queries",

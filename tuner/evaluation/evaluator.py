@@ -121,11 +121,11 @@ class Evaluator:
         self._queries: np.ndarray | None = None
         self._baseline: tuple[np.ndarray, int] | None = None
         self._batches: Batches | None = None
-        self._doc_texts = [dataset.corpus[d] for d in self.doc_ids]
+        self._doc_texts = model.documents([dataset.corpus[d] for d in self.doc_ids])  # as `encode_document` reads them
 
     @property
     def dimension(self) -> int:
-        return int(self.model.model.config.hidden_size)
+        return self.model.dimension
 
     # ------------------------------------------------------------------------------------- queries
 

@@ -89,9 +89,12 @@ def engine_identity() -> dict[str, object]:
 
 
 def model_identity(model: Any) -> dict[str, object]:
-    """What decides a loaded model's outputs (a `LoadedModel`)."""
+    """What decides a loaded model's outputs (a `LoadedModel`): with its sentence-transformers pipeline where that
+    changes its vectors (prompts, Dense modules), so vectors cached without them are never taken for its own."""
     net = model.model
+    pipeline = model.pipeline
     return {
+        **({"pipeline": pipeline.record()} if pipeline.changes_vectors() else {}),
         "source": model.spec.source,
         "revision": model.revision,
         "weights": _folder_fingerprint(getattr(net, "name_or_path", "")),

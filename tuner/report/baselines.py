@@ -55,7 +55,7 @@ class ModelEmbeddings(BaseEmbeddings):
 
     @property
     def dimension(self) -> int:
-        return int(self._model.model.config.hidden_size)
+        return self._model.dimension
 
     def get_tokenizer(self) -> Any:
         return self._model.tokenizer

@@ -63,7 +63,8 @@ class PosIRTable(MethodTable):
 
 def with_query_prompt(model: LoadedModel, prompt: str) -> LoadedModel:
     """The same loaded model whose queries are prefixed with `prompt` instead of its own query prompt."""
-    return replace(model, spec=replace(model.spec, query_prompt=prompt))
+    pipeline = replace(model.pipeline, query_prompt=prompt)
+    return replace(model, spec=replace(model.spec, query_prompt=prompt), pipeline=pipeline)
 
 
 def run_posir_evaluation(

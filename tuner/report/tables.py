@@ -86,7 +86,7 @@ class MethodTable:
     ) -> Self:
         """The table of `model` as loaded (its pooling, padding side and query prompt) on `dataset`, scored with
         `options`; `own`: the scoring's own fields."""
-        loaded = (model.spec.alias, model.spec.pooling, model.spec.padding_side, model.spec.query_prompt)
+        loaded = (model.spec.alias, model.spec.pooling, model.spec.padding_side, model.query_prompt)
         return cls(*loaded, dataset, general, options.n_resamples, options.seed, **own)
 
     def as_dict(self, scoring: str, rows: list[dict[str, Any]], **own: Any) -> dict[str, Any]:

@@ -529,7 +529,7 @@ def _export_and_register(winning: _Winning) -> tuple[Path, Registered | None]:
             ) from None
         if registered is not None:
             try:
-                publish(winning.tracker, registered, path, int(winning.model.model.config.hidden_size), winning.settings.trust_remote_code)
+                publish(winning.tracker, registered, path, winning.model.dimension, winning.settings.trust_remote_code)
             except Exception as error:  # noqa: BLE001 - as above
                 log.warning(
                     "the winner's MLflow model was not written (%s: %s)",

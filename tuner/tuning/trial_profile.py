@@ -31,7 +31,9 @@ class TrialProfile:
     def cost(self) -> int:
         """What profiling a trial encodes: its passages through every layer."""
         if self._batches is None:
-            self._batches = Batches.build(self.evaluator.model, self.texts, self.evaluator.batch_size, self.evaluator.batch_tokens)
+            model = self.evaluator.model
+            texts = model.documents(self.texts)  # as `encode_document` reads them
+            self._batches = Batches.build(model, texts, self.evaluator.batch_size, self.evaluator.batch_tokens)
         return self._batches.layer_tokens(range(len(self._batches)), self.evaluator.model.num_layers)
 
     def run(self, number: int, config: CalibrationConfig, metrics: dict[str, float]) -> list[Path]:
