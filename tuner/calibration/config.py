@@ -52,8 +52,31 @@ LayerSpec = Annotated[
 
 
 class CalibrationConfig(BaseModel):
-    """The calibration knobs of §3: variant, strength λ, calibrated layers, basket size, isolation, and
-    how content baskets share the mass (`basket_shares`; `by_size` is posfair's, `equal` the paper's)."""
+    """The calibration knobs of §3, validated: what a user writes, and what an exported config's `calibration`
+    section holds.
+
+    The defaults are the paper's default calibration (CLS-Soft, λ 0.5 on the last half of the layers, baskets of
+    128 tokens). `resolve` turns it into what the engine runs for a model of a given depth.
+
+    Attributes:
+        variant: `uniform`, `cls_soft` (the pooled token keeps its own attention) or `cls_hard` (its self-mass
+            fixed at `weight`).
+        strength: λ, from 0 (uncalibrated) to 1 (fully equalised).
+        layers: Explicit 0-based layer indices, `last` or `last:k` for the last k layers, or a fraction of the
+            depth in (0, 1] (also written `50%`).
+        basket_size: Content tokens per basket.
+        weight: w, the fixed self-mass of CLS-Hard, in (0, 1).
+        pooling: How the model pools its vectors (`cls`, `last`, `mean`); it must be the model's own.
+        padding_side: Where the model's tokenizer pads (`left`, `right`).
+        isolate: The tokens that sit in baskets of their own (`first`, `last`); by default the pooling's.
+        policies: Per isolated token, a policy (`equal`, `original`, `fixed`) overriding the variant's.
+        basket_shares: How content baskets split what the isolated tokens leave: `equal` (the paper, §3: one
+            share per basket, a partial last basket included) or `by_size` (in proportion to the content tokens
+            of each basket the row sees).
+
+    Raises:
+        ConfigError: A value is out of range or of the wrong type, naming each bad field and what it allows.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

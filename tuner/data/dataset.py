@@ -73,15 +73,26 @@ def span_third(start: int, end: int, length: int) -> str:
 class PositionalDataset:
     """A retrieval benchmark whose queries are labelled with where their answer sits in the passage.
 
-    `groups` maps a query to the position groups it belongs to (a query may belong to several, and
-    then counts in each); general-retrieval sets leave it empty. `strata` optionally nests groups in
-    strata (PosIR's length quartiles): HM and PSI are then computed within each stratum. `positions`
-    gives, where a loader knows the answer's span, its relative position in the passage (the span's
-    character midpoint, 0 = start, 1 = end), so fairness can be measured at any granularity and in
-    direction, not only over the named groups.
-
     Construction validates the cross-references, so a loader bug or a broken file fails here with a
     message naming the query and document rather than as a silent zero in nDCG later.
+
+    Attributes:
+        name: What tables and logs call the benchmark.
+        corpus: Document id → passage text.
+        queries: Query id → query text.
+        qrels: Query id → document id → relevance (> 0: relevant); every query has a relevant document.
+        groups: Query id → the position groups it belongs to (a query may belong to several, and then counts in
+            each); general-retrieval sets leave it empty.
+        group_order: The position groups in the order tables show them (e.g. begin, middle, end).
+        strata: Query id → its stratum (PosIR's length quartiles), which nests the position groups: HM and PSI
+            are then computed within each stratum.
+        positions: Query id → the relative position of its answer in the passage (the span's character
+            midpoint, 0 = start, 1 = end), where a loader knows the span, so fairness can be measured at any
+            granularity and in direction, not only over the named groups.
+
+    Raises:
+        ValueError: The corpus or the queries are empty, a query has no relevant document, a judgement, group,
+            stratum or position names a query or document that is not there, or a position is outside [0, 1].
     """
 
     name: str

@@ -178,9 +178,25 @@ def check_available(name_or_path: str) -> None:
 
 
 def load_benchmark(name_or_path: str, **options: Any) -> PositionalDataset:
-    """Load a benchmark by name (`wikipos-dev`, `fineweb-posq`, ...), `prefix:PATH`, or a folder to autodetect.
+    """Load a positional benchmark by name, by `prefix:PATH`, or from a folder whose layout names its format.
 
-    `options` go to the loader, e.g. `load_benchmark("fineweb-posq", sample_per_group=None, part="tune")`.
+    Args:
+        name_or_path: A benchmark's name (`wikipos-dev`, `fineweb-posq`, ...: `tune --help` lists them), a
+            format and a path (`jsonl:PATH`, `beir:PATH`, `posir:PATH`, `squad:PATH`, `probe:PATH`,
+            `fineweb-posq:PATH`), or a folder in one of those layouts.
+        **options: Passed to the format's loader, e.g.
+            `load_benchmark("fineweb-posq", sample_per_group=None, part="tune")`.
+
+    Returns:
+        The passages, the queries, their relevance judgements and, where the benchmark has them, the position
+        groups of the queries' answers.
+
+    Raises:
+        ValueError: An unknown name, a `prefix:` without a path, a folder of no known layout, or data the
+            loader cannot read (the message names the file and the field).
+        FileNotFoundError: `prefix:PATH` names no file or folder.
+        DatasetUnavailableError: A benchmark that lives outside posfair (FineWeb-PosQ, SQuAD) cannot be had from
+            here; the message says how to get it.
     """
     loader, path = _resolve(name_or_path)
     return loader(**options) if path is None else loader(path, **options)

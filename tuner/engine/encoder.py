@@ -222,7 +222,29 @@ class ShortDocumentsWarning(UserWarning):
 
 
 class CalibratedEncoder:
-    """Encode documents with a calibration config applied, and queries without it."""
+    """Encode documents with a calibration config applied, and queries without it.
+
+    Queries are never calibrated, so an index of calibrated documents is searched with the model's own query
+    vectors. After each encode call, `truncated` counts the texts cut at the model's maximum length,
+    `layer_tokens` what the call ran (padded tokens × layers) and `too_short` the documents left as the plain
+    model encodes them because their content fills no basket.
+
+    Args:
+        model: The loaded model (`tuner.engine.models.load_model`); `from_yaml` loads the one a config names.
+        config: The calibration documents get; None encodes them as the plain model does.
+
+    Raises:
+        ConfigError: `config` calibrates another pooling than the model's, or its baskets are longer than the
+            model reads (no passage could fill one, so nothing would be calibrated).
+
+    Example:
+        ```python
+        encoder = CalibratedEncoder.from_yaml("mlruns/exports/minilm--wikipos-dev--seed0.yaml")
+        passages = encoder.encode_document(["The first passage to index.", "The second one."])
+        question = encoder.encode_query("Which passage answers this?")
+        scores = passages @ question  # unit vectors: cosine similarities
+        ```
+    """
 
     def __init__(self, model: LoadedModel, config: CalibrationConfig | None = None) -> None:
         if config is not None and config.pooling != model.spec.pooling:
@@ -245,8 +267,25 @@ class CalibratedEncoder:
 
     @classmethod
     def from_yaml(cls, path: str | Path, *, allow_model_mismatch: bool = False, **load_options: object) -> CalibratedEncoder:
-        """Load an exported config (validated against its schema) and the model it was made for; a config that does
-        not fit the model (`check_model_files`) is refused before the model loads, unless `allow_model_mismatch`."""
+        """Load an exported config and the model it was made for.
+
+        The config is validated against its schema (`load_exported`), checked against the model's files before the
+        model loads (`check_model_files`: pooling, padding, weights) and against the loaded model after.
+
+        Args:
+            path: The exported YAML file (written by `tune` or `tune export`).
+            allow_model_mismatch: Use a config that does not fit the model's files, warning once per difference,
+                instead of refusing it.
+            **load_options: Passed to `tuner.engine.models.load_model`, e.g. `device="cuda:1"`,
+                `dtype=torch.float32` or `trust_remote_code=True`.
+
+        Returns:
+            An encoder of the config's model with the config's calibration.
+
+        Raises:
+            ExportError: The file cannot be read, is no valid config, or does not fit the model it names.
+            ModelUnavailableError: The model is neither on this machine nor reachable from it.
+        """
         from tuner.engine.exported import check_model_files, load_exported
 
         exported = load_exported(path)
@@ -278,9 +317,26 @@ class CalibratedEncoder:
         normalize_embeddings: bool = True,
         batch_tokens: int | None = None,
     ) -> Embeddings:
-        """Queries: never calibrated; `prompt` defaults to the model's query prompt (its sentence-transformers
-        `query` prompt, or the registry's: Qwen3-Embedding's instruction). The other keywords are
-        `encode_document`'s."""
+        """Encode queries, never calibrated.
+
+        Args:
+            sentences: One text (→ one vector) or a list of texts (→ one row each, in order).
+            prompt: Prepended to every query (default: the model's query prompt: its sentence-transformers `query`
+                prompt, or the registry's, e.g. Qwen3-Embedding's instruction).
+            batch_size: Texts per forward pass (default: chosen from the device's free memory).
+            show_progress_bar: Show a progress bar (default: on a terminal, when there is more than one batch).
+            convert_to_numpy: Return a float32 array (the default).
+            convert_to_tensor: Return a torch tensor instead; with neither conversion, a list of 1-D tensors.
+            normalize_embeddings: L2-normalise the vectors (the default: they are compared by dot product).
+            batch_tokens: At most this many padded tokens per forward pass (long texts).
+
+        Returns:
+            One vector for one text, else one row per text, as `encode_document` returns them.
+
+        Raises:
+            TypeError: `sentences` is neither a string nor a list of strings.
+            ValueError: `batch_size` or `batch_tokens` is below 1.
+        """
         prompt = self.model.query_prompt if prompt is None else prompt
         return self._encode(
             sentences,
@@ -307,22 +363,34 @@ class CalibratedEncoder:
         batch_tokens: int | None = None,
         observer: AttentionObserver | None = None,
     ) -> Embeddings:
-        """Documents, calibrated with this encoder's config (plain if it has none); sentence-transformers' keywords:
+        """Encode documents, calibrated with this encoder's config (plain if it has none).
 
-        - `sentences`: one text (→ one vector) or a list of texts (→ one row each, in order);
-        - `prompt`: prepended to every text (default: the model's document prompt, as sentence-transformers'
-          `encode_document` picks it; none for most models);
-        - `batch_size`: texts per forward pass (default: chosen from the device's free memory);
-        - `show_progress_bar`: default on a terminal when there is more than one batch;
-        - `convert_to_numpy` (default) → float32 array; `convert_to_tensor` → a torch tensor; neither → a list
-          of 1-D tensors;
-        - `normalize_embeddings`: L2-normalised (the default here: the vectors are compared by dot product);
-          False returns the model's embeddings as its own modules leave them (pooled, then its Dense and Normalize
-          modules, if any);
-        - `batch_tokens`: at most this many padded tokens per forward pass (long passages).
+        The keywords are sentence-transformers' `encode_document`'s. A document whose content fills no basket is left
+        uncalibrated (its vector is the plain model's); the first call that meets one warns
+        (`ShortDocumentsWarning`), once per encoder, and `too_short` counts them per call.
 
-        A document whose content fills no basket is left uncalibrated (its vector is the plain model's); the first
-        call that meets one warns (`ShortDocumentsWarning`), once per encoder, and `too_short` counts them per call.
+        Args:
+            sentences: One text (→ one vector) or a list of texts (→ one row each, in order).
+            prompt: Prepended to every text (default: the model's document prompt, as sentence-transformers'
+                `encode_document` picks it; none for most models).
+            batch_size: Texts per forward pass (default: chosen from the device's free memory).
+            show_progress_bar: Show a progress bar (default: on a terminal, when there is more than one batch).
+            convert_to_numpy: Return a float32 array (the default).
+            convert_to_tensor: Return a torch tensor instead; with neither conversion, a list of 1-D tensors.
+            normalize_embeddings: L2-normalise the vectors (the default here: they are compared by dot product);
+                False returns the embeddings as the model's own modules leave them (pooled, then its Dense
+                and Normalize modules, if any).
+            batch_tokens: At most this many padded tokens per forward pass (long passages).
+            observer: Sees each calibrated layer's attention of the pooled row before and after calibration
+                (`tuner.calibration.AttentionObserver`), e.g. for an attention profile.
+
+        Returns:
+            One float32 vector for one text, else one row per text in order: a NumPy array, a torch tensor with
+            `convert_to_tensor`, a list of 1-D tensors with neither conversion.
+
+        Raises:
+            TypeError: `sentences` is neither a string nor a list of strings.
+            ValueError: `batch_size` or `batch_tokens` is below 1.
         """
         vectors = self._encode(
             sentences,
@@ -348,6 +416,7 @@ class CalibratedEncoder:
         return vectors
 
     encode = encode_document
+    """`encode_document` under sentence-transformers' plain name: what `encode` is given is a document."""
 
     def _encode(
         self,

@@ -441,7 +441,21 @@ def write_exported(exported: ExportedConfig, path: str | Path, *, force: bool = 
 
 
 def load_exported(path: str | Path) -> ExportedConfig:
-    """Read and validate an exported config; errors name the field and the fix."""
+    """Read and validate an exported config, loading no model.
+
+    The YAML is read safely (a `!!python/...` tag is refused, never executed; duplicate keys and alias bombs too)
+    and every field is validated against the schema.
+
+    Args:
+        path: The exported YAML file (written by `tune` or `tune export`).
+
+    Returns:
+        The config: its model, its calibration, the metrics it was chosen on and its provenance.
+
+    Raises:
+        ExportError: The file cannot be read as YAML, or a field is missing or invalid; the message names each
+            field by its dotted path and what it allows.
+    """
     path = Path(path)
     try:
         data = load_file(path)

@@ -43,9 +43,28 @@ class CalibratedSentenceTransformer(SentenceTransformer):
 
 
 def load_sentence_transformer(config: str | Path, *, allow_model_mismatch: bool = False, **options: Any) -> CalibratedSentenceTransformer:
-    """Load the model an exported config was made for, as a calibrated SentenceTransformer; a config that does not
-    fit the model (`check_model_files`) is refused before the model loads, unless `allow_model_mismatch`. A plain
-    transformers folder is pooled as the config says and L2-normalised, as posfair's encoder does."""
+    """Load the model an exported config was made for, as a calibrated SentenceTransformer.
+
+    Its `encode` and `encode_document` calibrate; `encode_query` (and `encode(..., task="query")`) does not. The
+    config is checked against the model's files before the model loads (`check_model_files`: pooling, padding,
+    weights). A plain transformers folder is pooled as the config says and L2-normalised, as posfair's
+    encoder does.
+
+    Args:
+        config: The exported YAML file (written by `tune` or `tune export`).
+        allow_model_mismatch: Use a config that does not fit the model's files, warning once per difference,
+            instead of refusing it.
+        **options: Passed to `SentenceTransformer`, e.g. `device="cuda:1"`; posfair's attention implementation is
+            added to any `model_kwargs` given.
+
+    Returns:
+        The model as a `SentenceTransformer` whose document encodings are calibrated.
+
+    Raises:
+        ExportError: The file cannot be read, is no valid config, or does not fit the model (its files, or its
+            depth once loaded).
+        ModelUnavailableError: The model is neither on this machine nor reachable from it.
+    """
     exported = load_exported(config)
     check_model_files(exported, config, allow_mismatch=allow_model_mismatch)
     spec = resolve_spec(exported.model.name, exported.model.pooling, exported.model.padding_side)

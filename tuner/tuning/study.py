@@ -106,8 +106,21 @@ def describe_study(study: optuna.Study, pareto: bool, constraints: Constraints, 
 
 
 def load_stored_study(name: str, storage: str) -> optuna.Study:
-    """A study that `tune` ran, by name, from `storage`; a missing one (or a missing SQLite file or journal, which
-    opening would create) is named."""
+    """Load a study that `tune` ran, to read or export it.
+
+    A missing SQLite file or journal is refused by name, never created, as opening it would.
+
+    Args:
+        name: The study's name (`--study-name`; the tune output and `tune ui` show it).
+        storage: Its storage's URL, as `make_storage` takes it.
+
+    Returns:
+        The study, with the sampler Optuna gives a loaded study (it draws no trial here).
+
+    Raises:
+        ValueError: No study store or journal at the path, no study of that name in it, or a storage
+            `make_storage` refuses.
+    """
     database = sqlite_file(storage)
     if database is not None and not database.is_file():
         raise ValueError(
@@ -135,10 +148,29 @@ def open_study(
     grid: Mapping[str, Sequence[object]] | None = None,
     sampler_name: str = SAMPLERS[0],
 ) -> optuna.Study:
-    """Create or resume a study; `identity` (model, dataset, floor, space...) must match on resume. The sampler
-    is seeded from `seed` and the `worker` identity (`sampler_seed`): `sampler_name`'s (by default TPE, which
-    under a budget weighs each depth by its cost: `tuner.tuning.sampler`); with `grid`, Optuna's `GridSampler`
-    runs exactly the grid's configs instead, and a Pareto search NSGA-II."""
+    """Create a study, or resume it with the settings it was created with.
+
+    Args:
+        name: The study's name.
+        storage: Its storage's URL, as `make_storage` takes it.
+        seed: The study's seed; each process seeds its sampler from it and its `worker` identity
+            (`sampler_seed`), so no two processes draw the same trials.
+        pareto: Search PSI and HM together (NSGA-II, two objectives) instead of PSI alone.
+        identity: What the study is of (model, dataset, floor, space, ...): stored on creation, and compared on
+            resume.
+        heartbeat: Seconds between a running trial's heartbeats.
+        worker: This process's identity among the study's processes (`0`: the coordinator).
+        grid: Configs to run exactly, with Optuna's `GridSampler`, instead of drawing them.
+        sampler_name: The single-objective sampler (`tuner.tuning.sampler.make_sampler`): by default TPE that
+            weighs each depth by its cost under a budget.
+
+    Returns:
+        The study, its sampler seeded for this process.
+
+    Raises:
+        StudyMismatchError: The study exists, has run trials, and was created with another `identity`.
+        ValueError: A storage `make_storage` refuses.
+    """
     seed = sampler_seed(seed, worker)
     sampler: optuna.samplers.BaseSampler
     directions: list[Literal["minimize", "maximize"]]
