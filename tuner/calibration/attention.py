@@ -53,8 +53,7 @@ from .config import ResolvedCalibration, Role
 from .rows import BasketGeometry, Run, calibrate_rows, isolated_targets
 
 ATTENTION_NAME = "posfair"
-# Key counts the fused CPU kernel handles at full speed (measured here: 112, 128, 144 keys fast; 120, 127 slow).
-KERNEL_KEY_MULTIPLE = 16
+KERNEL_KEY_MULTIPLE = 16  # the fused CPU kernel runs slower on key counts off this grid (docs/engine.md)
 TILE_BYTES = 32 * 2**20  # float32 working set of one tile of an observed mean-pooling layer
 
 
@@ -575,8 +574,8 @@ def _additive_bias(visible: torch.Tensor, dtype: torch.dtype, score: torch.Tenso
 def _kernel_window(lo: int, hi: int, keys: int, multiple: int = KERNEL_KEY_MULTIPLE) -> tuple[int, int]:
     """Key slice [begin, end) ⊇ [lo, hi) whose width is a multiple of `multiple` where the keys allow.
 
-    The fused CPU kernel is up to 1.6× slower on a key count off that grid (127 keys cost more than
-    128), so a partial basket borrows keys from before it (or after it), which the caller masks out.
+    The fused CPU kernel is slower on a key count off that grid (docs/engine.md), so a partial basket borrows
+    keys from before it (or after it), which the caller masks out.
     """
     width = min(keys, -(-(hi - lo) // multiple) * multiple)
     begin = max(0, min(lo, hi - width))

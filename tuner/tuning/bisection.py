@@ -50,9 +50,9 @@ DRIFT_EXPONENTS = (1.75, 3.25)
 """Bounds on p in drift ∝ λ^p within a family (the other knobs fixed), on every structure. To first order in λ
 the calibrated attention, so the pooled vector, moves linearly in λ, and 1 − cos grows as the square of that
 move: p = 2 for a mild calibration. The bounds widen the range measured on real models' studies
-(`benchmarks/drift_law.py`, `benchmarks/rules_transfer.py`; docs/models.md), so a λ `drift_ceiling` rules out is
-over the limit unless the law bends further than it did there; the one pair found just below the lower bound (a
-calibration at full strength, on MPNet) moves the ceiling by a fraction of a percent."""
+(`benchmarks/drift_law.py`, `benchmarks/rules_transfer.py`), so a λ `drift_ceiling` rules out is over the limit
+unless the law bends further than it did there; docs/models.md (*The rules on both models*) shows the exponents
+measured against these bounds, and what the pairs outside them change."""
 
 
 @dataclass(frozen=True)
