@@ -127,7 +127,7 @@ def test_a_python_tag_in_a_config_is_never_executed(in_tmp: Path) -> None:
 
 
 def test_unknown_model_alias() -> None:
-    assert "unknown model 'bge-m4'. Known aliases: minilm, mpnet, bge-m3" in tune("--model", "bge-m4", "--trials", "1")
+    assert "unknown model 'bge-m4'. Known aliases: minilm, mpnet, embeddinggemma, bge-m3" in tune("--model", "bge-m4", "--trials", "1")
 
 
 def test_a_model_not_available_offline(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -107,7 +107,7 @@ class TrialCounts:
 
     def sentence(self) -> str:
         """'8 trials ran (6 complete, 2 pruned between rungs)', then repeats and failures where there are any; what
-        never ran is said with its reason by the caller (`tuner.tuning.conclusion.describe_trials`)."""
+        never ran is said with its reason by the caller (`tuner.tuning.accounts.describe_trials`)."""
         said = f"{self.ran} trials ran ({self.complete} complete, {self.pruned} pruned between rungs)"
         extra = [f"{count} {what}" for count, what in ((self.repeats, "drew a calibration already run"), (self.failed, "failed")) if count]
         return said + (f"; {', '.join(extra)}" if extra else "")

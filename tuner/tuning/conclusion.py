@@ -29,10 +29,9 @@ from objectives import (
     position_profile,
 )
 from tuner.calibration import CalibrationConfig
-from tuner.common.budget import budget_end, budget_ended, study_budget
 from tuner.common.files import EXPORTS, OutputRefusedError
 from tuner.common.messages import UserError, first_line
-from tuner.common.trials import NOT_RUN_ATTR, SELECTION_ATTR, SETUP_COST_ATTR, complete_trials, named_constraints, never_ran, trial_counts
+from tuner.common.trials import SELECTION_ATTR, SETUP_COST_ATTR, complete_trials, named_constraints
 from tuner.data import PositionalDataset
 from tuner.engine.exported import build_export, write_exported
 from tuner.engine.models import LoadedModel, hub_revision
@@ -42,7 +41,7 @@ from tuner.tracking.plots import heldout_profiles, optuna_figures, param_importa
 from tuner.tracking.progress import Phase
 from tuner.tracking.registry import USAGE, Registered, publish, reserve_version, withdraw
 from tuner.tracking.runs import NOTE, Tracker, describe_config, display_metrics, summary_metrics
-from tuner.tuning.optuna_access import save_trial_note
+from tuner.tuning.accounts import budget_metrics, budget_tags, dashboard_notes, describe_trials, trial_figures, trial_metrics
 from tuner.tuning.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, is_reference_trial, trial_basket_shares, trial_config
 from tuner.tuning.session import FLOOR_ATTR, reload_tuned
 from tuner.tuning.settings import EXPERIMENT, TuneSettings
@@ -617,90 +616,6 @@ def _concluded(staging: Path, figures: Sequence[Path], winning: _Winning, path: 
     )
 
 
-def dashboard_notes(study: optuna.Study, best: optuna.trial.FrozenTrial, selection: Selection, num_layers: int) -> None:
-    """optuna-dashboard's notes, where its users look: on the study, which trial won and why and how many trials
-    ran; on the winner, that it won and why; on the trial its Best Trial card shows (the lowest objective) when that
-    is not the winner, why it was not chosen; on each trial that never ran, why."""
-    import optuna_dashboard
-
-    params = {**best.params, "layers": best.user_attrs.get("layers"), "basket_shares": trial_basket_shares(best)}
-    why = f"Chosen by the **{selection.rule}** rule: {selection.reason()}."
-    lowest = selection.best.trial_number
-    card = (
-        f"optuna-dashboard's *Best Trial* card shows trial {lowest}, the lowest objective: it reads neither the constraints "
-        "nor the selection rule."
-        if lowest != best.number
-        else "It is also the trial optuna-dashboard's *Best Trial* card shows (the lowest objective)."
-    )
-    optuna_dashboard.save_note(
-        study,
-        f"## Winner: trial {best.number}\n\n{describe_config(params, num_layers)}: {_figures(best)}.\n\n{why}\n\n{card}\n\n"
-        f"**Trials**: {describe_trials(study)}.\n",
-    )
-    save_trial_note(study, best, f"## Winner of study {study.study_name}\n\n{why}\n")
-    trials = study.get_trials(deepcopy=False)
-    if lowest != best.number:
-        save_trial_note(
-            study,
-            trials[lowest],
-            f"## Lowest objective, not the winner\n\nTrial {best.number} won: {selection.reason()}. A lower value within "
-            "that noise is as likely luck as merit, and the milder calibration over-corrects less elsewhere.\n",
-        )
-    for trial in trials:
-        if never_ran(trial) and trial.state.is_finished():
-            reason = trial.user_attrs.get(NOT_RUN_ATTR, "the study had its trials")
-            save_trial_note(
-                study,
-                trial,
-                f"## Not run\n\n{reason}. Optuna creates a trial before posfair can price or place it; it is recorded as "
-                "*Fail* with no values, and counted nowhere.\n",
-            )
-
-
-def budget_metrics(study: optuna.Study) -> dict[str, float]:
-    """The study's `--budget` in layer-tokens, beside what it spent (`cost/layer_tokens`)."""
-    budget = study_budget(study)
-    return {"cost/budget_layer_tokens": float(budget.study_allowance)} if budget else {}
-
-
-def budget_tags(study: optuna.Study) -> dict[str, str]:
-    """Whether the budget ended the study, in the numbers that decided it."""
-    budget = study_budget(study)
-    if not budget:
-        return {}
-    end = budget_end(study)
-    if end is None or not budget_ended(study, budget.trial_allowance):
-        return {"posfair.budget": f"{budget.spec}: --trials ended the study first"}
-    return {
-        "posfair.budget": f"{budget.spec} ended the study: trial {end.trial} would have needed up to {end.needed:,} "
-        f"layer-tokens, and {end.left:,} of the trials' {end.trial_allowance:,} were left"
-    }
-
-
-def describe_trials(study: optuna.Study) -> str:
-    """The study's trials in one sentence, as the console, the parent run and optuna-dashboard all say it
-    (`TrialCounts`): what ran, then each trial Optuna created that never ran, and why."""
-    counts = trial_counts(study)
-    said = counts.sentence()
-    unrun = [t for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL, TrialState.PRUNED)) if never_ran(t)]
-    budget, end = study_budget(study), budget_end(study)
-    if budget and end is not None and budget_ended(study, budget.trial_allowance) and end.trial in {t.number for t in unrun}:
-        said += (
-            f"; trial {end.trial} was drawn but not run: it would have needed up to {end.needed:,} layer-tokens and "
-            f"{end.left:,} of the trials' {end.trial_allowance:,} were left"
-        )
-        unrun = [t for t in unrun if t.number != end.trial]
-    for trial in unrun:
-        said += f"; trial {trial.number} was not run: {trial.user_attrs.get(NOT_RUN_ATTR, 'the study had its trials')}"
-    return said
-
-
-def trial_metrics(study: optuna.Study) -> dict[str, float]:
-    """The study's `TrialCounts` as parent-run metrics (`trials/…`)."""
-    counts = trial_counts(study)
-    return {"trials/ran": float(counts.ran), **{f"trials/{k}": float(v) for k, v in counts.to_dict().items()}}
-
-
 def describe_objective(study: optuna.Study, best: optuna.trial.FrozenTrial, floor: float) -> str:
     """What the study optimised, and subject to what, in one line (the YAML's provenance): the constraints its trials
     were checked on, with the study's limits (`study_constraints`)."""
@@ -752,18 +667,9 @@ def _mark_winner(
         best.number,
         markers,
         {"posfair.winner": "yes"},
-        f"Winner (trial {best.number}): {describe_config(params, model.num_layers)}: {_figures(best)}. "
+        f"Winner (trial {best.number}): {describe_config(params, model.num_layers)}: {trial_figures(best)}. "
         f"Chosen by the {selection.rule} rule: {selection.reason()}.{where}",
     )
-
-
-def _figures(best: optuna.trial.FrozenTrial) -> str:
-    """A complete trial's objective and tuning figures and how it met each constraint, from its Optuna record."""
-    attrs = best.user_attrs
-    worst = f"worst-case PSI {attrs['robust_psi']:.3f} (on {attrs['worst_structure']}), " if "worst_structure" in attrs else ""
-    verdict, _, checks = attrs.get("feasible", "").partition(": ")
-    said = {"yes": "feasible", "NO": "infeasible"}.get(verdict)
-    return f"{worst}PSI {attrs['psi']:.3f} and HM {100 * attrs['hm']:.2f} on the tuning passages" + (f"; {said}: {checks}" if said else "")
 
 
 def _structure_metrics(best: optuna.trial.FrozenTrial) -> dict[str, float]:
@@ -779,7 +685,7 @@ def study_conclusion(best: optuna.trial.FrozenTrial, rows: list[SummaryRow], num
     then its change against no calibration on each held-out set."""
     params = {**best.params, "layers": best.user_attrs.get("layers"), "basket_shares": trial_basket_shares(best)}
     first = (
-        f"Winner: trial {best.number}, {describe_config(params, num_layers)}: {_figures(best)}; "
+        f"Winner: trial {best.number}, {describe_config(params, num_layers)}: {trial_figures(best)}; "
         f"chosen by the {selection.rule} rule: {selection.reason()}."
     )
     return f"{first} {heldout_sentence(rows)}"
