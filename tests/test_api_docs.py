@@ -12,6 +12,7 @@ import inspect
 import os
 import re
 import shutil
+import typing
 from pathlib import Path
 
 import pytest
@@ -50,14 +51,22 @@ def resolve(path: str) -> object:
 
 def expected(thing: object) -> tuple[str, list[str]]:
     """The section that must list what `thing` takes, and the names it must list: a record's fields, or the
-    parameters of a class's constructor or a function (`*args` and `**options` as written)."""
+    parameters of a class's constructor or a function (`*args` and `**options` as written, but a `**options:
+    Unpack[SomeTypedDict]` as its keywords, which the site's Griffe extension `unpack_typeddict` shows)."""
     if isinstance(thing, type) and issubclass(thing, BaseModel):
         return "Attributes:", list(thing.model_fields)
     if dataclasses.is_dataclass(thing):
         return "Attributes:", [field.name for field in dataclasses.fields(thing)]
     stars = {inspect.Parameter.VAR_POSITIONAL: "*", inspect.Parameter.VAR_KEYWORD: "**"}
-    parameters = inspect.signature(thing).parameters.values()  # type: ignore[arg-type]
-    return "Parameters:", [stars.get(p.kind, "") + p.name for p in parameters if p.name != "self"]
+    hints = typing.get_type_hints(thing)
+    names = []
+    for parameter in inspect.signature(thing).parameters.values():  # type: ignore[arg-type]
+        hint = hints.get(parameter.name)
+        if typing.get_origin(hint) is typing.Unpack:  # `**options: Unpack[SomeTypedDict]`: its keywords, in order
+            names += list(typing.get_type_hints(typing.get_args(hint)[0]))
+        elif parameter.name != "self":
+            names.append(stars.get(parameter.kind, "") + parameter.name)
+    return "Parameters:", names
 
 
 def sections(fragment: str) -> dict[str, list[str]]:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, Never, Protocol, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Literal, Never, Protocol, TypedDict, TypeVar, Unpack, cast, overload
 
 import numpy as np
 import torch
@@ -40,6 +40,26 @@ Embeddings = np.ndarray | torch.Tensor | list[torch.Tensor]
 Observer = TypeVar("Observer", contravariant=True)
 
 
+class EncodeOptions(TypedDict, total=False):
+    """The keywords `encode_query` and `encode_document` share, named as sentence-transformers' encode methods name
+    them."""
+
+    batch_size: int | None
+    """Texts per forward pass (default: chosen from the device's free memory)."""
+    show_progress_bar: bool | None
+    """Show a progress bar (default: on a terminal, when there is more than one batch)."""
+    convert_to_numpy: bool
+    """Return a float32 NumPy array (default: True)."""
+    convert_to_tensor: bool
+    """Return a torch tensor instead (default: False); with neither conversion, a list of 1-D tensors."""
+    normalize_embeddings: bool
+    """L2-normalise the vectors (default: True, as they are compared by dot product); False returns the embeddings
+    as the model's own modules leave them (pooled, then its Dense and Normalize modules, if any)."""
+    batch_tokens: int | None
+    """At most this many padded tokens per forward pass, for long passages (default: none; for a long-passage
+    model, chosen from the device's free memory)."""
+
+
 class Encode(Protocol[Observer]):
     """`encode_query` and `encode_document` as their callers see them: an array unless a tensor or a list of
     tensors is asked for. `Observer` is what `observer` takes: `Never` for queries, which take none."""
@@ -49,6 +69,7 @@ class Encode(Protocol[Observer]):
         self,
         sentences: str | Sequence[str],
         prompt: str | None = ...,
+        *,
         batch_size: int | None = ...,
         show_progress_bar: bool | None = ...,
         convert_to_numpy: Literal[True] = ...,
@@ -63,13 +84,9 @@ class Encode(Protocol[Observer]):
         self,
         sentences: str | Sequence[str],
         prompt: str | None = ...,
-        batch_size: int | None = ...,
-        show_progress_bar: bool | None = ...,
-        convert_to_numpy: bool = ...,
-        convert_to_tensor: bool = ...,
-        normalize_embeddings: bool = ...,
-        batch_tokens: int | None = ...,
+        *,
         observer: Observer = ...,
+        **options: Unpack[EncodeOptions],
     ) -> Embeddings: ...
 
 
@@ -310,12 +327,7 @@ class CalibratedEncoder:
         self,
         sentences: str | Sequence[str],
         prompt: str | None = None,
-        batch_size: int | None = None,
-        show_progress_bar: bool | None = None,
-        convert_to_numpy: bool = True,
-        convert_to_tensor: bool = False,
-        normalize_embeddings: bool = True,
-        batch_tokens: int | None = None,
+        **options: Unpack[EncodeOptions],
     ) -> Embeddings:
         """Encode queries, never calibrated.
 
@@ -323,12 +335,7 @@ class CalibratedEncoder:
             sentences: One text (→ one vector) or a list of texts (→ one row each, in order).
             prompt: Prepended to every query (default: the model's query prompt: its sentence-transformers `query`
                 prompt, or the registry's, e.g. Qwen3-Embedding's instruction).
-            batch_size: Texts per forward pass (default: chosen from the device's free memory).
-            show_progress_bar: Show a progress bar (default: on a terminal, when there is more than one batch).
-            convert_to_numpy: Return a float32 array (the default).
-            convert_to_tensor: Return a torch tensor instead; with neither conversion, a list of 1-D tensors.
-            normalize_embeddings: L2-normalise the vectors (the default: they are compared by dot product).
-            batch_tokens: At most this many padded tokens per forward pass (long texts).
+            **options: `EncodeOptions`: sentence-transformers' keywords, as `encode_document` takes them.
 
         Returns:
             One vector for one text, else one row per text, as `encode_document` returns them.
@@ -338,51 +345,30 @@ class CalibratedEncoder:
             ValueError: `batch_size` or `batch_tokens` is below 1.
         """
         prompt = self.model.query_prompt if prompt is None else prompt
-        return self._encode(
-            sentences,
-            calibrate=False,
-            prompt=prompt,
-            batch_size=batch_size,
-            show_progress_bar=show_progress_bar,
-            convert_to_numpy=convert_to_numpy,
-            convert_to_tensor=convert_to_tensor,
-            normalize_embeddings=normalize_embeddings,
-            batch_tokens=batch_tokens,
-        )
+        return self._encode(sentences, prompt, calibrate=False, **options)
 
     @_typed_for_documents
     def encode_document(
         self,
         sentences: str | Sequence[str],
         prompt: str | None = None,
-        batch_size: int | None = None,
-        show_progress_bar: bool | None = None,
-        convert_to_numpy: bool = True,
-        convert_to_tensor: bool = False,
-        normalize_embeddings: bool = True,
-        batch_tokens: int | None = None,
+        *,
         observer: AttentionObserver | None = None,
+        **options: Unpack[EncodeOptions],
     ) -> Embeddings:
         """Encode documents, calibrated with this encoder's config (plain if it has none).
 
-        The keywords are sentence-transformers' `encode_document`'s. A document whose content fills no basket is left
-        uncalibrated (its vector is the plain model's); the first call that meets one warns
-        (`ShortDocumentsWarning`), once per encoder, and `too_short` counts them per call.
+        A document whose content fills no basket is left uncalibrated (its vector is the plain model's); the first
+        call that meets one warns (`ShortDocumentsWarning`), once per encoder, and `too_short` counts them per call.
 
         Args:
             sentences: One text (→ one vector) or a list of texts (→ one row each, in order).
             prompt: Prepended to every text (default: the model's document prompt, as sentence-transformers'
                 `encode_document` picks it; none for most models).
-            batch_size: Texts per forward pass (default: chosen from the device's free memory).
-            show_progress_bar: Show a progress bar (default: on a terminal, when there is more than one batch).
-            convert_to_numpy: Return a float32 array (the default).
-            convert_to_tensor: Return a torch tensor instead; with neither conversion, a list of 1-D tensors.
-            normalize_embeddings: L2-normalise the vectors (the default here: they are compared by dot product);
-                False returns the embeddings as the model's own modules leave them (pooled, then its Dense
-                and Normalize modules, if any).
-            batch_tokens: At most this many padded tokens per forward pass (long passages).
             observer: Sees each calibrated layer's attention of the pooled row before and after calibration
                 (`tuner.calibration.AttentionObserver`), e.g. for an attention profile.
+            **options: `EncodeOptions`: sentence-transformers' keywords (`batch_size`, `show_progress_bar`,
+                `convert_to_numpy`, `convert_to_tensor`, `normalize_embeddings`) and `batch_tokens`.
 
         Returns:
             One float32 vector for one text, else one row per text in order: a NumPy array, a torch tensor with
@@ -392,18 +378,8 @@ class CalibratedEncoder:
             TypeError: `sentences` is neither a string nor a list of strings.
             ValueError: `batch_size` or `batch_tokens` is below 1.
         """
-        vectors = self._encode(
-            sentences,
-            calibrate=True,
-            prompt=self.model.document_prompt if prompt is None else prompt,
-            batch_size=batch_size,
-            show_progress_bar=show_progress_bar,
-            convert_to_numpy=convert_to_numpy,
-            convert_to_tensor=convert_to_tensor,
-            normalize_embeddings=normalize_embeddings,
-            batch_tokens=batch_tokens,
-            observer=observer,
-        )
+        prompt = self.model.document_prompt if prompt is None else prompt
+        vectors = self._encode(sentences, prompt, calibrate=True, observer=observer, **options)
         if self.too_short and self.config is not None and self.config.strength > 0 and not self._warned_short:
             self._warned_short = True
             count = 1 if isinstance(sentences, str) else len(sentences)
@@ -421,23 +397,20 @@ class CalibratedEncoder:
     def _encode(
         self,
         sentences: str | Sequence[str],
+        prompt: str,
         *,
         calibrate: bool,
-        prompt: str = "",
-        batch_size: int | None = None,
-        batch_tokens: int | None = None,
-        show_progress_bar: bool | None = None,
-        convert_to_numpy: bool = True,
-        convert_to_tensor: bool = False,
-        normalize_embeddings: bool = True,
         observer: AttentionObserver | None = None,
+        **options: Unpack[EncodeOptions],
     ) -> Embeddings:
+        """The one encode path, with `EncodeOptions`' defaults."""
         single = isinstance(sentences, str)
         given = [sentences] if single else list(sentences)
         if not all(isinstance(t, str) for t in given):
             raise TypeError("encode takes a string or a list of strings")
         texts = [prompt + t for t in given]  # type: ignore[operator]
-        batches = Batches.build(self.model, texts, *choose_batching(self.model, batch_size, batch_tokens))
+        batching = choose_batching(self.model, options.get("batch_size"), options.get("batch_tokens"))
+        batches = Batches.build(self.model, texts, *batching)
         self.truncated = batches.truncated
         ran: list[int] = []
         self.too_short = too_short(batches, self.spec) if calibrate and self.spec is not None else 0
@@ -446,15 +419,15 @@ class CalibratedEncoder:
             batches,
             self.spec if calibrate else None,
             observer=observer,
-            show_progress=show_progress_bar,
-            normalize=normalize_embeddings,
+            show_progress=options.get("show_progress_bar"),
+            normalize=options.get("normalize_embeddings", True),
             ran=ran,
         )
         self.layer_tokens = batches.layer_tokens(ran, self.model.num_layers)
         result = vectors[0] if single else vectors
-        if convert_to_tensor:
+        if options.get("convert_to_tensor", False):
             return torch.from_numpy(result)
-        if not convert_to_numpy:
+        if not options.get("convert_to_numpy", True):
             return list(torch.from_numpy(vectors)) if not single else torch.from_numpy(result)
         return result
 
