@@ -105,7 +105,10 @@ def test_the_page_renders_every_object_it_names(page: dict[str, str]) -> None:
 
 
 @pytest.mark.parametrize("path", rendered_objects())
-def test_each_entry_point_shows_its_parameters_what_it_returns_and_what_it_raises(page: dict[str, str], path: str) -> None:
+def test_each_entry_point_shows_its_parameters_what_it_returns_and_what_it_raises(
+    page: dict[str, str],
+    path: str,
+) -> None:
     thing = resolve(path)
     name = getattr(thing, "__name__", path.rpartition(".")[2])
     if name != path.rpartition(".")[2]:  # another name of a method the page documents (`encode`): it says which

@@ -69,7 +69,10 @@ def test_a_tiny_model_of_every_supported_family_calibrates_as_the_oracle(family:
 
 
 @pytest.mark.parametrize("family", sorted({*ADAPTERS, "bert"}))
-def test_calibrating_layer_l_changes_the_hidden_states_from_transformers_layer_l_on(family: str, tmp_path: Path) -> None:
+def test_calibrating_layer_l_changes_the_hidden_states_from_transformers_layer_l_on(
+    family: str,
+    tmp_path: Path,
+) -> None:
     """Layers are numbered from 0 in the order transformers runs them (`hidden_states[k + 1]` is layer k's output):
     calibrating layer L leaves every hidden state before layer L's output as it was and changes that one. The
     oracle of the test above reads the layer numbers the adapter gives, so it cannot tell a shifted numbering."""

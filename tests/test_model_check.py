@@ -59,7 +59,8 @@ def sentence_transformers_folder(folder: Path, *pooling_keys: str) -> Path:
         encoding="utf-8",
     )
     (folder / "1_Pooling").mkdir()
-    modes = {key: key in pooling_keys for key in ("pooling_mode_cls_token", "pooling_mode_mean_tokens", "pooling_mode_max_tokens")}
+    keys = ("pooling_mode_cls_token", "pooling_mode_mean_tokens", "pooling_mode_max_tokens")
+    modes = {key: key in pooling_keys for key in keys}
     (folder / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 32, **modes}), encoding="utf-8")
     return folder
 
@@ -74,9 +75,8 @@ def test_a_pooling_config_with_two_modes_on_is_read_as_neither(tiny_model_dir, t
     """sentence-transformers joins the vectors of every mode a Pooling config turns on, so a model with CLS and mean
     pooling on pools by neither alone: neither is taken as its own (which would accept one `--pooling` and refuse
     the other as not the model's)."""
-    folder = sentence_transformers_folder(
-        Path(shutil.copytree(tiny_model_dir("bert"), tmp_path / "two-modes")), "pooling_mode_cls_token", "pooling_mode_mean_tokens"
-    )
+    copy = Path(shutil.copytree(tiny_model_dir("bert"), tmp_path / "two-modes"))
+    folder = sentence_transformers_folder(copy, "pooling_mode_cls_token", "pooling_mode_mean_tokens")
     said = {}
     for pooling in ("cls", "mean"):
         try:
@@ -189,7 +189,8 @@ def test_a_local_model_whose_weights_file_is_gone_is_refused_naming_it(tiny_mode
     (folder / "model.safetensors").unlink()
     code, said = encode(config, tmp_path)
     assert code == 2
-    assert f"model.weights: the files in {folder} differ from those the config was exported with (model.safetensors is gone)" in said
+    differ = f"model.weights: the files in {folder} differ from those the config was exported with"
+    assert f"{differ} (model.safetensors is gone)" in said
     assert not (tmp_path / "out.npy").exists()
 
 

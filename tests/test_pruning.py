@@ -66,10 +66,10 @@ def assert_logged_apart(settings: TuneSettings, pruned: list[FrozenTrial], compl
     trial's run logs, but for its cost and its per-structure figures (complete for each structure scored)."""
     logged = set(trial_run(settings, complete.number).data.metrics)
     complete_names = {name for name in logged if name != "cost/layer_tokens" and not name.startswith("structure/")}
-    assert {"psi", "hm_x100", "hm_margin_over_floor_x100"} <= complete_names, "a complete trial's run, as this check needs"
+    assert {"psi", "hm_x100", "hm_margin_over_floor_x100"} <= complete_names, "a complete run, as this check needs"
     for trial in pruned:
         metrics = trial_run(settings, trial.number).data.metrics
-        assert complete_names.isdisjoint(metrics), f"trial {trial.number}: no partial figure under a complete trial's name"
+        assert complete_names.isdisjoint(metrics), f"trial {trial.number}: a partial figure under a complete one's name"
 
 
 @pytest.fixture()

@@ -10,7 +10,16 @@ from rich.console import Console
 
 from tuner.data import PositionalDataset
 from tuner.engine.models import LoadedModel, load_model
-from tuner.report.tables import BASELINE, SEA, EvaluationTable, ScoringOptions, render, run_evaluation, to_dict, to_markdown
+from tuner.report.tables import (
+    BASELINE,
+    SEA,
+    EvaluationTable,
+    ScoringOptions,
+    render,
+    run_evaluation,
+    to_dict,
+    to_markdown,
+)
 
 GROUPS = ("begin", "middle", "end")
 

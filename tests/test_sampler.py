@@ -130,7 +130,10 @@ def test_another_sampler_is_refused_for_a_grid_or_a_pareto_search(name: str, sea
 
 
 @pytest.mark.parametrize("name", SAMPLERS)
-def test_every_sampler_draws_the_same_five_start_up_trials_at_random(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_sampler_draws_the_same_five_start_up_trials_at_random(
+    name: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The samplers are compared on one footing: each draws its first five trials at random (Optuna's own default
     start-up is ten) and every later one from its model. The objective has no conditional parameter, so no
     sampler draws at random after its start-up for a parameter outside its model."""
