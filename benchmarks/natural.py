@@ -57,15 +57,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--natural-test", default=NATURAL_TEST)
     parser.add_argument("--natural-tune", default=NATURAL_TUNE)
-    parser.add_argument("--probe", required=True, help="the probe built from SQuAD's paragraphs, as a --dataset value")
+    parser.add_argument("--probe", help="the probe built from SQuAD's paragraphs, as a --dataset value")
     parser.add_argument("--keep", type=Path, help="keep the reverse study's stores here")
     parser.add_argument("--skip-study", action="store_true", help="only part 1 (the configs on natural questions)")
+    parser.add_argument("--study-only", action="store_true", help="only part 2, added to the part 1 that --json holds")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
 
     from tuner.calibration import CalibrationConfig
     from tuner.engine.models import load_model
 
+    if args.study_only:
+        earlier = record.read(args.json)
+        with tempfile.TemporaryDirectory() as scratch:
+            reverse = reverse_study(args, args.keep or Path(scratch))
+        command = f"{earlier['command']}; python -m benchmarks.natural " + " ".join(argv or sys.argv[1:])
+        record.write(args.json, "natural", command, {**earlier["results"], "reverse": reverse})
+        return 0
     model = load_model(args.model)
     winners = recorded_winners(args.model, args.seeds)
     configs: dict[str, Any] = {NONE: None, PAPER: model.default_config()}

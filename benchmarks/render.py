@@ -563,6 +563,137 @@ def squad_probe_card(data: dict[str, Any]) -> str:
     return "\n".join([*lines, "", f"Tokens are all-MiniLM-L6-v2's, [CLS] and [SEP] included;{fits} {_counted(data)}"])
 
 
+# ---------------------------------------------------------------- natural questions (benchmarks.natural)
+
+NATURAL_SETS = {"squad-test": "the natural SQuAD held-out split (`squad-test`)"}
+
+
+def _points(values: Sequence[float]) -> str:
+    estimate, low, high = values
+    return f"{estimate:+.2f} [{low:+.2f}, {high:+.2f}]"
+
+
+def _set_title(name: str) -> str:
+    if name.startswith("probe:"):
+        return f"the probe built from `{Path(name.removeprefix('probe:')).name}`"
+    return NATURAL_SETS.get(name, HELD_OUT_NAMES.get(name, f"`{name}`"))
+
+
+def _knob_text(knobs: dict[str, Any] | None) -> str:
+    return "no calibration" if not knobs or not knobs.get("strength") else _config({"config": {**knobs, "weight": 0}})
+
+
+def natural(data: dict[str, Any]) -> str:
+    """Configs tuned on WikiPos scored on natural questions: one table per set, then what the record says of them."""
+    r = data["results"]
+    parts = []
+    for name in r["sets"]:
+        lines = [
+            f"**{_set_title(name)}**",
+            "",
+            "| config | nDCG@10 | HM | PSI ↓ | PSI − paper default | ΔHM | ΔnDCG@10 | end − begin |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for label, c in r["scores"][name].items():
+            knobs = r["winners"].get(label)
+            title = f"{label}: {_knob_text(knobs)}" if label.startswith("winner") else label
+            versus = "—" if label == "paper default" else f"{c['psi_minus_reference']:+.3f} ± {c['psi_minus_reference_se']:.3f}"
+            change = "—" if label == "no calibration" else None
+            lines.append(
+                f"| {title} | {c['ndcg10']:.2f} | {c['hm']:.2f} | {c['psi']:.3f} | {versus} "
+                f"| {change or _points(c['hm_delta'])} | {change or _points(c['ndcg_delta'])} | {_points(c['end_minus_begin'])} |"
+            )
+        parts += [*lines, "", natural_reading(r, name), ""]
+    return "\n".join(
+        [
+            *parts,
+            "nDCG@10 and HM ×100; Δ against no calibration and end − begin (points; < 0: the beginning favoured) with 95% "
+            "paired-bootstrap intervals; PSI − paper default with the bootstrap SE of the difference. " + _measured_on(data),
+        ]
+    )
+
+
+def natural_reading(r: dict[str, Any], name: str) -> str:
+    """Which winners are fairer than the paper default beyond noise (by more than one SE of the difference) on `name`."""
+    cells = r["scores"][name]
+
+    def seeds(labels: list[str]) -> str:
+        numbers = [label.removeprefix("winner, seed ") for label in labels]
+        if len(numbers) == 1:
+            return f"the winner of seed {numbers[0]} is"
+        return f"the winners of seeds {', '.join(numbers[:-1])} and {numbers[-1]} are"
+
+    fairer = [label for label in r["winners"] if cells[label]["psi_minus_reference"] < -cells[label]["psi_minus_reference_se"]]
+    others = [label for label in r["winners"] if label not in fairer]
+    said = []
+    if fairer:
+        said.append(f"{seeds(fairer)} fairer than the paper default by more than one SE")
+    if others:
+        said.append(f"{seeds(others)} not fairer than the paper default beyond one SE")
+    return f"On {_set_title(name)}, " + "; ".join(said) + "."
+
+
+def natural_reverse(data: dict[str, Any]) -> str:
+    """The study tuned on the natural tuning split, its winner and the paper default held out on WikiPos."""
+    study = data["results"].get("reverse")
+    if not study:
+        return "Not measured in this record."
+    lines = [
+        f"Winner: {_knob_text(study['config'])} (trial {study['winner']}, {study['trials']} trials).",
+        "",
+        "| held-out set | winner: PSI ÷ uncalibrated · ΔHM · ΔnDCG@10 · end − begin | paper default: the same |",
+        "|---|---|---|",
+    ]
+    default = (study.get("paper_default") or {}).get("heldout", {})
+    for name, w in study["heldout"].items():
+        d = default.get(name)
+        cell = lambda h: f"{h['psi_ratio']:.2f}× · {h['hm_delta']} · {h['ndcg_delta']} · {h['end_minus_begin']:+.1f}"  # noqa: E731
+        lines.append(f"| {HELD_OUT_NAMES.get(name, name)} | {cell(w)} | {cell(d) if d else '(the winner)'} |")
+    return "\n".join([*lines, "", _measured_on(data)])
+
+
+# ---------------------------------------------------------------- the tuning signal (benchmarks.tuning_signal)
+
+SIGNAL_DESIGNS = {
+    "descriptions": "WikiPos-dev as today: a summary's short description asks for it",
+    "titles": "the article titles as the queries instead",
+    "both": "descriptions and titles over the same passages",
+}
+
+
+def default_study_layer_tokens(model: str) -> float:
+    """The mean layer-tokens of the model's default studies (setup and trials), as `search_cost` recorded them."""
+    studies = [s for s in record.read(record.RESULTS / f"search-cost-{model}.json")["results"]["studies"] if s["arm"] == "robust-third"]
+    return sum(s["layer_tokens"] + s["setup_layer_tokens"] for s in studies) / len(studies)
+
+
+def tuning_signal(data: dict[str, Any]) -> str:
+    """Per design: queries, the median paired SE between candidates beside today's, and what the design costs."""
+    r = data["results"]
+    designs = r["designs"]
+    today = designs.get("descriptions")
+    study = default_study_layer_tokens(r["model"])
+    lines = [
+        "| tuning design | queries | median paired SE | ÷ today's | setup layer-tokens | paper default's trial layer-tokens "
+        "| a default study ÷ today's |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, d in designs.items():
+        ratio = f"{d['median_paired_se'] / today['median_paired_se']:.2f}×" if today else "—"
+        cost = f"{(study + d['setup_layer_tokens'] - today['setup_layer_tokens']) / study:.2f}×" if today else "—"
+        title = SIGNAL_DESIGNS.get(name, f"`{name.removeprefix('squad:')}` (natural questions, with its length halves)")
+        lines.append(
+            f"| {title} | {d['queries']:,} | {d['median_paired_se']:.4f} | {ratio} | {d['setup_layer_tokens']:,} "
+            f"| {d['trial_layer_tokens']['paper default']:,} | {cost} |"
+        )
+    pairs = ["", "| candidates | " + " | ".join(f"{n}: gap ± paired SE" for n in designs) + " |", "|---|" + "---:|" * len(designs)]
+    first = next(iter(designs.values()))
+    for index, pair in enumerate(first["pairs"]):
+        cells = [f"{d['pairs'][index]['gap']:+.3f} ± {d['pairs'][index]['paired_se']:.3f}" for d in designs.values()]
+        pairs.append(f"| {pair['pair'][0]} − {pair['pair'][1]} | " + " | ".join(cells) + " |")
+    return "\n".join([*lines, *pairs, "", _measured_on(data)])
+
+
 FIGURES: dict[str, Figure] = {
     "prerequisites": Figure("first-tune", prerequisites),
     "results": Figure("first-tune", results),
@@ -579,6 +710,10 @@ FIGURES: dict[str, Figure] = {
     "rules-transfer": Figure("rules-transfer", rules_transfer),
     "squad-card": Figure("squad-card", squad_card),
     "squad-probe-card": Figure("squad-card", squad_probe_card),
+    "natural-minilm": Figure("natural-minilm", natural),
+    "natural-minilm-reverse": Figure("natural-minilm", natural_reverse),
+    "tuning-signal-minilm": Figure("tuning-signal-minilm", tuning_signal),
+    "tuning-signal-squad": Figure("tuning-signal-squad", tuning_signal),
     **{name: Figure(plot.source, plot_block(name)) for name, plot in PLOTS.items()},
 }
 

@@ -354,7 +354,8 @@ def _set_cells(held: dict[str, Any] | None) -> str:
     return f"{held['psi_ratio']:.2f}× | {held['hm_delta']} | {held['ndcg_delta']} | {held['end_minus_begin']:+.1f} |"
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line's arguments (`benchmarks.natural` runs an arm with them too)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
@@ -369,7 +370,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--reread", type=Path, metavar="KEEP", help="only fill the --json record's priced budgets and held-out rows from KEEP's stores"
     )
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
     if args.reread:
         reread(args.json, args.reread)
         return 0

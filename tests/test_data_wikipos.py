@@ -136,3 +136,33 @@ def test_packaged_files_match_a_fresh_build(tmp_path, count_tokens):
             fresh, packaged = gzip.decompress(fresh), gzip.decompress(packaged)
         assert fresh == packaged, f"{name} differs from a fresh build; run `python -m tuner.data.build_wikipos`"
     assert files_under(PACKAGED) - {Path("__init__.py")} == built, "packaged files the builder no longer makes"
+
+
+def test_with_titles_every_summary_is_asked_for_by_its_title_too_grouped_by_where_it_sits():
+    records = list(read_records((PACKAGED / split_filename("dev")).read_bytes()))
+    plain, titled = load_wikipos("dev"), load_wikipos("dev", titles=True)
+    assert titled.name == "wikipos-dev+titles"
+    # the descriptions are unchanged: the titled set is the plain set plus one query per summary
+    assert {q: titled.queries[q] for q in plain.queries} == plain.queries
+    assert all(titled.qrels[q] == plain.qrels[q] and titled.groups[q] == plain.groups[q] for q in plain.queries)
+    expected = {}
+    for record in records:
+        for slot, segment in enumerate(record["segments"]):
+            start, end = segment["span"]
+            middle = (start + end) / 2 / len(record["text"])
+            third = "begin" if middle < 1 / 3 else "middle" if middle < 2 / 3 else "end"
+            expected[f"{record['id']}/t{slot}"] = (segment["title"], record["id"], third)
+    titles = {q: (titled.queries[q], *titled.qrels[q], titled.groups[q][0]) for q in titled.queries if q not in plain.queries}
+    assert titles == expected
+
+
+def test_the_titled_tuning_set_is_scored_in_the_same_structures_over_the_same_passages():
+    from tuner.data import load_benchmark, load_structures
+    from tuner.tuning.session import AUTO_HELDOUT
+
+    plain, titled = load_structures("wikipos-dev"), load_structures("wikipos-dev+titles")
+    assert [s.name for s in titled] == [f"wikipos-dev+titles-{s.name.rsplit('-', 1)[1]}" for s in plain]
+    for a, b in zip(plain, titled):
+        assert a.corpus == b.corpus and set(a.queries) < set(b.queries)
+    assert load_benchmark("wikipos-dev+titles").corpus == load_benchmark("wikipos-dev").corpus
+    assert AUTO_HELDOUT["wikipos-dev+titles"] == AUTO_HELDOUT["wikipos-dev"]

@@ -316,7 +316,9 @@ def run(
     selection: Annotated[
         str,
         typer.Option(
-            help="How the winner is named: 'one-se' (the mildest trial within one standard error of the lowest PSI) or 'lowest' (the lowest PSI)."
+            help="How the winner is named among the feasible trials within one standard error of the lowest PSI: 'one-se' (the "
+            "mildest), 'one-se-fairest' (the lowest mean PSI over the structures), 'one-se-hm' (the highest HM); or 'lowest' "
+            "(the lowest PSI)."
         ),
     ] = "one-se",
     heldout: Annotated[
@@ -620,7 +622,10 @@ def export(
         bool, typer.Option("--trust-remote-code", help="Allow the model's own code (restored anyway if the study was tuned with it).")
     ] = False,
     selection: Annotated[
-        str | None, typer.Option(help="'one-se' or 'lowest' (see `tune run --help`); default: the rule the study was run with.")
+        str | None,
+        typer.Option(
+            help="'one-se', 'one-se-fairest', 'one-se-hm' or 'lowest' (see `tune run --help`); default: the rule the study was run with."
+        ),
     ] = None,
     trial: Annotated[int | None, typer.Option(min=0, help="Export this trial instead of the winner (as you chose).")] = None,
     force: Force = False,

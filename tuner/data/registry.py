@@ -18,7 +18,16 @@ from tuner.data.squad import NAMES as SQUAD_NAMES
 from tuner.data.squad import cached_path as squad_cached_path
 from tuner.data.squad import load_named as load_squad_named
 from tuner.data.squad import load_squad, squad_file
-from tuner.data.wikipos import GROUP_ORDER, SPLITS, STRUCTURE_RECORDS, THIRDS, load_wikipos, load_wikipos_structure, wikipos_folder
+from tuner.data.wikipos import (
+    GROUP_ORDER,
+    SPLITS,
+    STRUCTURE_RECORDS,
+    THIRDS,
+    load_wikipos,
+    load_wikipos_structure,
+    wikipos_folder,
+    wikipos_name,
+)
 
 Loader = Callable[..., PositionalDataset]
 
@@ -30,8 +39,13 @@ def _wikipos(split: str, /, **options: Any) -> PositionalDataset:
     return load_wikipos(split)
 
 
+TITLED_SPLITS = ("dev",)
+"""The WikiPos splits also offered with their article titles as queries (`wikipos-dev+titles`): a tuning set with
+twice the position-labelled queries over the same passages (docs/search.md, "How sharply a study tells configs apart")."""
+
 BENCHMARKS: dict[str, Loader] = {
     **{f"wikipos-{split}": partial(_wikipos, split) for split in SPLITS},
+    **{wikipos_name(split, titles=True): partial(load_wikipos, split, titles=True) for split in TITLED_SPLITS},
     **{name: partial(load_squad_named, name) for name in SQUAD_NAMES},
     "fineweb-posq": load_fineweb_posq,
 }
@@ -43,6 +57,10 @@ STRUCTURE_VIEWS: dict[str, Loader] = {
     for kind in STRUCTURE_RECORDS
     for split in SPLITS
     if GROUP_ORDER[split] == THIRDS
+} | {
+    f"{wikipos_name(split, titles=True)}-{kind}": partial(load_wikipos_structure, split, kind, titles=True)
+    for kind in STRUCTURE_RECORDS
+    for split in TITLED_SPLITS
 }
 """A WikiPos set's passages in its other structures (`load_structures`): loadable by name, never listed as a
 benchmark, since a study scores them itself beside the set they come from."""

@@ -303,7 +303,7 @@ def load_wikipos_structure(split: str, kind: str, seed: int = 0, *, titles: bool
     if GROUP_ORDER.get(split) != THIRDS:
         raise ValueError(f"the {kind} structure is defined for the splits grouped by thirds (dev, test, lengths), not {split!r}")
     records = STRUCTURE_RECORDS[kind](_split_records(split), seed)
-    return dataset_from_records(f"wikipos-{split}-{kind}", records, THIRDS, titles=titles)
+    return dataset_from_records(f"{wikipos_name(split, titles)}-{kind}", records, THIRDS, titles=titles)
 
 
 def wikipos_folder() -> Traversable:
@@ -326,4 +326,12 @@ def _split_records(split: str) -> Iterator[dict[str, Any]]:
 def load_wikipos(split: str, *, titles: bool = False) -> PositionalDataset:
     """Load a packaged WikiPos split ("dev", "test" or "general") as `wikipos-{split}` (with `titles`, the
     article titles as queries too: `dataset_from_records`)."""
-    return dataset_from_records(f"wikipos-{split}", _split_records(split), GROUP_ORDER[split], titles=titles)
+    return dataset_from_records(wikipos_name(split, titles), _split_records(split), GROUP_ORDER[split], titles=titles)
+
+
+TITLES_SUFFIX = "+titles"
+
+
+def wikipos_name(split: str, titles: bool = False) -> str:
+    """A split's name: `wikipos-dev`, or `wikipos-dev+titles` with the article titles as queries too."""
+    return f"wikipos-{split}{TITLES_SUFFIX if titles else ''}"

@@ -95,7 +95,11 @@ def check_available(settings: TuneSettings) -> None:
 
 
 WIKIPOS_HELDOUT = ("wikipos-test", *(f"wikipos-{split}" for split in TRANSFER_SPLITS))
-AUTO_HELDOUT: dict[str, tuple[str, ...]] = {"wikipos-dev": WIKIPOS_HELDOUT, "squad-tune": ("squad-test",)}
+AUTO_HELDOUT: dict[str, tuple[str, ...]] = {
+    "wikipos-dev": WIKIPOS_HELDOUT,
+    "wikipos-dev+titles": WIKIPOS_HELDOUT,
+    "squad-tune": ("squad-test",),
+}
 """What `--heldout auto` checks a winner on, by tuning set: WikiPos-dev's test split and transfer sets; the natural
 SQuAD set's held-out articles (FineWeb-PosQ holds its own part out: `split_datasets`)."""
 

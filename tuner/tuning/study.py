@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import math
 import os
 import signal
 import socket
@@ -656,10 +657,17 @@ def candidates(study: optuna.Study) -> list[Candidate]:
             tuple(constraints_of(t)),
             t.user_attrs["hm"],
             objective_resamples(t),
+            structure_mean_psi(t),
         )
         for t in complete_trials(study)
         if DUPLICATE_ATTR not in t.user_attrs
     ]
+
+
+def structure_mean_psi(trial: FrozenTrial) -> float:
+    """The mean PSI over the tuning structures the trial was scored on (NaN: it recorded none)."""
+    values = [row["psi"] for row in trial.user_attrs.get("structures", {}).values() if math.isfinite(row.get("psi", math.nan))]
+    return sum(values) / len(values) if values else math.nan
 
 
 def selection_threshold(study: optuna.Study, rule: str) -> float | None:
