@@ -163,7 +163,9 @@ def test_layers_beyond_the_model_are_refused(tiny: LoadedModel) -> None:
 
 
 def test_unknown_alias_lists_the_known_ones() -> None:
-    with pytest.raises(ValueError, match="Known aliases: minilm, mpnet, embeddinggemma, bge-m3, gte-multilingual-base, qwen3-embedding-0.6b"):
+    with pytest.raises(
+        ValueError, match="Known aliases: minilm, mpnet, embeddinggemma, bge-m3, gte-multilingual-base, qwen3-embedding-0.6b"
+    ):
         load_model("bge-m4")
 
 

@@ -220,34 +220,6 @@ def test_tuning_with_a_pooling_the_model_does_not_have_is_refused_before_any_wor
     assert "tune: settings" not in said and not (tmp_path / "mlruns").exists()
 
 
-def test_evaluate_refuses_a_config_for_the_model_pooled_otherwise(
-    tiny_model_dir,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """`tune evaluate --model FOLDER --pooling mean --config cls.yaml` on a plain folder (which names no pooling of
-    its own) must not score a CLS calibration under mean pooling: the loaded model is checked against the config."""
-    from tests.test_study import write_dataset
-
-    monkeypatch.chdir(tmp_path)
-    folder = Path(shutil.copytree(tiny_model_dir("bert"), tmp_path / "bert"))
-    config = export_for(folder, "cls", tmp_path / "cls.yaml")
-    data = write_dataset(tmp_path / "data", docs=3, words=5)
-    code, said = run(
-        "evaluate",
-        "--model",
-        str(folder),
-        "--pooling",
-        "mean",
-        "--config",
-        str(config),
-        "--dataset",
-        f"jsonl:{data}",
-    )
-    refused = "this config was made for another model: model.pooling: config says 'cls', model has 'mean'"
-    assert code == 2 and refused in said, said
-
-
 def test_a_folder_is_padded_on_the_side_its_tokenizer_config_names(tiny_model_dir) -> None:
     """Unless told otherwise, a folder is padded on its own tokenizer's side (the Qwen3 folder: left) over the pooling's
     usual one (mean pooling: right), so the config exported for it matches it when loaded."""

@@ -53,14 +53,11 @@ BENCHMARKS: dict[str, Loader] = {
 cache): what a user names."""
 
 STRUCTURE_VIEWS: dict[str, Loader] = {
-    f"wikipos-{split}-{kind}": partial(load_wikipos_structure, split, kind)
+    f"{wikipos_name(split, titles)}-{kind}": partial(load_wikipos_structure, split, kind, titles=titles)
+    for titles in (False, True)
     for kind in STRUCTURE_RECORDS
-    for split in SPLITS
+    for split in (TITLED_SPLITS if titles else SPLITS)
     if GROUP_ORDER[split] == THIRDS
-} | {
-    f"{wikipos_name(split, titles=True)}-{kind}": partial(load_wikipos_structure, split, kind, titles=True)
-    for kind in STRUCTURE_RECORDS
-    for split in TITLED_SPLITS
 }
 """A WikiPos set's passages in its other structures (`load_structures`): loadable by name, never listed as a
 benchmark, since a study scores them itself beside the set they come from."""
