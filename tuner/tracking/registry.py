@@ -155,8 +155,9 @@ def publish(tracker: Tracker, registered: Registered, yaml_path: Path, dimension
 
 
 def save_pyfunc(folder: Path, yaml_path: Path, dimension: int, trust_remote_code: bool = False) -> None:
-    """The pyfunc model in `folder`: the YAML, the signature, an input example and the requirements; for a model
-    that runs its own code (`trust_remote_code`, as its study allowed), that permission as its model_config."""
+    """The pyfunc model in `folder`: the YAML, the signature, an input example (texts, with `params.kind`) and the
+    requirements; for a model that runs its own code (`trust_remote_code`, as its study allowed), that permission
+    as its model_config."""
     from mlflow.models import ModelSignature
     from mlflow.types import ParamSchema, ParamSpec, Schema, TensorSpec
 
