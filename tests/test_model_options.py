@@ -49,7 +49,7 @@ def named_options(output: str) -> set[str]:
 
 def test_every_command_that_takes_a_model_takes_the_options_that_load_any_model() -> None:
     with_model = sorted(name for name in commands() if "--model" in options_of(name))
-    assert with_model == ["evaluate", "run"]
+    assert with_model == ["diagnose", "evaluate", "run"]
     runner = CliRunner(env={"COLUMNS": "200"})
     for name in with_model:
         assert set(MODEL_OPTIONS) <= options_of(name), name

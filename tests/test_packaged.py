@@ -26,13 +26,18 @@ FILES = {
 }
 
 
-def split_zip(site: Path, names: list[str], parts: int = 3) -> SplitZip:
-    """Install `parts` fake packages into `site`, each holding one part of a zip of FILES under `tiny-model/`."""
+def zip_of_files(folder: str) -> bytes:
+    """The bytes of a zip holding FILES under `folder/`, as a packaged model's zip holds its folder."""
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as archive:
         for name, data in FILES.items():
-            archive.writestr(f"tiny-model/{name}", data)
-    whole = buffer.getvalue()
+            archive.writestr(f"{folder}/{name}", data)
+    return buffer.getvalue()
+
+
+def split_zip(site: Path, names: list[str], parts: int = 3) -> SplitZip:
+    """Install `parts` fake packages into `site`, each holding one part of a zip of FILES under `tiny-model/`."""
+    whole = zip_of_files("tiny-model")
     size = -(-len(whole) // parts)
     for index, package in enumerate(names, 1):
         module = package.replace("-", "_")
@@ -262,11 +267,7 @@ def wheel(folder: Path, release: str, chunk: bytes) -> Path:
 
 def versioned_wheels(folder: Path, count: int = 11) -> VersionedWheels:
     """`count` wheels in `folder` (0.2.1 … 0.2.count), whose chunks joined in version order are a zip of FILES."""
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w") as archive:
-        for name, data in FILES.items():
-            archive.writestr(f"model_download/{name}", data)
-    whole = buffer.getvalue()
+    whole = zip_of_files("model_download")
     size = -(-len(whole) // count)
     versions = tuple(f"0.2.{index}" for index in range(1, count + 1))
     for index, release in enumerate(versions):
