@@ -902,3 +902,23 @@ def test_a_complete_trial_logs_each_figure_once_on_one_scale() -> None:
     shown = display_metrics(complete_metrics(scored, {"hm_floor": -0.01}, 0.5, None))  # type: ignore[arg-type]
     assert shown["structure/dev-crops/hm_x100"] == 50.0 and shown["structure/dev-crops/psi"] == 0.25
     assert not [name for name in shown if name.startswith("crops")], "the crops' figures once, on the console's scale"
+
+
+@pytest.mark.parametrize(
+    ("structure", "as_stored"),
+    [
+        ("wikipos-dev+titles-crops", "wikipos-dev_titles-crops"),
+        ("probe:/data/set-shorter", "probe:/data/set-shorter"),
+        ("jsonl:my data (v2)-longer", "jsonl:my data _v2_-longer"),
+    ],
+)
+def test_a_structure_named_by_any_dataset_name_logs_under_a_name_mlflow_accepts(tmp_path: Path, structure: str, as_stored: str) -> None:
+    """A set's name reaches metric names (`structure/<name>/psi`); MLflow refuses some characters (`+`), and a refused
+    batch drops the trial's every figure. Each character MLflow refuses is stored as `_`, the rest as it is."""
+    from tuner.tracking.runs import _stored
+
+    (stored,) = _stored({f"structure/{structure}/psi": 0.25}, 0)
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    run = client.create_run(client.create_experiment("names")).info.run_id
+    client.log_batch(run, metrics=[stored])
+    assert client.get_run(run).data.metrics == {f"structure/{as_stored}/psi": 0.25}

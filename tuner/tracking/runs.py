@@ -25,6 +25,7 @@ import json
 import logging
 import math
 import os
+import re
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -310,9 +311,15 @@ def significant(value: float) -> float:
     return round(value, max(0, SHOWN_DIGITS - 1 - math.floor(math.log10(abs(value)))))
 
 
+REFUSED_IN_NAMES = re.compile(r"[^\w\-. :/]")
+"""What MLflow refuses in a metric's name (it takes letters, digits, `_ - . : /` and spaces): a dataset's name, which
+reaches metric names (`structure/<name>/psi`), may hold more (`wikipos-dev+titles`, a path)."""
+
+
 def _stored(metrics: Mapping[str, float], timestamp: int) -> list[Metric]:
-    """Display-named metrics as MLflow gets them: each to `significant` digits, all at one time."""
-    return [Metric(name, significant(float(value)), timestamp, 0) for name, value in metrics.items()]
+    """Display-named metrics as MLflow gets them: each to `significant` digits, all at one time, every character
+    MLflow refuses in a name stored as `_` (one refused name would drop the whole batch)."""
+    return [Metric(REFUSED_IN_NAMES.sub("_", name), significant(float(value)), timestamp, 0) for name, value in metrics.items()]
 
 
 def display_metrics(values: Mapping[str, float], prefix: str = "") -> dict[str, float]:
