@@ -638,17 +638,20 @@ def natural_reverse(data: dict[str, Any]) -> str:
     study = data["results"].get("reverse")
     if not study:
         return "Not measured in this record."
+    default = (study.get("paper_default") or {}).get("heldout")
+    said = "" if default else ": the paper default itself, so its rows are the paper default's"
+
+    def cell(h: dict[str, Any]) -> str:
+        return f"{h['psi_ratio']:.2f}× · {h['hm_delta']} · {h['ndcg_delta']} · {h['end_minus_begin']:+.1f}"
+
     lines = [
-        f"Winner: {_knob_text(study['config'])} (trial {study['winner']}, {study['trials']} trials).",
+        f"Winner: {_knob_text(study['config'])} (trial {study['winner']} of {study['trials']}){said}.",
         "",
-        "| held-out set | winner: PSI ÷ uncalibrated · ΔHM · ΔnDCG@10 · end − begin | paper default: the same |",
-        "|---|---|---|",
+        "| held-out set | winner: PSI ÷ uncalibrated · ΔHM · ΔnDCG@10 · end − begin |" + (" paper default: the same |" if default else ""),
+        "|---|---|" + ("---|" if default else ""),
     ]
-    default = (study.get("paper_default") or {}).get("heldout", {})
     for name, w in study["heldout"].items():
-        d = default.get(name)
-        cell = lambda h: f"{h['psi_ratio']:.2f}× · {h['hm_delta']} · {h['ndcg_delta']} · {h['end_minus_begin']:+.1f}"  # noqa: E731
-        lines.append(f"| {HELD_OUT_NAMES.get(name, name)} | {cell(w)} | {cell(d) if d else '(the winner)'} |")
+        lines.append(f"| {HELD_OUT_NAMES.get(name, name)} | {cell(w)} |" + (f" {cell(default[name])} |" if default else ""))
     return "\n".join([*lines, "", _measured_on(data)])
 
 
