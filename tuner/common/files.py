@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from tuner.common.messages import FULL_DISK_ERRNOS, UserError
 from tuner.common.recognise import kept_at
@@ -126,22 +126,24 @@ def _is_vectors(path: Path) -> bool:
     return dtype is not None and not dtype.hasobject
 
 
-def _is_evaluation_json(path: Path) -> bool:
+def _small_json_object(path: Path) -> dict[str, Any] | None:
+    """A small text file's JSON object, or None when it holds no JSON object (the JSON outputs' recognisers)."""
     text = _small_text(path)
     try:
         data = json.loads(text) if text is not None else None
     except ValueError:
-        return False
-    return isinstance(data, dict) and {"model", "dataset", "group_order", "rows"} <= data.keys()
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _is_evaluation_json(path: Path) -> bool:
+    data = _small_json_object(path)
+    return data is not None and {"model", "dataset", "group_order", "rows"} <= data.keys()
 
 
 def _is_diagnosis_json(path: Path) -> bool:
-    text = _small_text(path)
-    try:
-        data = json.loads(text) if text is not None else None
-    except ValueError:
-        return False
-    return isinstance(data, dict) and data.get("schema") == DIAGNOSIS_SCHEMA
+    data = _small_json_object(path)
+    return data is not None and data.get("schema") == DIAGNOSIS_SCHEMA
 
 
 def _is_evaluation_markdown(path: Path) -> bool:
