@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from objectives import paired_bootstrap
+from objectives.bootstrap import Interval, percentile_interval
 from objectives.evidence import evidence_weights
 from objectives.metrics import PerQuery, aggregate
 
@@ -44,11 +45,6 @@ class HeldOutCell:
         return asdict(self)
 
 
-def _interval(samples: np.ndarray, estimate: float, scale: float = 100.0) -> tuple[float, float, float]:
-    finite = samples[np.isfinite(samples)]
-    return (scale * estimate, scale * float(np.percentile(finite, 2.5)), scale * float(np.percentile(finite, 97.5)))
-
-
 def cells(
     baseline: PerQuery, runs: Mapping[str, PerQuery], reference: str, n_resamples: int = RESAMPLES, seed: int = 0
 ) -> dict[str, HeldOutCell]:
@@ -77,7 +73,7 @@ def cells(
             ndcg10=100 * float(agg.ndcg10[0]),
             hm_delta=_as_points(deltas.hm),
             ndcg_delta=_as_points(deltas.ndcg10),
-            end_minus_begin=_interval((last - first)[1:], float(last[0] - first[0])),
+            end_minus_begin=_as_points(percentile_interval(float(last[0] - first[0]), (last - first)[1:], 0.95)),
             tilt=float(tilt[0]),
             tilt_se=tilt_se,
             reversed=bool(np.sign(tilt[0]) == -np.sign(base_tilt) and abs(tilt[0]) > REVERSAL_Z * tilt_se),
@@ -87,7 +83,8 @@ def cells(
     return out
 
 
-def _as_points(interval: Any) -> tuple[float, float, float]:
+def _as_points(interval: Interval | None) -> tuple[float, float, float]:
+    assert interval is not None, "a positional set has HM and end − begin intervals"
     return (100 * interval.estimate, 100 * interval.low, 100 * interval.high)
 
 
