@@ -73,6 +73,7 @@ def settings_for(arm: str, seed: int, folder: Path, args: argparse.Namespace):
         output=folder / "winner.yaml",
         profile_docs=args.profile_docs,
         bootstrap=args.bootstrap,
+        max_ndcg_drop=args.max_ndcg_drop,
     )
     if arm == "grid":
         return replace(base, grid="paper", prune=False)
@@ -365,6 +366,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--trials", type=int, default=16)
     parser.add_argument("--profile-docs", type=int, default=8)
     parser.add_argument("--bootstrap", type=int, default=1000)
+    parser.add_argument(
+        "--max-ndcg-drop", type=float, default=0.0, help="`tune --max-ndcg-drop` (0-1 scale; 0.005: half a point of nDCG@10)"
+    )
     parser.add_argument("--keep", type=Path, help="keep each study's stores in FOLDER/ARM-seedN (default: a temporary folder)")
     parser.add_argument("--json", type=Path, help="write the record here (docs/results/…), rewritten after every study")
     parser.add_argument(
