@@ -16,7 +16,7 @@ other structures made from the same passages (`tuner.data.structures`), and
   (`drift_ratio`, the `drift` constraint).
 
 Structures double as the rungs of a multi-fidelity trial, the tuning passages among them (in the order
-`tuner.tuning.objective.corpus_rungs` gives): the worst case over the structures seen so far can only
+`tuner.tuning.trial.scoring.corpus_rungs` gives): the worst case over the structures seen so far can only
 grow, so a trial whose partial worst case is already worse beyond noise than what selection would take is
 pruned without scoring the rest (`prune_reason`), and a bias reversed on a cheap structure stops it before
 the dear ones are encoded.

@@ -324,9 +324,9 @@ def test_a_trial_s_objective_hands_its_drift_and_the_paper_default_s_yardstick_t
     from types import SimpleNamespace
 
     from objectives import Constraints
-    from tuner.tuning.drift_yardstick import DriftYardstick
-    from tuner.tuning.objective import TrialObjective
     from tuner.tuning.search_space import SearchSpace
+    from tuner.tuning.trial.drift_yardstick import DriftYardstick
+    from tuner.tuning.trial.objective import TrialObjective
 
     study, trial = seed4_family({"dev-openings": {"psi": 0.13, "drift": 0.0189}})
     made = object.__new__(TrialObjective)  # only what the bisection step reads

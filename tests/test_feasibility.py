@@ -256,8 +256,8 @@ def structure_constraints(highs: dict[str, float], allowance: float = ALLOWANCE,
     and HM, and other structures whose 95% interval of the nDCG@10 change ends at `highs` (name → upper end)."""
     from objectives.evidence import TrialEvidence
     from objectives.robustness import RobustEvidence, StructureEvidence
-    from tuner.tuning.drift_yardstick import DriftYardstick
-    from tuner.tuning.trial_scoring import TrialScoring
+    from tuner.tuning.trial.drift_yardstick import DriftYardstick
+    from tuner.tuning.trial.scoring import TrialScoring
 
     def evidence(delta: float, high: float) -> TrialEvidence:
         return TrialEvidence(0.1, 0.02, 0.56, 0.555, delta, 0.565, high)

@@ -14,7 +14,7 @@ from mlflow.tracking import MlflowClient
 from optuna.trial import FrozenTrial
 
 import tuner.tuning.session
-import tuner.tuning.trial_scoring
+import tuner.tuning.trial.scoring
 from objectives.robustness import prune_reason
 from tests.services import as_logged, dashboard_api
 from tests.test_study import write_dataset
@@ -79,8 +79,8 @@ def pruning_study(tiny_model_dir, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     trial is pruned at its first rung (the rule is the real one with a threshold nothing can beat)."""
     structure = replace(load_benchmark(f"jsonl:{write_dataset(tmp_path / 'other', docs=8, seed=3)}"), name="tiny-openings")
     monkeypatch.setattr(tuner.tuning.session, "load_structures", lambda name, tuning=None: [structure])
-    monkeypatch.setattr(tuner.tuning.trial_scoring, "corpus_rungs", lambda tuning, uncalibrated, structures: [*structures, None])
-    monkeypatch.setattr(tuner.tuning.trial_scoring, "selection_threshold", lambda study, rule: -1.0)  # nothing can beat it
+    monkeypatch.setattr(tuner.tuning.trial.scoring, "corpus_rungs", lambda tuning, uncalibrated, structures: [*structures, None])
+    monkeypatch.setattr(tuner.tuning.trial.scoring, "selection_threshold", lambda study, rule: -1.0)  # nothing can beat it
     settings = tiny_study(tiny_model_dir("bert"), write_dataset(tmp_path / "data"), tmp_path, "pruning")
     caplog.set_level("INFO", logger="tuner")  # what the console says (a test reads the setup's records)
     return settings, tune(settings)
@@ -124,16 +124,16 @@ def flattering_first_rung(tiny_model_dir, tmp_path: Path, monkeypatch: pytest.Mo
     so far 0.001, far below any complete trial's value (the tuning passages' PSI counts for those)."""
     structure = replace(load_benchmark(f"jsonl:{write_dataset(tmp_path / 'other', docs=8, seed=3)}"), name="tiny-openings")
     monkeypatch.setattr(tuner.tuning.session, "load_structures", lambda name, tuning=None: [structure])
-    monkeypatch.setattr(tuner.tuning.trial_scoring, "corpus_rungs", lambda tuning, uncalibrated, structures: [*structures, None])
-    monkeypatch.setattr(tuner.tuning.trial_scoring, "selection_threshold", lambda study, rule: -1.0)  # nothing can beat it
-    real, on_structure = tuner.tuning.trial_scoring.trial_evidence, len(structure.queries)
+    monkeypatch.setattr(tuner.tuning.trial.scoring, "corpus_rungs", lambda tuning, uncalibrated, structures: [*structures, None])
+    monkeypatch.setattr(tuner.tuning.trial.scoring, "selection_threshold", lambda study, rule: -1.0)  # nothing can beat it
+    real, on_structure = tuner.tuning.trial.scoring.trial_evidence, len(structure.queries)
 
     def flattered(baseline, candidate, *args, **kwargs):  # type: ignore[no-untyped-def]
         found = real(baseline, candidate, *args, **kwargs)
         calibrated = candidate.ndcg10.tolist() != baseline.ndcg10.tolist()
         return replace(found, objective=0.001) if len(candidate.query_ids) == on_structure and calibrated else found
 
-    monkeypatch.setattr(tuner.tuning.trial_scoring, "trial_evidence", flattered)
+    monkeypatch.setattr(tuner.tuning.trial.scoring, "trial_evidence", flattered)
     settings = tiny_study(tiny_model_dir("bert"), write_dataset(tmp_path / "data"), tmp_path, "flattering")
     return settings, tune(settings)
 
@@ -172,7 +172,7 @@ def test_a_resumed_study_counts_its_pruned_trials_and_adds_only_what_is_missing(
 
 def test_the_pruning_rule_the_study_used_is_the_one_specified() -> None:
     """The study calls `objectives.robustness.prune_reason` itself, not a copy of it."""
-    assert tuner.tuning.trial_scoring.prune_reason is prune_reason
+    assert tuner.tuning.trial.scoring.prune_reason is prune_reason
 
 
 def test_a_trial_that_cannot_pass_the_pooled_screen_stops_there_at_a_fraction_of_the_cost(
@@ -182,7 +182,7 @@ def test_a_trial_that_cannot_pass_the_pooled_screen_stops_there_at_a_fraction_of
     screen, the tuning split and its two length halves. With a
     screen threshold nothing can beat, every trial but the references stops after the screen, PRUNED, its rung
     and reason recorded; the references run every rung and carry their screen figures."""
-    monkeypatch.setattr(tuner.tuning.trial_scoring, "screen_threshold", lambda study: -1.0)
+    monkeypatch.setattr(tuner.tuning.trial.scoring, "screen_threshold", lambda study: -1.0)
     settings = tiny_study(tiny_model_dir("bert"), write_dataset(tmp_path / "data", docs=100), tmp_path, "screen", screen_queries=1)
     with caplog.at_level("INFO"):
         tune(settings)
@@ -220,15 +220,15 @@ def test_a_constraint_the_tuning_split_decides_prunes_the_trial_before_its_other
     keeps nDCG@10 goes on (no PSI threshold prunes here). The tuning passages are the first rung here."""
     structure = replace(load_benchmark(f"jsonl:{write_dataset(tmp_path / 'other', docs=16, seed=3)}"), name="tiny-openings")
     monkeypatch.setattr(tuner.tuning.session, "load_structures", lambda name, tuning=None: [structure])
-    monkeypatch.setattr(tuner.tuning.trial_scoring, "corpus_rungs", lambda tuning, uncalibrated, structures: [None, *structures])
-    monkeypatch.setattr(tuner.tuning.trial_scoring, "selection_threshold", lambda study, rule: None)  # nothing to beat: PSI never prunes
+    monkeypatch.setattr(tuner.tuning.trial.scoring, "corpus_rungs", lambda tuning, uncalibrated, structures: [None, *structures])
+    monkeypatch.setattr(tuner.tuning.trial.scoring, "selection_threshold", lambda study, rule: None)  # nothing to beat: PSI never prunes
     settings = tiny_study(
         tiny_model_dir("bert"), write_dataset(tmp_path / "data"), tmp_path, "decided", trials=8, max_ndcg_drop=0.0, bisect=False
     )  # without λ bisection, whose chains after an nDCG@10 loss would fill the study (tests/test_bisection.py)
     judged = []  # the resamples each trial's evidence drew: one seed for all, so a config is judged alike in any trial
-    real = tuner.tuning.trial_scoring.trial_evidence
+    real = tuner.tuning.trial.scoring.trial_evidence
     monkeypatch.setattr(
-        tuner.tuning.trial_scoring, "trial_evidence", lambda *args, **kwargs: judged.append(kwargs) or real(*args, **kwargs)
+        tuner.tuning.trial.scoring, "trial_evidence", lambda *args, **kwargs: judged.append(kwargs) or real(*args, **kwargs)
     )
     tune(settings)
     assert judged and all(kwargs == {} for kwargs in judged), "trial_evidence's own fixed seed, not one per trial"
@@ -257,8 +257,8 @@ def test_a_trial_that_moves_the_vectors_further_than_the_drift_limit_stops_on_it
     own value is 1 − k (itself its yardstick); a trial within the limit on every structure completes."""
     structure = replace(load_benchmark(f"jsonl:{write_dataset(tmp_path / 'other', docs=16, seed=3)}"), name="tiny-openings")
     monkeypatch.setattr(tuner.tuning.session, "load_structures", lambda name, tuning=None: [structure])
-    monkeypatch.setattr(tuner.tuning.trial_scoring, "corpus_rungs", lambda tuning, uncalibrated, structures: [*structures, None])
-    monkeypatch.setattr(tuner.tuning.trial_scoring, "selection_threshold", lambda study, rule: None)  # nothing to beat: PSI never prunes
+    monkeypatch.setattr(tuner.tuning.trial.scoring, "corpus_rungs", lambda tuning, uncalibrated, structures: [*structures, None])
+    monkeypatch.setattr(tuner.tuning.trial.scoring, "selection_threshold", lambda study, rule: None)  # nothing to beat: PSI never prunes
     settings = tiny_study(
         tiny_model_dir("bert"), write_dataset(tmp_path / "data"), tmp_path, "drift", trials=10, max_drift=1.0, bisect=False
     )
@@ -297,7 +297,7 @@ def test_rungs_go_from_the_least_biased_structure_to_the_most_and_free_sets_last
     (PSI 0) goes first: any change there is damage."""
     from types import SimpleNamespace
 
-    from tuner.tuning.trial_scoring import corpus_rungs
+    from tuner.tuning.trial.scoring import corpus_rungs
 
     def side(name: str, tokens: int, psi: float, shares: object = None) -> SimpleNamespace:
         return SimpleNamespace(name=name, evaluator=SimpleNamespace(tokens=tokens), report=SimpleNamespace(psi=psi), shares=shares)
@@ -314,8 +314,8 @@ def test_the_drift_yardstick_is_the_paper_default_s_complete_trial_and_without_o
     """The reference is found by its knobs (whatever space ran it) once complete; a study without it (a space that
     excludes the paper default) applies no drift limit and says so once, in the log, naming the trial."""
     from objectives import Constraints
-    from tuner.tuning.drift_yardstick import DriftYardstick
     from tuner.tuning.search_space import PAPER_DEFAULT_PARAMS, SearchSpace
+    from tuner.tuning.trial.drift_yardstick import DriftYardstick
 
     def objective() -> DriftYardstick:
         return DriftYardstick(Constraints(0.5, max_drift=2.0), wait_seconds=0.0, poll_seconds=0.0)

@@ -24,9 +24,9 @@ import pytest
 from optuna.trial import TrialState
 
 from tuner.common.trials import DUPLICATE_ATTR, calibration_key
-from tuner.tuning.repeats import RepeatCheck
 from tuner.tuning.storage import make_storage
 from tuner.tuning.study import OWNER_ATTR
+from tuner.tuning.trial.repeats import RepeatCheck
 
 # one resolved calibration as `TrialObjective.__call__` logs it (a parameter or fixed by the space)
 X = {"strength": 0.55, "variant": "cls_soft", "depth": "50%", "basket_size": 128, "layers": [2, 3], "basket_shares": "equal"}
@@ -124,7 +124,7 @@ def test_two_workers_drawing_one_config_at_once_run_it_once_however_their_steps_
         if repeated is None:  # it runs the config, for longer than the two draws lie apart
             time.sleep(0.3)
             handle.tell(trial, 0.5)
-        else:  # what `tuner.tuning.repeats.repeat` does
+        else:  # what `tuner.tuning.trial.repeats.repeat` does
             trial.set_user_attr(DUPLICATE_ATTR, repeated.number)
             handle.tell(trial, repeated.values[0])
 

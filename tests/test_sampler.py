@@ -17,7 +17,7 @@ from tuner.common.options import SAMPLERS
 from tuner.common.trials import SAMPLER_ATTR, START_ATTR, named_constraints
 from tuner.tuning.run import TuneSettings, tune
 from tuner.tuning.sampler import STARTUP_TRIALS, CostCooledTPESampler, cooling, make_sampler
-from tuner.tuning.trial_record import set_constraints
+from tuner.tuning.trial.record import set_constraints
 
 COST = {"last": 100, "25%": 200, "50%": 300}  # MiniLM: a trial of each depth runs 1, 2 or 3 layers
 UNSPENT = {"trials": 10**9, "depth_cost": COST}  # nothing is spent (no trial records layer-tokens): α stays 1

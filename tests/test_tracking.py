@@ -887,7 +887,7 @@ def test_a_complete_trial_logs_each_figure_once_on_one_scale() -> None:
     from types import SimpleNamespace
 
     from tuner.tracking.runs import display_metrics
-    from tuner.tuning.trial_record import complete_metrics
+    from tuner.tuning.trial.record import complete_metrics
 
     report = SimpleNamespace(as_dict=lambda: {"psi": 0.2, "hm": 0.55, "ndcg10": 0.6})
     row = {"psi": 0.25, "hm": 0.5, "ndcg10": 0.52}

@@ -155,7 +155,7 @@ def constraints_of(trial: FrozenTrial) -> Sequence[float]:
 
 def named_constraints(trial: FrozenTrial) -> dict[str, float]:
     """{'hm_floor': ..., 'ndcg_drop': ...}: the trial's constraint values by name. They are stored once, as the list
-    Optuna lists under '0', '1', ... (`tuner.tuning.trial_record.set_constraints`), named by `CONSTRAINT_NAMES_ATTR`;
+    Optuna lists under '0', '1', ... (`tuner.tuning.trial.record.set_constraints`), named by `CONSTRAINT_NAMES_ATTR`;
     a study stored by an earlier posfair has them by name as well, and the unnamed copy is left out."""
     names = trial.system_attrs.get(CONSTRAINT_NAMES_ATTR)
     values = trial.constraints

@@ -10,7 +10,7 @@ the midpoint is queued (`study.enqueue_trial`), until the two are one step of th
 no feasible λ known yet the search gallops down (an exponential search): 2, then 4, then 8 grid steps below
 the weakest over-correcting λ, so a boundary far down is reached in a few probes, and one near the top (the
 usual case) in small, cheap steps: an over-correcting probe stops at the first rung (the least biased
-structure shows the reversal, `tuner.tuning.trial_scoring.corpus_rungs`), while a feasible one costs a full
+structure shows the reversal, `tuner.tuning.trial.scoring.corpus_rungs`), while a feasible one costs a full
 trial: halving towards λ 0 would spend a budget on full trials far below the boundary, and fixed small steps
 would walk a family down one probe at a time.
 A family that loses nDCG@10 at every λ is left as soon as a probe is no fairer than the best trial so far

@@ -2,7 +2,7 @@
 
 The estimate is a probe on this device (`tuner.evaluation.cost`); `--budget` is resolved on it, as on a fresh machine
 whatever the disk cache holds, and priced exactly once the coordinator has loaded its structures
-(`tuner.tuning.trial_cost.TrialPricing`).
+(`tuner.tuning.trial.cost.TrialPricing`).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ one fits: the study ends at the first trial the budget has no room for (`TrialPr
 
 `--sampler` also offers what the cost-aware TPE is measured against (`benchmarks/search_cost.py`): the same
 TPE without the cost, and Optuna's `GPSampler` (a Gaussian process with constrained log-EI). All three read
-the constraints the objective stores (`tuner.tuning.trial_record.set_constraints`), fit their model after the
+the constraints the objective stores (`tuner.tuning.trial.record.set_constraints`), fit their model after the
 same five start-up trials and run within the same budget.
 """
 

@@ -2,7 +2,7 @@
 
 The study calls an objective and knows nothing of models, MLflow or YAML. Constraints are Optuna's
 own: the objective stores each trial's values (≤ 0 is feasible) where every sampler (TPE, GP, NSGA-II)
-reads them to prefer feasible regions (`tuner.tuning.trial_record.set_constraints`). Trials of a killed worker are failed by the heartbeat check and re-queued once, so the
+reads them to prefer feasible regions (`tuner.tuning.trial.record.set_constraints`). Trials of a killed worker are failed by the heartbeat check and re-queued once, so the
 study still ends with the requested number of complete trials.
 """
 

@@ -38,13 +38,13 @@ from tuner.evaluation.evaluator import Evaluator
 from tuner.evaluation.pools import SCREEN_SHARE, pool
 from tuner.tracking.progress import Phase, StudyProgress
 from tuner.tracking.runs import describe_config, local_store
-from tuner.tuning.objective import TrialObjective
 from tuner.tuning.search_space import PAPER_GRID, trial_basket_shares
 from tuner.tuning.session import FLOOR_ATTR, Session, await_floor, prepare
 from tuner.tuning.settings import TuneSettings, local_worker_identity, process_identity, worker_devices
 from tuner.tuning.storage import storage_error, storage_file
 from tuner.tuning.study import OWNER_ATTR, WINNER_ATTR, Terminated, TrialsEnd, fail_dead_trials, run_trials, winner
-from tuner.tuning.trial_scoring import SideSet
+from tuner.tuning.trial.objective import TrialObjective
+from tuner.tuning.trial.scoring import SideSet
 
 log = logging.getLogger(__name__)
 

@@ -15,11 +15,13 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.common.trials import DUPLICATE_ATTR, named_constraints
 from tuner.tuning.study import wait_for_other_processes
-from tuner.tuning.trial_record import TrialRecorder, set_constraints
+from tuner.tuning.trial.record import TrialRecorder, set_constraints
 
 log = logging.getLogger(__name__)
 
-REPEAT_CHECK_ATTR = "repeat_check"  # "runs" or "waits": what a trial decided about its calibration (`RepeatCheck.repeat_of`)
+REPEAT_CHECK_ATTR = (
+    "repeat_check"  # "runs" or "waits": what a trial decided about its calibration (`RepeatCheck.repeat_of`)
+)
 REPEAT_WAIT_SECONDS = 3600.0
 """The longest a trial waits for another process's trial that runs the same calibration
 (`RepeatCheck.repeat_of`); then it runs the config itself."""
@@ -32,7 +34,9 @@ REPEATED_ATTRS = ("psi", "hm", "psi_se", "drift", "robust_psi", "robust_psi_se",
 class RepeatCheck:
     """Finds the trial a drawn calibration repeats, waiting for one another process is running."""
 
-    def __init__(self, repeat_limit: int, wait_seconds: float = REPEAT_WAIT_SECONDS, poll_seconds: float = REPEAT_POLL_SECONDS) -> None:
+    def __init__(
+        self, repeat_limit: int, wait_seconds: float = REPEAT_WAIT_SECONDS, poll_seconds: float = REPEAT_POLL_SECONDS
+    ) -> None:
         self.repeat_limit = repeat_limit  # repeats not counted at most (then the space is as good as exhausted)
         self.wait_seconds = wait_seconds
         self.poll_seconds = poll_seconds
@@ -54,19 +58,26 @@ class RepeatCheck:
         decision = _Decision(trial)
         while True:
             trials = trial.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING))
-            if sum(t.state == TrialState.COMPLETE and DUPLICATE_ATTR in t.user_attrs for t in trials) >= self.repeat_limit:
+            if (
+                sum(t.state == TrialState.COMPLETE and DUPLICATE_ATTR in t.user_attrs for t in trials)
+                >= self.repeat_limit
+            ):
                 decision.record("runs")
                 return None
             same = [
                 t
                 for t in trials
-                if t.number != trial.number and DUPLICATE_ATTR not in t.user_attrs and t.user_attrs.get("calibration") == key
+                if t.number != trial.number
+                and DUPLICATE_ATTR not in t.user_attrs
+                and t.user_attrs.get("calibration") == key
             ]
             ran = next((t for t in same if t.state == TrialState.COMPLETE), None)
             if ran is not None:
                 return ran
             others = [t for t in same if t.state == TrialState.RUNNING]
-            running = [t.number for t in others if t.number < trial.number or t.user_attrs.get(REPEAT_CHECK_ATTR) == "runs"]
+            running = [
+                t.number for t in others if t.number < trial.number or t.user_attrs.get(REPEAT_CHECK_ATTR) == "runs"
+            ]
             undecided = [t.number for t in others if t.number > trial.number and REPEAT_CHECK_ATTR not in t.user_attrs]
             if not running and not undecided:
                 decision.record("runs")
@@ -82,7 +93,9 @@ class RepeatCheck:
                 return None
             if running:
                 if decision.recorded is None:
-                    log.info("trial %d drew the calibration trial %d is running: waiting for it", trial.number, running[0])
+                    log.info(
+                        "trial %d drew the calibration trial %d is running: waiting for it", trial.number, running[0]
+                    )
                 decision.record("waits")
             wait_for_other_processes(trial.study, self.poll_seconds, announce=False)
 
@@ -100,7 +113,9 @@ class _Decision:
             self.recorded = decision
 
 
-def repeat(trial: optuna.Trial, earlier: FrozenTrial, params: dict[str, object], recorder: TrialRecorder) -> list[float]:
+def repeat(
+    trial: optuna.Trial, earlier: FrozenTrial, params: dict[str, object], recorder: TrialRecorder
+) -> list[float]:
     """Tell Optuna what the earlier trial measured (the sampler learns the truth) without running it again; returns
     its values."""
     trial.set_user_attr(DUPLICATE_ATTR, earlier.number)
@@ -111,5 +126,7 @@ def repeat(trial: optuna.Trial, earlier: FrozenTrial, params: dict[str, object],
     set_constraints(trial, named_constraints(earlier))
     if "feasible" in earlier.user_attrs:
         trial.set_user_attr("feasible", earlier.user_attrs["feasible"])
-    recorder.repeated(trial, earlier, params, {**earlier.user_attrs.get("metrics", {}), "cost/layer_tokens": 0.0})  # at no cost
+    recorder.repeated(
+        trial, earlier, params, {**earlier.user_attrs.get("metrics", {}), "cost/layer_tokens": 0.0}
+    )  # at no cost
     return list(earlier.values)

@@ -16,7 +16,7 @@ never feasible: only a trial scored on every structure can win.
 A config the study already ran (the same resolved calibration, or λ 0, which is the baseline) is not
 run again: the trial repeats that trial's values, is marked a duplicate and does not count towards
 `--trials` (`tuner.common.trials.counted`). A config another process's trial is running is waited for,
-and repeated if that trial completes (`tuner.tuning.repeats`).
+and repeated if that trial completes (`tuner.tuning.trial.repeats`).
 """
 
 from __future__ import annotations
@@ -33,14 +33,14 @@ from tuner.common.trials import calibration_key
 from tuner.evaluation.evaluator import Evaluator
 from tuner.tracking.runs import Tracker
 from tuner.tuning.bisection import queue_next
-from tuner.tuning.drift_yardstick import DriftYardstick
-from tuner.tuning.repeats import RepeatCheck, repeat
 from tuner.tuning.search_space import SearchSpace
 from tuner.tuning.study import best_objective
-from tuner.tuning.trial_cost import TrialPricing
-from tuner.tuning.trial_profile import TrialProfile
-from tuner.tuning.trial_record import TrialRecorder, complete_metrics, reference_markers
-from tuner.tuning.trial_scoring import Scored, SideSet, TrialScoring
+from tuner.tuning.trial.cost import TrialPricing
+from tuner.tuning.trial.drift_yardstick import DriftYardstick
+from tuner.tuning.trial.profile import TrialProfile
+from tuner.tuning.trial.record import TrialRecorder, complete_metrics, reference_markers
+from tuner.tuning.trial.repeats import RepeatCheck, repeat
+from tuner.tuning.trial.scoring import Scored, SideSet, TrialScoring
 
 
 class TrialObjective:
@@ -146,7 +146,9 @@ class TrialObjective:
             "layers": layers,
             "basket_shares": config.basket_shares,
         }
-        trial.set_user_attr("feasible", "not known yet: the trial is running")  # first among its attributes in the dashboard
+        trial.set_user_attr(
+            "feasible", "not known yet: the trial is running"
+        )  # first among its attributes in the dashboard
         trial.set_user_attr("layers", layers)
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
         trial.set_user_attr("calibration", calibration_key(params))
@@ -164,4 +166,6 @@ class TrialObjective:
             step, worst = self.space.strength_step, scored.robust.objective
             limits = self.yardstick.limits(scored.robust)
             said = self.said_after.setdefault(trial.number, []).append
-            queue_next(trial.study, trial, constraints, complete, step, worst, best, scored.robust.drifts(), limits, say=said)
+            queue_next(
+                trial.study, trial, constraints, complete, step, worst, best, scored.robust.drifts(), limits, say=said
+            )

@@ -18,7 +18,8 @@ from tuner.evaluation.profile import AttentionProfile, plot_profile
 
 
 class TrialProfile:
-    """Profiles `docs` passages of the tuning set (the same ones for every trial) and writes the figures under `staging`."""
+    """Profiles `docs` passages of the tuning set (the same ones for every trial) and writes the figures under
+    `staging`."""
 
     def __init__(self, evaluator: Evaluator, docs: int, staging: Path) -> None:
         self.evaluator = evaluator
@@ -43,7 +44,12 @@ class TrialProfile:
         encoder = CalibratedEncoder(self.evaluator.model, config)
         with warnings.catch_warnings():  # a short profile passage is a diagnostic's, not the user's
             warnings.simplefilter("ignore", ShortDocumentsWarning)
-            encoder.encode(self.texts, batch_size=self.evaluator.batch_size, batch_tokens=self.evaluator.batch_tokens, observer=profile)
+            encoder.encode(
+                self.texts,
+                batch_size=self.evaluator.batch_size,
+                batch_tokens=self.evaluator.batch_tokens,
+                observer=profile,
+            )
         metrics.update(profile.summary())
         metrics["cost/layer_tokens"] += encoder.layer_tokens
         folder = self.staging / f"trial-{number}"

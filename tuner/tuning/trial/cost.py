@@ -18,7 +18,7 @@ from tuner.common.trials import NOT_RUN_ATTR, RESERVED_ATTR, NotRun, calibration
 from tuner.engine.models import LoadedModel
 from tuner.evaluation.evaluator import Evaluator
 from tuner.tuning.search_space import SearchSpace, config_of, grid_points
-from tuner.tuning.trial_profile import TrialProfile
+from tuner.tuning.trial.profile import TrialProfile
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,11 @@ class TrialPricing:
         configs = {}
         for params in grid_points(grid):
             config = config_of(params, "equal", model.spec.pooling, model.spec.padding_side)
-            key = {**params, "layers": list(config.resolve_layers(model.num_layers)), "basket_shares": config.basket_shares}
+            key = {
+                **params,
+                "layers": list(config.resolve_layers(model.num_layers)),
+                "basket_shares": config.basket_shares,
+            }
             configs[calibration_key(key)] = config
         return sum(self.trial_cost(config) for config in configs.values()) + self.profile.cost()
 

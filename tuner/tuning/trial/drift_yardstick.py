@@ -29,18 +29,22 @@ class DriftYardstick:
 
     def __init__(self, constraints: Constraints, wait_seconds: float, poll_seconds: float) -> None:
         self.constraints = constraints
-        self.wait_seconds = wait_seconds  # the longest a trial waits for another process's paper default (as for a repeat)
+        self.wait_seconds = (
+            wait_seconds  # the longest a trial waits for another process's paper default (as for a repeat)
+        )
         self.poll_seconds = poll_seconds
         self.reference: dict[str, float] | None = None  # the paper default's drift per structure, once it is known
         self.own = False  # the trial running is the paper default: the yardstick is its own drift
         self._warned = False
 
     def of(self, robust: RobustEvidence) -> Mapping[str, float] | None:
-        """The paper default's drift per structure (the trial's own when it is the paper default); None while unknown."""
+        """The paper default's drift per structure (the trial's own when it is the paper default); None while
+        unknown."""
         return robust.drifts() if self.own else self.reference
 
     def limits(self, robust: RobustEvidence) -> dict[str, float] | None:
-        """The drift allowed per structure: `--max-drift` times the yardstick's; None without the limit or its yardstick."""
+        """The drift allowed per structure: `--max-drift` times the yardstick's; None without the limit or its
+        yardstick."""
         reference = self.of(robust)
         if self.constraints.max_drift is None or reference is None:
             return None
@@ -58,9 +62,13 @@ class DriftYardstick:
             references = [
                 t
                 for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING))
-                if t.number != trial.number and DUPLICATE_ATTR not in t.user_attrs and is_reference_trial(t, PAPER_DEFAULT_PARAMS)
+                if t.number != trial.number
+                and DUPLICATE_ATTR not in t.user_attrs
+                and is_reference_trial(t, PAPER_DEFAULT_PARAMS)
             ]
-            done = next((t for t in references if t.state == TrialState.COMPLETE and "structures" in t.user_attrs), None)
+            done = next(
+                (t for t in references if t.state == TrialState.COMPLETE and "structures" in t.user_attrs), None
+            )
             if done is not None:
                 rows = done.user_attrs["structures"]
                 self.reference = {name: float(row.get("drift", 0.0)) for name, row in rows.items()}
@@ -68,8 +76,8 @@ class DriftYardstick:
             if not references or time.monotonic() >= deadline:
                 if not self._warned:
                     log.warning(
-                        "trial %d: the paper default has no complete trial in this study, so --max-drift (its yardstick) "
-                        "is not applied to it, nor to later trials until the paper default completes",
+                        "trial %d: the paper default has no complete trial in this study, so --max-drift (its "
+                        "yardstick) is not applied to it, nor to later trials until the paper default completes",
                         trial.number,
                     )
                     self._warned = True

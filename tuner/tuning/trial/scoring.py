@@ -20,13 +20,19 @@ import optuna
 from objectives import Constraints, PerQuery, PositionReport
 from objectives.constraint import REQUIREMENTS, missed_names
 from objectives.evidence import TrialEvidence, trial_evidence
-from objectives.robustness import RobustEvidence, StructureEvidence, certain_violations, prune_reason, screen_prune_reason
+from objectives.robustness import (
+    RobustEvidence,
+    StructureEvidence,
+    certain_violations,
+    prune_reason,
+    screen_prune_reason,
+)
 from tuner.calibration import CalibrationConfig
 from tuner.common.trials import PRUNED_ATTR, SCREEN_ATTR, PrunedAt, ScreenFigures
 from tuner.data import is_crops
 from tuner.evaluation.evaluator import Evaluation, Evaluator
-from tuner.tuning.drift_yardstick import DriftYardstick
 from tuner.tuning.study import screen_threshold, selection_threshold
+from tuner.tuning.trial.drift_yardstick import DriftYardstick
 
 
 @dataclass
@@ -93,7 +99,9 @@ class _SoFar:
         return RobustEvidence(tuple(self.seen))
 
     def scored(self, pruned: str | None = None) -> Scored:
-        return Scored(self.tuning, self.evidence, self.robust, self.crops, self.spent, pruned, self.screen, tuple(self.steps))
+        return Scored(
+            self.tuning, self.evidence, self.robust, self.crops, self.spent, pruned, self.screen, tuple(self.steps)
+        )
 
 
 class TrialScoring:
@@ -168,7 +176,9 @@ class TrialScoring:
         assert so_far.tuning is not None and so_far.evidence is not None  # the tuning split is one of the rungs
         return so_far.scored()
 
-    def _screen_rung(self, trial: optuna.Trial, config: CalibrationConfig, so_far: _SoFar, prune: bool) -> Scored | None:
+    def _screen_rung(
+        self, trial: optuna.Trial, config: CalibrationConfig, so_far: _SoFar, prune: bool
+    ) -> Scored | None:
         """Score the pooled screen; the trial as it stops there when it cannot pass it, else None."""
         assert self.screen is not None
         pooled = self.screen.run(config)
@@ -184,7 +194,9 @@ class TrialScoring:
             return None
         trial.set_user_attr(PRUNED_ATTR, PrunedAt(0, self.rung_count, reason, (self.screen.name,)).to_attr())
         alone = RobustEvidence((StructureEvidence(self.screen.name, screen),))
-        return Scored(pooled, screen, alone, None, so_far.spent, pruned=reason, screen=screen, steps=tuple(so_far.steps))
+        return Scored(
+            pooled, screen, alone, None, so_far.spent, pruned=reason, screen=screen, steps=tuple(so_far.steps)
+        )
 
     def _prune_before(self, trial: optuna.Trial, step: int, so_far: _SoFar) -> str | None:
         """Why the trial stops before corpus rung `step` (recorded on the trial), or None to go on."""
@@ -212,11 +224,15 @@ class TrialScoring:
                 raise ValueError(f"metrics are not finite (HM {report.hm}, PSI {report.psi})")
             evidence = so_far.evidence = trial_evidence(self.baseline(), tuning.per_query)
             so_far.spent += tuning.layer_tokens
-            so_far.seen.append(StructureEvidence(self.evaluator.dataset.name, evidence, tuning=True, drift=tuning.drift))
+            so_far.seen.append(
+                StructureEvidence(self.evaluator.dataset.name, evidence, tuning=True, drift=tuning.drift)
+            )
             return
         result = rung.run(config)
         so_far.spent += result.layer_tokens
-        so_far.seen.append(StructureEvidence(rung.name, trial_evidence(rung.baseline.per_query, result.per_query), drift=result.drift))
+        so_far.seen.append(
+            StructureEvidence(rung.name, trial_evidence(rung.baseline.per_query, result.per_query), drift=result.drift)
+        )
         if is_crops(rung.evaluator.dataset):
             so_far.crops = result.report
 
@@ -235,7 +251,9 @@ class TrialScoring:
 
     def constraints_of(self, scored: Scored, general_delta: float | None = None) -> dict[str, float]:
         """The named constraint values (≤ 0 met) from what the trial's rungs measured (all of them, unless pruned)."""
-        return self.constraint_values(scored.evidence, scored.robust, scored.crops, general_delta, partial=scored.pruned is not None)
+        return self.constraint_values(
+            scored.evidence, scored.robust, scored.crops, general_delta, partial=scored.pruned is not None
+        )
 
     def pruned_constraints(self, scored: Scored) -> dict[str, float]:
         """A pruned trial's constraint values so far: between corpus rungs the violation that pruned it is among
@@ -257,7 +275,8 @@ class TrialScoring:
         only grow: the HM floor and the nDCG@10 drop are the tuning split's, complete after its rung; the reversal
         and the significant nDCG@10 loss are the largest over the structures; the crops' PSI is final once they
         are scored. So a value > 0 there decides that the trial is infeasible, whatever its remaining rungs
-        measure: it is pruned on it. Before the tuning split is scored (`evidence` None) its constraints are left out."""
+        measure: it is pruned on it. Before the tuning split is scored (`evidence` None) its constraints are left
+        out."""
         baseline = next((s.report for s in self.structures if is_crops(s.evaluator.dataset)), None)
         crops_psi = (crops.psi, baseline.psi) if crops is not None and baseline is not None else None
         reference = self.yardstick.of(robust)
@@ -274,7 +293,9 @@ class TrialScoring:
         )
 
 
-def corpus_rungs(tuning: Evaluator, uncalibrated: PositionReport, structures: Sequence[SideSet]) -> list[SideSet | None]:
+def corpus_rungs(
+    tuning: Evaluator, uncalibrated: PositionReport, structures: Sequence[SideSet]
+) -> list[SideSet | None]:
     """The order a trial scores its corpora in (None: the tuning passages): those it encodes from the least
     biased (the lowest uncalibrated PSI) to the most, then the sets scored from the tuning vectors (free once
     those are encoded).

@@ -23,7 +23,7 @@ from tuner.tracking.runs import Tracker, TrialRecord, describe_config, describe_
 from tuner.tuning.bisection import describe_queued
 from tuner.tuning.optuna_access import set_dashboard_constraints, set_trial_system_attr
 from tuner.tuning.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, is_reference_trial
-from tuner.tuning.trial_scoring import Scored
+from tuner.tuning.trial.scoring import Scored
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,13 @@ class OpenedRun:
         return f"Trial {self.number}" + (f" ({self.markers[0]})" if self.markers else "")
 
     def ended(
-        self, state: str, metrics: dict[str, float], tags: dict[str, str], outcome: str, marker: str | None, artifacts: Sequence[Path] = ()
+        self,
+        state: str,
+        metrics: dict[str, float],
+        tags: dict[str, str],
+        outcome: str,
+        marker: str | None,
+        artifacts: Sequence[Path] = (),
     ) -> TrialRecord:
         """The run's end: `outcome` follows the label in its description, `marker` joins the run name's markers."""
         return TrialRecord(
@@ -62,7 +68,9 @@ class OpenedRun:
 class TrialRecorder:
     """Writes a trial's outcome to Optuna (the trial's attributes and constraints) and to its MLflow run."""
 
-    def __init__(self, tracker: Tracker, study_name: str, num_layers: int, constraints: Constraints, pareto: bool = False) -> None:
+    def __init__(
+        self, tracker: Tracker, study_name: str, num_layers: int, constraints: Constraints, pareto: bool = False
+    ) -> None:
         self.tracker = tracker
         self.study_name = study_name
         self.num_layers = num_layers
@@ -70,12 +78,15 @@ class TrialRecorder:
         self.pareto = pareto
 
     def open(self, trial: optuna.Trial, params: dict[str, object]) -> OpenedRun:
-        """Mark a reference or start trial's role and open its MLflow run, described as running; what its end repeats."""
+        """Mark a reference or start trial's role and open its MLflow run, described as running; what its end
+        repeats."""
         markers = reference_markers(trial)
         role = markers[0] if markers else trial.user_attrs.get(START_ATTR)
         if role:
             trial.set_user_attr("role", role)
-        opened = OpenedRun(trial.number, params, describe_config(params, self.num_layers), markers, int(time.time() * 1000))
+        opened = OpenedRun(
+            trial.number, params, describe_config(params, self.num_layers), markers, int(time.time() * 1000)
+        )
         queued = trial.user_attrs.get(BISECT_ATTR)
         tags = {"posfair.bisect": describe_queued(queued)} if queued else None
         run_id = self.tracker.start_trial(
@@ -151,10 +162,18 @@ class TrialRecorder:
         trial.set_user_attr("feasible", f"NO: the trial failed ({reason[:300]}); never a candidate")
         self.tracker.finish_trial(
             self.study_name,
-            opened.ended("FAIL", {}, {"posfair.failure": reason[:4000]}, f" failed: {opened.config_text}; {reason[:300]}", "failed"),
+            opened.ended(
+                "FAIL",
+                {},
+                {"posfair.failure": reason[:4000]},
+                f" failed: {opened.config_text}; {reason[:300]}",
+                "failed",
+            ),
         )
 
-    def repeated(self, trial: optuna.Trial, earlier: FrozenTrial, params: dict[str, object], metrics: dict[str, float]) -> None:
+    def repeated(
+        self, trial: optuna.Trial, earlier: FrozenTrial, params: dict[str, object], metrics: dict[str, float]
+    ) -> None:
         """The MLflow run of a trial that repeats `earlier` (not run again): that trial's `metrics`, at no cost."""
         self.tracker.finish_trial(
             self.study_name,
@@ -174,7 +193,12 @@ class TrialRecorder:
 
 
 def store_complete(
-    trial: optuna.Trial, scored: Scored, metrics: dict[str, float], constraints: dict[str, float], clauses: Sequence[str], pareto: bool
+    trial: optuna.Trial,
+    scored: Scored,
+    metrics: dict[str, float],
+    constraints: dict[str, float],
+    clauses: Sequence[str],
+    pareto: bool,
 ) -> None:
     """What selection, the conclusion and the dashboard read back from Optuna, and the intermediate value after
     each rung, the last of which is the trial's value. `clauses`: how each constraint was met or missed."""
@@ -202,7 +226,9 @@ def store_complete(
     set_constraints(trial, constraints)
     resamples = scored.robust.objective_resamples
     if resamples is not None:  # JSON has no NaN: an undefined resample is null
-        set_trial_system_attr(trial, RESAMPLES_ATTR, [None if not math.isfinite(v) else round(float(v), 6) for v in resamples])
+        set_trial_system_attr(
+            trial, RESAMPLES_ATTR, [None if not math.isfinite(v) else round(float(v), 6) for v in resamples]
+        )
     if not pareto:  # Optuna keeps intermediate values of one objective only
         # Reported once the trial is complete: a pruned trial has none, so Optuna gives it no value (it would
         # take the last one: a worst case over fewer structures, lower than the trial's, drawn as if fairer)
@@ -210,7 +236,9 @@ def store_complete(
             trial.report(value, step)
 
 
-def complete_metrics(scored: Scored, constraints: dict[str, float], hm_floor: float, general_delta: float | None) -> dict[str, float]:
+def complete_metrics(
+    scored: Scored, constraints: dict[str, float], hm_floor: float, general_delta: float | None
+) -> dict[str, float]:
     """Everything a complete trial logs, given its constraint values."""
     evidence, tuning = scored.evidence, scored.tuning
     assert evidence is not None and tuning is not None  # a complete trial scored every rung
@@ -238,7 +266,9 @@ def complete_metrics(scored: Scored, constraints: dict[str, float], hm_floor: fl
     metrics["cost/layer_tokens"] = float(scored.layer_tokens)
     # the run list's columns first: MLflow keeps a run's metrics in the order logged, and its compare view plots
     # the first one the runs share unless told otherwise
-    leading = {name: metrics.pop(name) for name in ("robust_psi", "psi", "hm", "feasible", "ndcg10_delta") if name in metrics}
+    leading = {
+        name: metrics.pop(name) for name in ("robust_psi", "psi", "hm", "feasible", "ndcg10_delta") if name in metrics
+    }
     return leading | metrics
 
 
@@ -255,7 +285,9 @@ def pruned_metrics(scored: Scored, constraints: dict[str, float], rung: int) -> 
         for name, row in scored.robust.per_structure().items():
             metrics.update({f"pruned/structure/{name}/{k}": v for k, v in row.items()})
         metrics["pruned/worst_psi_of_the_structures_scored"] = scored.robust.objective
-    metrics |= {f"pruned/constraint_{name}": value for name, value in constraints.items()}  # the margins so far, named apart
+    metrics |= {
+        f"pruned/constraint_{name}": value for name, value in constraints.items()
+    }  # the margins so far, named apart
     return metrics | {"cost/layer_tokens": float(scored.layer_tokens), "pruned/at_rung": float(rung)}
 
 
