@@ -1,8 +1,10 @@
 """How noisy a study's objective is between its top trials, and which selection rule's winners hold up held out.
 
-Run from the repository root, over the studies `benchmarks.search_cost --keep KEEP` left (one folder per study):
+Run from the repository root, over the studies `benchmarks.search_cost --keep KEEP` left (one folder per study);
+several KEEP folders (one per tuning design, named by the folder) are compared in one run:
 
-    .venv/bin/python -m benchmarks.selection_rules --model minilm --keep KEEP --json docs/results/selection-rules-minilm.json
+    .venv/bin/python -m benchmarks.selection_rules --model minilm --keep KEEP [KEEP2 ...] \
+        --json docs/results/selection-rules-minilm.json
 
 Per study (read from its Optuna store, nothing re-tuned):
 
@@ -15,6 +17,11 @@ Per study (read from its Optuna store, nothing re-tuned):
 Then every config any rule picked, the paper default and no calibration are scored side by side on the held-out
 sets (`benchmarks.heldout_scoring`): PSI against the paper default's with the SE of their difference, ΔHM and
 ΔnDCG@10 against no calibration with 95% intervals, end − begin, and whether the bias is reversed.
+
+**verdicts**: per design and rule, what the tuner promises of its winners held out, judged set by set: every
+seed's winner is fairer than the paper default by more than the SE of their PSI difference, with ΔHM and
+ΔnDCG@10 no lower than the paper default's 95% intervals allow; the seeds' winners agree (the spread of their
+PSI is at most one bootstrap SE); no winner reverses the bias.
 """
 
 from __future__ import annotations
@@ -83,19 +90,66 @@ def study_rows(folder: Path, model: Any) -> dict[str, Any]:
         "band": list(default.eligible),
         "tie_break_decided": default.winner.trial_number != best.trial_number,
         "top": top,
-        "choices": {rule: {"trial": s.winner.trial_number, "config": label(s.winner.trial_number)} for rule, s in choices.items() if s},
+        "choices": {
+            rule: {"trial": s.winner.trial_number, "config": label(s.winner.trial_number)}
+            for rule, s in choices.items()
+            if s
+        },
         "configs": {
-            label(s.winner.trial_number): trial_config(study.trials[s.winner.trial_number], model.spec.pooling, model.spec.padding_side)
+            label(s.winner.trial_number): trial_config(
+                study.trials[s.winner.trial_number], model.spec.pooling, model.spec.padding_side
+            )
             for s in choices.values()
             if s
         },
     }
 
 
+def verdicts(studies: list[dict[str, Any]], scores: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """design → rule → held-out set → the promise's three tests over the design's seeds (see the module docstring)."""
+    out: dict[str, dict[str, Any]] = {}
+    for design in dict.fromkeys(s["design"] for s in studies):
+        seeds = [s for s in studies if s["design"] == design and s.get("choices")]
+        out[design] = {}
+        for rule in dict.fromkeys(r for s in seeds for r in s["choices"]):
+            winners = [s["choices"][rule]["config"] for s in seeds if rule in s["choices"]]
+            out[design][rule] = {name: judge(winners, row) for name, row in scores.items()}
+    return out
+
+
+def judge(winners: list[str], row: dict[str, Any]) -> dict[str, Any]:
+    """The seeds' winners on one held-out set against the paper default's cell there."""
+    paper = row[PAPER]
+    cells = [row[w] for w in winners]
+    beats = [
+        c["psi_minus_reference"] < -c["psi_minus_reference_se"]
+        and c["hm_delta"][0] >= paper["hm_delta"][1]
+        and c["ndcg_delta"][0] >= paper["ndcg_delta"][1]
+        for c in cells
+    ]
+    psis = [c["psi"] for c in cells]
+    se = max(c["psi_se"] for c in cells)
+    return {
+        "seeds": len(cells),
+        "beat_paper": sum(beats),
+        "psi_spread": max(psis) - min(psis),
+        "psi_se": se,
+        "agree": max(psis) - min(psis) <= se,
+        "reversed": sum(c["reversed"] for c in cells),
+        "mean_psi_minus_paper": sum(c["psi_minus_reference"] for c in cells) / len(cells),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="minilm")
-    parser.add_argument("--keep", type=Path, required=True, help="the folder of kept studies (one subfolder per study)")
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        nargs="+",
+        required=True,
+        help="folders of kept studies (one subfolder per study), one per design",
+    )
     parser.add_argument("--heldout", nargs="+", default=list(HELDOUT))
     parser.add_argument("--json", type=Path, help="write the record here (docs/results/…)")
     args = parser.parse_args(argv)
@@ -103,7 +157,11 @@ def main(argv: list[str] | None = None) -> int:
     from tuner.engine.models import load_model
 
     model = load_model(args.model)
-    studies = [study_rows(folder, model) for folder in sorted(p for p in args.keep.iterdir() if (p / "optuna.db").is_file())]
+    studies = [
+        {"design": keep.name, **study_rows(folder, model)}
+        for keep in args.keep
+        for folder in sorted(p for p in keep.iterdir() if (p / "optuna.db").is_file())
+    ]
     configs: dict[str, Any] = {NONE: None, PAPER: model.default_config()}
     for study in studies:
         configs.update(study.pop("configs", {}))
@@ -116,8 +174,14 @@ def main(argv: list[str] | None = None) -> int:
         "studies": studies,
         "scores": {name: {label: cell.as_dict() for label, cell in row.items()} for name, row in table.items()},
     }
+    results["verdicts"] = verdicts(studies, results["scores"])
     if args.json:
-        record.write(args.json, "selection_rules", "python -m benchmarks.selection_rules " + " ".join(argv or sys.argv[1:]), results)
+        record.write(
+            args.json,
+            "selection_rules",
+            "python -m benchmarks.selection_rules " + " ".join(argv or sys.argv[1:]),
+            results,
+        )
     else:
         print(json.dumps(results, indent=1, default=str))
     return 0
