@@ -1,0 +1,75 @@
+"""The selection-rules benchmark's verdict: what the tuner promises of its winners held out, set by set."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from benchmarks.selection_rules import PAPER, judge, verdicts
+
+
+def cell(
+    psi: float, vs_paper: float, se: float, hm: float = 2.0, ndcg: float = 1.0, reversed_: bool = False
+) -> dict[str, Any]:
+    """A held-out cell as `HeldOutCell.as_dict` writes it: PSI, its difference from the paper default's and the SE
+    of that difference, ΔHM and ΔnDCG@10 (estimate, low, high) against no calibration."""
+    return {
+        "psi": psi,
+        "psi_se": 0.02,
+        "psi_minus_reference": vs_paper,
+        "psi_minus_reference_se": se,
+        "hm_delta": (hm, hm - 0.8, hm + 0.8),
+        "ndcg_delta": (ndcg, ndcg - 0.6, ndcg + 0.6),
+        "reversed": reversed_,
+    }
+
+
+PAPER_CELL = cell(0.27, 0.0, 0.0)  # ΔHM 2.0 [1.2, 2.8], ΔnDCG@10 1.0 [0.4, 1.6]
+
+
+def test_a_winner_beats_the_paper_default_only_beyond_the_se_of_their_difference() -> None:
+    row = {PAPER: PAPER_CELL, "clear": cell(0.23, -0.04, 0.01), "within noise": cell(0.26, -0.01, 0.02)}
+    assert judge(["clear"], row)["beat_paper"] == 1
+    assert judge(["within noise"], row)["beat_paper"] == 0
+    assert judge(["clear", "within noise", "clear"], row)["beat_paper"] == 2
+
+
+def test_a_fairer_winner_that_loses_accuracy_beyond_the_paper_defaults_interval_does_not_beat_it() -> None:
+    # ΔHM 1.1 < the paper default's low end 1.2; ΔnDCG@10 0.3 < its low end 0.4
+    row = {
+        PAPER: PAPER_CELL,
+        "less accurate": cell(0.2, -0.07, 0.01, hm=1.1),
+        "fewer hits": cell(0.2, -0.07, 0.01, ndcg=0.3),
+    }
+    assert judge(["less accurate"], row)["beat_paper"] == 0
+    assert judge(["fewer hits"], row)["beat_paper"] == 0
+
+
+def test_seeds_agree_when_their_psi_spreads_no_wider_than_one_bootstrap_se() -> None:
+    row = {
+        PAPER: PAPER_CELL,
+        "a": cell(0.230, -0.04, 0.01),
+        "b": cell(0.245, -0.025, 0.01),
+        "c": cell(0.26, -0.01, 0.01),
+    }
+    close, far = judge(["a", "b"], row), judge(["a", "c"], row)
+    assert close["agree"] and round(close["psi_spread"], 6) == 0.015
+    assert not far["agree"] and round(far["psi_spread"], 6) == 0.03
+
+
+def test_reversals_are_counted_per_seed() -> None:
+    row = {PAPER: PAPER_CELL, "flipped": cell(0.2, -0.07, 0.01, reversed_=True), "level": cell(0.2, -0.07, 0.01)}
+    assert judge(["flipped", "level", "flipped"], row)["reversed"] == 2
+
+
+def test_verdicts_judge_each_design_and_rule_on_its_own_seeds() -> None:
+    studies = [
+        {"design": "d0", "choices": {"one-se": {"config": "a"}, "lowest": {"config": "b"}}},
+        {"design": "d0", "choices": {"one-se": {"config": "a"}, "lowest": {"config": "a"}}},
+        {"design": "d1", "choices": {"one-se": {"config": "b"}}},
+        {"design": "d1", "feasible": 0},  # a study with no feasible trial has no choices
+    ]
+    scores = {"set": {PAPER: PAPER_CELL, "a": cell(0.2, -0.07, 0.01), "b": cell(0.26, -0.01, 0.02)}}
+    found = verdicts(studies, scores)
+    assert found["d0"]["one-se"]["set"]["beat_paper"] == 2 and found["d0"]["one-se"]["set"]["seeds"] == 2
+    assert found["d0"]["lowest"]["set"]["beat_paper"] == 1
+    assert found["d1"]["one-se"]["set"] == judge(["b"], scores["set"])
