@@ -88,3 +88,60 @@ def test_embeddinggemma_loads_from_the_folder_assembled_from_its_wheels(embeddin
     assert (embeddinggemma.spec.pooling, embeddinggemma.spec.padding_side) == ("mean", "right")
     vectors = CalibratedEncoder(embeddinggemma).encode(TEXTS[:2])
     assert vectors.shape == (2, 768) and np.isfinite(vectors).all()
+
+
+GEMMA_TEXTS = [SENTENCE * repeats for repeats in (1, 12, 40)]
+"""20 to about 800 tokens: the longest passes EmbeddingGemma's 512-token sliding window, the case that matters."""
+
+
+def sentence_transformers_own(folder: str, texts: list[str], kind: str) -> np.ndarray:
+    """The folder's vectors as sentence-transformers encodes them: its prompts, Dense layers and normalisation."""
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(folder, device="cpu")
+    encode = model.encode_document if kind == "document" else model.encode_query
+    return np.asarray(encode(texts, convert_to_numpy=True), dtype=np.float64)
+
+
+def test_embeddinggemma_vectors_are_sentence_transformers_own(embeddinggemma: LoadedModel) -> None:
+    """Documents with the document prompt and queries with the query prompt, through the Dense head, within 1e-5."""
+    encoder = CalibratedEncoder(embeddinggemma)
+    for kind, encode in (("document", encoder.encode_document), ("query", encoder.encode_query)):
+        want = sentence_transformers_own(str(EMBEDDINGGEMMA.target), GEMMA_TEXTS, kind)
+        assert np.abs(encode(GEMMA_TEXTS) - want).max() < 1e-5, kind
+
+
+def test_embeddinggemma_calibrated_past_its_sliding_window_equals_the_oracle(embeddinggemma: LoadedModel) -> None:
+    """The paper default on the last quarter of 24 layers (sliding and full), on a passage longer than the window."""
+    config = embeddinggemma.default_config()
+    oracle = dataclasses.replace(embeddinggemma, model=load_as(embeddinggemma.model.name_or_path, register_reference()))
+    got = CalibratedEncoder(embeddinggemma, config).encode_document(GEMMA_TEXTS)
+    assert np.abs(got - CalibratedEncoder(oracle, config).encode_document(GEMMA_TEXTS)).max() < 1e-5
+    assert np.abs(got - CalibratedEncoder(embeddinggemma).encode_document(GEMMA_TEXTS)).max() > 1e-3
+
+
+def test_an_embeddinggemma_export_encodes_alike_in_every_user_path(embeddinggemma: LoadedModel, tmp_path) -> None:
+    """The exported YAML through `CalibratedEncoder.from_yaml`, `load_sentence_transformer` and the MLflow pyfunc:
+    calibrated documents equal the encoder's own, and queries equal sentence-transformers' (never calibrated)."""
+    import mlflow
+
+    from tests.tiny import export_of
+    from tuner.engine.exported import write_exported
+    from tuner.engine.integration import load_sentence_transformer
+    from tuner.tracking.registry import save_pyfunc
+
+    config = embeddinggemma.default_config()
+    path = write_exported(export_of(embeddinggemma, config), tmp_path / "gemma.yaml")
+    documents = CalibratedEncoder(embeddinggemma, config).encode_document(GEMMA_TEXTS)
+    queries = sentence_transformers_own(str(EMBEDDINGGEMMA.target), GEMMA_TEXTS, "query")
+    again = CalibratedEncoder.from_yaml(path)
+    st = load_sentence_transformer(path)
+    save_pyfunc(tmp_path / "model", path, again.model.dimension)
+    pyfunc = mlflow.pyfunc.load_model(str(tmp_path / "model"))
+    for name, got_documents, got_queries in (
+        ("from_yaml", again.encode_document(GEMMA_TEXTS), again.encode_query(GEMMA_TEXTS)),
+        ("sentence-transformers", st.encode_document(GEMMA_TEXTS), st.encode_query(GEMMA_TEXTS)),
+        ("pyfunc", pyfunc.predict(GEMMA_TEXTS), pyfunc.predict(GEMMA_TEXTS, params={"kind": "query"})),
+    ):
+        assert np.abs(np.asarray(got_documents) - documents).max() < 1e-5, name
+        assert np.abs(np.asarray(got_queries) - queries).max() < 1e-5, name
