@@ -140,7 +140,9 @@ class PositionProfile:
     psi: Interval | None = None
 
 
-def position_profile(run: PerQuery, n_resamples: int = 1000, seed: int = 0, confidence: float = 0.95) -> PositionProfile:
+def position_profile(
+    run: PerQuery, n_resamples: int = 1000, seed: int = 0, confidence: float = 0.95
+) -> PositionProfile:
     """How one run does along the passage, with intervals: the same seed draws the same resamples for every run of a
     dataset, so the profiles of several configs are drawn over common resamples."""
     if n_resamples < 1:
@@ -149,18 +151,24 @@ def position_profile(run: PerQuery, n_resamples: int = 1000, seed: int = 0, conf
     blocks = [aggregate(run, weights) for weights in resampled_weights(len(run.query_ids), n_resamples, seed)]
     groups = np.concatenate([b.group_ndcg10 for b in blocks])
     profile = {
-        group: percentile_interval(float(point.group_ndcg10[0, g]), groups[:, g], confidence) for g, group in enumerate(run.group_order)
+        group: percentile_interval(float(point.group_ndcg10[0, g]), groups[:, g], confidence)
+        for g, group in enumerate(run.group_order)
     }
     tilt = None
     if point.tilt is not None and np.isfinite(point.tilt[0]):
-        tilt = percentile_interval(float(point.tilt[0]), np.concatenate([b.tilt for b in blocks if b.tilt is not None]), confidence)
+        tilt = percentile_interval(
+            float(point.tilt[0]), np.concatenate([b.tilt for b in blocks if b.tilt is not None]), confidence
+        )
     if point.hm is None or point.psi is None:
         return PositionProfile(profile, tilt)
     first, last = point.group_ndcg10[0, 0], point.group_ndcg10[0, -1]
     gap = percentile_interval(float(last - first), groups[:, -1] - groups[:, 0], confidence)
     hms = np.concatenate([b.hm for b in blocks if b.hm is not None])
     psis = np.concatenate([b.psi for b in blocks if b.psi is not None])
-    hm, psi = percentile_interval(float(point.hm[0]), hms, confidence), percentile_interval(float(point.psi[0]), psis, confidence)
+    hm, psi = (
+        percentile_interval(float(point.hm[0]), hms, confidence),
+        percentile_interval(float(point.psi[0]), psis, confidence),
+    )
     return PositionProfile(profile, tilt, gap, hm, psi)
 
 

@@ -70,7 +70,9 @@ class HmFloor:
         if percent:
             sign, magnitude = percent.groups()
             if not sign:
-                raise ValueError(f"HM floor {text!r} is ambiguous: give a relative change a sign; accepted: {_ACCEPTED}")
+                raise ValueError(
+                    f"HM floor {text!r} is ambiguous: give a relative change a sign; accepted: {_ACCEPTED}"
+                )
             return cls("relative", (-1.0 if sign == "-" else 1.0) * float(magnitude) / 100)
         try:
             absolute = float(cleaned)
@@ -137,16 +139,23 @@ class Constraints:
     def __post_init__(self) -> None:
         if self.max_crops_psi is not None and not (math.isfinite(self.max_crops_psi) and self.max_crops_psi >= 0):
             raise ValueError(
-                f"max_crops_psi must be a multiple >= 0 of the uncalibrated crops PSI (1 = no worse), got {self.max_crops_psi}"
+                "max_crops_psi must be a multiple >= 0 of the uncalibrated crops PSI (1 = no worse), "
+                f"got {self.max_crops_psi}"
             )
         if self.max_reversal is not None and not (math.isfinite(self.max_reversal) and self.max_reversal >= 0):
-            raise ValueError(f"max_reversal must be a tilt allowance >= 0 (0: no reversed bias), got {self.max_reversal}")
+            raise ValueError(
+                f"max_reversal must be a tilt allowance >= 0 (0: no reversed bias), got {self.max_reversal}"
+            )
         if self.max_drift is not None and not (math.isfinite(self.max_drift) and self.max_drift > 0):
-            raise ValueError(f"max_drift must be a multiple > 0 of the paper default's drift (2: twice as far), got {self.max_drift}")
+            raise ValueError(
+                f"max_drift must be a multiple > 0 of the paper default's drift (2: twice as far), got {self.max_drift}"
+            )
         for name in ("max_ndcg_drop", "max_general_drop"):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value >= 0):
-                raise ValueError(f"{name} must be a drop allowance >= 0 on the 0–1 scale (0.005 = half a point), got {value}")
+                raise ValueError(
+                    f"{name} must be a drop allowance >= 0 on the 0–1 scale (0.005 = half a point), got {value}"
+                )
 
     def values(
         self,
@@ -218,16 +227,22 @@ class Constraints:
             return f"{title}: aggregate nDCG@10 on the tuning passages may fall {self._allowed(self.max_ndcg_drop)}"
         if name == "structure_ndcg":
             return (
-                f"{title}: on every other tuning structure the favourable end of the 95% interval of nDCG@10's change must "
-                f"be at least {_points(-(self.max_ndcg_drop or 0.0))} points (no loss beyond noise{' and the allowance' if self.max_ndcg_drop else ''})"
+                f"{title}: on every other tuning structure the favourable end of the 95% interval of nDCG@10's change "
+                f"must be at least {_points(-(self.max_ndcg_drop or 0.0))} points "
+                f"(no loss beyond noise{' and the allowance' if self.max_ndcg_drop else ''})"
             )
         if name == "reversal":
-            limit = f"by more than {100 * (self.max_reversal or 0.0):.2f} tilt points" if self.max_reversal else "at all"
-            return f"{title}: no tuning structure's bias may be reversed {limit} (its favoured end changing sides; a structure where the uncalibrated model favours neither end beyond noise has none to reverse)"
+            limit = (
+                f"by more than {100 * (self.max_reversal or 0.0):.2f} tilt points" if self.max_reversal else "at all"
+            )
+            return (
+                f"{title}: no tuning structure's bias may be reversed {limit} (its favoured end changing sides; "
+                "a structure where the uncalibrated model favours neither end beyond noise has none to reverse)"
+            )
         if name == "drift":
             return (
-                f"{title}: on every tuning structure the document vectors may move at most {self.max_drift:g} times as far "
-                "from the uncalibrated ones as the paper default's (trial 1) do"
+                f"{title}: on every tuning structure the document vectors may move at most {self.max_drift:g} times "
+                "as far from the uncalibrated ones as the paper default's (trial 1) do"
             )
         if name == "crops_psi":
             return f"{title}: PSI on the crops may be at most {self.max_crops_psi:g} times the uncalibrated PSI there"
@@ -257,23 +272,36 @@ class Constraints:
         elif name in ("ndcg_drop", "general_drop"):
             allowance = (self.max_ndcg_drop if name == "ndcg_drop" else self.max_general_drop) or 0.0
             what = "nDCG@10" if name == "ndcg_drop" else "general nDCG@10"
-            figures = f"{what} {_points(-(value + allowance))} vs uncalibrated, {'≥' if met else '<'} {_points(-allowance)} allowed"
+            figures = (
+                f"{what} {_points(-(value + allowance))} vs uncalibrated, "
+                f"{'≥' if met else '<'} {_points(-allowance)} allowed"
+            )
         elif name == "structure_ndcg":
             allowance = self.max_ndcg_drop or 0.0
-            figures = f"{place}nDCG@10 change at best {_points(-(value + allowance))}, {'≥' if met else '<'} {_points(-allowance)} allowed"
+            figures = (
+                f"{place}nDCG@10 change at best {_points(-(value + allowance))}, "
+                f"{'≥' if met else '<'} {_points(-allowance)} allowed"
+            )
         elif name == "reversal":
             allowance = self.max_reversal or 0.0
             if met and where == NO_DIRECTION:
                 figures = "no tuning structure favours one end beyond noise uncalibrated: none to reverse"
             elif met:
-                figures = f"{place}{100 * -value:.2f} tilt points short of {'reversing' if allowance == 0 else 'the limit'}"
+                figures = (
+                    f"{place}{100 * -value:.2f} tilt points short of {'reversing' if allowance == 0 else 'the limit'}"
+                )
             else:
-                figures = f"{place}{100 * (value + allowance):.2f} tilt points the other way, {100 * allowance:.2f} allowed"
+                figures = (
+                    f"{place}{100 * (value + allowance):.2f} tilt points the other way, {100 * allowance:.2f} allowed"
+                )
         elif name == "drift":
             limit = self.max_drift or 0.0
             figures = f"{place}{value + limit:.2f}× the paper default's drift, {'≤' if met else '>'} {limit:g}×"
         elif name == "crops_psi":
-            figures = f"crops PSI {abs(value):.3f} {'under' if met else 'over'} {self.max_crops_psi:g}× the uncalibrated PSI there"
+            figures = (
+                f"crops PSI {abs(value):.3f} {'under' if met else 'over'} "
+                f"{self.max_crops_psi:g}× the uncalibrated PSI there"
+            )
         else:
             raise KeyError(f"unknown constraint {name!r}")
         return f"{requirement.title + ' met' if met else requirement.missed} ({figures})"
@@ -282,7 +310,9 @@ class Constraints:
         """`clause` for every constraint in `values`, the missed ones first, each group in `CONSTRAINTS` order."""
         names = _ordered(values)
         missed = [n for n in names if values[n] > 0]
-        return [self.clause(n, values[n], (where or {}).get(n)) for n in [*missed, *(n for n in names if n not in missed)]]
+        return [
+            self.clause(n, values[n], (where or {}).get(n)) for n in [*missed, *(n for n in names if n not in missed)]
+        ]
 
     def explain(self, values: Mapping[str, float], where: Mapping[str, str] | None = None) -> str:
         """A trial's feasibility in one sentence: 'feasible: the HM floor met (…); …' or 'infeasible: reverses
@@ -343,8 +373,8 @@ CONSTRAINTS: tuple[Requirement, ...] = (
         "reversal",
         "the no-reversal rule",
         "--max-reversal",
-        "no tuning structure's bias may be reversed (its tilt along the passage turned against the uncalibrated model's direction "
-        "there, where that direction is beyond noise)",
+        "no tuning structure's bias may be reversed (its tilt along the passage turned against the uncalibrated "
+        "model's direction there, where that direction is beyond noise)",
         "reverses the bias",
     ),
     Requirement(

@@ -26,9 +26,11 @@ class TrialEvidence:
     hm: float
     hm_low: float
     ndcg_delta: float
-    hm_high: float = float("nan")  # the upper end of HM's 95% interval: below the floor, the floor is missed beyond noise
+    # the upper end of HM's 95% interval: below the floor, the floor is missed beyond noise
+    hm_high: float = float("nan")
     ndcg_delta_high: float = float("nan")  # the upper end of the nDCG@10 change's 95% interval
-    tilt: float | None = None  # the signed trend along the passage (`objectives.metrics._tilt`); None: positions unknown
+    # the signed trend along the passage (`objectives.metrics._tilt`); None: positions unknown
+    tilt: float | None = None
     tilt_se: float = 0.0
     baseline_tilt: float | None = None
     baseline_tilt_se: float = 0.0  # 0: unknown (the uncalibrated direction is then taken as it stands)
@@ -39,11 +41,14 @@ class TrialEvidence:
 
 def evidence_weights(n: int, n_resamples: int = EVIDENCE_RESAMPLES, seed: int = 0) -> np.ndarray:
     """Query counts for the evidence: row 0 the point estimate (every query once), then `n_resamples` bootstrap
-    resamples of `n` queries. One seed for every trial: common random numbers, so configs compare resample by resample."""
+    resamples of `n` queries. One seed for every trial: common random numbers, so configs compare resample by
+    resample."""
     return np.vstack([np.ones(n), np.random.default_rng(seed).multinomial(n, np.full(n, 1 / n), size=n_resamples)])
 
 
-def trial_evidence(baseline: PerQuery, candidate: PerQuery, n_resamples: int = EVIDENCE_RESAMPLES, seed: int = 0) -> TrialEvidence:
+def trial_evidence(
+    baseline: PerQuery, candidate: PerQuery, n_resamples: int = EVIDENCE_RESAMPLES, seed: int = 0
+) -> TrialEvidence:
     """PSI and its bootstrap standard error, HM and the ends of its 95% interval (the uncalibrated HM plus
     the 2.5th / 97.5th percentile of the paired HM change), the change in aggregate nDCG@10 (and the upper
     end of its interval), and the tilt with its standard error beside the uncalibrated tilt."""

@@ -305,7 +305,9 @@ def evaluate(run: Mapping[str, Mapping[str, float]], dataset: Judged) -> tuple[P
         hm=None if hm is None else float(hm[0]),
         psi=None if psi is None else float(psi[0]),
         strata=strata,
-        position_ndcg10={} if point.position_ndcg10 is None else dict(zip(POSITION_BINS, point.position_ndcg10[0].tolist())),
+        position_ndcg10={}
+        if point.position_ndcg10 is None
+        else dict(zip(POSITION_BINS, point.position_ndcg10[0].tolist())),
         position_psi=None if point.position_psi is None else float(point.position_psi[0]),
         tilt=None if point.tilt is None else float(point.tilt[0]),
     )
@@ -345,7 +347,9 @@ def _per_query(run: Mapping[str, Mapping[str, float]], dataset: Judged) -> PerQu
 
     ndcg10, recall10 = score_queries(run, dataset.qrels, query_ids)
     positions, placed = _positions(dataset, query_ids) if group_order else (None, None)
-    per_query = PerQuery(query_ids, ndcg10, recall10, group_order, membership, strata_order, stratum_membership, positions, placed)
+    per_query = PerQuery(
+        query_ids, ndcg10, recall10, group_order, membership, strata_order, stratum_membership, positions, placed
+    )
     empty = np.argwhere(per_query.cell_counts() == 0)
     if len(empty):
         s, g = empty[0]

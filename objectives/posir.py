@@ -79,7 +79,10 @@ class Placement:
 
     @classmethod
     def of(
-        cls, spans: Sequence[Sequence[float] | None], char_lengths: Sequence[float | None], token_lengths: Sequence[float | None]
+        cls,
+        spans: Sequence[Sequence[float] | None],
+        char_lengths: Sequence[float | None],
+        token_lengths: Sequence[float | None],
     ) -> Placement:
         """Place queries from what the benchmark's files say of each: span, character length, token length."""
         bins, buckets = [], []
@@ -122,7 +125,10 @@ def _over_bins(sums: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.nda
 def aggregate_posir(ndcg10: np.ndarray, placement: Placement, weights: np.ndarray) -> PosIRAggregates:
     """PosIR's figures for every row of `weights` ((R, n_queries) query counts)."""
     if len(placement) != len(ndcg10) or weights.shape[-1] != len(ndcg10):
-        raise ValueError(f"{len(ndcg10)} scores, {len(placement)} placements and {weights.shape[-1]} weights per row: give one per query")
+        raise ValueError(
+            f"{len(ndcg10)} scores, {len(placement)} placements and {weights.shape[-1]} weights per row: "
+            "give one per query"
+        )
     placed = placement.bins >= 0
     in_bin = np.zeros((len(ndcg10), BINS))
     in_bin[np.flatnonzero(placed), placement.bins[placed]] = 1.0
@@ -173,7 +179,12 @@ class PosIRFigures:
     def as_dict(self) -> dict[str, float | None]:
         """Flat figures: `ndcg10`, `psi`, `n_queries`, `n_placed`, and per bucket `Q1/ndcg10`, `Q1/psi`,
         `Q1/n_queries`, `Q1/n_bins` (the analysis's `nDCG@10`, `PSI`, `nDCG@10(Q1)`, `PSI(Q1)`)."""
-        flat: dict[str, float | None] = {"ndcg10": self.ndcg10, "psi": self.psi, "n_queries": self.n_queries, "n_placed": self.n_placed}
+        flat: dict[str, float | None] = {
+            "ndcg10": self.ndcg10,
+            "psi": self.psi,
+            "n_queries": self.n_queries,
+            "n_placed": self.n_placed,
+        }
         for bucket in self.buckets:
             flat |= {
                 f"{bucket.name}/ndcg10": bucket.ndcg10,
@@ -217,7 +228,12 @@ class PosIRDeltas:
 
 
 def posir_bootstrap(
-    baseline: np.ndarray, candidate: np.ndarray, placement: Placement, n_resamples: int = 1000, seed: int = 0, confidence: float = 0.95
+    baseline: np.ndarray,
+    candidate: np.ndarray,
+    placement: Placement,
+    n_resamples: int = 1000,
+    seed: int = 0,
+    confidence: float = 0.95,
 ) -> PosIRDeltas:
     """Paired bootstrap of the change in PosIR's figures: both runs' per-query nDCG@10 on the same resamples
     (`objectives.bootstrap`'s, so one seed draws the same resamples for posfair's table and PosIR's)."""
@@ -238,7 +254,9 @@ def posir_bootstrap(
     samples = {name: np.concatenate([block[name] for block in blocks]) for name in point}
 
     def interval(name: str, column: int | None = None) -> Interval | None:
-        estimate, drawn = (point[name], samples[name]) if column is None else (point[name][:, column], samples[name][:, column])
+        estimate, drawn = (
+            (point[name], samples[name]) if column is None else (point[name][:, column], samples[name][:, column])
+        )
         return None if math.isnan(estimate[0]) else percentile_interval(float(estimate[0]), drawn, confidence)
 
     ndcg = interval("ndcg10")

@@ -29,10 +29,13 @@ def exact_search(
     queries = np.asarray(query_vectors, dtype=np.float32)
     docs = np.asarray(doc_vectors, dtype=np.float32)
     if queries.ndim != 2 or docs.ndim != 2 or queries.shape[1] != docs.shape[1]:
-        raise ValueError(f"expected 2-D query and document matrices of equal width, got {queries.shape} and {docs.shape}")
+        raise ValueError(
+            f"expected 2-D query and document matrices of equal width, got {queries.shape} and {docs.shape}"
+        )
     if len(query_ids) != len(queries) or len(doc_ids) != len(docs):
         raise ValueError(
-            f"{len(query_ids)} query ids for {len(queries)} query vectors, {len(doc_ids)} doc ids for {len(docs)} document vectors"
+            f"{len(query_ids)} query ids for {len(queries)} query vectors, "
+            f"{len(doc_ids)} doc ids for {len(docs)} document vectors"
         )
     if k < 1:
         raise ValueError(f"k must be at least 1, got {k}")

@@ -122,7 +122,11 @@ class RobustEvidence:
         """The largest nDCG@10 loss over the structures beyond the tuning split that their noise cannot explain:
         minus the upper end of each one's 95% interval of the change (> 0: even the favourable end is a loss).
         More structures can only raise it. None when no other structure is scored yet."""
-        others = [-s.evidence.ndcg_delta_high for s in self.structures if not s.tuning and math.isfinite(s.evidence.ndcg_delta_high)]
+        others = [
+            -s.evidence.ndcg_delta_high
+            for s in self.structures
+            if not s.tuning and math.isfinite(s.evidence.ndcg_delta_high)
+        ]
         return max(others) if others else None
 
     def drifts(self) -> dict[str, float]:
@@ -189,13 +193,21 @@ def certain_violations(tuning: TrialEvidence, hm_floor: float, max_ndcg_drop: fl
     found = {}
     if math.isfinite(tuning.hm_high) and hm_floor - tuning.hm_high > 0:
         found["hm_floor"] = hm_floor - tuning.hm_high
-    if max_ndcg_drop is not None and math.isfinite(tuning.ndcg_delta_high) and -tuning.ndcg_delta_high - max_ndcg_drop > 0:
+    if (
+        max_ndcg_drop is not None
+        and math.isfinite(tuning.ndcg_delta_high)
+        and -tuning.ndcg_delta_high - max_ndcg_drop > 0
+    ):
         found["ndcg_drop"] = -tuning.ndcg_delta_high - max_ndcg_drop
     return found
 
 
 def prune_reason(
-    robust: RobustEvidence, threshold: float | None, missed: Sequence[str], remaining: Sequence[str], z: float = MARGIN_Z
+    robust: RobustEvidence,
+    threshold: float | None,
+    missed: Sequence[str],
+    remaining: Sequence[str],
+    z: float = MARGIN_Z,
 ) -> str | None:
     """Why a trial need not be scored on the `remaining` structures, or None to go on.
 
@@ -222,7 +234,9 @@ def prune_reason(
     )
 
 
-def screen_prune_reason(screen: TrialEvidence, threshold: float | None, missed: Sequence[str], z: float = PRUNE_Z) -> str | None:
+def screen_prune_reason(
+    screen: TrialEvidence, threshold: float | None, missed: Sequence[str], z: float = PRUNE_Z
+) -> str | None:
     """Why a trial need not go past the pooled screen, or None to go on.
 
     The screen's PSI is not a bound on the corpus's, so it is compared with the complete trials' PSI on the
@@ -244,7 +258,14 @@ def screen_prune_reason(screen: TrialEvidence, threshold: float | None, missed: 
 
 
 def _beyond_noise(
-    value: float, se: float, threshold: float | None, missed: Sequence[str], z: float, figure: str, limit: str, where: str = ""
+    value: float,
+    se: float,
+    threshold: float | None,
+    missed: Sequence[str],
+    z: float,
+    figure: str,
+    limit: str,
+    where: str = "",
 ) -> str | None:
     """The reason both rules give: a constraint missed beyond noise, or `value` − `z` SE above `threshold`."""
     if missed:

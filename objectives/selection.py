@@ -13,8 +13,8 @@ query resamples (every trial is scored on the same resampled queries, `objective
 eligible when its objective exceeds the best one's by at most the standard deviation of the difference
 between the two over those resamples. Two configs scored on the same queries share most of their noise
 (which queries are hard, which passages are long), so the noise *between* them is smaller than either
-one's own, which would admit clearly worse trials as "indistinguishable". Trials recorded without resamples fall back to the best
-one's own standard error.
+one's own, which would admit clearly worse trials as "indistinguishable". Trials recorded without resamples fall
+back to the best one's own standard error.
 
 Within that band the rules differ only in their tie-break: `one-se` takes the mildest (least drift),
 `one-se-fairest` the fairest on the mean over the tuning structures (the objective is their worst case, so the
@@ -93,17 +93,23 @@ class Selection:
             return "chosen by the user (tune export --trial), not by a selection rule"
         if self.rule == "lowest":
             return f"the feasible trial with the lowest objective ({self.winner.objective:.4f})"
-        figure = {"one-se": self.winner.drift, "one-se-fairest": self.winner.fairness_on_average, "one-se-hm": self.winner.hm}
+        figure = {
+            "one-se": self.winner.drift,
+            "one-se-fairest": self.winner.fairness_on_average,
+            "one-se-hm": self.winner.hm,
+        }
         chosen_as, measure, _ = TIE_BREAK_WORDS[self.rule]
         mildest = f"{chosen_as} ({measure} {figure[self.rule]:.4f}) of the feasible trials {list(self.eligible)}"
         if self.paired:
             return (
-                f"{mildest} whose objective is within one paired standard error of the best (trial {self.best.trial_number}: "
-                f"{self.best.objective:.4f}; the spread of each trial's difference from it over the common query resamples)"
+                f"{mildest} whose objective is within one paired standard error of the best "
+                f"(trial {self.best.trial_number}: {self.best.objective:.4f}; "
+                "the spread of each trial's difference from it over the common query resamples)"
             )
         return (
             f"{mildest} whose objective is within one standard error of the best "
-            f"(trial {self.best.trial_number}: {self.best.objective:.4f} + {self.best.objective_se:.4f} = {self.threshold:.4f})"
+            f"(trial {self.best.trial_number}: {self.best.objective:.4f} + {self.best.objective_se:.4f} "
+            f"= {self.threshold:.4f})"
         )
 
 
@@ -145,7 +151,11 @@ def select(candidates: Iterable[Candidate], rule: Rule = "one-se") -> Selection 
 
 TIE_BREAK_WORDS: dict[str, tuple[str, str, str]] = {
     "one-se": ("the mildest", "drift", "the least drift of the document vectors from the uncalibrated ones"),
-    "one-se-fairest": ("the fairest on average over the structures", "mean PSI", "the lowest mean PSI over the tuning structures"),
+    "one-se-fairest": (
+        "the fairest on average over the structures",
+        "mean PSI",
+        "the lowest mean PSI over the tuning structures",
+    ),
     "one-se-hm": ("the most accurate", "HM", "the highest HM"),
 }
 """Each one-SE rule's winner in words, the figure `TIE_BREAKS` orders it by, and that order in words: what
@@ -159,8 +169,8 @@ def describe_selection_rule(rule: str) -> str:
         return "the feasible trial with the lowest objective"
     chosen_as, _, order = TIE_BREAK_WORDS[rule]
     return (
-        "among the feasible trials whose objective is within one standard error of the lowest (the paired one, over the "
-        f"common query resamples), {chosen_as}: {order}"
+        "among the feasible trials whose objective is within one standard error of the lowest "
+        f"(the paired one, over the common query resamples), {chosen_as}: {order}"
     )
 
 
