@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from benchmarks.baseline_direction import Direction
-from benchmarks.render import baseline_direction
+from benchmarks.figures.studies import baseline_direction
 from objectives.robustness import DIRECTION_Z
 
 
@@ -27,7 +27,10 @@ def test_the_table_names_each_structure_s_bias_as_the_figures_show_it() -> None:
         "command": "python -m benchmarks.baseline_direction",
         "commit": "0" * 40,
         "device": device,
-        "results": {"direction_z": DIRECTION_Z, "models": {"m": [asdict(r) | {"beyond_noise": r.beyond_noise} for r in rows]}},
+        "results": {
+            "direction_z": DIRECTION_Z,
+            "models": {"m": [asdict(r) | {"beyond_noise": r.beyond_noise} for r in rows]},
+        },
     }
     lines = baseline_direction(data).splitlines()
     assert lines[6] == "**m**, uncalibrated, of 3 structures: beginning favoured on 1, end favoured on 1, level on 1."

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmarks.render import natural_reading
+from benchmarks.figures.natural import natural_reading
 
 
 def cell(psi_minus_reference: float, se: float) -> dict[str, float]:

@@ -129,8 +129,8 @@ def test_the_console_mlflow_optuna_dashboard_and_the_readme_count_the_same_trial
     (its only finished state that claims no result), MLflow has no run of it, and the console's progress, its closing
     count, the parent run, optuna-dashboard and the README's sentence (rendered from the record `benchmarks.first_tune`
     keeps of a study) all count the trials Optuna ran."""
+    from benchmarks.figures.first_tune import trials as trials_sentence
     from benchmarks.first_tune import study_facts
-    from benchmarks.render import trials as trials_sentence
     from tests.services import dashboard_api
 
     study, settings, log = budgeted["study"], budgeted["settings"], budgeted["log"]

@@ -16,6 +16,7 @@ import typer
 import yaml
 
 from benchmarks import render
+from benchmarks.figures import plots
 from tuner.cli.app import app
 from tuner.cli.reference import reference
 
@@ -340,10 +341,10 @@ def test_every_plot_on_the_benchmarks_page_is_drawn_from_what_its_record_holds()
     from benchmarks import record
 
     page = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
-    for name, plot in render.PLOTS.items():
+    for name, plot in plots.PLOTS.items():
         data = plot.data(record.read(record.RESULTS / f"{plot.source}.json"))
-        assert data and render.drawn_digest(render.plot_path(name)) == render.data_digest(data), name
-        assert f"<!-- figure: {name} -->" in page and f"(data digest <code>{render.data_digest(data)}</code>)" in page, name
+        assert data and plots.drawn_digest(plots.plot_path(name)) == plots.data_digest(data), name
+        assert f"<!-- figure: {name} -->" in page and f"(data digest <code>{plots.data_digest(data)}</code>)" in page, name
     assert render.stale_plots() == []
 
 
@@ -352,9 +353,9 @@ def test_a_plot_drawn_from_other_data_is_caught(tmp_path: Path, monkeypatch: pyt
 
     data = record.read(record.RESULTS / "overhead.json")
     data["results"]["columns"][0]["results"]["engine"]["paired_ratio"] += 0.5  # measured again
-    monkeypatch.setattr(render, "PLOTS_DIR", tmp_path)
-    assert render.drawn_digest(render.draw_plot("plot-overhead", data)) != render.data_digest(
-        render.PLOTS["plot-overhead"].data(record.read(record.RESULTS / "overhead.json"))
+    monkeypatch.setattr(plots, "PLOTS_DIR", tmp_path)
+    assert plots.drawn_digest(plots.draw_plot("plot-overhead", data)) != plots.data_digest(
+        plots.PLOTS["plot-overhead"].data(record.read(record.RESULTS / "overhead.json"))
     )
 
 
