@@ -347,7 +347,7 @@ def test_alternating_masks_are_read_back_once_per_batch_and_kind(pooling: str, t
     """Sliding and full layers get a mask each, in turns (sliding, full, sliding): what each mask decides is read
     back from the device once per batch, so calibrating the second sliding layer too costs no host sync, with 2
     baskets or 20."""
-    from benchmarks.gpu_check import HostSyncs
+    from benchmarks.gpu_counters import HostSyncs
 
     model = load_model(str(save_windowed("gemma3_text", tmp_path / "gemma")), pooling=pooling)
     batch = model.tokenizer(LONG[:3], padding=True, return_tensors="pt")

@@ -9,7 +9,8 @@ from contextlib import redirect_stdout
 import torch
 import transformers
 
-from benchmarks.gpu_check import main, plan_for
+from benchmarks.gpu_cases import plan_for
+from benchmarks.gpu_check import main
 
 
 def test_the_reduced_gpu_check_runs_on_cpu_and_writes_every_figure(tmp_path) -> None:
@@ -35,7 +36,11 @@ def test_the_reduced_gpu_check_runs_on_cpu_and_writes_every_figure(tmp_path) -> 
             assert case["strength_0_is_sdpa_bit_for_bit"][path]
         assert case["peak_mib"] is None  # no CUDA here
         assert case["prefix_resume_bit_identical"] == {"plain": True, "calibrated": True} and case["fused_kernel"]
-        assert case["pinned_backend"] == "FLASH_ATTENTION" and case["kernels_alike"] and case["figures_kernels"] == "pinned"
+        assert (
+            case["pinned_backend"] == "FLASH_ATTENTION"
+            and case["kernels_alike"]
+            and case["figures_kernels"] == "pinned"
+        )
         # the tiny models have 4 layers, 2 of them calibrated: SDPA runs in every layer of the plain forward; the
         # engine's mean path runs the fused kernel itself once per basket of 16 of the 2 + (length - 2) tokens
         length, layers, calibrated = case["case"]["length"], 4, 2
@@ -45,7 +50,10 @@ def test_the_reduced_gpu_check_runs_on_cpu_and_writes_every_figure(tmp_path) -> 
             if case["case"]["pooling"] == "mean"
             else {"sdpa": {"FLASH_ATTENTION": layers}, "direct": {}}
         )
-        assert case["kernels"]["pinned"] == {"sdpa": {"sdpa": {"FLASH_ATTENTION": layers}, "direct": {}}, "engine": expected}
+        assert case["kernels"]["pinned"] == {
+            "sdpa": {"sdpa": {"FLASH_ATTENTION": layers}, "direct": {}},
+            "engine": expected,
+        }
     syncs = {(c["case"]["model"], c["case"]["pooling"]): set() for c in result["cases"]}
     for case in result["cases"]:
         syncs[(case["case"]["model"], case["case"]["pooling"])].add(case["host_syncs_per_forward"]["engine"])
@@ -62,7 +70,7 @@ def test_the_kernels_of_sdpa_calls_and_of_the_engines_own_calls_are_counted_by_b
     arguments (which honours `sdpa_kernel`); a fused kernel called directly is counted by its op."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from benchmarks.gpu_check import AttentionKernels
+    from benchmarks.gpu_counters import AttentionKernels
 
     q = torch.randn(1, 2, 16, 8)
     with AttentionKernels() as counted:  # outside inference mode, where SDPA's own kernel call is an op too

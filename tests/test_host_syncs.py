@@ -1,7 +1,7 @@
 """The engine never waits for the device inside a layer: the host syncs of one calibrated forward do not
 grow with the number of baskets or of calibrated layers (on a GPU each one stalls the stream).
 
-Counted on CPU with `benchmarks.gpu_check.HostSyncs`, which sees every aten op whatever the device.
+Counted on CPU with `benchmarks.gpu_counters.HostSyncs`, which sees every aten op whatever the device.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks.gpu_check import HostSyncs
+from benchmarks.gpu_counters import HostSyncs
 from tuner.calibration import CalibrationConfig, calibrating
 from tuner.engine.models import load_model
 
@@ -52,7 +52,9 @@ def test_host_syncs_do_not_grow_with_baskets_or_layers(tiny_model_dir, one_threa
         (basket, layers): syncs_of_one_forward(
             model,
             batch,
-            CalibrationConfig(pooling=pooling, padding_side=model.spec.padding_side, strength=0.7, basket_size=basket, layers=layers),
+            CalibrationConfig(
+                pooling=pooling, padding_side=model.spec.padding_side, strength=0.7, basket_size=basket, layers=layers
+            ),
         )
         for basket in (58, 2)
         for layers in ("last", 1.0)
