@@ -10,23 +10,10 @@ from contextlib import redirect_stdout
 
 import pytest
 
-from benchmarks.overhead import (
-    AGREEMENT,
-    METHODS,
-    RAW,
-    Case,
-    Column,
-    agreement_diffs,
-    child_main,
-    measure,
-    measure_noop,
-    noop_report,
-    parse,
-    plan,
-    plan_noop,
-    report,
-    summarised,
-)
+from benchmarks.overhead import parse, plan, plan_noop
+from benchmarks.overhead_cases import METHODS, Case, Column
+from benchmarks.overhead_process import child_main, measure, measure_noop
+from benchmarks.overhead_report import AGREEMENT, RAW, agreement_diffs, noop_report, report, summarised
 
 
 def tiny_case(method: str, pooling: str, **overrides: object) -> Case:
@@ -63,7 +50,10 @@ def test_measure_and_report_on_a_tiny_model(pooling: str) -> None:
     assert (pooled("engine") - pooled("sdpa")).abs().max() > 1e-6
 
     kept = summarised(column)  # the record keeps the comparison, not the vectors
-    assert kept["agreement"] == agreement_diffs(column.results, pooling) and kept["agreement"]["engine vs oracle (calibrated)"] < 1e-4
+    assert (
+        kept["agreement"] == agreement_diffs(column.results, pooling)
+        and kept["agreement"]["engine vs oracle (calibrated)"] < 1e-4
+    )
     assert not any(key in result for result in kept["results"].values() for key in RAW)
     assert kept["results"]["engine"]["paired_ratio"] == engine["paired_ratio"]
 
@@ -85,20 +75,28 @@ def test_child_entry_prints_one_result_line() -> None:
 def test_plan_reuses_plain_processes_for_the_mean_column() -> None:
     columns = plan(parse([]))
     titles = [c.title for c in columns]
-    assert titles == ["XLM-R cls 512×8", "XLM-R cls 1024×8", "XLM-R cls 2048×8", "XLM-R mean 512×8", "MiniLM mean 512×16"]
+    assert titles == [
+        "XLM-R cls 512×8",
+        "XLM-R cls 1024×8",
+        "XLM-R cls 2048×8",
+        "XLM-R mean 512×8",
+        "MiniLM mean 512×16",
+    ]
     assert columns[3].plain_from is columns[0]
     assert [c.title for c in plan(parse(["--quick"]))] == ["XLM-R cls 512×8", "MiniLM mean 512×16"]
 
 
 def test_profile_table_is_of_one_calibrated_engine_call() -> None:
     """Mean pooling calls SDPA's kernel once per content basket: 40 tokens less [CLS] and [SEP] in baskets of 8 is 5."""
-    from benchmarks.overhead import profile_call
+    from benchmarks.overhead_process import profile_call
 
     case = tiny_case("engine", "mean")
     text = profile_call(case, rows=100)
     header = re.search(r"SDPA call ([0-9.]+) ms, engine call ([0-9.]+) ms", text)
     assert header and float(header[2]) > 0
-    kernel_calls = [int(row[1]) for row in re.finditer(r"^\s*aten::_scaled_dot_product\S*\s.*?\s(\d+)\s+\[\[", text, re.M)]
+    kernel_calls = [
+        int(row[1]) for row in re.finditer(r"^\s*aten::_scaled_dot_product\S*\s.*?\s(\d+)\s+\[\[", text, re.M)
+    ]
     assert sum(kernel_calls) == math.ceil((case.length - 2) / case.basket) == 5
 
 
@@ -110,7 +108,9 @@ def test_nothing_to_calibrate_is_timed_against_sdpa_and_gives_sdpas_embeddings(p
     assert set(result["paired_ratio"]) == set(result["calls"]) == {"strength 0", "short passages"}
     assert all(ratio > 0 for ratio in result["paired_ratio"].values())
     # two timed pairs of a sub-millisecond call: the estimate is measured, its sign is noise on a loaded machine
-    assert all(math.isfinite(call["estimated_ratio"]) and call["call_repeats"] == 2 for call in result["calls"].values())
+    assert all(
+        math.isfinite(call["estimated_ratio"]) and call["call_repeats"] == 2 for call in result["calls"].values()
+    )
     assert result["max_abs_diff"] == {"strength 0": 0.0, "short passages": 0.0}
     assert 1 <= result["rounds"] <= 16 and all(len(t) == result["rounds"] for t in result["times_s"].values())
     text = noop_report([f"tiny XLM-R {pooling} 40×2"], [result], "python -m benchmarks.overhead --noop")
@@ -120,11 +120,17 @@ def test_nothing_to_calibrate_is_timed_against_sdpa_and_gives_sdpas_embeddings(p
     result["calls"]["strength 0"]["estimated_ratio"], result["calls"]["short passages"]["estimated_ratio"] = 1.25, -0.5
     lines = noop_report(["t"], [result], "cmd").splitlines()
     assert "from the attention call 1.250× [FAIL]" in next(line for line in lines if "t, strength 0:" in line)
-    assert "from the attention call no ratio (the difference is noise)" in next(line for line in lines if "t, short passages:" in line)
+    assert "from the attention call no ratio (the difference is noise)" in next(
+        line for line in lines if "t, short passages:" in line
+    )
 
 
 def test_noop_plan_covers_pooled_and_mean_columns() -> None:
-    assert [c.title for c in plan_noop(parse(["--noop"]))] == ["XLM-R cls 512×8", "XLM-R mean 512×8", "MiniLM mean 512×16"]
+    assert [c.title for c in plan_noop(parse(["--noop"]))] == [
+        "XLM-R cls 512×8",
+        "XLM-R mean 512×8",
+        "MiniLM mean 512×16",
+    ]
 
 
 def test_the_committed_record_keeps_summaries_not_raw_samples() -> None:
