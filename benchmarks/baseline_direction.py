@@ -69,14 +69,20 @@ def main(argv: list[str] | None = None) -> int:
     results = {
         "dataset": args.dataset,
         "direction_z": DIRECTION_Z,
-        "models": {name: [asdict(d) | {"beyond_noise": d.beyond_noise} for d in directions(name, args.dataset)] for name in args.models},
+        "models": {
+            name: [asdict(d) | {"beyond_noise": d.beyond_noise} for d in directions(name, args.dataset)]
+            for name in args.models
+        },
     }
     command = "python -m benchmarks.baseline_direction " + " ".join(sys.argv[1:] if argv is None else argv)
     record.write(Path(args.json), "baseline_direction", command.strip(), results)
     for name, rows in results["models"].items():
         for row in rows:
             tilt = "n/a" if row["tilt"] is None else f"{row['tilt']:+.3f} ± {row['tilt_se']:.3f}"
-            print(f"{name:>8} {row['structure']:<28} PSI {row['psi']:.3f} ± {row['psi_se']:.3f}  tilt {tilt}  {row['beyond_noise']}")
+            print(
+                f"{name:>8} {row['structure']:<28} PSI {row['psi']:.3f} ± {row['psi_se']:.3f}  "
+                f"tilt {tilt}  {row['beyond_noise']}"
+            )
     return 0
 
 

@@ -63,7 +63,8 @@ def report(found: Sequence[Pair], bounds: tuple[float, float] = DRIFT_EXPONENTS)
     exponents = sorted(p.exponent for p in found)
     outside = [p for p in found if not bounds[0] <= p.exponent <= bounds[1]]
     lines = [
-        f"{len(found)} pairs of λ in {len({p.family for p in found})} families, {len({p.structure for p in found})} structures: "
+        f"{len(found)} pairs of λ in {len({p.family for p in found})} families, "
+        f"{len({p.structure for p in found})} structures: "
         f"p from {exponents[0]:.2f} to {exponents[-1]:.2f}, median {statistics.median(exponents):.2f}; "
         f"{len(outside)} outside the bisection's bounds [{bounds[0]}, {bounds[1]}]",
     ]

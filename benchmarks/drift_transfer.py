@@ -3,7 +3,7 @@
 Run from the repository root:
 
     .venv/bin/python -m benchmarks.drift_transfer                        # dev and every held-out set below
-    .venv/bin/python -m benchmarks.drift_transfer --sets wikipos-lengths   # dev and one (30 min beside three other jobs)
+    .venv/bin/python -m benchmarks.drift_transfer --sets wikipos-lengths   # dev and one (30 min beside 3 other jobs)
 
 Each config is scored side by side on `wikipos-dev` (where its drift is measured: the mean 1 − cosine between
 its document vectors and the uncalibrated ones, as a multiple of the paper default's there, which is what
@@ -54,7 +54,9 @@ REFERENCE = "paper default: CLS-Soft λ0.5 50% B128"
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sets", nargs="+", default=list(SETS), help="held-out sets (wikipos-dev is always scored first)")
+    parser.add_argument(
+        "--sets", nargs="+", default=list(SETS), help="held-out sets (wikipos-dev is always scored first)"
+    )
     args = parser.parse_args(argv)
 
     from objectives.bootstrap import paired_bootstrap
@@ -89,13 +91,20 @@ def main(argv: list[str] | None = None) -> None:
         if name == "wikipos-dev":
             reference = ratios[REFERENCE]
             ratios = {label: drift / reference for label, drift in ratios.items()}
-            print("  dev drift as a multiple of the paper default's: " + ", ".join(f"{k} {v:.1f}x" for k, v in ratios.items()), flush=True)
+            print(
+                "  dev drift as a multiple of the paper default's: "
+                + ", ".join(f"{k} {v:.1f}x" for k, v in ratios.items()),
+                flush=True,
+            )
     order = list(configs)
     for name in args.sets:
         drift = [ratios[label] for label in order]
         hm = spearman(drift, [changes[name][label][0] for label in order])
         ndcg = spearman(drift, [changes[name][label][1] for label in order])
-        print(f"{name}: Spearman ρ of dev drift ratio with ΔHM {hm:+.2f}, with ΔnDCG@10 {ndcg:+.2f} ({len(order)} configs)")
+        print(
+            f"{name}: Spearman ρ of dev drift ratio with ΔHM {hm:+.2f}, "
+            f"with ΔnDCG@10 {ndcg:+.2f} ({len(order)} configs)"
+        )
 
 
 def spearman(x: list[float], y: list[float]) -> float:

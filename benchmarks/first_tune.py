@@ -91,8 +91,9 @@ def disk_bytes(folder: Path) -> int:
 
 
 def study_facts(storage: str, name: str | None = None) -> dict[str, Any]:
-    """The study a run made in `storage` (its only one, or `name`): its name, its trials by Optuna state and as every store counts them
-    (`TrialCounts`: the console, MLflow and optuna-dashboard's notes say the same), and the budget record that ended it."""
+    """The study a run made in `storage` (its only one, or `name`): its name, its trials by Optuna state and as
+    every store counts them (`TrialCounts`: the console, MLflow and optuna-dashboard's notes say the same), and the
+    budget record that ended it."""
     import optuna
 
     from tuner.common.trials import trial_counts
@@ -130,7 +131,14 @@ def site_pictures(clone: Path) -> dict[str, str]:
     browser = importlib.util.find_spec("playwright") is not None and CHROMIUM.exists()
     with tempfile.TemporaryDirectory(prefix="posfair-pictures-") as folder:
         written = Path(folder) / "pictures.json"
-        command = [sys.executable, str(REPOSITORY / "docs" / "screenshots.py"), "--project", str(clone), "--record", str(written)]
+        command = [
+            sys.executable,
+            str(REPOSITORY / "docs" / "screenshots.py"),
+            "--project",
+            str(clone),
+            "--record",
+            str(written),
+        ]
         subprocess.run([*command, *([] if browser else ["--figures-only"])], cwd=REPOSITORY, check=True)
         return json.loads(written.read_text(encoding="utf-8"))
 
@@ -168,7 +176,9 @@ def measure(clone: Path) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", type=Path, default=record.RESULTS / "first-tune.json", help="where the record goes")
-    parser.add_argument("--clone", type=Path, help="an empty folder to clone into (default: a temporary one, removed after)")
+    parser.add_argument(
+        "--clone", type=Path, help="an empty folder to clone into (default: a temporary one, removed after)"
+    )
     args = parser.parse_args(argv)
     command = "python -m benchmarks.first_tune " + " ".join(sys.argv[1:] if argv is None else argv)
     if args.clone is not None:

@@ -106,7 +106,9 @@ def score(
     starts = starting_layers(configs.values(), model.num_layers)
     table: dict[str, dict[str, HeldOutCell]] = {}
     for name in sets:
-        evaluator = Evaluator(model, load_benchmark(name), prefix_layers=starts, keep_on_disk=True, keep_layer_inputs=False)
+        evaluator = Evaluator(
+            model, load_benchmark(name), prefix_layers=starts, keep_on_disk=True, keep_layer_inputs=False
+        )
         baseline = evaluator.run(None).per_query
         runs = {}
         for label, config in configs.items():

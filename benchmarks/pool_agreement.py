@@ -60,7 +60,9 @@ def main() -> None:
         help="queries per position group in the screen, one pool per value",
     )
     parser.add_argument("--depth", type=int, default=SCREEN_DEPTH, help="candidates per reference ranking")
-    parser.add_argument("--shares", type=float, nargs="*", default=[0.5, 0.33], help="shares of the passages, three draws each")
+    parser.add_argument(
+        "--shares", type=float, nargs="*", default=[0.5, 0.33], help="shares of the passages, three draws each"
+    )
     args = parser.parse_args()
 
     from objectives.evidence import trial_evidence
@@ -76,7 +78,9 @@ def main() -> None:
     rows = []
     for params, config in configs(model.spec.pooling, model.spec.padding_side):
         evaluation = full.run(config)
-        rows.append((params, evaluation, full.document_vectors(config)[0], trial_evidence(base.per_query, evaluation.per_query)))
+        rows.append(
+            (params, evaluation, full.document_vectors(config)[0], trial_evidence(base.per_query, evaluation.per_query))
+        )
     print(
         f"{args.dataset}: {len(dataset.corpus)} passages, {len(dataset.queries)} queries, {len(rows)} configs encoded "
         f"over the corpus; pools simulated from those vectors (depth {args.depth}, the uncalibrated ranking)"
@@ -88,7 +92,8 @@ def main() -> None:
         sample = balanced_queries(dataset, per_group)
         report(
             f"{per_group} queries per group: pool of {len(screen.queries)} queries over {len(screen.corpus)} passages "
-            f"({len(screen.corpus) / len(dataset.corpus):.0%} of the corpus); candidates' recall of the relevant passages "
+            f"({len(screen.corpus) / len(dataset.corpus):.0%} of the corpus); "
+            "candidates' recall of the relevant passages "
             f"{candidate_recall(dataset, sample, [base.run], args.depth):.3f}",
             model,
             screen,
@@ -153,7 +158,10 @@ def report(title: str, model, part, sample: list[str], full, rows) -> None:
     leader = measured[min(range(len(measured)), key=lambda i: part_psi[i])][3]
     differences = [m[3] - leader for m in measured]
     paired = {i for i, d in enumerate(differences) if d[0] - PRUNE_Z * np.nanstd(d[1:]) > 0}
-    print(f"\n{title}; every config's top 10 in it: min {min(m[2] for m in measured):.2f}, mean {np.mean([m[2] for m in measured]):.2f}")
+    print(
+        f"\n{title}; every config's top 10 in it: min {min(m[2] for m in measured):.2f}, "
+        f"mean {np.mean([m[2] for m in measured]):.2f}"
+    )
     print(f"  Kendall τ with the corpus over {len(measured)} configs: PSI {tau_psi:.3f}, HM {tau_hm:.3f}")
     print(
         f"  the screen rule against the best config here: {len(pruned)} of {len(measured)} pruned; the paired rule: "

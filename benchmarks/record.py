@@ -70,7 +70,8 @@ class Record:
 
 
 def commit(root: Path = ROOT) -> str:
-    """The checkout's HEAD, marked `-dirty` when tracked files differ from it (the figures are then not that commit's)."""
+    """The checkout's HEAD, marked `-dirty` when tracked files differ from it (the figures are then not that
+    commit's)."""
 
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
@@ -86,7 +87,14 @@ def commit(root: Path = ROOT) -> str:
 def write(path: Path, benchmark: str, command: str, results: dict[str, Any], measured: Path | None = None) -> Record:
     """Write `results` with the command, commit, date (UTC) and device to `path`, whole or not at all; the commit is
     the checkout `measured` (default: this one), where a benchmark ran another checkout."""
-    record = Record(benchmark, command, commit(measured or ROOT), datetime.now(UTC).isoformat(timespec="seconds"), Device.here(), results)
+    record = Record(
+        benchmark,
+        command,
+        commit(measured or ROOT),
+        datetime.now(UTC).isoformat(timespec="seconds"),
+        Device.here(),
+        results,
+    )
     write_atomically(path, json.dumps(asdict(record), indent=1, ensure_ascii=False) + "\n")
     return record
 

@@ -3,7 +3,8 @@
 Run from the repository root on studies `tune` has run, e.g. those `benchmarks.search_cost --keep` leaves:
 
     .venv/bin/python -m benchmarks.rules_transfer \\
-        --studies minilm /tmp/minilm/robust-third-seed*/optuna.db --studies mpnet /tmp/mpnet/robust-third-seed*/optuna.db
+        --studies minilm /tmp/minilm/robust-third-seed*/optuna.db \\
+        --studies mpnet /tmp/mpnet/robust-third-seed*/optuna.db
 
 Per model, over its studies' trials (repeats and unrun draws left out):
 
@@ -74,7 +75,8 @@ def _worst(trial: FrozenTrial) -> str | None:
 
 
 def _winner(study: optuna.Study) -> str:
-    """The study's winner attribute up to its first colon: 'trial 2, CLS-Soft, λ 0.55 on layers [5] of 6, …', or why none."""
+    """The study's winner attribute up to its first colon: 'trial 2, CLS-Soft, λ 0.55 on layers [5] of 6, …', or why
+    none."""
     return str(study.user_attrs.get("winner", "none")).removeprefix("Winner: ").split(":")[0]
 
 
@@ -136,7 +138,12 @@ def load(paths: Sequence[str]) -> list[optuna.Study]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--studies", nargs="+", action="append", required=True, metavar="MODEL STORAGE", help="a model's name, then its studies"
+        "--studies",
+        nargs="+",
+        action="append",
+        required=True,
+        metavar="MODEL STORAGE",
+        help="a model's name, then its studies",
     )
     parser.add_argument("--json", type=Path, help="write the record here (docs/results/rules-transfer.json)")
     args = parser.parse_args(argv)
@@ -147,7 +154,10 @@ def main(argv: list[str] | None = None) -> int:
         print(r)
     if args.json:
         record.write(
-            args.json, "rules_transfer", "python -m benchmarks.rules_transfer " + " ".join(sys.argv[1:] if argv is None else argv), results
+            args.json,
+            "rules_transfer",
+            "python -m benchmarks.rules_transfer " + " ".join(sys.argv[1:] if argv is None else argv),
+            results,
         )
     return 0
 

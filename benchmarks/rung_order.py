@@ -67,14 +67,31 @@ def layers_run(trial: FrozenTrial, num_layers: int) -> int:
 def evidence(row: dict[str, float]) -> TrialEvidence:
     """A stored structure row as the rule reads it (the reversal's sign gives the uncalibrated direction)."""
     tilt, reversal = row.get("tilt"), row.get("reversal")
-    baseline = None if tilt is None or reversal is None else (-1.0 if math.isclose(reversal, tilt) else 1.0)  # reversal = −sign × tilt
+    baseline = (
+        None if tilt is None or reversal is None else (-1.0 if math.isclose(reversal, tilt) else 1.0)
+    )  # reversal = −sign × tilt
     return TrialEvidence(
-        row["psi"], row["psi_se"], row["hm"], float("nan"), row["ndcg10_delta"], float("nan"), row["ndcg10_delta_high"], tilt, 0.0, baseline
+        row["psi"],
+        row["psi_se"],
+        row["hm"],
+        float("nan"),
+        row["ndcg10_delta"],
+        float("nan"),
+        row["ndcg10_delta_high"],
+        tilt,
+        0.0,
+        baseline,
     )
 
 
 def replay(
-    trials: Sequence[FrozenTrial], order: Sequence[str], tuning: str, costs: dict[str, int], num_layers: int, profile: int, z: float
+    trials: Sequence[FrozenTrial],
+    order: Sequence[str],
+    tuning: str,
+    costs: dict[str, int],
+    num_layers: int,
+    profile: int,
+    z: float,
 ) -> tuple[int, list[int], list[int]]:
     """(layer-tokens, trials stopped early, the trials eligible under the one-SE rule) of the trials under `order`."""
     complete: list[Candidate] = []
@@ -107,7 +124,9 @@ def replay(
         total += profile  # every complete trial encodes its attention profile, the baseline's too
         robust = RobustEvidence(tuple(seen))
         drift = trial.user_attrs.get("drift", 0.0)
-        complete.append(Candidate(trial.number, robust.objective, robust.objective_se, drift, tuple(constraints.values())))
+        complete.append(
+            Candidate(trial.number, robust.objective, robust.objective_se, drift, tuple(constraints.values()))
+        )
     selection = select(complete)
     return total, stopped, list(selection.eligible) if selection else []
 

@@ -81,7 +81,9 @@ def settings_for(arm: str, seed: int, folder: Path, args: argparse.Namespace):
         return replace(base, structures=False, prune=False, max_reversal=None, max_drift=None, budget=None)
     if arm == "robust":
         return replace(base, budget=None)
-    return replace(base, budget=Budget.parse("grid/3"), sampler=SAMPLER_ARMS[arm], paper_siblings=arm != "random-start-third")
+    return replace(
+        base, budget=Budget.parse("grid/3"), sampler=SAMPLER_ARMS[arm], paper_siblings=arm != "random-start-third"
+    )
 
 
 def heldout_cells(folder: Path) -> dict[str, object]:
@@ -96,13 +98,19 @@ def heldout_cells(folder: Path) -> dict[str, object]:
     experiments = [e.experiment_id for e in client.search_experiments()]
     (parent,) = [r for r in client.search_runs(experiments) if "posfair.outcome" in r.data.tags]
     rows = json.loads(
-        Path(mlflow.artifacts.download_artifacts(run_id=parent.info.run_id, artifact_path="summary.json", tracking_uri=uri)).read_text()
+        Path(
+            mlflow.artifacts.download_artifacts(
+                run_id=parent.info.run_id, artifact_path="summary.json", tracking_uri=uri
+            )
+        ).read_text()
     )
     baseline, winner = rows[0], rows[-1]
     default = next((r for r in rows[1:-1] if r["label"] == "Paper default"), None)
     return {
         "heldout": _cells(baseline, winner),
-        "paper_default": {"config": _knobs(default["config"]), "heldout": _cells(baseline, default)} if default else None,
+        "paper_default": {"config": _knobs(default["config"]), "heldout": _cells(baseline, default)}
+        if default
+        else None,
     }
 
 
@@ -122,7 +130,9 @@ def _cells(baseline: dict[str, Any], row: dict[str, Any]) -> dict[str, dict[str,
             "end_minus_begin": 100 * (metrics[f"ndcg10_{groups[-1]}"] - metrics[f"ndcg10_{groups[0]}"]),
             "psi": metrics["psi"],
             # the bootstrap SE of the PSI change against no calibration, from its 95% interval (NaN without one)
-            "psi_se": (intervals["psi"][2] - intervals["psi"][1]) / (2 * 1.96) if intervals.get("psi") else float("nan"),
+            "psi_se": (intervals["psi"][2] - intervals["psi"][1]) / (2 * 1.96)
+            if intervals.get("psi")
+            else float("nan"),
             "tilt": metrics["tilt"],
         }
     return cells
@@ -193,7 +203,9 @@ def model_draws(study, arm: str) -> int:
 
 def paper_default_cost(study) -> int:
     """What the paper default's trial spent (0 where the study ran none): a reference every study pays for."""
-    return sum(int(t.user_attrs.get("layer_tokens", 0)) for t in study.trials if t.user_attrs.get("role") == "paper default")
+    return sum(
+        int(t.user_attrs.get("layer_tokens", 0)) for t in study.trials if t.user_attrs.get("role") == "paper default"
+    )
 
 
 def priced(study) -> dict[str, object]:
@@ -215,7 +227,11 @@ def reread(path: Path, keep: Path) -> None:
         folder = keep / f"{study['arm']}-seed{study['seed']}"
         url = f"sqlite:///{folder / 'optuna.db'}"
         stored = optuna.load_study(study_name=optuna.get_all_study_names(url)[0], storage=url)
-        study.update(priced(stored), model_draws=model_draws(stored, study["arm"]), paper_default_layer_tokens=paper_default_cost(stored))
+        study.update(
+            priced(stored),
+            model_draws=model_draws(stored, study["arm"]),
+            paper_default_layer_tokens=paper_default_cost(stored),
+        )
         study.update(heldout_cells(folder))
     record.amend(path, data)
 
@@ -231,7 +247,10 @@ def table(results: list[dict[str, Any]]) -> str:
         cost = r["layer_tokens"] + setup
         grid = ran or r.get("grid_layer_tokens")  # the grid as run, else as priced by the study's budget
         share = f" ({cost / grid:.2f}×)" if grid else ""
-        lines.append(f"| {r['arm']} | {r['seed']} | {cost:,}{share} | {r['pruned']} | trial {r['winner']}: {_named(r['config'])} |")
+        lines.append(
+            f"| {r['arm']} | {r['seed']} | {cost:,}{share} | {r['pruned']} "
+            f"| trial {r['winner']}: {_named(r['config'])} |"
+        )
     # the same config and sets in every study: the first study that ran it beside its winner speaks for all
     default = next((r["paper_default"] for r in results if r.get("paper_default")), None)
     if default:
@@ -239,8 +258,8 @@ def table(results: list[dict[str, Any]]) -> str:
     for name in sets:
         lines += [
             "",
-            f"Held out, {name.removeprefix('wikipos-')}: PSI as a share of no calibration's, ΔHM and ΔnDCG@10 (95% intervals) "
-            "and end − begin (nDCG@10 points):",
+            f"Held out, {name.removeprefix('wikipos-')}: PSI as a share of no calibration's, "
+            "ΔHM and ΔnDCG@10 (95% intervals) and end − begin (nDCG@10 points):",
             "",
             "| arm | seed | PSI× | ΔHM | ΔnDCG@10 | end−begin |",
             "|---|---:|---:|---:|---:|---:|",
@@ -294,7 +313,10 @@ def sampler_table(results: list[dict[str, Any]]) -> str:
     row("winners", lambda rs: "; ".join(_named(r["config"]) for r in rs))
     for name in sets:
         label = name.removeprefix("wikipos-")
-        row(f"{label}: PSI × uncalibrated, per seed", lambda rs, n=name: ", ".join(f"{r['heldout'][n]['psi_ratio']:.2f}" for r in rs))
+        row(
+            f"{label}: PSI × uncalibrated, per seed",
+            lambda rs, n=name: ", ".join(f"{r['heldout'][n]['psi_ratio']:.2f}" for r in rs),
+        )
         row(f"{label}: seeds' PSI spread ÷ its bootstrap SE", lambda rs, n=name: _spread(rs, n))
         if grid:
             row(f"{label}: seeds at least as good as the grid's winner", lambda rs, n=name: _as_good(rs, grid, n))
@@ -367,12 +389,20 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--profile-docs", type=int, default=8)
     parser.add_argument("--bootstrap", type=int, default=1000)
     parser.add_argument(
-        "--max-ndcg-drop", type=float, default=0.0, help="`tune --max-ndcg-drop` (0-1 scale; 0.005: half a point of nDCG@10)"
+        "--max-ndcg-drop",
+        type=float,
+        default=0.0,
+        help="`tune --max-ndcg-drop` (0-1 scale; 0.005: half a point of nDCG@10)",
     )
-    parser.add_argument("--keep", type=Path, help="keep each study's stores in FOLDER/ARM-seedN (default: a temporary folder)")
+    parser.add_argument(
+        "--keep", type=Path, help="keep each study's stores in FOLDER/ARM-seedN (default: a temporary folder)"
+    )
     parser.add_argument("--json", type=Path, help="write the record here (docs/results/…), rewritten after every study")
     parser.add_argument(
-        "--reread", type=Path, metavar="KEEP", help="only fill the --json record's priced budgets and held-out rows from KEEP's stores"
+        "--reread",
+        type=Path,
+        metavar="KEEP",
+        help="only fill the --json record's priced budgets and held-out rows from KEEP's stores",
     )
     return parser.parse_args(argv)
 
@@ -389,13 +419,17 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     # seed by seed across the arms, so that a run cut short leaves them compared on the same seeds; the grid last
     # (it draws nothing: one seed is all seeds)
-    runs = [(arm, seed) for seed in args.seeds for arm in args.arms if arm != "grid"] + [("grid", args.seeds[0])] * ("grid" in args.arms)
+    runs = [(arm, seed) for seed in args.seeds for arm in args.arms if arm != "grid"] + [("grid", args.seeds[0])] * (
+        "grid" in args.arms
+    )
     for arm, seed in runs:
         results.append(run_arm(arm, seed, args))
         print(json.dumps(results[-1]), flush=True)
         if args.json:  # a long run leaves what it has measured so far
             command = "python -m benchmarks.search_cost " + " ".join(sys.argv[1:] if argv is None else argv)
-            record.write(args.json, "search_cost", command, {"model": args.model, "dataset": args.dataset, "studies": results})
+            record.write(
+                args.json, "search_cost", command, {"model": args.model, "dataset": args.dataset, "studies": results}
+            )
     print(table(results))
     return 0
 

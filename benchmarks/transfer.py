@@ -45,7 +45,11 @@ def config_of(key: str, pooling: str):
 
     depth, basket, strength = key.split("-")
     return CalibrationConfig(
-        variant="cls_soft", strength=float(strength), layers=f"last:{depth[1:]}", basket_size=int(basket[1:]), pooling=pooling
+        variant="cls_soft",
+        strength=float(strength),
+        layers=f"last:{depth[1:]}",
+        basket_size=int(basket[1:]),
+        pooling=pooling,
     )
 
 
@@ -61,14 +65,19 @@ def main(argv: list[str] | None = None) -> None:
     from tuner.evaluation.evaluator import Evaluator
 
     model = load_model("minilm")
-    evaluators = {name: Evaluator(model, load_benchmark(name), prefix_layers=range(1, model.num_layers)) for name in SETS}
+    evaluators = {
+        name: Evaluator(model, load_benchmark(name), prefix_layers=range(1, model.num_layers)) for name in SETS
+    }
     baseline = {name: ev.run(None) for name, ev in evaluators.items()}
     dev = baseline["wikipos-dev"]
     floor = HmFloor.parse("significant")
     constraints = Constraints(floor.resolve(dev.report.hm), floor.conservative)
     rows, candidates = [], {"plain": [], "crops": []}
     print(
-        f"{'config':14}" + "".join(f"{name.removeprefix('wikipos-'):>22}" for name in SETS) + "   dev PSI ± SE  drift  feasible", flush=True
+        f"{'config':14}"
+        + "".join(f"{name.removeprefix('wikipos-'):>22}" for name in SETS)
+        + "   dev PSI ± SE  drift  feasible",
+        flush=True,
     )
     for number, key in enumerate(args.configs, start=1):
         config = config_of(key, model.spec.pooling)
@@ -76,15 +85,26 @@ def main(argv: list[str] | None = None) -> None:
         cells = []
         for name in SETS:
             base, run = baseline[name].report, runs[name].report
-            cells.append(f"{run.psi / base.psi:5.2f}x {100 * (run.hm - base.hm):+5.2f} {100 * (run.ndcg10 - base.ndcg10):+5.2f}")
+            cells.append(
+                f"{run.psi / base.psi:5.2f}x {100 * (run.hm - base.hm):+5.2f} {100 * (run.ndcg10 - base.ndcg10):+5.2f}"
+            )
         evidence = trial_evidence(dev.per_query, runs["wikipos-dev"].per_query, seed=number)
         crops = (runs["wikipos-dev-crops"].report.psi, baseline["wikipos-dev-crops"].report.psi)
         values = constraints.values(evidence.hm, evidence.hm_low, evidence.ndcg_delta, crops_psi=crops)
         plain = tuple(v for k, v in values.items() if k != "crops_psi")
         drift = runs["wikipos-dev"].drift
-        candidates["plain"].append(Candidate(number, runs["wikipos-dev"].report.psi, evidence.objective_se, drift, plain, evidence.hm))
+        candidates["plain"].append(
+            Candidate(number, runs["wikipos-dev"].report.psi, evidence.objective_se, drift, plain, evidence.hm)
+        )
         candidates["crops"].append(
-            Candidate(number, runs["wikipos-dev"].report.psi, evidence.objective_se, drift, tuple(values.values()), evidence.hm)
+            Candidate(
+                number,
+                runs["wikipos-dev"].report.psi,
+                evidence.objective_se,
+                drift,
+                tuple(values.values()),
+                evidence.hm,
+            )
         )
         feasible = ",".join(k for k, v in values.items() if v <= 0)
         print(

@@ -17,12 +17,12 @@ the median over repeats; each ratio is the median of the per-repeat ratios (pair
 other processes put on a shared machine cancels out as far as it can).
 
 Part 2, a 24-trial study. The study loop of `tuner.tuning.study` (TPE, seed 0, the baseline and the
-paper's default enqueued first, basket sizes no passage fills left out, as `tune` does) with an objective that scores each config with
-`Evaluator.run` — PSI, subject to HM ≥ the baseline's HM — without MLflow logging and without the
-per-trial attention profile. Three evaluators run side by side: without caching
+paper's default enqueued first, basket sizes no passage fills left out, as `tune` does) with an objective that
+scores each config with `Evaluator.run` — PSI, subject to HM ≥ the baseline's HM — without MLflow logging and
+without the per-trial attention profile. Three evaluators run side by side: without caching
 (`disk_cache=False, cache_budget=0, reuse_baseline=False`: what the evaluator did before, keeping
-only query and baseline vectors in memory); with caching on an empty cache folder ("cold": queries and baseline computed,
-layer inputs recorded during the baseline pass, trials resumed); and with caching on the folder the
+only query and baseline vectors in memory); with caching on an empty cache folder ("cold": queries and baseline
+computed, layer inputs recorded during the baseline pass, trials resumed); and with caching on the folder the
 cold one filled ("warm": a later study on the same model, revision and dataset). Each trial's config
 runs on all three, back to back, in rotating order, so drifting load from other processes hits them
 alike; a study's wall time is its evaluator's set-up (queries, baseline) plus all its
@@ -114,7 +114,9 @@ def per_trial(model, dataset, args: argparse.Namespace, say: Callable[[str], Non
         start = evaluator.resume_layer(min(spec.layers))
         assert start == min(spec.layers), (label, start)
         if spec.pooling == "mean":  # an earlier trial at this depth and basket size leaves its first-layer sums
-            earlier = model.default_config(variant="uniform", strength=0.9, layers=config.layers).resolve(model.num_layers)
+            earlier = model.default_config(variant="uniform", strength=0.9, layers=config.layers).resolve(
+                model.num_layers
+            )
             forward(model, batches, earlier, around=evaluator.cache.resumed_from(start), first_layer=shared.for_batch)
         cases[f"{label}, scratch"] = lambda spec=spec: forward(model, batches, spec)
         cases[f"{label}, resumed from layer {start}"] = lambda spec=spec, start=start: forward(
@@ -171,9 +173,13 @@ def study_walls(model, dataset, args: argparse.Namespace, say: Callable[[str], N
     evaluators: dict[str, Evaluator] = {}
     prefix = _starting_layers(model)
     make = {
-        "uncached": lambda: Evaluator(model, dataset, args.batch_size, disk_cache=False, cache_budget=0, reuse_baseline=False),
+        "uncached": lambda: Evaluator(
+            model, dataset, args.batch_size, disk_cache=False, cache_budget=0, reuse_baseline=False
+        ),
         "cold": lambda: Evaluator(model, dataset, args.batch_size, cache_dir=folder / "cache", prefix_layers=prefix),
-        "warm": lambda: Evaluator(model, dataset, args.batch_size, cache_dir=folder / "cache", prefix_layers=prefix),  # after cold
+        "warm": lambda: Evaluator(
+            model, dataset, args.batch_size, cache_dir=folder / "cache", prefix_layers=prefix
+        ),  # after cold
     }
     what = {
         "uncached": "queries + baseline",
@@ -202,7 +208,10 @@ def study_walls(model, dataset, args: argparse.Namespace, say: Callable[[str], N
             line.append(f"{mode} {seconds:5.1f} s")
         depths.append(trial.params["depth"])
         trial.set_constraint("hm_floor", floor - evaluation.report.hm)  # as the real objective does
-        say(f"  trial {trial.number:2d}  {trial.params['depth']:>4} λ {trial.params['strength']:.2f}  " + ", ".join(line))
+        say(
+            f"  trial {trial.number:2d}  {trial.params['depth']:>4} λ {trial.params['strength']:.2f}  "
+            + ", ".join(line)
+        )
         return psi["cold"][-1]
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -210,7 +219,9 @@ def study_walls(model, dataset, args: argparse.Namespace, say: Callable[[str], N
     began = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        study = open_study("trial-cost", f"sqlite:///{folder / 'optuna.db'}", seed=args.seed, pareto=False, identity={"k": 1})
+        study = open_study(
+            "trial-cost", f"sqlite:///{folder / 'optuna.db'}", seed=args.seed, pareto=False, identity={"k": 1}
+        )
         for reference in (BASELINE_PARAMS, PAPER_DEFAULT_PARAMS):
             enqueue_once(study, *space.reference_trial(reference))
         run_trials(study, objective, args.trials)
@@ -238,8 +249,9 @@ def report(command: str, args: argparse.Namespace, dataset, trial: dict, study: 
     lines = [
         f"## Trial cost (MiniLM, {model_label}, WikiPos-dev)",
         "",
-        f"`{command}` — {len(dataset.corpus)} passages (≤ 512 tokens), {len(dataset.queries)} queries, batch {args.batch_size}, "
-        f"{torch.get_num_threads()} torch threads, {args.repeats} interleaved repeats (medians; ratios paired per repeat).",
+        f"`{command}` — {len(dataset.corpus)} passages (≤ 512 tokens), {len(dataset.queries)} queries, "
+        f"batch {args.batch_size}, {torch.get_num_threads()} torch threads, {args.repeats} interleaved repeats "
+        "(medians; ratios paired per repeat).",
         "",
         "| encode | seconds | × full uncalibrated encode | × same trial from scratch | target |",
         "|---|---:|---:|---:|---|",
@@ -269,8 +281,10 @@ def report(command: str, args: argparse.Namespace, dataset, trial: dict, study: 
             f"| wall seconds | speed-up (target ≥ {TARGET_STUDY}×) |",
             "|---|---:|---:|",
             f"| without caching | {walls['uncached']:.1f} | 1.00× |",
-            f"| with caching, cold (first study: computes queries and baseline, records layer inputs) | {walls['cold']:.1f} | {speedup('cold')} |",
-            f"| with caching, warm (a later study on the same model, revision and dataset) | {walls['warm']:.1f} | {speedup('warm')} |",
+            "| with caching, cold (first study: computes queries and baseline, records layer inputs) "
+            f"| {walls['cold']:.1f} | {speedup('cold')} |",
+            "| with caching, warm (a later study on the same model, revision and dataset) "
+            f"| {walls['warm']:.1f} | {speedup('warm')} |",
             "",
             f"Same PSI in every trial with and without caching: {study['same_psi']}. Depths drawn: "
             + ", ".join(f"{d}×{study['depths'].count(d)}" for d in dict.fromkeys(study["depths"]))
@@ -318,7 +332,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     model = load_model("minilm", pooling=args.pooling)
     dataset = subsample(load_benchmark("wikipos-dev"), args.docs, args.seed)
     say(
-        f"MiniLM ({model.revision}, {args.pooling} pooling) on {dataset.name}: {len(dataset.corpus)} passages, {len(dataset.queries)} queries"
+        f"MiniLM ({model.revision}, {args.pooling} pooling) on {dataset.name}: {len(dataset.corpus)} passages, "
+        f"{len(dataset.queries)} queries"
     )
     trial = per_trial(model, dataset, args, say)
     study = None if args.skip_study else study_walls(model, dataset, args, say)

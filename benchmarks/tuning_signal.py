@@ -106,7 +106,9 @@ def design_figures(model: Any, scored: list[dict[str, Any]], keep: set[str] | No
     pairs = []
     for a, b in itertools.combinations(objective, 2):
         difference = objective[a][1:] - objective[b][1:]
-        pairs.append({"pair": [a, b], "gap": float(objective[a][0] - objective[b][0]), "paired_se": float(np.nanstd(difference))})
+        pairs.append(
+            {"pair": [a, b], "gap": float(objective[a][0] - objective[b][0]), "paired_se": float(np.nanstd(difference))}
+        )
     return {
         "queries": len(queries),
         "query_layer_tokens": query_layer_tokens(model, queries),
@@ -132,10 +134,17 @@ def main(argv: list[str] | None = None) -> int:
 
     model = load_model(args.model)
     configs = {name: model.default_config(**values) for name, values in CANDIDATES.items()}
-    results: dict[str, Any] = {"model": args.model, "candidates": {k: str(v) for k, v in configs.items()}, "designs": {}}
+    results: dict[str, Any] = {
+        "model": args.model,
+        "candidates": {k: str(v) for k, v in configs.items()},
+        "designs": {},
+    }
     wikipos = [d for d in args.designs if d in WIKIPOS_DESIGNS]
     if wikipos:  # one encoding of the passages serves every WikiPos design: they differ only in their queries
-        datasets = [load_wikipos("dev", titles=True), *(load_wikipos_structure("dev", k, titles=True) for k in STRUCTURES)]
+        datasets = [
+            load_wikipos("dev", titles=True),
+            *(load_wikipos_structure("dev", k, titles=True) for k in STRUCTURES),
+        ]
         scored = score_structures(model, datasets, configs)
         for design in wikipos:
             keep = None
@@ -166,7 +175,9 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
     if args.json:
-        record.write(args.json, "tuning_signal", "python -m benchmarks.tuning_signal " + " ".join(argv or sys.argv[1:]), results)
+        record.write(
+            args.json, "tuning_signal", "python -m benchmarks.tuning_signal " + " ".join(argv or sys.argv[1:]), results
+        )
     return 0
 
 

@@ -78,7 +78,9 @@ def main() -> None:
             runs[runner].append(start(runner, args.settle))
             answered, processes, cpu = runs[runner][-1]
             print(
-                f"job runner {'on ' if runner else 'off'}: answered in {answered:.1f} s, {processes} processes, {cpu:.1f} s CPU", flush=True
+                f"job runner {'on ' if runner else 'off'}: answered in {answered:.1f} s, {processes} processes, "
+                f"{cpu:.1f} s CPU",
+                flush=True,
             )
     for runner, label in ((True, "on (MLflow's default)"), (False, "off (tune ui)")):
         answered = statistics.median(r[0] for r in runs[runner])
