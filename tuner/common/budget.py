@@ -130,10 +130,11 @@ def describe_budget(budget: StudyBudget) -> str:
     """The budget in words, with what it buys at the space's depths (`depth_costs`: an unpruned trial of each)."""
     trials, costs = budget.trial_allowance, list((budget.depth_costs or {}).values())
     return (
-        f"budget: {budget.spec}, {budget.study_allowance:,} layer-tokens for the study (the paper grid's study here: "
-        f"{budget.grid_cost:,}, each of its configs priced on this data); after the baselines and queries "
-        f"({budget.setup_cost:,}) its trials may spend {trials:,}: {trials / max(costs):.1f} to {trials / min(costs):.1f} "
-        "unpruned trials by depth, more where trials are pruned; the study ends at the first drawn trial that would not fit"
+        f"budget: {budget.spec}, {budget.study_allowance:,} layer-tokens for the study (the paper grid's study "
+        f"here: {budget.grid_cost:,}, each of its configs priced on this data); after the baselines and queries "
+        f"({budget.setup_cost:,}) its trials may spend {trials:,}: "
+        f"{trials / max(costs):.1f} to {trials / min(costs):.1f} unpruned trials by depth, more where trials are "
+        "pruned; the study ends at the first drawn trial that would not fit"
     )
 
 

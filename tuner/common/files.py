@@ -211,7 +211,9 @@ def read_only(path: Path) -> bool:
     return not os.access(path, os.W_OK) or not os.stat(path).st_mode & 0o222
 
 
-def check_output(path: Path, flag: str, kind: Artefact, *, protected: Sequence[Protected] = (), force: bool = False) -> None:
+def check_output(
+    path: Path, flag: str, kind: Artefact, *, protected: Sequence[Protected] = (), force: bool = False
+) -> None:
     """Before any work: may this command write `path` (the module's rule)? Raises `OutputRefusedError` naming why."""
     if path.is_dir():
         raise OutputRefusedError(f"{flag} {path} is a folder; give a file name in it, e.g. {path / 'out'}{path.suffix}")
@@ -236,7 +238,9 @@ def check_not_kept(path: Path, flag: str = "output") -> None:
     itself = any(p == Path(os.path.abspath(kept.path)) for p in _names(path))
     where = f"is {kept.what}" if itself else f"is inside {kept.path} ({kept.what})"
     verb = "over" if itself else "into"
-    raise OutputRefusedError(f"{flag} {path} {where}; posfair never writes {verb} {kept.noun}, even with --force: choose another {flag}")
+    raise OutputRefusedError(
+        f"{flag} {path} {where}; posfair never writes {verb} {kept.noun}, even with --force: choose another {flag}"
+    )
 
 
 def _check_folder(path: Path, flag: str) -> None:
@@ -246,7 +250,8 @@ def _check_folder(path: Path, flag: str) -> None:
     folder = target.parent if linked else path.parent if str(path.parent) else Path(".")
     if not folder.is_dir():
         raise OutputRefusedError(
-            f"{flag} {path}: folder {folder}{' (of the link target)' if linked else ''} does not exist; create it or choose another {flag}"
+            f"{flag} {path}: folder {folder}{' (of the link target)' if linked else ''} does not exist; "
+            f"create it or choose another {flag}"
         )
     if read_only(folder) or not os.access(folder, os.X_OK):
         raise OutputRefusedError(f"{flag} {path}: folder {folder} is not writable; choose another {flag}")
@@ -271,8 +276,14 @@ def check_replaceable(path: Path, flag: str = "output", kind: Artefact | None = 
             if stat.S_ISSOCK(mode)
             else "not a regular file"
         )
-        raise OutputRefusedError(f"{flag} {path} is {what}, not a file posfair may replace; give the name of a regular file")
-    fix = "pass --force to replace it, or choose another name" if flag.startswith("--") else "make it writable or choose another name"
+        raise OutputRefusedError(
+            f"{flag} {path} is {what}, not a file posfair may replace; give the name of a regular file"
+        )
+    fix = (
+        "pass --force to replace it, or choose another name"
+        if flag.startswith("--")
+        else "make it writable or choose another name"
+    )
     if not force and read_only(path):
         raise OutputRefusedError(f"{flag} {path} exists and is read-only; {fix}")
     if not force and kind is not None and not kind.recognise(path):
@@ -289,8 +300,8 @@ class DiskFullError(UserError, OSError):
     def __init__(self, path: Path, error: OSError) -> None:
         OSError.__init__(self, error.errno, error.strerror)
         self.message = (
-            f"cannot write {path}: {error.strerror or error}; nothing written (no partial file). Free space on its disk, "
-            "or write it elsewhere"
+            f"cannot write {path}: {error.strerror or error}; nothing written (no partial file). "
+            "Free space on its disk, or write it elsewhere"
         )
 
     def __str__(self) -> str:
@@ -299,7 +310,9 @@ class DiskFullError(UserError, OSError):
 
 def temporary_beside(path: Path, suffix: str = TEMPORARY_SUFFIX) -> Path:
     """A new empty file in `path`'s folder, hidden and named after it, for writing `path`'s next content."""
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent if str(path.parent) else ".")
+    handle, temporary = tempfile.mkstemp(
+        prefix=f".{path.name}.", suffix=suffix, dir=path.parent if str(path.parent) else "."
+    )
     os.close(handle)
     return Path(temporary)
 

@@ -17,11 +17,13 @@ from typing import Literal
 
 from tuner.common.recognise import is_journal
 
-DEFAULT_TRIALS = 16  # the cap beside the default budget (`DEFAULT_BUDGET`), which ends plain `tune` first (docs/search.md)
-# Passages in each trial's attention profile: a diagnostic, not used by selection; its all-layer observed
-# pass cost a third of a trial at 16 passages (py-spy, default run), so 8.
+# the cap beside the default budget (`DEFAULT_BUDGET`), which ends plain `tune` first (docs/search.md)
+DEFAULT_TRIALS = 16
+# Passages in each trial's attention profile: a diagnostic, not used by selection, whose observed pass runs through
+# every layer and so weighs on every trial: a few passages are enough.
 DEFAULT_PROFILE_DOCS = 8
-DEFAULT_MAX_DRIFT = 2.0  # a trial may move the document vectors at most twice as far as the paper default does (docs/concepts.md)
+# a trial may move the document vectors at most twice as far as the paper default does (docs/concepts.md)
+DEFAULT_MAX_DRIFT = 2.0
 HEARTBEAT_SECONDS = 20  # a trial whose worker is silent for 3 heartbeats is failed and re-queued
 GRID_NAMES = ("paper",)  # `tune --grid`: the configs of `tuner.tuning.search_space.GRIDS`
 SAMPLERS = ("cost-tpe", "tpe", "gp")  # `tune --sampler` (`tuner.tuning.sampler.make_sampler`); the first is the default
@@ -77,7 +79,18 @@ def parse_bytes(text: str | None) -> int | None:
     """'4GB', '512MiB', '0' → bytes; None stays None (the default budget)."""
     if text is None:
         return None
-    units = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+    units = {
+        "": 1,
+        "b": 1,
+        "kb": 10**3,
+        "mb": 10**6,
+        "gb": 10**9,
+        "tb": 10**12,
+        "kib": 2**10,
+        "mib": 2**20,
+        "gib": 2**30,
+        "tib": 2**40,
+    }
     number = text.strip().lower().rstrip("abcdefghijklmnopqrstuvwxyz")
     unit = text.strip().lower()[len(number) :]
     try:
@@ -172,7 +185,8 @@ class EvaluateRequest:
             raise ValueError("--posir-instruction prefixes the queries of PosIR's own scoring: add --scoring posir")
         if self.scoring == "posir" and self.shuffled and not self.general:
             raise ValueError(
-                "--scoring posir runs the shuffled-sentence check on the --general set only: give --general SET, or --no-shuffled"
+                "--scoring posir runs the shuffled-sentence check on the --general set only: "
+                "give --general SET, or --no-shuffled"
             )
 
 
@@ -208,7 +222,9 @@ class ArrayTask:
         """Kubernetes' JOB_COMPLETION_INDEX (an Indexed Job's pods are 0, 1, ...), else Slurm's SLURM_ARRAY_TASK_ID
         counted from SLURM_ARRAY_TASK_MIN (`sbatch --array=1-4` starts at 1)."""
         if "JOB_COMPLETION_INDEX" in environ:
-            return cls(_array_index(environ, "JOB_COMPLETION_INDEX"), f"JOB_COMPLETION_INDEX={environ['JOB_COMPLETION_INDEX']}")
+            return cls(
+                _array_index(environ, "JOB_COMPLETION_INDEX"), f"JOB_COMPLETION_INDEX={environ['JOB_COMPLETION_INDEX']}"
+            )
         if "SLURM_ARRAY_TASK_ID" in environ:
             task = _array_index(environ, "SLURM_ARRAY_TASK_ID")
             first = _array_index(environ, "SLURM_ARRAY_TASK_MIN") if "SLURM_ARRAY_TASK_MIN" in environ else 0

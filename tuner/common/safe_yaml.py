@@ -51,7 +51,8 @@ def _expanded_size(root: Node, limit: int) -> tuple[int, int]:
             return sizes[key]
         if key in visiting:
             raise YamlError(
-                f"line {node.start_mark.line + 1}: an alias refers to the structure that holds it; posfair reads no recursive YAML"
+                f"line {node.start_mark.line + 1}: an alias refers to the structure that holds it; "
+                "posfair reads no recursive YAML"
             )
         visiting.add(key)
         total = 1
@@ -87,11 +88,15 @@ def loads(text: str, source: str = "<yaml>", max_nodes: int = MAX_NODES) -> Any:
         return loader.construct_document(node)
     except YamlError as error:
         message = str(error)
-        raise YamlError(message if message.startswith(source) else f"{source}:{message.removeprefix('line ')}") from None
+        raise YamlError(
+            message if message.startswith(source) else f"{source}:{message.removeprefix('line ')}"
+        ) from None
     except yaml.constructor.ConstructorError as error:
         line = f":{error.problem_mark.line + 1}" if error.problem_mark else ""
         if "could not determine a constructor" in str(error.problem):
-            raise YamlError(f"{source}{line}: contains a tag posfair never loads (such as !!python/object); write plain YAML") from None
+            raise YamlError(
+                f"{source}{line}: contains a tag posfair never loads (such as !!python/object); write plain YAML"
+            ) from None
         raise YamlError(f"{source}{line}: {error.problem}") from None
     except yaml.MarkedYAMLError as error:
         line = f":{error.problem_mark.line + 1}" if error.problem_mark else ""

@@ -71,7 +71,8 @@ def _read(url: str, read: Callable[[Any], T]) -> T | None:
         if not path.is_file():
             return None
         url = f"sqlite:///file:{path.resolve()}?mode=ro&uri=true"
-        options = {"connect_args": {"timeout": 0.2}}  # a file another process keeps locked is not read: opening it says so
+        # a file another process keeps locked is not read: opening it says so
+        options = {"connect_args": {"timeout": 0.2}}
     try:
         engine = sqlalchemy.create_engine(url, **options)
         try:
@@ -91,15 +92,23 @@ def require_own_database(url: str, tool: Tool) -> None:
     path = sqlite_file(url)
     if path is not None and path.is_file() and path.stat().st_size and not is_sqlite(path):
         journal = is_journal(path)
-        fix = f"give it as --storage journal:{path}" if journal else f"give {tool.name}'s database ({tool.default} by default)"
-        raise ValueError(f"{tool.flag} {url}: {path} is {'an Optuna journal' if journal else 'a file'}, not an SQLite database; {fix}")
+        fix = (
+            f"give it as --storage journal:{path}"
+            if journal
+            else f"give {tool.name}'s database ({tool.default} by default)"
+        )
+        raise ValueError(
+            f"{tool.flag} {url}: {path} is {'an Optuna journal' if journal else 'a file'}, "
+            f"not an SQLite database; {fix}"
+        )
     other = MLFLOW if tool is OPTUNA else OPTUNA
     found = [table for table in other.tables if table in tables_of(url)]
     if found:
         raise ValueError(  # "an": both names start with a vowel sound
-            f"{tool.flag} {url} is an {other.name} {other.kind} (it holds {other.name}'s tables: {', '.join(found)}), not "
-            f"an {tool.name} {tool.kind}; {tool.name} needs a database of its own: give {tool.flag} another one (the "
-            f"default is {tool.default}), and this one as {other.flag} if that is what it is"
+            f"{tool.flag} {url} is an {other.name} {other.kind} (it holds {other.name}'s tables: "
+            f"{', '.join(found)}), not an {tool.name} {tool.kind}; {tool.name} needs a database of its own: "
+            f"give {tool.flag} another one (the default is {tool.default}), and this one as {other.flag} "
+            "if that is what it is"
         )
 
 

@@ -21,14 +21,16 @@ DUPLICATE_ATTR = "duplicate_of"  # the earlier trial whose calibration a trial d
 PRUNED_ATTR = "pruned"  # `PrunedAt.to_attr()` of a trial stopped between rungs
 NOT_RUN_ATTR = "not_run"  # why a trial Optuna created never ran (`NotRun`)
 SCREEN_ATTR = "screen"  # `ScreenFigures.to_attr()` of a trial on the study's pooled screen
-SETUP_COST_ATTR = "setup_layer_tokens/"  # + a process: a study attribute, the baselines and queries that process encoded
-SELECTION_ATTR = "selection"  # a study attribute: the --selection rule of the run that last coordinated it (`tune export`'s default)
+# a study attribute, this prefix + a process: the baselines and queries that process encoded
+SETUP_COST_ATTR = "setup_layer_tokens/"
+# a study attribute: the --selection rule of the run that last coordinated it (`tune export`'s default)
+SELECTION_ATTR = "selection"
 START_ATTR = "start"  # on a trial queued at the study's start after the references: its role (`PAPER_SIBLINGS`)
 CONSTRAINT_NAMES_ATTR = "constraint_names"  # a trial system attribute: the names of its constraint values, in order
 SAMPLER_ATTR = "sampler"  # the study attribute naming how its trials were drawn (`--sampler`)
-BISECT_ATTR = (
-    "bisect"  # on a trial λ bisection queued: {"of": the trial that queued it, "feasible": λ, "too_strong": λ, "because": what it missed}
-)
+# on a trial λ bisection queued: {"of": the trial that queued it, "feasible": λ, "too_strong": λ, "because": what it
+# missed}
+BISECT_ATTR = "bisect"
 RESERVED_ATTR = "layer_tokens_reserved"  # what a running trial may spend at most (`TrialPricing.trial_cost`)
 # A system attribute (out of the dashboard's user attributes: 500 numbers): the trial's worst-case PSI on each common
 # query resample, from which selection takes the noise between two trials (`objectives.selection.paired_se`)
@@ -55,7 +57,11 @@ class PrunedAt:
     def of_trial(cls, trial: FrozenTrial | optuna.Trial) -> PrunedAt | None:
         """The record of a trial pruned between rungs; None for any other trial."""
         attr = trial.user_attrs.get(PRUNED_ATTR)
-        return None if attr is None else cls(int(attr["rung"]), int(attr["of"]), str(attr["reason"]), tuple(attr["scored"]))
+        return (
+            None
+            if attr is None
+            else cls(int(attr["rung"]), int(attr["of"]), str(attr["reason"]), tuple(attr["scored"]))
+        )
 
 
 @dataclass(frozen=True)
@@ -109,7 +115,11 @@ class TrialCounts:
         """'8 trials ran (6 complete, 2 pruned between rungs)', then repeats and failures where there are any; what
         never ran is said with its reason by the caller (`tuner.tuning.accounts.describe_trials`)."""
         said = f"{self.ran} trials ran ({self.complete} complete, {self.pruned} pruned between rungs)"
-        extra = [f"{count} {what}" for count, what in ((self.repeats, "drew a calibration already run"), (self.failed, "failed")) if count]
+        extra = [
+            f"{count} {what}"
+            for count, what in ((self.repeats, "drew a calibration already run"), (self.failed, "failed"))
+            if count
+        ]
         return said + (f"; {', '.join(extra)}" if extra else "")
 
     def to_dict(self) -> dict[str, int]:
@@ -143,7 +153,8 @@ def complete_trials(study: optuna.Study) -> list[FrozenTrial]:
 
 
 def objective_resamples(trial: FrozenTrial) -> tuple[float, ...] | None:
-    """The worst-case PSI the trial recorded per common resample (NaN where undefined); None for a trial recorded without."""
+    """The worst-case PSI the trial recorded per common resample (NaN where undefined); None for a trial recorded
+    without."""
     values = trial.system_attrs.get(RESAMPLES_ATTR)
     return None if values is None else tuple(float("nan") if v is None else float(v) for v in values)
 
@@ -181,7 +192,9 @@ def calibration_key(params: Mapping[str, object]) -> str:
     rest): two trials with one key encode identical vectors."""
     if float(params.get("strength", 0.0)) == 0.0:  # type: ignore[arg-type]
         return "uncalibrated"
-    keys = ("variant", "strength", "layers", "basket_size", "basket_shares") + (("weight",) if params.get("variant") == "cls_hard" else ())
+    keys = ("variant", "strength", "layers", "basket_size", "basket_shares") + (
+        ("weight",) if params.get("variant") == "cls_hard" else ()
+    )
     return json.dumps({k: params.get(k) for k in keys}, sort_keys=True)
 
 
