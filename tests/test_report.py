@@ -139,10 +139,10 @@ def test_redirected_output_gets_tables_wide_enough_to_read(monkeypatch) -> None:
     """Rich assumes 80 columns off a terminal, which cut `tune evaluate`'s table to '…' in files and logs."""
     import io
 
-    from tuner.cli.app import PIPED_WIDTH, _console
+    from tuner.cli.console import PIPED_WIDTH, make_console
 
     monkeypatch.setattr("sys.stdout", io.StringIO())
-    assert _console().width == PIPED_WIDTH
+    assert make_console().width == PIPED_WIDTH
 
 
 def test_a_narrow_terminal_gets_the_table_in_parts_with_every_name_and_figure_whole(table: EvaluationTable) -> None:
