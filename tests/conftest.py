@@ -67,7 +67,8 @@ def module_cache(tmp_path_factory: pytest.TempPathFactory):
 
 @dataclass(frozen=True)
 class TinyExport:
-    """A tiny model in a folder of its own (which a test may spoil without harming others) and a config exported for it."""
+    """A tiny model in a folder of its own (which a test may spoil without harming others) and a config exported for
+    it."""
 
     model: Path
     config: Path
@@ -113,7 +114,16 @@ def one_thread():
 # `--dist loadgroup` the tests that use one of them run on one worker, so the study runs once instead of once per
 # worker that drew one of its tests; a module's other tests, and its other shared runs, spread over the workers
 # (grouping whole modules put test_paths' two studies and test_tracking's two behind each other on one worker).
-SHARED_RUNS = ("default_run", "server_run", "workspace", "headline_run", "bge_m3_run", "qwen3_run", "budgeted", "readme_project")
+SHARED_RUNS = (
+    "default_run",
+    "server_run",
+    "workspace",
+    "headline_run",
+    "bge_m3_run",
+    "qwen3_run",
+    "budgeted",
+    "readme_project",
+)
 
 
 # The modules whose tests (or shared runs) take longest, started first: a long one drawn last would leave the
@@ -136,7 +146,11 @@ SLOW_FIRST = (
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     def rank(item: pytest.Item) -> int:
         module = getattr(item, "module", None)
-        return SLOW_FIRST.index(module.__name__) if module is not None and module.__name__ in SLOW_FIRST else len(SLOW_FIRST)
+        return (
+            SLOW_FIRST.index(module.__name__)
+            if module is not None and module.__name__ in SLOW_FIRST
+            else len(SLOW_FIRST)
+        )
 
     items.sort(key=rank)  # stable: each module keeps its own order
     for item in items:
@@ -176,5 +190,6 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
     if written:
         terminalreporter.write_sep("=", f"{len(written)} files written under the checkout's mlruns/", red=True)
         terminalreporter.write_line(
-            f"e.g. {written[0]}: a test that runs posfair must give it a folder of its own (tmp_path: chdir, POSFAIR_CACHE_DIR, --storage)"
+            f"e.g. {written[0]}: a test that runs posfair must give it a folder of its own "
+            "(tmp_path: chdir, POSFAIR_CACHE_DIR, --storage)"
         )

@@ -11,7 +11,12 @@ from tuner.calibration import CalibrationConfig
 def test_every_config_is_valid_and_the_yardstick_is_the_paper_default() -> None:
     configs = {label: CalibrationConfig(pooling="mean", **knobs) for label, knobs in CONFIGS.items()}
     paper = configs[REFERENCE]  # §4: CLS-Soft, λ 0.5, the last 50% of the layers, baskets of 128
-    assert (paper.variant, paper.strength, paper.resolve_layers(6), paper.basket_size) == ("cls_soft", 0.5, (3, 4, 5), 128)
+    assert (paper.variant, paper.strength, paper.resolve_layers(6), paper.basket_size) == (
+        "cls_soft",
+        0.5,
+        (3, 4, 5),
+        128,
+    )
     assert len({c.model_dump_json() for c in configs.values()}) == len(configs)  # no config twice
 
 

@@ -16,11 +16,17 @@ DISTRIBUTIONS = {"strength": FloatDistribution(0, 1), "depth": CategoricalDistri
 
 
 def trial(
-    strength: float, value: float | None, structures: dict[str, tuple[float, float]], state=TrialState.COMPLETE, **constraints: float
+    strength: float,
+    value: float | None,
+    structures: dict[str, tuple[float, float]],
+    state=TrialState.COMPLETE,
+    **constraints: float,
 ):
     rows = {name: {"psi": psi, "drift": drift} for name, (psi, drift) in structures.items()}
     attrs = {"structures": rows} | (
-        {PRUNED_ATTR: {"rung": 1, "of": 4, "reason": "worse", "scored": list(rows)}} if state == TrialState.PRUNED else {}
+        {PRUNED_ATTR: {"rung": 1, "of": 4, "reason": "worse", "scored": list(rows)}}
+        if state == TrialState.PRUNED
+        else {}
     )
     return create_trial(
         state=state,
@@ -34,11 +40,17 @@ def trial(
 
 def test_each_rule_is_counted_from_the_trials_that_met_or_missed_it() -> None:
     study = optuna.create_study()
-    study.set_user_attr("winner", "Winner: trial 2, CLS-Soft, λ 0.25 on layers [5] of 6, baskets of 128 tokens: worst-case PSI 0.09")
+    study.set_user_attr(
+        "winner", "Winner: trial 2, CLS-Soft, λ 0.25 on layers [5] of 6, baskets of 128 tokens: worst-case PSI 0.09"
+    )
     for t in [
         trial(0.0, 0.10, {"openings": (0.05, 0.0), "dev": (0.10, 0.0)}),  # the uncalibrated reference
-        trial(0.5, 0.15, {"openings": (0.08, 0.02), "dev": (0.15, 0.04)}, drift=0.5),  # the paper default, over the drift limit
-        trial(0.25, 0.09, {"openings": (0.09, 0.005), "dev": (0.07, 0.01)}),  # its family at half λ: p = log 4 / log 2 = 2
+        trial(
+            0.5, 0.15, {"openings": (0.08, 0.02), "dev": (0.15, 0.04)}, drift=0.5
+        ),  # the paper default, over the drift limit
+        trial(
+            0.25, 0.09, {"openings": (0.09, 0.005), "dev": (0.07, 0.01)}
+        ),  # its family at half λ: p = log 4 / log 2 = 2
         trial(0.8, None, {"openings": (0.2, 0.1)}, TrialState.PRUNED, reversal=0.03),
         trial(0.3, None, {"openings": (0.2, 0.1)}, TrialState.PRUNED),  # pruned as worse: no constraint missed
     ]:
@@ -55,6 +67,11 @@ def test_each_rule_is_counted_from_the_trials_that_met_or_missed_it() -> None:
     assert e.pairs == 7 and e.median == pytest.approx(2.0)
     exponents = [
         math.log(b / a) / math.log(y / x)
-        for (x, a), (y, b) in [((0.25, 0.005), (0.3, 0.1)), ((0.3, 0.1), (0.5, 0.02)), ((0.3, 0.1), (0.8, 0.1)), ((0.5, 0.02), (0.8, 0.1))]
+        for (x, a), (y, b) in [
+            ((0.25, 0.005), (0.3, 0.1)),
+            ((0.3, 0.1), (0.5, 0.02)),
+            ((0.3, 0.1), (0.8, 0.1)),
+            ((0.5, 0.02), (0.8, 0.1)),
+        ]
     ]
     assert e.outside == sum(not 1.75 <= p <= 3.25 for p in exponents) == 4

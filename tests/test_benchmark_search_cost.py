@@ -13,20 +13,35 @@ from tuner.common.options import Budget
 
 def test_each_arm_is_the_study_it_names(tmp_path: Path) -> None:
     args = type(
-        "Args", (), {"model": "minilm", "dataset": "wikipos-dev", "heldout": "none", "trials": 16, "profile_docs": 8, "bootstrap": 10}
+        "Args",
+        (),
+        {
+            "model": "minilm",
+            "dataset": "wikipos-dev",
+            "heldout": "none",
+            "trials": 16,
+            "profile_docs": 8,
+            "bootstrap": 10,
+        },
     )()
-    grid, tpe, robust, third = (settings_for(arm, 1, tmp_path, args) for arm in ("grid", "tpe", "robust", "robust-third"))
+    grid, tpe, robust, third = (
+        settings_for(arm, 1, tmp_path, args) for arm in ("grid", "tpe", "robust", "robust-third")
+    )
     assert grid.grid == "paper" and not grid.prune and grid.trials == 25 and grid.budget is None
     assert not tpe.structures and not tpe.prune and tpe.max_reversal is None and tpe.max_drift is None
     assert robust.structures and robust.prune and robust.budget is None and robust.trials == 16 and robust.seed == 1
-    assert third.budget == Budget(grid_share=1 / 3) and third.trials == 16 and third.prune  # the budget ends it, not --trials
+    assert (
+        third.budget == Budget(grid_share=1 / 3) and third.trials == 16 and third.prune
+    )  # the budget ends it, not --trials
     assert str(third.storage).endswith("optuna.db") and third.output == tmp_path / "winner.yaml"
     assert third.sampler == "cost-tpe"
     for arm, sampler in (("tpe-third", "tpe"), ("gp-third", "gp")):  # the same search and budget, another sampler
         other = settings_for(arm, 1, tmp_path, args)
         assert other.sampler == sampler and replace(other, sampler="cost-tpe") == third
     random_start = settings_for("random-start-third", 1, tmp_path, args)
-    assert third.paper_siblings and not random_start.paper_siblings and replace(random_start, paper_siblings=True) == third
+    assert (
+        third.paper_siblings and not random_start.paper_siblings and replace(random_start, paper_siblings=True) == third
+    )
 
 
 def test_an_unknown_arm_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
@@ -73,7 +88,9 @@ def test_the_table_compares_a_study_with_the_grid_as_priced_when_the_grid_did_no
     assert "| 1,000 (0.33×) |" in rows[0] and "trial 5: cls_soft λ 0.50 Llast:3 B128" in rows[0]
     assert "| 500 (0.17×) |" in rows[1] and "trial 0: no calibration" in rows[1]  # λ 0 is the uncalibrated reference
     held = table([study(0.5, 900, 3000)]).split("Held out, test:", 1)[1].splitlines()
-    assert held[4] == "| robust-third | 0 | 0.50× | +1.00 [+0.20, +1.80] | +0.10 [-0.30, +0.50] | -3.0 |"  # a column each
+    assert (
+        held[4] == "| robust-third | 0 | 0.50× | +1.00 [+0.20, +1.80] | +0.10 [-0.30, +0.50] | -3.0 |"
+    )  # a column each
     assert "(" not in table([study(0.5, 900, None)]).splitlines()[2].split("|")[3]  # no grid known: no share
 
 
@@ -115,7 +132,12 @@ def test_the_held_out_rows_are_read_from_the_parent_runs_summary_in_the_kept_sto
     assert winner["psi_ratio"] == pytest.approx(0.5) and winner["end_minus_begin"] == pytest.approx(5.0)
     assert winner["hm_delta"] == "+1.50 [+0.50, +2.50]" and winner["ndcg_delta"] == "+1.00 [+0.00, +2.00]"
     assert default["psi_ratio"] == pytest.approx(1.5) and default["end_minus_begin"] == pytest.approx(30.0)
-    assert cells["paper_default"]["config"] == {"variant": "cls_soft", "strength": 0.5, "layers": [6, 7], "basket_size": 128}  # type: ignore[index]
+    assert cells["paper_default"]["config"] == {  # type: ignore[index]
+        "variant": "cls_soft",
+        "strength": 0.5,
+        "layers": [6, 7],
+        "basket_size": 128,
+    }
 
     lines = table([study(0.0, 400, 3000) | cells]).splitlines()
     assert "| paper default | | | | cls_soft λ 0.50 L[6, 7] B128 |" in lines
@@ -129,7 +151,14 @@ def test_without_a_paper_default_row_the_table_has_none() -> None:
 
 
 def held(psi: float, psi_se: float, hm: str, ndcg: str) -> dict[str, object]:
-    return {"psi_ratio": psi / 0.2, "psi": psi, "psi_se": psi_se, "hm_delta": hm, "ndcg_delta": ndcg, "end_minus_begin": -3.0}
+    return {
+        "psi_ratio": psi / 0.2,
+        "psi": psi,
+        "psi_se": psi_se,
+        "hm_delta": hm,
+        "ndcg_delta": ndcg,
+        "end_minus_begin": -3.0,
+    }
 
 
 def test_the_sampler_table_counts_the_seeds_as_good_as_the_grid_and_their_spread_in_standard_errors() -> None:
@@ -146,7 +175,8 @@ def test_the_sampler_table_counts_the_seeds_as_good_as_the_grid_and_their_spread
         held(0.125, 0.01, "+2.50 [+1.50, +3.50]", "+1.10 [+0.60, +1.60]"),  # PSI over 0.1196
     ]
     results = [
-        study(0.5, 600, 2000) | {"seed": i, "paper_default_layer_tokens": 210, "heldout": {"wikipos-test": h}} for i, h in enumerate(seeds)
+        study(0.5, 600, 2000) | {"seed": i, "paper_default_layer_tokens": 210, "heldout": {"wikipos-test": h}}
+        for i, h in enumerate(seeds)
     ]
     table = sampler_table([*results, grid])
     rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines() if line.startswith("|")}
@@ -155,7 +185,9 @@ def test_the_sampler_table_counts_the_seeds_as_good_as_the_grid_and_their_spread
     assert rows["test: seeds' PSI spread ÷ its bootstrap SE"].endswith("| 1.8 |")
     # (600 + 100) / (2000 + 100) for each seed
     assert rows["layer-tokens on a fresh machine, × the grid's: mean (range)"].endswith("| 0.33× (0.33–0.33) |")
-    assert rows["of which the baselines and queries · the paper default's trial"].endswith("| 0.05× · 0.10× |")  # 100 and 210 of 2,100
+    assert rows["of which the baselines and queries · the paper default's trial"].endswith(
+        "| 0.05× · 0.10× |"
+    )  # 100 and 210 of 2,100
     assert "tpe-third" not in table  # an arm that did not run has no column
 
 
@@ -192,7 +224,10 @@ def test_the_studies_tables_read_at_a_laptop_s_width() -> None:
     figures of each set get a table of their own instead of four intervals packed into one cell per set."""
     from benchmarks.search_cost import table
 
-    sets = {name: study(0.5, 900, 3000)["heldout"]["wikipos-test"] for name in ("wikipos-test", "wikipos-mixed", "wikipos-lengths")}
+    sets = {
+        name: study(0.5, 900, 3000)["heldout"]["wikipos-test"]
+        for name in ("wikipos-test", "wikipos-mixed", "wikipos-lengths")
+    }
     text = table([study(0.5, 900, 3000) | {"heldout": sets}, study(0.0, 400, 3000) | {"heldout": sets}])
     assert max(len(line) for line in text.splitlines()) <= 150
     assert text.count("| arm | seed | PSI× | ΔHM | ΔnDCG@10 | end−begin |") == 3

@@ -14,7 +14,9 @@ from tuner.data.dataset import THIRDS, PositionalDataset
 N_QUERIES = 90
 
 
-def make_dataset(stratified: bool = False, positional: bool = True, groups: dict[str, tuple[str, ...]] | None = None) -> PositionalDataset:
+def make_dataset(
+    stratified: bool = False, positional: bool = True, groups: dict[str, tuple[str, ...]] | None = None
+) -> PositionalDataset:
     """N_QUERIES queries with one relevant document each, by default cycling through the thirds (and,
     when stratified, through two length strata); every fifth query also counts in "end"."""
     qids = [f"q{i}" for i in range(N_QUERIES)]
@@ -58,7 +60,9 @@ def test_identical_runs_give_exactly_zero_deltas_with_zero_width_intervals(strat
 
 @pytest.mark.parametrize("stratified", [False, True])
 def test_a_candidate_better_on_every_query_has_strictly_positive_intervals(stratified: bool) -> None:
-    result = paired_bootstrap(per_query(BASELINE_RANKS, stratified=stratified), per_query(BETTER_RANKS, stratified=stratified))
+    result = paired_bootstrap(
+        per_query(BASELINE_RANKS, stratified=stratified), per_query(BETTER_RANKS, stratified=stratified)
+    )
     assert result.hm is not None
     assert result.ndcg10.low > 0 and result.hm.low > 0
     assert all(interval.low > 0 for interval in result.groups.values())

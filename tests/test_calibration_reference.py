@@ -84,8 +84,12 @@ def test_uniform_cls_soft_and_cls_hard_by_hand() -> None:
     # cls_hard: [CLS] gets w = 0.2, the content baskets split 0.8
     assert calibrated("cls_hard") == pytest.approx([0.2, 0.4 * 0.25, 0.4 * 0.75, 0.4 * 0.75, 0.4 * 0.25])
     # λ blends linearly (§3.2)
-    half = reference_calibrate(a, allowed[:, 0, 0], allowed, rows, config.model_copy(update={"variant": "uniform", "strength": 0.5}))
-    assert half[0, 0, 0].tolist() == pytest.approx([(x + y) / 2 for x, y in zip(calibrated("uniform"), a.flatten().tolist())])
+    half = reference_calibrate(
+        a, allowed[:, 0, 0], allowed, rows, config.model_copy(update={"variant": "uniform", "strength": 0.5})
+    )
+    assert half[0, 0, 0].tolist() == pytest.approx(
+        [(x + y) / 2 for x, y in zip(calibrated("uniform"), a.flatten().tolist())]
+    )
 
 
 def test_no_isolated_token_means_every_key_is_content() -> None:
@@ -133,7 +137,9 @@ def test_the_oracle_does_not_use_the_engines_resolution(monkeypatch: pytest.Monk
     """A bug in `CalibrationConfig.resolve()` and its helpers cannot hide in the oracle too."""
     config = CalibrationConfig(pooling="last", variant="cls_hard", basket_size=2, strength=0.7, layers="last:2")
     for name in ("resolve", "role_policies", "resolve_layers", "isolated_roles"):
-        monkeypatch.setattr(CalibrationConfig, name, lambda *args, **kwargs: pytest.fail("the oracle used the engine's resolution"))
+        monkeypatch.setattr(
+            CalibrationConfig, name, lambda *args, **kwargs: pytest.fail("the oracle used the engine's resolution")
+        )
     assert reference_policies(config) == {"first": "equal", "last": "fixed"}
     assert reference_layers(config, 4) == {2, 3}
     generator = torch.Generator().manual_seed(1)
@@ -180,7 +186,9 @@ def test_by_size_shares_a_causal_row_by_what_it_sees_by_hand() -> None:
     allowed = torch.ones(1, 1, 7, 7, dtype=torch.bool).tril()
     attn = attn.masked_fill(~allowed, 0.0)
     attn = attn / attn.sum(-1, keepdim=True)
-    config = CalibrationConfig(pooling="mean", variant="uniform", basket_size=2, strength=1.0, layers=[0], basket_shares="by_size")
+    config = CalibrationConfig(
+        pooling="mean", variant="uniform", basket_size=2, strength=1.0, layers=[0], basket_shares="by_size"
+    )
     got = reference_calibrate(attn, allowed[:, 0, -1], allowed, torch.ones(1, 7, dtype=torch.bool), config)[0, 0]
     row = got[3].tolist()
     assert row[0] == pytest.approx(1 / 3)

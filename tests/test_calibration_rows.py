@@ -35,7 +35,10 @@ def cases(draw: st.DrawFn) -> tuple:
     roles = reference_isolated(config)
     # item 0 has exactly `target_baskets` baskets; others anything from none (too short) up to that
     counts = [target_baskets] + [draw(st.integers(0, target_baskets)) for _ in range(batch - 1)]
-    contents = [draw(st.integers(max(1, basket * (n - 1) + 1), basket * n)) if n else draw(st.integers(0, basket - 1)) for n in counts]
+    contents = [
+        draw(st.integers(max(1, basket * (n - 1) + 1), basket * n)) if n else draw(st.integers(0, basket - 1))
+        for n in counts
+    ]
     lengths = [max(1, c + len(roles)) for c in contents]
     keys = max(lengths) + draw(st.integers(0, 3))
     left = draw(st.booleans())
@@ -70,7 +73,9 @@ def softmax_rows(seen: torch.Tensor, seed: int, scale: float = 3.0) -> torch.Ten
     return logits.masked_fill(~seen, float("-inf")).softmax(-1).nan_to_num(0.0)  # a row that sees nothing: 0
 
 
-def engine(attn: torch.Tensor, key_valid: torch.Tensor, config: CalibrationConfig, seen: torch.Tensor | None = None) -> torch.Tensor:
+def engine(
+    attn: torch.Tensor, key_valid: torch.Tensor, config: CalibrationConfig, seen: torch.Tensor | None = None
+) -> torch.Tensor:
     spec = config.resolve(1)
     geometry = BasketGeometry.from_key_mask(key_valid, config.basket_size, tuple(r for r, _ in spec.policies))
     seen = key_valid[:, None, :] if seen is None else seen
@@ -121,7 +126,9 @@ def test_uniform_full_strength_gives_every_basket_an_equal_share() -> None:
     """a_cal_k = a_k / Σ_{j∈b(k)} a_j · 1/n_baskets, the [CLS] basket included (§3.1)."""
     key_valid = torch.ones(1, 11, dtype=torch.bool)  # [CLS] + 10 content keys, baskets of 4 → 3 + 1 = 4 baskets
     attn = softmax_rows(key_valid[:, None, :].expand(-1, 1, -1), 0)
-    got = engine(attn, key_valid, CalibrationConfig(variant="uniform", strength=1.0, basket_size=4, pooling="cls", layers=[0]))[0, 0]
+    got = engine(
+        attn, key_valid, CalibrationConfig(variant="uniform", strength=1.0, basket_size=4, pooling="cls", layers=[0])
+    )[0, 0]
     assert torch.allclose(got[0], torch.tensor(0.25))
     assert torch.allclose(basket_masses(got, 1, 10, 4), torch.full((3,), 0.25))
     within = got[1:5] / got[1:5].sum()
@@ -132,7 +139,9 @@ def test_cls_soft_keeps_the_self_mass_and_shares_the_rest() -> None:
     """a_cal_s = a_s; content baskets split 1 − a_s equally (§3.3)."""
     key_valid = torch.ones(1, 9, dtype=torch.bool)
     attn = softmax_rows(key_valid[:, None, :].expand(-1, 1, -1), 1)
-    got = engine(attn, key_valid, CalibrationConfig(variant="cls_soft", strength=1.0, basket_size=4, pooling="cls", layers=[0]))[0, 0]
+    got = engine(
+        attn, key_valid, CalibrationConfig(variant="cls_soft", strength=1.0, basket_size=4, pooling="cls", layers=[0])
+    )[0, 0]
     self_mass = attn[0, 0, 0]
     assert torch.equal(got[0], self_mass)
     assert torch.allclose(basket_masses(got, 1, 8, 4), ((1 - self_mass) / 2).expand(2))
@@ -164,7 +173,12 @@ def test_last_token_pooling_isolates_both_ends_under_left_padding() -> None:
     key_valid = torch.tensor([[False, False] + [True] * 10])  # 2 pads, first, 8 content, last
     attn = softmax_rows(key_valid[:, None, :].expand(-1, 1, -1), 4)
     config = CalibrationConfig(
-        pooling="last", padding_side="left", strength=1.0, basket_size=4, layers=[0], policies={"first": "original", "last": "equal"}
+        pooling="last",
+        padding_side="left",
+        strength=1.0,
+        basket_size=4,
+        layers=[0],
+        policies={"first": "original", "last": "equal"},
     )
     got = engine(attn, key_valid, config)[0, 0]
     assert torch.equal(got[:2], torch.zeros(2))
@@ -190,7 +204,9 @@ BY_SIZE = torch.tensor([3 / 7, 3 / 7, 1 / 7])
 )
 def test_by_size_shares_the_remainder_by_basket_content(variant: str, isolated, remainder) -> None:
     attn = softmax_rows(SEVEN[:, None, :], 5)
-    config = CalibrationConfig(variant=variant, weight=0.3, strength=1.0, basket_size=3, pooling="cls", layers=[0], basket_shares="by_size")
+    config = CalibrationConfig(
+        variant=variant, weight=0.3, strength=1.0, basket_size=3, pooling="cls", layers=[0], basket_shares="by_size"
+    )
     got = engine(attn, SEVEN, config)[0, 0]
     a_s = attn[0, 0, 0]
     assert torch.allclose(got[0], torch.as_tensor(isolated(a_s)))
@@ -198,7 +214,9 @@ def test_by_size_shares_the_remainder_by_basket_content(variant: str, isolated, 
     for lo, hi in ((1, 4), (4, 7)):  # proportions kept inside a basket
         assert torch.allclose(got[lo:hi] / got[lo:hi].sum(), attn[0, 0, lo:hi] / attn[0, 0, lo:hi].sum())
     equal = engine(attn, SEVEN, config.model_copy(update={"basket_shares": "equal"}))[0, 0]
-    assert torch.allclose(basket_masses(equal, 1, 7, 3), torch.as_tensor(remainder(a_s) / 3).expand(3))  # the paper's, for contrast
+    assert torch.allclose(
+        basket_masses(equal, 1, 7, 3), torch.as_tensor(remainder(a_s) / 3).expand(3)
+    )  # the paper's, for contrast
 
 
 def test_by_size_shares_a_causal_row_by_the_tokens_it_sees() -> None:
@@ -207,7 +225,9 @@ def test_by_size_shares_a_causal_row_by_the_tokens_it_sees() -> None:
     2/3 · 3/5 and 2/3 · 2/5, and c6, c7 nothing."""
     seen = (torch.arange(8) <= 5)[None, None, :]
     attn = softmax_rows(seen, 6)
-    config = CalibrationConfig(variant="uniform", strength=1.0, basket_size=3, pooling="cls", layers=[0], basket_shares="by_size")
+    config = CalibrationConfig(
+        variant="uniform", strength=1.0, basket_size=3, pooling="cls", layers=[0], basket_shares="by_size"
+    )
     got = engine(attn, SEVEN, config, seen)[0, 0]
     assert torch.allclose(got[0], torch.tensor(1 / 3))
     assert torch.allclose(torch.stack([got[1:4].sum(), got[4:6].sum()]), torch.tensor([2 / 3 * 3 / 5, 2 / 3 * 2 / 5]))

@@ -66,7 +66,9 @@ def test_an_id_given_twice_is_refused_naming_both_lines(folder: Path, file: str)
         load_beir(folder)
 
 
-@pytest.mark.parametrize(("file", "key"), [("queries.jsonl", "text"), ("corpus.jsonl", "text"), ("corpus.jsonl", "title")])
+@pytest.mark.parametrize(
+    ("file", "key"), [("queries.jsonl", "text"), ("corpus.jsonl", "text"), ("corpus.jsonl", "title")]
+)
 def test_a_text_or_title_that_is_not_a_string_is_refused(folder: Path, file: str, key: str) -> None:
     """A list was encoded as its Python repr "['w1', 'w2']"."""
     path = folder / file

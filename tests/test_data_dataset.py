@@ -84,7 +84,16 @@ def test_fingerprint_tracks_content_not_name():
 
 @pytest.mark.parametrize(
     ("position", "third"),
-    [(0.0, "begin"), (0.333, "begin"), (1 / 3, "middle"), (0.5, "middle"), (2 / 3, "end"), (1.0, "end"), (-0.2, "begin"), (1.4, "end")],
+    [
+        (0.0, "begin"),
+        (0.333, "begin"),
+        (1 / 3, "middle"),
+        (0.5, "middle"),
+        (2 / 3, "end"),
+        (1.0, "end"),
+        (-0.2, "begin"),
+        (1.4, "end"),
+    ],
 )
 def test_thirds_give_boundaries_to_the_later_third_and_clip(position, third):
     assert third_of(position) == third

@@ -53,7 +53,8 @@ def test_qrels_come_from_relevant_fields_and_the_tsv_together():
 def test_other_labels_keep_their_first_appearance_order_unless_given(folder):
     (folder / "qrels.tsv").unlink()
     (folder / "queries.jsonl").write_text(
-        '{"id": "a", "text": "x", "relevant": ["d1"], "group": "late"}\n{"id": "b", "text": "y", "relevant": ["d1"], "group": "early"}\n'
+        '{"id": "a", "text": "x", "relevant": ["d1"], "group": "late"}\n'
+        '{"id": "b", "text": "y", "relevant": ["d1"], "group": "early"}\n'
     )
     assert load_jsonl(folder).group_order == ("late", "early")
     assert load_jsonl(folder, group_order=["early", "late"]).group_order == ("early", "late")
@@ -116,7 +117,8 @@ def test_a_qrels_tsv_that_contradicts_a_querys_relevant_field_is_refused(folder,
     qid, doc = tsv.split("\t")[:2]
     with pytest.raises(
         ValueError,
-        match=rf"qrels\.tsv:1: query '{qid}', document '{doc}': relevance {tsv_value} here, but {inline} in .*queries\.jsonl:\d ",
+        match=rf"qrels\.tsv:1: query '{qid}', document '{doc}': relevance {tsv_value} here, "
+        rf"but {inline} in .*queries\.jsonl:\d ",
     ):
         load_jsonl(folder)
 
@@ -139,5 +141,7 @@ def test_files_that_start_with_a_byte_order_mark_read_as_without_it(folder):
 def test_a_pair_judged_twice_in_qrels_tsv_with_two_relevances_is_refused(folder):
     """The later line silently won."""
     (folder / "qrels.tsv").write_text("q-tsv\t3\t1\nq-both\td2\t1\nq-tsv\t3\t0\n", encoding="utf-8")
-    with pytest.raises(ValueError, match=r"qrels\.tsv:3: query 'q-tsv', document '3': relevance 0 here, but 1 on line 1"):
+    with pytest.raises(
+        ValueError, match=r"qrels\.tsv:3: query 'q-tsv', document '3': relevance 0 here, but 1 on line 1"
+    ):
         load_jsonl(folder)

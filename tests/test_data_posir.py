@@ -37,7 +37,8 @@ def domain(tmp_path) -> Path:
 
 
 @pytest.mark.parametrize(
-    ("tokens", "quartile"), [(1, "Q1"), (512, "Q1"), (513, "Q2"), (1024, "Q2"), (1536, "Q3"), (1537, "Q4"), (8000, "Q4")]
+    ("tokens", "quartile"),
+    [(1, "Q1"), (512, "Q1"), (513, "Q2"), (1024, "Q2"), (1536, "Q3"), (1537, "Q4"), (8000, "Q4")],
 )
 def test_length_quartiles_are_posir_buckets_closed_on_the_right(tokens, quartile):
     assert length_quartile(tokens) == quartile
@@ -150,7 +151,13 @@ def test_posir_scores_by_third_within_each_quartile_as_computed_by_hand(tmp_path
         tmp_path / "eng-Latn" / "demo",
         corpus,
         [
-            {"_id": q, "text": f"query {q}", "doc": f"rel-{q}", "span": spans[third] if third else None, "token_length": tokens}
+            {
+                "_id": q,
+                "text": f"query {q}",
+                "doc": f"rel-{q}",
+                "span": spans[third] if third else None,
+                "token_length": tokens,
+            }
             for q, (tokens, third, _) in plan.items()
         ],
     )
@@ -180,7 +187,11 @@ def test_posir_scores_by_third_within_each_quartile_as_computed_by_hand(tmp_path
     assert report.hm == pytest.approx((hm["Q1"] + hm["Q3"]) / 2)
     assert report.group_counts == {"begin": 3, "middle": 2, "end": 3}, "pooled over the comparable quartiles"
     assert report.group_ndcg10 == pytest.approx(
-        {"begin": (gain[1] + gain[3] + gain[2]) / 3, "middle": (gain[2] + gain[1]) / 2, "end": (gain[4] + gain[1] + gain[3]) / 3}
+        {
+            "begin": (gain[1] + gain[3] + gain[2]) / 3,
+            "middle": (gain[2] + gain[1]) / 2,
+            "end": (gain[4] + gain[1] + gain[3]) / 3,
+        }
     )
     assert report.n_queries == 11
     assert report.ndcg10 == pytest.approx(sum(gain[rank] for _, _, rank in plan.values()) / 11), "every query counts"

@@ -52,7 +52,11 @@ def test_structures_hold_only_dev_s_articles_and_queries_so_no_held_out_passage(
         assert set(structure.queries.values()) <= descriptions  # the split's own queries, asked again
     held_titles = set().union(*(titles(h) for h in HELD_OUT))
     assert not dev_titles & held_titles
-    for build in (crop_records, openings_records, packed_records):  # every segment of every structure is one of dev's articles
+    for build in (
+        crop_records,
+        openings_records,
+        packed_records,
+    ):  # every segment of every structure is one of dev's articles
         assert {s["title"] for r in build(iter(dev_records)) for s in r["segments"]} <= dev_titles
     openings = dev[1]
     assert openings.corpus and all(len(text) <= OPENINGS_CHARACTERS for text in openings.corpus.values())
@@ -72,7 +76,9 @@ def test_openings_cut_each_summary_to_its_first_sentence_and_group_by_the_new_th
             assert summaries[segment["title"]].startswith(piece) and len(piece) <= len(summaries[segment["title"]])
             if segment["query"]:
                 midpoint = (start + end) / 2 / len(record["text"])
-                assert segment["query"]["group"] == ("begin" if midpoint < 1 / 3 else "middle" if midpoint < 2 / 3 else "end")
+                assert segment["query"]["group"] == (
+                    "begin" if midpoint < 1 / 3 else "middle" if midpoint < 2 / 3 else "end"
+                )
     mean_segments = sum(len(r["segments"]) for r in records) / len(records)
     assert mean_segments > 2 * 4.2  # more and shorter segments than dev's 3-5 summaries per passage
 
@@ -108,10 +114,19 @@ def test_a_set_without_segments_is_halved_by_passage_length_over_the_whole_corpu
     dataset = PositionalDataset("jsonl:x", corpus, queries, qrels, groups, ("begin", "middle", "end"))
     shorter, longer = load_structures("jsonl:x", dataset)
     assert (shorter.name, longer.name) == ("jsonl:x-shorter", "jsonl:x-longer")
-    assert shorter.corpus is dataset.corpus and longer.corpus is dataset.corpus  # no extra encoding: the tuning vectors serve
-    assert set(shorter.queries) == {q for q in queries if q[1] in "012"} and set(longer.queries) == {q for q in queries if q[1] in "345"}
+    assert (
+        shorter.corpus is dataset.corpus and longer.corpus is dataset.corpus
+    )  # no extra encoding: the tuning vectors serve
+    assert set(shorter.queries) == {q for q in queries if q[1] in "012"} and set(longer.queries) == {
+        q for q in queries if q[1] in "345"
+    }
     one_group = PositionalDataset(
-        "jsonl:y", corpus, queries, qrels, {q: ("begin",) if q[1] in "012" else groups[q] for q in queries}, ("begin", "middle", "end")
+        "jsonl:y",
+        corpus,
+        queries,
+        qrels,
+        {q: ("begin",) if q[1] in "012" else groups[q] for q in queries},
+        ("begin", "middle", "end"),
     )
     assert load_structures("jsonl:y", one_group) == []  # a half with one group has no PSI: no halves at all
 
@@ -120,7 +135,9 @@ def test_packed_passages_are_whole_dev_summaries_of_one_topic_at_many_lengths_wi
     from tuner.data.build_wikipos import MAX_TOKENS, minilm_token_counter
 
     dev_records = split_records("dev")
-    summaries = {s["title"]: (r["topic"], r["text"][s["span"][0] : s["span"][1]]) for r in dev_records for s in r["segments"]}
+    summaries = {
+        s["title"]: (r["topic"], r["text"][s["span"][0] : s["span"][1]]) for r in dev_records for s in r["segments"]
+    }
     records = list(packed_records(iter(dev_records)))
     packed = load_structures("wikipos-dev")[2]
     assert packed.name == "wikipos-dev-packed" and [r["text"] for r in records] == list(packed.corpus.values())
@@ -132,7 +149,9 @@ def test_packed_passages_are_whole_dev_summaries_of_one_topic_at_many_lengths_wi
             assert record["text"][start:end] == summary and topic == record["topic"]  # whole summaries, one topic
             if segment["query"]:
                 midpoint = (start + end) / 2 / len(record["text"])
-                assert segment["query"]["group"] == ("begin" if midpoint < 1 / 3 else "middle" if midpoint < 2 / 3 else "end")
+                assert segment["query"]["group"] == (
+                    "begin" if midpoint < 1 / 3 else "middle" if midpoint < 2 / 3 else "end"
+                )
     tokens = sorted(n + 2 for n in minilm_token_counter()(list(packed.corpus.values())))
     assert tokens[-1] <= MAX_TOKENS, "no passage is truncated"
     quartiles = statistics.quantiles(tokens, n=4)

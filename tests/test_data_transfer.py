@@ -53,7 +53,12 @@ def test_mixed_groups_are_thirds_of_the_slot_order_not_of_the_characters():
 
 
 def test_slot_third_by_hand():
-    assert [slot_third(i, 4) for i in range(4)] == ["early", "central", "central", "late"]  # centres .125 .375 .625 .875
+    assert [slot_third(i, 4) for i in range(4)] == [
+        "early",
+        "central",
+        "central",
+        "late",
+    ]  # centres .125 .375 .625 .875
     assert [slot_third(i, 3) for i in range(3)] == ["early", "central", "late"]
     with pytest.raises(ValueError, match="segment 5 does not exist among 5"):
         slot_third(5, 5)
@@ -86,7 +91,9 @@ def test_sentences_and_mixed_fill_dev_s_budget_and_lengths_spread_over_it():
 
 
 def test_segments_are_whole_summaries_or_their_opening_sentence_of_unused_articles():
-    require(SOURCE.is_file(), f"the WikiPos source {SOURCE} is absent (../shared beside the checkout, as .ci/run has it)")
+    require(
+        SOURCE.is_file(), f"the WikiPos source {SOURCE} is absent (../shared beside the checkout, as .ci/run has it)"
+    )
     with gzip.open(SOURCE, "rt", encoding="utf-8") as handle:
         source = json.load(handle)
     dev_titles = {s["title"] for split in ("dev", "test", "general") for r in records(split) for s in r["segments"]}
@@ -100,7 +107,9 @@ def test_segments_are_whole_summaries_or_their_opening_sentence_of_unused_articl
                 summary = " ".join(source[segment["title"]]["extract"].split())
                 assert piece in (summary, opening_sentence(summary))
                 kinds[split, piece == summary] += 1
-    assert kinds["sentences", True] < kinds["sentences", False] / 5  # opening sentences (a one-sentence summary is both)
+    assert (
+        kinds["sentences", True] < kinds["sentences", False] / 5
+    )  # opening sentences (a one-sentence summary is both)
     assert kinds["mixed", True] > 200 and kinds["mixed", False] > 200
     assert kinds["lengths", False] == 0, "lengths keeps whole summaries"
 
@@ -113,7 +122,10 @@ def test_segments_are_whole_summaries_or_their_opening_sentence_of_unused_articl
             "J. R. R. Tolkien was an English writer and philologist. He wrote The Hobbit.",
             "J. R. R. Tolkien was an English writer and philologist.",
         ),
-        ("The city lies on the river c. 30 km from the sea. It was founded in 1200.", "The city lies on the river c. 30 km from the sea."),
+        (
+            "The city lies on the river c. 30 km from the sea. It was founded in 1200.",
+            "The city lies on the river c. 30 km from the sea.",
+        ),
         (
             "It is short. But this sentence makes the opening long enough to count.",
             "It is short. But this sentence makes the opening long enough to count.",

@@ -20,11 +20,17 @@ def test_loadgroup_really_groups(request: pytest.FixtureRequest) -> None:
         pytest.skip("not run under --dist loadgroup")
     assert request.node.nodeid.endswith("@grouping-check"), (
         f"--dist loadgroup does not group ({request.node.nodeid} has no @group suffix): each shared tune study runs "
-        "on every worker that draws one of its tests; pytest-xdist 3.8 needs pytest < 9.2 (pytest-dev/pytest-xdist#1386)"
+        "on every worker that draws one of its tests; "
+        "pytest-xdist 3.8 needs pytest < 9.2 (pytest-dev/pytest-xdist#1386)"
     )
 
 
-STUDY_CALLS = {"tune", "run_tune", "run", "popen"}  # `tune(settings)`, `run_tune(hub, ...)`, `forkserver.run/popen([tune ...])`
+STUDY_CALLS = {
+    "tune",
+    "run_tune",
+    "run",
+    "popen",
+}  # `tune(settings)`, `run_tune(hub, ...)`, `forkserver.run/popen([tune ...])`
 
 
 def _module_fixtures_that_run_a_study() -> dict[str, str]:
@@ -41,7 +47,9 @@ def _module_fixtures_that_run_a_study() -> dict[str, str]:
 
 
 def _module_scoped(decorator: ast.expr) -> bool:
-    return isinstance(decorator, ast.Call) and any(k.arg == "scope" and ast.literal_eval(k.value) == "module" for k in decorator.keywords)
+    return isinstance(decorator, ast.Call) and any(
+        k.arg == "scope" and ast.literal_eval(k.value) == "module" for k in decorator.keywords
+    )
 
 
 def _name(func: ast.expr) -> str:

@@ -13,7 +13,16 @@ import re
 import pytest
 import yaml
 
-from tests.hub import BGE_M3, FINEWEB_POSQ, FakeHub, fineweb_posq_rows, passages, run_tune, tune_here, use_in_this_process
+from tests.hub import (
+    BGE_M3,
+    FINEWEB_POSQ,
+    FakeHub,
+    fineweb_posq_rows,
+    passages,
+    run_tune,
+    tune_here,
+    use_in_this_process,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -82,15 +91,19 @@ def test_the_cost_is_estimated_before_the_study_starts(headline_run: dict) -> No
     estimate = output.index("cost estimate on cpu, encoding only")
     assert estimate < output.index("baseline: encoding") < output.index("trial 0:")
     assert re.search(r"a probe of 4 passages × 1,024 tokens took [\d.]+ s", output), "the longest, truncated at 1,024"
-    assert re.search(r"corpus: 32 passages, [\d,]+ padded tokens \(\d+ truncated at 1,024 tokens\); one encode ≈", output)
     assert re.search(
-        r"one calibrated trial ≈ [\d.]+ s \(it runs [\d.]+ of 3 layers on average\); this study \(at most 2 trials within "
+        r"corpus: 32 passages, [\d,]+ padded tokens \(\d+ truncated at 1,024 tokens\); one encode ≈", output
+    )
+    assert re.search(
+        r"one calibrated trial ≈ [\d.]+ s \(it runs [\d.]+ of 3 layers on average\); "
+        r"this study \(at most 2 trials within "
         r"its budget, with the baseline and the held-out scoring\) ≈ [\d.]+ s; the default 16 trials ≈",
         output,
     )
     # plain `tune --model bge-m3` spends at most a third of the paper grid's layer-tokens here, and says so first
     said = re.search(
-        r"budget: 1/3 of the paper grid's layer-tokens, ([\d,]+) layer-tokens for the study \(the paper grid's study here: ([\d,]+),",
+        r"budget: 1/3 of the paper grid's layer-tokens, ([\d,]+) layer-tokens for the study "
+        r"\(the paper grid's study here: ([\d,]+),",
         output,
     )
     assert said and abs(int(said[1].replace(",", "")) - int(said[2].replace(",", "")) / 3) <= 1, output[:3000]
@@ -139,7 +152,8 @@ def test_every_trial_runs_the_rungs_of_fineweb_posq_its_tuning_part_and_its_leng
     # a reversal where the uncalibrated model has a direction there: the tilt measured against it
     assert all(abs(s["reversal"]) == pytest.approx(abs(s["tilt"])) for s in structures.values() if "reversal" in s)
     assert re.search(
-        r"layer-tokens \(padded tokens × layers run\): ≈ [\d,]+, of which ≈ [\d,]+ are the baselines and queries \(none that the disk cache holds\); held-out scoring ≈ [\d,]+ more",
+        r"layer-tokens \(padded tokens × layers run\): ≈ [\d,]+, of which ≈ [\d,]+ are the baselines and queries "
+        r"\(none that the disk cache holds\); held-out scoring ≈ [\d,]+ more",
         output,
     )
     assert output.index("layer-tokens (padded tokens") < output.index("trial 0:")

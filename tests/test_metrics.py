@@ -156,7 +156,8 @@ def test_group_ndcg_is_the_mean_over_the_group_in_group_order() -> None:
 
 
 def test_metrics_score_plain_mappings_without_the_dataset_type() -> None:
-    """`evaluate` reads only mappings: a bare namespace scores exactly as the dataset type (objectives needs no tuner)."""
+    """`evaluate` reads only mappings: a bare namespace scores exactly as the dataset type (objectives needs no
+    tuner)."""
     from types import SimpleNamespace
 
     qrels = {"b": {"d1": 1}, "m": {"d2": 1}, "e": {"d3": 1}}
@@ -262,7 +263,9 @@ def test_a_grouped_query_of_a_stratified_dataset_needs_a_stratum() -> None:
 def test_a_query_without_a_position_needs_no_stratum_and_counts_for_aggregate_ndcg_only() -> None:
     qrels = {f"q{i}": {f"d{i}": 1} for i in range(3)}
     run = {"q0": ranked("d0"), "q1": ranked("x0", "d1"), "q2": ranked("x0", "x1", "d2")}  # 1, 1/log2(3), 0.5
-    report, _ = evaluate(run, make_dataset(qrels, {"q0": ("begin",), "q1": ("end",)}, ("begin", "end"), {"q0": "short", "q1": "short"}))
+    report, _ = evaluate(
+        run, make_dataset(qrels, {"q0": ("begin",), "q1": ("end",)}, ("begin", "end"), {"q0": "short", "q1": "short"})
+    )
     assert report.group_counts == {"begin": 1, "end": 1} and report.strata[0].group_counts == {"begin": 1, "end": 1}
     assert report.psi == pytest.approx(1 - 1 / math.log2(3))
     assert report.ndcg10 == pytest.approx((1 + 1 / math.log2(3) + 0.5) / 3), "q2 counts in the aggregate"

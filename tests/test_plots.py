@@ -16,7 +16,14 @@ from tuner.common.trials import NOT_RUN_ATTR
 from tuner.tracking.plots import history, pareto_scatter
 
 
-def add(study: optuna.Study, psi: float, hm: float, floor_gap: float, state: TrialState = TrialState.COMPLETE, **attrs: float) -> None:
+def add(
+    study: optuna.Study,
+    psi: float,
+    hm: float,
+    floor_gap: float,
+    state: TrialState = TrialState.COMPLETE,
+    **attrs: float,
+) -> None:
     complete = state == TrialState.COMPLETE
     study.add_trial(
         optuna.trial.create_trial(
@@ -52,7 +59,9 @@ def test_the_history_axis_ends_at_the_last_trial_that_ran() -> None:
     assert history(study).get_xlim() == (-0.5, 2.5)
 
 
-def test_the_scatter_shows_why_a_milder_trial_won_over_the_lowest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_scatter_shows_why_a_milder_trial_won_over_the_lowest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The one-SE rule can choose a trial that another beats on both axes (trial 3 fairer and more accurate than the
     winner, trial 2): the x axis is the objective the rule reads, the band of the rule is shaded, and each trial in it
     carries its drift, the rule's tie-break; the title names the winner and the reason."""
@@ -69,7 +78,12 @@ def test_the_scatter_shows_why_a_milder_trial_won_over_the_lowest(tmp_path: Path
     (figure,) = drawn
     (axis,) = figure.axes  # type: ignore[attr-defined]
     labels = {text.get_text(): text.xy for text in axis.texts}
-    expected = {"0": (0.30, 50.0), "1": (0.20, 52.0), "2 · drift 0.0060": (0.17, 53.0), "3 · drift 0.0300": (0.16, 55.0)}
+    expected = {
+        "0": (0.30, 50.0),
+        "1": (0.20, 52.0),
+        "2 · drift 0.0060": (0.17, 53.0),
+        "3 · drift 0.0300": (0.16, 55.0),
+    }
     assert labels.keys() == expected.keys() and all(labels[k] == pytest.approx(v) for k, v in expected.items())
     (band,) = [p for p in axis.patches if "within one SE of the lowest" in p.get_label()]
     left, right = band.get_x(), band.get_x() + band.get_width()

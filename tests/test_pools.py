@@ -33,12 +33,16 @@ def collection(docs: int = 60, per_doc: int = 3, seed: int = 0) -> tuple[Positio
     return dataset, d / np.linalg.norm(d, axis=1, keepdims=True), q / np.linalg.norm(q, axis=1, keepdims=True)
 
 
-def search(dataset: PositionalDataset, doc_vectors: np.ndarray, query_vectors: np.ndarray, docs: list[str] | None = None):
+def search(
+    dataset: PositionalDataset, doc_vectors: np.ndarray, query_vectors: np.ndarray, docs: list[str] | None = None
+):
     """Exact search of `dataset`'s queries over `docs` (default: every passage); the vectors are the full
     collection's (`collection`: passage dNNN is row NNN, query qNNN-j row 3·NNN + j)."""
     docs = docs or [f"d{i:03d}" for i in range(len(doc_vectors))]
     rows = [3 * int(q[1:4]) + int(q.split("-")[1]) for q in dataset.queries]
-    return exact_search(query_vectors[rows], doc_vectors[[int(d[1:]) for d in docs]], list(dataset.queries), docs, k=100)
+    return exact_search(
+        query_vectors[rows], doc_vectors[[int(d[1:]) for d in docs]], list(dataset.queries), docs, k=100
+    )
 
 
 def test_the_sample_is_balanced_over_the_groups_and_the_same_on_every_call() -> None:
@@ -54,11 +58,15 @@ def test_the_sample_is_balanced_over_the_groups_and_the_same_on_every_call() -> 
 def test_the_sample_is_balanced_within_each_stratum() -> None:
     dataset, _, _ = collection()
     strata = {q: ("short" if int(q[1:4]) < 20 else "long") for q in dataset.queries}
-    stratified = PositionalDataset(dataset.name, dataset.corpus, dataset.queries, dataset.qrels, dataset.groups, GROUPS, strata)
+    stratified = PositionalDataset(
+        dataset.name, dataset.corpus, dataset.queries, dataset.qrels, dataset.groups, GROUPS, strata
+    )
     sample = balanced_queries(stratified, 5)
-    assert {(s, g): sum(strata[q] == s and dataset.groups[q][0] == g for q in sample) for s in ("short", "long") for g in GROUPS} == {
-        (s, g): 5 for s in ("short", "long") for g in GROUPS
-    }
+    assert {
+        (s, g): sum(strata[q] == s and dataset.groups[q][0] == g for q in sample)
+        for s in ("short", "long")
+        for g in GROUPS
+    } == {(s, g): 5 for s in ("short", "long") for g in GROUPS}
 
 
 def test_the_pool_holds_every_relevant_passage_and_each_rankings_top_candidates_and_nothing_else() -> None:
@@ -81,12 +89,18 @@ def test_the_pool_holds_every_relevant_passage_and_each_rankings_top_candidates_
 def test_a_passage_judged_relevant_at_any_grade_is_pooled_and_one_judged_at_grade_0_is_not() -> None:
     """Query qJ judges dJ0 relevant at grade 2, dJ1 at grade 1 and dJ2 at grade 0 (not relevant); the reference
     ranks dJ0 first, then the same nine filler passages for every query, then more filler below the top 10."""
-    corpus = {f"d{j}{grade}": "passage" for j in range(3) for grade in range(3)} | {f"f{k:02d}": "filler" for k in range(40)}
+    corpus = {f"d{j}{grade}": "passage" for j in range(3) for grade in range(3)} | {
+        f"f{k:02d}": "filler" for k in range(40)
+    }
     qrels = {f"q{j}": {f"d{j}0": 2, f"d{j}1": 1, f"d{j}2": 0} for j in range(3)}
-    dataset = PositionalDataset("graded", corpus, {q: "query" for q in qrels}, qrels, {f"q{j}": (GROUPS[j],) for j in range(3)}, GROUPS)
+    dataset = PositionalDataset(
+        "graded", corpus, {q: "query" for q in qrels}, qrels, {f"q{j}": (GROUPS[j],) for j in range(3)}, GROUPS
+    )
     reference = {f"q{j}": {f"d{j}0": 2.0} | {f"f{k:02d}": 1.0 - k / 100 for k in range(40)} for j in range(3)}
     pooled = pool(dataset, [reference], per_group=1, depth=10)
-    assert set(pooled.corpus) == {f"d{j}{grade}" for j in range(3) for grade in (0, 1)} | {f"f{k:02d}" for k in range(9)}
+    assert set(pooled.corpus) == {f"d{j}{grade}" for j in range(3) for grade in (0, 1)} | {
+        f"f{k:02d}" for k in range(9)
+    }
     assert most_passages(dataset, per_group=1, depth=10) == 6 + 10 * 3  # the six relevant passages and 10 per query
     assert candidate_recall(dataset, sorted(qrels), [reference]) == pytest.approx(3 / 6)  # each dJ0 found, no dJ1
 

@@ -14,7 +14,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from objectives.posir import BUCKETS, Placement, aggregate_posir, length_bucket, posir_bootstrap, posir_figures, position_bin
+from objectives.posir import (
+    BUCKETS,
+    Placement,
+    aggregate_posir,
+    length_bucket,
+    posir_bootstrap,
+    posir_figures,
+    position_bin,
+)
 
 # id: (span, document characters, document tokens, nDCG@10)    where the script puts it
 QUERIES = {
@@ -40,7 +48,18 @@ def scored(queries: dict = QUERIES) -> tuple[np.ndarray, Placement]:
 
 
 def test_positions_fall_in_bins_closed_on_the_right() -> None:
-    assert [position_bin(x) for x in (0.0, 0.05, 0.0500001, 0.1, 0.15, 0.5, 0.51, 0.95, 0.96, 1.0)] == [0, 0, 1, 1, 2, 9, 10, 18, 19, 19]
+    assert [position_bin(x) for x in (0.0, 0.05, 0.0500001, 0.1, 0.15, 0.5, 0.51, 0.95, 0.96, 1.0)] == [
+        0,
+        0,
+        1,
+        1,
+        2,
+        9,
+        10,
+        18,
+        19,
+        19,
+    ]
 
 
 def test_token_lengths_fall_in_buckets_closed_on_the_right() -> None:
@@ -70,8 +89,18 @@ def test_figures_follow_the_script() -> None:
     assert figures.psi == pytest.approx(1 - 0.1 / 0.75)
     q1, q2, q3, q4 = figures.buckets
     # Q1's bins: 1 → .75, 10 → .5, 20 → .2; the bucket's nDCG@10 is their plain mean, not the mean of its 5 queries
-    assert (q1.ndcg10, q1.psi, q1.n_queries, q1.n_bins) == (pytest.approx(1.45 / 3), pytest.approx(1 - 0.2 / 0.75), 5, 3)
-    assert (q2.ndcg10, q2.psi, q2.n_queries, q2.n_bins) == (pytest.approx(0.45), pytest.approx(0.5), 2, 2)  # bins .6 and .3
+    assert (q1.ndcg10, q1.psi, q1.n_queries, q1.n_bins) == (
+        pytest.approx(1.45 / 3),
+        pytest.approx(1 - 0.2 / 0.75),
+        5,
+        3,
+    )
+    assert (q2.ndcg10, q2.psi, q2.n_queries, q2.n_bins) == (
+        pytest.approx(0.45),
+        pytest.approx(0.5),
+        2,
+        2,
+    )  # bins .6 and .3
     assert (q3.ndcg10, q3.psi, q3.n_queries, q3.n_bins) == (None, None, 0, 0)  # no query: the script stops here
     assert (q4.ndcg10, q4.psi, q4.n_queries, q4.n_bins) == (pytest.approx(0.9), 0.0, 1, 1)  # one bin: 1 - .9/.9
     assert figures.as_dict()["Q1/psi"] == pytest.approx(1 - 0.2 / 0.75) and figures.as_dict()["Q3/ndcg10"] is None
@@ -79,7 +108,9 @@ def test_figures_follow_the_script() -> None:
 
 def test_psi_is_undefined_where_every_bin_scores_zero() -> None:
     """The script divides 0 by 0 there (NaN); posfair says undefined rather than calling it perfectly flat."""
-    figures = posir_figures(*scored({"x": ([0, 10], 100, 300, 0.0), "y": ([80, 90], 100, 300, 0.0), "z": (None, 100, 300, 0.6)}))
+    figures = posir_figures(
+        *scored({"x": ([0, 10], 100, 300, 0.0), "y": ([80, 90], 100, 300, 0.0), "z": (None, 100, 300, 0.6)})
+    )
     assert figures.ndcg10 == pytest.approx(0.2)
     assert figures.psi is None and figures.buckets[0].psi is None and figures.buckets[0].ndcg10 == 0.0
 
@@ -92,7 +123,9 @@ def test_a_weight_counts_a_query_that_many_times() -> None:
     weighted = aggregate_posir(ndcg, placement, weights)
     # nDCG@10: (5.9 + 1.0 - 0.5) / 12; Q1's bin 1 is now a alone (1.0): bins 1.0, .5, .2
     assert weighted.ndcg10[0] == pytest.approx(6.4 / 12)
-    assert weighted.bucket_ndcg10[0, 0] == pytest.approx(1.7 / 3) and weighted.bucket_psi[0, 0] == pytest.approx(1 - 0.2 / 1.0)
+    assert weighted.bucket_ndcg10[0, 0] == pytest.approx(1.7 / 3) and weighted.bucket_psi[0, 0] == pytest.approx(
+        1 - 0.2 / 1.0
+    )
     assert weighted.psi[0] == pytest.approx(1 - 0.1 / 1.0)  # pooled bin 1 is 1.0 too
     assert weighted.bucket_counts[0].tolist() == [5, 2, 0, 1]
 
@@ -100,7 +133,11 @@ def test_a_weight_counts_a_query_that_many_times() -> None:
 def test_the_bootstrap_pairs_both_runs_on_the_same_resamples() -> None:
     ndcg, placement = scored()
     same = posir_bootstrap(ndcg, ndcg.copy(), placement, n_resamples=50, seed=3)
-    assert (same.ndcg10.low, same.ndcg10.high) == (0.0, 0.0) and same.psi is not None and (same.psi.low, same.psi.high) == (0.0, 0.0)
+    assert (
+        (same.ndcg10.low, same.ndcg10.high) == (0.0, 0.0)
+        and same.psi is not None
+        and (same.psi.low, same.psi.high) == (0.0, 0.0)
+    )
     flat = posir_bootstrap(ndcg, np.ones_like(ndcg), placement, n_resamples=50, seed=3)
     assert flat.ndcg10.estimate == pytest.approx(1 - 5.9 / 12)
     assert flat.psi is not None and flat.psi.estimate == pytest.approx(-(1 - 0.1 / 0.75))  # a flat run has PSI 0

@@ -50,7 +50,9 @@ def test_with_the_estimate_the_eta_adds_the_held_out_scoring_at_the_pace_the_tri
     from tuner.evaluation.cost import Probe, StudyCost
 
     # 1 µs per token through the model's 6 layers; one trial: the 33M-token corpus through them, 33 s
-    estimate = StudyCost(Probe("cpu", 1, 1_000_000, 1.0), 300, 33_000_000, 0, 512, 0, 0, layers=6, heldout_tokens=500_000)
+    estimate = StudyCost(
+        Probe("cpu", 1, 1_000_000, 1.0), 300, 33_000_000, 0, 512, 0, 0, layers=6, heldout_tokens=500_000
+    )
     assert round(estimate.trial_seconds) == 33 and estimate.heldout_layer_tokens == 3_000_000 + 2 * 6 * 500_000
     study = optuna.create_study()
     add(study, 0.0, 2, layer_tokens=0)
@@ -63,4 +65,8 @@ def test_with_the_estimate_the_eta_adds_the_held_out_scoring_at_the_pace_the_tri
         f"ETA {clock(90 + held)} with held-out scoring (≈ {clock(held)}), at the pace measured so far "
         "(1m30s per complete trial, estimated ≈ 33 s)"
     ), status
-    assert StudyProgress(3, 0, bar=False, estimate=estimate).status(study).endswith(f"trials done; held-out scoring ≈ {clock(held)}")
+    assert (
+        StudyProgress(3, 0, bar=False, estimate=estimate)
+        .status(study)
+        .endswith(f"trials done; held-out scoring ≈ {clock(held)}")
+    )

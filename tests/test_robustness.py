@@ -39,7 +39,9 @@ def candidate(number: int, robust_evidence: RobustEvidence, drift: float, floor_
     """A trial as selection sees it, with the constraints a study would store (HM floor, reversal)."""
     reversal = robust_evidence.reversal()
     constraints = Constraints(0.5).values(0.55, 0.5 - floor_gap, 0.01, reversal=reversal)
-    return Candidate(number, robust_evidence.objective, robust_evidence.objective_se, drift, tuple(constraints.values()))
+    return Candidate(
+        number, robust_evidence.objective, robust_evidence.objective_se, drift, tuple(constraints.values())
+    )
 
 
 def test_the_objective_is_the_worst_psi_over_the_structures_with_that_structure_s_noise():
@@ -78,7 +80,9 @@ def test_a_structure_whose_uncalibrated_tilt_is_within_noise_has_no_direction_to
     assert StructureEvidence("openings", tilted).reversal == pytest.approx(0.12)  # 2.5 standard errors: a direction
     r = robust(("dev", evidence(0.05, tilt=-0.02)), ("openings", level))
     assert r.reversal() == pytest.approx(-0.02)  # only the structure with a direction counts
-    assert "reversal" not in r.per_structure()["openings"] and r.per_structure()["openings"]["tilt"] == pytest.approx(0.12)
+    assert "reversal" not in r.per_structure()["openings"] and r.per_structure()["openings"]["tilt"] == pytest.approx(
+        0.12
+    )
 
 
 def test_where_no_structure_has_a_direction_the_rule_is_met_and_says_there_is_none_to_reverse():
@@ -89,7 +93,10 @@ def test_where_no_structure_has_a_direction_the_rule_is_met_and_says_there_is_no
     assert r.deciding()["reversal"] == NO_DIRECTION
     constraints = Constraints(0.5)
     sentence = constraints.explain(constraints.values(0.55, 0.53, 0.01, reversal=r.reversal()), r.deciding())
-    assert "the no-reversal rule met (no tuning structure favours one end beyond noise uncalibrated: none to reverse)" in sentence
+    assert (
+        "the no-reversal rule met (no tuning structure favours one end beyond noise uncalibrated: none to reverse)"
+        in sentence
+    )
     assert robust(("dev", evidence(0.05, tilt=None))).reversal() is None  # positions unknown: not checked at all
 
 
@@ -106,7 +113,9 @@ def test_the_uncalibrated_tilt_s_standard_error_is_its_spread_over_the_evidence_
     def run(slope: float) -> PerQuery:
         scores = np.clip(0.7 + slope * positions + rng.normal(0, 0.2, 400), 0, 1)
         ids = tuple(f"q{i}" for i in range(400))
-        return PerQuery(ids, scores, scores, ("begin", "middle", "end"), np.eye(3)[groups], (), np.ones((400, 1)), positions)
+        return PerQuery(
+            ids, scores, scores, ("begin", "middle", "end"), np.eye(3)[groups], (), np.ones((400, 1)), positions
+        )
 
     uncalibrated, calibrated = run(-0.3), run(0.0)
     alone = trial_evidence(uncalibrated, uncalibrated, n_resamples=300)
@@ -129,8 +138,11 @@ def test_the_reversal_constraint_takes_the_most_reversed_structure():
 
 def test_the_lowest_dev_psi_that_reverses_the_bias_on_one_structure_loses_to_a_milder_config():
     """The synthetic study of issue 20: λ 1 is flattest on dev but turns the bias round on the crops; a milder
-    config is fair on both without reversing it, and wins; the edge of the space wins only when it is better everywhere."""
-    edge = robust(("dev", evidence(0.02, 0.02, tilt=0.01)), ("crops", evidence(0.18, 0.04, tilt=0.25)))  # lowest dev PSI
+    config is fair on both without reversing it, and wins; the edge of the space wins only when it is better
+    everywhere."""
+    edge = robust(
+        ("dev", evidence(0.02, 0.02, tilt=0.01)), ("crops", evidence(0.18, 0.04, tilt=0.25))
+    )  # lowest dev PSI
     milder = robust(("dev", evidence(0.07, 0.02, tilt=-0.08)), ("crops", evidence(0.09, 0.03, tilt=-0.05)))
     plain_psi = select([Candidate(6, 0.02, 0.02, 0.06, (-0.01,)), Candidate(2, 0.07, 0.02, 0.01, (-0.01,))])
     assert plain_psi.winner.trial_number == 6  # ranked by the dev PSI alone, the edge wins
@@ -147,7 +159,9 @@ def test_the_lowest_dev_psi_that_reverses_the_bias_on_one_structure_loses_to_a_m
         == 2
     )
     better_everywhere = robust(("dev", evidence(0.02, 0.01, tilt=-0.01)), ("crops", evidence(0.03, 0.01, tilt=-0.02)))
-    assert select([candidate(6, better_everywhere, drift=0.06), candidate(2, milder, drift=0.01)]).winner.trial_number == 6
+    assert (
+        select([candidate(6, better_everywhere, drift=0.06), candidate(2, milder, drift=0.01)]).winner.trial_number == 6
+    )
 
 
 def test_a_trial_worse_beyond_noise_than_the_selection_threshold_is_pruned_one_within_noise_is_not():
@@ -157,7 +171,9 @@ def test_a_trial_worse_beyond_noise_than_the_selection_threshold_is_pruned_one_w
     assert "worst-case PSI 0.200" in prune_reason(beyond, threshold, {}, ["crops"])
     assert prune_reason(within, threshold, {}, ["crops"]) is None
     # a lower bound needs no noise margin of its own: one SE covers how far the threshold can still rise
-    assert "− 1 SE = 0.110 is above 0.100" in prune_reason(robust(("dev", evidence(0.14, 0.03))), threshold, {}, ["crops"])
+    assert "− 1 SE = 0.110 is above 0.100" in prune_reason(
+        robust(("dev", evidence(0.14, 0.03))), threshold, {}, ["crops"]
+    )
     assert prune_reason(beyond, None, {}, ["crops"]) is None  # no feasible complete trial yet: nothing to beat
     assert prune_reason(beyond, threshold, {}, []) is None  # the last rung is scored: the trial is complete
     assert prune_reason(beyond, math.nan, {}, ["crops"]) is None
@@ -193,11 +209,17 @@ def test_a_structure_that_loses_ndcg_beyond_its_noise_makes_the_trial_infeasible
     assert robust(("dev", dev)).significant_ndcg_loss() is None, "no other structure scored yet"
     assert robust(("dev", dev), ("crops", noisy)).significant_ndcg_loss() == pytest.approx(-0.004)
     both = robust(("dev", dev), ("crops", noisy), ("openings", significant))
-    assert both.significant_ndcg_loss() == pytest.approx(0.004), "the worst structure decides, and more can only raise it"
+    assert both.significant_ndcg_loss() == pytest.approx(0.004), (
+        "the worst structure decides, and more can only raise it"
+    )
     values = Constraints(0.5).values(0.55, 0.53, 0.01, structure_ndcg_loss=both.significant_ndcg_loss())
     assert values["structure_ndcg"] == pytest.approx(0.004) and values["ndcg_drop"] == pytest.approx(-0.01)
-    assert Constraints(0.5, max_ndcg_drop=0.005).values(0.55, 0.53, 0.01, structure_ndcg_loss=0.004)["structure_ndcg"] < 0
-    assert "structure_ndcg" not in Constraints(0.5, max_ndcg_drop=None).values(0.55, 0.53, 0.01, structure_ndcg_loss=0.004)
+    assert (
+        Constraints(0.5, max_ndcg_drop=0.005).values(0.55, 0.53, 0.01, structure_ndcg_loss=0.004)["structure_ndcg"] < 0
+    )
+    assert "structure_ndcg" not in Constraints(0.5, max_ndcg_drop=None).values(
+        0.55, 0.53, 0.01, structure_ndcg_loss=0.004
+    )
 
 
 def test_the_tuning_passages_own_loss_is_not_a_structure_loss_wherever_they_were_scored() -> None:
@@ -219,7 +241,9 @@ def test_the_drift_ratio_is_the_largest_drift_over_the_structures_as_a_multiple_
     )
     reference = {"dev": 0.01, "crops": 0.005, "half": 0.0}
     assert moved.drift_ratio(reference) == pytest.approx(6.0)
-    assert moved.drift_ratio({"crops": 0.005}) == pytest.approx(4.0)  # a structure the reference never measured is left out
+    assert moved.drift_ratio({"crops": 0.005}) == pytest.approx(
+        4.0
+    )  # a structure the reference never measured is left out
     assert moved.drift_ratio({"half": 0.0}) is None and moved.drift_ratio({}) is None  # nothing to compare with
     assert moved.per_structure()["dev"]["drift"] == 0.06
     assert moved.drift_ratio(None) is None  # moved, and no yardstick yet: unknown
@@ -229,10 +253,15 @@ def test_no_calibration_drifts_zero_times_any_reference_even_before_the_referenc
     """The baseline trial runs before the paper default whose drift is the yardstick: it still has a drift
     constraint, so every complete trial of a study has the same constraints (GPSampler needs them alike)."""
     unmoved = RobustEvidence(
-        (StructureEvidence("dev", evidence(0.3), tuning=True, drift=0.0), StructureEvidence("crops", evidence(0.2), drift=0.0))
+        (
+            StructureEvidence("dev", evidence(0.3), tuning=True, drift=0.0),
+            StructureEvidence("crops", evidence(0.2), drift=0.0),
+        )
     )
     assert unmoved.drift_ratio(None) == 0.0 and unmoved.drift_ratio({"dev": 0.01}) == 0.0
-    assert Constraints(0.5, max_drift=2.0).values(0.55, 0.53, 0.01, drift_ratio=unmoved.drift_ratio(None))["drift"] == -2.0
+    assert (
+        Constraints(0.5, max_drift=2.0).values(0.55, 0.53, 0.01, drift_ratio=unmoved.drift_ratio(None))["drift"] == -2.0
+    )
 
 
 def test_the_drift_limit_is_a_multiple_of_the_reference_s_drift():

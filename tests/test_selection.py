@@ -39,7 +39,9 @@ def band_of_three() -> list[Candidate]:
     return [
         Candidate(1, 0.164, 0.03, 0.020, (-0.01,), hm=0.570, mean_psi=0.120),  # the best objective
         Candidate(2, 0.180, 0.03, 0.008, (-0.01,), hm=0.574, mean_psi=0.140),  # the mildest
-        Candidate(3, 0.170, 0.03, 0.030, (-0.01,), hm=0.566, mean_psi=0.095),  # the fairest on the mean of the structures
+        Candidate(
+            3, 0.170, 0.03, 0.030, (-0.01,), hm=0.566, mean_psi=0.095
+        ),  # the fairest on the mean of the structures
         Candidate(4, 0.185, 0.03, 0.015, (-0.01,), hm=0.581, mean_psi=0.150),  # the most accurate
         Candidate(5, 0.240, 0.03, 0.001, (-0.01,), hm=0.590, mean_psi=0.050),  # outside the band: never chosen
     ]
@@ -131,7 +133,9 @@ def test_two_trials_scored_on_the_same_resamples_are_told_apart_by_the_noise_of_
     chosen = select([best, worse, level])
     assert chosen.paired and chosen.eligible == (1, 3) and chosen.winner == level  # the milder of the two within noise
     assert "within one paired standard error of the best (trial 1: 0.1500" in chosen.describe()
-    unpaired = select([Candidate(c.trial_number, c.objective, c.objective_se, c.drift, c.constraints) for c in (best, worse, level)])
+    unpaired = select(
+        [Candidate(c.trial_number, c.objective, c.objective_se, c.drift, c.constraints) for c in (best, worse, level)]
+    )
     assert not unpaired.paired and unpaired.eligible == (1, 2, 3) and unpaired.winner.trial_number == 2  # 0.150 + 0.037
 
 
@@ -209,6 +213,8 @@ def test_trial_evidence_point_values_match_the_report_and_the_se_matches_a_hand_
 
 def test_trial_evidence_needs_the_same_queries_and_position_groups():
     base = per_query([0.5, 0.5, 0.5], [0, 1, 2])
-    other = PerQuery(("x", "y", "z"), np.ones(3), np.zeros(3), ("begin", "middle", "end"), np.eye(3), (), np.ones((3, 1)))
+    other = PerQuery(
+        ("x", "y", "z"), np.ones(3), np.zeros(3), ("begin", "middle", "end"), np.eye(3), (), np.ones((3, 1))
+    )
     with pytest.raises(ValueError, match="different queries"):
         trial_evidence(base, other)

@@ -104,7 +104,13 @@ def build_model(kind: str, layers: int = 3, max_length: int = 256, initializer_r
         config = GteConfig(**common, max_position_embeddings=max_length, pad_token_id=1)
         return GteModel(config, add_pooling_layer=False)
     config = Qwen3Config(
-        **common, num_key_value_heads=2, head_dim=8, max_position_embeddings=max_length, pad_token_id=0, eos_token_id=3, bos_token_id=2
+        **common,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=max_length,
+        pad_token_id=0,
+        eos_token_id=3,
+        bos_token_id=2,
     )
     return Qwen3Model(config)
 
@@ -136,7 +142,10 @@ def save_custom_code(folder: Path, **options: object) -> Path:
     (folder / "modeling_tiny_custom.py").write_text(CUSTOM_MODELING, encoding="utf-8")
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     config["model_type"] = "tiny-custom"
-    config["auto_map"] = {"AutoConfig": "modeling_tiny_custom.TinyCustomConfig", "AutoModel": "modeling_tiny_custom.TinyCustomModel"}
+    config["auto_map"] = {
+        "AutoConfig": "modeling_tiny_custom.TinyCustomConfig",
+        "AutoModel": "modeling_tiny_custom.TinyCustomModel",
+    }
     (folder / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
     return folder
 
@@ -190,7 +199,9 @@ def load_as(folder: Path | str, implementation: str, **options: object) -> PreTr
     return model.eval()
 
 
-def export_of(loaded: LoadedModel, config: CalibrationConfig | None = None, metrics: dict | None = None) -> ExportedConfig:
+def export_of(
+    loaded: LoadedModel, config: CalibrationConfig | None = None, metrics: dict | None = None
+) -> ExportedConfig:
     """A config exported for `loaded` as a study exports one, with placeholder provenance (study "s", trial 0): the
     paper default at basket 8 unless `config` is given."""
     from tuner.engine.exported import build_export
