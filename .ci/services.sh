@@ -30,7 +30,8 @@ start_postgres_in_background() {
 start_mlflow() {
   wait "$POSTGRES_STARTER" || { echo "PostgreSQL did not start"; return 1; }
   # Without MLflow's job runner, as `tune ui` serves (tuner.tracking.runs.ui_environment): eight processes fewer.
-  MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false .venv/bin/mlflow server --backend-store-uri "postgresql://posfair@127.0.0.1:$PG_PORT/mlflow" \
+  MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false .venv/bin/mlflow server \
+    --backend-store-uri "postgresql://posfair@127.0.0.1:$PG_PORT/mlflow" \
     --artifacts-destination "$SERVICES_DIR/artifacts" --host 127.0.0.1 --port "$MLFLOW_PORT" --workers 1 \
     >"$SERVICES_DIR/mlflow.log" 2>&1 &
   MLFLOW_PID=$!
@@ -51,7 +52,8 @@ start_services() {
 }
 
 mlflow_healthy() {
-  .venv/bin/python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$MLFLOW_PORT/health', timeout=2)" 2>/dev/null
+  local url="http://127.0.0.1:$MLFLOW_PORT/health"
+  .venv/bin/python -c "import urllib.request; urllib.request.urlopen('$url', timeout=2)" 2>/dev/null
 }
 
 stop_services() {

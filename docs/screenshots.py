@@ -69,7 +69,8 @@ def serving(command: list[str], cwd: Path, health: str, log: Path) -> Iterator[s
 
 
 def tune_fresh(folder: Path) -> None:
-    """The default run the screenshots show: plain `tune` (MiniLM on WikiPos-dev, its budget, the four held-out sets)."""
+    """The default run the screenshots show: plain `tune` (MiniLM on WikiPos-dev, its budget, the four held-out
+    sets)."""
     subprocess.run([sys.executable, "-m", "tuner.cli"], cwd=folder, check=True)
 
 
@@ -112,7 +113,14 @@ def shoot(project: Path) -> None:
     mlflow_port, dashboard_port = free_port(), free_port()
     logs = Path(tempfile.mkdtemp(prefix="screenshots-"))
     ui = [sys.executable, "-m", "tuner.cli", "ui", "--port", str(mlflow_port)]
-    dashboard = [str(Path(sys.executable).with_name("optuna-dashboard")), storage, "--port", str(dashboard_port), "--host", "127.0.0.1"]
+    dashboard = [
+        str(Path(sys.executable).with_name("optuna-dashboard")),
+        storage,
+        "--port",
+        str(dashboard_port),
+        "--host",
+        "127.0.0.1",
+    ]
     with (
         serving(ui, project, f"http://127.0.0.1:{mlflow_port}/health", logs / "ui.log"),
         serving(dashboard, project, f"http://127.0.0.1:{dashboard_port}/api/studies", logs / "dashboard.log"),
@@ -192,7 +200,10 @@ def mlflow_winner_and_model(page: object, runs_url: str, project: Path, study: s
     mlflow_page(page, runs_url.replace("/runs?", f"/runs/{run.info.run_id}?"), "Winner (trial", "mlflow-trial.png")
     (model,) = store(project).search_registered_models()
     mlflow_page(
-        page, runs_url.split("#")[0] + f"#/models/{model.name}?workflowType=machine_learning", "champion", "mlflow-registered-model.png"
+        page,
+        runs_url.split("#")[0] + f"#/models/{model.name}?workflowType=machine_learning",
+        "champion",
+        "mlflow-registered-model.png",
     )
 
 
@@ -201,15 +212,21 @@ def mlflow_pruned_and_compare(page: object, runs_url: str, project: Path, study:
     view of the complete trials, with the axes a user picks: the knobs and the objective."""
     client = store(project)
     experiment = client.get_experiment_by_name("posfair")
-    runs = client.search_runs([experiment.experiment_id], f"tags.`posfair.study` = '{study}' and tags.`posfair.role` = 'trial'")
+    runs = client.search_runs(
+        [experiment.experiment_id], f"tags.`posfair.study` = '{study}' and tags.`posfair.role` = 'trial'"
+    )
     pruned = [r for r in runs if r.data.tags.get("posfair.state") == "PRUNED"]
     if pruned:
         first = min(pruned, key=lambda r: int(r.data.tags["posfair.trial"]))
-        mlflow_page(page, runs_url.replace("/runs?", f"/runs/{first.info.run_id}?"), "pruned after", "mlflow-pruned-trial.png")
+        mlflow_page(
+            page, runs_url.replace("/runs?", f"/runs/{first.info.run_id}?"), "pruned after", "mlflow-pruned-trial.png"
+        )
     complete = [r.info.run_id for r in runs if r.data.tags.get("posfair.state") == "COMPLETE"]
     ids = ",".join(f'"{run}"' for run in complete)
     base = runs_url.split("#")[0]
-    page.goto(f'{base}#/compare-runs?runs=[{ids}]&experiments=["{experiment.experiment_id}"]&workflowType=machine_learning')
+    page.goto(
+        f'{base}#/compare-runs?runs=[{ids}]&experiments=["{experiment.experiment_id}"]&workflowType=machine_learning'
+    )
     page.get_by_text("Parallel Coordinates Plot").first.wait_for(timeout=60_000)
     close_assistant(page)
     page.wait_for_timeout(3000)
@@ -230,10 +247,14 @@ def dashboard_pages(page: object, base: str, study: optuna.Study) -> None:
     page.goto(f"{base}/dashboard/studies/{study._study_id}")
     page.get_by_text("Best Trial").first.wait_for(timeout=60_000)
     page.get_by_text("winner").first.wait_for(timeout=30_000)
-    page.evaluate("document.querySelectorAll('*').forEach(e => { e.scrollTop = 0; }); window.scrollTo(0, 0)")  # sticky header
+    page.evaluate(
+        "document.querySelectorAll('*').forEach(e => { e.scrollTop = 0; }); window.scrollTo(0, 0)"
+    )  # sticky header
     page.wait_for_timeout(3000)
     page.screenshot(path=DOCS / "optuna-dashboard.png", full_page=True)
-    page.goto(f"{base}/dashboard/studies/{study._study_id}/trials")  # "Trials (List)": each trial's state, the first one open
+    page.goto(
+        f"{base}/dashboard/studies/{study._study_id}/trials"
+    )  # "Trials (List)": each trial's state, the first one open
     page.get_by_text("Best Trial").first.wait_for(timeout=60_000)
     page.wait_for_timeout(1500)
     page.screenshot(path=DOCS / "optuna-dashboard-trials.png")
@@ -242,13 +263,16 @@ def dashboard_pages(page: object, base: str, study: optuna.Study) -> None:
         page.goto(f"{base}/dashboard/studies/{study._study_id}/trials?numbers={pruned[0].number}")
         page.get_by_text(pruned[0].user_attrs["feasible"][:20]).first.wait_for(timeout=60_000)
         page.wait_for_timeout(1500)
-        page.screenshot(path=DOCS / "optuna-dashboard-pruned-trial.png")  # the metrics JSON is one long line: the viewport only
+        # the metrics JSON is one long line: the viewport only
+        page.screenshot(path=DOCS / "optuna-dashboard-pruned-trial.png")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--project", type=Path, help="a folder holding mlruns/ (default: tune one in a fresh folder)")
-    parser.add_argument("--figures-only", action="store_true", help="only copy the parent run's pareto.png and heldout.png")
+    parser.add_argument(
+        "--figures-only", action="store_true", help="only copy the parent run's pareto.png and heldout.png"
+    )
     parser.add_argument("--record", type=Path, help="write {picture: SHA-256} of every picture written here, as JSON")
     args = parser.parse_args()
     project = args.project
