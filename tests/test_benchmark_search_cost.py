@@ -22,6 +22,7 @@ def test_each_arm_is_the_study_it_names(tmp_path: Path) -> None:
             "trials": 16,
             "profile_docs": 8,
             "bootstrap": 10,
+            "max_ndcg_drop": 0.0,
         },
     )()
     grid, tpe, robust, third = (
@@ -30,9 +31,8 @@ def test_each_arm_is_the_study_it_names(tmp_path: Path) -> None:
     assert grid.grid == "paper" and not grid.prune and grid.trials == 25 and grid.budget is None
     assert not tpe.structures and not tpe.prune and tpe.max_reversal is None and tpe.max_drift is None
     assert robust.structures and robust.prune and robust.budget is None and robust.trials == 16 and robust.seed == 1
-    assert (
-        third.budget == Budget(grid_share=1 / 3) and third.trials == 16 and third.prune
-    )  # the budget ends it, not --trials
+    # the budget ends it, not --trials
+    assert third.budget == Budget(grid_share=1 / 3) and third.trials == 16 and third.prune
     assert str(third.storage).endswith("optuna.db") and third.output == tmp_path / "winner.yaml"
     assert third.sampler == "cost-tpe"
     for arm, sampler in (("tpe-third", "tpe"), ("gp-third", "gp")):  # the same search and budget, another sampler
