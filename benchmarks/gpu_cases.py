@@ -57,9 +57,8 @@ def plan_for(device: str, pairs: int | None = None) -> Plan:
         for model, pooling in (("xlmr", "cls"), ("xlmr", "mean"), ("qwen3", "last"))
         for n in (64, 128)
     )
-    return Plan(
-        "cpu", torch.float32, "tiny", cases, pairs or 3, 1, 16, 64, SDPBackend.FLASH_ATTENTION, threads=1
-    )  # tiny: threads only contend
+    # tiny: threads only contend
+    return Plan("cpu", torch.float32, "tiny", cases, pairs or 3, 1, 16, 64, SDPBackend.FLASH_ATTENTION, threads=1)
 
 
 WIDTHS = {  # XLM-R: hidden, heads, intermediate, layers

@@ -67,9 +67,8 @@ def layers_run(trial: FrozenTrial, num_layers: int) -> int:
 def evidence(row: dict[str, float]) -> TrialEvidence:
     """A stored structure row as the rule reads it (the reversal's sign gives the uncalibrated direction)."""
     tilt, reversal = row.get("tilt"), row.get("reversal")
-    baseline = (
-        None if tilt is None or reversal is None else (-1.0 if math.isclose(reversal, tilt) else 1.0)
-    )  # reversal = −sign × tilt
+    # reversal = −sign × tilt
+    baseline = None if tilt is None or reversal is None else (-1.0 if math.isclose(reversal, tilt) else 1.0)
     return TrialEvidence(
         row["psi"],
         row["psi_se"],

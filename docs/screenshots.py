@@ -247,14 +247,12 @@ def dashboard_pages(page: object, base: str, study: optuna.Study) -> None:
     page.goto(f"{base}/dashboard/studies/{study._study_id}")
     page.get_by_text("Best Trial").first.wait_for(timeout=60_000)
     page.get_by_text("winner").first.wait_for(timeout=30_000)
-    page.evaluate(
-        "document.querySelectorAll('*').forEach(e => { e.scrollTop = 0; }); window.scrollTo(0, 0)"
-    )  # sticky header
+    # sticky header
+    page.evaluate("document.querySelectorAll('*').forEach(e => { e.scrollTop = 0; }); window.scrollTo(0, 0)")
     page.wait_for_timeout(3000)
     page.screenshot(path=DOCS / "optuna-dashboard.png", full_page=True)
-    page.goto(
-        f"{base}/dashboard/studies/{study._study_id}/trials"
-    )  # "Trials (List)": each trial's state, the first one open
+    # "Trials (List)": each trial's state, the first one open
+    page.goto(f"{base}/dashboard/studies/{study._study_id}/trials")
     page.get_by_text("Best Trial").first.wait_for(timeout=60_000)
     page.wait_for_timeout(1500)
     page.screenshot(path=DOCS / "optuna-dashboard-trials.png")

@@ -45,12 +45,10 @@ def test_each_rule_is_counted_from_the_trials_that_met_or_missed_it() -> None:
     )
     for t in [
         trial(0.0, 0.10, {"openings": (0.05, 0.0), "dev": (0.10, 0.0)}),  # the uncalibrated reference
-        trial(
-            0.5, 0.15, {"openings": (0.08, 0.02), "dev": (0.15, 0.04)}, drift=0.5
-        ),  # the paper default, over the drift limit
-        trial(
-            0.25, 0.09, {"openings": (0.09, 0.005), "dev": (0.07, 0.01)}
-        ),  # its family at half λ: p = log 4 / log 2 = 2
+        # the paper default, over the drift limit
+        trial(0.5, 0.15, {"openings": (0.08, 0.02), "dev": (0.15, 0.04)}, drift=0.5),
+        # its family at half λ: p = log 4 / log 2 = 2
+        trial(0.25, 0.09, {"openings": (0.09, 0.005), "dev": (0.07, 0.01)}),
         trial(0.8, None, {"openings": (0.2, 0.1)}, TrialState.PRUNED, reversal=0.03),
         trial(0.3, None, {"openings": (0.2, 0.1)}, TrialState.PRUNED),  # pruned as worse: no constraint missed
     ]:

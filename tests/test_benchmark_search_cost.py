@@ -88,9 +88,8 @@ def test_the_table_compares_a_study_with_the_grid_as_priced_when_the_grid_did_no
     assert "| 1,000 (0.33×) |" in rows[0] and "trial 5: cls_soft λ 0.50 Llast:3 B128" in rows[0]
     assert "| 500 (0.17×) |" in rows[1] and "trial 0: no calibration" in rows[1]  # λ 0 is the uncalibrated reference
     held = table([study(0.5, 900, 3000)]).split("Held out, test:", 1)[1].splitlines()
-    assert (
-        held[4] == "| robust-third | 0 | 0.50× | +1.00 [+0.20, +1.80] | +0.10 [-0.30, +0.50] | -3.0 |"
-    )  # a column each
+    # a column each
+    assert held[4] == "| robust-third | 0 | 0.50× | +1.00 [+0.20, +1.80] | +0.10 [-0.30, +0.50] | -3.0 |"
     assert "(" not in table([study(0.5, 900, None)]).splitlines()[2].split("|")[3]  # no grid known: no share
 
 
@@ -185,9 +184,8 @@ def test_the_sampler_table_counts_the_seeds_as_good_as_the_grid_and_their_spread
     assert rows["test: seeds' PSI spread ÷ its bootstrap SE"].endswith("| 1.8 |")
     # (600 + 100) / (2000 + 100) for each seed
     assert rows["layer-tokens on a fresh machine, × the grid's: mean (range)"].endswith("| 0.33× (0.33–0.33) |")
-    assert rows["of which the baselines and queries · the paper default's trial"].endswith(
-        "| 0.05× · 0.10× |"
-    )  # 100 and 210 of 2,100
+    # 100 and 210 of 2,100
+    assert rows["of which the baselines and queries · the paper default's trial"].endswith("| 0.05× · 0.10× |")
     assert "tpe-third" not in table  # an arm that did not run has no column
 
 

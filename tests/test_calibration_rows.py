@@ -214,9 +214,8 @@ def test_by_size_shares_the_remainder_by_basket_content(variant: str, isolated, 
     for lo, hi in ((1, 4), (4, 7)):  # proportions kept inside a basket
         assert torch.allclose(got[lo:hi] / got[lo:hi].sum(), attn[0, 0, lo:hi] / attn[0, 0, lo:hi].sum())
     equal = engine(attn, SEVEN, config.model_copy(update={"basket_shares": "equal"}))[0, 0]
-    assert torch.allclose(
-        basket_masses(equal, 1, 7, 3), torch.as_tensor(remainder(a_s) / 3).expand(3)
-    )  # the paper's, for contrast
+    # the paper's, for contrast
+    assert torch.allclose(basket_masses(equal, 1, 7, 3), torch.as_tensor(remainder(a_s) / 3).expand(3))
 
 
 def test_by_size_shares_a_causal_row_by_the_tokens_it_sees() -> None:

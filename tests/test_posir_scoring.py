@@ -95,12 +95,13 @@ def test_figures_follow_the_script() -> None:
         5,
         3,
     )
+    # bins .6 and .3
     assert (q2.ndcg10, q2.psi, q2.n_queries, q2.n_bins) == (
         pytest.approx(0.45),
         pytest.approx(0.5),
         2,
         2,
-    )  # bins .6 and .3
+    )
     assert (q3.ndcg10, q3.psi, q3.n_queries, q3.n_bins) == (None, None, 0, 0)  # no query: the script stops here
     assert (q4.ndcg10, q4.psi, q4.n_queries, q4.n_bins) == (pytest.approx(0.9), 0.0, 1, 1)  # one bin: 1 - .9/.9
     assert figures.as_dict()["Q1/psi"] == pytest.approx(1 - 0.2 / 0.75) and figures.as_dict()["Q3/ndcg10"] is None

@@ -140,9 +140,8 @@ def test_the_lowest_dev_psi_that_reverses_the_bias_on_one_structure_loses_to_a_m
     """The synthetic study of issue 20: λ 1 is flattest on dev but turns the bias round on the crops; a milder
     config is fair on both without reversing it, and wins; the edge of the space wins only when it is better
     everywhere."""
-    edge = robust(
-        ("dev", evidence(0.02, 0.02, tilt=0.01)), ("crops", evidence(0.18, 0.04, tilt=0.25))
-    )  # lowest dev PSI
+    # lowest dev PSI
+    edge = robust(("dev", evidence(0.02, 0.02, tilt=0.01)), ("crops", evidence(0.18, 0.04, tilt=0.25)))
     milder = robust(("dev", evidence(0.07, 0.02, tilt=-0.08)), ("crops", evidence(0.09, 0.03, tilt=-0.05)))
     plain_psi = select([Candidate(6, 0.02, 0.02, 0.06, (-0.01,)), Candidate(2, 0.07, 0.02, 0.01, (-0.01,))])
     assert plain_psi.winner.trial_number == 6  # ranked by the dev PSI alone, the edge wins
@@ -241,9 +240,8 @@ def test_the_drift_ratio_is_the_largest_drift_over_the_structures_as_a_multiple_
     )
     reference = {"dev": 0.01, "crops": 0.005, "half": 0.0}
     assert moved.drift_ratio(reference) == pytest.approx(6.0)
-    assert moved.drift_ratio({"crops": 0.005}) == pytest.approx(
-        4.0
-    )  # a structure the reference never measured is left out
+    # a structure the reference never measured is left out
+    assert moved.drift_ratio({"crops": 0.005}) == pytest.approx(4.0)
     assert moved.drift_ratio({"half": 0.0}) is None and moved.drift_ratio({}) is None  # nothing to compare with
     assert moved.per_structure()["dev"]["drift"] == 0.06
     assert moved.drift_ratio(None) is None  # moved, and no yardstick yet: unknown

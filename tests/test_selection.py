@@ -39,9 +39,8 @@ def band_of_three() -> list[Candidate]:
     return [
         Candidate(1, 0.164, 0.03, 0.020, (-0.01,), hm=0.570, mean_psi=0.120),  # the best objective
         Candidate(2, 0.180, 0.03, 0.008, (-0.01,), hm=0.574, mean_psi=0.140),  # the mildest
-        Candidate(
-            3, 0.170, 0.03, 0.030, (-0.01,), hm=0.566, mean_psi=0.095
-        ),  # the fairest on the mean of the structures
+        # the fairest on the mean of the structures
+        Candidate(3, 0.170, 0.03, 0.030, (-0.01,), hm=0.566, mean_psi=0.095),
         Candidate(4, 0.185, 0.03, 0.015, (-0.01,), hm=0.581, mean_psi=0.150),  # the most accurate
         Candidate(5, 0.240, 0.03, 0.001, (-0.01,), hm=0.590, mean_psi=0.050),  # outside the band: never chosen
     ]

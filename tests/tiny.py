@@ -96,9 +96,8 @@ def build_model(kind: str, layers: int = 3, max_length: int = 256, initializer_r
         config = XLMRobertaConfig(**common, max_position_embeddings=max_length + 2, pad_token_id=1)
         return XLMRobertaModel(config, add_pooling_layer=False)
     if kind == "mpnet":  # positions numbered from the padding index + 1, like XLM-R
-        config = MPNetConfig(
-            **common, max_position_embeddings=max_length + 2, pad_token_id=1
-        )  # MPNet computes 32 relative buckets whatever the config says
+        # MPNet computes 32 relative buckets whatever the config says
+        config = MPNetConfig(**common, max_position_embeddings=max_length + 2, pad_token_id=1)
         return MPNetModel(config, add_pooling_layer=False)
     if kind == "gte":
         config = GteConfig(**common, max_position_embeddings=max_length, pad_token_id=1)
