@@ -21,7 +21,9 @@ from tuner.data.dataset import PositionalDataset
 from tuner.data.jsonl import identifier, read_jsonl, read_qrels_tsv, require_file, text_field, unique
 
 
-def load_beir(path: str | Path, *, split: str = "test", include_title: bool = True, name: str | None = None) -> PositionalDataset:
+def load_beir(
+    path: str | Path, *, split: str = "test", include_title: bool = True, name: str | None = None
+) -> PositionalDataset:
     """Load a BEIR-format folder as a general-retrieval dataset named `beir:<folder name>`."""
     folder = Path(path)
     if not folder.is_dir():

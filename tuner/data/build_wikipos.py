@@ -112,7 +112,11 @@ def usable_descriptions(records: Sequence[dict[str, Any]]) -> dict[str, str]:
     """Title -> query text for descriptions that are unique across the source and at least three words long."""
     normalized = {r["title"]: " ".join((r.get("description") or "").split()) for r in records}
     counts = Counter(text.casefold() for text in normalized.values())
-    return {title: text for title, text in normalized.items() if len(text.split()) >= MIN_QUERY_WORDS and counts[text.casefold()] == 1}
+    return {
+        title: text
+        for title, text in normalized.items()
+        if len(text.split()) >= MIN_QUERY_WORDS and counts[text.casefold()] == 1
+    }
 
 
 def read_summaries(source: Path, count_tokens: Tokenize) -> list[Summary]:
@@ -129,7 +133,8 @@ def read_summaries(source: Path, count_tokens: Tokenize) -> list[Summary]:
 
 
 def pack_topic(summaries: list[Summary], rng: random.Random) -> list[list[Summary]]:
-    """Greedy passages of one topic's summaries, each within the token budget and MAX_SUMMARIES, in random slot order."""
+    """Greedy passages of one topic's summaries, each within the token budget and MAX_SUMMARIES, in random slot
+    order."""
     return pack_full(summaries, rng, MIN_SUMMARIES, most=MAX_SUMMARIES)
 
 
@@ -149,7 +154,9 @@ def by_slot(slot: int, slots: int, start: int, end: int, length: int) -> str:
     return slot_third(slot, slots)
 
 
-def passage_record(doc_id: str, members: list[Summary], next_qid: Callable[[], str], group: GroupRule = by_third) -> dict[str, Any]:
+def passage_record(
+    doc_id: str, members: list[Summary], next_qid: Callable[[], str], group: GroupRule = by_third
+) -> dict[str, Any]:
     """The file record of one passage: its text and, per summary, its span, title and query with group."""
     text = SEPARATOR.join(s.text for s in members)
     segments = []
@@ -164,7 +171,9 @@ def passage_record(doc_id: str, members: list[Summary], next_qid: Callable[[], s
     return {"id": doc_id, "topic": members[0].topic, "text": text, "segments": segments}
 
 
-def pack_full(summaries: list[Summary], rng: random.Random, minimum: int, most: int | None = None) -> list[list[Summary]]:
+def pack_full(
+    summaries: list[Summary], rng: random.Random, minimum: int, most: int | None = None
+) -> list[list[Summary]]:
     """Passages of one topic's segments, each filled greedily up to the token budget (and `most` segments),
     in random slot order; passages of fewer than `minimum` segments, or without a query, are dropped."""
     pool = list(summaries)
@@ -206,7 +215,9 @@ def general_record(doc_id: str, qid: str, summary: Summary) -> dict[str, Any]:
         "id": doc_id,
         "topic": summary.topic,
         "text": summary.text,
-        "segments": [{"title": summary.title, "span": [0, len(summary.text)], "query": {"id": qid, "text": summary.query}}],
+        "segments": [
+            {"title": summary.title, "span": [0, len(summary.text)], "query": {"id": qid, "text": summary.query}}
+        ],
     }
 
 
@@ -252,7 +263,8 @@ def build_transfer(unused: list[Summary], count_tokens: Tokenize) -> dict[str, l
     """The transfer sets from summaries in no other split (module docstring, step 8)."""
     openings = [opening_sentence(s.text) for s in unused]
     sentences = [
-        Summary(s.title, s.topic, text, tokens, s.query) for s, text, tokens in zip(unused, openings, count_tokens(openings), strict=True)
+        Summary(s.title, s.topic, text, tokens, s.query)
+        for s, text, tokens in zip(unused, openings, count_tokens(openings), strict=True)
     ]
     coin = random.Random(SEED + 20)
     mixed = [whole if coin.random() < 0.5 else opening for whole, opening in zip(unused, sentences, strict=True)]

@@ -114,12 +114,14 @@ class PositionalDataset:
             judged = self.qrels.get(qid)
             if not judged or not any(rel > 0 for rel in judged.values()):
                 raise ValueError(
-                    f"{where}: query {qid!r} has no relevant document in qrels; add a judgement with relevance > 0 for it or drop the query"
+                    f"{where}: query {qid!r} has no relevant document in qrels; "
+                    "add a judgement with relevance > 0 for it or drop the query"
                 )
         for qid, judged in self.qrels.items():
             if qid not in self.queries:
                 raise ValueError(
-                    f"{where}: qrels judge query {qid!r}, which is not among the queries; add the query text or drop its judgements"
+                    f"{where}: qrels judge query {qid!r}, which is not among the queries; "
+                    "add the query text or drop its judgements"
                 )
             for doc_id in judged:
                 if doc_id not in self.corpus:
@@ -234,7 +236,10 @@ def _require_full_strata(dataset: PositionalDataset, flag: str, groups: list[str
         if min(cell.values()) < MIN_STRATUM_QUERIES:
             first, *rest = cell.items()
             spread = ", ".join(
-                [f"{first[1]} {'query' if first[1] == 1 else 'queries'} in group {first[0]!r}", *(f"{n} in {g!r}" for g, n in rest)]
+                [
+                    f"{first[1]} {'query' if first[1] == 1 else 'queries'} in group {first[0]!r}",
+                    *(f"{n} in {g!r}" for g, n in rest),
+                ]
             )
             raise ValueError(
                 f"{flag} {dataset.name}: stratum {stratum!r} has {spread}; HM and PSI weigh every stratum alike, "

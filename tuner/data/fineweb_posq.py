@@ -157,11 +157,14 @@ def check_available(source: str | Path | None = None) -> None:
     Face cache, or a reachable Hub), so a run that needs it stops before any other work."""
     if source is not None and str(source) != HUB_ID:
         if not Path(source).exists():
-            raise FileNotFoundError(f"FineWeb-PosQ source {source} does not exist; pass a local file or folder, or no source for the Hub")
+            raise FileNotFoundError(
+                f"FineWeb-PosQ source {source} does not exist; pass a local file or folder, or no source for the Hub"
+            )
         return
     if cached_snapshot(HUB_ID) is None and (offline_mode() or not hub_reachable()):
         raise DatasetUnavailableError(
-            f"dataset {HUB_ID!r} is not in the local Hugging Face cache and the hub cannot be reached from here. {DOWNLOAD_HINT}"
+            f"dataset {HUB_ID!r} is not in the local Hugging Face cache and the hub cannot be reached from here. "
+            f"{DOWNLOAD_HINT}"
         )
 
 
@@ -171,7 +174,9 @@ def read_rows(source: str | Path | None, cache_dir: str | None) -> datasets.Data
         return read_local(Path(source), cache_dir)
     if source is None or str(source) == HUB_ID:
         return read_hub(HUB_ID, cache_dir)
-    raise FileNotFoundError(f"FineWeb-PosQ source {source} does not exist; pass a local file or folder, or no source for the Hub")
+    raise FileNotFoundError(
+        f"FineWeb-PosQ source {source} does not exist; pass a local file or folder, or no source for the Hub"
+    )
 
 
 def read_local(path: Path, cache_dir: str | None) -> datasets.Dataset:

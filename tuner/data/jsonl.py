@@ -190,8 +190,16 @@ def unique(kind: str, key: str, lines: dict[str, int], path: Path, line: int) ->
 
 def grade(value: Any, where: str) -> int:
     """A relevance grade: a whole number (1.0 is 1); a fraction, a word or a boolean is refused."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value != int(value):
-        raise ValueError(f"{where}: relevance {shown(value)} is not a whole number; grades are integers (0 = not relevant, 1, 2, ...)")
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value != int(value)
+    ):
+        raise ValueError(
+            f"{where}: relevance {shown(value)} is not a whole number; "
+            "grades are integers (0 = not relevant, 1, 2, ...)"
+        )
     return int(value)
 
 
@@ -214,8 +222,9 @@ def read_qrels_tsv(path: Path) -> dict[str, dict[str, int]]:
         known = qrels.setdefault(judged.query, {}).get(judged.document)
         if known is not None and known != judged.relevance:
             raise ValueError(
-                f"{path}:{judged.line}: query {shown(judged.query)}, document {shown(judged.document)}: relevance "
-                f"{judged.relevance} here, but {known} on line {lines[judged.query, judged.document]}; judge each pair once"
+                f"{path}:{judged.line}: query {shown(judged.query)}, document {shown(judged.document)}: "
+                f"relevance {judged.relevance} here, but {known} on line {lines[judged.query, judged.document]}; "
+                "judge each pair once"
             )
         qrels[judged.query][judged.document], lines[judged.query, judged.document] = judged.relevance, judged.line
     return qrels
@@ -229,7 +238,9 @@ def read_judgements(path: Path) -> Iterator[Judgement]:
             continue
         parts = [part.strip() for part in line.split("\t")]
         if len(parts) != 3:
-            raise ValueError(f"{path}:{number}: expected 3 tab-separated columns query-id, doc-id, relevance; got {len(parts)}")
+            raise ValueError(
+                f"{path}:{number}: expected 3 tab-separated columns query-id, doc-id, relevance; got {len(parts)}"
+            )
         qid, doc_id, rel = parts
         try:
             number_read = float(rel)
@@ -260,8 +271,9 @@ def check_labels(groups: dict[str, tuple[str, ...]], lines: dict[str, int], path
             stray = [label for label in seen if label not in vocabulary]
             if stray:
                 raise ValueError(
-                    f"{path}:{where[stray[0]]}: group {shown(stray[0])} is not one of {', '.join(vocabulary)}, the labels "
-                    "the other queries use; fix the label (or, with labels of your own, use none of these names)"
+                    f"{path}:{where[stray[0]]}: group {shown(stray[0])} is not one of {', '.join(vocabulary)}, "
+                    "the labels the other queries use; fix the label (or, with labels of your own, use none of "
+                    "these names)"
                 )
             return
     folded: dict[str, str] = {}
@@ -336,9 +348,14 @@ def load_jsonl(
         if record.get("span") is not None:
             span = record["span"]
             if not (isinstance(span, list) and len(span) == 2 and all(isinstance(x, int) for x in span)):
-                raise ValueError(f"{queries_path}:{line}: 'span' must be [start, end] character offsets, got {shown(span)}")
+                raise ValueError(
+                    f"{queries_path}:{line}: 'span' must be [start, end] character offsets, got {shown(span)}"
+                )
             if span[1] < span[0]:
-                raise ValueError(f"{queries_path}:{line}: span {span} ends before it starts; write it as [start, end] with start <= end")
+                raise ValueError(
+                    f"{queries_path}:{line}: span {span} ends before it starts; "
+                    "write it as [start, end] with start <= end"
+                )
             spans[qid] = (span[0], span[1], line)
 
     qrels_path = find_file(folder, qrels_file)
@@ -349,9 +366,9 @@ def load_jsonl(
                 if inline is not None and inline != relevance:
                     line = next(j.line for j in read_judgements(qrels_path) if (j.query, j.document) == (qid, doc))
                     raise ValueError(
-                        f"{qrels_path}:{line}: query {shown(qid)}, document {shown(doc)}: relevance {relevance} here, but "
-                        f"{inline} in {queries_path}:{query_lines[qid]} ('relevant'); make the two agree, or judge the pair "
-                        "in one place only"
+                        f"{qrels_path}:{line}: query {shown(qid)}, document {shown(doc)}: relevance {relevance} "
+                        f"here, but {inline} in {queries_path}:{query_lines[qid]} ('relevant'); "
+                        "make the two agree, or judge the pair in one place only"
                     )
             qrels.setdefault(qid, {}).update(judged)
 

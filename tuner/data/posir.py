@@ -142,7 +142,9 @@ class PosIRFolder:
     spans: dict[str, PosIRSpan]
 
 
-def read_posir(path: str | Path, *, layout: PosIRLayout | None = None, name: str | None = None, **overrides: Any) -> PosIRFolder:
+def read_posir(
+    path: str | Path, *, layout: PosIRLayout | None = None, name: str | None = None, **overrides: Any
+) -> PosIRFolder:
     """Read one PosIR dataset folder; `overrides` replace `PosIRLayout` fields (file and column names)."""
     known = {f.name for f in dataclasses.fields(PosIRLayout)}
     unknown = sorted(set(overrides) - known)
@@ -191,12 +193,17 @@ def read_posir(path: str | Path, *, layout: PosIRLayout | None = None, name: str
     if dropped:
         warnings.warn(f"PosIR {folder}: dropped {dropped} queries without a relevant document in qrels", stacklevel=2)
     dataset = PositionalDataset(
-        name=name or f"posir:{folder.resolve().parent.name}/{folder.resolve().name}", corpus=corpus, queries=queries, qrels=qrels
+        name=name or f"posir:{folder.resolve().parent.name}/{folder.resolve().name}",
+        corpus=corpus,
+        queries=queries,
+        qrels=qrels,
     )
     return PosIRFolder(dataset, spans)
 
 
-def load_posir(path: str | Path, *, layout: PosIRLayout | None = None, name: str | None = None, **overrides: Any) -> PositionalDataset:
+def load_posir(
+    path: str | Path, *, layout: PosIRLayout | None = None, name: str | None = None, **overrides: Any
+) -> PositionalDataset:
     """Load one PosIR dataset folder, its queries in thirds within length quartiles; `overrides` replace
     `PosIRLayout` fields (file and column names)."""
     folder = read_posir(path, layout=layout, name=name, **overrides)
@@ -217,27 +224,40 @@ def posir_domains(path: str | Path) -> list[Path]:
     folder = Path(path)
     if (folder / PosIRLayout.queries_file).is_file():
         return [folder]
-    domains = sorted(sub for sub in folder.iterdir() if (sub / PosIRLayout.queries_file).is_file()) if folder.is_dir() else []
+    domains = (
+        sorted(sub for sub in folder.iterdir() if (sub / PosIRLayout.queries_file).is_file()) if folder.is_dir() else []
+    )
     if not domains:
         raise ValueError(
-            f"{folder} is neither a PosIR <language>/<domain> folder (with {PosIRLayout.queries_file}) nor a <language> folder of them"
+            f"{folder} is neither a PosIR <language>/<domain> folder (with {PosIRLayout.queries_file}) "
+            "nor a <language> folder of them"
         )
     return domains
 
 
-def comparable_positions(placed: dict[str, tuple[str, str]], where: Path | str) -> tuple[dict[str, tuple[str, ...]], dict[str, str]]:
+def comparable_positions(
+    placed: dict[str, tuple[str, str]], where: Path | str
+) -> tuple[dict[str, tuple[str, ...]], dict[str, str]]:
     """Groups (thirds) and strata (quartiles) of the placed queries whose quartile covers all three thirds."""
     thirds_of: dict[str, set[str]] = {}
     for quartile, third in placed.values():
         thirds_of.setdefault(quartile, set()).add(third)
-    incomplete = {q: sorted(set(THIRDS) - found, key=THIRDS.index) for q, found in thirds_of.items() if found != set(THIRDS)}
+    incomplete = {
+        q: sorted(set(THIRDS) - found, key=THIRDS.index) for q, found in thirds_of.items() if found != set(THIRDS)
+    }
     if incomplete:
         counts = {q: sum(1 for quartile, _ in placed.values() if quartile == q) for q in incomplete}
-        detail = "; ".join(f"{q}: {counts[q]} queries, none in {'/'.join(missing)}" for q, missing in sorted(incomplete.items()))
+        detail = "; ".join(
+            f"{q}: {counts[q]} queries, none in {'/'.join(missing)}" for q, missing in sorted(incomplete.items())
+        )
         left = sorted(set(thirds_of) - set(incomplete))
         warnings.warn(
             f"PosIR {where}: length quartile(s) without a query in every third ({detail}) are left out of HM and PSI; "
-            + (f"position metrics use {', '.join(left)}" if left else "no quartile is complete, so HM and PSI are undefined"),
+            + (
+                f"position metrics use {', '.join(left)}"
+                if left
+                else "no quartile is complete, so HM and PSI are undefined"
+            ),
             stacklevel=3,
         )
     kept = {qid: position for qid, position in placed.items() if position[0] not in incomplete}

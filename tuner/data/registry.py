@@ -41,7 +41,8 @@ def _wikipos(split: str, /, **options: Any) -> PositionalDataset:
 
 TITLED_SPLITS = ("dev",)
 """The WikiPos splits also offered with their article titles as queries (`wikipos-dev+titles`): a tuning set with
-twice the position-labelled queries over the same passages (docs/search.md, "How sharply a study tells configs apart")."""
+twice the position-labelled queries over the same passages
+(docs/search.md, "How sharply a study tells configs apart")."""
 
 BENCHMARKS: dict[str, Loader] = {
     **{f"wikipos-{split}": partial(_wikipos, split) for split in SPLITS},
@@ -174,7 +175,9 @@ def length_halves(dataset: PositionalDataset) -> list[PositionalDataset]:
     shorter = [q for q in dataset.queries if min(len(dataset.corpus[d]) for d in dataset.qrels[q]) < median]
     longer = [q for q in dataset.queries if q not in set(shorter)]
     halves = (
-        [dataset.subset(shorter, f"{dataset.name}-shorter"), dataset.subset(longer, f"{dataset.name}-longer")] if shorter and longer else []
+        [dataset.subset(shorter, f"{dataset.name}-shorter"), dataset.subset(longer, f"{dataset.name}-longer")]
+        if shorter and longer
+        else []
     )
     return halves if all(sum(n > 0 for n in h.group_sizes().values()) >= 2 for h in halves) else []
 

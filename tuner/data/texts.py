@@ -71,7 +71,8 @@ def _check_readable(path: Path) -> None:
     if path == STDIN:
         if os.isatty(0):
             raise ValueError(
-                "--input - reads standard input, which is a terminal here; pipe the texts in, e.g. `cat docs.txt | tune encode --input - ...`"
+                "--input - reads standard input, which is a terminal here; pipe the texts in, "
+                "e.g. `cat docs.txt | tune encode --input - ...`"
             )
         return
     if path.is_dir():
@@ -81,7 +82,9 @@ def _check_readable(path: Path) -> None:
     except FileNotFoundError:
         raise FileNotFoundError(f"--input {path}: no such file") from None
     if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
-        raise ValueError(f"--input {path} is not a file or a named pipe; give a .jsonl or .txt file, or - for standard input")
+        raise ValueError(
+            f"--input {path} is not a file or a named pipe; give a .jsonl or .txt file, or - for standard input"
+        )
 
 
 def _refuse_unnamed_json_lines(lines: list[str]) -> None:

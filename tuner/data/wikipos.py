@@ -54,7 +54,9 @@ SEGMENT_SEPARATOR = "\n\n"
 """Between a passage's summaries, as the builder joins them (a crop joins its window the same way)."""
 MIN_SENTENCE_WORDS = 6
 # A period after one of these (or after a single letter, an initial) does not end a sentence.
-ABBREVIATIONS = frozenset("c ca cf st mt dr mr mrs ms jr sr vs no nos gen col lt ft fr rev prof approx est fl b d u.s e.g i.e etc".split())
+ABBREVIATIONS = frozenset(
+    "c ca cf st mt dr mr mrs ms jr sr vs no nos gen col lt ft fr rev prof approx est fl b d u.s e.g i.e etc".split()
+)
 OPENINGS_CHARACTERS = 1800
 """A re-packed passage of opening sentences holds at most this many characters (~450 MiniLM tokens)."""
 OPENINGS_MIN_SEGMENTS = 6
@@ -270,7 +272,9 @@ def segments_by_topic(records: Iterator[dict[str, Any]], cut: Callable[[str], st
     for record in records:
         for segment in record["segments"]:
             a, b = segment["span"]
-            by_topic.setdefault(record.get("topic", ""), []).append({**segment, "text": cut(record["text"][a:b]), "source": record["id"]})
+            by_topic.setdefault(record.get("topic", ""), []).append(
+                {**segment, "text": cut(record["text"][a:b]), "source": record["id"]}
+            )
     return by_topic
 
 
@@ -301,7 +305,9 @@ def load_wikipos_structure(split: str, kind: str, seed: int = 0, *, titles: bool
     """A WikiPos split re-built as the structure `kind` (`STRUCTURE_RECORDS`: crops, openings, packed), as
     `wikipos-{split}-{kind}` (with `titles`, the article titles as queries too: `dataset_from_records`)."""
     if GROUP_ORDER.get(split) != THIRDS:
-        raise ValueError(f"the {kind} structure is defined for the splits grouped by thirds (dev, test, lengths), not {split!r}")
+        raise ValueError(
+            f"the {kind} structure is defined for the splits grouped by thirds (dev, test, lengths), not {split!r}"
+        )
     records = STRUCTURE_RECORDS[kind](_split_records(split), seed)
     return dataset_from_records(f"{wikipos_name(split, titles)}-{kind}", records, THIRDS, titles=titles)
 
