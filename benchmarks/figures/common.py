@@ -28,7 +28,9 @@ def measured_on(data: dict[str, Any]) -> str:
     device = data["device"]
     where = device["gpu"] or f"{device['cores']} CPU cores ({device['cpu']}), {device['memory_gib']:g} GiB of memory"
     load = device["load_average"][0]
-    busy = ": other jobs shared the machine" if load > device["cores"] else ""
+    # a benchmark keeps every core busy itself, so the last minute's load reaches the core count without anyone
+    # else; a whole runnable job more than that is another process's
+    busy = ": other jobs shared the machine" if load >= device["cores"] + 1 else ""
     return (
         f"Measured by `{data['command'].removeprefix('.venv/bin/')}` at commit `{data['commit'][:10]}` on {where}, "
         f"load average {load:g}{busy}."
