@@ -42,8 +42,8 @@ from tuner.tuning.search_space import SHARES_ATTR, trial_basket_shares
 log = logging.getLogger(__name__)
 
 OVER_CORRECTION = ("reversal", "structure_ndcg", "ndcg_drop", "drift")
-"""The constraints a too strong calibration misses: the bias reversed, nDCG@10 lost on a structure or on the tuning passages,
-the document vectors moved further than the drift limit allows (drift grows with λ as the rest does)."""
+"""The constraints a too strong calibration misses: the bias reversed, nDCG@10 lost on a structure or on the tuning
+passages, the document vectors moved further than the drift limit allows (drift grows with λ as the rest does)."""
 
 
 DRIFT_EXPONENTS = (1.75, 3.25)
@@ -99,7 +99,9 @@ class NextStrength(NamedTuple):
     missed: tuple[str, ...] = ()
 
 
-def next_strength(probes: Iterable[Probe], step: float, drift_limits: Mapping[str, float] | None = None) -> NextStrength | None:
+def next_strength(
+    probes: Iterable[Probe], step: float, drift_limits: Mapping[str, float] | None = None
+) -> NextStrength | None:
     """The λ to try next in a family, with the feasible and over-correcting λ it lies between; None when no λ of the
     family over-corrects, or the boundary is found to within one step of the λ grid (or would need λ ≤ 0). With
     `drift_limits` (the drift allowed per structure) the λ the probes' drift puts over the limit (`drift_ceiling`)
@@ -114,7 +116,8 @@ def next_strength(probes: Iterable[Probe], step: float, drift_limits: Mapping[st
     ceiling = drift_ceiling(probes, drift_limits) if drift_limits else None
     if feasible is None:  # galloping down: 2, 4, 8 ... grid steps below the weakest over-correcting λ
         gallop = over - 2 ** len(above) * step
-        ceiling = ceiling if ceiling is not None and ceiling < gallop else None  # None: the gallop lands below it anyway
+        # None: the gallop lands below it anyway
+        ceiling = ceiling if ceiling is not None and ceiling < gallop else None
         strength = _on_grid(gallop if ceiling is None else ceiling, step)
     else:
         ceiling = ceiling if ceiling is not None and ceiling < over else None
@@ -193,7 +196,10 @@ def queue_next(
         return None
     mine = family(trial)
     finished = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
-    probes = [own, *(p for t in finished if t.number != trial.number and family(t) == mine and (p := probe_of(t)) is not None)]
+    probes = [
+        own,
+        *(p for t in finished if t.number != trial.number and family(t) == mine and (p := probe_of(t)) is not None),
+    ]
     found = next_strength(probes, step, drift_limits)
     if found is None:
         unlimited = next_strength(probes, step) if drift_limits else None
@@ -212,7 +218,9 @@ def queue_next(
         )
         return None
     record = {"of": trial.number, "feasible": feasible, "too_strong": over, "because": outcome(missed)}
-    attrs: dict[str, object] = {BISECT_ATTR: record if ceiling is None else {**record, "drift_ceiling": round(ceiling, 4)}}
+    attrs: dict[str, object] = {
+        BISECT_ATTR: record if ceiling is None else {**record, "drift_ceiling": round(ceiling, 4)}
+    }
     if SHARES_ATTR not in trial.params:
         attrs[SHARES_ATTR] = trial_basket_shares(trial)
     before = len(study.get_trials(deepcopy=False))
@@ -225,7 +233,8 @@ def queue_next(
 
 
 def describe_queued(record: Mapping[str, object]) -> str:
-    """Why a queued trial runs, from its `BISECT_ATTR` record: for its MLflow run, beside the log line that queued it."""
+    """Why a queued trial runs, from its `BISECT_ATTR` record: for its MLflow run, beside the log line that queued
+    it."""
     feasible, ceiling = record.get("feasible"), record.get("drift_ceiling")
     over = record.get("too_strong", record.get("over_corrects"))  # the key a study queued by an older posfair holds
     assert over is not None
@@ -239,16 +248,20 @@ def _between(feasible: float | None, over: float, because: str, ceiling: float |
     constraints' own words (`objectives.constraint.outcome`)."""
     where = f"between λ {feasible:g}, feasible, and" if feasible is not None else "below"
     said = f"{where} λ {over:g}, which {because}"
-    return said if ceiling is None else f"{said}; the drift measured puts every λ above {ceiling:.3g} over the drift limit"
+    return (
+        said if ceiling is None else f"{said}; the drift measured puts every λ above {ceiling:.3g} over the drift limit"
+    )
 
 
 def withdraw_queued(study: optuna.Study) -> list[int]:
     """The queued trials of a study that has ended before running them: withdrawn unrun (`NotRun`'s FAIL: not
-    counted, no MLflow run), so a finished study leaves nothing waiting. A trial a worker has just taken is left to it: the
-    change from waiting to running succeeds once. Returns the trials withdrawn."""
+    counted, no MLflow run), so a finished study leaves nothing waiting. A trial a worker has just taken is left to
+    it: the change from waiting to running succeeds once. Returns the trials withdrawn."""
     withdrawn = []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-        if (BISECT_ATTR in trial.user_attrs or START_ATTR in trial.user_attrs) and set_trial_state(study, trial, TrialState.RUNNING):
+        if (BISECT_ATTR in trial.user_attrs or START_ATTR in trial.user_attrs) and set_trial_state(
+            study, trial, TrialState.RUNNING
+        ):
             set_stored_trial_user_attr(study, trial, NOT_RUN_ATTR, "the study ended before this queued trial ran")
             set_trial_state(study, trial, TrialState.FAIL)
             withdrawn.append(trial.number)

@@ -118,5 +118,7 @@ def resolve_budget(budget: Budget | None, cost: StudyCost, evaluator: Evaluator)
     if budget is None:
         return None
     grid_depths = [str(d) for d in PAPER_GRID["depth"]]
-    grid = replace(cost, screen_tokens=0, trial_layers=layers_run(evaluator, grid_depths)).layer_tokens(1 + grid_size(PAPER_GRID))
+    grid = replace(cost, screen_tokens=0, trial_layers=layers_run(evaluator, grid_depths)).layer_tokens(
+        1 + grid_size(PAPER_GRID)
+    )
     return price_budget(budget, cost.setup_layer_tokens, grid - cost.setup_layer_tokens)

@@ -49,7 +49,10 @@ def make_sampler(name: str, seed: int) -> optuna.samplers.BaseSampler:
             # the objective is deterministic: a config scored twice on the same passages scores the same;
             # conditional parameters (CLS-Hard's weight) are drawn at random, as GPSampler does outside its space
             return optuna.samplers.GPSampler(
-                seed=seed, n_startup_trials=STARTUP_TRIALS, deterministic_objective=True, warn_independent_sampling=False
+                seed=seed,
+                n_startup_trials=STARTUP_TRIALS,
+                deterministic_objective=True,
+                warn_independent_sampling=False,
             )
     raise ValueError(f"--sampler {name!r}: choose one of {', '.join(SAMPLERS)}")
 
@@ -74,11 +77,15 @@ class CostCooledTPESampler(optuna.samplers.TPESampler):
         self.seed = seed
         self._penalty: np.ndarray | None = None  # per depth choice, for the search space being sampled
 
-    def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution) -> Any:
+    def sample_independent(
+        self, study: optuna.Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution
+    ) -> Any:
         drawn = super().sample_independent(study, trial, param_name, param_distribution)  # the RNG moves as TPE's would
         if param_name != "depth" or not isinstance(param_distribution, CategoricalDistribution):
             return drawn
-        if len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))) >= tpe_startup_trials(self):
+        if len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))) >= tpe_startup_trials(
+            self
+        ):
             return drawn  # past the start-up, TPE's own draw (the acquisition weighed the cost)
         penalty = cost_penalty(study, param_distribution)
         if penalty is None:
@@ -87,7 +94,9 @@ class CostCooledTPESampler(optuna.samplers.TPESampler):
         rng = np.random.default_rng([self.seed or 0, trial.number])  # reproducible, whatever else was drawn
         return param_distribution.choices[int(rng.choice(len(weights), p=weights / weights.sum()))]
 
-    def _sample(self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+    def _sample(
+        self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
+    ) -> dict[str, Any]:
         depth = search_space.get("depth")
         self._penalty = cost_penalty(study, depth) if isinstance(depth, CategoricalDistribution) else None
         return super()._sample(study, trial, search_space)

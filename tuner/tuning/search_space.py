@@ -56,7 +56,10 @@ GRIDS = {"paper": PAPER_GRID}
 def grid_points(grid: Mapping[str, Sequence[object]]) -> list[dict[str, object]]:
     """Every config of a grid as trial parameters (w only for CLS-Hard: the other variants' copies are one)."""
     points = [dict(zip(grid, values, strict=True)) for values in itertools.product(*grid.values())]
-    distinct = {json.dumps({k: v for k, v in p.items() if k != "weight" or p.get("variant") == "cls_hard"}, sort_keys=True) for p in points}
+    distinct = {
+        json.dumps({k: v for k, v in p.items() if k != "weight" or p.get("variant") == "cls_hard"}, sort_keys=True)
+        for p in points
+    }
     return [json.loads(point) for point in sorted(distinct)]
 
 
@@ -127,7 +130,8 @@ class SearchSpace:
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> SearchSpace:
-        """A space file (YAML, read by `tuner.common.safe_yaml`): each key checked for its type before any value is used."""
+        """A space file (YAML, read by `tuner.common.safe_yaml`): each key checked for its type before any value is
+        used."""
         try:
             data = load_file(path) or {}
         except YamlError as error:
@@ -137,12 +141,15 @@ class SearchSpace:
         unknown = set(data) - set(cls.__dataclass_fields__)
         if unknown:
             raise ConfigError(
-                f"--space {path}: unknown search-space keys {sorted(map(str, unknown))}; known: {sorted(cls.__dataclass_fields__)}"
+                f"--space {path}: unknown search-space keys {sorted(map(str, unknown))}; "
+                f"known: {sorted(cls.__dataclass_fields__)}"
             )
         problems = [problem for key, value in data.items() if (problem := _type_problem(key, value))]
         if problems:
             raise ConfigError(f"--space {path}: " + "; ".join(problems))
-        fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}  # types checked above
+        fields: dict[str, Any] = {
+            k: tuple(v) if isinstance(v, list) else v for k, v in data.items()
+        }  # types checked above
         return cls(**fields)
 
     def as_dict(self) -> dict[str, object]:
@@ -206,13 +213,18 @@ class SearchSpace:
 
     def check_grid(self, grid: Mapping[str, list[object]]) -> None:
         """Refuse a grid this space cannot draw (a basket size no passage fills, say), naming the value."""
-        outside = [f"{name}={value!r}" for name, values in grid.items() for value in values if not self._draws(name, value)]
+        outside = [
+            f"{name}={value!r}" for name, values in grid.items() for value in values if not self._draws(name, value)
+        ]
         if outside:
             raise ConfigError(f"--grid: {', '.join(outside)} lie outside the search space ({self.as_dict()})")
 
     def _draws(self, name: str, value: object) -> bool:
         if name == "strength":
-            return 0 <= float(value) <= 1 and abs(round(float(value) / self.strength_step) * self.strength_step - float(value)) < 1e-9  # type: ignore[arg-type]
+            strength = float(value)  # type: ignore[arg-type]
+            return (
+                0 <= strength <= 1 and abs(round(strength / self.strength_step) * self.strength_step - strength) < 1e-9
+            )
         if name == "weight":
             return self.weight_low <= float(value) <= self.weight_high  # type: ignore[arg-type]
         return value in {"depth": self.depths, "basket_size": self.basket_sizes, "variant": self.variants}.get(name, ())
@@ -234,7 +246,9 @@ class SearchSpace:
             f"basket sizes {list(self.basket_sizes)} lack {params['basket_size']}"
             if params["basket_size"] not in self.basket_sizes
             else "",
-            f"variants {list(self.variants)} lack {params['variant']}" if params["variant"] not in self.variants else "",
+            f"variants {list(self.variants)} lack {params['variant']}"
+            if params["variant"] not in self.variants
+            else "",
         ]
         return "; ".join(reason for reason in reasons if reason)
 
@@ -280,7 +294,8 @@ def _type_problem(key: str, value: object) -> str | None:
     kind = _LISTS[key]
     example = list(getattr(SearchSpace, key))[:2]
     if not isinstance(value, list) or any(isinstance(v, bool) or not isinstance(v, kind) for v in value):
-        return f"{key} must be a list of {'integers' if kind is int else 'names'}, e.g. {key}: {example}; got {shown(value)}"
+        kinds = "integers" if kind is int else "names"
+        return f"{key} must be a list of {kinds}, e.g. {key}: {example}; got {shown(value)}"
     return None
 
 

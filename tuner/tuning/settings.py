@@ -55,14 +55,26 @@ class TuneSettings:
     seed: int = 0
     hm_floor: str = "significant"
     max_ndcg_drop: float | None = 0.0  # aggregate nDCG@10 may fall this much below the uncalibrated (None: any)
-    max_crops_psi: float | None = None  # PSI on the tuning set's crops, as a multiple of the uncalibrated (None: off, the default)
-    max_reversal: float | None = 0.0  # tilt against the uncalibrated direction on any tuning structure (None: unconstrained)
-    max_drift: float | None = DEFAULT_MAX_DRIFT  # drift as a multiple of the paper default's on any structure (None: unconstrained)
-    structures: bool = True  # score every trial on the tuning passages' other structures too (`tuner.data.load_structures`)
+    max_crops_psi: float | None = (
+        None  # PSI on the tuning set's crops, as a multiple of the uncalibrated (None: off, the default)
+    )
+    max_reversal: float | None = (
+        0.0  # tilt against the uncalibrated direction on any tuning structure (None: unconstrained)
+    )
+    max_drift: float | None = (
+        DEFAULT_MAX_DRIFT  # drift as a multiple of the paper default's on any structure (None: unconstrained)
+    )
+    structures: bool = (
+        True  # score every trial on the tuning passages' other structures too (`tuner.data.load_structures`)
+    )
     prune: bool = True  # stop a trial between rungs once it cannot win (`objectives.robustness.prune_reason`)
     bisect: bool = True  # after an over-correcting trial, try its config weaker (`tuner.tuning.bisection`)
-    paper_siblings: bool = True  # queue the paper default at its cheaper depths before the sampler draws (`PAPER_SIBLINGS`)
-    screen_queries: int = SCREEN_QUERIES  # per position group in the pooled screen that pruning scores first (`tuner.evaluation.pools`)
+    paper_siblings: bool = (
+        True  # queue the paper default at its cheaper depths before the sampler draws (`PAPER_SIBLINGS`)
+    )
+    screen_queries: int = (
+        SCREEN_QUERIES  # per position group in the pooled screen that pruning scores first (`tuner.evaluation.pools`)
+    )
     grid: str | None = None  # "paper": run exactly the paper's 24 configs (GridSampler), at full fidelity
     sampler: str = SAMPLERS[0]  # how a single-objective search draws its trials (`tuner.tuning.sampler.make_sampler`)
     budget: Budget | None = DEFAULT_BUDGET  # layer-tokens the study may spend (`Budget`); None: only --trials limits it
@@ -102,7 +114,9 @@ class TuneSettings:
         if self.array_task is not None:
             task = self.array_task
             object.__setattr__(self, "worker", not task.coordinates)
-            object.__setattr__(self, "worker_id", self.worker_id or ("0" if task.coordinates else f"array-{task.index}"))
+            object.__setattr__(
+                self, "worker_id", self.worker_id or ("0" if task.coordinates else f"array-{task.index}")
+            )
         if self.trials < 1:
             raise ValueError(f"--trials must be at least 1, got {self.trials}")
         if self.screen_queries < 1:
@@ -117,8 +131,8 @@ class TuneSettings:
             raise ValueError(f"--sampler must be one of {', '.join(SAMPLERS)}, got {self.sampler!r}")
         if self.sampler != SAMPLERS[0] and (self.grid is not None or self.pareto):
             raise ValueError(
-                f"--sampler {self.sampler} draws a single-objective search; --grid runs fixed configs and --pareto draws "
-                "with NSGA-II: drop one of them"
+                f"--sampler {self.sampler} draws a single-objective search; --grid runs fixed configs and --pareto "
+                "draws with NSGA-II: drop one of them"
             )
         if self.max_crops_psi is not None and not self.structures:
             raise ValueError("--max-crops-psi reads the crops structure: drop --no-structures")
@@ -188,7 +202,9 @@ def settings_in_force(settings: TuneSettings) -> dict[str, object]:
 
     values = {k: v for k, v in vars(settings).items() if k not in ("dataset_defaulted", "array_task", "inputs")}
     values["job_array"] = str(settings.array_task) if settings.array_task is not None else "no"
-    values["study_name"] = settings.study_name_from_alias(resolve_spec(settings.model, settings.pooling, settings.padding_side).alias)  # type: ignore[arg-type]  # checked by TuneSettings
+    # the pooling and padding side as TuneSettings checked them
+    spec = resolve_spec(settings.model, settings.pooling, settings.padding_side)  # type: ignore[arg-type]
+    values["study_name"] = settings.study_name_from_alias(spec.alias)
     values["storage"] = settings.storage or default_storage()
     values["tracking_uri"] = describe_store(settings.tracking_uri or default_tracking_uri())
     values["output"] = settings.output or EXPORTS / f"{values['study_name']}.yaml"
@@ -224,7 +240,9 @@ UNSET = {
 
 def describe_space(space: SearchSpace) -> str:
     """The search space in words, e.g. 'λ 0–1 in steps of 0.05; layers last, 25%, 50%; baskets 64, 128; ...'."""
-    variants = ", ".join(space.variants) + (f" (w {space.weight_low:g}–{space.weight_high:g})" if "cls_hard" in space.variants else "")
+    variants = ", ".join(space.variants) + (
+        f" (w {space.weight_low:g}–{space.weight_high:g})" if "cls_hard" in space.variants else ""
+    )
     return (
         f"λ 0–1 in steps of {space.strength_step:g}; layers {', '.join(space.depths)}; "
         f"baskets {', '.join(map(str, space.basket_sizes))}; {variants}; basket shares {', '.join(space.basket_shares)}"
@@ -284,11 +302,17 @@ STUDY_NAME = re.compile(rf"^[A-Za-z0-9][A-Za-z0-9._-]{{0,{MAX_STUDY_NAME - 1}}}$
 def check_run_options(settings: TuneSettings) -> None:
     """What `TuneSettings` holds beyond counts and formats: ranges, names and paths, checked before any work."""
     if settings.profile_docs < 1:
-        raise ValueError(f"--profile-docs must be at least 1 (documents in each trial's attention profile), got {settings.profile_docs}")
+        raise ValueError(
+            "--profile-docs must be at least 1 (documents in each trial's attention profile), "
+            f"got {settings.profile_docs}"
+        )
     if settings.bootstrap < 1:
         raise ValueError(f"--bootstrap must be at least 1 resample (1000 is usual), got {settings.bootstrap}")
     if settings.max_general_drop is not None and not 0 <= settings.max_general_drop <= 1:
-        raise ValueError(f"--max-general-drop must be between 0 and 1 (0.005 is half a point of nDCG@10), got {settings.max_general_drop}")
+        raise ValueError(
+            "--max-general-drop must be between 0 and 1 (0.005 is half a point of nDCG@10), "
+            f"got {settings.max_general_drop}"
+        )
     if not 0 <= settings.seed < 2**32:
         raise ValueError(f"--seed must be between 0 and 4294967295, got {settings.seed}")
     if settings.study_name is not None and not STUDY_NAME.match(settings.study_name):
@@ -311,12 +335,16 @@ def check_run_options(settings: TuneSettings) -> None:
     for flag, name in benchmark_names(settings):
         check_name(name, flag)
     if settings.output is not None:
-        check_output(settings.output, "--output", EXPORTED_CONFIG, protected=run_inputs(settings, spec), force=settings.force)
+        check_output(
+            settings.output, "--output", EXPORTED_CONFIG, protected=run_inputs(settings, spec), force=settings.force
+        )
 
 
 def benchmark_names(settings: TuneSettings) -> list[tuple[str, str]]:
     """(flag, name) of every benchmark the run reads: --dataset, each --heldout set, --general."""
-    heldout = [] if settings.heldout in (None, "auto") else [h.strip() for h in settings.heldout.split(",") if h.strip()]
+    heldout = (
+        [] if settings.heldout in (None, "auto") else [h.strip() for h in settings.heldout.split(",") if h.strip()]
+    )
     names = [("--dataset", settings.dataset), *(("--heldout", h) for h in heldout), ("--general", settings.general)]
     return [(flag, name) for flag, name in names if name]
 
@@ -324,7 +352,9 @@ def benchmark_names(settings: TuneSettings) -> list[tuple[str, str]]:
 def run_inputs(settings: TuneSettings, spec: ModelSpec) -> list[Protected]:
     """What a run reads and keeps, which its --output may never replace (`tuner.common.files.check_output`)."""
     read = [Protected(model_files(spec), f"--model {settings.model}")]
-    read += [Protected(path, f"{flag} {name}") for flag, name in benchmark_names(settings) for path in dataset_files(name)]
+    read += [
+        Protected(path, f"{flag} {name}") for flag, name in benchmark_names(settings) for path in dataset_files(name)
+    ]
     read += [Protected(path, "an options or --space file") for path in settings.inputs]
     return read + stores(settings.storage, settings.tracking_uri)
 

@@ -54,7 +54,10 @@ JOURNAL_LOCK_SECONDS = 30  # a journal lock left this long by a writer killed mi
 HEARTBEAT_ATTR = "posfair:heartbeat"  # a journal trial's last heartbeat (a system attribute)
 JOURNAL_POLL_SECONDS = 0.1  # how often a line another process is still writing is looked at again
 LOCK_SUFFIX = ".lock"  # Optuna's symbolic-link lock beside the journal (`JournalFileSymlinkLock`)
-EXAMPLES = "sqlite:///mlruns/optuna.db, postgresql://user:pass@host/db, mysql://user:pass@host/db or journal:/shared/study.journal"
+EXAMPLES = (
+    "sqlite:///mlruns/optuna.db, postgresql://user:pass@host/db, mysql://user:pass@host/db or "
+    "journal:/shared/study.journal"
+)
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +105,9 @@ def machine_fault(error: BaseException) -> bool:
     """Whether a database reported a full disk or gave up on a lock along `error`'s causes (`storage_error`)."""
     from optuna.exceptions import StorageInternalError
 
-    from_a_database = any(isinstance(e, (sqlalchemy.exc.SQLAlchemyError, StorageInternalError, sqlite3.Error)) for e in causes(error))
+    from_a_database = any(
+        isinstance(e, (sqlalchemy.exc.SQLAlchemyError, StorageInternalError, sqlite3.Error)) for e in causes(error)
+    )
     return from_a_database and (disk_full(error) or database_locked(error))
 
 
@@ -137,12 +142,17 @@ class _LockWatch:
             with self._guard:
                 if not self._waiting:
                     self._busy.clear()
-                late = [(key, since, file) for key, (since, file) in self._waiting.items() if time.monotonic() - since >= notice]
+                late = [
+                    (key, since, file)
+                    for key, (since, file) in self._waiting.items()
+                    if time.monotonic() - since >= notice
+                ]
             for key, since, database in late:
                 if (key, since) not in self._said:
                     self._said.add((key, since))
                     log.warning(
-                        "%s is locked by another process: waited %g s so far, giving up after %g s (`fuser %s` names it)",
+                        "%s is locked by another process: waited %g s so far, giving up after %g s "
+                        "(`fuser %s` names it)",
                         database,
                         notice,
                         limit,
@@ -217,10 +227,14 @@ def _check_journal(url: str) -> None:
     if path is None:
         raise _unusable_storage(url, ValueError("no file named after 'journal:'"))
     if path.is_dir():
-        raise _unusable_storage(url, ValueError(f"{path} is a folder; name a file in it, e.g. journal:{path / 'study.journal'}"))
+        raise _unusable_storage(
+            url, ValueError(f"{path} is a folder; name a file in it, e.g. journal:{path / 'study.journal'}")
+        )
     if path.is_file() and path.stat().st_size:
         if is_sqlite(path):
-            raise ValueError(f"study storage {url!r}: {path} is a SQLite database, not a journal; use sqlite:///{path.resolve()}")
+            raise ValueError(
+                f"study storage {url!r}: {path} is a SQLite database, not a journal; use sqlite:///{path.resolve()}"
+            )
         check_journal(url, path)
 
 
@@ -338,7 +352,10 @@ def make_storage(url: str, heartbeat: int = HEARTBEAT_SECONDS) -> BaseStorage:
     database = sqlite_file(url)
     if store is not None:  # SQLite and the journal create their file, not its folder
         store.parent.mkdir(parents=True, exist_ok=True)
-        for path in (store, store.parent):  # both write beside the file (SQLite's journal, the journal's lock): both must be writable
+        for path in (
+            store,
+            store.parent,
+        ):  # both write beside the file (SQLite's journal, the journal's lock): both must be writable
             if path.exists() and not os.access(path, os.W_OK):
                 raise ValueError(
                     f"study storage {path} is read-only{' (its folder)' if path != store else ''}, so no trial "
@@ -411,7 +428,9 @@ def _journal_storage(url: str, path: Path, heartbeat: int) -> JournalWithHeartbe
     try:
         return JournalWithHeartbeats(JournalFileBackend(str(path), lock), heartbeat)
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as error:  # a line Optuna cannot replay
-        raise _unusable_storage(url, ValueError(f"{path} is not an Optuna journal ({first_line(error) or type(error).__name__})")) from None
+        raise _unusable_storage(
+            url, ValueError(f"{path} is not an Optuna journal ({first_line(error) or type(error).__name__})")
+        ) from None
 
 
 class JournalWithHeartbeats(JournalStorage, HeartbeatStorage):
