@@ -60,7 +60,9 @@ def _mpnet_self_attention(
     """MPNet's self-attention: scores q·kᵀ/√d plus the relative `position_bias` its encoder computes once for
     all layers, plus the mask; the bias goes to the attention function as the additive term T5 hands over."""
     shape = (*hidden_states.shape[:-1], -1, self.attention_head_size)
-    query, key, value = (projection(hidden_states).view(shape).transpose(1, 2) for projection in (self.q, self.k, self.v))
+    query, key, value = (
+        projection(hidden_states).view(shape).transpose(1, 2) for projection in (self.q, self.k, self.v)
+    )
     # cast: torch types a module's unknown attribute as Tensor | Module; `adapt` set it to the model's config
     attention = ALL_ATTENTION_FUNCTIONS[cast(PretrainedConfig, self.config)._attn_implementation]
     output, weights = attention(
@@ -77,7 +79,18 @@ def _mpnet_self_attention(
     return (output, weights) if output_attentions else (output,)
 
 
-INTERFACE = ("bert", "roberta", "xlm-roberta", "electra", "modernbert", "eurobert", "qwen3", "llama", "mistral", "gemma3_text")
+INTERFACE = (
+    "bert",
+    "roberta",
+    "xlm-roberta",
+    "electra",
+    "modernbert",
+    "eurobert",
+    "qwen3",
+    "llama",
+    "mistral",
+    "gemma3_text",
+)
 """By `config.model_type`: families whose attention modules call the interface with their layer index."""
 
 ADAPTERS: dict[str, Adapter] = {

@@ -143,13 +143,14 @@ class Provenance(_Strict):
     heldout: list[str] = Field(default_factory=list, description="held-out sets the winner was checked on")
     intervals: dict[str, dict[str, list[float]]] = Field(
         default_factory=dict,
-        description="held-out set → metric → [estimate, low, high]: 95% paired-bootstrap change vs no calibration (0-1)",
+        description="held-out set → metric → [estimate, low, high]: 95% paired-bootstrap change vs no calibration "
+        "(0-1)",
     )
     structures: dict[str, dict[str, float]] = Field(
         default_factory=dict,
-        description="tuning structure → the winner's psi, psi_se, hm, ndcg10_delta, drift (mean 1 - cos to the uncalibrated "
-        "vectors), where positions are known its tilt, and where the uncalibrated model favours one end beyond noise the "
-        "reversal (> 0: the other end now favoured): why it won (objectives.robustness)",
+        description="tuning structure → the winner's psi, psi_se, hm, ndcg10_delta, drift (mean 1 - cos to the "
+        "uncalibrated vectors), where positions are known its tilt, and where the uncalibrated model favours one end "
+        "beyond noise the reversal (> 0: the other end now favoured): why it won (objectives.robustness)",
     )
     layer_tokens: int | None = Field(None, description="what the study's trials cost: padded tokens × layers run")
     mlflow_run_id: str | None = Field(None, description="the study's parent run in MLflow")
@@ -203,7 +204,9 @@ def check_model_files(exported: ExportedConfig, path: str | Path, *, allow_misma
     for field_name, own in own_settings(model.name, folder).items():
         value = getattr(model, field_name)
         if own.value != value:
-            differences.append(f"model.{field_name}: the config says {value!r}, but {model.name} uses {own.value!r} ({own.source})")
+            differences.append(
+                f"model.{field_name}: the config says {value!r}, but {model.name} uses {own.value!r} ({own.source})"
+            )
     if folder is not None:
         differences += _pipeline_differences(model, own_pipeline(model.spec(), folder), folder)
     for what, recorded, fingerprint in (
@@ -229,7 +232,8 @@ def check_model_files(exported: ExportedConfig, path: str | Path, *, allow_misma
     raise ExportError(
         f"{path} does not fit the model it names:\n  "
         + "\n  ".join(differences)
-        + f"\nRe-export the config for this model (`tune export --study-name {exported.provenance.study}`), or pass {OVERRIDE} to use it as it is"
+        + f"\nRe-export the config for this model (`tune export --study-name {exported.provenance.study}`), "
+        f"or pass {OVERRIDE} to use it as it is"
     )
 
 
@@ -415,7 +419,11 @@ def git_commit() -> str | None:
         if commit.returncode != 0:
             return None
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no", "."], cwd=source, capture_output=True, text=True, timeout=5
+            ["git", "status", "--porcelain", "--untracked-files=no", "."],
+            cwd=source,
+            capture_output=True,
+            text=True,
+            timeout=5,
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None

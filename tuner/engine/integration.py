@@ -42,7 +42,9 @@ class CalibratedSentenceTransformer(SentenceTransformer):
             return super().encode(*args, **kwargs)
 
 
-def load_sentence_transformer(config: str | Path, *, allow_model_mismatch: bool = False, **options: Any) -> CalibratedSentenceTransformer:
+def load_sentence_transformer(
+    config: str | Path, *, allow_model_mismatch: bool = False, **options: Any
+) -> CalibratedSentenceTransformer:
     """Load the model an exported config was made for, as a calibrated SentenceTransformer.
 
     Its `encode` and `encode_document` calibrate; `encode_query` (and `encode(..., task="query")`) does not. The

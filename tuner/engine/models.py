@@ -116,7 +116,8 @@ def load_model(
         if trust_remote_code or "trust_remote_code" not in str(error):
             raise
         raise UnsupportedModelError(
-            f"{spec.source} runs custom code from its repository. Pass --trust-remote-code (trust_remote_code=True) if you trust that code."
+            f"{spec.source} runs custom code from its repository. "
+            "Pass --trust-remote-code (trust_remote_code=True) if you trust that code."
         ) from error
     adapt(model)
     model.to(device).eval()
@@ -205,8 +206,10 @@ def _probe_attention(loaded: LoadedModel) -> None:
     if len(reached) != loaded.num_layers:
         model = loaded.model
         raise UnsupportedModelError(
-            f"{loaded.spec.alias}: {type(model).__name__} (model type {model.config.model_type!r}) computes attention itself "
-            f"in {loaded.num_layers - len(reached)} of its {loaded.num_layers} layers, so posfair cannot calibrate it. posfair "
-            f"calibrates the model types {', '.join(sorted(SUPPORTED))}: most through transformers' AttentionInterface, "
+            f"{loaded.spec.alias}: {type(model).__name__} (model type {model.config.model_type!r}) computes "
+            f"attention itself in {loaded.num_layers - len(reached)} of its {loaded.num_layers} layers, "
+            "so posfair cannot calibrate it. "
+            f"posfair calibrates the model types {', '.join(sorted(SUPPORTED))}: "
+            "most through transformers' AttentionInterface, "
             f"and through adapters of their own {', '.join(ROUTED)} (see the models page of the documentation)."
         )

@@ -70,10 +70,13 @@ class LayerStack:
     def __init__(self, model: LoadedModel) -> None:
         self.loaded = model
         self.layers = _find_layers(model.model, model.num_layers)
-        self.in_tuple = False  # whether a layer returns its hidden states as a tuple's first item (MPNet); see `resumable`
+        # whether a layer returns its hidden states as a tuple's first item (MPNet); see `resumable`
+        self.in_tuple = False
 
     @contextmanager
-    def recording(self, wanted: Sequence[int], sink: Callable[[int, torch.Tensor], None], stop: bool = False) -> Iterator[None]:
+    def recording(
+        self, wanted: Sequence[int], sink: Callable[[int, torch.Tensor], None], stop: bool = False
+    ) -> Iterator[None]:
         """Hand the hidden states entering each wanted layer to `sink(layer, states)`.
 
         With `stop`, the pass ends (with `_Stop`, caught by the caller) right after the deepest wanted
@@ -112,7 +115,9 @@ class LayerStack:
             states = pending.pop()
             incoming = _hidden_of(args, kwargs)
             if states.shape != incoming.shape:
-                raise RuntimeError(f"cached hidden states {tuple(states.shape)} do not fit this batch {tuple(incoming.shape)}")
+                raise RuntimeError(
+                    f"cached hidden states {tuple(states.shape)} do not fit this batch {tuple(incoming.shape)}"
+                )
             states = to_device(states, incoming.device).to(dtype=incoming.dtype)
             if args:
                 return (states, *args[1:]), kwargs
@@ -132,9 +137,9 @@ class LayerStack:
         """The wanted layers from which a resumed pass reproduces the full forward on a probe batch (which also
         shows how the layers return their hidden states, for the pass-through)."""
         tokenizer = self.loaded.tokenizer
-        batch = tokenizer(list(PROBE_TEXTS), padding=True, truncation=True, max_length=self.loaded.max_length, return_tensors="pt").to(
-            self.loaded.device
-        )
+        batch = tokenizer(
+            list(PROBE_TEXTS), padding=True, truncation=True, max_length=self.loaded.max_length, return_tensors="pt"
+        ).to(self.loaded.device)
         recorded: dict[int, torch.Tensor] = {}
         model = self.loaded.model
         good = []
@@ -158,7 +163,12 @@ class LayerStack:
                     log.warning("layer %d: resuming a pass fails (%s); trials use full forward passes", layer, error)
                     continue
                 if recorded[layer].dtype != model.dtype:
-                    log.warning("layer %d: its input is %s, not the model's %s; not cached", layer, recorded[layer].dtype, model.dtype)
+                    log.warning(
+                        "layer %d: its input is %s, not the model's %s; not cached",
+                        layer,
+                        recorded[layer].dtype,
+                        model.dtype,
+                    )
                 elif resumed.shape == full.shape and torch.equal(resumed, full):
                     good.append(layer)
                 else:
@@ -248,7 +258,9 @@ def recorded_into(stack: LayerStack, layers: Sequence[int], sink: Sink, stop: bo
     return lambda i: stack.recording(layers, lambda layer, states: sink(i, layer, states), stop=stop)
 
 
-def record_layer_inputs(model: LoadedModel, batches: Batches, stack: LayerStack, layers: Sequence[int], sink: Sink) -> None:
+def record_layer_inputs(
+    model: LoadedModel, batches: Batches, stack: LayerStack, layers: Sequence[int], sink: Sink
+) -> None:
     """Record the hidden states entering `layers` for every batch and compute nothing past the deepest of them:
     no vectors come out of such a pass, so it is no encoding loop."""
     scope = recorded_into(stack, layers, sink, stop=True)

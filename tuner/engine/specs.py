@@ -128,7 +128,10 @@ def check_model_name(
     for flag, given, verb in (("--pooling", pooling, "pools with"), ("--padding-side", padding_side, "pads on the")):
         setting = own.get(flag.removeprefix("--").replace("-", "_"))
         if given is not None and setting is not None and setting.value != given:
-            raise ValueError(f"{flag} {given}: {name} {verb} {setting.value!r} ({setting.source}); drop {flag}, or give the model's own")
+            raise ValueError(
+                f"{flag} {given}: {name} {verb} {setting.value!r} ({setting.source}); "
+                f"drop {flag}, or give the model's own"
+            )
     return spec
 
 
@@ -229,7 +232,10 @@ def own_settings(name: str, folder: Path | None) -> dict[str, Own]:
     refuses what posfair cannot apply), and tokenizer_config.json's `padding_side`."""
     name = HUB_ALIASES.get(name, name)
     if name in REGISTRY:
-        return {"pooling": Own(REGISTRY[name].pooling, REGISTRY_SOURCE), "padding_side": Own(REGISTRY[name].padding_side, REGISTRY_SOURCE)}
+        return {
+            "pooling": Own(REGISTRY[name].pooling, REGISTRY_SOURCE),
+            "padding_side": Own(REGISTRY[name].padding_side, REGISTRY_SOURCE),
+        }
     if folder is None:
         return {}
     own = {}
