@@ -43,7 +43,7 @@ def recorded_winners(model: str, seeds: list[int]) -> dict[str, dict[str, Any]]:
 def reverse_study(args: argparse.Namespace, keep: Path) -> dict[str, Any]:
     """A default study tuned on the natural tuning split, its winner held out on WikiPos (search_cost's arm)."""
     from benchmarks import search_cost
-    from tuner.tuning.worker import quiet_libraries
+    from tuner.tuning.library_logs import quiet_libraries
 
     quiet_libraries()  # the log as `tune` keeps it: a trial the budget cannot pay for is no traceback
     search_args = search_cost.parse([

@@ -146,7 +146,7 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace) -> dict[str, object]:
     import optuna
 
     from tuner.common.trials import counted
-    from tuner.tuning.conclusion import setup_layer_tokens, study_layer_tokens
+    from tuner.tuning.accounts import setup_layer_tokens, study_layer_tokens
     from tuner.tuning.run import tune
 
     with contextlib.ExitStack() as stack:
@@ -413,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
         reread(args.json, args.reread)
         return 0
 
-    from tuner.tuning.worker import quiet_libraries
+    from tuner.tuning.library_logs import quiet_libraries
 
     quiet_libraries()
     results = []

@@ -51,8 +51,8 @@ def study_rows(folder: Path, model: Any) -> dict[str, Any]:
     import optuna
 
     from objectives.selection import RULES, paired_se, select
+    from tuner.tuning.candidates import candidates
     from tuner.tuning.search_space import trial_config
-    from tuner.tuning.study import candidates
 
     storage = f"sqlite:///{folder / 'optuna.db'}"
     summary = max(optuna.get_all_study_summaries(storage), key=lambda s: s.n_trials)  # the study, not an export's

@@ -16,7 +16,7 @@ not depend on λ, variant or w); and the same three for a last-layer trial (laye
 the median over repeats; each ratio is the median of the per-repeat ratios (paired, so load that
 other processes put on a shared machine cancels out as far as it can).
 
-Part 2, a 24-trial study. The study loop of `tuner.tuning.study` (TPE, seed 0, the baseline and the
+Part 2, a 24-trial study. The study loop of `tuner.tuning.study_loop` (TPE, seed 0, the baseline and the
 paper's default enqueued first, basket sizes no passage fills left out, as `tune` does) with an objective that
 scores each config with `Evaluator.run` — PSI, subject to HM ≥ the baseline's HM — without MLflow logging and
 without the per-trial attention profile. Three evaluators run side by side: without caching
@@ -163,7 +163,8 @@ def study_walls(model, dataset, args: argparse.Namespace, say: Callable[[str], N
 
     from tuner.evaluation.evaluator import Evaluator
     from tuner.tuning.search_space import BASELINE_PARAMS, DEPTHS, PAPER_DEFAULT_PARAMS, SearchSpace
-    from tuner.tuning.study import enqueue_once, open_study, run_trials
+    from tuner.tuning.study import enqueue_once, open_study
+    from tuner.tuning.study_loop import run_trials
 
     folder = Path(tempfile.mkdtemp(prefix="posfair-study-cost-"))
     modes = ("uncached", "cold", "warm")

@@ -1187,21 +1187,21 @@ def full_after_trials(count: int, monkeypatch: pytest.MonkeyPatch) -> Iterator[N
 
     import tuner.tuning.worker
 
-    real = tuner.tuning.worker._log_trial
+    real = tuner.tuning.worker.log_trial
 
     def capped(connection: object, _record: object) -> None:
         cursor = connection.cursor()  # type: ignore[attr-defined]
         cursor.execute(f"PRAGMA max_page_count = {cursor.execute('PRAGMA page_count').fetchone()[0]}")
         cursor.close()
 
-    def log_then_fill(study, trial, progress, **options) -> None:  # noqa: ANN001 - worker._log_trial's arguments
+    def log_then_fill(study, trial, progress, **options) -> None:  # noqa: ANN001 - log_trial's arguments
         real(study, trial, progress, **options)
         if len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))) == count:
             engine = study._storage._backend.engine
             sqlalchemy.event.listen(engine, "connect", capped)
             engine.dispose()
 
-    monkeypatch.setattr(tuner.tuning.worker, "_log_trial", log_then_fill)
+    monkeypatch.setattr(tuner.tuning.worker, "log_trial", log_then_fill)
     yield
 
 

@@ -245,7 +245,7 @@ def test_a_family_is_left_once_a_probe_is_no_fairer_than_the_best_trial_though_w
     """Seed 2's numbers: the paper default (worst-case PSI 0.194 ± 0.037) is the best feasible trial; a Uniform
     B 64 probe at λ 0.35 loses nDCG@10 on a structure with a worst case of 0.219 so far. That is within one SE of
     the best (0.231), but a weaker λ is less fair still, so the descent ends there."""
-    from tuner.tuning.study import best_objective, selection_threshold
+    from tuner.tuning.candidates import best_objective, selection_threshold
 
     study = optuna.create_study()
     for psi, se, floor_gap in ((0.299, 0.033, 0.0), (0.194, 0.037, -0.009)):  # the baseline, the paper default

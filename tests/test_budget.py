@@ -17,8 +17,7 @@ from tests.tiny import save_tiny
 from tuner.common.budget import BUDGET_ATTR, BUDGET_END_ATTR
 from tuner.common.options import Budget
 from tuner.common.trials import NOT_RUN_ATTR, RESERVED_ATTR, counted, never_ran, trials_spent
-from tuner.tuning.accounts import budget_metrics, budget_tags
-from tuner.tuning.conclusion import setup_layer_tokens, study_layer_tokens
+from tuner.tuning.accounts import budget_metrics, budget_tags, setup_layer_tokens, study_layer_tokens
 from tuner.tuning.run import TuneSettings, tune
 
 PRUNED, COMPLETE = optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.COMPLETE

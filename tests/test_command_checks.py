@@ -188,8 +188,8 @@ def test_encode_reads_a_named_pipe(tiny_export: TinyExport) -> None:
 
 def stop_short(complete: list[dict[str, float]], target: int = 16) -> str:
     """What `tune` prints when SIGTERM stops a study with these complete trials (user attrs, or constraints)."""
-    from tuner.tuning.study import TrialsEnd
-    from tuner.tuning.worker import StoppedEarlyError, _stop_short
+    from tuner.tuning.stopped_early import StoppedEarlyError, stop_short
+    from tuner.tuning.study_loop import TrialsEnd
 
     study = optuna.create_study(study_name="s")
     for attrs in complete:
@@ -208,7 +208,7 @@ def stop_short(complete: list[dict[str, float]], target: int = 16) -> str:
         tracker=SimpleNamespace(finish_study=lambda *a, **k: None),
     )
     with pytest.raises(StoppedEarlyError) as stopped:
-        _stop_short(TrialsEnd(len(complete), target, "terminated"), session)  # type: ignore[arg-type]
+        stop_short(TrialsEnd(len(complete), target, "terminated"), session)  # type: ignore[arg-type]
     return f"{stopped.value.label}: {stopped.value}"
 
 

@@ -20,7 +20,7 @@ from tuner.common.messages import UserError
 from tuner.data import DatasetUnavailableError, check_available, dataset_files, load_benchmark, load_structures
 from tuner.data import squad as squad_module
 from tuner.data.squad import MEMBER, SquadFormatError, build_squad
-from tuner.tuning.session import split_datasets
+from tuner.tuning.study_data import split_datasets
 
 
 def words(texts: list[str]) -> list[int]:

@@ -158,7 +158,7 @@ def test_with_titles_every_summary_is_asked_for_by_its_title_too_grouped_by_wher
 
 def test_the_titled_tuning_set_is_scored_in_the_same_structures_over_the_same_passages():
     from tuner.data import load_benchmark, load_structures
-    from tuner.tuning.session import AUTO_HELDOUT
+    from tuner.tuning.study_data import AUTO_HELDOUT
 
     plain, titled = load_structures("wikipos-dev"), load_structures("wikipos-dev+titles")
     assert [s.name for s in titled] == [f"wikipos-dev+titles-{s.name.rsplit('-', 1)[1]}" for s in plain]

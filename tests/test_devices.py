@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from tuner.tuning import worker as worker_module
+from tuner.tuning import local_workers
 from tuner.tuning.settings import TuneSettings, describe_devices, settings_in_force, worker_devices
 
 
@@ -75,8 +75,8 @@ def test_each_started_worker_sees_only_its_gpu_and_the_environment_is_restored(
 ) -> None:
     gpus(count, visible)
     context = RecordingContext()
-    monkeypatch.setattr(worker_module.multiprocessing, "get_context", lambda method: context)
-    started = worker_module.start_workers(TuneSettings(workers=3), 2)
+    monkeypatch.setattr(local_workers.multiprocessing, "get_context", lambda method: context)
+    started = local_workers.start_workers(TuneSettings(workers=3), 2)
     assert len(started) == 2
     assert context.seen == want
     assert os.environ.get("CUDA_VISIBLE_DEVICES") == visible, "this process keeps what it had"

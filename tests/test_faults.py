@@ -22,8 +22,8 @@ from tests.test_accounting import BACKENDS, COMPLETE, FAIL, WAITING, catch_runni
 from tests.test_study import write_dataset
 from tests.test_workers import command, done, finished_trial_numbers, polled, study_backend, trial_runs
 from tuner.tracking.registry import registered_name
+from tuner.tuning.stops import stop_grace
 from tuner.tuning.storage import sqlite_wait
-from tuner.tuning.study import stop_grace
 
 
 @pytest.fixture(scope="module")
@@ -193,7 +193,7 @@ def test_optunas_log_of_a_trial_that_lost_its_store_is_one_line_and_a_bug_keeps_
     import optuna
     import sqlalchemy.exc
 
-    from tuner.tuning.worker import quiet_libraries
+    from tuner.tuning.library_logs import quiet_libraries
 
     quiet_libraries()
     handler = next(h for h in logging.getLogger("optuna").handlers if h.filters)
@@ -221,7 +221,7 @@ def test_a_cursor_close_that_a_stop_interrupted_is_not_logged_as_a_traceback(cap
     "Error closing cursor" with a traceback through its pool's logger, which CI saw beside posfair's stop line."""
     import sqlalchemy
 
-    from tuner.tuning.worker import quiet_libraries
+    from tuner.tuning.library_logs import quiet_libraries
 
     engine = sqlalchemy.create_engine("sqlite://")
     quiet_libraries()
@@ -252,7 +252,7 @@ def test_a_stop_that_lands_inside_a_database_write_waits_for_the_write_and_then_
 
     import sqlalchemy
 
-    from tuner.tuning.study import _stop_after_current_trial, raise_terminated
+    from tuner.tuning.stops import raise_terminated, stop_after_current_trial
 
     signals, in_the_trial_loop = STOPS[stop]
     monkeypatch.setenv("POSFAIR_STOP_GRACE", "0")
@@ -273,7 +273,7 @@ def test_a_stop_that_lands_inside_a_database_write_waits_for_the_write_and_then_
     with ExitStack() as scope:
         scope.callback(signal.signal, signal.SIGALRM, signal.getsignal(signal.SIGALRM))  # the retry's alarm handler
         if in_the_trial_loop:
-            scope.enter_context(_stop_after_current_trial(study))
+            scope.enter_context(stop_after_current_trial(study))
         else:
             scope.callback(signal.signal, signal.SIGTERM, signal.signal(signal.SIGTERM, raise_terminated))
         try:
@@ -289,7 +289,7 @@ def test_mlflows_own_log_of_a_write_into_a_deleted_store_is_dropped(caplog: pyte
     traceback and the SQL statement (`_logger.exception`) before raising what posfair reports in one line."""
     import sqlalchemy.exc
 
-    from tuner.tuning.worker import quiet_libraries
+    from tuner.tuning.library_logs import quiet_libraries
 
     quiet_libraries()
     mlflow_store = logging.getLogger("mlflow.store.db.utils")  # the logger of MLflow's make_managed_session
@@ -312,7 +312,7 @@ def test_a_background_thread_that_lost_its_store_says_so_in_one_line(
 
     import sqlalchemy.exc
 
-    from tuner.tuning.worker import quiet_libraries
+    from tuner.tuning.library_logs import quiet_libraries
 
     saved = threading.excepthook
     try:
@@ -345,9 +345,9 @@ def test_a_local_worker_that_dies_is_reported_with_its_signal_and_its_trial_reru
     import socket
     import time
 
+    from tuner.tuning.owners import OWNER_ATTR
     from tuner.tuning.storage import make_storage
-    from tuner.tuning.study import OWNER_ATTR
-    from tuner.tuning.worker import watch_workers
+    from tuner.tuning.watches import watch_workers
 
     caplog.set_level(logging.INFO)
     study = optuna.create_study(storage=make_storage(f"sqlite:///{tmp_path / 'study.db'}", heartbeat=3600))

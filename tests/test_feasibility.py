@@ -17,7 +17,7 @@ from objectives.constraint import CONSTRAINTS, REQUIREMENTS, describe_rule, outc
 from tuner.tracking.plots import scatter_points
 from tuner.tracking.progress import StudyProgress
 from tuner.tracking.runs import display_metrics, experiment_note
-from tuner.tuning.worker import _log_trial
+from tuner.tuning.progress_log import log_trial
 
 FLOOR, HM, HM_LOW = 0.5531, 0.5552, 0.5395  # point HM above the floor, lower bound below
 
@@ -90,7 +90,7 @@ def test_a_trial_above_the_floor_by_its_point_hm_but_not_its_lower_bound_is_said
     assert point.missed == ("hm_floor",)
 
     with caplog.at_level(logging.INFO):
-        _log_trial(study, study.trials[0], StudyProgress(4, 0, bar=False), num_layers=6)
+        log_trial(study, study.trials[0], StudyProgress(4, 0, bar=False), num_layers=6)
     line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("trial 0:"))
     assert "infeasible: misses the HM floor (HM lower bound 53.95 < 55.31)" in line
     assert "CLS" not in line and "λ 0.50 on layers [5] of 6" in line, "the config, in the MLflow description's words"
@@ -274,8 +274,8 @@ def structure_constraints(highs: dict[str, float], allowance: float = ALLOWANCE,
 
 
 def test_the_nothing_feasible_message_names_the_closest_trial_to_a_constraint_every_trial_missed() -> None:
-    from tuner.tuning.conclusion import _nothing_feasible
     from tuner.tuning.settings import TuneSettings
+    from tuner.tuning.summary import nothing_feasible
 
     trials = [  # every trial loses nDCG@10 on a structure even at the favourable end of its interval
         {"crops": -0.0142, "openings": -0.003},  # 1.42 points at best
@@ -289,7 +289,7 @@ def test_the_nothing_feasible_message_names_the_closest_trial_to_a_constraint_ev
             trial.set_constraint(name, value)
         study.tell(trial, 0.1)
 
-    message = _nothing_feasible(study, TuneSettings(max_ndcg_drop=ALLOWANCE), FLOOR)
+    message = nothing_feasible(study, TuneSettings(max_ndcg_drop=ALLOWANCE), FLOOR)
     assert message.startswith("no trial met the constraints; nothing exported.")
     assert (
         "every trial loses nDCG@10 beyond noise on another structure (the closest, trial 1: nDCG@10 change at best -1.17, "
@@ -301,8 +301,8 @@ def test_the_nothing_feasible_message_names_the_closest_trial_to_a_constraint_ev
 
 def test_a_nothing_feasible_message_where_no_constraint_was_missed_by_every_trial_still_says_so() -> None:
     """One trial misses the HM floor, the other a structure's nDCG@10: no clause holds for every trial."""
-    from tuner.tuning.conclusion import _nothing_feasible
     from tuner.tuning.settings import TuneSettings
+    from tuner.tuning.summary import nothing_feasible
 
     study = optuna.create_study()
     for values in ({"hm_floor": 0.01, "ndcg_drop": -0.01, "structure_ndcg": -0.002}, structure_constraints({"crops": -0.009})):
@@ -310,7 +310,7 @@ def test_a_nothing_feasible_message_where_no_constraint_was_missed_by_every_tria
         for name, value in values.items():
             trial.set_constraint(name, value)
         study.tell(trial, 0.1)
-    message = _nothing_feasible(study, TuneSettings(max_ndcg_drop=ALLOWANCE), FLOOR)
+    message = nothing_feasible(study, TuneSettings(max_ndcg_drop=ALLOWANCE), FLOOR)
     assert "no constraint was missed by every trial" in message and "every trial" not in message.replace("every trial (", "")
     assert message.endswith("Relax --hm-floor or --max-ndcg-drop, widen the search space, or run more --trials.")
 
@@ -336,7 +336,7 @@ def test_a_loss_beyond_the_limit_on_the_tuning_split_itself_is_not_called_anothe
 
 def test_a_study_s_own_limits_come_back_from_its_attributes() -> None:
     """The YAML's objective and a re-export read the limits the study ran under, not today's defaults."""
-    from tuner.tuning.conclusion import study_constraints
+    from tuner.tuning.summary import study_constraints
 
     study = optuna.create_study()
     for key, value in {"hm_floor": "baseline", "max_ndcg_drop": 0.005, "max_reversal": None, "max_drift": 3.0}.items():

@@ -14,7 +14,7 @@ from tests.test_study import write_dataset
 from tests.tiny import save_tiny
 from tuner.calibration import ConfigError
 from tuner.common.trials import DUPLICATE_ATTR, counted
-from tuner.tuning.conclusion import study_layer_tokens
+from tuner.tuning.accounts import study_layer_tokens
 from tuner.tuning.run import TuneSettings, tune
 from tuner.tuning.search_space import PAPER_GRID, SearchSpace, grid_size
 

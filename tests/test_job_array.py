@@ -185,7 +185,7 @@ def test_a_worker_task_says_what_it_waits_for_and_for_how_long_then_gives_up(tmp
     import optuna
 
     from tuner.common.messages import UserError
-    from tuner.tuning.session import await_floor
+    from tuner.tuning.hm_floor import await_floor
     from tuner.tuning.storage import make_storage
 
     storage = f"journal:{tmp_path / 'study.journal'}"

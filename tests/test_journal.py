@@ -17,8 +17,8 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from tuner.tuning.export_election import claim_export, record_export
 from tuner.tuning.storage import HEARTBEAT_ATTR, JOURNAL_LOCK_SECONDS, JournalWithHeartbeats, check_storage_url, grace_seconds, make_storage
-from tuner.tuning.study import claim_export, record_export
 
 pytestmark = pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used with Study.optimize")
 

@@ -13,7 +13,7 @@ from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 from optuna.trial import FrozenTrial
 
-import tuner.tuning.session
+import tuner.tuning.study_data
 import tuner.tuning.trial.scoring
 from objectives.robustness import prune_reason
 from tests.services import as_logged, dashboard_api
@@ -21,9 +21,9 @@ from tests.test_study import write_dataset
 from tuner.common.trials import DUPLICATE_ATTR, PRUNED_ATTR, SCREEN_ATTR, counted, named_constraints
 from tuner.data import load_benchmark
 from tuner.engine.exported import load_exported
+from tuner.tuning.candidates import candidates
 from tuner.tuning.run import TuneSettings, tune
 from tuner.tuning.search_space import SearchSpace
-from tuner.tuning.study import candidates
 
 pytestmark = pytest.mark.usefixtures("module_cache")  # the studies run here, their disk cache not in the checkout
 
@@ -78,7 +78,7 @@ def pruning_study(tiny_model_dir, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     model's bias decides no order worth testing here; the order has its own test), in which every non-reference
     trial is pruned at its first rung (the rule is the real one with a threshold nothing can beat)."""
     structure = replace(load_benchmark(f"jsonl:{write_dataset(tmp_path / 'other', docs=8, seed=3)}"), name="tiny-openings")
-    monkeypatch.setattr(tuner.tuning.session, "load_structures", lambda name, tuning=None: [structure])
+    monkeypatch.setattr(tuner.tuning.study_data, "load_structures", lambda name, tuning=None: [structure])
     monkeypatch.setattr(tuner.tuning.trial.scoring, "corpus_rungs", lambda tuning, uncalibrated, structures: [*structures, None])
     monkeypatch.setattr(tuner.tuning.trial.scoring, "selection_threshold", lambda study, rule: -1.0)  # nothing can beat it
     settings = tiny_study(tiny_model_dir("bert"), write_dataset(tmp_path / "data"), tmp_path, "pruning")
@@ -123,7 +123,7 @@ def flattering_first_rung(tiny_model_dir, tmp_path: Path, monkeypatch: pytest.Mo
     what a calibration that over-flattens a structure shows there. Each drawn trial is pruned after it, its worst case
     so far 0.001, far below any complete trial's value (the tuning passages' PSI counts for those)."""
     structure = replace(load_benchmark(f"jsonl:{write_dataset(tmp_path / 'other', docs=8, seed=3)}"), name="tiny-openings")
-    monkeypatch.setattr(tuner.tuning.session, "load_structures", lambda name, tuning=None: [structure])
+    monkeypatch.setattr(tuner.tuning.study_data, "load_structures", lambda name, tuning=None: [structure])
     monkeypatch.setattr(tuner.tuning.trial.scoring, "corpus_rungs", lambda tuning, uncalibrated, structures: [*structures, None])
     monkeypatch.setattr(tuner.tuning.trial.scoring, "selection_threshold", lambda study, rule: -1.0)  # nothing can beat it
     real, on_structure = tuner.tuning.trial.scoring.trial_evidence, len(structure.queries)
@@ -219,7 +219,7 @@ def test_a_constraint_the_tuning_split_decides_prunes_the_trial_before_its_other
     when the upper end of its nDCG@10 interval is above the limit (not "beyond noise", but decided). A trial that
     keeps nDCG@10 goes on (no PSI threshold prunes here). The tuning passages are the first rung here."""
     structure = replace(load_benchmark(f"jsonl:{write_dataset(tmp_path / 'other', docs=16, seed=3)}"), name="tiny-openings")
-    monkeypatch.setattr(tuner.tuning.session, "load_structures", lambda name, tuning=None: [structure])
+    monkeypatch.setattr(tuner.tuning.study_data, "load_structures", lambda name, tuning=None: [structure])
     monkeypatch.setattr(tuner.tuning.trial.scoring, "corpus_rungs", lambda tuning, uncalibrated, structures: [None, *structures])
     monkeypatch.setattr(tuner.tuning.trial.scoring, "selection_threshold", lambda study, rule: None)  # nothing to beat: PSI never prunes
     settings = tiny_study(
@@ -256,7 +256,7 @@ def test_a_trial_that_moves_the_vectors_further_than_the_drift_limit_stops_on_it
     grow, so a trial over the limit on its first rung is pruned there, filed infeasible for TPE; the paper default's
     own value is 1 − k (itself its yardstick); a trial within the limit on every structure completes."""
     structure = replace(load_benchmark(f"jsonl:{write_dataset(tmp_path / 'other', docs=16, seed=3)}"), name="tiny-openings")
-    monkeypatch.setattr(tuner.tuning.session, "load_structures", lambda name, tuning=None: [structure])
+    monkeypatch.setattr(tuner.tuning.study_data, "load_structures", lambda name, tuning=None: [structure])
     monkeypatch.setattr(tuner.tuning.trial.scoring, "corpus_rungs", lambda tuning, uncalibrated, structures: [*structures, None])
     monkeypatch.setattr(tuner.tuning.trial.scoring, "selection_threshold", lambda study, rule: None)  # nothing to beat: PSI never prunes
     settings = tiny_study(

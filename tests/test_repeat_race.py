@@ -24,8 +24,8 @@ import pytest
 from optuna.trial import TrialState
 
 from tuner.common.trials import DUPLICATE_ATTR, calibration_key
+from tuner.tuning.owners import OWNER_ATTR
 from tuner.tuning.storage import make_storage
-from tuner.tuning.study import OWNER_ATTR
 from tuner.tuning.trial.repeats import RepeatCheck
 
 # one resolved calibration as `TrialObjective.__call__` logs it (a parameter or fixed by the space)

@@ -13,7 +13,7 @@ import optuna
 import pytest
 
 from tuner.calibration import ConfigError
-from tuner.tuning.conclusion import _trial_with
+from tuner.tuning.heldout import trial_with
 from tuner.tuning.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, SearchSpace, trial_basket_shares, trial_config
 from tuner.tuning.study import enqueue_once
 
@@ -74,8 +74,8 @@ def test_the_paper_default_calibrates_with_equal_and_keeps_its_parameters(shares
     assert configs[0].strength == 0.0
     if len(shares) == 1:  # drawn trials: the space's own value
         assert [c.basket_shares for c in configs[2:]] == [shares[0]] * 2
-    assert _trial_with(study, PAPER_DEFAULT_PARAMS).number == 1
-    assert _trial_with(study, BASELINE_PARAMS).number == 0
+    assert trial_with(study, PAPER_DEFAULT_PARAMS).number == 1
+    assert trial_with(study, BASELINE_PARAMS).number == 0
 
 
 def test_a_drawn_trial_with_the_paper_default_knobs_is_not_the_paper_default() -> None:
@@ -88,7 +88,7 @@ def test_a_drawn_trial_with_the_paper_default_knobs_is_not_the_paper_default() -
     assert space.suggest(trial, "cls", "right").basket_shares == "by_size"
     trial.set_user_attr("hm", 0.5)
     study.tell(trial, 0.1)
-    assert _trial_with(study, PAPER_DEFAULT_PARAMS) is None
+    assert trial_with(study, PAPER_DEFAULT_PARAMS) is None
     enqueue_once(study, *space.reference_trial(PAPER_DEFAULT_PARAMS))
     assert space.suggest(study.ask(), "cls", "right").basket_shares == "equal"
 
@@ -111,7 +111,7 @@ def test_trials_from_before_the_option_calibrated_with_equal() -> None:
     trial.set_user_attr("hm", 0.5)
     study.tell(trial, 0.1)
     assert trial_basket_shares(study.trials[0]) == "equal"
-    assert _trial_with(study, PAPER_DEFAULT_PARAMS).number == 0
+    assert trial_with(study, PAPER_DEFAULT_PARAMS).number == 0
 
 
 def test_from_yaml_reads_basket_shares(tmp_path: Path) -> None:

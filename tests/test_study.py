@@ -29,11 +29,14 @@ from tuner.engine.encoder import CalibratedEncoder
 from tuner.engine.exported import load_exported
 from tuner.engine.models import load_model
 from tuner.evaluation.evaluator import Evaluator
-from tuner.tuning.conclusion import reexport
+from tuner.tuning.candidates import screen_threshold, winner
+from tuner.tuning.owners import OWNER_ATTR, fail_dead_trials
+from tuner.tuning.reexport import reexport
 from tuner.tuning.run import NoFeasibleTrialError, TuneSettings, tune
 from tuner.tuning.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, SearchSpace, trial_basket_shares
 from tuner.tuning.storage import grace_seconds
-from tuner.tuning.study import OWNER_ATTR, fail_dead_trials, load_stored_study, open_study, run_trials, screen_threshold, winner
+from tuner.tuning.study import load_stored_study, open_study
+from tuner.tuning.study_loop import run_trials
 
 pytestmark = pytest.mark.usefixtures("module_cache")  # the studies run here, their disk cache not in the checkout
 
@@ -469,7 +472,7 @@ def test_a_trial_whose_process_died_before_its_first_heartbeat_is_rerun_not_wait
         trial.set_constraint("hm_floor", -1.0)
         return x
 
-    with caplog.at_level(logging.WARNING, logger="tuner.tuning.study"):
+    with caplog.at_level(logging.WARNING, logger="tuner.tuning.owners"):
         end = run_trials(study, objective, 1, poll_seconds=0.2)
     assert end.complete == 1
     states = [t.state for t in load_stored_study("orphan", storage).trials]
@@ -528,10 +531,10 @@ def test_each_trial_is_constrained_by_its_psi_on_the_crops_against_the_uncalibra
 ) -> None:
     """With a crops view, every trial records crops_psi = PSI_crops(config) − 1 × PSI_crops(uncalibrated),
     recomputed here with a separate Evaluator from the configs Optuna stored."""
-    import tuner.tuning.session
+    import tuner.tuning.study_data
 
     crops = replace(load_benchmark(f"jsonl:{write_dataset(tmp_path / 'crops', docs=8, seed=5)}"), name="tiny-crops")
-    monkeypatch.setattr(tuner.tuning.session, "load_structures", lambda name, tuning=None: [crops])
+    monkeypatch.setattr(tuner.tuning.study_data, "load_structures", lambda name, tuning=None: [crops])
     settings = TuneSettings(
         model=str(tiny_model_dir("bert")),
         pooling="cls",

@@ -1,2 +1,2 @@
-"""The search: settings, search space, one trial's objective, the Optuna study and its loop, the coordinator
-and its workers, and the conclusion (winner, held-out scores, export)."""
+"""The search: settings, search space, the Optuna study and its loop, one trial (`tuner.tuning.trial`), the
+coordinator and its workers, and the conclusion (winner, held-out scores, export)."""

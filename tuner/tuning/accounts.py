@@ -9,7 +9,7 @@ from optuna.trial import TrialState
 
 from objectives import Selection
 from tuner.common.budget import budget_end, budget_ended, study_budget
-from tuner.common.trials import NOT_RUN_ATTR, never_ran, trial_counts
+from tuner.common.trials import NOT_RUN_ATTR, SETUP_COST_ATTR, never_ran, trial_counts
 from tuner.tracking.runs import describe_config
 from tuner.tuning.optuna_access import save_trial_note
 from tuner.tuning.search_space import trial_basket_shares
@@ -35,7 +35,8 @@ def dashboard_notes(study: optuna.Study, best: optuna.trial.FrozenTrial, selecti
     )
     optuna_dashboard.save_note(
         study,
-        f"## Winner: trial {best.number}\n\n{describe_config(params, num_layers)}: {trial_figures(best)}.\n\n{why}\n\n{card}\n\n"
+        f"## Winner: trial {best.number}\n\n{describe_config(params, num_layers)}: {trial_figures(best)}.\n\n"
+        f"{why}\n\n{card}\n\n"
         f"**Trials**: {describe_trials(study)}.\n",
     )
     save_trial_note(study, best, f"## Winner of study {study.study_name}\n\n{why}\n")
@@ -53,8 +54,8 @@ def dashboard_notes(study: optuna.Study, best: optuna.trial.FrozenTrial, selecti
             save_trial_note(
                 study,
                 trial,
-                f"## Not run\n\n{reason}. Optuna creates a trial before posfair can price or place it; it is recorded as "
-                "*Fail* with no values, and counted nowhere.\n",
+                f"## Not run\n\n{reason}. Optuna creates a trial before posfair can price or place it; it is recorded "
+                "as *Fail* with no values, and counted nowhere.\n",
             )
 
 
@@ -85,7 +86,12 @@ def describe_trials(study: optuna.Study) -> str:
     said = counts.sentence()
     unrun = [t for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL, TrialState.PRUNED)) if never_ran(t)]
     budget, end = study_budget(study), budget_end(study)
-    if budget and end is not None and budget_ended(study, budget.trial_allowance) and end.trial in {t.number for t in unrun}:
+    if (
+        budget
+        and end is not None
+        and budget_ended(study, budget.trial_allowance)
+        and end.trial in {t.number for t in unrun}
+    ):
         said += (
             f"; trial {end.trial} was drawn but not run: it would have needed up to {end.needed:,} layer-tokens and "
             f"{end.left:,} of the trials' {end.trial_allowance:,} were left"
@@ -105,7 +111,26 @@ def trial_metrics(study: optuna.Study) -> dict[str, float]:
 def trial_figures(best: optuna.trial.FrozenTrial) -> str:
     """A complete trial's objective and tuning figures and how it met each constraint, from its Optuna record."""
     attrs = best.user_attrs
-    worst = f"worst-case PSI {attrs['robust_psi']:.3f} (on {attrs['worst_structure']}), " if "worst_structure" in attrs else ""
+    worst = (
+        f"worst-case PSI {attrs['robust_psi']:.3f} (on {attrs['worst_structure']}), "
+        if "worst_structure" in attrs
+        else ""
+    )
     verdict, _, checks = attrs.get("feasible", "").partition(": ")
     said = {"yes": "feasible", "NO": "infeasible"}.get(verdict)
-    return f"{worst}PSI {attrs['psi']:.3f} and HM {100 * attrs['hm']:.2f} on the tuning passages" + (f"; {said}: {checks}" if said else "")
+    return f"{worst}PSI {attrs['psi']:.3f} and HM {100 * attrs['hm']:.2f} on the tuning passages" + (
+        f"; {said}: {checks}" if said else ""
+    )
+
+
+def setup_layer_tokens(study: optuna.Study) -> int:
+    """What the study's processes encoded before their trials (baselines, queries), in layer-tokens."""
+    return int(sum(v for k, v in study.user_attrs.items() if k.startswith(SETUP_COST_ATTR)))
+
+
+def study_layer_tokens(study: optuna.Study) -> int:
+    """What the study cost in padded tokens × layers run: every process's baselines and queries, and every
+    trial, pruned and failed ones included (held-out scoring apart)."""
+    return setup_layer_tokens(study) + int(
+        sum(t.user_attrs.get("layer_tokens", 0) for t in study.get_trials(deepcopy=False))
+    )

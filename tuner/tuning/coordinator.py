@@ -10,11 +10,13 @@ from tuner.common.trials import START_ATTR
 from tuner.tracking.progress import Phase
 from tuner.tracking.runs import Tracker
 from tuner.tuning.conclusion import TuneOutcome, conclude
+from tuner.tuning.hm_floor import FLOOR_ATTR
+from tuner.tuning.local_workers import start_workers
 from tuner.tuning.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, PAPER_SIBLINGS, depth_layers
-from tuner.tuning.session import FLOOR_ATTR, Session
+from tuner.tuning.session import Session
 from tuner.tuning.settings import TuneSettings
 from tuner.tuning.study import describe_study, enqueue_once
-from tuner.tuning.worker import run_session_trials, start_workers
+from tuner.tuning.worker import run_session_trials
 
 log = logging.getLogger(__name__)
 
@@ -34,11 +36,18 @@ def coordinate(session: Session) -> TuneOutcome | None:
     study.set_user_attr(FLOOR_ATTR, floor)
     constraints = settings.constraints(baseline.report.hm)
     describe_study(study, settings.pareto, constraints, session.in_force(constraints), bool(session.structures))
-    for reference, label in ((BASELINE_PARAMS, "the uncalibrated baseline"), (PAPER_DEFAULT_PARAMS, "the paper's default")):
+    for reference, label in (
+        (BASELINE_PARAMS, "the uncalibrated baseline"),
+        (PAPER_DEFAULT_PARAMS, "the paper's default"),
+    ):
         if space.admits(reference):
             enqueue_once(study, *space.reference_trial(reference))
         else:
-            log.warning("%s is not in this search space (%s), so it is not run as a reference trial", label, space.outside(reference))
+            log.warning(
+                "%s is not in this search space (%s), so it is not run as a reference trial",
+                label,
+                space.outside(reference),
+            )
     if settings.paper_siblings:
         _queue_siblings(session)
     outcome = run_session_trials(

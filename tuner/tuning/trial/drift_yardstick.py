@@ -18,8 +18,8 @@ from optuna.trial import TrialState
 from objectives import Constraints
 from objectives.robustness import RobustEvidence
 from tuner.common.trials import DUPLICATE_ATTR
+from tuner.tuning.owners import wait_for_other_processes
 from tuner.tuning.search_space import PAPER_DEFAULT_PARAMS, is_reference_trial
-from tuner.tuning.study import wait_for_other_processes
 
 log = logging.getLogger(__name__)
 

@@ -33,8 +33,8 @@ from tuner.common.trials import calibration_key
 from tuner.evaluation.evaluator import Evaluator
 from tuner.tracking.runs import Tracker
 from tuner.tuning.bisection import queue_next
+from tuner.tuning.candidates import best_objective
 from tuner.tuning.search_space import SearchSpace
-from tuner.tuning.study import best_objective
 from tuner.tuning.trial.cost import TrialPricing
 from tuner.tuning.trial.drift_yardstick import DriftYardstick
 from tuner.tuning.trial.profile import TrialProfile
@@ -146,9 +146,8 @@ class TrialObjective:
             "layers": layers,
             "basket_shares": config.basket_shares,
         }
-        trial.set_user_attr(
-            "feasible", "not known yet: the trial is running"
-        )  # first among its attributes in the dashboard
+        # first among its attributes in the dashboard
+        trial.set_user_attr("feasible", "not known yet: the trial is running")
         trial.set_user_attr("layers", layers)
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
         trial.set_user_attr("calibration", calibration_key(params))

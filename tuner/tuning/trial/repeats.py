@@ -14,7 +14,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.common.trials import DUPLICATE_ATTR, named_constraints
-from tuner.tuning.study import wait_for_other_processes
+from tuner.tuning.owners import wait_for_other_processes
 from tuner.tuning.trial.record import TrialRecorder, set_constraints
 
 log = logging.getLogger(__name__)
@@ -126,7 +126,6 @@ def repeat(
     set_constraints(trial, named_constraints(earlier))
     if "feasible" in earlier.user_attrs:
         trial.set_user_attr("feasible", earlier.user_attrs["feasible"])
-    recorder.repeated(
-        trial, earlier, params, {**earlier.user_attrs.get("metrics", {}), "cost/layer_tokens": 0.0}
-    )  # at no cost
+    metrics = {**earlier.user_attrs.get("metrics", {}), "cost/layer_tokens": 0.0}  # at no cost
+    recorder.repeated(trial, earlier, params, metrics)
     return list(earlier.values)

@@ -31,7 +31,7 @@ from tuner.calibration import CalibrationConfig
 from tuner.common.trials import PRUNED_ATTR, SCREEN_ATTR, PrunedAt, ScreenFigures
 from tuner.data import is_crops
 from tuner.evaluation.evaluator import Evaluation, Evaluator
-from tuner.tuning.study import screen_threshold, selection_threshold
+from tuner.tuning.candidates import screen_threshold, selection_threshold
 from tuner.tuning.trial.drift_yardstick import DriftYardstick
 
 
