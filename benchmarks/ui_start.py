@@ -25,7 +25,7 @@ from pathlib import Path
 
 import psutil
 
-from tuner.tracking.runs import JOB_EXECUTION_ENV, ui_command, ui_environment
+from tuner.tracking.ui import JOB_EXECUTION_ENV, ui_command, ui_environment
 
 
 def _free_port() -> int:

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 import pytest
 import requests
 
-from tuner.tracking.runs import ui_environment
+from tuner.tracking.ui import ui_environment
 
 
 def as_logged(value: float, abs: float = 0.0) -> object:

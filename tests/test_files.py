@@ -31,7 +31,7 @@ def test_default_places_are_under_mlruns_in_the_working_folder(tmp_path: Path, m
     """The study store, MLflow's store and the cache default to ./mlruns (README, `tune --help`); naming them
     creates nothing (a failed start leaves no store behind). MLflow's URI is relative, so a moved mlruns/ works."""
     from tuner.common.files import default_cache_dir
-    from tuner.tracking.runs import default_tracking_uri
+    from tuner.tracking.store import default_tracking_uri
     from tuner.tuning.storage import default_storage
 
     monkeypatch.chdir(tmp_path)

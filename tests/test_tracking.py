@@ -42,18 +42,10 @@ from tests.tiny import random_texts, tiny_tune_options
 from tuner.common.trials import counted, named_constraints
 from tuner.engine.encoder import CalibratedEncoder
 from tuner.engine.exported import load_exported
+from tuner.tracking.display import KIND_TAG, NOTE, TRAINING_KIND, describe_config, significant
 from tuner.tracking.registry import USAGE, registered_name
-from tuner.tracking.runs import (
-    DEFAULT_TRACKING_URI,
-    KIND_TAG,
-    NOTE,
-    TRAINING_KIND,
-    Tracker,
-    TrackingUnavailableError,
-    TrialRecord,
-    describe_config,
-    significant,
-)
+from tuner.tracking.runs import Tracker, TrialRecord
+from tuner.tracking.store import DEFAULT_TRACKING_URI, TrackingUnavailableError
 from tuner.tuning.search_space import trial_basket_shares
 
 TRIALS = 4
@@ -188,7 +180,8 @@ def test_the_experiment_opens_in_the_model_training_view_with_a_description(clie
 
 def test_the_run_list_view_tune_ui_links_to_shows_columns_every_finished_run_has(client: MlflowClient) -> None:
     """The shared view's columns are metrics the trials (and the study's row) really carry: none is empty."""
-    from tuner.tracking.runs import VIEW_TAG, training_view_url
+    from tuner.tracking.display import VIEW_TAG
+    from tuner.tracking.ui import training_view_url
 
     experiment = client.get_experiment_by_name("posfair")
     columns = json.loads(experiment.tags[VIEW_TAG])["selectedColumns"]
@@ -479,11 +472,11 @@ def test_tune_ui_checks_the_store_s_schema_before_it_prints_a_link(
 
     import optuna
 
-    import tuner.tracking.runs
+    import tuner.tracking.ui
     from tuner.cli.app import app
 
     served: list[list[str]] = []
-    monkeypatch.setattr(tuner.tracking.runs, "serve_ui", lambda command: served.append(command) or 0)
+    monkeypatch.setattr(tuner.tracking.ui, "serve_ui", lambda command: served.append(command) or 0)
     store = tmp_path / "mlflow.db"
     if written_by == "Optuna":
         optuna.storages.RDBStorage(f"sqlite:///{store}")
@@ -821,7 +814,7 @@ def test_outages_are_told_from_permanent_errors_and_a_full_disk(error: Callable[
     """An outage (connection refused or cut, a 5xx answer, a locked database) is kept for retry; an error that
     will recur at every retry (a schema MLflow does not know, a read-only store, a refusal) is dropped; a full
     disk is kept, and said with its fix."""
-    from tuner.tracking.runs import classify_failure
+    from tuner.tracking.failures import classify_failure
 
     assert classify_failure(error()) == kind
 
@@ -886,7 +879,7 @@ def test_a_complete_trial_logs_each_figure_once_on_one_scale() -> None:
     console prints it), not a second time as 0–1 `crops_*` figures beside them."""
     from types import SimpleNamespace
 
-    from tuner.tracking.runs import display_metrics
+    from tuner.tracking.display import display_metrics
     from tuner.tuning.trial.record import complete_metrics
 
     report = SimpleNamespace(as_dict=lambda: {"psi": 0.2, "hm": 0.55, "ndcg10": 0.6})
@@ -915,9 +908,9 @@ def test_a_complete_trial_logs_each_figure_once_on_one_scale() -> None:
 def test_a_structure_named_by_any_dataset_name_logs_under_a_name_mlflow_accepts(tmp_path: Path, structure: str, as_stored: str) -> None:
     """A set's name reaches metric names (`structure/<name>/psi`); MLflow refuses some characters (`+`), and a refused
     batch drops the trial's every figure. Each character MLflow refuses is stored as `_`, the rest as it is."""
-    from tuner.tracking.runs import _stored
+    from tuner.tracking.display import stored_metrics
 
-    (stored,) = _stored({f"structure/{structure}/psi": 0.25}, 0)
+    (stored,) = stored_metrics({f"structure/{structure}/psi": 0.25}, 0)
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     run = client.create_run(client.create_experiment("names")).info.run_id
     client.log_batch(run, metrics=[stored])

@@ -15,7 +15,7 @@ from mlflow.tracking import MlflowClient
 
 from tests import forkserver
 from tests.services import free_port
-from tuner.tracking.runs import JOB_EXECUTION_ENV, ui_environment
+from tuner.tracking.ui import JOB_EXECUTION_ENV, ui_environment
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])

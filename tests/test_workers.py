@@ -27,7 +27,7 @@ from tests.services import as_logged, free_port, fresh_postgres_database, runnin
 from tests.test_study import write_dataset
 from tests.tiny import tiny_tune_options
 from tuner.common.trials import DUPLICATE_ATTR, counted, never_ran
-from tuner.tracking.runs import TrackingUnavailableError
+from tuner.tracking.store import TrackingUnavailableError
 from tuner.tuning.run import TuneSettings, tune
 from tuner.tuning.search_space import SearchSpace
 from tuner.tuning.storage import make_storage
