@@ -5,8 +5,9 @@ resumes at its first calibrated layer from the inputs the baseline pass cached, 
 layers (docs/benchmarks.md, *Trial cost*). The estimate counts a study's layer-tokens as its trials and
 parent run do (`cost/layer_tokens`) and prices them by a probe: a forward pass of the first few (longest)
 passages, uncalibrated. Attention adds a term in the square of the length, so a rate measured on the
-longest passages overstates shorter ones; cls and last-token calibration recompute one row per layer and
-cost what a plain pass does (docs/benchmarks.md, *Engine cost*), mean pooling up to ~1.5× that.
+longest passages overstates shorter ones; cls and last-token calibration recompute one row per layer and so
+cost about what a plain pass does, while mean pooling calibrates every row and costs more (docs/benchmarks.md,
+*Engine cost*, measures both).
 """
 
 from __future__ import annotations
@@ -152,15 +153,21 @@ class StudyCost:
 
     @property
     def heldout_layer_tokens(self) -> float:
-        """Held-out scoring: queries and the uncalibrated pass through every layer, the paper default and the winner resumed."""
-        return self.layers * (self.heldout_queries + self.heldout_tokens) + 2 * self.calibrated_layers * self.heldout_tokens
+        """Held-out scoring: queries and the uncalibrated pass through every layer, the paper default and the winner
+        resumed."""
+        return (
+            self.layers * (self.heldout_queries + self.heldout_tokens)
+            + 2 * self.calibrated_layers * self.heldout_tokens
+        )
 
     def layer_tokens(self, trials: int, pruned: bool = False) -> float:
         """The study's layer-tokens as its parent run counts them (held-out scoring apart): the baseline pass
         and what is encoded once, the baseline trial's profile, and `trials` − 1 calibrated trials; `pruned`:
         every trial but the two references stopped after one rung (the screen, else the cheapest corpus: a floor),
         with no profile."""
-        total = self.setup_layer_tokens + self.layers * self.profile_tokens + max(trials - 1, 0) * self.trial_layer_tokens
+        total = (
+            self.setup_layer_tokens + self.layers * self.profile_tokens + max(trials - 1, 0) * self.trial_layer_tokens
+        )
         if pruned:
             stopped = self.calibrated_layers * (self.screen_tokens or self.first_corpus_tokens)
             total -= max(trials - 2, 0) * (self.trial_layer_tokens - stopped)
@@ -178,7 +185,8 @@ class StudyCost:
         return self.seconds(spent + self.heldout_layer_tokens)
 
     def describe(self, trials: int, default_trials: int) -> list[str]:
-        """Lines for the log: the probe, one encode, one trial, this study and the default one, in time and layer-tokens."""
+        """Lines for the log: the probe, one encode, one trial, this study and the default one, in time and
+        layer-tokens."""
         p = self.probe
         lines = [
             f"cost estimate on {p.device}, encoding only (priced by the longest passages, so shorter ones cost a "
@@ -188,7 +196,11 @@ class StudyCost:
             + (f" ({self.truncated:,} truncated at {self.max_length:,} tokens)" if self.truncated else "")
             + f"; one encode ≈ {duration(self.seconds(self.layers * self.corpus_tokens))}",
             f"one calibrated trial ≈ {duration(self.trial_seconds)}"
-            + (f" (it runs {self.calibrated_layers:.3g} of {self.layers} layers on average)" if self.trial_layers is not None else "")
+            + (
+                f" (it runs {self.calibrated_layers:.3g} of {self.layers} layers on average)"
+                if self.trial_layers is not None
+                else ""
+            )
             + f"; this study ({'at most ' if self.budget_layer_tokens is not None else ''}{trials} trials"
             + (" within its budget" if self.budget_layer_tokens is not None else "")
             + f", with the baseline and the held-out scoring) ≈ {duration(self.budgeted_seconds(trials))}"
@@ -199,8 +211,15 @@ class StudyCost:
             ),
         ]
         full = round(self.layer_tokens(trials))
-        setup = f", of which ≈ {round(self.setup_layer_tokens):,} are the baselines and queries (none that the disk cache holds)"
-        held = f"; held-out scoring ≈ {round(self.heldout_layer_tokens):,} more" if self.heldout_tokens or self.heldout_queries else ""
+        setup = (
+            f", of which ≈ {round(self.setup_layer_tokens):,} are the baselines and queries "
+            "(none that the disk cache holds)"
+        )
+        held = (
+            f"; held-out scoring ≈ {round(self.heldout_layer_tokens):,} more"
+            if self.heldout_tokens or self.heldout_queries
+            else ""
+        )
         if (self.screen_tokens or self.structure_tokens) and trials > 2:  # the two references are never pruned
             floor = round(self.layer_tokens(trials, pruned=True))
             after = (
@@ -210,15 +229,17 @@ class StudyCost:
                 "the rungs go least biased first, which the baseline decides)"
             )
             lines.append(
-                f"layer-tokens (padded tokens × layers run): ≈ {full:,} unpruned (≈ {duration(self.study_seconds(trials))} in all){setup}; "
-                f"≈ {floor:,} (≈ {duration(self.study_seconds(trials, pruned=True))}) if every trial but the references "
-                f"stops after {after}{held}"
+                f"layer-tokens (padded tokens × layers run): ≈ {full:,} unpruned "
+                f"(≈ {duration(self.study_seconds(trials))} in all){setup}; "
+                f"≈ {floor:,} (≈ {duration(self.study_seconds(trials, pruned=True))}) "
+                f"if every trial but the references stops after {after}{held}"
             )
         else:
             lines.append(f"layer-tokens (padded tokens × layers run): ≈ {full:,}{setup}{held}")
         if self.budget_layer_tokens is not None and self.budget_layer_tokens < full:
             lines[-1] += (
-                f"; the budget ends the study at ≈ {round(self.budget_layer_tokens):,} (≈ {duration(self.budgeted_seconds(trials))} in all)"
+                f"; the budget ends the study at ≈ {round(self.budget_layer_tokens):,} "
+                f"(≈ {duration(self.budgeted_seconds(trials))} in all)"
             )
         if self.budgeted_seconds(trials) > SLOW_STUDY_SECONDS:
             lines.append(

@@ -187,7 +187,13 @@ class Evaluator:
         ran: list[int] = []
         if start is None:
             vectors = forward(
-                self.model, batches, spec, baseline=baseline, first_layer=first_layer, show_progress=self.show_progress, ran=ran
+                self.model,
+                batches,
+                spec,
+                baseline=baseline,
+                first_layer=first_layer,
+                show_progress=self.show_progress,
+                ran=ran,
             )
             self.counts.full += 1
         else:
@@ -294,7 +300,9 @@ class Evaluator:
         start = time.perf_counter()
         documents, truncated = self.document_vectors(config)
         seconds = time.perf_counter() - start
-        evaluation = replace(self.score(documents, queries, seconds, truncated), layer_tokens=self.counts.layer_tokens - spent)
+        evaluation = replace(
+            self.score(documents, queries, seconds, truncated), layer_tokens=self.counts.layer_tokens - spent
+        )
         return replace(evaluation, drift=self.drift(documents))
 
     def run_over(self, source: Evaluator, config: CalibrationConfig | None) -> Evaluation:
@@ -305,7 +313,11 @@ class Evaluator:
         spent = source.counts.layer_tokens + self.counts.layer_tokens
         documents, truncated = source.document_vectors(config)
         scored = self.score(documents, truncated=truncated)
-        return replace(scored, layer_tokens=source.counts.layer_tokens + self.counts.layer_tokens - spent, drift=source.drift(documents))
+        return replace(
+            scored,
+            layer_tokens=source.counts.layer_tokens + self.counts.layer_tokens - spent,
+            drift=source.drift(documents),
+        )
 
     def drift(self, documents: np.ndarray) -> float:
         """How far `documents` moved from the uncalibrated vectors: the mean 1 − cosine (0 for the baseline itself)."""
@@ -314,7 +326,9 @@ class Evaluator:
             return 0.0
         return max(float(np.mean(1.0 - np.einsum("ij,ij->i", documents, baseline, dtype=np.float64))), 0.0)
 
-    def score(self, documents: np.ndarray, queries: np.ndarray | None = None, seconds: float = 0.0, truncated: int = 0) -> Evaluation:
+    def score(
+        self, documents: np.ndarray, queries: np.ndarray | None = None, seconds: float = 0.0, truncated: int = 0
+    ) -> Evaluation:
         """Exact top-100 by inner product, then per-position nDCG@10 / Recall@10 with ir-measures."""
         queries = self.query_vectors() if queries is None else queries
         run = exact_search(queries, documents, self.query_ids, self.doc_ids, k=100)

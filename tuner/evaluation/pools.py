@@ -47,7 +47,11 @@ def balanced_queries(dataset: PositionalDataset, per_group: int, seed: int = 0) 
 
 
 def pool(
-    dataset: PositionalDataset, rankings: Sequence[Run], per_group: int = SCREEN_QUERIES, depth: int = SCREEN_DEPTH, seed: int = 0
+    dataset: PositionalDataset,
+    rankings: Sequence[Run],
+    per_group: int = SCREEN_QUERIES,
+    depth: int = SCREEN_DEPTH,
+    seed: int = 0,
 ) -> PositionalDataset:
     """The balanced sample of queries over their pool: every relevant passage of theirs and the top `depth`
     of each reference ranking (`rankings`, runs over the full corpus)."""
@@ -64,7 +68,9 @@ def pool(
     return dataset.subset(qids, name=f"{dataset.name}-pool").within(kept)
 
 
-def most_passages(dataset: PositionalDataset, per_group: int = SCREEN_QUERIES, depth: int = SCREEN_DEPTH, rankings: int = 1) -> int:
+def most_passages(
+    dataset: PositionalDataset, per_group: int = SCREEN_QUERIES, depth: int = SCREEN_DEPTH, rankings: int = 1
+) -> int:
     """The most passages a pool can hold, known before any ranking: the sample's relevant passages and
     `depth` candidates per query and ranking, at most the corpus."""
     qids = balanced_queries(dataset, per_group)
@@ -78,7 +84,9 @@ def top(scores: dict[str, float], depth: int) -> list[str]:
     return [d for d, _ in sorted(scores.items(), key=lambda item: (-item[1], item[0]))[:depth]]
 
 
-def candidate_recall(dataset: PositionalDataset, qids: Sequence[str], rankings: Sequence[Run], depth: int = SCREEN_DEPTH) -> float:
+def candidate_recall(
+    dataset: PositionalDataset, qids: Sequence[str], rankings: Sequence[Run], depth: int = SCREEN_DEPTH
+) -> float:
     """Share of the sampled queries' relevant passages that the candidates alone hold (the pool adds the rest)."""
     found = total = 0
     for qid in qids:

@@ -19,7 +19,8 @@ from tuner.calibration.rows import BasketGeometry
 
 
 class ProfileData(TypedDict):
-    """`AttentionProfile.as_dict`: per layer (in the order of `layers`), the mean mass per bin and per isolated token."""
+    """`AttentionProfile.as_dict`: per layer (in the order of `layers`), the mean mass per bin and per isolated
+    token."""
 
     bins: int
     isolated_tokens: list[str]
@@ -94,7 +95,7 @@ def plot_profile(profile: ProfileData, path: Path, title: str) -> Path:
 
     before, after = np.array(profile["before_bins"]), np.array(profile["after_bins"])
     layers = profile["layers"]
-    # Fixed margins rather than a layout engine: constrained layout was a third of the time of every trial's plot.
+    # Fixed margins rather than a layout engine: constrained layout is slow, and every trial draws this plot.
     figure, axes = plt.subplots(1, 3, figsize=(14, 4), gridspec_kw={"width_ratios": [4, 4, 3]})
     figure.subplots_adjust(left=0.04, right=0.99, bottom=0.13, top=0.84, wspace=0.25)
     vmax = max(before.max(), after.max())

@@ -35,7 +35,10 @@ def within_reach(dataset: PositionalDataset, model: LoadedModel) -> PositionalDa
     if not documents:
         return dataset
     if not model.tokenizer.is_fast:
-        log.warning("%s: a slow tokenizer gives no character offsets; queries are not checked against truncation", model.spec.alias)
+        log.warning(
+            "%s: a slow tokenizer gives no character offsets; queries are not checked against truncation",
+            model.spec.alias,
+        )
         return dataset
     seen = dict(zip(documents, seen_characters(model, [dataset.corpus[d] for d in documents])))
     beyond = [
