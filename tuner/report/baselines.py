@@ -92,7 +92,9 @@ def segment_embed_average(
     """
     chunker = ModelChunker(model, chunk_tokens, batch_size)
     chunks: list[list[str]] = []
-    with Phase(f"Segment Embed Average: chunking {len(texts)} documents semantically (the model embeds their sentences)"):
+    with Phase(
+        f"Segment Embed Average: chunking {len(texts)} documents semantically (the model embeds their sentences)"
+    ):
         started, step = time.monotonic(), max(1, len(texts) // 10)
         for done, text in enumerate(texts, 1):
             chunks.append(chunker.chunk(text))
@@ -142,5 +144,7 @@ def shuffle_corpus(dataset: PositionalDataset, seed: int = 0) -> PositionalDatas
     Each document gets its own generator seeded by (seed, doc id), so its shuffle does not depend on
     corpus order or on which other documents are present.
     """
-    corpus = {doc_id: shuffle_sentences(text, random.Random(f"{seed}:{doc_id}")) for doc_id, text in dataset.corpus.items()}
+    corpus = {
+        doc_id: shuffle_sentences(text, random.Random(f"{seed}:{doc_id}")) for doc_id, text in dataset.corpus.items()
+    }
     return replace(dataset, name=f"{dataset.name} (shuffled)", corpus=corpus)

@@ -31,7 +31,8 @@ Table = EvaluationTable | PosIRTable
 def evaluate(request: EvaluateRequest) -> Table:
     """Load what `request` names and score it: posfair's tables, or PosIR's figures over its domain folders."""
     request.check()
-    resolve_spec(request.model, request.pooling, request.padding_side)  # a name it does not know fails before any data loads
+    # a name it does not know fails before any data loads
+    resolve_spec(request.model, request.pooling, request.padding_side)
     exports = [(path, load_exported(path)) for path in request.configs]
     for path, exported in exports:  # a config that does not fit its model fails before any data or model loads
         check_model_files(exported, path, allow_mismatch=request.allow_model_mismatch)
@@ -41,7 +42,10 @@ def evaluate(request: EvaluateRequest) -> Table:
         require_position_groups(scored, "--dataset")
     general = load_benchmark(request.general) if request.general else None
     loaded = load_model(
-        request.model, trust_remote_code=request.trust_remote_code, pooling=request.pooling, padding_side=request.padding_side
+        request.model,
+        trust_remote_code=request.trust_remote_code,
+        pooling=request.pooling,
+        padding_side=request.padding_side,
     )
     configs = [(PAPER_DEFAULT, loaded.default_config())] if request.paper_default else []
     configs += [(text, loaded.default_config(**values)) for text, values in request.inline]

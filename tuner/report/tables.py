@@ -311,7 +311,10 @@ def general_grid(model: str, general: GeneralTable) -> Grid:
     rows = []
     for row in general.rows:
         is_base = row is base
-        original = [cell(row.original.ndcg10, base.original.ndcg10, is_base), cell(row.original.recall10, base.original.recall10, is_base)]
+        original = [
+            cell(row.original.ndcg10, base.original.ndcg10, is_base),
+            cell(row.original.recall10, base.original.recall10, is_base),
+        ]
         if row.shuffled is None or base.shuffled is None:
             rows.append([row.name, *original])
             continue
@@ -357,7 +360,9 @@ def _column_parts(headers: Sequence[str], rows: Sequence[Sequence[str]], width: 
     """The column indices of each part of a table `width` characters wide at most: the first column (the method) in
     every part, then as many of the others, in order, as fit beside it with the borders (3 characters a column, 1 more
     for the edge). A column too wide for any part gets one of its own."""
-    sizes = [max(len(str(cell)) for cell in [header, *(row[i] for row in rows)]) + 3 for i, header in enumerate(headers)]
+    sizes = [
+        max(len(str(cell)) for cell in [header, *(row[i] for row in rows)]) + 3 for i, header in enumerate(headers)
+    ]
     parts: list[list[int]] = []
     for i in range(1, len(headers)):
         if parts and 1 + sum(sizes[c] for c in parts[-1]) + sizes[i] <= width:
@@ -406,7 +411,11 @@ def general_dict(general: GeneralTable | None) -> dict[str, Any] | None:
         "dataset": general.dataset,
         "shuffle_seed": general.shuffle_seed,
         "rows": [
-            {"name": row.name, "original": _retrieval(row.original), "shuffled": None if row.shuffled is None else _retrieval(row.shuffled)}
+            {
+                "name": row.name,
+                "original": _retrieval(row.original),
+                "shuffled": None if row.shuffled is None else _retrieval(row.shuffled),
+            }
             for row in general.rows
         ],
     }
