@@ -7,7 +7,7 @@ Run from the repository root, on idle cores:
 
 Each variant is `tune` with its defaults (MiniLM on the embedded benchmark, its held-out sets) in a folder of its
 own, so each encodes its baselines and writes its cache from nothing, as a new user's first run does; only
-`RAM_FRACTION` and `LAYER_INPUTS_IN_RAM` (`tuner.evaluation.store`) differ. Measured per variant: wall seconds, the
+`RAM_FRACTION` and `LAYER_INPUTS_IN_RAM` (`tuner.evaluation.layer_inputs`) differ. Measured per variant: wall seconds, the
 peak resident memory of the process tree (sampled every half second; memory-mapped pages count while they are
 resident), the bytes left in `mlruns/`, and the exported config, which must be the same (reading the inputs from RAM
 or from a mapped file changes no number).
@@ -34,7 +34,7 @@ VARIANTS = {"both": (0.5, True), "sums": (0.5, False), "neither": (0.0, False)}
 
 def run_variant(fraction: float, inputs_in_ram: bool, folder: Path) -> dict[str, Any]:
     code = (
-        f"import tuner.evaluation.store as store; store.RAM_FRACTION = {fraction!r}; "
+        f"import tuner.evaluation.layer_inputs as store; store.RAM_FRACTION = {fraction!r}; "
         f"store.LAYER_INPUTS_IN_RAM = {inputs_in_ram!r}; from tuner.cli.app import app; app(['run'])"
     )
     done = timed([sys.executable, "-c", code], folder)

@@ -188,7 +188,7 @@ def _once_figures(
     engine: Callable[[], object],
 ) -> dict[str, Any]:
     """Peak memory, host syncs, the prefix resume and the fused kernel, measured once (pinned, where it runs)."""
-    from tuner.calibration import attention as engine_module
+    from tuner.calibration import kernels
 
     sdpa_peak, engine_peak = peak_bytes(plain, plan.device), peak_bytes(engine, plan.device)
     syncs = {}
@@ -206,5 +206,5 @@ def _once_figures(
             "plain": resumes_bit_identically(model, inputs, None, first),
             "calibrated": resumes_bit_identically(model, inputs, spec, first),
         },
-        "fused_kernel": engine_module._fused_kernel(plan.device) is not None,
+        "fused_kernel": kernels._fused_kernel(plan.device) is not None,
     }

@@ -16,7 +16,8 @@ from transformers import XLMRobertaConfig
 
 from tests.tiny import WORDS, load_as, random_texts, save_tiny
 from tuner.calibration.reference import register_reference
-from tuner.engine.encoder import Batches, CalibratedEncoder, auto_batch_size, auto_batch_tokens, choose_batching, passage_bytes
+from tuner.engine.batching import Batches, auto_batch_size, auto_batch_tokens, choose_batching, passage_bytes
+from tuner.engine.encoder import CalibratedEncoder
 from tuner.engine.models import LoadedModel, default_dtype, load_model
 from tuner.engine.specs import REGISTRY
 from tuner.evaluation.evaluator import Evaluator
@@ -168,7 +169,7 @@ def test_half_precision_models_encode_and_resume_like_full_passes(tmp_path, dtyp
 
 
 def test_copies_to_a_gpu_go_through_pinned_memory_without_blocking_the_host(monkeypatch) -> None:
-    from tuner.engine.encoder import to_device
+    from tuner.engine.batching import to_device
 
     tokens = torch.ones(2, 3, dtype=torch.long)
     assert to_device(tokens, torch.device("cpu")) is tokens, "on CPU nothing is copied"

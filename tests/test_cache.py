@@ -18,7 +18,7 @@ from tests.test_prefix import BATCH, scratch, tiny_dataset
 from tuner.engine.models import LoadedModel, load_model
 from tuner.evaluation import store as cache_module
 from tuner.evaluation.evaluator import Evaluator
-from tuner.evaluation.store import DiskCache, _as_bytes, _from_bytes
+from tuner.evaluation.store import DiskCache, as_bytes, from_bytes
 
 LAYERS = (1, 2)
 
@@ -267,9 +267,9 @@ def test_writes_leave_no_temporary_files(bert: LoadedModel, tmp_path: Path) -> N
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_raw_bytes_round_trip_in_the_models_dtype(dtype: torch.dtype) -> None:
     tensor = torch.randn(2, 5, 3).to(dtype)
-    data = np.frombuffer(_as_bytes(tensor), dtype=np.uint8)
+    data = np.frombuffer(as_bytes(tensor), dtype=np.uint8)
     assert data.nbytes == tensor.numel() * tensor.element_size()
-    assert torch.equal(_from_bytes(data, dtype, (2, 5, 3)), tensor)
+    assert torch.equal(from_bytes(data, dtype, (2, 5, 3)), tensor)
 
 
 def test_a_missing_entry_is_just_missing(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from tuner.calibration import CalibrationConfig, calibrating
 from tuner.calibration import attention as engine_module
+from tuner.calibration import kernels as kernel_module
 from tuner.calibration.attention import calibrated_attention
 from tuner.calibration.reference import calibrated_query_rows, reference_attention, reference_calibrate, reference_isolated
 
@@ -143,7 +144,7 @@ def test_engine_matches_oracle_at_the_attention_interface(case: tuple) -> None:
     module = FakeAttention(0, 4 // kv_heads, {"argument": not causal, "attribute": causal, "absent": ABSENT}[signal])
     kwargs = {"is_causal": causal} if signal == "argument" else {}
     bias = position_bias(bias_items, 4, q.shape[2], seed) if bias_items else None
-    with mock.patch.object(engine_module, "_fused_kernel", lambda device_type: None) if fallback else nullcontext():
+    with mock.patch.object(kernel_module, "_fused_kernel", lambda device_type: None) if fallback else nullcontext():
         got = engine(config, module, q, k, v, allowed if given_mask else None, position_bias=bias, **kwargs)
     want = reference_attention(q, k, v, allowed, SCALE, config, position_bias=bias)
     assert torch.allclose(got[key_valid].double(), want[key_valid], atol=2e-6, rtol=1e-6)
@@ -325,13 +326,13 @@ def test_mean_pooling_under_any_mask_is_calibrate_rows_applied_to_the_masked_sof
 
 def test_the_unfused_path_matches_the_fused_kernel() -> None:
     """Output and log-sum-exp per row, with a bias that hides some keys and all keys of one row."""
-    from tuner.calibration.attention import _attention_with_lse, _attention_with_lse_unfused
+    from tuner.calibration.kernels import _attention_with_lse_unfused, attention_with_lse
 
     q, k, v, _ = build_inputs([9, 9], False, 4, 4, torch.float32, 6)
     bias = torch.zeros(2, 1, 9, 9)
     bias[0, 0, :, 5:] = float("-inf")
     bias[1, 0, 3] = float("-inf")
-    fused_out, fused_lse = _attention_with_lse(q, k, v, bias, SCALE)
+    fused_out, fused_lse = attention_with_lse(q, k, v, bias, SCALE)
     out, lse = _attention_with_lse_unfused(q, k, v, bias, SCALE)
     seen = torch.ones(2, 1, 9, dtype=torch.bool)
     seen[1, 0, 3] = False
@@ -346,9 +347,9 @@ def test_without_the_private_cpu_kernel_the_fallback_agrees(monkeypatch: pytest.
     allowed = mask_of(key_valid, causal)
     config = CalibrationConfig(pooling="mean", variant="cls_hard", strength=0.6, basket_size=4, layers=[0])
     module = FakeAttention(0, 2, causal)
-    assert engine_module._fused_kernel("cpu") is not None  # torch 2.13 CPU has it: both paths are exercised here
+    assert kernel_module._fused_kernel("cpu") is not None  # torch 2.13 CPU has it: both paths are exercised here
     fused = engine(config, module, q, k, v, allowed)
-    monkeypatch.setattr(engine_module, "_fused_kernel", lambda device_type: None)
+    monkeypatch.setattr(kernel_module, "_fused_kernel", lambda device_type: None)
     fallback = engine(config, module, q, k, v, allowed)
     want = reference_attention(q, k, v, allowed, SCALE, config)
     assert torch.allclose(fallback[key_valid], fused[key_valid], atol=2e-6)
@@ -359,7 +360,7 @@ CPU = torch.device("cpu")
 
 
 def test_the_kernel_probe_refuses_an_op_that_is_missing_or_answers_otherwise() -> None:
-    from tuner.calibration.attention import _cpu_flash, _probe_kernel
+    from tuner.calibration.kernels import _cpu_flash, _probe_kernel
 
     real = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     kernel = _cpu_flash(real)
@@ -398,7 +399,7 @@ def efficient_on_cpu(query, key, value, attn_bias, compute_log_sumexp, dropout_p
 def test_the_cuda_kernel_is_probed_and_falls_back_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """The CUDA branch cannot run here: its wrapper is exercised with the CUDA kernel's calling convention on
     CPU (the engine then agrees with the oracle), and the real CUDA op, which has no CPU kernel, fails its probe."""
-    from tuner.calibration.attention import _cuda_efficient, _probe_kernel
+    from tuner.calibration.kernels import _cuda_efficient, _probe_kernel
 
     assert _probe_kernel(_cuda_efficient(torch.ops.aten._scaled_dot_product_efficient_attention), CPU) is None
     kernel = _probe_kernel(_cuda_efficient(efficient_on_cpu), CPU)
@@ -406,7 +407,7 @@ def test_the_cuda_kernel_is_probed_and_falls_back_on_cpu(monkeypatch: pytest.Mon
     q, k, v, key_valid = build_inputs([21, 16, 9], True, 4, 2, torch.float32, 8)
     allowed = mask_of(key_valid, True)
     config = CalibrationConfig(pooling="mean", variant="cls_soft", strength=0.8, basket_size=4, layers=[0])
-    monkeypatch.setattr(engine_module, "_fused_kernel", lambda device_type: kernel)
+    monkeypatch.setattr(kernel_module, "_fused_kernel", lambda device_type: kernel)
     got = engine(config, FakeAttention(0, 2, True), q, k, v, allowed)
     want = reference_attention(q, k, v, allowed, SCALE, config)
     assert torch.allclose(got[key_valid].double(), want[key_valid], atol=2e-6, rtol=1e-6)
@@ -414,16 +415,16 @@ def test_the_cuda_kernel_is_probed_and_falls_back_on_cpu(monkeypatch: pytest.Mon
 
 def test_a_kernel_that_fails_its_probe_is_said_once_and_the_engine_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
     """A CPU build whose fused kernel answers otherwise: one warning, then every call takes the scores path."""
-    from tuner.calibration.attention import _cuda_efficient
+    from tuner.calibration.kernels import _cuda_efficient
 
-    monkeypatch.setitem(engine_module.FUSED_KERNELS, "cpu", (_cuda_efficient, "_scaled_dot_product_efficient_attention"))
-    engine_module._fused_kernel.cache_clear()
+    monkeypatch.setitem(kernel_module.FUSED_KERNELS, "cpu", (_cuda_efficient, "_scaled_dot_product_efficient_attention"))
+    kernel_module._fused_kernel.cache_clear()
     try:
         with pytest.warns(RuntimeWarning, match="did not pass its probe on cpu"):
-            assert engine_module._fused_kernel("cpu") is None
+            assert kernel_module._fused_kernel("cpu") is None
         with warnings.catch_warnings():
             warnings.simplefilter("error")
-            assert engine_module._fused_kernel("cpu") is None  # probed once
+            assert kernel_module._fused_kernel("cpu") is None  # probed once
         q, k, v, key_valid = build_inputs([13, 9], False, 4, 4, torch.float32, 3)
         allowed = mask_of(key_valid, False)
         config = CalibrationConfig(pooling="mean", strength=0.6, basket_size=3, layers=[0])
@@ -432,7 +433,7 @@ def test_a_kernel_that_fails_its_probe_is_said_once_and_the_engine_falls_back(mo
             got[key_valid].double(), reference_attention(q, k, v, allowed, SCALE, config)[key_valid], atol=2e-6, rtol=1e-6
         )
     finally:
-        engine_module._fused_kernel.cache_clear()
+        kernel_module._fused_kernel.cache_clear()
 
 
 @pytest.mark.parametrize("shares", ["equal", "by_size"])
@@ -508,11 +509,11 @@ def test_a_row_that_sees_no_key_comes_out_zero_not_nan() -> None:
 def test_a_basket_is_handed_to_the_kernel_in_a_window_of_whole_key_blocks(keys: int, data: st.DataObject) -> None:
     """The fused kernel is fast on multiples of 16 keys: the window covers the basket, stays inside the
     keys, and is a multiple of 16 wide unless it is all the keys (the extra keys are masked out)."""
-    from tuner.calibration.attention import KERNEL_KEY_MULTIPLE, _kernel_window
+    from tuner.calibration.kernels import KERNEL_KEY_MULTIPLE, kernel_window
 
     lo = data.draw(st.integers(0, keys - 1))
     hi = data.draw(st.integers(lo + 1, keys))
-    begin, end = _kernel_window(lo, hi, keys)
+    begin, end = kernel_window(lo, hi, keys)
     assert 0 <= begin <= lo < hi <= end <= keys
     assert (end - begin) % KERNEL_KEY_MULTIPLE == 0 or end - begin == keys
     assert end - begin < (hi - lo) + KERNEL_KEY_MULTIPLE

@@ -28,8 +28,9 @@ from transformers.masking_utils import (
 from tests.test_calibration_attention import efficient_on_cpu
 from tests.tiny import PLAIN, build_tokenizer, load_as, random_texts
 from tuner.calibration import CalibrationConfig, calibrating
-from tuner.calibration import attention as engine_module
-from tuner.calibration.attention import _cuda_efficient, calibrated_attention
+from tuner.calibration import kernels as kernel_module
+from tuner.calibration.attention import calibrated_attention
+from tuner.calibration.kernels import _cuda_efficient
 from tuner.calibration.reference import reference_attention_function, reference_mask, register_reference
 from tuner.engine.encoder import CalibratedEncoder
 from tuner.engine.models import LoadedModel, load_model
@@ -128,12 +129,12 @@ def test_the_engine_matches_the_oracle_in_a_sliding_layer(
         layers=[0],
     )
     kernels = {
-        "fused": engine_module._fused_kernel("cpu"),
+        "fused": kernel_module._fused_kernel("cpu"),
         "public ops": None,
         "CUDA's": _cuda_efficient(efficient_on_cpu),
     }
     with calibrating(config.resolve(1)), pytest.MonkeyPatch.context() as patch:
-        patch.setattr(engine_module, "_fused_kernel", lambda device_type: kernels[kernel])
+        patch.setattr(kernel_module, "_fused_kernel", lambda device_type: kernels[kernel])
         got, _ = calibrated_attention(module, q, k, v, mask, scaling=SCALE, sliding_window=window)
         padding = key_valid[:, None, None, :]
         want, _ = reference_attention_function(module, q, k, v, padding, scaling=SCALE, sliding_window=window)

@@ -135,7 +135,7 @@ def test_the_estimate_counts_the_corpus_batches_queries_and_a_held_out_corpus(tm
 def test_the_probe_is_timed_after_a_warm_up_and_fills_a_gpu_with_its_whole_batch(tmp_path) -> None:
     import torch
 
-    from tuner.engine.encoder import Batches
+    from tuner.engine.batching import Batches
     from tuner.evaluation.cost import WARMUP_TOKENS, probe, probe_rows
 
     model = load_model(str(save_tiny("bert", tmp_path / "bert")), pooling="cls")

@@ -15,7 +15,8 @@ from tests.conftest import POOLING
 from tests.tiny import PLAIN, WORDS, build_tokenizer, load_as, random_texts, save_custom_code
 from tuner.calibration import CalibrationConfig, ConfigError
 from tuner.calibration.reference import register_reference
-from tuner.engine.encoder import Batches, CalibratedEncoder, Encode, forward
+from tuner.engine.batching import Batches
+from tuner.engine.encoder import CalibratedEncoder, Encode, forward
 from tuner.engine.models import LoadedModel, load_model
 from tuner.engine.specs import ModelUnavailableError, UnsupportedModelError, resolve_spec
 

@@ -14,11 +14,12 @@ from tests.tiny import WORDS, random_texts
 from tuner.calibration import CalibrationConfig
 from tuner.calibration.rows import fills_a_basket
 from tuner.data import PositionalDataset
-from tuner.engine.encoder import CalibratedEncoder, auto_batch_size, forward
+from tuner.engine.batching import auto_batch_size
+from tuner.engine.encoder import CalibratedEncoder, forward
 from tuner.engine.models import LoadedModel, load_model
 from tuner.engine.prefix import Batches, LayerStack, ResumeUnsupportedError, record_layer_inputs
 from tuner.evaluation.evaluator import Evaluator
-from tuner.evaluation.store import choose_layers
+from tuner.evaluation.layer_inputs import choose_layers
 from tuner.tuning.search_space import DEPTHS, SearchSpace
 
 BATCH = 4
@@ -109,7 +110,7 @@ def test_the_evaluators_of_a_process_share_one_ram_allowance_and_get_it_back(mon
 
     import psutil
 
-    from tuner.evaluation import store
+    from tuner.evaluation import layer_inputs as store
 
     monkeypatch.setattr(psutil, "virtual_memory", lambda: types.SimpleNamespace(available=1000))
     monkeypatch.setattr(store, "_PROCESS_RAM", None, raising=False)
@@ -324,12 +325,12 @@ def test_a_budget_of_one_layer_caches_one_layer(tiny: LoadedModel, tmp_path: Pat
 def test_the_batch_size_is_chosen_from_free_memory_as_a_capped_power_of_two(tiny: LoadedModel, monkeypatch) -> None:
     import psutil
 
-    from tuner.engine import encoder as encoder
+    from tuner.engine.batching import CPU_BATCH_CAP
 
-    assert auto_batch_size(tiny) == encoder.CPU_BATCH_CAP  # plenty of RAM: the CPU cap, whatever is free
+    assert auto_batch_size(tiny) == CPU_BATCH_CAP  # plenty of RAM: the CPU cap, whatever is free
     monkeypatch.setattr(psutil, "virtual_memory", lambda: type("Memory", (), {"available": 2**20})())
     small = auto_batch_size(tiny)
-    assert 1 <= small < encoder.CPU_BATCH_CAP and small & (small - 1) == 0
+    assert 1 <= small < CPU_BATCH_CAP and small & (small - 1) == 0
     monkeypatch.setattr(psutil, "virtual_memory", lambda: type("Memory", (), {"available": 0})())
     assert auto_batch_size(tiny) == 1  # never 0: one passage at a time is always tried
     assert Evaluator(tiny, tiny_dataset(), cache_budget=0, disk_cache=False).batch_size == 1

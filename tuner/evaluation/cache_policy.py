@@ -1,7 +1,7 @@
 """What an evaluator keeps between trials, where, and how much of it: the cache policy.
 
-`tuner.evaluation.store` holds the mechanisms (checked files on disk, layer-input stores); this module decides what
-goes in them for one model on one dataset, and keeps what lives in RAM only:
+`tuner.evaluation.store` and `tuner.evaluation.layer_inputs` hold the mechanisms (checked files on disk, layer-input
+stores); this module decides what goes in them for one model on one dataset, and keeps what lives in RAM only:
 
 - query vectors and the uncalibrated baseline document vectors, on disk (`DiskCache`), so every study on
   the same model, revision and dataset reuses them;
@@ -28,25 +28,21 @@ from pathlib import Path
 import numpy as np
 
 from tuner.calibration import ResolvedCalibration
-from tuner.calibration.attention import RowSums
+from tuner.calibration.mean_pooling import RowSums
 from tuner.common.files import default_cache_dir
 from tuner.data import PositionalDataset
 from tuner.engine.encoder import Batches, BatchScope
 from tuner.engine.models import LoadedModel
 from tuner.engine.prefix import LayerStack, ResumeUnsupportedError, Sink, resume_point, resumed_from
-from tuner.evaluation.store import (
+from tuner.evaluation.layer_inputs import (
     DEFAULT_BUDGET,
-    DiskCache,
     LayerInputs,
     LayerInputStore,
     RamAllowance,
-    engine_identity,
     layer_inputs_ram,
-    model_identity,
     ram_allowance,
-    slug,
-    texts_digest,
 )
+from tuner.evaluation.store import DiskCache, engine_identity, model_identity, slug, texts_digest
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +73,7 @@ class FirstLayerSums:
 
 @dataclass(frozen=True)
 class BatchSums:
-    """One batch's view of `FirstLayerSums`: what `calibration.attention.SharedSums` asks for."""
+    """One batch's view of `FirstLayerSums`: what `calibration.mean_pooling.SharedSums` asks for."""
 
     owner: FirstLayerSums
     batch: int
@@ -111,7 +107,7 @@ class CachePolicy:
     cache_dir     where query vectors, baseline vectors and layer inputs persist between runs;
                   None: `default_cache_dir()`
     disk_cache    False keeps everything in memory (layer inputs then go to a temporary folder)
-    cache_budget  bytes of layer inputs to cache at most (None: `tuner.evaluation.store.DEFAULT_BUDGET`, also
+    cache_budget  bytes of layer inputs to cache at most (None: `tuner.evaluation.layer_inputs.DEFAULT_BUDGET`, also
                   capped by free disk space; 0: none, every trial runs the full forward)
     prefix_layers the layers worth caching, where the configs to come start calibrating
                   (`tuner.engine.prefix.starting_layers`); none by default
@@ -177,7 +173,11 @@ class CachePolicy:
             "prompt": prompt,
             "texts": texts_digest(query_ids, [dataset.queries[q] for q in query_ids]),
         }
-        self._document_key = {**base, "kind": "documents", "texts": texts_digest(doc_ids, [dataset.corpus[d] for d in doc_ids])}
+        self._document_key = {
+            **base,
+            "kind": "documents",
+            "texts": texts_digest(doc_ids, [dataset.corpus[d] for d in doc_ids]),
+        }
 
     # --------------------------------------------------------------------------- vectors on disk
 
@@ -281,7 +281,9 @@ class CachePolicy:
             return
         hidden = int(self.model.model.config.hidden_size)
         ram = layer_inputs_ram(self.ram_limit, self.ram)
-        self.store = LayerInputStore(self._layer_disk(), self._document_key, batches.shapes, hidden, self.model.model.dtype, ram)
+        self.store = LayerInputStore(
+            self._layer_disk(), self._document_key, batches.shapes, hidden, self.model.model.dtype, ram
+        )
         chosen = self.store.budget_layers(self.prefix_layers, self.cache_budget)
         if len(chosen) < len(self.prefix_layers):
             log.info(
