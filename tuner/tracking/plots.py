@@ -84,9 +84,12 @@ def pareto_scatter(
     for label, member, color, marker in groups:
         group = [p for p in points if member(p)]
         if group:
-            axis.scatter([p.psi for p in group], [100 * p.hm for p in group], label=label, zorder=2, c=color, marker=marker)
+            axis.scatter(
+                [p.psi for p in group], [100 * p.hm for p in group], label=label, zorder=2, c=color, marker=marker
+            )
     banded = set(selection.eligible) if selection is not None and selection.rule in TIE_BREAK_WORDS else set()
-    for p in points:  # each point named by its trial, as the run list and the dashboard name it; in the band, with its drift
+    # each point named by its trial, as the run list and the dashboard name it; in the band, with its drift
+    for p in points:
         text = f"{p.number} · drift {p.drift:.4f}" if p.number in banded else str(p.number)
         axis.annotate(text, (p.psi, 100 * p.hm), textcoords="offset points", xytext=(5, 4), fontsize=7, zorder=4)
     if banded and selection is not None:
@@ -120,7 +123,9 @@ def pareto_scatter(
     for trial, color, label in ((baseline, "tab:red", "no calibration"), (best, "gold", "winner")):
         if trial is not None:
             x = trial.user_attrs.get("robust_psi", trial.user_attrs["psi"])
-            axis.scatter(x, 100 * trial.user_attrs["hm"], marker="*", s=260, c=color, edgecolors="black", label=label, zorder=3)
+            axis.scatter(
+                x, 100 * trial.user_attrs["hm"], marker="*", s=260, c=color, edgecolors="black", label=label, zorder=3
+            )
     axis.axhline(
         100 * floor,
         color="tab:red",
@@ -156,7 +161,12 @@ def optuna_figures(study: optuna.Study, folder: Path) -> list[Path]:
     params = unconditional_params(study)
     plots: tuple[tuple[str, Callable[[], Axes]], ...] = (
         ("history.png", lambda: history(study)),
-        ("importances.png", lambda: optuna_plots.plot_param_importances(study, params=params, target=target, target_name=_psi_name(study))),
+        (
+            "importances.png",
+            lambda: optuna_plots.plot_param_importances(
+                study, params=params, target=target, target_name=_psi_name(study)
+            ),
+        ),
     )
     paths = []
     for name, plot in plots:
@@ -176,8 +186,9 @@ def optuna_figures(study: optuna.Study, folder: Path) -> list[Path]:
 
 
 def history(study: optuna.Study) -> Axes:
-    """Optuna's history of the objective, its axis ending at the last trial that ran: Optuna draws its best-value line to
-    the last trial number, and a trial that never ran (withdrawn from the queue, or drawn past the budget) has one."""
+    """Optuna's history of the objective, its axis ending at the last trial that ran: Optuna draws its best-value line
+    to the last trial number, and a trial that never ran (withdrawn from the queue, or drawn past the budget) has
+    one."""
     from optuna.visualization import matplotlib as optuna_plots
 
     axis = optuna_plots.plot_optimization_history(study, target=_psi_target(study), target_name=_psi_name(study))
@@ -223,8 +234,14 @@ def heldout_profiles(sets: Mapping[str, Sequence[tuple[str, PositionProfile]]], 
             low = [y[i] - 100 * profile.groups[g].low for i, g in enumerate(groups)]
             high = [100 * profile.groups[g].high - y[i] for i, g in enumerate(groups)]
             tilt = profile.tilt
-            said = f"{label}, tilt {100 * tilt.estimate:+.1f} [{100 * tilt.low:+.1f}, {100 * tilt.high:+.1f}]" if tilt else label
-            axis.errorbar([i + shift for i in range(len(groups))], y, yerr=[low, high], marker="o", capsize=3, label=said)
+            said = (
+                f"{label}, tilt {100 * tilt.estimate:+.1f} [{100 * tilt.low:+.1f}, {100 * tilt.high:+.1f}]"
+                if tilt
+                else label
+            )
+            axis.errorbar(
+                [i + shift for i in range(len(groups))], y, yerr=[low, high], marker="o", capsize=3, label=said
+            )
             axis.set_xticks(range(len(groups)), groups)
         axis.set(title=name, xlabel="where the answer is in the passage", ylabel="nDCG@10 (95% interval)")
         axis.legend(fontsize=7)

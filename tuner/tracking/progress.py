@@ -47,9 +47,17 @@ class StudyProgress:
     printed before the study (`StudyCost`), the held-out scoring after the trials, at the pace the trials measured."""
 
     def __init__(
-        self, total: int, done: int, *, bar: bool = True, workers: int = 1, allowance: int | None = None, estimate: StudyCost | None = None
+        self,
+        total: int,
+        done: int,
+        *,
+        bar: bool = True,
+        workers: int = 1,
+        allowance: int | None = None,
+        estimate: StudyCost | None = None,
     ) -> None:
-        self.total, self.done_at_start, self.workers, self.allowance, self.estimate = total, done, workers, allowance, estimate
+        self.total, self.done_at_start, self.workers = total, done, workers
+        self.allowance, self.estimate = allowance, estimate
         self.started = time.monotonic()
         self._bar = bar
         self._progress: object | None = None
@@ -67,19 +75,25 @@ class StudyProgress:
             self._progress = progress
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
         if self._progress is not None:
             self._progress.stop()  # type: ignore[attr-defined]
 
     def status(self, study: optuna.Study) -> str:
-        """'best feasible so far: trial 3 (worst-case PSI 0.052, HM 56.90) · elapsed 2m10s · ETA 6m30s' (and the bar moves)."""
+        """'best feasible so far: trial 3 (worst-case PSI 0.052, HM 56.90) · elapsed 2m10s · ETA 6m30s' (and the bar
+        moves)."""
         done = min(len(finished(study)), self.total)
         if self._progress is not None:
             self._progress.update(self._task, completed=done)  # type: ignore[attr-defined]
         elapsed = time.monotonic() - self.started
         spent, used = "", trials_spent(study) if self.allowance is not None else 0
         if self.allowance is not None:
-            spent = f" · {used / 1e6:.2f}M of the trials' budget of {self.allowance / 1e6:.2f}M layer-tokens ({used / self.allowance:.0%})"
+            spent = (
+                f" · {used / 1e6:.2f}M of the trials' budget of {self.allowance / 1e6:.2f}M layer-tokens "
+                f"({used / self.allowance:.0%})"
+            )
         complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
         return f"{best_so_far(complete)} · elapsed {clock(elapsed)}{spent} · {self.eta(finished(study), done, used)}"
 
@@ -104,8 +118,14 @@ class StudyProgress:
         if held is None or self.estimate is None:
             return text
         whole = [_seconds(t) for t in calibrating if t.state == TrialState.COMPLETE]
-        pace = f"{clock(sum(whole) / len(whole))} per complete trial, estimated ≈ {clock(self.estimate.trial_seconds)}" if whole else ""
-        return f"{text} with held-out scoring (≈ {clock(held)}), at the pace measured so far" + (f" ({pace})" if pace else "")
+        pace = (
+            f"{clock(sum(whole) / len(whole))} per complete trial, estimated ≈ {clock(self.estimate.trial_seconds)}"
+            if whole
+            else ""
+        )
+        return f"{text} with held-out scoring (≈ {clock(held)}), at the pace measured so far" + (
+            f" ({pace})" if pace else ""
+        )
 
     def _heldout_seconds(self, calibrating: list[FrozenTrial]) -> float | None:
         """The held-out scoring's estimated layer-tokens at the trials' measured seconds per layer-token (None:
@@ -129,7 +149,10 @@ def best_so_far(complete: list[FrozenTrial]) -> str:
         return "no feasible trial yet"
     best = min(feasible, key=lambda t: t.user_attrs.get("robust_psi", t.user_attrs["psi"]))
     objective = best.user_attrs.get("robust_psi", best.user_attrs["psi"])
-    return f"best feasible so far: trial {best.number} (worst-case PSI {objective:.3f}, HM {100 * best.user_attrs['hm']:.2f})"
+    return (
+        f"best feasible so far: trial {best.number} "
+        f"(worst-case PSI {objective:.3f}, HM {100 * best.user_attrs['hm']:.2f})"
+    )
 
 
 class Phase:
@@ -143,6 +166,8 @@ class Phase:
         log.info("%s ...", self.what)
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
         if kind is None:
             log.info("%s: done in %s", self.what, clock(time.monotonic() - self.started))

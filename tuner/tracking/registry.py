@@ -59,7 +59,10 @@ class CalibratedEncoderModel:
         from tuner.engine.encoder import CalibratedEncoder
 
         if trust_remote_code:
-            log.info("%s: the model runs its own code from its repository, as its study allowed (--trust-remote-code)", yaml_path)
+            log.info(
+                "%s: the model runs its own code from its repository, as its study allowed (--trust-remote-code)",
+                yaml_path,
+            )
         self.encoder = CalibratedEncoder.from_yaml(yaml_path, trust_remote_code=trust_remote_code)
 
     def predict(self, model_input: Any, params: dict[str, Any] | None = None) -> np.ndarray:
@@ -96,7 +99,11 @@ def _texts(model_input: Any) -> list[str]:
     texts = list(model_input)
     for index, text in enumerate(texts):
         if not isinstance(text, str):
-            got = "None" if text is None else f"{'an' if type(text).__name__[0] in 'aeiou' else 'a'} {type(text).__name__} ({text!r:.40})"
+            got = (
+                "None"
+                if text is None
+                else f"{'an' if type(text).__name__[0] in 'aeiou' else 'a'} {type(text).__name__} ({text!r:.40})"
+            )
             raise ValueError(f'input {index} is {got}, not a string; pass texts only ("" for an empty one)')
     return [str(text) for text in texts]
 
@@ -112,19 +119,30 @@ class Registered:
         return f"models:/{self.name}@{CHAMPION}"
 
 
-def reserve_version(tracker: Tracker, model_alias: str, run_id: str, description: str, tags: dict[str, str]) -> Registered:
+def reserve_version(
+    tracker: Tracker, model_alias: str, run_id: str, description: str, tags: dict[str, str]
+) -> Registered:
     """Create the logged model and its registry version first, so the YAML it carries can name the version."""
     from mlflow.tracking._tracking_service.utils import _use_tracking_uri
 
     client, name = tracker.client, registered_name(model_alias)
-    logged = client.create_logged_model(tracker.experiment_id, name=name, source_run_id=run_id, tags=tags, model_type="embedding")
+    logged = client.create_logged_model(
+        tracker.experiment_id, name=name, source_run_id=run_id, tags=tags, model_type="embedding"
+    )
     with _use_tracking_uri(tracker.store_uri):  # the registry looks the logged model up through the global tracking URI
         if not client.search_registered_models(f"name = '{name}'"):
             client.create_registered_model(
-                name, description=f"posfair's calibrated {model_alias} encoder: documents calibrated, queries plain (params.kind)."
+                name,
+                description=f"posfair's calibrated {model_alias} encoder: documents calibrated, "
+                "queries plain (params.kind).",
             )
         version = client.create_model_version(
-            name, source=f"models:/{logged.model_id}", run_id=run_id, model_id=logged.model_id, tags=tags, description=description
+            name,
+            source=f"models:/{logged.model_id}",
+            run_id=run_id,
+            model_id=logged.model_id,
+            tags=tags,
+            description=description,
         )
     return Registered(name, int(version.version), logged.model_id)
 
@@ -142,7 +160,9 @@ def withdraw(tracker: Tracker, registered: Registered) -> None:
     client.delete_logged_model(registered.model_id)
 
 
-def publish(tracker: Tracker, registered: Registered, yaml_path: Path, dimension: int, trust_remote_code: bool = False) -> None:
+def publish(
+    tracker: Tracker, registered: Registered, yaml_path: Path, dimension: int, trust_remote_code: bool = False
+) -> None:
     """Write the pyfunc model (YAML artifact, signature) into the reserved version and make it the champion."""
     with tempfile.TemporaryDirectory(prefix="posfair-model-") as folder:
         save_pyfunc(Path(folder) / "model", yaml_path, dimension, trust_remote_code)
@@ -150,7 +170,11 @@ def publish(tracker: Tracker, registered: Registered, yaml_path: Path, dimension
     tracker.client.finalize_logged_model(registered.model_id, "READY")
     tracker.client.set_registered_model_alias(registered.name, CHAMPION, str(registered.version))
     log.info(
-        "registered %s version %d as %s (load: mlflow.pyfunc.load_model(%r))", registered.name, registered.version, CHAMPION, registered.uri
+        "registered %s version %d as %s (load: mlflow.pyfunc.load_model(%r))",
+        registered.name,
+        registered.version,
+        CHAMPION,
+        registered.uri,
     )
 
 
