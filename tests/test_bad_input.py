@@ -718,7 +718,7 @@ def test_a_missing_local_model_folder_is_not_sent_to_the_hub(in_tmp: Path) -> No
 
 def test_an_inline_layer_list_is_read_whole() -> None:
     """Case 13: inline `layers=[4,5]` was told "write field=value pairs"."""
-    from tuner.cli.app import parse_inline
+    from tuner.cli.evaluate import parse_inline
 
     assert parse_inline("strength=0.5,layers=[4,5]") == {"strength": 0.5, "layers": [4, 5]}
     assert parse_inline("layers=last:2,basket_size=64") == {"layers": "last:2", "basket_size": 64}

@@ -14,9 +14,9 @@ from optuna.trial import TrialState
 
 from objectives import Constraints
 from objectives.constraint import CONSTRAINTS, REQUIREMENTS, describe_rule, outcome
+from tuner.tracking.display import display_metrics, experiment_note
 from tuner.tracking.plots import scatter_points
 from tuner.tracking.progress import StudyProgress
-from tuner.tracking.runs import display_metrics, experiment_note
 from tuner.tuning.progress_log import log_trial
 
 FLOOR, HM, HM_LOW = 0.5531, 0.5552, 0.5395  # point HM above the floor, lower bound below
