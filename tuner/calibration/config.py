@@ -208,7 +208,8 @@ class ResolvedCalibration:
     config: CalibrationConfig | None = field(default=None, compare=False, repr=False)
 
     def policy(self, role: Role) -> Policy:
-        """The policy of an isolated token in `role`; a role without one means a geometry built for another calibration."""
+        """The policy of an isolated token in `role`; a role without one means a geometry built for another
+        calibration."""
         policies = dict(self.policies)
         if role not in policies:
             raise ValueError(f"no policy for the isolated {role!r} token: this calibration isolates {sorted(policies)}")

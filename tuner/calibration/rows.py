@@ -132,7 +132,9 @@ def isolated_targets(
     return targets / targets.sum(-1, keepdim=True).clamp_min(1.0)
 
 
-def calibrate_rows(attn: torch.Tensor, geometry: BasketGeometry, spec: ResolvedCalibration, seen: torch.Tensor) -> torch.Tensor:
+def calibrate_rows(
+    attn: torch.Tensor, geometry: BasketGeometry, spec: ResolvedCalibration, seen: torch.Tensor
+) -> torch.Tensor:
     """Calibrate attention rows `attn` (B, R, K) in float32 and blend with strength λ.
 
     `seen` (B, R or 1, K) marks the keys each row may see. Content baskets split what the isolated
@@ -152,7 +154,9 @@ def calibrate_rows(attn: torch.Tensor, geometry: BasketGeometry, spec: ResolvedC
     return attn
 
 
-def _calibrate_run(rows: torch.Tensor, seen: torch.Tensor, run: Run, geometry: BasketGeometry, spec: ResolvedCalibration) -> None:
+def _calibrate_run(
+    rows: torch.Tensor, seen: torch.Tensor, run: Run, geometry: BasketGeometry, spec: ResolvedCalibration
+) -> None:
     """One run of items sharing a content start: a window of baskets viewed as (G, R, baskets, size)."""
     size = geometry.basket_size
     items, keys = slice(run.begin, run.end), rows.shape[-1]
