@@ -58,7 +58,7 @@ def restrict(per_query: Any, keep: set[str]) -> Any:
 
 
 def query_layer_tokens(model: Any, texts: list[str]) -> int:
-    from tuner.engine.encoder import Batches, choose_batching
+    from tuner.engine.batching import Batches, choose_batching
 
     batch_size, _ = choose_batching(model)
     batches = Batches.build(model, texts, batch_size)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,6 +20,8 @@ log = logging.getLogger(__name__)
 # WikiPos here: 8, 16, 32 and 64 encode equally fast within noise), so bigger batches only cost RAM.
 CPU_BATCH_CAP = 16
 GPU_BATCH_CAP = 256
+
+BatchScope = Callable[[int], AbstractContextManager[object]]  # batch index → what to hold open around its forward
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 import warnings
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, ExitStack
+from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Never, Protocol, TypedDict, TypeVar, Unpack, cast, overload
 
@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 from tuner.calibration import AttentionObserver, CalibrationConfig, ConfigError, ResolvedCalibration, calibrating
 from tuner.calibration.mean_pooling import SharedSums
-from tuner.engine.batching import Batches, can_change, choose_batching, to_device, too_short
+from tuner.engine.batching import Batches, BatchScope, can_change, choose_batching, to_device, too_short
 from tuner.engine.models import LoadedModel, load_model
 
 if TYPE_CHECKING:
@@ -293,9 +293,6 @@ class CalibratedEncoder:
         if not options.get("convert_to_numpy", True):
             return list(torch.from_numpy(vectors)) if not single else torch.from_numpy(result)
         return result
-
-
-BatchScope = Callable[[int], AbstractContextManager[object]]  # batch index → what to hold open around its forward
 
 
 def forward(

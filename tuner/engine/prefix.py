@@ -32,7 +32,7 @@ from contextlib import ExitStack, contextmanager
 import torch
 
 from tuner.calibration import CalibrationConfig
-from tuner.engine.encoder import Batches, BatchScope, to_device
+from tuner.engine.batching import Batches, BatchScope, to_device
 from tuner.engine.models import LoadedModel
 
 log = logging.getLogger(__name__)

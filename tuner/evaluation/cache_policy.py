@@ -31,7 +31,7 @@ from tuner.calibration import ResolvedCalibration
 from tuner.calibration.mean_pooling import RowSums
 from tuner.common.files import default_cache_dir
 from tuner.data import PositionalDataset
-from tuner.engine.encoder import Batches, BatchScope
+from tuner.engine.batching import Batches, BatchScope
 from tuner.engine.models import LoadedModel
 from tuner.engine.prefix import LayerStack, ResumeUnsupportedError, Sink, resume_point, resumed_from
 from tuner.evaluation.layer_inputs import (

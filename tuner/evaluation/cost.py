@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tuner.engine.encoder import Batches, to_device
+from tuner.engine.batching import Batches, to_device
 from tuner.engine.models import LoadedModel
 
 PROBE_ROWS = 4  # on CPU: enough to fill the cores, few enough to cost seconds even for bge-m3

@@ -24,9 +24,10 @@ import numpy as np
 from objectives import PerQuery, PositionReport, Run, evaluate, exact_search
 from tuner.calibration import CalibrationConfig
 from tuner.data import PositionalDataset
-from tuner.engine.encoder import CalibratedEncoder, choose_batching, forward
+from tuner.engine.batching import Batches, choose_batching
+from tuner.engine.encoder import CalibratedEncoder, forward
 from tuner.engine.models import LoadedModel
-from tuner.engine.prefix import Batches, record_layer_inputs, recorded_into, resume_point
+from tuner.engine.prefix import record_layer_inputs, recorded_into, resume_point
 from tuner.evaluation.cache_policy import CachePolicy, FirstLayerSums
 
 log = logging.getLogger(__name__)
