@@ -1,6 +1,6 @@
 """How a finished study accounts for itself, the same on every screen: its trials in one sentence (the console,
-the parent run, optuna-dashboard), its budget as run tags and metrics, a trial's figures, and optuna-dashboard's
-notes on the study and on the trials people look at."""
+the parent run, optuna-dashboard), its budget as run tags and metrics, what it cost in layer-tokens, a trial's
+figures, and optuna-dashboard's notes on the study and on the trials people look at."""
 
 from __future__ import annotations
 
