@@ -276,7 +276,7 @@ def test_what_the_benchmarks_page_says_of_ram_is_what_its_record_holds() -> None
     assert "which cost a first `tune` more than twice the memory and more time" in changelog
     both = variants["both"]
     assert both["peak_rss_bytes"] > 2 * neither["peak_rss_bytes"] and both["seconds"] > neither["seconds"]
-    source = (ROOT / "tuner" / "evaluation" / "store.py").read_text(encoding="utf-8")
+    source = (ROOT / "tuner" / "evaluation" / "layer_inputs.py").read_text(encoding="utf-8")
     assert "RAM_FRACTION = 0.0" in source and "LAYER_INPUTS_IN_RAM = False" in source, "the default is the variant `neither`"
 
 
@@ -359,11 +359,6 @@ def test_a_plot_drawn_from_other_data_is_caught(tmp_path: Path, monkeypatch: pyt
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the pictures predate the first-tune record: run `python -m benchmarks.first_tune` where Playwright and a "
-    "Chromium are installed (docs/screenshots.py), commit the record and docs/*.png, then drop this mark",
-)
 def test_every_picture_on_the_site_is_of_the_run_the_readme_describes() -> None:
     """The Tracking page's screenshots and the parent run's figures are written by docs/screenshots.py from the clone
     `benchmarks.first_tune` ran (the README's numbers), which keeps each one's SHA-256: the files here must be those."""
