@@ -7,10 +7,10 @@ Run from the repository root, on idle cores:
 
 Each variant is `tune` with its defaults (MiniLM on the embedded benchmark, its held-out sets) in a folder of its
 own, so each encodes its baselines and writes its cache from nothing, as a new user's first run does; only
-`RAM_FRACTION` and `LAYER_INPUTS_IN_RAM` (`tuner.evaluation.layer_inputs`) differ. Measured per variant: wall seconds, the
-peak resident memory of the process tree (sampled every half second; memory-mapped pages count while they are
-resident), the bytes left in `mlruns/`, and the exported config, which must be the same (reading the inputs from RAM
-or from a mapped file changes no number).
+`RAM_FRACTION` and `LAYER_INPUTS_IN_RAM` (`tuner.evaluation.layer_inputs`) differ. Measured per variant: wall
+seconds, the peak resident memory of the process tree (sampled every half second; memory-mapped pages count while
+they are resident), the bytes left in `mlruns/`, and the exported config, which must be the same (reading the inputs
+from RAM or from a mapped file changes no number).
 """
 
 from __future__ import annotations
