@@ -36,14 +36,11 @@ from tuner.tracking.display import (
     RUN_STATUS,
     TRAINING_KIND,
     VIEW_TAG,
-    describe_config,
-    describe_outcome,
     display_metrics,
     logged_params,
     logged_tags,
     run_name,
     stored_metrics,
-    summary_metrics,
 )
 from tuner.tracking.failures import classify_failure, full_file
 from tuner.tracking.store import (
@@ -56,21 +53,6 @@ from tuner.tracking.store import (
     local_store,
     store_lock,
 )
-
-__all__ = [  # the tracker, and what the tuning code that logs with it reads from here beside it
-    "NOTE",
-    "PARENT",
-    "Tracker",
-    "TrackingUnavailableError",
-    "TrialRecord",
-    "default_tracking_uri",
-    "describe_config",
-    "describe_outcome",
-    "describe_store",
-    "display_metrics",
-    "local_store",
-    "summary_metrics",
-]
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from optuna.trial import TrialState
 from objectives import Selection
 from tuner.common.budget import budget_end, budget_ended, study_budget
 from tuner.common.trials import NOT_RUN_ATTR, SETUP_COST_ATTR, never_ran, trial_counts
-from tuner.tracking.runs import describe_config
+from tuner.tracking.display import describe_config
 from tuner.tuning.optuna_access import save_trial_note
 from tuner.tuning.search_space import trial_basket_shares
 

@@ -18,7 +18,8 @@ from objectives import Selection
 from tuner.calibration import CalibrationConfig
 from tuner.data import PositionalDataset
 from tuner.evaluation.evaluator import Evaluation, Evaluator
-from tuner.tracking.runs import NOTE, Tracker, display_metrics, summary_metrics
+from tuner.tracking.display import NOTE, display_metrics, summary_metrics
+from tuner.tracking.runs import Tracker
 from tuner.tuning.accounts import (
     budget_metrics,
     budget_tags,

@@ -9,8 +9,8 @@ import optuna
 from optuna.trial import TrialState
 
 from tuner.common.trials import DUPLICATE_ATTR, PrunedAt, finished, never_ran
+from tuner.tracking.display import describe_config
 from tuner.tracking.progress import StudyProgress
-from tuner.tracking.runs import describe_config
 from tuner.tuning.search_space import trial_basket_shares
 
 log = logging.getLogger(__name__)

@@ -197,7 +197,7 @@ class TuneSettings:
 
 def settings_in_force(settings: TuneSettings) -> dict[str, object]:
     """The settings as the run will use them: defaults resolved to their values (nothing is created here)."""
-    from tuner.tracking.runs import default_tracking_uri, describe_store
+    from tuner.tracking.store import default_tracking_uri, describe_store
     from tuner.tuning.storage import default_storage
 
     values = {k: v for k, v in vars(settings).items() if k not in ("dataset_defaulted", "array_task", "inputs")}

@@ -10,8 +10,8 @@ import optuna
 
 from objectives import CONSTRAINTS, Constraints, HmFloor, Interval, Selection, describe_rule
 from tuner.common.trials import complete_trials, named_constraints
+from tuner.tracking.display import describe_config, display_metrics, summary_metrics
 from tuner.tracking.plots import heldout_profiles, optuna_figures, param_importances, pareto_scatter
-from tuner.tracking.runs import describe_config, display_metrics, summary_metrics
 from tuner.tuning.accounts import trial_figures
 from tuner.tuning.heldout import SummaryRow, trial_with
 from tuner.tuning.search_space import BASELINE_PARAMS, trial_basket_shares

@@ -16,7 +16,7 @@ import optuna
 from optuna.trial import TrialState
 
 from tuner.common.messages import UserError
-from tuner.tracking.runs import local_store
+from tuner.tracking.store import local_store
 from tuner.tuning.owners import OWNER_ATTR, fail_dead_trials
 from tuner.tuning.session import Session
 from tuner.tuning.storage import storage_file

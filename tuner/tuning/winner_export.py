@@ -16,9 +16,10 @@ from tuner.common.messages import UserError, first_line
 from tuner.data import PositionalDataset
 from tuner.engine.exported import build_export, write_exported
 from tuner.engine.models import LoadedModel
+from tuner.tracking.display import describe_config
 from tuner.tracking.progress import Phase
 from tuner.tracking.registry import USAGE, Registered, publish, reserve_version, withdraw
-from tuner.tracking.runs import Tracker, describe_config
+from tuner.tracking.runs import Tracker
 from tuner.tuning.accounts import study_layer_tokens, trial_figures
 from tuner.tuning.heldout import SummaryRow, config_of
 from tuner.tuning.search_space import trial_basket_shares

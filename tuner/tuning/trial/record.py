@@ -19,7 +19,8 @@ from optuna.trial import FrozenTrial
 from objectives import Constraints
 from objectives.evidence import TrialEvidence
 from tuner.common.trials import BISECT_ATTR, CONSTRAINT_NAMES_ATTR, RESAMPLES_ATTR, START_ATTR, PrunedAt
-from tuner.tracking.runs import Tracker, TrialRecord, describe_config, describe_outcome
+from tuner.tracking.display import describe_config, describe_outcome
+from tuner.tracking.runs import Tracker, TrialRecord
 from tuner.tuning.bisection import describe_queued
 from tuner.tuning.optuna_access import set_dashboard_constraints, set_trial_system_attr
 from tuner.tuning.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, is_reference_trial
