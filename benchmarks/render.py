@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import record
-from benchmarks.figures import costs, first_tune, natural, plots, studies
+from benchmarks.figures import costs, first_tune, natural, plots, rules, studies
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCK = re.compile(r"(<!-- figure: (?P<name>[a-z0-9-]+) -->\n)(?P<body>.*?)(<!-- /figure -->)", re.DOTALL)
@@ -59,6 +59,10 @@ FIGURES: dict[str, Figure] = {
     "squad-probe-card": Figure("squad-card", natural.squad_probe_card),
     "natural-minilm": Figure("natural-minilm", natural.natural),
     "natural-minilm-reverse": Figure("natural-minilm", natural.natural_reverse),
+    "natural-mpnet": Figure("natural-mpnet", natural.natural),
+    "natural-mpnet-reverse": Figure("natural-mpnet", natural.natural_reverse),
+    "study-noise-minilm": Figure("selection-rules-minilm", rules.study_noise),
+    "selection-rules-minilm": Figure("selection-rules-minilm", rules.rules_held_out),
     "tuning-signal-minilm": Figure("tuning-signal-minilm", studies.tuning_signal),
     "tuning-signal-squad": Figure("tuning-signal-squad", studies.tuning_signal),
     **{name: Figure(plot.source, plots.plot_block(name)) for name, plot in plots.PLOTS.items()},

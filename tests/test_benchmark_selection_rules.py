@@ -73,3 +73,32 @@ def test_verdicts_judge_each_design_and_rule_on_its_own_seeds() -> None:
     assert found["d0"]["one-se"]["set"]["beat_paper"] == 2 and found["d0"]["one-se"]["set"]["seeds"] == 2
     assert found["d0"]["lowest"]["set"]["beat_paper"] == 1
     assert found["d1"]["one-se"]["set"] == judge(["b"], scores["set"])
+
+
+def test_the_noise_table_counts_the_studies_whose_winner_the_tie_break_chose() -> None:
+    from benchmarks.figures.rules import study_noise
+
+    def study(seed: int, best: int, winner: int) -> dict[str, Any]:
+        top = [
+            {"trial": best, "config": "λ0.5 L[4,5]", "objective": 0.16, "gap": 0.0, "paired_se": 0.0},
+            {"trial": 9, "config": "λ0.6 L[4,5]", "objective": 0.17, "gap": 0.01, "paired_se": 0.02},
+        ]
+        if winner != best:
+            top.append({"trial": winner, "config": "λ0.5 L[5]", "objective": 0.18, "gap": 0.02, "paired_se": 0.03})
+        return {
+            "design": "wikipos-dev",
+            "study": f"robust-third-seed{seed}",
+            "feasible": 3,
+            "best": best,
+            "winner": winner,
+            "tie_break_decided": winner != best,
+            "top": top,
+        }
+
+    device = {"cpu": "c", "cores": 2, "memory_gib": 1, "gpu": None, "load_average": [1.0, 1.0, 1.0]}
+    data = {"command": "x", "commit": "0" * 12, "device": device}
+    data["results"] = {"studies": [study(0, 3, 2), study(1, 3, 3), {"design": "d", "study": "s-seed2", "feasible": 0}]}
+    table = study_noise(data)
+    assert "The tie-break chose the winner in 1 of 2 studies." in table
+    seed0 = next(line for line in table.splitlines() if line.startswith("| `wikipos-dev` | 0 |"))
+    assert "| λ0.5 L[5] | +0.020 ± 0.030 | +0.010 ± 0.020 | yes |" in seed0

@@ -1,0 +1,80 @@
+"""The selection rules' figures (benchmarks.selection_rules): how noisy each kept study is between its top trials,
+and what each rule's winners do held out against the paper default."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from benchmarks.figures.common import HELD_OUT_NAMES, measured_on
+
+RULE_NAMES = {
+    "one-se": "one-SE, the mildest",
+    "one-se-fairest": "one-SE, the fairest over the structures",
+    "one-se-hm": "one-SE, the highest HM",
+    "lowest": "the lowest objective",
+}
+
+
+def _seed(study: dict[str, Any]) -> str:
+    return study["study"].rsplit("seed", 1)[-1]
+
+
+def study_noise(data: dict[str, Any]) -> str:
+    """Per kept study: the best trial, the exported winner and the runner-up, each gap with its paired SE."""
+    lines = [
+        "| design | seed | feasible | best objective | winner | winner − best ± paired SE "
+        "| runner-up − best ± paired SE | decided by the tie-break |",
+        "|---|---:|---:|---|---|---:|---:|---|",
+    ]
+    for study in data["results"]["studies"]:
+        if not study.get("top"):
+            lines.append(f"| `{study['design']}` | {_seed(study)} | 0 | — | — | — | — | — |")
+            continue
+        top = {row["trial"]: row for row in study["top"]}
+        best = top[study["best"]]
+        winner = top.get(study["winner"])
+        runner = next((row for row in study["top"] if row["trial"] != study["best"]), None)
+
+        def gap(row: dict[str, Any] | None) -> str:
+            if row is None:
+                return "—"
+            se = row["paired_se"]
+            return f"{row['gap']:+.3f} ± {se:.3f}" if se is not None else f"{row['gap']:+.3f}"
+
+        lines.append(
+            f"| `{study['design']}` | {_seed(study)} | {study['feasible']} "
+            f"| {best['config']} ({best['objective']:.3f}) "
+            f"| {winner['config'] if winner else study['winner']} | {gap(winner)} | {gap(runner)} "
+            f"| {'yes' if study['tie_break_decided'] else 'no'} |"
+        )
+    decided = sum(bool(s.get("tie_break_decided")) for s in data["results"]["studies"])
+    total = sum(bool(s.get("top")) for s in data["results"]["studies"])
+    return "\n".join(
+        [*lines, "", f"The tie-break chose the winner in {decided} of {total} studies. {measured_on(data)}"]
+    )
+
+
+def rules_held_out(data: dict[str, Any]) -> str:
+    """Per design, a table of rules by held-out set: how many seeds' winners beat the paper default beyond noise, the
+    mean PSI difference from it, and whether the seeds agree; reversals where there are any."""
+    results = data["results"]
+    sets = results["heldout"]
+    out = []
+    for design, rules in results["verdicts"].items():
+        out += [f"**`{design}`**", "", "| rule | " + " | ".join(HELD_OUT_NAMES.get(s, f"`{s}`") for s in sets) + " |"]
+        out.append("|---|" + "---:|" * len(sets))
+        for rule, verdict in rules.items():
+            cells = []
+            for name in sets:
+                v = verdict[name]
+                flips = f" · {v['reversed']} reversed" if v["reversed"] else ""
+                agree = "✓" if v["agree"] else "✗"
+                cells.append(f"{v['beat_paper']}/{v['seeds']} · {v['mean_psi_minus_paper']:+.3f} · {agree}{flips}")
+            out.append(f"| {RULE_NAMES.get(rule, rule)} | " + " | ".join(cells) + " |")
+        out.append("")
+    legend = (
+        "Each cell: seeds whose winner is fairer than the paper default by more than the SE of their PSI difference, "
+        "with ΔHM and ΔnDCG@10 within the paper default's 95% intervals or above · the winners' mean PSI − the paper "
+        "default's · ✓ where the seeds' PSI spreads no wider than one bootstrap SE."
+    )
+    return "\n".join([*out, legend, measured_on(data)])
