@@ -99,6 +99,6 @@ def test_the_noise_table_counts_the_studies_whose_winner_the_tie_break_chose() -
     data = {"command": "x", "commit": "0" * 12, "device": device}
     data["results"] = {"studies": [study(0, 3, 2), study(1, 3, 3), {"design": "d", "study": "s-seed2", "feasible": 0}]}
     table = study_noise(data)
-    assert "The tie-break chose the winner in 1 of 2 studies." in table
+    assert "The tie-break chose the winner in 1 of 2 studies on `wikipos-dev`, 0 of 0 studies on `d`." in table
     seed0 = next(line for line in table.splitlines() if line.startswith("| `wikipos-dev` | 0 |"))
     assert "| λ0.5 L[5] | +0.020 ± 0.030 | +0.010 ± 0.020 | yes |" in seed0

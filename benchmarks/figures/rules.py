@@ -47,11 +47,13 @@ def study_noise(data: dict[str, Any]) -> str:
             f"| {winner['config'] if winner else study['winner']} | {gap(winner)} | {gap(runner)} "
             f"| {'yes' if study['tie_break_decided'] else 'no'} |"
         )
-    decided = sum(bool(s.get("tie_break_decided")) for s in data["results"]["studies"])
-    total = sum(bool(s.get("top")) for s in data["results"]["studies"])
-    return "\n".join(
-        [*lines, "", f"The tie-break chose the winner in {decided} of {total} studies. {measured_on(data)}"]
-    )
+    counts = []
+    for design in dict.fromkeys(s["design"] for s in data["results"]["studies"]):
+        studies = [s for s in data["results"]["studies"] if s["design"] == design and s.get("top")]
+        decided = sum(bool(s["tie_break_decided"]) for s in studies)
+        counts.append(f"{decided} of {len(studies)} studies on `{design}`")
+    said = "The tie-break chose the winner in " + ", ".join(counts) + "."
+    return "\n".join([*lines, "", f"{said} {measured_on(data)}"])
 
 
 def rules_held_out(data: dict[str, Any]) -> str:
