@@ -102,3 +102,34 @@ def test_the_noise_table_counts_the_studies_whose_winner_the_tie_break_chose() -
     assert "The tie-break chose the winner in 1 of 2 studies on `wikipos-dev`, 0 of 0 studies on `d`." in table
     seed0 = next(line for line in table.splitlines() if line.startswith("| `wikipos-dev` | 0 |"))
     assert "| λ0.5 L[5] | +0.020 ± 0.030 | +0.010 ± 0.020 | yes |" in seed0
+
+
+def test_the_reading_names_the_sets_where_a_rule_keeps_every_promise_and_where_none_does() -> None:
+    from benchmarks.figures.rules import rules_reading
+
+    def verdict(beat: int, agree: bool = True, reversed_: int = 0) -> dict[str, Any]:
+        return {"seeds": 5, "beat_paper": beat, "agree": agree, "reversed": reversed_}
+
+    results = {
+        "heldout": ["wikipos-test", "squad-test", "wikipos-mixed"],
+        "verdicts": {
+            "d": {
+                "one-se": {
+                    "wikipos-test": verdict(5),
+                    "squad-test": verdict(4),
+                    "wikipos-mixed": verdict(5, agree=False),
+                },
+                "lowest": {
+                    "wikipos-test": verdict(5),
+                    "squad-test": verdict(5, reversed_=1),
+                    "wikipos-mixed": verdict(2),
+                },
+            },
+            "e": {"one-se": {"wikipos-test": verdict(3), "squad-test": verdict(0), "wikipos-mixed": verdict(5, False)}},
+        },
+    }
+    assert rules_reading(results) == [
+        "- On `d`, every seed's winner beats the paper default, the seeds agree and none reverses on WikiPos-test "
+        "(one-SE, the mildest, the lowest objective); no rule does on `squad-test`, `mixed`.",
+        "- On `e`, no rule meets all three tests on any set.",
+    ]

@@ -79,4 +79,29 @@ def rules_held_out(data: dict[str, Any]) -> str:
         "with ΔHM and ΔnDCG@10 within the paper default's 95% intervals or above · the winners' mean PSI − the paper "
         "default's · ✓ where the seeds' PSI spreads no wider than one bootstrap SE."
     )
-    return "\n".join([*out, legend, measured_on(data)])
+    return "\n".join([*out, legend, "", *rules_reading(results), "", measured_on(data)])
+
+
+def rules_reading(results: dict[str, Any]) -> list[str]:
+    """Per design, the sets on which some rule's winners all beat the paper default, agree and reverse nothing (the
+    promise met), and where none does."""
+    said = []
+    for design, rules in results["verdicts"].items():
+        met = {
+            name: [
+                RULE_NAMES.get(rule, rule)
+                for rule, verdict in rules.items()
+                if verdict[name]["beat_paper"] == verdict[name]["seeds"]
+                and verdict[name]["agree"]
+                and not verdict[name]["reversed"]
+            ]
+            for name in results["heldout"]
+        }
+        kept = [f"{HELD_OUT_NAMES.get(n, f'`{n}`')} ({', '.join(r)})" for n, r in met.items() if r]
+        missed = [HELD_OUT_NAMES.get(n, f"`{n}`") for n, r in met.items() if not r]
+        first = f"On `{design}`, every seed's winner beats the paper default, the seeds agree and none reverses on "
+        parts = [first + "; ".join(kept)] if kept else [f"On `{design}`, no rule meets all three tests on any set"]
+        if kept and missed:
+            parts.append("no rule does on " + ", ".join(missed))
+        said.append("- " + "; ".join(parts) + ".")
+    return said
