@@ -75,7 +75,8 @@ def serve(path: str) -> dict[str, Any]:
         __import__(name)
     from mlflow.utils.requirements_utils import _init_modules_to_packages_map
 
-    _init_modules_to_packages_map()  # MLflow maps every installed module to its package at a model's first log: 1.2 s per export
+    # MLflow maps every installed module to its package at a model's first log: 1.2 s per export
+    _init_modules_to_packages_map()
     mlflow_template.install(Path(path).parent)  # a new SQLite store is a copy, not 1.7 s of migrations
     gc.collect()
     gc.freeze()  # the children's collections skip what is here: otherwise each one would copy it all (copy-on-write)
@@ -204,7 +205,11 @@ class TuneProcess:
         err, err_read = (out, None) if stderr == subprocess.STDOUT else stream(stderr, 2)
         self._connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._connection.connect(server)
-        request = {"args": self.args[3:], "cwd": str(cwd or os.getcwd()), "env": dict(os.environ if env is None else env)}
+        request = {
+            "args": self.args[3:],
+            "cwd": str(cwd or os.getcwd()),
+            "env": dict(os.environ if env is None else env),
+        }
         socket.send_fds(self._connection, [json.dumps(request).encode()], [null, out, err])
         for fd in opened:
             os.close(fd)
@@ -330,7 +335,12 @@ def popen(args: Sequence[str], **kwargs: Any) -> TuneProcess | subprocess.Popen[
 
 
 def run(
-    args: Sequence[str], *, capture_output: bool = False, timeout: float | None = None, check: bool = False, **kwargs: Any
+    args: Sequence[str],
+    *,
+    capture_output: bool = False,
+    timeout: float | None = None,
+    check: bool = False,
+    **kwargs: Any,
 ) -> subprocess.CompletedProcess[Any]:
     """`subprocess.run` for any command; `python -m tuner.cli ...` goes through the fork server."""
     if not is_tune(args):
@@ -344,7 +354,9 @@ def run(
         process.kill()
         process.wait()
         raise subprocess.TimeoutExpired(process.args, expired.timeout) from None
-    done = subprocess.CompletedProcess(process.args, process.returncode if process.returncode is not None else -1, out, err)
+    done = subprocess.CompletedProcess(
+        process.args, process.returncode if process.returncode is not None else -1, out, err
+    )
     if check:
         done.check_returncode()
     return done

@@ -104,7 +104,9 @@ def add_tiny_model(
     """
     with tempfile.TemporaryDirectory(prefix="tiny-hub-model-") as scratch:
         build = save_custom_code if remote_code else functools.partial(save_tiny, kind)
-        folder = build(Path(scratch) / "model", layers=layers, max_length=max_length, initializer_range=initializer_range)
+        folder = build(
+            Path(scratch) / "model", layers=layers, max_length=max_length, initializer_range=initializer_range
+        )
         return add_repo(cache, repo_id, folder)
 
 
@@ -320,7 +322,13 @@ def run_tune(hub: FakeHub, *args: str, cwd: Path, timeout: float = 600, **env: s
     """`tune ARGS...` as a user runs it, in `cwd`, offline against the fake hub; output is text."""
     cwd.mkdir(parents=True, exist_ok=True)
     return subprocess.run(
-        [*tune_command(), *args], cwd=cwd, env=hub.env(**env), capture_output=True, text=True, timeout=timeout, check=False
+        [*tune_command(), *args],
+        cwd=cwd,
+        env=hub.env(**env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
     )
 
 

@@ -23,7 +23,14 @@ from typer.testing import CliRunner
 
 from tests import forkserver
 from tests.test_study import write_dataset
-from tests.test_workers import command, coordinator_and_second_machine, done, finished_trial_numbers, polled, study_backend
+from tests.test_workers import (
+    command,
+    coordinator_and_second_machine,
+    done,
+    finished_trial_numbers,
+    polled,
+    study_backend,
+)
 from tuner.cli.app import app
 from tuner.tuning.storage import make_storage
 from tuner.tuning.study import enqueue_once, open_study
@@ -83,7 +90,9 @@ class Output:
 
     def __init__(self, process: subprocess.Popen) -> None:
         self.lines: list[str] = []
-        self._reader = threading.Thread(target=lambda: self.lines.extend(iter(process.stdout.readline, "")), daemon=True)
+        self._reader = threading.Thread(
+            target=lambda: self.lines.extend(iter(process.stdout.readline, "")), daemon=True
+        )
         self._reader.start()
 
     def wait_for(self, text: str, timeout: float = 120) -> None:
@@ -114,8 +123,20 @@ def test_a_run_killed_mid_trial_and_rerun_at_once_reruns_the_trial_and_cleans_it
     """Case 3: rerun within the heartbeat window (20 s, 3 beats), the old code ended with 3 COMPLETE + 1 RUNNING of
     4, exported from 3, exited 0, and left the killed process's temp folder behind."""
     storage, tracking, name = study_backend(backend, tmp_path)
-    cmd = command(tiny_model_dir("bert"), data, storage, tracking, 4, "--output", str(tmp_path / "best.yaml"), name=name, heartbeat=20)
-    victim = forkserver.popen(cmd, cwd=tmp_path, env=environment(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cmd = command(
+        tiny_model_dir("bert"),
+        data,
+        storage,
+        tracking,
+        4,
+        "--output",
+        str(tmp_path / "best.yaml"),
+        name=name,
+        heartbeat=20,
+    )
+    victim = forkserver.popen(
+        cmd, cwd=tmp_path, env=environment(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     killed = catch_running(victim, storage, name, at_least=2)
     victim.send_signal(signal.SIGKILL)
     victim.wait(timeout=30)
@@ -128,19 +149,27 @@ def test_a_run_killed_mid_trial_and_rerun_at_once_reruns_the_trial_and_cleans_it
     assert sorted(t.number for t in trials if t.state == COMPLETE) == finished_trial_numbers(tracking, name)
     assert sum(done(t) for t in trials) == 4 and not [t for t in trials if t.state == RUNNING]
     assert list((tmp_path / "tmp").glob("posfair-*")) == []  # the killed run's folder is gone, the rerun's too
-    assert f"trial {killed} was left RUNNING by process {victim.pid}, which is gone; it is re-run" in " ".join(rerun.stderr.split())
+    assert f"trial {killed} was left RUNNING by process {victim.pid}, which is gone; it is re-run" in " ".join(
+        rerun.stderr.split()
+    )
     assert (tmp_path / "best.yaml").exists()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_two_ctrl_cs_abort_the_trial_and_the_rerun_runs_it_again(backend: str, tiny_model_dir, data: Path, tmp_path: Path) -> None:
+def test_two_ctrl_cs_abort_the_trial_and_the_rerun_runs_it_again(
+    backend: str, tiny_model_dir, data: Path, tmp_path: Path
+) -> None:
     """Case 9: after two Ctrl-Cs the interrupted trial was left FAILED, never re-run, and gone from the summary.
 
     The trial must outlast the round trip between the two signals: a trial pruned after its first rung ended
     in milliseconds, between them, so these runs are unpruned (`tiny_tune_options`)."""
     storage, tracking, name = study_backend(backend, tmp_path)
-    cmd = command(tiny_model_dir("bert"), data, storage, tracking, 4, "--output", str(tmp_path / "best.yaml"), name=name)
-    run = forkserver.popen(cmd, cwd=tmp_path, env=environment(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    cmd = command(
+        tiny_model_dir("bert"), data, storage, tracking, 4, "--output", str(tmp_path / "best.yaml"), name=name
+    )
+    run = forkserver.popen(
+        cmd, cwd=tmp_path, env=environment(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     aborted = catch_running(run, storage, name, at_least=2)  # caught as it starts: a whole trial ahead
     printed = Output(run)
     run.send_signal(signal.SIGINT)
@@ -172,7 +201,9 @@ def test_failures_of_an_earlier_run_do_not_stop_a_fixed_rerun(
 
     storage, tracking, name = study_backend(backend, tmp_path)
     monkeypatch.chdir(tmp_path)
-    args = command(tiny_model_dir("bert"), data, storage, tracking, 4, "--output", str(tmp_path / "best.yaml"), name=name)[3:]
+    args = command(
+        tiny_model_dir("bert"), data, storage, tracking, 4, "--output", str(tmp_path / "best.yaml"), name=name
+    )[3:]
     real_run = Evaluator.run
 
     def broken(self: Evaluator, config: object) -> object:  # the first attempt's mistake: every calibrated trial fails
@@ -195,7 +226,9 @@ def test_failures_of_an_earlier_run_do_not_stop_a_fixed_rerun(
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_two_workers_draw_twelve_distinct_configurations(backend: str, tiny_model_dir, data: Path, tmp_path: Path) -> None:
+def test_two_workers_draw_twelve_distinct_configurations(
+    backend: str, tiny_model_dir, data: Path, tmp_path: Path
+) -> None:
     """Case 5: every process seeded its sampler alike, so workers drew identical trials (2 = 3, 4 = 5)."""
     storage, tracking, name = study_backend(backend, tmp_path)
     (tmp_path / "space.yaml").write_text("strength_step: 0.01\nbasket_sizes: [8, 16, 32, 64, 128]\n", encoding="utf-8")
@@ -230,7 +263,9 @@ def test_a_reference_queued_but_not_yet_run_is_not_queued_again(tmp_path: Path) 
     storage = f"sqlite:///{tmp_path / 's.db'}"
     study = open_study("queued", storage, seed=0, pareto=False, identity={"k": 1})
     enqueue_once(study, {"x": 0.5}, {"basket_shares": "equal"})
-    enqueue_once(open_study("queued", storage, seed=0, pareto=False, identity={"k": 1}), {"x": 0.5}, {"basket_shares": "equal"})
+    enqueue_once(
+        open_study("queued", storage, seed=0, pareto=False, identity={"k": 1}), {"x": 0.5}, {"basket_shares": "equal"}
+    )
     assert len(study.trials) == 1
 
 
@@ -287,7 +322,10 @@ def test_two_processes_draining_one_queue_never_take_the_same_trial(backend: str
     go = tmp_path / "go"
     processes = [
         subprocess.Popen(
-            [sys.executable, "-c", POP_ALL, url, str(tmp_path / f"ready-{i}"), str(go)], cwd=ROOT, stdout=subprocess.PIPE, text=True
+            [sys.executable, "-c", POP_ALL, url, str(tmp_path / f"ready-{i}"), str(go)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            text=True,
         )
         for i in range(2)
     ]

@@ -35,7 +35,9 @@ def tune(*args: str):
     """Run the command line; it must fail with a message and a non-zero exit, never a traceback."""
     result = runner.invoke(app, list(args))
     assert result.exit_code != 0, result.output
-    assert isinstance(result.exception, SystemExit), f"traceback instead of a message: {result.exception!r}\n{result.output}"
+    assert isinstance(result.exception, SystemExit), (
+        f"traceback instead of a message: {result.exception!r}\n{result.output}"
+    )
     return " ".join(result.output.split())  # rich wraps long lines
 
 
@@ -81,7 +83,11 @@ def encode_with(config: Path, folder: Path) -> str:
         ("calibration__basket_size", 0, "calibration.basket_size: Input should be greater than or equal to 1"),
         ("calibration__layers", [], "calibration.layers: no layer given"),
         ("calibration__layers", [99], "layers: [99] beyond the model's depth; allowed indices are 0..2"),
-        ("calibration__variant", "cls_medium", "calibration.variant: Input should be 'uniform', 'cls_soft' or 'cls_hard'"),
+        (
+            "calibration__variant",
+            "cls_medium",
+            "calibration.variant: Input should be 'uniform', 'cls_soft' or 'cls_hard'",
+        ),
         ("calibration__weight", 1.0, "calibration.weight: Input should be less than 1"),
         ("calibration__basket_shares", "by_chance", "calibration.basket_shares: Input should be 'equal' or 'by_size'"),
         ("calibration__colour", "red", "calibration.colour: Extra inputs are not permitted"),
@@ -127,7 +133,9 @@ def test_a_python_tag_in_a_config_is_never_executed(in_tmp: Path) -> None:
 
 
 def test_unknown_model_alias() -> None:
-    assert "unknown model 'bge-m4'. Known aliases: minilm, mpnet, embeddinggemma, bge-m3" in tune("--model", "bge-m4", "--trials", "1")
+    assert "unknown model 'bge-m4'. Known aliases: minilm, mpnet, embeddinggemma, bge-m3" in tune(
+        "--model", "bge-m4", "--trials", "1"
+    )
 
 
 def test_a_model_not_available_offline(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -139,7 +147,9 @@ def test_a_model_not_available_offline(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_remote_code_runs_only_with_the_flag(tmp_path: Path) -> None:
     folder = save_custom_code(tmp_path / "custom")
-    assert "Pass --trust-remote-code" in tune("--model", str(folder), "--pooling", "cls", "--output", str(tmp_path / "out.yaml"))
+    assert "Pass --trust-remote-code" in tune(
+        "--model", str(folder), "--pooling", "cls", "--output", str(tmp_path / "out.yaml")
+    )
     assert not (tmp_path / "out.yaml").exists()
 
 
@@ -187,7 +197,9 @@ def test_a_dataset_missing_a_required_column(in_tmp: Path) -> None:
     import pyarrow.parquet as pq
 
     pq.write_table(pa.table({"question": ["q"], "content": ["c"]}), in_tmp / "posq.parquet")
-    assert "span_class" in tune("evaluate", "--dataset", f"fineweb-posq:{in_tmp / 'posq.parquet'}", "--no-sea", "--general", "")
+    assert "span_class" in tune(
+        "evaluate", "--dataset", f"fineweb-posq:{in_tmp / 'posq.parquet'}", "--no-sea", "--general", ""
+    )
 
 
 def write_jsonl(folder: Path, corpus: list[dict], queries: list[dict]) -> Path:
@@ -198,7 +210,9 @@ def write_jsonl(folder: Path, corpus: list[dict], queries: list[dict]) -> Path:
 
 
 def test_a_query_whose_relevant_document_is_missing(in_tmp: Path) -> None:
-    folder = write_jsonl(in_tmp / "d", [{"id": "d1", "text": "a b"}], [{"id": "q1", "text": "a", "relevant": ["d9"], "group": "end"}])
+    folder = write_jsonl(
+        in_tmp / "d", [{"id": "d1", "text": "a b"}], [{"id": "q1", "text": "a", "relevant": ["d9"], "group": "end"}]
+    )
     output = tune("--dataset", f"jsonl:{folder}", "--trials", "1")
     assert "q1" in output and "d9" in output
 
@@ -219,14 +233,20 @@ def test_a_non_utf8_input_file(exported_yaml: dict, in_tmp: Path) -> None:
 def test_a_document_longer_than_the_model_is_warned_and_counted(exported_yaml: dict, in_tmp: Path) -> None:
     config = write_config(in_tmp, exported_yaml)
     docs = in_tmp / "docs.jsonl"
-    docs.write_text(json.dumps({"text": " ".join(["w1"] * 400)}) + "\n" + json.dumps({"text": "w2 w3"}) + "\n", encoding="utf-8")
-    result = runner.invoke(app, ["encode", "--config", str(config), "--input", str(docs), "--output", str(in_tmp / "e.npy")])
+    docs.write_text(
+        json.dumps({"text": " ".join(["w1"] * 400)}) + "\n" + json.dumps({"text": "w2 w3"}) + "\n", encoding="utf-8"
+    )
+    result = runner.invoke(
+        app, ["encode", "--config", str(config), "--input", str(docs), "--output", str(in_tmp / "e.npy")]
+    )
     assert result.exit_code == 0, result.output
     assert "1 truncated at 256 tokens" in " ".join(result.output.split())
 
 
 @pytest.mark.parametrize("problem", ["missing", "read-only"])
-def test_an_export_path_that_cannot_be_written_leaves_no_partial_file(exported_yaml: dict, in_tmp: Path, problem: str) -> None:
+def test_an_export_path_that_cannot_be_written_leaves_no_partial_file(
+    exported_yaml: dict, in_tmp: Path, problem: str
+) -> None:
     from tuner.engine.exported import ExportedConfig
 
     folder = in_tmp / "out"
@@ -263,7 +283,10 @@ def test_a_negative_cache_budget(budget: str) -> None:
 
 def test_a_malformed_study_budget_names_the_forms_it_takes() -> None:
     said = tune("--budget", "a third", "--trials", "1")
-    assert "--budget 'a third': write e.g. grid/3 (a third of the paper grid's layer-tokens), 5M (layer-tokens) or none" in said
+    assert (
+        "--budget 'a third': write e.g. grid/3 (a third of the paper grid's layer-tokens), 5M (layer-tokens) or none"
+        in said
+    )
 
 
 def test_a_bug_is_not_reported_as_bad_input(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -329,7 +352,15 @@ def test_encode_refuses_a_batch_size_below_one(exported_yaml: dict, in_tmp: Path
     config = write_config(in_tmp, exported_yaml)
     (in_tmp / "docs.txt").write_text("w1 w2 w3\nw4 w5\n", encoding="utf-8")
     output = tune(
-        "encode", "--config", str(config), "--input", str(in_tmp / "docs.txt"), "--output", str(in_tmp / "out.npy"), "--batch-size", value
+        "encode",
+        "--config",
+        str(config),
+        "--input",
+        str(in_tmp / "docs.txt"),
+        "--output",
+        str(in_tmp / "out.npy"),
+        "--batch-size",
+        value,
     )
     assert "Invalid value for '--batch-size': Input should be greater than or equal to 1" in output
     assert not (in_tmp / "out.npy").exists()
@@ -389,11 +420,15 @@ def test_ids_1_and_the_string_1_are_not_merged_silently(tiny_data: Path) -> None
     """Case 2: ids 1 and "1" were merged into one document."""
     copy = copy_of(tiny_data, "ids")
     edit_jsonl(copy / "corpus.jsonl", lambda docs: [*docs, {"id": 1, "text": "w1 w2"}, {"id": "1", "text": "w3 w4"}])
-    with pytest.raises(ValueError, match=r"corpus\.jsonl:14: document id '1' appears twice \(first on line 13; 1 and \"1\""):
+    with pytest.raises(
+        ValueError, match=r"corpus\.jsonl:14: document id '1' appears twice \(first on line 13; 1 and \"1\""
+    ):
         load_benchmark(f"jsonl:{copy}")
 
 
-def test_a_dataset_with_one_position_group_is_refused_before_the_model_loads(tiny_model_dir, tiny_data: Path, in_tmp: Path) -> None:
+def test_a_dataset_with_one_position_group_is_refused_before_the_model_loads(
+    tiny_model_dir, tiny_data: Path, in_tmp: Path
+) -> None:
     """Case 6: with every query in group "all", PSI was 0 for every config and the uncalibrated model won."""
     copy = copy_of(tiny_data, "all")
     edit_jsonl(copy / "queries.jsonl", lambda queries: [{**q, "group": "all"} for q in queries])
@@ -405,14 +440,19 @@ def test_a_dataset_with_one_position_group_is_refused_before_the_model_loads(tin
 def test_a_group_name_typo_is_refused_naming_the_line(tiny_data: Path) -> None:
     """Case 6: "Begin" became a fourth one-query group and moved PSI from 0.300 to 0.396."""
     copy = copy_of(tiny_data, "typo")
-    edit_jsonl(copy / "queries.jsonl", lambda queries: [{**q, "group": "Begin"} if i == 3 else q for i, q in enumerate(queries)])
+    edit_jsonl(
+        copy / "queries.jsonl",
+        lambda queries: [{**q, "group": "Begin"} if i == 3 else q for i, q in enumerate(queries)],
+    )
     with pytest.raises(ValueError, match=r"queries\.jsonl:4: group 'Begin' is not one of begin, middle, end"):
         load_benchmark(f"jsonl:{copy}")
 
 
 def test_labels_of_ones_own_that_differ_only_in_case_are_refused(tiny_data: Path) -> None:
     copy = copy_of(tiny_data, "own")
-    edit_jsonl(copy / "queries.jsonl", lambda qs: [{**q, "group": ["Top", "top", "bottom"][i % 3]} for i, q in enumerate(qs)])
+    edit_jsonl(
+        copy / "queries.jsonl", lambda qs: [{**q, "group": ["Top", "top", "bottom"][i % 3]} for i, q in enumerate(qs)]
+    )
     with pytest.raises(ValueError, match=r"queries\.jsonl:2: group 'top' differs from 'Top' only in case"):
         load_benchmark(f"jsonl:{copy}")
 
@@ -425,19 +465,26 @@ def test_encode_reads_json_lines_by_any_usual_name(exported_yaml: dict, in_tmp: 
     (in_tmp / "docs.txt").write_text("w1 w2 w3\nw4 w5 w6 w7\n", encoding="utf-8")
     data = lines.encode("utf-8")
     (in_tmp / name).write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
-    succeeds("encode", "--config", str(config), "--input", str(in_tmp / "docs.txt"), "--output", str(in_tmp / "plain.npy"))
+    succeeds(
+        "encode", "--config", str(config), "--input", str(in_tmp / "docs.txt"), "--output", str(in_tmp / "plain.npy")
+    )
     succeeds("encode", "--config", str(config), "--input", str(in_tmp / name), "--output", str(in_tmp / "lines.npy"))
     np.testing.assert_array_equal(np.load(in_tmp / "lines.npy"), np.load(in_tmp / "plain.npy"))
 
 
 @pytest.mark.parametrize(
-    ("line", "got"), [('["a", "b"]', "got ['a', 'b']"), ('{"text": null}', "got 'text' None"), ('{"text": 7}', "got 'text' 7")]
+    ("line", "got"),
+    [('["a", "b"]', "got ['a', 'b']"), ('{"text": null}', "got 'text' None"), ('{"text": 7}', "got 'text' 7")],
 )
-def test_encode_refuses_a_json_line_without_a_text_string(exported_yaml: dict, in_tmp: Path, line: str, got: str) -> None:
+def test_encode_refuses_a_json_line_without_a_text_string(
+    exported_yaml: dict, in_tmp: Path, line: str, got: str
+) -> None:
     """Case 7 and 12: a list line was embedded as its Python repr; null or a number ended in a traceback."""
     config = write_config(in_tmp, exported_yaml)
     (in_tmp / "docs.jsonl").write_text('{"text": "w1"}\n' + line + "\n", encoding="utf-8")
-    output = tune("encode", "--config", str(config), "--input", str(in_tmp / "docs.jsonl"), "--output", str(in_tmp / "o.npy"))
+    output = tune(
+        "encode", "--config", str(config), "--input", str(in_tmp / "docs.jsonl"), "--output", str(in_tmp / "o.npy")
+    )
     assert f"docs.jsonl:2: expected a JSON object with a string 'text' field, {got}" in output
 
 
@@ -449,7 +496,9 @@ def test_encode_refuses_a_json_line_without_a_text_string(exported_yaml: dict, i
         ("calibration__strength", True, "calibration.strength: True is a boolean; write a number"),
     ],
 )
-def test_a_boolean_where_a_number_is_meant_is_refused(exported_yaml: dict, in_tmp: Path, key: str, value: object, message: str) -> None:
+def test_a_boolean_where_a_number_is_meant_is_refused(
+    exported_yaml: dict, in_tmp: Path, key: str, value: object, message: str
+) -> None:
     """Case 10: `layers: true` calibrated all layers and `basket_size: true` meant 1."""
     assert message in encode_with(write_config(in_tmp, exported_yaml, **{key: value}), in_tmp)
 
@@ -460,8 +509,9 @@ def test_a_duplicated_yaml_key_is_refused(exported_yaml: dict, in_tmp: Path) -> 
     text = path.read_text(encoding="utf-8").replace("  strength: 0.5\n", "  strength: 0.5\n  strength: 0.9\n")
     path.write_text(text, encoding="utf-8")
     line = text.splitlines().index("  strength: 0.9") + 1
-    assert f"config.yaml:{line}: key 'strength' appears twice in one mapping (first on line {line - 1}); keep one" in encode_with(
-        path, in_tmp
+    assert (
+        f"config.yaml:{line}: key 'strength' appears twice in one mapping (first on line {line - 1}); keep one"
+        in encode_with(path, in_tmp)
     )
 
 
@@ -486,7 +536,9 @@ def test_exports_and_vectors_are_written_with_the_users_umask(exported_yaml: dic
     try:
         path = write_exported(ExportedConfig.model_validate(exported_yaml), in_tmp / "best.yaml")
         (in_tmp / "docs.txt").write_text("w1 w2\n", encoding="utf-8")
-        succeeds("encode", "--config", str(path), "--input", str(in_tmp / "docs.txt"), "--output", str(in_tmp / "v.npy"))
+        succeeds(
+            "encode", "--config", str(path), "--input", str(in_tmp / "docs.txt"), "--output", str(in_tmp / "v.npy")
+        )
     finally:
         os.umask(previous)
     assert stat.S_IMODE(path.stat().st_mode) == 0o644
@@ -500,7 +552,9 @@ def test_a_yaml_alias_bomb_is_refused_at_once(exported_yaml: dict, in_tmp: Path)
     path = write_config(in_tmp, exported_yaml)
     bomb = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
     bomb += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 8)]  # 9**8: 43 million values
-    path.write_text(path.read_text(encoding="utf-8") + "bomb:\n" + "\n".join("  " + b for b in bomb) + "\n", encoding="utf-8")
+    path.write_text(
+        path.read_text(encoding="utf-8") + "bomb:\n" + "\n".join("  " + b for b in bomb) + "\n", encoding="utf-8"
+    )
     start = time.monotonic()
     output = encode_with(path, in_tmp)
     assert "expands to more than 100,000 values through its aliases" in output
@@ -511,7 +565,10 @@ def test_a_yaml_of_too_many_written_out_values_is_not_called_an_alias_bomb(in_tm
     """A `--space` of 200,000 written-out values was said to expand "through its aliases", which it has none of."""
     (in_tmp / "space.yaml").write_text(f"basket_sizes: [{', '.join(['64'] * 200_000)}]\n", encoding="utf-8")
     output = tune("--space", str(in_tmp / "space.yaml"), "--trials", "1")
-    assert f"--space {in_tmp / 'space.yaml'}: holds more than 100,000 values, far more than any file posfair reads" in output
+    assert (
+        f"--space {in_tmp / 'space.yaml'}: holds more than 100,000 values, far more than any file posfair reads"
+        in output
+    )
     assert "alias" not in output
 
 
@@ -563,7 +620,9 @@ def test_run_options_out_of_range_are_refused_before_any_work(in_tmp: Path) -> N
     """Case 11: these were found only after minutes of work (or every trial failed with the wrong advice)."""
     assert "--bootstrap must be at least 1" in tune("--bootstrap", "-5")
     assert "--profile-docs must be at least 1" in tune("--profile-docs", "0")
-    assert "--max-general-drop must be between 0 and 1" in tune("--general", "wikipos-general", "--max-general-drop", "-1")
+    assert "--max-general-drop must be between 0 and 1" in tune(
+        "--general", "wikipos-general", "--max-general-drop", "-1"
+    )
     assert "Invalid value for '--seed': Input should be greater than or equal to 0" in tune("--seed", "-1")
     assert not (in_tmp / "mlruns").exists()
 
@@ -606,7 +665,9 @@ def test_a_bad_search_space_file_is_one_line_not_a_traceback(in_tmp: Path, text:
     assert message in tune("--space", str(in_tmp / "space.yaml"), "--trials", "1")
 
 
-def test_a_dataset_without_groups_is_refused_before_the_model_loads(tiny_model_dir, tiny_data: Path, in_tmp: Path) -> None:
+def test_a_dataset_without_groups_is_refused_before_the_model_loads(
+    tiny_model_dir, tiny_data: Path, in_tmp: Path
+) -> None:
     """Case 12: a TypeError in the plots, with the MLflow parent run left RUNNING."""
     copy = copy_of(tiny_data, "nogroups")
     edit_jsonl(copy / "queries.jsonl", lambda queries: [{k: v for k, v in q.items() if k != "group"} for q in queries])
@@ -645,7 +706,9 @@ def test_encode_with_an_empty_or_folder_input_is_one_line(exported_yaml: dict, i
     if problem == "config-folder":
         (in_tmp / "docs.txt").write_text("w1\n", encoding="utf-8")
     output = tune("encode", "--config", str(inputs[0]), "--input", str(inputs[1]), "--output", str(in_tmp / "o.npy"))
-    assert {"empty": "holds no texts", "input-folder": "is a folder", "config-folder": "is a folder; give a YAML file"}[problem] in output
+    assert {"empty": "holds no texts", "input-folder": "is a folder", "config-folder": "is a folder; give a YAML file"}[
+        problem
+    ] in output
 
 
 def test_exporting_a_study_tune_did_not_make_is_one_line(in_tmp: Path) -> None:
@@ -661,7 +724,9 @@ def test_exporting_a_study_tune_did_not_make_is_one_line(in_tmp: Path) -> None:
 def test_the_ui_refuses_a_port_out_of_range_and_a_bad_tracking_uri() -> None:
     """Case 12: `tune ui --port 99999` raised OverflowError and exited 0; `--tracking-uri notaurl://x` a traceback."""
     assert "Invalid value for '--port': Input should be less than or equal to 65535" in tune("ui", "--port", "99999")
-    assert "--tracking-uri 'notaurl://x': MLflow cannot use a 'notaurl' store" in tune("ui", "--tracking-uri", "notaurl://x")
+    assert "--tracking-uri 'notaurl://x': MLflow cannot use a 'notaurl' store" in tune(
+        "ui", "--tracking-uri", "notaurl://x"
+    )
 
 
 def test_a_bad_tracking_uri_is_refused_before_a_run_starts(in_tmp: Path) -> None:
@@ -682,7 +747,10 @@ def test_a_reversed_span_is_called_reversed(tiny_data: Path) -> None:
     copy = copy_of(tiny_data, "rev")
     edit_jsonl(
         copy / "queries.jsonl",
-        lambda queries: [{**{k: v for k, v in q.items() if k != "group"}, "span": [9, 2]} if i == 0 else q for i, q in enumerate(queries)],
+        lambda queries: [
+            {**{k: v for k, v in q.items() if k != "group"}, "span": [9, 2]} if i == 0 else q
+            for i, q in enumerate(queries)
+        ],
     )
     with pytest.raises(ValueError, match=r"queries\.jsonl:1: span \[9, 2\] ends before it starts"):
         load_benchmark(f"jsonl:{copy}")
@@ -695,7 +763,9 @@ def test_a_reversed_span_is_called_reversed(tiny_data: Path) -> None:
         ({"d0": 0.5}, r"queries\.jsonl:1: document 'd0': relevance 0.5 is not a whole number"),
     ],
 )
-def test_a_grade_that_is_not_a_whole_number_is_refused_naming_the_line(tiny_data: Path, relevant: dict, message: str) -> None:
+def test_a_grade_that_is_not_a_whole_number_is_refused_naming_the_line(
+    tiny_data: Path, relevant: dict, message: str
+) -> None:
     """Case 13: grade "high" gave a bare `invalid literal for int()`; 0.5 became 0."""
     copy = copy_of(tiny_data, "grade")
     edit_jsonl(copy / "queries.jsonl", lambda queries: [{**queries[0], "relevant": relevant}, *queries[1:]])
@@ -766,7 +836,9 @@ def test_encode_never_replaces_something_that_is_not_a_regular_file(exported_yam
     config = write_config(in_tmp, exported_yaml)
     (in_tmp / "docs.txt").write_text("w1 w2\n", encoding="utf-8")
     os.mkfifo(in_tmp / "pipe")
-    assert "is a named pipe, not a file posfair may replace" in tune(*encode_args(config, in_tmp / "docs.txt", in_tmp / "pipe"))
+    assert "is a named pipe, not a file posfair may replace" in tune(
+        *encode_args(config, in_tmp / "docs.txt", in_tmp / "pipe")
+    )
     assert stat.S_ISFIFO((in_tmp / "pipe").stat().st_mode)
     with pytest.raises(ValueError, match="/dev/null is a character device"):
         check_replaceable(Path("/dev/null"), "--output")
@@ -816,7 +888,9 @@ def test_json_lines_accept_raw_separators_inside_strings(tiny_data: Path, in_tmp
     """Issue 24: valid JSON Lines with a raw U+2028 or U+0085 inside a string were refused as invalid JSON."""
     from tuner.data.texts import read_texts
 
-    (in_tmp / "docs.jsonl").write_text(json.dumps({"text": f"a{separator}b"}, ensure_ascii=False) + "\n", encoding="utf-8")
+    (in_tmp / "docs.jsonl").write_text(
+        json.dumps({"text": f"a{separator}b"}, ensure_ascii=False) + "\n", encoding="utf-8"
+    )
     assert read_texts(in_tmp / "docs.jsonl") == [f"a{separator}b"]
     copy = copy_of(tiny_data, "separator")
     edit_jsonl(copy / "corpus.jsonl", lambda docs: [{**docs[0], "text": docs[0]["text"] + separator + "x"}, *docs[1:]])
@@ -846,7 +920,8 @@ def test_a_lone_surrogate_is_refused_naming_file_line_and_id(tiny_data: Path, in
 
 @pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
 def test_a_nan_or_infinite_grade_is_refused_naming_the_line(tiny_data: Path, constant: str) -> None:
-    """Issue 24: NaN / Infinity grades ended in a bare `cannot convert float NaN to integer` or an OverflowError traceback."""
+    """Issue 24: NaN / Infinity grades ended in a bare `cannot convert float NaN to integer` or an OverflowError
+    traceback."""
     copy = copy_of(tiny_data, "nan")
     lines = (copy / "queries.jsonl").read_text(encoding="utf-8").splitlines()
     lines[1] = lines[1].replace('"relevant": ["d0"]', f'"relevant": {{"d0": {constant}}}')
@@ -864,9 +939,12 @@ def test_a_span_on_an_empty_document_names_file_and_line(tiny_data: Path) -> Non
     copy = copy_of(tiny_data, "emptyspan")
     edit_jsonl(copy / "corpus.jsonl", lambda docs: [{**docs[0], "text": ""}, *docs[1:]])
     edit_jsonl(
-        copy / "queries.jsonl", lambda queries: [{**{k: v for k, v in queries[0].items() if k != "group"}, "span": [0, 0]}, *queries[1:]]
+        copy / "queries.jsonl",
+        lambda queries: [{**{k: v for k, v in queries[0].items() if k != "group"}, "span": [0, 0]}, *queries[1:]],
     )
-    with pytest.raises(ValueError, match=r"queries\.jsonl:1: query 'q0-begin' has a span in document 'd0', which is empty"):
+    with pytest.raises(
+        ValueError, match=r"queries\.jsonl:1: query 'q0-begin' has a span in document 'd0', which is empty"
+    ):
         load_benchmark(f"jsonl:{copy}")
 
 
@@ -974,7 +1052,9 @@ def test_a_study_tuned_with_remote_code_registers_a_model_that_loads(tiny_data: 
     from tuner.tracking.registry import registered_name
 
     folder = save_custom_code(in_tmp / "custom")
-    succeeds(*tiny_run(folder, tiny_data, "--trust-remote-code", "--trials", "1", "--output", str(in_tmp / "best.yaml")))
+    succeeds(
+        *tiny_run(folder, tiny_data, "--trust-remote-code", "--trials", "1", "--output", str(in_tmp / "best.yaml"))
+    )
     mlflow.set_tracking_uri(f"sqlite:///{in_tmp / 'mlruns' / 'mlflow.db'}")
     try:
         champion = mlflow.pyfunc.load_model(f"models:/{registered_name(str(folder))}@champion")
@@ -985,13 +1065,19 @@ def test_a_study_tuned_with_remote_code_registers_a_model_that_loads(tiny_data: 
 
 
 @pytest.mark.parametrize("which", ["the same set", "a copy", "shared passages"])
-def test_a_heldout_set_that_overlaps_the_tuning_data_is_refused(tiny_model_dir, tiny_data: Path, in_tmp: Path, which: str) -> None:
-    """Issue 24: `--heldout` equal to `--dataset` was accepted, and the tuning split reported and exported as held out."""
+def test_a_heldout_set_that_overlaps_the_tuning_data_is_refused(
+    tiny_model_dir, tiny_data: Path, in_tmp: Path, which: str
+) -> None:
+    """Issue 24: `--heldout` equal to `--dataset` was accepted, and the tuning split reported and exported as held
+    out."""
     held = tiny_data
     if which != "the same set":
         held = copy_of(tiny_data, "held")
         if which == "shared passages":  # one query of its own on one of the tuning passages, the rest new
-            edit_jsonl(held / "queries.jsonl", lambda queries: [{**q, "id": f"h{q['id']}", "text": q["text"] + " x"} for q in queries])
+            edit_jsonl(
+                held / "queries.jsonl",
+                lambda queries: [{**q, "id": f"h{q['id']}", "text": q["text"] + " x"} for q in queries],
+            )
     args = tiny_run(tiny_model_dir("bert"), tiny_data)
     args[args.index("--heldout") + 1] = f"jsonl:{held}"
     output = tune(*args)
@@ -999,11 +1085,16 @@ def test_a_heldout_set_that_overlaps_the_tuning_data_is_refused(tiny_model_dir, 
     assert not (in_tmp / "mlruns").exists()
 
 
-def test_a_stratum_with_too_few_queries_per_group_is_refused_before_the_model_loads(tiny_model_dir, tiny_data: Path, in_tmp: Path) -> None:
+def test_a_stratum_with_too_few_queries_per_group_is_refused_before_the_model_loads(
+    tiny_model_dir, tiny_data: Path, in_tmp: Path
+) -> None:
     """Issue 24: a stratum of one query weighed as much as one of 107 (HM above every group's nDCG@10, PSI halved),
     without a warning; and the failed start left a study that refused the fixed rerun."""
     copy = copy_of(tiny_data, "stratum")
-    edit_jsonl(copy / "queries.jsonl", lambda queries: [{**q, "stratum": "short" if i == 0 else "long"} for i, q in enumerate(queries)])
+    edit_jsonl(
+        copy / "queries.jsonl",
+        lambda queries: [{**q, "stratum": "short" if i == 0 else "long"} for i, q in enumerate(queries)],
+    )
     output = tune(*tiny_run(tiny_model_dir("bert"), copy))
     assert "stratum 'short' has 1 query in group 'begin', 0 in 'middle', 0 in 'end'" in output
     assert "at least 3 per group" in output
@@ -1018,14 +1109,19 @@ def test_a_stratum_on_some_queries_only_is_refused_before_the_model_loads_leavin
     """A stratum that covered only part of the queries failed after the model loaded (the metrics refused it),
     and left mlruns/optuna.db behind."""
     copy = copy_of(tiny_data, "partial-stratum")
-    edit_jsonl(copy / "queries.jsonl", lambda queries: [{**q, "stratum": "long"} if i < 18 else q for i, q in enumerate(queries)])
+    edit_jsonl(
+        copy / "queries.jsonl",
+        lambda queries: [{**q, "stratum": "long"} if i < 18 else q for i, q in enumerate(queries)],
+    )
     output = tune(*tiny_run(tiny_model_dir("bert"), copy))
     assert "18 of its 36 queries with a position group have no stratum (e.g. 'q6-begin')" in output
     assert "give each of them a 'stratum', or drop 'stratum' from every query" in output
     assert not (in_tmp / "mlruns").exists()
 
 
-def test_resuming_a_study_with_its_constraints_or_side_sets_changed_is_refused(tiny_model_dir, tiny_data: Path, in_tmp: Path) -> None:
+def test_resuming_a_study_with_its_constraints_or_side_sets_changed_is_refused(
+    tiny_model_dir, tiny_data: Path, in_tmp: Path
+) -> None:
     """Issue 24: a study resumed with `--general --max-general-drop` added kept its earlier trials, never scored on
     the general set, eligible to win."""
     general = write_dataset(in_tmp / "general", docs=6, seed=2)
@@ -1045,7 +1141,8 @@ def test_resuming_a_study_with_its_constraints_or_side_sets_changed_is_refused(t
     ],
 )
 def test_a_search_space_with_duplicates_or_a_ragged_grid_is_refused(in_tmp: Path, text: str, message: str) -> None:
-    """Issue 24: duplicate --space values and a step that does not divide [0, 1] were accepted, with raw Optuna warnings."""
+    """Issue 24: duplicate --space values and a step that does not divide [0, 1] were accepted, with raw Optuna
+    warnings."""
     (in_tmp / "space.yaml").write_text(text, encoding="utf-8")
     assert message in tune("--space", str(in_tmp / "space.yaml"), "--trials", "1")
     assert not (in_tmp / "mlruns").exists()
@@ -1107,7 +1204,9 @@ def test_a_full_disk_at_export_leaves_no_file_no_registry_version_and_a_failed_p
     tracking = f"sqlite:///{in_tmp / 'mlruns' / 'mlflow.db'}"
     client = MlflowClient(tracking, registry_uri=tracking)
     assert client.search_model_versions() == []
-    parent = client.search_runs([client.get_experiment_by_name("posfair").experiment_id], "tags.`posfair.role` = 'study'")[0]
+    parent = client.search_runs(
+        [client.get_experiment_by_name("posfair").experiment_id], "tags.`posfair.role` = 'study'"
+    )[0]
     assert parent.info.status == "FAILED" and "No space left on device" in parent.data.tags["posfair.outcome"]
     # `tune export` of that study on the same full disk: the parent run it reopened is closed FAILED, not left RUNNING
     output = tune("export", "--study-name", parent.data.tags["posfair.study"], "--output", str(in_tmp / "again.yaml"))
@@ -1124,7 +1223,9 @@ def tables(database: Path) -> set[str]:
 
 
 @pytest.mark.parametrize("crossed", ["--storage at MLflow's store", "--tracking-uri at the study database"])
-def test_crossed_stores_are_recognised_before_anything_is_written(tiny_model_dir, tiny_data: Path, in_tmp: Path, crossed: str) -> None:
+def test_crossed_stores_are_recognised_before_anything_is_written(
+    tiny_model_dir, tiny_data: Path, in_tmp: Path, crossed: str
+) -> None:
     """`--storage` at `mlflow.db` (or `--tracking-uri` at `optuna.db`) ended in misleading errors and left the other
     tool's tables in the file."""
     import optuna
@@ -1172,7 +1273,9 @@ def test_a_full_disk_during_tune_encode_says_so_in_one_line_and_leaves_no_file(
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(np, "save", full_disk)
-    output = tune("encode", "--config", str(config), "--input", str(in_tmp / "docs.txt"), "--output", str(in_tmp / "out.npy"))
+    output = tune(
+        "encode", "--config", str(config), "--input", str(in_tmp / "docs.txt"), "--output", str(in_tmp / "out.npy")
+    )
     assert f"cannot write {in_tmp / 'out.npy'}: No space left on device; nothing written (no partial file)" in output
     assert "Free space on its disk" in output
     assert sorted(p.name for p in in_tmp.iterdir()) == ["config.yaml", "docs.txt"]
@@ -1213,13 +1316,17 @@ def test_a_full_disk_under_the_study_database_mid_study_says_so_in_one_line_and_
 
     database = in_tmp / "study.db"
     with full_after_trials(2, monkeypatch):
-        output = tune(*tiny_run(tiny_model_dir("bert"), tiny_data, "--trials", "6", "--storage", f"sqlite:///{database}"))
+        output = tune(
+            *tiny_run(tiny_model_dir("bert"), tiny_data, "--trials", "6", "--storage", f"sqlite:///{database}")
+        )
     assert "Should not reach" not in output and "Traceback" not in output
     assert f"the study database {database} is on a full disk (database or disk is full)" in output, output[-2000:]
     assert "Free space on its disk, then run the same command again to resume" in output
     tracking = f"sqlite:///{in_tmp / 'mlruns' / 'mlflow.db'}"
     client = MlflowClient(tracking)
-    parent = client.search_runs([client.get_experiment_by_name("posfair").experiment_id], "tags.`posfair.role` = 'study'")[0]
+    parent = client.search_runs(
+        [client.get_experiment_by_name("posfair").experiment_id], "tags.`posfair.role` = 'study'"
+    )[0]
     assert parent.info.status == "FAILED" and "full disk" in parent.data.tags["posfair.outcome"]
 
 
@@ -1236,7 +1343,10 @@ def test_a_study_database_locked_by_another_process_is_said_within_seconds_and_g
 
     database = in_tmp / "study.db"
     optuna.storages.RDBStorage(f"sqlite:///{database}")
-    hold = "import sqlite3, sys, time; c = sqlite3.connect(sys.argv[1], isolation_level=None); c.execute('BEGIN EXCLUSIVE'); print('held', flush=True); time.sleep(60)"
+    hold = (
+        "import sqlite3, sys, time; c = sqlite3.connect(sys.argv[1], isolation_level=None); "
+        "c.execute('BEGIN EXCLUSIVE'); print('held', flush=True); time.sleep(60)"
+    )
     holder = subprocess.Popen([sys.executable, "-c", hold, str(database)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "held\n"
@@ -1247,7 +1357,9 @@ def test_a_study_database_locked_by_another_process_is_said_within_seconds_and_g
     finally:
         holder.kill()
         holder.wait()
-    assert f"{database} is locked by another process: waited 1.5 s so far, giving up after 3 s" in output, output[-2000:]
+    assert f"{database} is locked by another process: waited 1.5 s so far, giving up after 3 s" in output, output[
+        -2000:
+    ]
     assert f"the study database {database} stayed locked by another process for 3 s" in output
     assert f"fuser {database}" in output and took < 60
     with sqlite3.connect(database) as connection:  # nothing was written past the lock

@@ -12,7 +12,13 @@ from tests.tiny import random_texts
 from tuner.data import PositionalDataset
 from tuner.engine.encoder import CalibratedEncoder
 from tuner.engine.models import LoadedModel, load_model
-from tuner.report.baselines import ModelChunker, segment_embed_average, shuffle_corpus, shuffle_sentences, split_sentences
+from tuner.report.baselines import (
+    ModelChunker,
+    segment_embed_average,
+    shuffle_corpus,
+    shuffle_sentences,
+    split_sentences,
+)
 
 CHUNK_TOKENS = 12
 
@@ -21,7 +27,8 @@ def punctuated(sentences: int, seed: int) -> str:
     """`sentences` sentences of 4-8 words each, ending in a full stop."""
     rng = random.Random(seed)
     return " ".join(
-        " ".join(rng.choice(["w1", "w2", "w3", "w4", "w5", "w6", "w7"]) for _ in range(rng.randint(4, 8))) + "." for _ in range(sentences)
+        " ".join(rng.choice(["w1", "w2", "w3", "w4", "w5", "w6", "w7"]) for _ in range(rng.randint(4, 8))) + "."
+        for _ in range(sentences)
     )
 
 
@@ -68,7 +75,9 @@ SENTENCES = [words(1, 11) + ". ", words(20, 11) + ". ", words(40, 6) + "."]
 
 def test_sea_is_the_normalised_mean_of_the_plain_chunk_vectors(tiny: LoadedModel) -> None:
     assert [token_count(tiny, s) for s in SENTENCES] == [12, 12, 7]
-    vectors, truncated = segment_embed_average(tiny, ["".join(SENTENCES), SHORT], chunk_tokens=CHUNK_TOKENS, batch_size=4)
+    vectors, truncated = segment_embed_average(
+        tiny, ["".join(SENTENCES), SHORT], chunk_tokens=CHUNK_TOKENS, batch_size=4
+    )
     mean = np.mean([plain_mean_pooled(tiny, sentence) for sentence in SENTENCES], axis=0)
     assert truncated == 0
     assert np.abs(vectors[0] - mean / np.linalg.norm(mean)).max() < 1e-5

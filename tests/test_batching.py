@@ -87,7 +87,12 @@ def bge_m3_shaped(dtype: torch.dtype, device: str) -> LoadedModel:
             return torch.device(device)
 
     config = XLMRobertaConfig(
-        hidden_size=1024, num_attention_heads=16, intermediate_size=4096, num_hidden_layers=24, max_position_embeddings=8194, pad_token_id=1
+        hidden_size=1024,
+        num_attention_heads=16,
+        intermediate_size=4096,
+        num_hidden_layers=24,
+        max_position_embeddings=8194,
+        pad_token_id=1,
     )
     model = SimpleNamespace(config=config, dtype=dtype)
     placed = Placed(REGISTRY["bge-m3"], model, SimpleNamespace(model_max_length=8192), "test")  # type: ignore[arg-type]
@@ -96,7 +101,9 @@ def bge_m3_shaped(dtype: torch.dtype, device: str) -> LoadedModel:
 
 
 @pytest.mark.parametrize(("free_gib", "passages"), [(80, 64), (16, 16)])
-def test_on_a_gpu_bge_m3_gets_as_many_8k_passages_as_fit_half_the_free_memory(monkeypatch, free_gib: int, passages: int) -> None:
+def test_on_a_gpu_bge_m3_gets_as_many_8k_passages_as_fit_half_the_free_memory(
+    monkeypatch, free_gib: int, passages: int
+) -> None:
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free_gib * GiB, 141 * GiB))
     model = bge_m3_shaped(torch.bfloat16, "cuda")
     # One 8,192-token passage: hidden states and FFN of a layer in bf16, 8192 × (6·1024 + 2·4096) × 2 bytes; the
@@ -146,7 +153,9 @@ WHOLE_MODEL_TOLERANCE = {torch.bfloat16: 5e-2, torch.float16: 5e-3}
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(("kind", "pooling"), [("xlmr", "cls"), ("qwen3", "last")])
-def test_half_precision_models_encode_and_resume_like_full_passes(tmp_path, dtype: torch.dtype, kind: str, pooling: str) -> None:
+def test_half_precision_models_encode_and_resume_like_full_passes(
+    tmp_path, dtype: torch.dtype, kind: str, pooling: str
+) -> None:
     folder = save_tiny(kind, tmp_path / kind, initializer_range=0.5)
     model = load_model(str(folder), pooling=pooling, dtype=dtype, device="cpu")
     assert model.model.dtype == dtype
@@ -155,12 +164,16 @@ def test_half_precision_models_encode_and_resume_like_full_passes(tmp_path, dtyp
     got = CalibratedEncoder(model, config).encode(texts, batch_size=4)
     assert got.dtype == np.float32 and np.allclose(np.linalg.norm(got, axis=1), 1, atol=1e-5)
     oracle = dataclasses.replace(model, model=load_as(folder, register_reference(), dtype=dtype))
-    assert np.abs(got - CalibratedEncoder(oracle, config).encode(texts, batch_size=4)).max() < WHOLE_MODEL_TOLERANCE[dtype]
+    assert (
+        np.abs(got - CalibratedEncoder(oracle, config).encode(texts, batch_size=4)).max() < WHOLE_MODEL_TOLERANCE[dtype]
+    )
 
     # A trial resumed from half-precision layer inputs cached by the baseline pass equals the full pass.
     from tuner.data import PositionalDataset
 
-    dataset = PositionalDataset("half", {f"d{i}": t for i, t in enumerate(texts)}, {"q": texts[0][:20]}, {"q": {"d0": 1}})
+    dataset = PositionalDataset(
+        "half", {f"d{i}": t for i, t in enumerate(texts)}, {"q": texts[0][:20]}, {"q": {"d0": 1}}
+    )
     evaluator = Evaluator(model, dataset, batch_size=4, cache_dir=tmp_path / "cache", prefix_layers=[1, 2])
     evaluator.run(None)
     vectors, _ = evaluator.document_vectors(config)
@@ -177,7 +190,9 @@ def test_copies_to_a_gpu_go_through_pinned_memory_without_blocking_the_host(monk
     monkeypatch.setattr(
         torch.Tensor,
         "pin_memory",
-        lambda self: SimpleNamespace(to=lambda device, non_blocking=False: copies.append((device, non_blocking)) or "on the gpu"),
+        lambda self: SimpleNamespace(
+            to=lambda device, non_blocking=False: copies.append((device, non_blocking)) or "on the gpu"
+        ),
     )
     assert to_device(tokens, torch.device("cuda", 1)) == "on the gpu"
     assert copies == [(torch.device("cuda", 1), True)]

@@ -34,7 +34,12 @@ def test_with_nothing_feasible_known_the_search_gallops_down_2_4_8_grid_steps():
     """Down from the top in small steps first: an over-correcting probe is cheap (pruned at the first rung), a
     feasible one costs a full trial; the steps double, so a boundary far down costs a few probes, not a walk."""
     assert next_strength([over(0.8)], STEP)[:4] == (0.7, None, 0.8, None)
-    assert next_strength([over(0.8), over(0.7)], STEP)[:4] == (0.5, None, 0.7, None)  # from the weakest over-correcting λ
+    assert next_strength([over(0.8), over(0.7)], STEP)[:4] == (
+        0.5,
+        None,
+        0.7,
+        None,
+    )  # from the weakest over-correcting λ
     assert next_strength([over(0.95), over(0.85), over(0.65)], STEP)[:4] == (0.25, None, 0.65, None)
     assert next_strength([over(0.7), over(0.6), over(0.4)], STEP) is None  # 0.4 - 8 steps: λ 0, no calibration
     assert next_strength([over(0.1)], STEP) is None
@@ -44,7 +49,8 @@ def test_a_queued_trial_says_why_it_runs() -> None:
     from tuner.tuning.bisection import describe_queued
 
     assert describe_queued({"of": 4, "feasible": 0.55, "too_strong": 0.7, "because": "reverses the bias"}) == (
-        "queued by λ bisection after trial 4: the same config, between λ 0.55, feasible, and λ 0.7, which reverses the bias"
+        "queued by λ bisection after trial 4: the same config, between λ 0.55, feasible, and λ 0.7, "
+        "which reverses the bias"
     )
     assert describe_queued(
         {"of": 2, "feasible": None, "too_strong": 1.0, "because": "is over the drift limit", "drift_ceiling": 0.5442}
@@ -54,7 +60,9 @@ def test_a_queued_trial_says_why_it_runs() -> None:
     )
 
 
-def test_a_lambda_that_only_missed_the_drift_limit_is_said_to_be_over_it_not_to_over_correct(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_lambda_that_only_missed_the_drift_limit_is_said_to_be_over_it_not_to_over_correct(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """Seed 0's trial 4 (λ 0.4): crops tilt −17.4, not reversed, nDCG@10 within noise, over the drift limit only."""
     caplog.set_level(logging.INFO, logger="tuner.tuning.bisection")
     study = optuna.create_study()
@@ -122,7 +130,9 @@ def test_a_lambda_the_drift_puts_over_the_limit_is_never_probed():
 
 @pytest.mark.parametrize("exponent", [1.9, 2.2, 2.8])
 @pytest.mark.parametrize("limit", [0.004, 0.011, 0.02, 0.05])
-def test_bisection_with_the_drift_ceiling_finds_the_same_boundary_in_no_more_probes(exponent: float, limit: float) -> None:
+def test_bisection_with_the_drift_ceiling_finds_the_same_boundary_in_no_more_probes(
+    exponent: float, limit: float
+) -> None:
     """A family whose only over-correction is its drift, c · λ^p with p in the measured range (1.88-2.83), from λ 1:
     the search that knows the law ends at the strongest λ of the grid within the limit, in no more probes than the
     plain one, which ends there too unless its gallop overshoots λ 0 and gives the family up (a limit far down)."""
@@ -151,24 +161,33 @@ def test_an_over_correcting_trial_queues_its_own_config_weaker_once(caplog: pyte
     for name, value in params.items():
         trial.suggest_categorical(name, [value])
     trial.set_user_attr("basket_shares", "equal")
-    assert queue_next(study, trial, {"reversal": 0.02}, complete=False, step=STEP, worst_psi=0.21, best=0.2) is None  # weaker: less fair
-    assert queue_next(study, trial, {"hm_floor": -0.01, "reversal": 0.02}, False, STEP, worst_psi=0.15, best=0.2) == pytest.approx(0.7)
+    assert (
+        queue_next(study, trial, {"reversal": 0.02}, complete=False, step=STEP, worst_psi=0.21, best=0.2) is None
+    )  # weaker: less fair
+    assert queue_next(
+        study, trial, {"hm_floor": -0.01, "reversal": 0.02}, False, STEP, worst_psi=0.15, best=0.2
+    ) == pytest.approx(0.7)
     said = [r.getMessage() for r in caplog.records if r.name == "tuner.tuning.bisection"]
     assert said == [
-        "trial 0: λ bisection stops: worst-case PSI 0.210 is above the best trial's 0.200 already, and weaker is less fair",
+        "trial 0: λ bisection stops: worst-case PSI 0.210 is above the best trial's 0.200 already, "
+        "and weaker is less fair",
         "trial 0: λ bisection queued the same config at λ 0.7 (below λ 0.8, which reverses the bias)",
     ]
     waiting = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
     assert len(waiting) == 1 and waiting[0].system_attrs["fixed_params"] == params | {"strength": 0.7}
     record = {"of": 0, "feasible": None, "too_strong": 0.8, "because": "reverses the bias"}
     assert waiting[0].user_attrs == {BISECT_ATTR: record, "basket_shares": "equal"}
-    assert queue_next(study, trial, {"reversal": 0.02}, False, STEP, worst_psi=0.15, best=None) is None  # queued already: not twice
+    assert (
+        queue_next(study, trial, {"reversal": 0.02}, False, STEP, worst_psi=0.15, best=None) is None
+    )  # queued already: not twice
     assert (
         queue_next(study, trial, {"hm_floor": 0.01, "reversal": -0.1}, True, STEP, worst_psi=0.15, best=None) is None
     )  # not over-correcting
 
 
-def test_a_real_study_runs_the_queued_weaker_config_next_and_counts_it(tiny_model_dir, tmp_path, monkeypatch, caplog) -> None:
+def test_a_real_study_runs_the_queued_weaker_config_next_and_counts_it(
+    tiny_model_dir, tmp_path, monkeypatch, caplog
+) -> None:
     """Through `tune`: the paper default (trial 1, λ 0.5) misses a constraint counted as over-correction here (the
     HM floor, set out of reach), so trial 2 is the same config at λ 0.4, queued by trial 1, run and counted. The
     console says trial 1's result first, then what it queued, then the study's progress."""
@@ -181,13 +200,22 @@ def test_a_real_study_runs_the_queued_weaker_config_next_and_counts_it(tiny_mode
 
     monkeypatch.setattr(tuner.tuning.bisection, "OVER_CORRECTION", ("hm_floor",))
     settings = tiny_study(
-        tiny_model_dir("bert"), write_dataset(tmp_path / "data"), tmp_path, "bisect", trials=3, hm_floor="+50%", budget=None, prune=False
+        tiny_model_dir("bert"),
+        write_dataset(tmp_path / "data"),
+        tmp_path,
+        "bisect",
+        trials=3,
+        hm_floor="+50%",
+        budget=None,
+        prune=False,
     )
     with pytest.raises(NoFeasibleTrialError), caplog.at_level("INFO", logger="tuner"):  # nothing reaches the floor
         tune(settings)
     said = [r.getMessage() for r in caplog.records]
     result = next(i for i, line in enumerate(said) if line.startswith("trial 1: "))
-    queued = next(i for i, line in enumerate(said) if line.startswith("trial 1: λ bisection queued the same config at λ 0.4"))
+    queued = next(
+        i for i, line in enumerate(said) if line.startswith("trial 1: λ bisection queued the same config at λ 0.4")
+    )
     progress = next(i for i, line in enumerate(said) if line.startswith("after trial 1: "))
     assert result < queued < progress, said[result - 1 : progress + 1]
     trials = optuna.load_study(study_name="bisect", storage=settings.storage).trials
@@ -197,11 +225,22 @@ def test_a_real_study_runs_the_queued_weaker_config_next_and_counts_it(tiny_mode
     assert sum(counted(t) for t in trials) == 3 and trials[2].state == optuna.trial.TrialState.COMPLETE
     client = MlflowClient(settings.tracking_uri)
     experiment = client.get_experiment_by_name("posfair")
-    (run,) = client.search_runs([experiment.experiment_id], "tags.`posfair.trial` = '2' and tags.`posfair.role` = 'trial'")
-    assert run.data.tags["posfair.bisect"] == "queued by λ bisection after trial 1: the same config, below λ 0.5, which misses the HM floor"
-    # trial 2 queued λ 0.2 as well (galloping: 4 steps below 0.4), which the study ended before running: withdrawn, nothing is left waiting
-    assert [t.state for t in trials[3:]] == [optuna.trial.TrialState.FAIL] and never_ran(trials[3])  # not a pruned trial
-    assert trials[3].system_attrs["fixed_params"]["strength"] == pytest.approx(0.2) and trials[3].user_attrs[BISECT_ATTR]["of"] == 2
+    (run,) = client.search_runs(
+        [experiment.experiment_id], "tags.`posfair.trial` = '2' and tags.`posfair.role` = 'trial'"
+    )
+    assert (
+        run.data.tags["posfair.bisect"]
+        == "queued by λ bisection after trial 1: the same config, below λ 0.5, which misses the HM floor"
+    )
+    # trial 2 queued λ 0.2 as well (galloping: 4 steps below 0.4), which the study ended before running: withdrawn,
+    # nothing is left waiting
+    assert [t.state for t in trials[3:]] == [optuna.trial.TrialState.FAIL] and never_ran(
+        trials[3]
+    )  # not a pruned trial
+    assert (
+        trials[3].system_attrs["fixed_params"]["strength"] == pytest.approx(0.2)
+        and trials[3].user_attrs[BISECT_ATTR]["of"] == 2
+    )
 
 
 def test_a_queued_trial_a_worker_has_taken_is_not_withdrawn(caplog: pytest.LogCaptureFixture) -> None:
@@ -219,7 +258,10 @@ def test_a_queued_trial_a_worker_has_taken_is_not_withdrawn(caplog: pytest.LogCa
     ]
     states = [t.state for t in study.get_trials()]
     assert states == [optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.FAIL, optuna.trial.TrialState.WAITING]
-    assert taken.number == 0 and study.get_trials()[1].user_attrs[NOT_RUN_ATTR] == "the study ended before this queued trial ran"
+    assert (
+        taken.number == 0
+        and study.get_trials()[1].user_attrs[NOT_RUN_ATTR] == "the study ended before this queued trial ran"
+    )
 
 
 def test_a_surplus_draw_that_never_ran_is_no_probe_so_a_resume_can_queue_it_again() -> None:
@@ -250,14 +292,24 @@ def test_a_family_is_left_once_a_probe_is_no_fairer_than_the_best_trial_though_w
     study = optuna.create_study()
     for psi, se, floor_gap in ((0.299, 0.033, 0.0), (0.194, 0.037, -0.009)):  # the baseline, the paper default
         attrs = {"psi": psi, "psi_se": se, "hm": 0.57}
-        study.add_trial(optuna.trial.create_trial(value=psi, user_attrs=attrs, system_attrs={"constraints:hm_floor": floor_gap}))
-    assert best_objective(study) == pytest.approx(0.194) and selection_threshold(study, "one-se") == pytest.approx(0.231)
+        study.add_trial(
+            optuna.trial.create_trial(value=psi, user_attrs=attrs, system_attrs={"constraints:hm_floor": floor_gap})
+        )
+    assert best_objective(study) == pytest.approx(0.194) and selection_threshold(study, "one-se") == pytest.approx(
+        0.231
+    )
     trial = study.ask()
     for name, value in {"strength": 0.35, "depth": "50%", "basket_size": 64, "variant": "uniform"}.items():
         trial.suggest_categorical(name, [value])
     trial.set_user_attr("basket_shares", "equal")
-    assert queue_next(study, trial, {"structure_ndcg": 0.007}, False, STEP, worst_psi=0.219, best=best_objective(study)) is None
-    assert queue_next(study, trial, {"structure_ndcg": 0.007}, False, STEP, worst_psi=0.180, best=best_objective(study)) == 0.25
+    assert (
+        queue_next(study, trial, {"structure_ndcg": 0.007}, False, STEP, worst_psi=0.219, best=best_objective(study))
+        is None
+    )
+    assert (
+        queue_next(study, trial, {"structure_ndcg": 0.007}, False, STEP, worst_psi=0.180, best=best_objective(study))
+        == 0.25
+    )
 
 
 SEED4_FAMILY = {"strength": 0.3, "depth": "25%", "basket_size": 256, "variant": "cls_hard"}
@@ -307,18 +359,29 @@ def test_a_probe_the_drift_ceiling_placed_says_so_in_its_record_and_the_log(capl
     λ 0.7, so the midpoint is taken towards it: (0.3 + 0.4604) / 2 = 0.38, λ 0.35 on the grid."""
     caplog.set_level(logging.INFO, logger="tuner.tuning.bisection")
     study, trial = seed4_family({"openings": {"psi": 0.13, "drift": 0.0189}})
-    assert queue_next(study, trial, {"drift": 1.3}, False, STEP, 0.07, 0.2, {}, {"openings": 0.04}) == pytest.approx(0.35)
+    assert queue_next(study, trial, {"drift": 1.3}, False, STEP, 0.07, 0.2, {}, {"openings": 0.04}) == pytest.approx(
+        0.35
+    )
     waiting = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
-    record = {"of": 1, "feasible": 0.3, "too_strong": 0.7, "because": "is over the drift limit", "drift_ceiling": 0.4604}
+    record = {
+        "of": 1,
+        "feasible": 0.3,
+        "too_strong": 0.7,
+        "because": "is over the drift limit",
+        "drift_ceiling": 0.4604,
+    }
     assert waiting[0].user_attrs[BISECT_ATTR] == record
     assert [r.getMessage() for r in caplog.records if r.name == "tuner.tuning.bisection"] == [
-        "trial 1: λ bisection queued the same config at λ 0.35 (between λ 0.3, feasible, and λ 0.7, which is over the drift limit; "
+        "trial 1: λ bisection queued the same config at λ 0.35 (between λ 0.3, feasible, and λ 0.7, "
+        "which is over the drift limit; "
         "the drift measured puts every λ above 0.46 over the drift limit)"
     ]
 
 
 @pytest.mark.parametrize("max_drift", [2.0, None])
-def test_a_trial_s_objective_hands_its_drift_and_the_paper_default_s_yardstick_to_the_bisection(max_drift: float | None) -> None:
+def test_a_trial_s_objective_hands_its_drift_and_the_paper_default_s_yardstick_to_the_bisection(
+    max_drift: float | None,
+) -> None:
     """The wiring in `TrialObjective`: the limits are --max-drift times the paper default's drift per structure (seed
     4's: 0.0122 on the openings, so 0.0244), and the trial's own drift per structure joins its family's probes."""
     from types import SimpleNamespace
@@ -330,7 +393,11 @@ def test_a_trial_s_objective_hands_its_drift_and_the_paper_default_s_yardstick_t
 
     study, trial = seed4_family({"dev-openings": {"psi": 0.13, "drift": 0.0189}})
     made = object.__new__(TrialObjective)  # only what the bisection step reads
-    made.bisect, made.space, made.yardstick = True, SearchSpace(), DriftYardstick(Constraints(0.5, max_drift=max_drift), 0.0, 0.0)
+    made.bisect, made.space, made.yardstick = (
+        True,
+        SearchSpace(),
+        DriftYardstick(Constraints(0.5, max_drift=max_drift), 0.0, 0.0),
+    )
     made.said_after = {}
     made.yardstick.own, made.yardstick.reference = False, {"dev-openings": 0.0122, "dev-crops": 0.0112}
 
@@ -338,10 +405,14 @@ def test_a_trial_s_objective_hands_its_drift_and_the_paper_default_s_yardstick_t
         return SimpleNamespace(drifts=lambda: dict(drift), objective=0.07)
 
     made._bisect(trial, {"drift": 2.1}, SimpleNamespace(robust=robust({"dev-crops": 0.0699})), complete=False)  # type: ignore[arg-type]
-    queued = [t.system_attrs["fixed_params"]["strength"] for t in study.get_trials(states=(optuna.trial.TrialState.WAITING,))]
+    queued = [
+        t.system_attrs["fixed_params"]["strength"] for t in study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    ]
     assert queued == ([] if max_drift else [0.5])
     assert made.yardstick.limits(robust({"dev-crops": 0.0699})) == (  # type: ignore[arg-type]
         {"dev-openings": pytest.approx(0.0244), "dev-crops": pytest.approx(0.0224)} if max_drift else None
     )
     made.yardstick.own = True  # the paper default is its own yardstick
-    assert made.yardstick.limits(robust({"dev-crops": 0.0112})) == ({"dev-crops": pytest.approx(0.0224)} if max_drift else None)  # type: ignore[arg-type]
+    assert made.yardstick.limits(robust({"dev-crops": 0.0112})) == (
+        {"dev-crops": pytest.approx(0.0224)} if max_drift else None
+    )  # type: ignore[arg-type]

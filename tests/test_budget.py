@@ -58,7 +58,8 @@ def budgeted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     data = write_dataset(root / "data", docs=6, words=95)  # content past 256 tokens: every basket of the grid fills
     settings = TuneSettings(
         model=str(model),
-        pooling="mean",  # MiniLM's: what each depth and grid config is priced with must calibrate the model's own pooling
+        # MiniLM's: what each depth and grid config is priced with must calibrate the model's own pooling
+        pooling="mean",
         dataset=f"jsonl:{data}",
         heldout=None,
         trials=40,
@@ -147,9 +148,13 @@ def test_the_console_mlflow_optuna_dashboard_and_the_readme_count_the_same_trial
     assert f"trials: {said}; trial {end} was drawn but not run: " in log, log[-2000:]
     # MLflow: one run per trial that ran, the pruned ones PRUNED; the parent run counts them alike
     mlflow.set_tracking_uri(settings.tracking_uri)
-    parent = mlflow.search_runs(experiment_names=["posfair"], filter_string="tags.mlflow.runName = 'budgeted'", output_format="list")[0]
+    parent = mlflow.search_runs(
+        experiment_names=["posfair"], filter_string="tags.mlflow.runName = 'budgeted'", output_format="list"
+    )[0]
     runs = mlflow.search_runs(
-        experiment_names=["posfair"], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'", output_format="list"
+        experiment_names=["posfair"],
+        filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'",
+        output_format="list",
     )
     states = [r.data.tags["posfair.state"] for r in runs if "posfair.duplicate_of" not in r.data.tags]
     assert (states.count("COMPLETE"), states.count("PRUNED"), len(states)) == (len(complete), len(pruned), ran)
@@ -165,7 +170,9 @@ def test_the_console_mlflow_optuna_dashboard_and_the_readme_count_the_same_trial
     assert said in detail["note"]["body"]
     # the README's sentence, from the record of this study
     sentence = trials_sentence({"results": {"study": study_facts(settings.storage, "budgeted")}})
-    assert sentence.startswith(f"The default study ran {ran} trials ({len(complete)} complete, {len(pruned)} pruned between rungs)")
+    assert sentence.startswith(
+        f"The default study ran {ran} trials ({len(complete)} complete, {len(pruned)} pruned between rungs)"
+    )
     assert f"trial {end} would have needed" in sentence and sentence.endswith("so it was not run.")
 
 
@@ -190,31 +197,43 @@ def test_the_budget_is_said_before_the_study_and_on_its_parent_run(budgeted: dic
     assert isinstance(study, optuna.Study) and isinstance(log, str)
     budget = study.user_attrs[BUDGET_ATTR]
     said = re.search(
-        r"budget: 1/3 of the paper grid's layer-tokens, ([\d,]+) layer-tokens for the study \(the paper grid's study here: ([\d,]+),", log
+        r"budget: 1/3 of the paper grid's layer-tokens, ([\d,]+) layer-tokens for the study \(the paper grid's study "
+        r"here: ([\d,]+),",
+        log,
     )
     assert said, log[-3000:]
     assert int(said[1].replace(",", "")) == budget["study"] and int(said[2].replace(",", "")) == budget["grid"]
     # what the trials may spend, and how many unpruned trials that buys at the dearest and the cheapest depth
     costs = budget["depth_cost"].values()
-    bought = f"its trials may spend {budget['trials']:,}: {budget['trials'] / max(costs):.1f} to {budget['trials'] / min(costs):.1f} unpruned trials by depth"
+    bought = (
+        f"its trials may spend {budget['trials']:,}: {budget['trials'] / max(costs):.1f} to "
+        f"{budget['trials'] / min(costs):.1f} unpruned trials by depth"
+    )
     assert bought in log, log[-3000:]
     mlflow.set_tracking_uri(budgeted["settings"].tracking_uri)  # type: ignore[union-attr]
-    parent = mlflow.search_runs(experiment_names=["posfair"], filter_string="tags.mlflow.runName = 'budgeted'", output_format="list")[0]
+    parent = mlflow.search_runs(
+        experiment_names=["posfair"], filter_string="tags.mlflow.runName = 'budgeted'", output_format="list"
+    )[0]
     assert parent.data.params["budget"] == "1/3 of the paper grid's layer-tokens"
     assert parent.data.metrics["cost/budget_layer_tokens"] == budget["study"]
     assert parent.data.metrics["cost/layer_tokens"] <= budget["study"] * 1.02  # the baselines: estimated within 2%
     end = study.user_attrs[BUDGET_END_ATTR]
     assert parent.data.tags["posfair.budget"] == (
         f"1/3 of the paper grid's layer-tokens ended the study: trial {end['trial']} would have needed up to "
-        f"{end['needed']:,} layer-tokens, and {budget['trials'] - end['spent']:,} of the trials' {budget['trials']:,} were left"
+        f"{end['needed']:,} layer-tokens, and {budget['trials'] - end['spent']:,} of the trials' {budget['trials']:,} "
+        "were left"
     )
     # the refused draw opened no MLflow run: one run per trial that started
-    runs = mlflow.search_runs(experiment_names=["posfair"], filter_string="tags.mlflow.parentRunId = '" + parent.info.run_id + "'")
+    runs = mlflow.search_runs(
+        experiment_names=["posfair"], filter_string="tags.mlflow.parentRunId = '" + parent.info.run_id + "'"
+    )
     started = [t for t in study.trials if not never_ran(t)]
     assert len(runs) == len(started)
 
 
-def test_a_resumed_study_keeps_its_budget_and_a_larger_one_goes_on(budgeted: dict[str, object], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_resumed_study_keeps_its_budget_and_a_larger_one_goes_on(
+    budgeted: dict[str, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
     study, settings = budgeted["study"], budgeted["settings"]
     assert isinstance(study, optuna.Study) and isinstance(settings, TuneSettings)
     before = len(study.trials)
@@ -227,7 +246,9 @@ def test_a_resumed_study_keeps_its_budget_and_a_larger_one_goes_on(budgeted: dic
     assert sum(t.user_attrs.get("layer_tokens", 0) for t in again.trials) <= again.user_attrs[BUDGET_ATTR]["trials"]
 
 
-def test_a_budget_below_the_baselines_is_refused_before_anything_is_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_budget_below_the_baselines_is_refused_before_anything_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     model = save_tiny("bert", tmp_path / "tiny-bert", max_length=512)
     data = write_dataset(tmp_path / "data", docs=6, words=95)
@@ -241,7 +262,9 @@ def test_a_budget_below_the_baselines_is_refused_before_anything_is_written(tmp_
         tracking_uri=f"sqlite:///{tmp_path / 'm.db'}",
         output=tmp_path / "best.yaml",
     )
-    with pytest.raises(Exception, match=r"--budget 1,000 layer-tokens is ≈ 1,000 layer-tokens here, which does not cover the baselines"):
+    with pytest.raises(
+        Exception, match=r"--budget 1,000 layer-tokens is ≈ 1,000 layer-tokens here, which does not cover the baselines"
+    ):
         tune(settings)
     assert not (tmp_path / "o.db").exists() and not (tmp_path / "best.yaml").exists()
 
@@ -251,7 +274,9 @@ def test_the_budget_counts_a_finished_trials_spend_and_a_running_or_failed_ones_
     spent = {"layer_tokens": 100, RESERVED_ATTR: 400}  # pruned early: its own count, not what it reserved
     study.add_trial(optuna.trial.create_trial(state=PRUNED, user_attrs=spent))
     study.add_trial(optuna.trial.create_trial(value=0.1, user_attrs={"layer_tokens": 300, RESERVED_ATTR: 300}))
-    study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL, user_attrs={RESERVED_ATTR: 50}))  # spend unknown
+    study.add_trial(
+        optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL, user_attrs={RESERVED_ATTR: 50})
+    )  # spend unknown
     study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.RUNNING, user_attrs={RESERVED_ATTR: 7}))
     assert trials_spent(study) == 100 + 300 + 50 + 7
     assert trials_spent(study, excluding=3) == 450
@@ -276,7 +301,13 @@ def test_a_stored_budget_loads_into_its_record_and_is_stored_again_key_for_key()
     waits until `depth_cost` is there (priced), and writing the record back changes nothing a stored study holds."""
     from tuner.common.budget import BudgetEnd, StudyBudget, budget_end, store_study_budget, study_budget
 
-    estimated = {"spec": "1/3 of the paper grid's layer-tokens", "study": 900, "grid": 2700, "setup": 300, "trials": 600}
+    estimated = {
+        "spec": "1/3 of the paper grid's layer-tokens",
+        "study": 900,
+        "grid": 2700,
+        "setup": 300,
+        "trials": 600,
+    }
     priced = {**estimated, "depth_cost": {"last": 40, "half": 90}}
     study = optuna.create_study()
     assert study_budget(study) is None
@@ -284,7 +315,12 @@ def test_a_stored_budget_loads_into_its_record_and_is_stored_again_key_for_key()
         study.set_user_attr(BUDGET_ATTR, stored)
         budget = study_budget(study)
         assert budget is not None and budget.to_attr() == stored
-        assert (budget.study_allowance, budget.grid_cost, budget.setup_cost, budget.trial_allowance) == (900, 2700, 300, 600)
+        assert (budget.study_allowance, budget.grid_cost, budget.setup_cost, budget.trial_allowance) == (
+            900,
+            2700,
+            300,
+            600,
+        )
         assert budget.priced == ("depth_cost" in stored)
     store_study_budget(study, StudyBudget.from_attr(priced))
     assert study.user_attrs[BUDGET_ATTR] == priced

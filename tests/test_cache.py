@@ -35,7 +35,9 @@ def trial(model: LoadedModel):
     return model.default_config(strength=0.8, basket_size=8, layers="last")  # starts at layer 2
 
 
-def study(model: LoadedModel, folder: Path, dataset=None, **options) -> tuple[Evaluator, np.ndarray, np.ndarray, np.ndarray]:
+def study(
+    model: LoadedModel, folder: Path, dataset=None, **options
+) -> tuple[Evaluator, np.ndarray, np.ndarray, np.ndarray]:
     """What a study does first: the baseline, the queries, then a trial."""
     evaluator = Evaluator(model, dataset or tiny_dataset(), BATCH, cache_dir=folder, prefix_layers=LAYERS, **options)
     baseline, _ = evaluator.baseline_vectors()
@@ -61,8 +63,12 @@ def test_a_second_study_reuses_queries_baseline_and_layer_inputs(bert: LoadedMod
     assert first.counts.full == 1 and first.counts.resumed == {2: 1}
     again, baseline2, queries2, vectors2 = study(bert, tmp_path)
     assert again.counts.full == 0 and again.counts.recorded == 0  # no forward pass over the corpus at all
-    assert again.counts.baseline_from_disk == 1 and again.counts.queries_from_disk == 1 and again.counts.resumed == {2: 1}
-    assert np.array_equal(baseline, baseline2) and np.array_equal(queries, queries2) and np.array_equal(vectors, vectors2)
+    assert (
+        again.counts.baseline_from_disk == 1 and again.counts.queries_from_disk == 1 and again.counts.resumed == {2: 1}
+    )
+    assert (
+        np.array_equal(baseline, baseline2) and np.array_equal(queries, queries2) and np.array_equal(vectors, vectors2)
+    )
     assert np.abs(vectors2 - scratch(bert, tiny_dataset(), trial(bert))).max() <= 1e-6
     assert set(events(again)) == {"queries", "baseline", "layer-input-001", "layer-input-002"}
     assert all(e == ["hit"] for e in events(again).values())
@@ -82,7 +88,9 @@ def test_a_held_out_evaluator_keeps_each_configs_vectors_for_the_next_study(bert
     assert plain.counts.resumed == {2: 1}  # the tuning evaluators keep only what every trial shares
 
 
-def test_a_held_out_evaluator_resumes_from_layer_inputs_it_does_not_leave_in_the_cache(bert: LoadedModel, tmp_path: Path) -> None:
+def test_a_held_out_evaluator_resumes_from_layer_inputs_it_does_not_leave_in_the_cache(
+    bert: LoadedModel, tmp_path: Path
+) -> None:
     """`keep_layer_inputs=False`: a held-out set scores two or three configs once per study, so its layer inputs
     live only as long as its evaluator; its vectors stay for the next study, which records the inputs again only
     for a config it has not scored."""
@@ -105,7 +113,9 @@ def test_missing_layer_inputs_are_recorded_without_a_full_pass(bert: LoadedModel
     assert again.counts.full == 0 and again.counts.recorded == 1  # a pass stopped at layer 2's input
 
 
-@pytest.mark.parametrize("change", ["revision", "dataset", "document order", "engine version", "cache format", "local weights"])
+@pytest.mark.parametrize(
+    "change", ["revision", "dataset", "document order", "engine version", "cache format", "local weights"]
+)
 def test_a_changed_model_dataset_or_engine_invalidates_every_entry(
     bert: LoadedModel, tmp_path: Path, change: str, monkeypatch: pytest.MonkeyPatch, tiny_model_dir
 ) -> None:
@@ -153,12 +163,16 @@ def corrupt(path: Path, how: str) -> None:
 
 @pytest.mark.parametrize("name", ["baseline", "queries", "layer-input-002"])
 @pytest.mark.parametrize("how", ["truncated", "flipped bytes", "appended", "bad metadata"])
-def test_a_corrupt_entry_is_detected_rebuilt_and_never_used(bert: LoadedModel, tmp_path: Path, name: str, how: str) -> None:
+def test_a_corrupt_entry_is_detected_rebuilt_and_never_used(
+    bert: LoadedModel, tmp_path: Path, name: str, how: str
+) -> None:
     first, baseline, queries, vectors = study(bert, tmp_path)
     corrupt(entry(first, name), how)
     again, baseline2, queries2, vectors2 = study(bert, tmp_path)
     assert events(again)[name][:2] == ["corrupt", "written"]
-    assert np.array_equal(baseline, baseline2) and np.array_equal(queries, queries2) and np.array_equal(vectors, vectors2)
+    assert (
+        np.array_equal(baseline, baseline2) and np.array_equal(queries, queries2) and np.array_equal(vectors, vectors2)
+    )
     third, *_ = study(bert, tmp_path)  # the rebuilt entry is whole again
     assert events(third)[name] == ["hit"]
 
@@ -230,12 +244,17 @@ def test_disk_caching_can_be_switched_off(bert: LoadedModel, tmp_path: Path, mon
     assert np.abs(vectors - scratch(bert, tiny_dataset(), trial(bert))).max() <= 1e-6
 
 
-def test_the_default_location_is_under_the_run_folder(bert: LoadedModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_default_location_is_under_the_run_folder(
+    bert: LoadedModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("POSFAIR_CACHE_DIR", raising=False)
     evaluator = Evaluator(bert, tiny_dataset(), BATCH, prefix_layers=())
     evaluator.query_vectors()
-    assert evaluator.cache.disk.folder.is_relative_to(Path("mlruns") / "cache") and (evaluator.cache.disk.folder / "queries.npy").exists()
+    assert (
+        evaluator.cache.disk.folder.is_relative_to(Path("mlruns") / "cache")
+        and (evaluator.cache.disk.folder / "queries.npy").exists()
+    )
     monkeypatch.setenv("POSFAIR_CACHE_DIR", str(tmp_path / "elsewhere"))
     assert Evaluator(bert, tiny_dataset(), BATCH).cache.disk.folder.is_relative_to(tmp_path / "elsewhere")
 

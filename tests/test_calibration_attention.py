@@ -23,7 +23,12 @@ from tuner.calibration import CalibrationConfig, calibrating
 from tuner.calibration import attention as engine_module
 from tuner.calibration import kernels as kernel_module
 from tuner.calibration.attention import calibrated_attention
-from tuner.calibration.reference import calibrated_query_rows, reference_attention, reference_calibrate, reference_isolated
+from tuner.calibration.reference import (
+    calibrated_query_rows,
+    reference_attention,
+    reference_calibrate,
+    reference_isolated,
+)
 
 SCALE = 8**-0.5
 ABSENT = object()
@@ -39,7 +44,9 @@ class FakeAttention(torch.nn.Module):
             self.is_causal = causal
 
 
-def build_inputs(lengths: list[int], left: bool, heads: int, kv_heads: int, dtype: torch.dtype, seed: int, keys: int = 0):
+def build_inputs(
+    lengths: list[int], left: bool, heads: int, kv_heads: int, dtype: torch.dtype, seed: int, keys: int = 0
+):
     """Random query/key/value for items of `lengths` real tokens (padded to `keys`) and the real-key mask."""
     generator = torch.Generator().manual_seed(seed)
     batch, tokens, dim = len(lengths), max(keys, *lengths), 8
@@ -67,7 +74,15 @@ def engine(config: CalibrationConfig, module: torch.nn.Module, q, k, v, mask, **
         return calibrated_attention(module, q, k, v, mask, scaling=SCALE, **kwargs)[0]
 
 
-def compare(pooling: str, lengths: list[int], left: bool, dtype: torch.dtype, seed: int, strength: float = 0.7, kv_heads: int = 2):
+def compare(
+    pooling: str,
+    lengths: list[int],
+    left: bool,
+    dtype: torch.dtype,
+    seed: int,
+    strength: float = 0.7,
+    kv_heads: int = 2,
+):
     causal = pooling == "last"
     q, k, v, key_valid = build_inputs(lengths, left, 4, kv_heads, dtype, seed)
     allowed = mask_of(key_valid, causal)
@@ -194,7 +209,9 @@ def test_causality_is_decided_as_transformers_sdpa_decides(argument, attribute, 
     want = reference_attention(q, k, v, allowed, SCALE, config)
     assert torch.allclose(got.double(), want, atol=2e-6)
     plain, _ = sdpa_attention_forward(FakeAttention(0, 1, attribute), q, k, v, None, scaling=SCALE, **kwargs)
-    assert torch.allclose(plain.double(), reference_attention(q, k, v, allowed, SCALE, None), atol=2e-6)  # the same rule
+    assert torch.allclose(
+        plain.double(), reference_attention(q, k, v, allowed, SCALE, None), atol=2e-6
+    )  # the same rule
 
 
 @pytest.mark.parametrize("pooling", ["cls", "last", "mean"])
@@ -207,7 +224,9 @@ def test_no_isolated_token(pooling: str, left: bool) -> None:
     got = engine(config, FakeAttention(0, 2, pooling == "last"), q, k, v, allowed)
     want = reference_attention(q, k, v, allowed, SCALE, config)
     assert torch.allclose(got[key_valid].double(), want[key_valid], atol=2e-6, rtol=1e-6)
-    assert not torch.allclose(got[key_valid].double(), reference_attention(q, k, v, allowed, SCALE, None)[key_valid], atol=1e-4)
+    assert not torch.allclose(
+        got[key_valid].double(), reference_attention(q, k, v, allowed, SCALE, None)[key_valid], atol=1e-4
+    )
 
 
 @pytest.mark.parametrize("pooling", ["cls", "last", "mean"])
@@ -260,7 +279,11 @@ def test_the_signature_is_transformers_sdpa_signature() -> None:
     """transformers calls attention functions by keyword, but the order must match for positional callers."""
     ours = list(inspect.signature(calibrated_attention).parameters)
     theirs = list(inspect.signature(sdpa_attention_forward).parameters)
-    assert ours[:8] == theirs[:8] == ["module", "query", "key", "value", "attention_mask", "dropout", "scaling", "is_causal"]
+    assert (
+        ours[:8]
+        == theirs[:8]
+        == ["module", "query", "key", "value", "attention_mask", "dropout", "scaling", "is_causal"]
+    )
     q, k, v, key_valid = build_inputs([10, 10], False, 4, 4, torch.float32, 3)
     config = CalibrationConfig(strength=1.0, basket_size=3, layers=[0])
     with calibrating(config.resolve(1)):
@@ -312,7 +335,9 @@ def test_mean_pooling_under_any_mask_is_calibrate_rows_applied_to_the_masked_sof
 
     q, k, v, key_valid = build_inputs([23, 30, 11], False, 4, 2, torch.float32, 5)
     allowed = mask_of(key_valid, True)
-    spec = CalibrationConfig(pooling="mean", strength=0.8, basket_size=4, layers=[0], variant="cls_soft", basket_shares=shares).resolve(1)
+    spec = CalibrationConfig(
+        pooling="mean", strength=0.8, basket_size=4, layers=[0], variant="cls_soft", basket_shares=shares
+    ).resolve(1)
     with calibrating(spec):
         got, _ = calibrated_attention(FakeAttention(0, 2, True), q, k, v, allowed, scaling=SCALE)
     keys = k.repeat_interleave(2, dim=1)
@@ -390,7 +415,9 @@ def efficient_on_cpu(query, key, value, attn_bias, compute_log_sumexp, dropout_p
     outputs out, the log-sum-exp's rows padded to a multiple of 32 with what the padding happens to hold."""
     assert attn_bias is None or attn_bias.shape == (*query.shape[:3], key.shape[2])
     assert compute_log_sumexp and dropout_p == 0.0 and not is_causal
-    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(query, key, value, attn_mask=attn_bias, scale=scale)
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        query, key, value, attn_mask=attn_bias, scale=scale
+    )
     padded = torch.full((*lse.shape[:2], -(-lse.shape[2] // 32) * 32), 7.0)
     padded[..., : lse.shape[2]] = lse
     return out, padded, torch.zeros(()), torch.zeros(())
@@ -417,7 +444,9 @@ def test_a_kernel_that_fails_its_probe_is_said_once_and_the_engine_falls_back(mo
     """A CPU build whose fused kernel answers otherwise: one warning, then every call takes the scores path."""
     from tuner.calibration.kernels import _cuda_efficient
 
-    monkeypatch.setitem(kernel_module.FUSED_KERNELS, "cpu", (_cuda_efficient, "_scaled_dot_product_efficient_attention"))
+    monkeypatch.setitem(
+        kernel_module.FUSED_KERNELS, "cpu", (_cuda_efficient, "_scaled_dot_product_efficient_attention")
+    )
     kernel_module._fused_kernel.cache_clear()
     try:
         with pytest.warns(RuntimeWarning, match="did not pass its probe on cpu"):
@@ -430,7 +459,10 @@ def test_a_kernel_that_fails_its_probe_is_said_once_and_the_engine_falls_back(mo
         config = CalibrationConfig(pooling="mean", strength=0.6, basket_size=3, layers=[0])
         got = engine(config, FakeAttention(0, 1, False), q, k, v, allowed)
         assert torch.allclose(
-            got[key_valid].double(), reference_attention(q, k, v, allowed, SCALE, config)[key_valid], atol=2e-6, rtol=1e-6
+            got[key_valid].double(),
+            reference_attention(q, k, v, allowed, SCALE, config)[key_valid],
+            atol=2e-6,
+            rtol=1e-6,
         )
     finally:
         kernel_module._fused_kernel.cache_clear()
@@ -441,7 +473,9 @@ def test_an_observer_sees_the_average_row_before_and_after_calibration(shares: s
     """Mean pooling: averages over the real query rows of the oracle's weights, per head."""
     q, k, v, key_valid = build_inputs([26, 19], False, 4, 4, torch.float32, 7)
     allowed = mask_of(key_valid, False)
-    config = CalibrationConfig(pooling="mean", strength=0.6, basket_size=5, layers=[0], variant="uniform", basket_shares=shares)
+    config = CalibrationConfig(
+        pooling="mean", strength=0.6, basket_size=5, layers=[0], variant="uniform", basket_shares=shares
+    )
     seen = observe(config, q, k, v, allowed, FakeAttention(0, 1, False))
     assert_profile(seen, q, k, allowed, key_valid, config)
 
@@ -453,7 +487,12 @@ def test_an_observer_of_the_pooled_row_sees_by_size_calibration(pooling: str) ->
     allowed = mask_of(key_valid, pooling == "last")
     config = CalibrationConfig(pooling=pooling, strength=0.9, basket_size=5, layers=[0], basket_shares="by_size")
     seen = observe(config, q, k, v, allowed, FakeAttention(0, 1, pooling == "last"))
-    attn = (q.double() @ k.double().transpose(-1, -2) * SCALE).masked_fill(~allowed, float("-inf")).softmax(-1).nan_to_num(0.0)
+    attn = (
+        (q.double() @ k.double().transpose(-1, -2) * SCALE)
+        .masked_fill(~allowed, float("-inf"))
+        .softmax(-1)
+        .nan_to_num(0.0)
+    )
     rows = calibrated_query_rows(pooling, key_valid)
     after = reference_calibrate(attn, key_valid, allowed, rows, config)
     assert torch.allclose(seen["after"].double(), after.transpose(1, 2)[rows], atol=1e-6)
@@ -486,7 +525,9 @@ def observe(config: CalibrationConfig, q, k, v, mask, module, **kwargs) -> dict[
     return seen
 
 
-def assert_profile(seen: dict[str, torch.Tensor], q, k, allowed, key_valid, config: CalibrationConfig, bias=None) -> None:
+def assert_profile(
+    seen: dict[str, torch.Tensor], q, k, allowed, key_valid, config: CalibrationConfig, bias=None
+) -> None:
     scores = q.double() @ k.double().transpose(-1, -2) * SCALE + (bias.double() if bias is not None else 0.0)
     attn = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
     after = reference_calibrate(attn, key_valid, allowed, calibrated_query_rows("mean", key_valid), config)
@@ -547,8 +588,15 @@ def test_shared_first_layer_sums_never_serve_the_other_basket_shares() -> None:
     shared = FirstLayerSums(budget=2**30)
     module = FakeAttention(0, 2, False)
     hits = []
-    for shares, variant in (("equal", "cls_soft"), ("by_size", "cls_soft"), ("by_size", "uniform"), ("equal", "uniform")):
-        config = CalibrationConfig(pooling="mean", variant=variant, strength=0.9, basket_size=4, layers=[0], basket_shares=shares)
+    for shares, variant in (
+        ("equal", "cls_soft"),
+        ("by_size", "cls_soft"),
+        ("by_size", "uniform"),
+        ("equal", "uniform"),
+    ):
+        config = CalibrationConfig(
+            pooling="mean", variant=variant, strength=0.9, basket_size=4, layers=[0], basket_shares=shares
+        )
         with calibrating(config.resolve(1), first_layer=shared.for_batch(0)):
             got, _ = calibrated_attention(module, q, k, v, allowed, scaling=SCALE)
         want = reference_attention(q, k, v, allowed, SCALE, config)

@@ -48,7 +48,9 @@ def _answer(*args: str, cwd: Path) -> tuple[dict, float]:
     best = float("inf")
     for _ in range(3):  # the best of three: a loaded CI machine stalls single runs, the import cost is the floor
         start = time.perf_counter()
-        done = subprocess.run([sys.executable, "-c", PROBE, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            [sys.executable, "-c", PROBE, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+        )
         best = min(best, time.perf_counter() - start)
     return json.loads(done.stdout.strip().splitlines()[-1]), best
 
@@ -73,5 +75,7 @@ def test_help_and_refused_options_load_no_heavy_library(args: list[str], code: i
     answer, seconds = _answer(*args, cwd=tmp_path)
     assert answer == {"code": code, "heavy": []}
     bare = _bare_start()  # ~0.03 s idle; the heavy imports alone took ~13 s, hundreds of bare starts
-    assert seconds < max(SECONDS, SLOWDOWN * bare + 1.0), f"tune {' '.join(args)} took {seconds:.2f} s (a bare start {bare:.2f} s)"
+    assert seconds < max(SECONDS, SLOWDOWN * bare + 1.0), (
+        f"tune {' '.join(args)} took {seconds:.2f} s (a bare start {bare:.2f} s)"
+    )
     assert not (tmp_path / "mlruns").exists()

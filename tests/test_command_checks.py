@@ -31,7 +31,9 @@ runner = CliRunner()
 
 def invoke(*args: str, input: str | None = None) -> tuple[int, str]:
     result = runner.invoke(app, list(args), input=input)
-    assert isinstance(result.exception, SystemExit | None), f"traceback instead of a message: {result.exception!r}\n{result.output}"
+    assert isinstance(result.exception, SystemExit | None), (
+        f"traceback instead of a message: {result.exception!r}\n{result.output}"
+    )
     return result.exit_code, " ".join(result.output.split())
 
 
@@ -44,7 +46,9 @@ def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_export_names_the_winner_by_the_rule_the_study_ran_with(tiny_model_dir, tmp_path: Path) -> None:
     """`tune export` re-exported with the one-SE rule whatever --selection the study was run with."""
     data = write_dataset(tmp_path / "data")
-    code, said = invoke("run", *tiny_tune_options(tiny_model_dir("bert"), data, trials=1), "--selection", "lowest", "--study-name", "s")
+    code, said = invoke(
+        "run", *tiny_tune_options(tiny_model_dir("bert"), data, trials=1), "--selection", "lowest", "--study-name", "s"
+    )
     assert code == 0, said
     assert load_exported(tmp_path / "mlruns" / "exports" / "s.yaml").provenance.selection_rule == "lowest"
     code, said = invoke("export", "--study-name", "s", "--output", "again.yaml")
@@ -71,7 +75,9 @@ def stratified_data(folder: Path) -> Path:
     folder.mkdir()
     corpus, queries = [], []
     for number, (stratum, words) in enumerate([("short", 20)] * 3 + [("long", 150)] * 3):
-        parts = [" ".join(WORDS[(number * 7 + third * 13 + i) % len(WORDS)] for i in range(words)) for third in range(3)]
+        parts = [
+            " ".join(WORDS[(number * 7 + third * 13 + i) % len(WORDS)] for i in range(words)) for third in range(3)
+        ]
         text = " ".join(parts)
         corpus.append({"id": f"d{number}", "text": text})
         start = 0
@@ -109,7 +115,10 @@ def test_a_dataset_typo_lists_only_the_names_a_user_gives() -> None:
 
 def test_a_model_or_dataset_typo_is_reported_before_the_settings_table() -> None:
     """A --model typo was reported after the 40-line settings table (and seconds of imports: see test_cli_speed)."""
-    for args, message in ((["--model", "minlm"], "unknown model 'minlm'"), (["--dataset", "jsonl:nowhere"], "no file or folder nowhere")):
+    for args, message in (
+        (["--model", "minlm"], "unknown model 'minlm'"),
+        (["--dataset", "jsonl:nowhere"], "no file or folder nowhere"),
+    ):
         code, said = invoke(*args)
         assert code == 2 and message in said
         assert "tune: settings" not in said
@@ -217,7 +226,8 @@ def test_a_stop_before_any_trial_finished_says_so_once_and_offers_no_export() ->
     trials complete; … or tune export … to export the winner so far`: doubled words, and an export of nothing."""
     assert (
         stop_short([])
-        == "stopped early: terminated by SIGTERM; 0 of 16 trials complete; nothing exported. Run the same command again to resume"
+        == "stopped early: terminated by SIGTERM; 0 of 16 trials complete; nothing exported. Run the same command "
+        "again to resume"
     )
     infeasible = stop_short([{"psi": 0.2, "floor": 0.1}])
     assert (

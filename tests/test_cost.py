@@ -69,7 +69,8 @@ def test_a_trial_runs_only_the_layers_after_its_resume_point_and_its_profile_run
     line = cost.describe(10, 16)[3]
     setup = 6 * (20_000 + 100_000)
     assert line.startswith(
-        f"layer-tokens (padded tokens × layers run): ≈ {full:,} unpruned (≈ {duration(cost.study_seconds(10))} in all), "
+        f"layer-tokens (padded tokens × layers run): ≈ {full:,} unpruned (≈ {duration(cost.study_seconds(10))} in "
+        "all), "
         f"of which ≈ {setup:,} are the baselines and queries (none that the disk cache holds); ≈ {pruned:,} ("
     )
     held = 6 * (1_000 + 50_000) + 2 * 2 * 50_000  # uncalibrated through every layer; paper default and winner resumed
@@ -80,7 +81,9 @@ def test_a_trial_runs_only_the_layers_after_its_resume_point_and_its_profile_run
     assert "run it on a GPU, with fewer --trials, or on --dataset wikipos-dev" in slow.describe(16, 16)[-1]
 
 
-def test_the_pruned_estimate_is_a_floor_a_trial_stopped_after_the_cheapest_corpus_when_that_is_another_structure() -> None:
+def test_the_pruned_estimate_is_a_floor_a_trial_stopped_after_the_cheapest_corpus_when_that_is_another_structure() -> (
+    None
+):
     # a structure of 20,000 tokens beside the corpus of 100,000; trials run 2 layers. Which rung comes first only
     # the baseline tells (least biased first), so the estimate prices the cheapest and says it is a floor
     cost = six_layers(trial_layers=2.0, first_rung_tokens=20_000, first_rung="dev-openings")
@@ -96,7 +99,8 @@ def test_the_pruned_estimate_is_a_floor_a_trial_stopped_after_the_cheapest_corpu
 
 
 def test_with_a_pooled_screen_the_pruned_estimate_is_every_trial_but_the_references_stopped_after_it() -> None:
-    # 6 layers, 10 trials through every layer; each screens 12,000 tokens first; a trial past it encodes 100,000 + 30,000
+    # 6 layers, 10 trials through every layer; each screens 12,000 tokens first; a trial past it encodes 100,000 +
+    # 30,000
     cost = six_layers(screen_tokens=12_000)
     full = 6 * (20_000 + 100_000 + 9 * (130_000 + 12_000))
     pruned = 6 * (20_000 + 100_000 + 1 * (130_000 + 12_000) + 8 * 12_000)
@@ -111,7 +115,10 @@ def test_the_estimate_counts_the_corpus_batches_queries_and_a_held_out_corpus(tm
     def dataset(name: str, lengths: list[int], queries: int) -> PositionalDataset:
         corpus = {f"{name}{i}": " ".join(WORDS[:n]) for i, n in enumerate(lengths)}
         return PositionalDataset(
-            name, corpus, {f"q{name}{i}": "w1 w2 w3" for i in range(queries)}, {f"q{name}{i}": {f"{name}0": 1} for i in range(queries)}
+            name,
+            corpus,
+            {f"q{name}{i}": "w1 w2 w3" for i in range(queries)},
+            {f"q{name}{i}": {f"{name}0": 1} for i in range(queries)},
         )
 
     tuning, heldout = dataset("t", [40, 30, 10], 2), dataset("h", [20, 20], 3)
@@ -164,7 +171,9 @@ def test_a_trial_resumes_at_the_deepest_cached_layer_before_its_first_calibrated
     cached = Evaluator(model, tuning, batch_size=2, disk_cache=False, prefix_layers=space.starting_layers(4))
     assert cached.cached_layers() == (2, 3)
     assert layers_run(cached, space.depths) == (1 + 2) / 2
-    assert layers_run(Evaluator(model, tuning, batch_size=2, disk_cache=False, cache_budget=0), space.depths) == 4, "nothing cached"
+    assert layers_run(Evaluator(model, tuning, batch_size=2, disk_cache=False, cache_budget=0), space.depths) == 4, (
+        "nothing cached"
+    )
     only_half = Evaluator(model, tuning, batch_size=2, disk_cache=False, prefix_layers=(2,))
     assert layers_run(only_half, ["last"]) == 2, "the last layer resumes from layer 2's inputs: layers 2 and 3 run"
     for depth in space.depths:  # the estimate counts from where the pass itself resumes
@@ -177,7 +186,8 @@ def test_under_a_budget_the_study_is_at_most_the_budget_and_the_estimate_says_wh
     cost = StudyCost(Probe("cpu", 4, 1000, 2.0), 100, 100_000, 3, 1000, 10_000, 20_000, budget_layer_tokens=230_000)
     lines = cost.describe(trials=3, default_trials=16)
     assert lines[2] == (
-        "one calibrated trial ≈ 55 s; this study (at most 3 trials within its budget, with the baseline and the held-out "
+        "one calibrated trial ≈ 55 s; this study (at most 3 trials within its budget, "
+        "with the baseline and the held-out "
         f"scoring) ≈ {duration(230_000 / 2000)}; the default 16 trials ≈ {duration(60 + 15 * 55)}"
     )
     assert lines[3].endswith(f"; the budget ends the study at ≈ 230,000 (≈ {duration(230_000 / 2000)} in all)")
@@ -194,7 +204,11 @@ def test_a_pass_costs_what_it_encodes_and_a_batch_no_basket_fills_is_copied_not_
     evaluator = Evaluator(model, tuning, batch_size=2, disk_cache=False, prefix_layers=(3,))
     evaluator.run(None)  # the baseline, which the pass copies unchanged batches from, and the cached layer input
     # batches, long first: (122, 102) padded to 122, then (12, 10) padded to 12; from layer 3 one layer runs
-    for basket, encoded in ((64, 2 * 122), (8, 2 * 122 + 2 * 12), (256, 0)):  # a basket fills the long pair, both, neither
+    for basket, encoded in (
+        (64, 2 * 122),
+        (8, 2 * 122 + 2 * 12),
+        (256, 0),
+    ):  # a basket fills the long pair, both, neither
         config = CalibrationConfig(layers="last", basket_size=basket)
         before = evaluator.counts.layer_tokens
         evaluator.run(config)

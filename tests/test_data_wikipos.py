@@ -28,12 +28,17 @@ PACKAGED = Path(str(resources.files("tuner.data").joinpath("wikipos")))
 
 def require_source() -> Path:
     """The raw summaries sit in ../shared beside the checkout: CI has them there, a bare clone may not."""
-    require(DEFAULT_SOURCE.is_file(), f"WikiPos source {DEFAULT_SOURCE} is absent (the shared data folder beside the checkout)")
+    require(
+        DEFAULT_SOURCE.is_file(),
+        f"WikiPos source {DEFAULT_SOURCE} is absent (the shared data folder beside the checkout)",
+    )
     return DEFAULT_SOURCE
 
 
 def files_under(folder: Path) -> set[Path]:
-    return {path.relative_to(folder) for path in folder.rglob("*") if path.is_file() and "__pycache__" not in path.parts}
+    return {
+        path.relative_to(folder) for path in folder.rglob("*") if path.is_file() and "__pycache__" not in path.parts
+    }
 
 
 def records(split: str) -> list[dict]:
@@ -130,7 +135,9 @@ def test_packaged_files_match_a_fresh_build(tmp_path, count_tokens):
     built = files_under(tmp_path)
     assert {Path(split_filename(s)) for s in SPLITS} | {Path("ATTRIBUTION.md")} <= built
     for name in sorted(built):
-        assert (PACKAGED / name).is_file(), f"{name} is built but not packaged; run `python -m tuner.data.build_wikipos`"
+        assert (PACKAGED / name).is_file(), (
+            f"{name} is built but not packaged; run `python -m tuner.data.build_wikipos`"
+        )
         fresh, packaged = (tmp_path / name).read_bytes(), (PACKAGED / name).read_bytes()
         if name.suffix == ".gz":  # compare content: another zlib may compress the same text differently
             fresh, packaged = gzip.decompress(fresh), gzip.decompress(packaged)
@@ -152,7 +159,9 @@ def test_with_titles_every_summary_is_asked_for_by_its_title_too_grouped_by_wher
             middle = (start + end) / 2 / len(record["text"])
             third = "begin" if middle < 1 / 3 else "middle" if middle < 2 / 3 else "end"
             expected[f"{record['id']}/t{slot}"] = (segment["title"], record["id"], third)
-    titles = {q: (titled.queries[q], *titled.qrels[q], titled.groups[q][0]) for q in titled.queries if q not in plain.queries}
+    titles = {
+        q: (titled.queries[q], *titled.qrels[q], titled.groups[q][0]) for q in titled.queries if q not in plain.queries
+    }
     assert titles == expected
 
 

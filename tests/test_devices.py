@@ -39,10 +39,16 @@ def test_workers_get_the_visible_gpus_round_robin(gpus) -> None:
 
 def test_the_settings_table_says_which_worker_has_which_device(gpus) -> None:
     gpus(2, "4,6")
-    assert settings_in_force(TuneSettings(workers=3))["devices"] == "coordinator: GPU 4, worker 1: GPU 6, worker 2: GPU 4"
+    assert (
+        settings_in_force(TuneSettings(workers=3))["devices"] == "coordinator: GPU 4, worker 1: GPU 6, worker 2: GPU 4"
+    )
     assert settings_in_force(TuneSettings())["devices"] == "GPU 4"
     gpus(0)
-    assert settings_in_force(TuneSettings(workers=2))["devices"] == describe_devices([None, None]) == "cpu (no CUDA device visible)"
+    assert (
+        settings_in_force(TuneSettings(workers=2))["devices"]
+        == describe_devices([None, None])
+        == "cpu (no CUDA device visible)"
+    )
 
 
 class RecordingContext:

@@ -40,7 +40,10 @@ HISTORY = re.compile(
 def user_facing() -> dict[str, str]:
     """Every text a user reads: README, the documentation's pages, the command line's help, and the package's source
     (its messages, MLflow descriptions and tags, docstrings and comments)."""
-    texts = {str(path.relative_to(ROOT)): path.read_text(encoding="utf-8") for path in [README, *PAGES, ROOT / "benchmarks" / "README.md"]}
+    texts = {
+        str(path.relative_to(ROOT)): path.read_text(encoding="utf-8")
+        for path in [README, *PAGES, ROOT / "benchmarks" / "README.md"]
+    }
     texts["tune --help (every command)"] = reference()
     for package in ("tuner", "objectives"):
         for source in sorted((ROOT / package).rglob("*.py")):
@@ -73,13 +76,23 @@ def test_no_user_facing_text_carries_issue_numbers_or_a_dated_diary() -> None:
 
 @pytest.mark.parametrize(
     "text",
-    ["as issue 21 allows", "Issues 20/21", "see #21", "on 2026-12-03 it took", "Today's default", "earlier today", "this morning's run"],
+    [
+        "as issue 21 allows",
+        "Issues 20/21",
+        "see #21",
+        "on 2026-12-03 it took",
+        "Today's default",
+        "earlier today",
+        "this morning's run",
+    ],
 )
 def test_the_history_check_catches(text: str) -> None:
     assert HISTORY.search(text)
 
 
-@pytest.mark.parametrize("text", ["pytest-dev/pytest-xdist#1386", "optuna-dashboard#772", "colour #1f77b4", "the issue is noise"])
+@pytest.mark.parametrize(
+    "text", ["pytest-dev/pytest-xdist#1386", "optuna-dashboard#772", "colour #1f77b4", "the issue is noise"]
+)
 def test_the_history_check_leaves_alone(text: str) -> None:
     assert not HISTORY.search(text)
 
@@ -105,7 +118,9 @@ def test_a_figure_typed_over_is_caught(tmp_path: Path) -> None:
     assert render.stale([page]) == []
     minutes = re.search(r"\| `make tune` \| (\d+) min", original)
     assert minutes is not None
-    page.write_text(original.replace(minutes.group(0), f"| `make tune` | {int(minutes.group(1)) + 1} min"), encoding="utf-8")
+    page.write_text(
+        original.replace(minutes.group(0), f"| `make tune` | {int(minutes.group(1)) + 1} min"), encoding="utf-8"
+    )
     assert render.stale([page]) == [f"{page}: prerequisites"]
 
 
@@ -128,7 +143,9 @@ def test_every_record_says_how_where_and_when_it_was_measured() -> None:
     for path in sorted(render.record.RESULTS.glob("*.json")):
         data = json.loads(path.read_text(encoding="utf-8"))
         assert {"benchmark", "command", "commit", "date", "device", "results"} <= set(data), path
-        assert re.search(r"python -m benchmarks\.\w+", data["command"]) and re.fullmatch(r"[0-9a-f]{40}(-dirty)?", data["commit"]), path
+        assert re.search(r"python -m benchmarks\.\w+", data["command"]) and re.fullmatch(
+            r"[0-9a-f]{40}(-dirty)?", data["commit"]
+        ), path
 
 
 # ---------------------------------------------------------------- the command-line page is generated
@@ -173,7 +190,9 @@ def test_the_site_configuration_fetches_nothing_at_build_time() -> None:
     config = yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))
     names = [plugin if isinstance(plugin, str) else next(iter(plugin)) for plugin in config["plugins"]]
     assert set(names) <= {"search", "mkdocstrings"}, names
-    handler = next(p for p in config["plugins"] if isinstance(p, dict) and "mkdocstrings" in p)["mkdocstrings"]["handlers"]["python"]
+    handler = next(p for p in config["plugins"] if isinstance(p, dict) and "mkdocstrings" in p)["mkdocstrings"][
+        "handlers"
+    ]["python"]
     assert "inventories" not in handler and "import" not in handler
 
 
@@ -193,7 +212,10 @@ def test_what_the_models_page_says_of_mpnet_is_what_its_records_hold() -> None:
     missed = rules["mpnet"]["missed"]
     assert missed["drift"] < missed["structure_ndcg"]
     assert "favours no end beyond noise on three of its four tuning structures and the end on\nthe fourth" in page
-    directions = ["level" if not row["beyond_noise"] else "end" if row["tilt"] > 0 else "beginning" for row in bias["models"]["mpnet"]]
+    directions = [
+        "level" if not row["beyond_noise"] else "end" if row["tilt"] > 0 else "beginning"
+        for row in bias["models"]["mpnet"]
+    ]
     assert sorted(directions) == ["end", "level", "level", "level"]
     quoted = "no calibration is fairer than the uncalibrated model by more than the tuning split's noise"
     assert quoted in page and quoted in (ROOT / "tuner" / "tuning" / "conclusion.py").read_text(encoding="utf-8")
@@ -208,8 +230,11 @@ def test_what_the_models_page_says_of_mpnet_is_what_its_records_hold() -> None:
     assert rules["minilm"]["exponents"]["outside"] == rules["mpnet"]["exponents"]["outside"] == 0
     assert "On MPNet's grid one pair falls just below the lower bound" in page
     low, _ = transfer["drift_exponent_bounds"]
-    assert rules["mpnet-grid"]["exponents"]["outside"] == 1 and low - 0.05 < rules["mpnet-grid"]["exponents"]["low"] < low
-    # the ceiling λ·(limit/drift)^(1/p): with the bound for p it moves by r^(1/p − 1/bound) for a probe r times under the limit
+    assert (
+        rules["mpnet-grid"]["exponents"]["outside"] == 1 and low - 0.05 < rules["mpnet-grid"]["exponents"]["low"] < low
+    )
+    # the ceiling λ·(limit/drift)^(1/p): with the bound for p it moves by r^(1/p − 1/bound) for a probe r times under
+    # the limit
     assert "moves by a fraction of a percent" in page
     assert 20 ** (1 / rules["mpnet-grid"]["exponents"]["low"] - 1 / low) < 1.01
 
@@ -220,15 +245,22 @@ def test_what_the_search_page_says_of_the_start_and_the_samplers_is_what_its_rec
     from tuner.tuning.search_space import depth_layers
 
     page = " ".join((ROOT / "docs" / "search.md").read_text(encoding="utf-8").split())
-    studies = json.loads((ROOT / "docs" / "results" / "search-cost-minilm.json").read_text(encoding="utf-8"))["results"]["studies"]
-    arms = {arm: [s for s in studies if s["arm"] == arm] for arm in ("robust-third", "random-start-third", "tpe-third", "gp-third")}
+    studies = json.loads((ROOT / "docs" / "results" / "search-cost-minilm.json").read_text(encoding="utf-8"))[
+        "results"
+    ]["studies"]
+    arms = {
+        arm: [s for s in studies if s["arm"] == arm]
+        for arm in ("robust-third", "random-start-third", "tpe-third", "gp-third")
+    }
     (grid,) = [s for s in studies if s["arm"] == "grid"]
     sets = sorted(grid["heldout"])
     budgeted = [s for arm in arms.values() for s in arm]
     assert "a study on MiniLM runs 6 to 12 trials" in page
     assert min(s["trials"] for s in budgeted) == 6 and max(s["trials"] for s in budgeted) == 12
     assert "The sampler's own model draws at most two of them" in page
-    assert {s["model_draws"] for s in budgeted} <= {0, 1, 2} and max(s["model_draws"] for s in arms["robust-third"]) <= 2
+    assert {s["model_draws"] for s in budgeted} <= {0, 1, 2} and max(
+        s["model_draws"] for s in arms["robust-third"]
+    ) <= 2
 
     def as_good(study: dict, name: str) -> bool:
         held, g = study["heldout"][name], grid["heldout"][name]
@@ -248,12 +280,19 @@ def test_what_the_search_page_says_of_the_start_and_the_samplers_is_what_its_rec
     assert "the spread is the seeds whose winner is fairer than the grid's, not seeds that fall short of it" in page
     for name in sets:
         ses = sorted(s["heldout"][name]["psi_se"] for s in arms["robust-third"])
-        assert all(s["heldout"][name]["psi"] <= grid["heldout"][name]["psi"] + ses[len(ses) // 2] for s in arms["robust-third"])
-    assert "Cost-aware TPE stays the default: its seeds' mean PSI is no higher than either other sampler's on any set" in page
+        assert all(
+            s["heldout"][name]["psi"] <= grid["heldout"][name]["psi"] + ses[len(ses) // 2] for s in arms["robust-third"]
+        )
+    assert (
+        "Cost-aware TPE stays the default: its seeds' mean PSI is no higher than either other sampler's on any set"
+        in page
+    )
     for name in sets:
         mean = {arm: sum(s["heldout"][name]["psi"] for s in runs) / len(runs) for arm, runs in arms.items()}
         assert mean["robust-third"] <= min(mean["tpe-third"], mean["gp-third"]) + 1e-9
-    assert "GPSampler ignores pruned trials (it fits complete ones only), a large share of a study's trials here" in page
+    assert (
+        "GPSampler ignores pruned trials (it fits complete ones only), a large share of a study's trials here" in page
+    )
     # `pruned` counts the one trial a study may leave unrun when its budget is spent; left out here
     assert sum(s["pruned"] - 1 for s in budgeted) / sum(s["trials"] for s in budgeted) > 0.25
     assert "on six layers they calibrate one and two where the default calibrates three" in page
@@ -266,18 +305,25 @@ def test_what_the_search_page_says_of_the_start_and_the_samplers_is_what_its_rec
 
 def test_what_the_benchmarks_page_says_of_ram_is_what_its_record_holds() -> None:
     page = " ".join((ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8").split())
-    variants = json.loads((ROOT / "docs" / "results" / "footprint.json").read_text(encoding="utf-8"))["results"]["variants"]
+    variants = json.loads((ROOT / "docs" / "results" / "footprint.json").read_text(encoding="utf-8"))["results"][
+        "variants"
+    ]
     assert "All three export the same config; holding neither is the fastest and needs the least memory." in page
     assert len({json.dumps(v["config"], sort_keys=True) for v in variants.values()}) == 1
     neither = variants["neither"]
-    assert all(neither["seconds"] <= v["seconds"] and neither["peak_rss_bytes"] <= v["peak_rss_bytes"] for v in variants.values())
+    assert all(
+        neither["seconds"] <= v["seconds"] and neither["peak_rss_bytes"] <= v["peak_rss_bytes"]
+        for v in variants.values()
+    )
     assert "the default until this was measured" in page
     changelog = " ".join((ROOT / "docs" / "changelog.md").read_text(encoding="utf-8").split())
     assert "which cost a first `tune` more than twice the memory and more time" in changelog
     both = variants["both"]
     assert both["peak_rss_bytes"] > 2 * neither["peak_rss_bytes"] and both["seconds"] > neither["seconds"]
     source = (ROOT / "tuner" / "evaluation" / "layer_inputs.py").read_text(encoding="utf-8")
-    assert "RAM_FRACTION = 0.0" in source and "LAYER_INPUTS_IN_RAM = False" in source, "the default is the variant `neither`"
+    assert "RAM_FRACTION = 0.0" in source and "LAYER_INPUTS_IN_RAM = False" in source, (
+        "the default is the variant `neither`"
+    )
 
 
 def site_page(name: str) -> str:
@@ -286,7 +332,9 @@ def site_page(name: str) -> str:
 
     config = yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))
     names = [e if isinstance(e, str) else next(iter(e)) for e in config["markdown_extensions"]]
-    options = {next(iter(e)): next(iter(e.values())) or {} for e in config["markdown_extensions"] if isinstance(e, dict)}
+    options = {
+        next(iter(e)): next(iter(e.values())) or {} for e in config["markdown_extensions"] if isinstance(e, dict)
+    }
     hooks = load_module(ROOT / "docs" / "hooks.py")
     text = hooks.on_page_markdown((ROOT / "docs" / name).read_text(encoding="utf-8"))
     return hooks.on_page_content(markdown.markdown(text, extensions=names, extension_configs=options))
@@ -317,7 +365,8 @@ def test_the_math_is_typeset_at_build_time_and_needs_no_script_or_network() -> N
 
 
 def test_every_screenshot_has_a_caption_and_opens_full_size() -> None:
-    """The Tracking page's pictures are shrunk to the text's width: each is a link to itself, in a figure with a caption."""
+    """The Tracking page's pictures are shrunk to the text's width: each is a link to itself, in a figure with a
+    caption."""
     page = site_page("tracking.md")
     images = re.findall(r'<img alt="[^"]*" src="([^"]+)"', page)
     assert len(images) >= 10
@@ -344,7 +393,9 @@ def test_every_plot_on_the_benchmarks_page_is_drawn_from_what_its_record_holds()
     for name, plot in plots.PLOTS.items():
         data = plot.data(record.read(record.RESULTS / f"{plot.source}.json"))
         assert data and plots.drawn_digest(plots.plot_path(name)) == plots.data_digest(data), name
-        assert f"<!-- figure: {name} -->" in page and f"(data digest <code>{plots.data_digest(data)}</code>)" in page, name
+        assert f"<!-- figure: {name} -->" in page and f"(data digest <code>{plots.data_digest(data)}</code>)" in page, (
+            name
+        )
     assert render.stale_plots() == []
 
 

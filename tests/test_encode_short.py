@@ -18,12 +18,22 @@ def test_encode_counts_the_texts_shorter_than_one_basket(tiny_model_dir, tmp_pat
     loaded = load_model(str(tiny_model_dir("bert")), pooling="cls")
     config = loaded.default_config(basket_size=16, strength=1.0, layers="last")
     exported = export_of(loaded, config)
-    (tmp_path / "best.yaml").write_text(yaml.safe_dump(exported.model_dump(mode="json", by_alias=True)), encoding="utf-8")
+    (tmp_path / "best.yaml").write_text(
+        yaml.safe_dump(exported.model_dump(mode="json", by_alias=True)), encoding="utf-8"
+    )
     texts = random_texts(3, 2, 5, seed=1) + random_texts(3, 40, 60, seed=2)
     (tmp_path / "docs.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
     result = CliRunner().invoke(
         app,
-        ["encode", "--config", str(tmp_path / "best.yaml"), "--input", str(tmp_path / "docs.txt"), "--output", str(tmp_path / "emb.npy")],
+        [
+            "encode",
+            "--config",
+            str(tmp_path / "best.yaml"),
+            "--input",
+            str(tmp_path / "docs.txt"),
+            "--output",
+            str(tmp_path / "emb.npy"),
+        ],
     )
     assert result.exit_code == 0, result.output
     said = " ".join(result.output.split())
@@ -35,7 +45,8 @@ def test_encode_counts_the_texts_shorter_than_one_basket(tiny_model_dir, tmp_pat
 
 
 def test_python_encode_warns_once_when_documents_shorter_than_a_basket_stay_uncalibrated(tiny_model_dir) -> None:
-    """What `tune encode` prints, Python's `encode()` warns: once per encoder, with the count of the call that met them."""
+    """What `tune encode` prints, Python's `encode()` warns: once per encoder, with the count of the call that met
+    them."""
     import warnings
 
     from tuner.engine.encoder import ShortDocumentsWarning

@@ -65,7 +65,10 @@ def test_isolating_no_token_matches_the_oracle(tiny: LoadedModel) -> None:
     assert np.abs(got - want).max() < 1e-5
     assert (
         np.abs(
-            got - CalibratedEncoder(tiny, tiny.default_config(strength=0.8, basket_size=8, layers="last:2")).encode(TEXTS, batch_size=4)
+            got
+            - CalibratedEncoder(tiny, tiny.default_config(strength=0.8, basket_size=8, layers="last:2")).encode(
+                TEXTS, batch_size=4
+            )
         ).max()
         > 1e-4
     )
@@ -73,17 +76,24 @@ def test_isolating_no_token_matches_the_oracle(tiny: LoadedModel) -> None:
 
 def test_strength_zero_and_short_documents_match_plain_sdpa(tiny: LoadedModel) -> None:
     plain = CalibratedEncoder(with_attention(tiny, PLAIN)).encode(TEXTS, batch_size=4)
-    at_zero = CalibratedEncoder(tiny, tiny.default_config(strength=0.0, basket_size=8, layers=1.0)).encode(TEXTS, batch_size=4)
+    at_zero = CalibratedEncoder(tiny, tiny.default_config(strength=0.0, basket_size=8, layers=1.0)).encode(
+        TEXTS, batch_size=4
+    )
     assert np.abs(at_zero - plain).max() < 1e-6
     short = [t for t in TEXTS if len(t.split()) < 6]
     long_basket = tiny.default_config(strength=1.0, basket_size=200, layers=1.0)
     assert (
-        np.abs(CalibratedEncoder(tiny, long_basket).encode(short) - CalibratedEncoder(with_attention(tiny, PLAIN)).encode(short)).max()
+        np.abs(
+            CalibratedEncoder(tiny, long_basket).encode(short)
+            - CalibratedEncoder(with_attention(tiny, PLAIN)).encode(short)
+        ).max()
         < 1e-6
     )
 
 
-def test_a_batch_is_copied_from_the_baseline_exactly_when_no_passage_in_it_has_a_basket_of_content(tiny: LoadedModel) -> None:
+def test_a_batch_is_copied_from_the_baseline_exactly_when_no_passage_in_it_has_a_basket_of_content(
+    tiny: LoadedModel,
+) -> None:
     """A passage's content is its real tokens less the isolated ones. One basket of content is enough to be
     calibrated (under `uniform` the isolated tokens' share then changes): a pass given the uncalibrated vectors
     encodes that passage's batch and copies the batch of a passage one token shorter."""
@@ -165,7 +175,8 @@ def test_layers_beyond_the_model_are_refused(tiny: LoadedModel) -> None:
 
 def test_unknown_alias_lists_the_known_ones() -> None:
     with pytest.raises(
-        ValueError, match="Known aliases: minilm, mpnet, embeddinggemma, bge-m3, gte-multilingual-base, qwen3-embedding-0.6b"
+        ValueError,
+        match="Known aliases: minilm, mpnet, embeddinggemma, bge-m3, gte-multilingual-base, qwen3-embedding-0.6b",
     ):
         load_model("bge-m4")
 
@@ -200,12 +211,16 @@ def test_the_gte_hub_id_a_user_types_is_the_native_checkpoint() -> None:
     [
         (
             "DebertaV2Model",
-            DebertaV2Config(vocab_size=204, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64),
+            DebertaV2Config(
+                vocab_size=204, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64
+            ),
         ),
         ("XLMModel", XLMConfig(vocab_size=204, emb_dim=32, n_layers=2, n_heads=4)),
     ],
 )
-def test_a_family_that_computes_attention_itself_without_an_adapter_is_refused_by_name(tmp_path, family: str, config) -> None:
+def test_a_family_that_computes_attention_itself_without_an_adapter_is_refused_by_name(
+    tmp_path, family: str, config
+) -> None:
     folder = tmp_path / family
     AutoModel.from_config(config).save_pretrained(folder)
     build_tokenizer("bert", 64).save_pretrained(folder)
@@ -288,7 +303,9 @@ def test_encode_takes_sentence_transformers_keywords(tiny_model_dir) -> None:
     assert np.abs(raw / norms[:, None] - rows).max() < 1e-5
     prompted = encoder.encode(TEXTS[:3], prompt="passage: ")
     assert np.abs(prompted - encoder.encode(["passage: " + t for t in TEXTS[:3]])).max() < 1e-6
-    assert np.abs(encoder.encode_query(TEXTS[0], prompt="") - CalibratedEncoder(loaded).encode(TEXTS[:1])[0]).max() < 1e-6
+    assert (
+        np.abs(encoder.encode_query(TEXTS[0], prompt="") - CalibratedEncoder(loaded).encode(TEXTS[:1])[0]).max() < 1e-6
+    )
     with pytest.raises(TypeError, match="a string or a list of strings"):
         encoder.encode([1, 2])  # type: ignore[list-item]
 

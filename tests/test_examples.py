@@ -52,7 +52,9 @@ if [ "$SLURM_ARRAY_TASK_ID" = 0 ]; then until [ -e "$RECORD/study-done" ]; do sl
 
 
 def task(number: int, env: dict[str, str]) -> subprocess.Popen:
-    return subprocess.Popen(["bash", str(SBATCH)], env={**env, "SLURM_ARRAY_TASK_ID": str(number)}, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        ["bash", str(SBATCH)], env={**env, "SLURM_ARRAY_TASK_ID": str(number)}, stderr=subprocess.PIPE, text=True
+    )
 
 
 @pytest.fixture
@@ -90,7 +92,9 @@ def test_task_0_serves_mlflow_and_coordinates_and_every_task_tunes_one_study_log
     (record / "study-done").touch()  # the coordinator's `tune` ends once the workers have
     assert coordinator.wait(timeout=60) == 0, coordinator.stderr.read()  # type: ignore[union-attr]
 
-    calls = {line.split(" ", 1)[0]: line.split(" ", 1)[1].split() for line in (record / "tune").read_text().splitlines()}
+    calls = {
+        line.split(" ", 1)[0]: line.split(" ", 1)[1].split() for line in (record / "tune").read_text().splitlines()
+    }
     assert sorted(calls) == ["0", "1", "2"]
     for args in calls.values():
         assert args == calls["0"], "every task runs the same command"
@@ -121,9 +125,13 @@ def test_task_0_serves_mlflow_and_coordinates_and_every_task_tunes_one_study_log
     assert (record / "scancel").read_text().split() == ["--state=PENDING", "4242"]  # queued tasks are not needed
 
 
-def test_a_failed_coordinator_cancels_the_whole_array_and_a_worker_without_one_gives_up(array: dict[str, str], tmp_path: Path) -> None:
+def test_a_failed_coordinator_cancels_the_whole_array_and_a_worker_without_one_gives_up(
+    array: dict[str, str], tmp_path: Path
+) -> None:
     record = tmp_path / "record"
-    (record.parent / "bin" / "tune").write_text('#!/bin/bash\necho "$SLURM_ARRAY_TASK_ID $*" >>"$RECORD/tune"\nexit 2\n', encoding="utf-8")
+    (record.parent / "bin" / "tune").write_text(
+        '#!/bin/bash\necho "$SLURM_ARRAY_TASK_ID $*" >>"$RECORD/tune"\nexit 2\n', encoding="utf-8"
+    )
     coordinator = task(0, array)
     assert coordinator.wait(timeout=60) == 2  # tune's own exit status
     assert (record / "scancel").read_text().split() == ["4242"]  # the workers stop too: the same sbatch resumes
@@ -137,7 +145,11 @@ def test_a_failed_coordinator_cancels_the_whole_array_and_a_worker_without_one_g
 
 
 def documents() -> list[tuple[str, dict]]:
-    return [(f"{path.name}:{doc['kind']}", doc) for path in MANIFESTS for doc in yaml.safe_load_all(path.read_text(encoding="utf-8"))]
+    return [
+        (f"{path.name}:{doc['kind']}", doc)
+        for path in MANIFESTS
+        for doc in yaml.safe_load_all(path.read_text(encoding="utf-8"))
+    ]
 
 
 @pytest.mark.parametrize(("name", "document"), documents(), ids=[name for name, _ in documents()])
@@ -153,7 +165,9 @@ def kind(name: str, kind_: str) -> dict:
     return found
 
 
-def test_the_study_job_gives_every_pod_a_gpu_an_index_and_one_command_that_meets_the_storage_and_mlflow_services() -> None:
+def test_the_study_job_gives_every_pod_a_gpu_an_index_and_one_command_that_meets_the_storage_and_mlflow_services() -> (
+    None
+):
     job = kind("posfair-study", "Job")
     spec, pod = job["spec"], job["spec"]["template"]["spec"]
     assert spec["completionMode"] == "Indexed" and spec["completions"] == spec["parallelism"] >= 2  # all at once
@@ -167,7 +181,10 @@ def test_the_study_job_gives_every_pod_a_gpu_an_index_and_one_command_that_meets
     storage = urlsplit(str(options["storage"]))
     postgres, secret = kind("posfair-postgres", "Service"), kind("posfair-postgres", "Secret")
     assert (storage.hostname, storage.port) == (postgres["metadata"]["name"], postgres["spec"]["ports"][0]["port"])
-    assert (storage.username, storage.path) == (secret["stringData"]["POSTGRES_USER"], f"/{secret['stringData']['POSTGRES_DB']}")
+    assert (storage.username, storage.path) == (
+        secret["stringData"]["POSTGRES_USER"],
+        f"/{secret['stringData']['POSTGRES_DB']}",
+    )
     assert storage.password == "$(POSTGRES_PASSWORD)" and env["POSTGRES_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
         "name": "posfair-postgres",
         "key": "POSTGRES_PASSWORD",
@@ -176,13 +193,21 @@ def test_the_study_job_gives_every_pod_a_gpu_an_index_and_one_command_that_meets
     assert (tracking.hostname, tracking.port) == (mlflow["metadata"]["name"], mlflow["spec"]["ports"][0]["port"])
 
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
-    claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"] if "persistentVolumeClaim" in v}
-    assert kind(claims["shared"], "PersistentVolumeClaim")["spec"]["accessModes"] == ["ReadWriteMany"]  # every pod mounts it
-    assert str(options["output"]).startswith(mounts["shared"] + "/") and env["HF_HOME"]["value"].startswith(mounts["shared"] + "/")
+    claims = {
+        v["name"]: v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"] if "persistentVolumeClaim" in v
+    }
+    assert kind(claims["shared"], "PersistentVolumeClaim")["spec"]["accessModes"] == [
+        "ReadWriteMany"
+    ]  # every pod mounts it
+    assert str(options["output"]).startswith(mounts["shared"] + "/") and env["HF_HOME"]["value"].startswith(
+        mounts["shared"] + "/"
+    )
 
     download = kind("posfair-download", "Job")["spec"]["template"]["spec"]  # fills the cache the study reads offline
     [filler] = download["containers"]
-    assert {e["name"]: e["value"] for e in filler["env"]}["HF_HOME"] == env["HF_HOME"]["value"] and env["HF_HUB_OFFLINE"]["value"] == "1"
+    assert {e["name"]: e["value"] for e in filler["env"]}["HF_HOME"] == env["HF_HOME"]["value"] and env[
+        "HF_HUB_OFFLINE"
+    ]["value"] == "1"
     assert {m["mountPath"] for m in filler["volumeMounts"]} == {mounts["shared"]}
     assert [v["persistentVolumeClaim"]["claimName"] for v in download["volumes"]] == [claims["shared"]]
 
@@ -194,7 +219,9 @@ def test_the_mlflow_server_keeps_its_runs_in_the_database_the_postgres_server_cr
     assert (store.hostname, store.port, store.path) == ("posfair-postgres", 5432, "/mlflow")
     assert "CREATE DATABASE mlflow;" in kind("posfair-postgres-init", "ConfigMap")["data"]["mlflow.sql"]
     assert (
-        int(flags["port"]) == container["ports"][0]["containerPort"] == kind("posfair-mlflow", "Service")["spec"]["ports"][0]["targetPort"]
+        int(flags["port"])
+        == container["ports"][0]["containerPort"]
+        == kind("posfair-mlflow", "Service")["spec"]["ports"][0]["targetPort"]
     )
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
     assert flags["artifacts-destination"] in mounts

@@ -30,7 +30,10 @@ def test_the_yaml_carries_basket_shares_and_encodes_with_it(tiny: LoadedModel, t
     assert load_exported(path).calibration.basket_shares == "by_size"
     texts = random_texts(6, 10, 40, seed=2)
     config = tiny.default_config(basket_size=8, strength=0.9, layers=[1, 2], basket_shares="by_size")
-    assert np.abs(CalibratedEncoder.from_yaml(path).encode(texts) - CalibratedEncoder(tiny, config).encode(texts)).max() < 1e-6
+    assert (
+        np.abs(CalibratedEncoder.from_yaml(path).encode(texts) - CalibratedEncoder(tiny, config).encode(texts)).max()
+        < 1e-6
+    )
 
 
 def test_a_yaml_from_before_the_option_calibrates_as_the_paper(tiny: LoadedModel, tmp_path: Path) -> None:
@@ -44,7 +47,9 @@ def test_a_yaml_from_before_the_option_calibrates_as_the_paper(tiny: LoadedModel
 def test_w_is_written_only_for_cls_hard(tiny: LoadedModel, tmp_path: Path) -> None:
     """w is CLS-Hard's fixed self-mass; a YAML of another variant does not carry it (and loads with the default)."""
     soft = yaml.safe_load(export(tiny, tmp_path / "soft.yaml", variant="cls_soft").read_text(encoding="utf-8"))
-    hard = yaml.safe_load(export(tiny, tmp_path / "hard.yaml", variant="cls_hard", weight=0.2).read_text(encoding="utf-8"))
+    hard = yaml.safe_load(
+        export(tiny, tmp_path / "hard.yaml", variant="cls_hard", weight=0.2).read_text(encoding="utf-8")
+    )
     assert "weight" not in soft["calibration"] and hard["calibration"]["weight"] == 0.2
     assert load_exported(tmp_path / "hard.yaml").calibration.weight == 0.2
 
@@ -71,7 +76,11 @@ def test_the_provenance_names_versions_and_the_commit(tiny: LoadedModel, tmp_pat
     from tuner import __version__
 
     provenance = load_exported(export(tiny, tmp_path / "p.yaml")).provenance
-    assert provenance.versions == {"posfair": __version__, "torch": torch.__version__, "transformers": transformers.__version__}
+    assert provenance.versions == {
+        "posfair": __version__,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True)
     if head.returncode == 0:  # a git checkout: the commit is recorded (marked if the source differs from it)
         assert provenance.git_commit is not None and provenance.git_commit.split()[0] == head.stdout.strip()

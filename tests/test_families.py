@@ -21,14 +21,25 @@ from tuner.engine.adapters import ADAPTERS, INTERFACE, ROUTED, SUPPORTED
 from tuner.engine.encoder import CalibratedEncoder
 from tuner.engine.models import LoadedModel, load_model
 
-SMALL = {"vocab_size": 204, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64}
+SMALL = {
+    "vocab_size": 204,
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "intermediate_size": 64,
+}
 DECODERS = {"qwen3", "llama", "mistral", "gemma3_text", "eurobert"}
 SHAPE = {  # what a family's config calls its sizes, where it differs from BERT's names
     "distilbert": {"dim": 32, "n_layers": 2, "n_heads": 4, "hidden_dim": 64},
     "electra": {"embedding_size": 32},
     **{family: {"num_key_value_heads": 2, "head_dim": 8} for family in DECODERS},
 }
-POOLING = {**{family: "last" for family in DECODERS - {"eurobert"}}, "distilbert": "mean", "nomic_bert": "mean", "mpnet": "mean"}
+POOLING = {
+    **{family: "last" for family in DECODERS - {"eurobert"}},
+    "distilbert": "mean",
+    "nomic_bert": "mean",
+    "mpnet": "mean",
+}
 TEXTS = random_texts(5, 3, 40, seed=4)
 
 
@@ -49,7 +60,8 @@ def tiny_family(family: str, folder: Path, layers: int = 2) -> LoadedModel:
     )
     torch.manual_seed(0)
     AutoModel.from_config(config).save_pretrained(folder)
-    # decoders: text then the pooled end-of-text token; encoders: <s> 0, <pad> 1, </s> 2 (positions from 2 fit every family)
+    # decoders: text then the pooled end-of-text token; encoders: <s> 0, <pad> 1, </s> 2 (positions from 2 fit every
+    # family)
     build_tokenizer("qwen3" if family in DECODERS else "xlmr", 64).save_pretrained(folder)
     return load_model(str(folder), pooling=POOLING.get(family, "cls"))
 
@@ -115,7 +127,9 @@ def test_the_readme_names_every_supported_family_and_how_it_is_reached() -> None
     """The README's sentence on model families is a claim: the interface's families, then the adapters' own."""
     text = " ".join((Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8").split())
     sentence = text.split("Model families, each tested against a full-matrix oracle: ")[1].split(" ([Models]")[0]
-    interface, routed = sentence.removeprefix("through transformers' attention interface ").split("; through an adapter of its own ")
+    interface, routed = sentence.removeprefix("through transformers' attention interface ").split(
+        "; through an adapter of its own "
+    )
 
     def names(part: str) -> set[str]:
         return {name.strip().strip("`") for name in part.split(",")}

@@ -36,8 +36,13 @@ def assert_one_finished_run_per_complete_trial(storage: str, tracking: str, name
     assert finished_trial_numbers(tracking, name) == sorted(t.number for t in trials if t.state == COMPLETE)
     for run in trial_runs(tracking, name):
         number = int(run.data.tags["posfair.trial"])
-        if trials[number].state == optuna.trial.TrialState.PRUNED:  # stopped at a rung: its figures there, marked pruned
-            assert run.info.status == "FINISHED" and run.data.tags.get("posfair.state") == "PRUNED", (number, run.info.status)
+        if (
+            trials[number].state == optuna.trial.TrialState.PRUNED
+        ):  # stopped at a rung: its figures there, marked pruned
+            assert run.info.status == "FINISHED" and run.data.tags.get("posfair.state") == "PRUNED", (
+                number,
+                run.info.status,
+            )
         elif trials[number].state != COMPLETE:  # an aborted trial's run is closed as failed, without a trial's metrics
             assert run.info.status in ("FAILED", "KILLED") and "psi" not in run.data.metrics, (number, run.info.status)
 
@@ -59,8 +64,12 @@ def test_one_stop_finishes_the_trial_says_so_exits_non_zero_exports_nothing_and_
     temp folder behind; one Ctrl-C (issue 13, case 9) exported the winner of 2 of 4 trials, marked the parent
     FINISHED and exited 0. Both now stop alike."""
     storage, tracking, name = study_backend(backend, tmp_path)
-    cmd = command(tiny_model_dir("bert"), data, storage, tracking, 5, "--output", str(tmp_path / "best.yaml"), name=name)
-    run = forkserver.popen(cmd, cwd=tmp_path, env=environment(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    cmd = command(
+        tiny_model_dir("bert"), data, storage, tracking, 5, "--output", str(tmp_path / "best.yaml"), name=name
+    )
+    run = forkserver.popen(
+        cmd, cwd=tmp_path, env=environment(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     stopped = catch_running(run, storage, name, at_least=1)
     run.send_signal(stop)
     output = " ".join(run.communicate(timeout=300)[0].split())
@@ -75,10 +84,14 @@ def test_one_stop_finishes_the_trial_says_so_exits_non_zero_exports_nothing_and_
     assert parent.info.status == "KILLED"
     assert parent.data.tags["posfair.outcome"] == f"stopped early ({reason}): {complete} of 5 trials"
     winner = optuna.load_study(study_name=name, storage=polled(storage)).user_attrs["winner"]
-    assert winner == f"none yet: the study stopped early ({reason}): {complete} of 5 trials complete", "not 'the study is running'"
+    assert winner == f"none yet: the study stopped early ({reason}): {complete} of 5 trials complete", (
+        "not 'the study is running'"
+    )
     assert list((tmp_path / "tmp").glob("posfair-*")) == []
 
-    again = forkserver.run(cmd, cwd=tmp_path, env=environment(tmp_path), capture_output=True, text=True, timeout=600, check=False)
+    again = forkserver.run(
+        cmd, cwd=tmp_path, env=environment(tmp_path), capture_output=True, text=True, timeout=600, check=False
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     assert sum(done(t) for t in trials_of(storage, name)) == 5 and (tmp_path / "best.yaml").exists()
     assert parent_run(tracking, name).info.status == "FINISHED"
@@ -92,7 +105,9 @@ def test_sigterm_past_the_grace_period_aborts_the_trial_and_the_rerun_runs_it_on
     """A trial longer than the grace period is aborted (its run FAILED, not FINISHED with metrics) and queued
     again; after the rerun MLflow holds one FINISHED run per complete trial."""
     storage, tracking, name = study_backend(backend, tmp_path)
-    cmd = command(tiny_model_dir("bert"), data, storage, tracking, 4, "--output", str(tmp_path / "best.yaml"), name=name)
+    cmd = command(
+        tiny_model_dir("bert"), data, storage, tracking, 4, "--output", str(tmp_path / "best.yaml"), name=name
+    )
     env = {**environment(tmp_path), "POSFAIR_STOP_GRACE": "0"}
     run = forkserver.popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     aborted = catch_running(run, storage, name, at_least=1)
@@ -108,19 +123,35 @@ def test_sigterm_past_the_grace_period_aborts_the_trial_and_the_rerun_runs_it_on
     assert parent_run(tracking, name).info.status == "KILLED"
     assert list((tmp_path / "tmp").glob("posfair-*")) == []
 
-    again = forkserver.run(cmd, cwd=tmp_path, env=environment(tmp_path), capture_output=True, text=True, timeout=600, check=False)
+    again = forkserver.run(
+        cmd, cwd=tmp_path, env=environment(tmp_path), capture_output=True, text=True, timeout=600, check=False
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     assert sum(done(t) for t in trials_of(storage, name)) == 4
     assert_one_finished_run_per_complete_trial(storage, tracking, name)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_two_identical_tunes_on_one_fresh_folder_export_once(backend: str, tiny_model_dir, data: Path, tmp_path: Path) -> None:
+def test_two_identical_tunes_on_one_fresh_folder_export_once(
+    backend: str, tiny_model_dir, data: Path, tmp_path: Path
+) -> None:
     """Both exported and registered two versions; one exporter is now elected through the study storage."""
     storage, tracking, name = study_backend(backend, tmp_path)
-    cmd = command(tiny_model_dir("bert"), data, storage, tracking, 6, "--output", str(tmp_path / "best.yaml"), name=name, heartbeat=10)
+    cmd = command(
+        tiny_model_dir("bert"),
+        data,
+        storage,
+        tracking,
+        6,
+        "--output",
+        str(tmp_path / "best.yaml"),
+        name=name,
+        heartbeat=10,
+    )
     runs = [
-        forkserver.popen(cmd, cwd=tmp_path, env=environment(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        forkserver.popen(
+            cmd, cwd=tmp_path, env=environment(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
         for _ in range(2)
     ]
     outputs = [" ".join(run.communicate(timeout=600)[0].split()) for run in runs]
@@ -165,10 +196,14 @@ def test_mlruns_deleted_mid_run_stops_with_a_clear_error(tiny_model_dir, data: P
     import shutil
     import time
 
-    cmd = command(tiny_model_dir("bert"), data, "", "", 6, "--output", str(tmp_path / "best.yaml"), name="deleted", heartbeat=3600)
+    cmd = command(
+        tiny_model_dir("bert"), data, "", "", 6, "--output", str(tmp_path / "best.yaml"), name="deleted", heartbeat=3600
+    )
     for flag in ("--storage", "--tracking-uri"):  # the defaults: both stores under ./mlruns
         del cmd[cmd.index(flag) : cmd.index(flag) + 2]
-    run = forkserver.popen(cmd, cwd=tmp_path, env=environment(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    run = forkserver.popen(
+        cmd, cwd=tmp_path, env=environment(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     storage = f"sqlite:///{tmp_path / 'mlruns' / 'optuna.db'}"
     deadline = time.monotonic() + 300
     while not (tmp_path / "mlruns" / "optuna.db").exists() or sum(done(t) for t in trials_of(storage, "deleted")) < 2:
@@ -202,7 +237,9 @@ def test_optunas_log_of_a_trial_that_lost_its_store_is_one_line_and_a_bug_keeps_
         try:
             raise error
         except BaseException:  # noqa: BLE001 - the record carries whatever was raised
-            record = logging.LogRecord("optuna", logging.WARNING, __file__, 1, "Trial 3 failed because of %r", (error,), sys.exc_info())
+            record = logging.LogRecord(
+                "optuna", logging.WARNING, __file__, 1, "Trial 3 failed because of %r", (error,), sys.exc_info()
+            )
         handler.filter(record)
         return record
 
@@ -317,7 +354,10 @@ def test_a_background_thread_that_lost_its_store_says_so_in_one_line(
     saved = threading.excepthook
     try:
         quiet_libraries()
-        for error in (sqlalchemy.exc.OperationalError("UPDATE", {}, Exception("no such table: trial_heartbeats")), ValueError("a bug")):
+        for error in (
+            sqlalchemy.exc.OperationalError("UPDATE", {}, Exception("no such table: trial_heartbeats")),
+            ValueError("a bug"),
+        ):
 
             def fail(error: Exception = error) -> None:
                 raise error
@@ -367,8 +407,12 @@ def test_a_local_worker_that_dies_is_reported_with_its_signal_and_its_trial_reru
     finally:
         stop()
     if end == "SIGKILL":
-        assert f"local worker 1 (pid {worker.pid}) was killed by SIGKILL while it ran trial {trial.number}" in caplog.text
-        assert f"trial {trial.number} was left RUNNING by process {worker.pid}, which is gone; it is re-run" in caplog.text
+        assert (
+            f"local worker 1 (pid {worker.pid}) was killed by SIGKILL while it ran trial {trial.number}" in caplog.text
+        )
+        assert (
+            f"trial {trial.number} was left RUNNING by process {worker.pid}, which is gone; it is re-run" in caplog.text
+        )
         trials = study.get_trials(deepcopy=False)
         assert trials[trial.number].state == FAIL
         assert [t.state for t in trials if t.system_attrs.get("failed_trial") == trial.number] == [WAITING]

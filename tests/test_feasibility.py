@@ -111,7 +111,9 @@ def test_the_point_rule_compares_the_point_hm_and_the_ndcg_limit_is_named() -> N
 
 # --- each wording against the numbers it states -----------------------------------------------------------------
 
-LIMITS = Constraints(FLOOR, max_ndcg_drop=0.005, max_general_drop=0.01, max_crops_psi=1.0, max_reversal=0.02, max_drift=2.0)
+LIMITS = Constraints(
+    FLOOR, max_ndcg_drop=0.005, max_general_drop=0.01, max_crops_psi=1.0, max_reversal=0.02, max_drift=2.0
+)
 
 
 @pytest.mark.parametrize(
@@ -142,21 +144,38 @@ LIMITS = Constraints(FLOOR, max_ndcg_drop=0.005, max_general_drop=0.01, max_crop
             "packed",
             "the other structures' nDCG@10 limit met (closest: packed, nDCG@10 change at best +0.10, ≥ -0.50 allowed)",
         ),
-        # `reversal` comes as its constraint value (`RobustEvidence.reversal(allowance)`): the largest reversal less 0.02
-        ("reversal", {"reversal": 0.035 - 0.02}, "openings", "reverses the bias (openings: 3.50 tilt points the other way, 2.00 allowed)"),
+        # `reversal` comes as its constraint value (`RobustEvidence.reversal(allowance)`): the largest reversal less
+        # 0.02
+        (
+            "reversal",
+            {"reversal": 0.035 - 0.02},
+            "openings",
+            "reverses the bias (openings: 3.50 tilt points the other way, 2.00 allowed)",
+        ),
         (
             "reversal",
             {"reversal": 0.0141 - 0.02},
             "crops",
             "the no-reversal rule met (closest: crops, 0.59 tilt points short of the limit)",
         ),
-        ("drift", {"drift_ratio": 3.1}, "crops", "is over the drift limit (crops: 3.10× the paper default's drift, > 2×)"),
-        ("drift", {"drift_ratio": 1.43}, "openings", "the drift limit met (closest: openings, 1.43× the paper default's drift, ≤ 2×)"),
+        (
+            "drift",
+            {"drift_ratio": 3.1},
+            "crops",
+            "is over the drift limit (crops: 3.10× the paper default's drift, > 2×)",
+        ),
+        (
+            "drift",
+            {"drift_ratio": 1.43},
+            "openings",
+            "the drift limit met (closest: openings, 1.43× the paper default's drift, ≤ 2×)",
+        ),
         (
             "crops_psi",
             {"crops_psi": (0.20, 0.161)},
             None,
-            "is less fair on the crops than the crops PSI limit allows (crops PSI 0.039 over 1× the uncalibrated PSI there)",
+            "is less fair on the crops than the crops PSI limit allows (crops PSI 0.039 over 1× the uncalibrated PSI "
+            "there)",
         ),
         (
             "general_drop",
@@ -166,11 +185,18 @@ LIMITS = Constraints(FLOOR, max_ndcg_drop=0.005, max_general_drop=0.01, max_crop
         ),
     ],
 )
-def test_each_constraint_is_said_with_the_figures_it_compared(name: str, measured: dict, where: str | None, said: str) -> None:
-    """The figures in each sentence are the measured ones and the limit (chosen here by hand), read back from the value."""
+def test_each_constraint_is_said_with_the_figures_it_compared(
+    name: str, measured: dict, where: str | None, said: str
+) -> None:
+    """The figures in each sentence are the measured ones and the limit (chosen here by hand), read back from the
+    value."""
     evidence = {"hm": 0.56, "hm_low": 0.56, "ndcg_delta": 0.0, "general_delta": 0.0} | measured
     values = LIMITS.values(
-        evidence.pop("hm"), evidence.pop("hm_low"), evidence.pop("ndcg_delta"), evidence.pop("general_delta"), **evidence
+        evidence.pop("hm"),
+        evidence.pop("hm_low"),
+        evidence.pop("ndcg_delta"),
+        evidence.pop("general_delta"),
+        **evidence,
     )
     assert LIMITS.clause(name, values[name], where) == said
     assert (values[name] > 0) == said.startswith(REQUIREMENTS[name].missed), "met or missed, as the value says"
@@ -251,7 +277,9 @@ def test_the_study_attributes_name_the_constraints_the_study_checks() -> None:
 ALLOWANCE = 0.005  # --max-ndcg-drop 0.005: half a point
 
 
-def structure_constraints(highs: dict[str, float], allowance: float = ALLOWANCE, dev_delta: float = 0.001) -> dict[str, float]:
+def structure_constraints(
+    highs: dict[str, float], allowance: float = ALLOWANCE, dev_delta: float = 0.001
+) -> dict[str, float]:
     """A trial's constraint values as `TrialScoring` computes them, for a tuning split (`dev`) that keeps nDCG@10
     and HM, and other structures whose 95% interval of the nDCG@10 change ends at `highs` (name → upper end)."""
     from objectives.evidence import TrialEvidence
@@ -264,12 +292,17 @@ def structure_constraints(highs: dict[str, float], allowance: float = ALLOWANCE,
 
     dev = evidence(dev_delta, dev_delta + 0.004)
     robust = RobustEvidence(
-        (StructureEvidence("dev", dev, tuning=True), *(StructureEvidence(n, evidence(h - 0.006, h)) for n, h in highs.items()))
+        (
+            StructureEvidence("dev", dev, tuning=True),
+            *(StructureEvidence(n, evidence(h - 0.006, h)) for n, h in highs.items()),
+        )
     )
     scoring = object.__new__(TrialScoring)  # only what the constraint values read
     scoring.constraints = Constraints(FLOOR, max_ndcg_drop=allowance)
     scoring.structures = []
-    scoring.yardstick = DriftYardstick(scoring.constraints, 0.0, 0.0)  # no drift yardstick: the drift limit is not applied
+    scoring.yardstick = DriftYardstick(
+        scoring.constraints, 0.0, 0.0
+    )  # no drift yardstick: the drift limit is not applied
     return scoring.constraint_values(dev, robust, None)
 
 
@@ -292,7 +325,8 @@ def test_the_nothing_feasible_message_names_the_closest_trial_to_a_constraint_ev
     message = nothing_feasible(study, TuneSettings(max_ndcg_drop=ALLOWANCE), FLOOR)
     assert message.startswith("no trial met the constraints; nothing exported.")
     assert (
-        "every trial loses nDCG@10 beyond noise on another structure (the closest, trial 1: nDCG@10 change at best -1.17, "
+        "every trial loses nDCG@10 beyond noise on another structure (the closest, trial 1: "
+        "nDCG@10 change at best -1.17, "
         "< -0.50 allowed)" in message
     )
     assert named(message) == {"structure_ndcg"}, "the HM floor and the tuning split's nDCG@10 were met"
@@ -305,22 +339,33 @@ def test_a_nothing_feasible_message_where_no_constraint_was_missed_by_every_tria
     from tuner.tuning.summary import nothing_feasible
 
     study = optuna.create_study()
-    for values in ({"hm_floor": 0.01, "ndcg_drop": -0.01, "structure_ndcg": -0.002}, structure_constraints({"crops": -0.009})):
+    for values in (
+        {"hm_floor": 0.01, "ndcg_drop": -0.01, "structure_ndcg": -0.002},
+        structure_constraints({"crops": -0.009}),
+    ):
         trial = study.ask()
         for name, value in values.items():
             trial.set_constraint(name, value)
         study.tell(trial, 0.1)
     message = nothing_feasible(study, TuneSettings(max_ndcg_drop=ALLOWANCE), FLOOR)
-    assert "no constraint was missed by every trial" in message and "every trial" not in message.replace("every trial (", "")
+    assert "no constraint was missed by every trial" in message and "every trial" not in message.replace(
+        "every trial (", ""
+    )
     assert message.endswith("Relax --hm-floor or --max-ndcg-drop, widen the search space, or run more --trials.")
 
 
 @pytest.mark.parametrize("high", [-0.0075, -0.0051, -0.0049, -0.002, 0.001])
-def test_the_verdict_names_the_other_structures_limit_exactly_when_a_loss_there_exceeds_it_beyond_noise(high: float) -> None:
+def test_the_verdict_names_the_other_structures_limit_exactly_when_a_loss_there_exceeds_it_beyond_noise(
+    high: float,
+) -> None:
     values = structure_constraints({"crops": high, "openings": 0.003})
     metrics = {f"constraint_{k}": v for k, v in values.items()}
-    left = 100 * (ALLOWANCE - max(-high, -0.003))  # the allowance left at the favourable end of the worst structure's interval
-    assert display_metrics(metrics)["structure_ndcg10_drop_allowance_left_x100"] == pytest.approx(left), "the figure MLflow shows"
+    left = 100 * (
+        ALLOWANCE - max(-high, -0.003)
+    )  # the allowance left at the favourable end of the worst structure's interval
+    assert display_metrics(metrics)["structure_ndcg10_drop_allowance_left_x100"] == pytest.approx(left), (
+        "the figure MLflow shows"
+    )
     sentence = Constraints(FLOOR, max_ndcg_drop=ALLOWANCE).explain(values, {"structure_ndcg": "crops"})
     missed = -high > ALLOWANCE  # even the favourable end loses more than the allowance
     assert (REQUIREMENTS["structure_ndcg"].missed in sentence) == missed
@@ -329,7 +374,9 @@ def test_the_verdict_names_the_other_structures_limit_exactly_when_a_loss_there_
 
 
 def test_a_loss_beyond_the_limit_on_the_tuning_split_itself_is_not_called_another_structure_s() -> None:
-    values = structure_constraints({"crops": 0.003}, dev_delta=-0.008)  # the tuning split: 0.8 points down, point estimate
+    values = structure_constraints(
+        {"crops": 0.003}, dev_delta=-0.008
+    )  # the tuning split: 0.8 points down, point estimate
     sentence = Constraints(FLOOR, max_ndcg_drop=ALLOWANCE).explain(values)
     assert REQUIREMENTS["ndcg_drop"].missed in sentence and REQUIREMENTS["structure_ndcg"].missed not in sentence
 

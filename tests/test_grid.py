@@ -70,5 +70,7 @@ def test_tune_grid_paper_runs_each_grid_config_once_and_the_baseline(
         for s, d, b, v in itertools.product(*(PAPER_GRID[k] for k in ("strength", "depth", "basket_size", "variant")))
     }
     assert drawn == expected
-    repeats = [t for t in study.trials if DUPLICATE_ATTR in t.user_attrs]  # the enqueued paper default, drawn again by the grid
+    repeats = [
+        t for t in study.trials if DUPLICATE_ATTR in t.user_attrs
+    ]  # the enqueued paper default, drawn again by the grid
     assert [study.trials[t.user_attrs[DUPLICATE_ATTR]].user_attrs.get("role") for t in repeats] == ["paper default"]

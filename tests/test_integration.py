@@ -19,7 +19,9 @@ LONG = " ".join(["The lighthouse keeper logged every ship that passed the northe
 @pytest.fixture(scope="module")
 def minilm_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
     loaded = load_model("minilm")
-    exported = export_of(loaded, loaded.default_config(strength=1.0, layers="last", basket_size=64), metrics={"tuning": {}})
+    exported = export_of(
+        loaded, loaded.default_config(strength=1.0, layers="last", basket_size=64), metrics={"tuning": {}}
+    )
     return write_exported(exported, tmp_path_factory.mktemp("st") / "best.yaml")
 
 

@@ -22,7 +22,13 @@ from tests.test_workers import command, done, finished_trial_numbers, study_back
 from tuner.cli.app import app
 from tuner.common.options import ArrayTask
 from tuner.tracking.registry import registered_name
-from tuner.tuning.settings import TuneSettings, job_array_task, local_worker_identity, process_identity, settings_in_force
+from tuner.tuning.settings import (
+    TuneSettings,
+    job_array_task,
+    local_worker_identity,
+    process_identity,
+    settings_in_force,
+)
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +57,10 @@ def test_the_task_index_is_counted_from_the_arrays_first_task(environ: dict[str,
         ({}, "no job array index in the environment (SLURM_ARRAY_TASK_ID from sbatch --array, or JOB_COMPLETION_INDEX"),
         ({"SLURM_ARRAY_TASK_ID": "x"}, "SLURM_ARRAY_TASK_ID='x' is not a task index"),
         ({"JOB_COMPLETION_INDEX": "-1"}, "JOB_COMPLETION_INDEX='-1' is not a task index"),
-        ({"SLURM_ARRAY_TASK_ID": "0", "SLURM_ARRAY_TASK_MIN": "2"}, "SLURM_ARRAY_TASK_ID=0 is below SLURM_ARRAY_TASK_MIN=2"),
+        (
+            {"SLURM_ARRAY_TASK_ID": "0", "SLURM_ARRAY_TASK_MIN": "2"},
+            "SLURM_ARRAY_TASK_ID=0 is below SLURM_ARRAY_TASK_MIN=2",
+        ),
     ],
 )
 def test_a_missing_or_malformed_array_index_is_named(environ: dict[str, str], said: str) -> None:
@@ -60,7 +69,9 @@ def test_a_missing_or_malformed_array_index_is_named(environ: dict[str, str], sa
     assert said in str(error.value)
 
 
-def test_the_first_task_coordinates_and_every_other_runs_trials_with_a_sampler_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_first_task_coordinates_and_every_other_runs_trials_with_a_sampler_of_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     roles = {}
     for task in ("1", "2", "3"):
         monkeypatch.setenv("SLURM_ARRAY_TASK_ID", task)
@@ -79,8 +90,10 @@ def test_the_first_task_coordinates_and_every_other_runs_trials_with_a_sampler_o
 def test_job_array_and_worker_together_are_refused_before_any_work(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "0")
     result = CliRunner().invoke(app, ["run", "--job-array", "--worker", "--trials", "1"])
-    assert result.exit_code == 2 and "--job-array gives every task its role itself (the first coordinates); drop --worker" in " ".join(
-        result.output.split()
+    assert (
+        result.exit_code == 2
+        and "--job-array gives every task its role itself (the first coordinates); drop --worker"
+        in " ".join(result.output.split())
     )
 
 
@@ -119,7 +132,15 @@ def test_a_job_array_on_one_journal_counts_every_trial_once_when_a_worker_is_kil
     once with what it had drawn, one MLflow run per complete trial, and one export by the first task."""
     storage, tracking, name = study_backend("journal", tmp_path)
     cmd = command(
-        tiny_model_dir("bert"), data, storage, tracking, TRIALS, "--job-array", "--output", str(tmp_path / "best.yaml"), heartbeat=2
+        tiny_model_dir("bert"),
+        data,
+        storage,
+        tracking,
+        TRIALS,
+        "--job-array",
+        "--output",
+        str(tmp_path / "best.yaml"),
+        heartbeat=2,
     )
     lock = tmp_path / "study.journal.lock"
     logs = [tmp_path / f"task-{i}.log" for i in range(TASKS)]
@@ -132,7 +153,9 @@ def test_a_job_array_on_one_journal_counts_every_trial_once_when_a_worker_is_kil
         workers = {task.pid: task for task in tasks[1:]}
         killed, deadline = None, time.monotonic() + 300
         while killed is None:
-            assert time.monotonic() < deadline and all(t.poll() is None for t in tasks), "no worker task was caught running a trial"
+            assert time.monotonic() < deadline and all(t.poll() is None for t in tasks), (
+                "no worker task was caught running a trial"
+            )
             for trial in trials_of(storage, name):
                 owner = trial.user_attrs.get("owner", {})
                 if trial.state == RUNNING and trial.number >= 2 and owner.get("pid") in workers:
@@ -166,17 +189,23 @@ def test_a_job_array_on_one_journal_counts_every_trial_once_when_a_worker_is_kil
     assert (tmp_path / "best.yaml").exists()
     client = MlflowClient(tracking, registry_uri=tracking)
     model = registered_name(str(tiny_model_dir("bert")))
-    assert len([v for v in client.search_model_versions(f"name = '{model}'") if v.tags.get("posfair.study") == name]) == 1
+    assert (
+        len([v for v in client.search_model_versions(f"name = '{model}'") if v.tags.get("posfair.study") == name]) == 1
+    )
 
     # optuna-dashboard reads the journal by its path, as on its command line
     journal = storage.removeprefix("journal:")
-    [shown] = [s["study_id"] for s in dashboard_api(journal, "/api/studies")["study_summaries"] if s["study_name"] == name]
+    [shown] = [
+        s["study_id"] for s in dashboard_api(journal, "/api/studies")["study_summaries"] if s["study_name"] == name
+    ]
     assert [(t["number"], t["state"]) for t in dashboard_api(journal, f"/api/studies/{shown}")["trials"]] == [
         (t.number, t.state.name.capitalize()) for t in trials
     ]
 
 
-def test_a_worker_task_says_what_it_waits_for_and_for_how_long_then_gives_up(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_worker_task_says_what_it_waits_for_and_for_how_long_then_gives_up(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """A task other than the coordinator waited up to an hour without a word when no coordinator came (in the
     Kubernetes example: pods 1-4 after pod 0 failed). It says what it waits for and until when, at once and then
     periodically, and gives up naming the fix."""
@@ -204,4 +233,6 @@ def test_a_worker_task_says_what_it_waits_for_and_for_how_long_then_gives_up(tmp
     assert time.monotonic() - start < 10
     study.set_user_attr("floor_value", 0.25)  # once it is set, the wait ends at once and says nothing
     caplog.clear()
-    assert await_floor(study, task, timeout=2.5) == 0.25 and not [r for r in caplog.records if r.name.startswith("tuner")]
+    assert await_floor(study, task, timeout=2.5) == 0.25 and not [
+        r for r in caplog.records if r.name.startswith("tuner")
+    ]

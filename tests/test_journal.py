@@ -18,14 +18,23 @@ import pytest
 from optuna.trial import TrialState
 
 from tuner.tuning.export_election import claim_export, record_export
-from tuner.tuning.storage import HEARTBEAT_ATTR, JOURNAL_LOCK_SECONDS, JournalWithHeartbeats, check_storage_url, grace_seconds, make_storage
+from tuner.tuning.storage import (
+    HEARTBEAT_ATTR,
+    JOURNAL_LOCK_SECONDS,
+    JournalWithHeartbeats,
+    check_storage_url,
+    grace_seconds,
+    make_storage,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used with Study.optimize")
 
 
 def handle(journal: Path, heartbeat: int = 20) -> optuna.Study:
     """One process's view of study "s" on the journal (created by the first)."""
-    return optuna.create_study(study_name="s", storage=make_storage(f"journal:{journal}", heartbeat), load_if_exists=True)
+    return optuna.create_study(
+        study_name="s", storage=make_storage(f"journal:{journal}", heartbeat), load_if_exists=True
+    )
 
 
 def test_a_journal_is_made_with_its_folder_and_read_by_every_handle(tmp_path: Path) -> None:
@@ -135,7 +144,9 @@ def test_a_garbage_line_inside_a_journal_is_named_with_the_command_that_removes_
     lines = journal_of_three_trials(journal)
     content = journal.read_bytes().splitlines(keepends=True)
     journal.write_bytes(b"".join([*content[:-1], b"garbage\n", content[-1]]))
-    with pytest.raises(ValueError, match=re.escape(f"{journal}:{lines}: line {lines} of {lines + 1} is not a journal entry")) as error:
+    with pytest.raises(
+        ValueError, match=re.escape(f"{journal}:{lines}: line {lines} of {lines + 1} is not a journal entry")
+    ) as error:
         check_storage_url(f"journal:{journal}")
     follow(str(error.value), journal)
     assert [t.state for t in handle(journal).trials] == [TrialState.COMPLETE] * 3
@@ -207,7 +218,9 @@ def test_a_beat_of_a_trial_another_process_failed_is_dropped_quietly(tmp_path: P
     assert study._storage.get_trial(trial._trial_id).state == TrialState.FAIL
 
 
-@pytest.mark.parametrize(("heartbeat", "grace"), [(20, 60), (5, JOURNAL_LOCK_SECONDS + 5), (1, JOURNAL_LOCK_SECONDS + 1)])
+@pytest.mark.parametrize(
+    ("heartbeat", "grace"), [(20, 60), (5, JOURNAL_LOCK_SECONDS + 5), (1, JOURNAL_LOCK_SECONDS + 1)]
+)
 def test_a_trial_counts_as_dead_only_after_a_lock_left_by_a_killed_writer_would_have_been_broken(
     heartbeat: int, grace: int, tmp_path: Path
 ) -> None:
@@ -215,7 +228,9 @@ def test_a_trial_counts_as_dead_only_after_a_lock_left_by_a_killed_writer_would_
     until it is broken: silence that short is no sign of death. Measured with --heartbeat 2: four processes on one
     journal, one SIGKILLed holding the lock; the coordinator's live trial was failed as dead 31 s later."""
     assert grace_seconds(make_storage(f"journal:{tmp_path / 'study.journal'}", heartbeat)) == grace
-    assert grace_seconds(make_storage(f"sqlite:///{tmp_path / 'o.db'}", heartbeat)) == 3 * heartbeat  # a database has no such lock
+    assert (
+        grace_seconds(make_storage(f"sqlite:///{tmp_path / 'o.db'}", heartbeat)) == 3 * heartbeat
+    )  # a database has no such lock
 
 
 def test_of_two_processes_finishing_a_study_on_one_journal_one_exports(tmp_path: Path) -> None:

@@ -179,7 +179,10 @@ def test_lower_packages_never_import_higher_ones() -> None:
 
 
 def test_the_layer_check_fails_on_an_upward_import() -> None:
-    graph = {"tuner.engine.models": {"tuner.tuning.search_space"}, "tuner.tuning.study": {"tuner.common.files", "tuner"}}
+    graph = {
+        "tuner.engine.models": {"tuner.tuning.search_space"},
+        "tuner.tuning.study": {"tuner.common.files", "tuner"},
+    }
     assert upward_imports(graph) == [("tuner.engine.models", "tuner.tuning.search_space")]
 
 
@@ -189,7 +192,9 @@ def test_every_module_lies_in_a_layer() -> None:
 
 
 def test_no_module_imports_more_than_a_few_others() -> None:
-    graph = {module: targets - {"tuner"} for module, targets in import_graph().items()}  # the root holds only the version
+    graph = {
+        module: targets - {"tuner"} for module, targets in import_graph().items()
+    }  # the root holds only the version
     widest = max(graph, key=lambda m: len(graph[m]))
     assert len(graph[widest]) <= MOST_IMPORTS, (widest, sorted(graph[widest]))
 

@@ -27,7 +27,9 @@ runner = CliRunner()
 
 def run(*args: str) -> tuple[int, str]:
     result = runner.invoke(app, list(args))
-    assert isinstance(result.exception, SystemExit | None), f"traceback instead of a message: {result.exception!r}\n{result.output}"
+    assert isinstance(result.exception, SystemExit | None), (
+        f"traceback instead of a message: {result.exception!r}\n{result.output}"
+    )
     return result.exit_code, " ".join(result.output.split())
 
 
@@ -61,14 +63,18 @@ def sentence_transformers_folder(folder: Path, *pooling_keys: str) -> Path:
     (folder / "1_Pooling").mkdir()
     keys = ("pooling_mode_cls_token", "pooling_mode_mean_tokens", "pooling_mode_max_tokens")
     modes = {key: key in pooling_keys for key in keys}
-    (folder / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 32, **modes}), encoding="utf-8")
+    (folder / "1_Pooling" / "config.json").write_text(
+        json.dumps({"word_embedding_dimension": 32, **modes}), encoding="utf-8"
+    )
     return folder
 
 
 @pytest.fixture
 def mean_pooled(tmp_path: Path, tiny_model_dir) -> Path:
     """A mean-pooled sentence-transformers model (as MiniLM is), in a folder of the test's own."""
-    return sentence_transformers_folder(Path(shutil.copytree(tiny_model_dir("bert"), tmp_path / "mean-model")), "pooling_mode_mean_tokens")
+    return sentence_transformers_folder(
+        Path(shutil.copytree(tiny_model_dir("bert"), tmp_path / "mean-model")), "pooling_mode_mean_tokens"
+    )
 
 
 def test_a_pooling_config_with_two_modes_on_is_read_as_neither(tiny_model_dir, tmp_path: Path) -> None:
@@ -90,7 +96,16 @@ def test_a_pooling_config_with_two_modes_on_is_read_as_neither(tiny_model_dir, t
 
 def encode(config: Path, folder: Path, *extra: str) -> tuple[int, str]:
     (folder / "docs.txt").write_text("w1 w2 w3 w4\n", encoding="utf-8")
-    return run("encode", "--config", str(config), "--input", str(folder / "docs.txt"), "--output", str(folder / "out.npy"), *extra)
+    return run(
+        "encode",
+        "--config",
+        str(config),
+        "--input",
+        str(folder / "docs.txt"),
+        "--output",
+        str(folder / "out.npy"),
+        *extra,
+    )
 
 
 def test_a_config_edited_to_another_pooling_is_refused_naming_the_models_own(mean_pooled: Path, tmp_path: Path) -> None:
@@ -100,7 +115,9 @@ def test_a_config_edited_to_another_pooling_is_refused_naming_the_models_own(mea
     code, said = encode(config, tmp_path)
     assert (
         code == 2
-        and f"model.pooling: the config says 'cls', but {mean_pooled} uses 'mean' ({mean_pooled / '1_Pooling' / 'config.json'})" in said
+        and f"model.pooling: the config says 'cls', but {mean_pooled} uses 'mean' "
+        f"({mean_pooled / '1_Pooling' / 'config.json'})"
+        in said
     )
     assert "pass --allow-model-mismatch (allow_model_mismatch=True) to use it as it is" in said
     assert not (tmp_path / "out.npy").exists()
@@ -108,7 +125,9 @@ def test_a_config_edited_to_another_pooling_is_refused_naming_the_models_own(mea
     assert code == 0, said
 
 
-def test_a_registry_model_is_checked_against_the_registry_before_it_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_registry_model_is_checked_against_the_registry_before_it_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """MiniLM (mean-pooled, right-padded) with `pooling: cls` or `padding_side: left`: refused before it loads."""
     import tuner.engine.encoder
 
@@ -142,7 +161,9 @@ def test_a_registry_model_is_checked_against_the_registry_before_it_loads(tmp_pa
         },
     }
     (tmp_path / "cls.yaml").write_text(yaml.safe_dump(data), encoding="utf-8")
-    with pytest.raises(ExportError, match=r"model\.pooling: the config says 'cls', but minilm uses 'mean' \(posfair's model registry\)"):
+    with pytest.raises(
+        ExportError, match=r"model\.pooling: the config says 'cls', but minilm uses 'mean' \(posfair's model registry\)"
+    ):
         CalibratedEncoder.from_yaml(tmp_path / "cls.yaml")
     data["model"].update(pooling="mean", padding_side="left")
     data["calibration"].update(pooling="mean", padding_side="left")
@@ -157,7 +178,10 @@ def test_a_config_edited_to_the_other_padding_side_is_refused(tiny_model_dir, tm
     config = edited(export_for(folder, "cls", tmp_path / "cal.yaml"), padding_side="left")
     code, said = encode(config, tmp_path)
     assert (
-        code == 2 and f"model.padding_side: the config says 'left', but {folder} uses 'right' ({folder / 'tokenizer_config.json'})" in said
+        code == 2
+        and f"model.padding_side: the config says 'left', but {folder} uses 'right' "
+        f"({folder / 'tokenizer_config.json'})"
+        in said
     )
 
 
@@ -172,8 +196,8 @@ def test_a_local_model_whose_weights_changed_after_the_export_is_refused(tiny_mo
     code, said = encode(config, tmp_path)
     assert code == 2
     assert (
-        f"model.weights: the files in {folder} differ from those the config was exported with (config.json changed; model.safetensors changed)"
-        in said
+        f"model.weights: the files in {folder} differ from those the config was exported with (config.json changed; "
+        "model.safetensors changed)" in said
     )
     assert not (tmp_path / "out.npy").exists()
     with pytest.raises(ExportError, match="model.safetensors changed"):
@@ -194,7 +218,9 @@ def test_a_local_model_whose_weights_file_is_gone_is_refused_naming_it(tiny_mode
     assert not (tmp_path / "out.npy").exists()
 
 
-def test_a_config_without_a_fingerprint_loads_and_says_so_once(tiny_model_dir, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_config_without_a_fingerprint_loads_and_says_so_once(
+    tiny_model_dir, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     folder = Path(shutil.copytree(tiny_model_dir("bert"), tmp_path / "bert"))
     data = yaml.safe_load(export_for(folder, "cls", tmp_path / "cal.yaml").read_text(encoding="utf-8"))
     for key in ("weights", "tokenizer", "pipeline", "digest"):  # as configs were exported before they were recorded
@@ -216,7 +242,10 @@ def test_tuning_with_a_pooling_the_model_does_not_have_is_refused_before_any_wor
     code, said = run("--model", "minilm", "--pooling", "cls")
     assert code == 2 and "--pooling cls: minilm pools with 'mean' (posfair's model registry); drop --pooling" in said
     code, said = run("--model", str(mean_pooled), "--pooling", "cls")
-    assert code == 2 and f"--pooling cls: {mean_pooled} pools with 'mean' ({mean_pooled / '1_Pooling' / 'config.json'})" in said
+    assert (
+        code == 2
+        and f"--pooling cls: {mean_pooled} pools with 'mean' ({mean_pooled / '1_Pooling' / 'config.json'})" in said
+    )
     assert "tune: settings" not in said and not (tmp_path / "mlruns").exists()
 
 
@@ -239,7 +268,10 @@ def test_tuning_with_a_padding_side_the_model_does_not_have_is_refused_before_an
     monkeypatch.chdir(tmp_path)
     data = ["--dataset", f"jsonl:{write_dataset(tmp_path / 'data', docs=6)}", "--trials", "1", "--budget", "none"]
     code, said = run("--model", "minilm", "--padding-side", "left", *data)
-    assert code == 2 and "--padding-side left: minilm pads on the 'right' (posfair's model registry); drop --padding-side" in said
+    assert (
+        code == 2
+        and "--padding-side left: minilm pads on the 'right' (posfair's model registry); drop --padding-side" in said
+    )
     qwen3 = tiny_model_dir("qwen3")
     code, said = run("--model", str(qwen3), "--pooling", "last", "--padding-side", "right", *data)
     assert code == 2 and f"--padding-side right: {qwen3} pads on the 'left' ({qwen3 / 'tokenizer_config.json'})" in said

@@ -86,7 +86,9 @@ def exported_config(folder: Path, tiny_model_dir, model_folder: str | None = Non
     model section changed as given."""
     from tuner.engine.models import load_model
 
-    loaded = load_model(model_folder or str(tiny_model_dir("bert")), pooling="cls", trust_remote_code=model_folder is not None)
+    loaded = load_model(
+        model_folder or str(tiny_model_dir("bert")), pooling="cls", trust_remote_code=model_folder is not None
+    )
     exported = export_of(loaded).model_dump(mode="json", by_alias=True)
     exported["model"].update(model)
     path = folder / "config.yaml"
@@ -116,7 +118,9 @@ def stored_study(folder: Path) -> str:
 def refusal(*args: str) -> str:
     result = CliRunner(env={"COLUMNS": "200"}).invoke(app, list(args))
     assert result.exit_code != 0, result.output
-    assert isinstance(result.exception, SystemExit), f"a traceback instead of a message: {result.exception!r}\n{result.output}"
+    assert isinstance(result.exception, SystemExit), (
+        f"a traceback instead of a message: {result.exception!r}\n{result.output}"
+    )
     return result.output
 
 
@@ -144,7 +148,10 @@ def read_only_output(here: Path, name: str) -> str:
 # name → (command, a function of the test's folder and model maker giving arguments that make the command refuse)
 CASES: dict[str, tuple[str, Callable[[Path, Callable[[str], Path]], list[str]]]] = {
     "run: an unknown model": ("run", lambda here, tiny: ["--model", "bge-m4"]),
-    "run: a model outside the cache": ("run", lambda here, tiny: ["--model", NOT_CACHED, "--pooling", "cls", "--dataset", "wikipos-dev"]),
+    "run: a model outside the cache": (
+        "run",
+        lambda here, tiny: ["--model", NOT_CACHED, "--pooling", "cls", "--dataset", "wikipos-dev"],
+    ),
     "run: remote code without consent": (
         "run",
         lambda here, tiny: ["--model", custom_code(here), "--pooling", "cls", "--dataset", "wikipos-dev"],
@@ -155,12 +162,28 @@ CASES: dict[str, tuple[str, Callable[[Path, Callable[[str], Path]], list[str]]]]
         "evaluate",
         lambda here, tiny: ["--model", custom_code(here), "--pooling", "cls", *EVALUATE_QUICK],
     ),
-    "evaluate: a read-only --json": ("evaluate", lambda here, tiny: ["--json", read_only_output(here, "table.json"), *EVALUATE_QUICK]),
-    "evaluate: PosIR's instruction without its scoring": ("evaluate", lambda here, tiny: ["--posir-instruction", *EVALUATE_QUICK]),
-    "evaluate: PosIR's scoring with nothing to shuffle": ("evaluate", lambda here, tiny: ["--scoring", "posir", "--general", ""]),
+    "evaluate: a read-only --json": (
+        "evaluate",
+        lambda here, tiny: ["--json", read_only_output(here, "table.json"), *EVALUATE_QUICK],
+    ),
+    "evaluate: PosIR's instruction without its scoring": (
+        "evaluate",
+        lambda here, tiny: ["--posir-instruction", *EVALUATE_QUICK],
+    ),
+    "evaluate: PosIR's scoring with nothing to shuffle": (
+        "evaluate",
+        lambda here, tiny: ["--scoring", "posir", "--general", ""],
+    ),
     "export: a read-only output": (
         "export",
-        lambda here, tiny: ["--study-name", "s", "--storage", stored_study(here), "--output", read_only_output(here, "export.yaml")],
+        lambda here, tiny: [
+            "--study-name",
+            "s",
+            "--storage",
+            stored_study(here),
+            "--output",
+            read_only_output(here, "export.yaml"),
+        ],
     ),
     "encode: a read-only output": (
         "encode",
@@ -185,7 +208,9 @@ def test_a_refusal_names_only_options_its_command_has(case: str, here: Path, tin
     output = refusal(command, *arguments(here, tiny_model_dir))
     named = named_options(output) - OTHER_PROGRAMS
     assert named, f"{case}: the message names no option, so this case checks nothing:\n{output}"
-    assert named <= options_of(command), f"{case}: names {sorted(named - options_of(command))}, which `tune {command}` lacks:\n{output}"
+    assert named <= options_of(command), (
+        f"{case}: names {sorted(named - options_of(command))}, which `tune {command}` lacks:\n{output}"
+    )
 
 
 def test_encode_of_a_model_outside_the_cache_names_only_its_own_options(here: Path, tiny_model_dir) -> None:

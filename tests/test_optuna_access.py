@@ -37,7 +37,11 @@ def study(request: pytest.FixtureRequest, tmp_path: Path) -> optuna.Study:
 def reopened(study: optuna.Study) -> optuna.Study:
     """The study as another process sees it (the in-memory one is its own)."""
     storage = storage_of(study)
-    return study if isinstance(storage, optuna.storages.InMemoryStorage) else optuna.load_study(study_name="access", storage=storage)
+    return (
+        study
+        if isinstance(storage, optuna.storages.InMemoryStorage)
+        else optuna.load_study(study_name="access", storage=storage)
+    )
 
 
 def test_storage_of_is_the_storage_the_study_writes_to(study: optuna.Study) -> None:

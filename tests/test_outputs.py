@@ -33,7 +33,9 @@ def refused(*args: str) -> str:
     """The command fails with a message (no traceback); its output, on one line."""
     result = runner.invoke(app, list(args))
     assert result.exit_code != 0, result.output
-    assert isinstance(result.exception, SystemExit), f"traceback instead of a message: {result.exception!r}\n{result.output}"
+    assert isinstance(result.exception, SystemExit), (
+        f"traceback instead of a message: {result.exception!r}\n{result.output}"
+    )
     return " ".join(result.output.split())
 
 
@@ -75,12 +77,17 @@ def run_args(model: Path, data: Path, *extra: str) -> list[str]:
 
 
 @pytest.mark.parametrize("force", [[], ["--force"]])
-def test_run_never_writes_its_output_over_its_tuning_corpus(tiny_model_dir, data: Path, in_tmp: Path, force: list[str]) -> None:
+def test_run_never_writes_its_output_over_its_tuning_corpus(
+    tiny_model_dir, data: Path, in_tmp: Path, force: list[str]
+) -> None:
     """`tune run --dataset jsonl:data/victim --output data/victim/corpus.jsonl` ran the study, then replaced the
     tuning corpus with the YAML (exit 0)."""
     corpus = (data / "corpus.jsonl").read_bytes()
     said = refused(*run_args(tiny_model_dir("bert"), data, "--output", str(data / "corpus.jsonl"), *force))
-    assert f"--output {data / 'corpus.jsonl'} is {data / 'corpus.jsonl'} (--dataset jsonl:{data}), an input of this command" in said
+    assert (
+        f"--output {data / 'corpus.jsonl'} is {data / 'corpus.jsonl'} (--dataset jsonl:{data}), "
+        "an input of this command" in said
+    )
     assert "never writes over its inputs, even with --force" in said
     assert (data / "corpus.jsonl").read_bytes() == corpus
     assert not (in_tmp / "mlruns").exists()  # refused before any work
@@ -95,7 +102,9 @@ def test_run_never_writes_its_output_over_its_tuning_corpus(tiny_model_dir, data
         ("mlruns/cache/best.yaml", "the cache of layer inputs"),
     ],
 )
-def test_run_never_writes_its_output_over_a_store(tiny_model_dir, data: Path, in_tmp: Path, output: str, what: str) -> None:
+def test_run_never_writes_its_output_over_a_store(
+    tiny_model_dir, data: Path, in_tmp: Path, output: str, what: str
+) -> None:
     """`tune run --output mlruns/optuna.db` replaced the study database with the YAML, then ended in a traceback:
     every study in that store was lost."""
     (in_tmp / "mlruns" / "artifacts").mkdir(parents=True)
@@ -110,7 +119,17 @@ def test_run_never_writes_over_its_space_or_options_file(tiny_model_dir, data: P
     (in_tmp / "options.yaml").write_text("trials: 1\n", encoding="utf-8")
     for target in ("space.yaml", "options.yaml"):
         said = refused(
-            *run_args(tiny_model_dir("bert"), data, "--space", "space.yaml", "--options", "options.yaml", "--output", target, "--force")
+            *run_args(
+                tiny_model_dir("bert"),
+                data,
+                "--space",
+                "space.yaml",
+                "--options",
+                "options.yaml",
+                "--output",
+                target,
+                "--force",
+            )
         )
         assert f"--output {target} is {target} (an options or --space file), an input of this command" in said
 
@@ -121,7 +140,10 @@ def test_an_existing_database_is_never_replaced_even_with_force(config: Path, in
         database.execute("CREATE TABLE studies (id INTEGER)")
     before = (in_tmp / "studies.npy").read_bytes()
     said = refused(*encode(config, in_tmp / "studies.npy", "--force"))
-    assert "is an SQLite database (a study or MLflow store?); posfair never writes over a database, even with --force" in said
+    assert (
+        "is an SQLite database (a study or MLflow store?); posfair never writes over a database, even with --force"
+        in said
+    )
     assert (in_tmp / "studies.npy").read_bytes() == before
 
 
@@ -170,18 +192,27 @@ def test_posfairs_own_outputs_are_replaced_unasked(config: Path, in_tmp: Path) -
     check_output(copy, "--output", EXPORTED_CONFIG)  # recognised as posfair's own: no refusal
 
 
-def test_a_run_output_that_is_not_a_posfair_config_is_refused_before_any_work(tiny_model_dir, data: Path, in_tmp: Path) -> None:
+def test_a_run_output_that_is_not_a_posfair_config_is_refused_before_any_work(
+    tiny_model_dir, data: Path, in_tmp: Path
+) -> None:
     (in_tmp / "best.yaml").write_text("my: own settings\n", encoding="utf-8")
     said = refused(*run_args(tiny_model_dir("bert"), data, "--output", "best.yaml"))
-    assert "--output best.yaml exists and is not a posfair exported config posfair wrote; pass --force to replace it" in said
-    assert not (in_tmp / "mlruns").exists() and (in_tmp / "best.yaml").read_text(encoding="utf-8") == "my: own settings\n"
+    assert (
+        "--output best.yaml exists and is not a posfair exported config posfair wrote; pass --force to replace it"
+        in said
+    )
+    assert (
+        not (in_tmp / "mlruns").exists() and (in_tmp / "best.yaml").read_text(encoding="utf-8") == "my: own settings\n"
+    )
 
 
 def test_evaluate_outputs_follow_the_same_rule(in_tmp: Path, data: Path) -> None:
     (in_tmp / "table.json").write_text(json.dumps({"mine": 1}), encoding="utf-8")
     said = refused("evaluate", "--dataset", f"jsonl:{data}", "--json", "table.json", "--no-sea", "--general", "")
     assert "--json table.json exists and is not a `tune evaluate --json` file posfair wrote; pass --force" in said
-    said = refused("evaluate", "--dataset", f"jsonl:{data}", "--markdown", str(data / "queries.jsonl"), "--no-sea", "--general", "")
+    said = refused(
+        "evaluate", "--dataset", f"jsonl:{data}", "--markdown", str(data / "queries.jsonl"), "--no-sea", "--general", ""
+    )
     assert f"(--dataset jsonl:{data}), an input of this command" in said
 
 
@@ -216,8 +247,12 @@ def test_the_write_itself_checks_again(in_tmp: Path) -> None:
     """A file that appeared at the output after the command's first check (during a study) is not replaced either."""
     (in_tmp / "best.yaml").write_text("written meanwhile\n", encoding="utf-8")
     with pytest.raises(OutputRefusedError, match="exists and is not a posfair exported config posfair wrote"):
-        write_atomically(in_tmp / "best.yaml", "schema: posfair/calibration-config\n", kind=EXPORTED_CONFIG, flag="--output")
-    assert sorted(p.name for p in in_tmp.iterdir()) == ["best.yaml"] and "meanwhile" in (in_tmp / "best.yaml").read_text(encoding="utf-8")
+        write_atomically(
+            in_tmp / "best.yaml", "schema: posfair/calibration-config\n", kind=EXPORTED_CONFIG, flag="--output"
+        )
+    assert sorted(p.name for p in in_tmp.iterdir()) == ["best.yaml"] and "meanwhile" in (
+        in_tmp / "best.yaml"
+    ).read_text(encoding="utf-8")
 
 
 # ---------------------------------------------------------------- stores recognised by what they are, wherever they are
@@ -285,7 +320,8 @@ def test_another_projects_stores_and_models_are_never_written_even_with_force(
     """`tune export --output <another project's registered pyfunc YAML>` replaced it without --force (its champion
     then encoded with another study's trial), `tune encode --output <another project's cache>/baseline.npy` replaced
     the cache entry, and with --force an Optuna journal or another model's weights went too: the rule knew only
-    SQLite files and the current folder's mlruns/. Each is recognised by what it holds, and no refusal advises --force."""
+    SQLite files and the current folder's mlruns/. Each is recognised by what it holds, and no refusal advises
+    --force."""
     target = other_project[case]
     before = md5(target) if target.exists() else None
     for force in ([], ["--force"]):
@@ -301,15 +337,33 @@ def test_another_projects_stores_and_models_are_never_written_even_with_force(
 
 def test_a_journal_study_store_is_never_an_output_of_run_or_export(tiny_model_dir, data: Path, in_tmp: Path) -> None:
     """`tune run --storage journal:J --output J --force` (and `tune export … --output J --force`) replaced the whole
-    study with the YAML, then appended journal lines to it; without --force the refusal told the user to pass --force."""
+    study with the YAML, then appended journal lines to it; without --force the refusal told the user to pass
+    --force."""
     journal = in_tmp / "study.journal"
     storage = f"journal:{journal}"
-    succeeds(*run_args(tiny_model_dir("bert"), data, "--storage", storage, "--study-name", "s", "--output", "best.yaml"))
+    succeeds(
+        *run_args(tiny_model_dir("bert"), data, "--storage", storage, "--study-name", "s", "--output", "best.yaml")
+    )
     before = md5(journal)
     for force in ([], ["--force"]):
-        said = refused(*run_args(tiny_model_dir("bert"), data, "--storage", storage, "--study-name", "s", "--output", str(journal), *force))
+        said = refused(
+            *run_args(
+                tiny_model_dir("bert"),
+                data,
+                "--storage",
+                storage,
+                "--study-name",
+                "s",
+                "--output",
+                str(journal),
+                *force,
+            )
+        )
         assert f"--output {journal} is {journal} (the study store (--storage)), a store of this run" in said, said
         said = refused("export", "--study-name", "s", "--storage", storage, "--output", str(journal), *force)
-        assert f"--output {journal} is {journal}" in said and "posfair never writes over a store, even with --force" in said, said
+        assert (
+            f"--output {journal} is {journal}" in said
+            and "posfair never writes over a store, even with --force" in said
+        ), said
         assert "pass --force" not in said
     assert md5(journal) == before

@@ -137,7 +137,9 @@ def assert_figures(logged: dict[str, float], expected: dict[str, float], what: s
 
 
 def succeeded(result) -> str:
-    assert result.returncode == 0, f"exit {result.returncode}\nstdout:\n{result.stdout[-3000:]}\nstderr:\n{result.stderr[-6000:]}"
+    assert result.returncode == 0, (
+        f"exit {result.returncode}\nstdout:\n{result.stdout[-3000:]}\nstderr:\n{result.stderr[-6000:]}"
+    )
     return " ".join((result.stdout + result.stderr).split())
 
 
@@ -209,7 +211,9 @@ def bge_m3_run(hub: FakeHub, general_set) -> dict:
         "--general",
         f"beir:{general_set[0]}",
         "--hm-floor=-50%",
-        "--no-bisect",  # a random model over-corrects at random; λ bisection would spend these few trials on it (tests/test_bisection.py)
+        # a random model over-corrects at random; λ bisection would spend these few trials on it
+        # (tests/test_bisection.py)
+        "--no-bisect",
         "--space",
         str(space),
         "--bootstrap",
@@ -261,31 +265,47 @@ def test_tune_bge_m3_on_fineweb_posq_scores_as_computed_independently(hub: FakeH
 
 
 def test_general_alone_is_a_reported_check_not_a_constraint(hub: FakeHub, bge_m3_run: dict, general_set) -> None:
-    """`--general X` without `--max-general-drop`: trials log the general nDCG@10 change; only the HM floor constrains."""
+    """`--general X` without `--max-general-drop`: trials log the general nDCG@10 change; only the HM floor
+    constrains."""
     succeeded(bge_m3_run["result"])
     work = bge_m3_run["work"]
     study = optuna.load_study(
-        study_name=optuna.get_all_study_names(f"sqlite:///{work / 'mlruns/optuna.db'}")[0], storage=f"sqlite:///{work / 'mlruns/optuna.db'}"
+        study_name=optuna.get_all_study_names(f"sqlite:///{work / 'mlruns/optuna.db'}")[0],
+        storage=f"sqlite:///{work / 'mlruns/optuna.db'}",
     )
     trials = study.trials
     assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE] * 3
-    assert all(list(named_constraints(t)) == ["hm_floor", "ndcg_drop", "reversal", "structure_ndcg"] for t in trials)  # no general_drop
+    assert all(
+        list(named_constraints(t)) == ["hm_floor", "ndcg_drop", "reversal", "structure_ndcg"] for t in trials
+    )  # no general_drop
     client = MlflowClient(hub.tracking_uri)
     runs = client.search_runs(
         [client.get_experiment_by_name("posfair").experiment_id],
         f"tags.`posfair.role` = 'trial' and tags.`posfair.study` = '{study.study_name}'",
     )
-    assert len(runs) == 3 and all(math.isfinite(r.data.metrics["general_ndcg10_change_vs_uncalibrated_x100"]) for r in runs)
+    assert len(runs) == 3 and all(
+        math.isfinite(r.data.metrics["general_ndcg10_change_vs_uncalibrated_x100"]) for r in runs
+    )
 
 
-def test_tune_encode_and_from_yaml_give_the_oracle_calibrated_vectors(this_process_on_the_hub: FakeHub, bge_m3_run: dict) -> None:
+def test_tune_encode_and_from_yaml_give_the_oracle_calibrated_vectors(
+    this_process_on_the_hub: FakeHub, bge_m3_run: dict
+) -> None:
     from tuner.engine.encoder import CalibratedEncoder
 
     hub = this_process_on_the_hub
     succeeded(bge_m3_run["result"])
     work, texts = bge_m3_run["work"], [p.text for p in bge_m3_run["corpus"]]
     (work / "docs.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
-    tune_here("encode", "--config", str(work / "best.yaml"), "--input", str(work / "docs.jsonl"), "--output", str(work / "docs.npy"))
+    tune_here(
+        "encode",
+        "--config",
+        str(work / "best.yaml"),
+        "--input",
+        str(work / "docs.jsonl"),
+        "--output",
+        str(work / "docs.npy"),
+    )
     from_cli = np.load(work / "docs.npy")
 
     encoder = CalibratedEncoder.from_yaml(work / "best.yaml")
@@ -313,7 +333,9 @@ def posir_fixture(folder: Path) -> tuple[Path, dict[str, str], list[dict]]:
     corpus, queries = {}, []
     for d, size in enumerate(sizes):
         third = size // 3
-        parts = [" ".join(rng.choice(WORDS) for _ in range(third + (size - 3 * third if i == 2 else 0))) for i in range(3)]
+        parts = [
+            " ".join(rng.choice(WORDS) for _ in range(third + (size - 3 * third if i == 2 else 0))) for i in range(3)
+        ]
         passage = Passage(" ".join(parts), tuple(parts), tuple(" ".join(p.split()[:5]) for p in parts))  # type: ignore[arg-type]
         doc = f"doc{d}"
         corpus[doc] = passage.text
@@ -331,7 +353,14 @@ def posir_fixture(folder: Path) -> tuple[Path, dict[str, str], list[dict]]:
                 }
             )
     queries.append(
-        {"_id": "nospan", "text": " ".join(corpus["doc5"].split()[3:8]), "doc": "doc5", "span": None, "token_length": 300, "group": None}
+        {
+            "_id": "nospan",
+            "text": " ".join(corpus["doc5"].split()[3:8]),
+            "doc": "doc5",
+            "span": None,
+            "token_length": 300,
+            "group": None,
+        }
     )
     return write_posir(folder, corpus, queries), corpus, queries
 
@@ -352,7 +381,9 @@ def qwen3_run(hub: FakeHub) -> dict:
         "--batch-size",
         "2",
         "--hm-floor=-50%",
-        "--no-bisect",  # a random model over-corrects at random; λ bisection would spend these few trials on it (tests/test_bisection.py)
+        # a random model over-corrects at random; λ bisection would spend these few trials on it
+        # (tests/test_bisection.py)
+        "--no-bisect",
         "--space",
         str(space),
         "--output",
@@ -445,7 +476,9 @@ def test_tune_evaluate_on_a_jsonl_folder_and_a_beir_general_set(this_process_on_
         made = passages(1, 30, 45, seed=100 + d)[0]
         corpus[f"p{d}"] = made.text
         for t, label in enumerate(THIRDS):
-            queries.append({"id": f"p{d}-{label}", "text": made.questions[t], "relevant": [f"p{d}"], "span": list(made.span(t))})
+            queries.append(
+                {"id": f"p{d}-{label}", "text": made.questions[t], "relevant": [f"p{d}"], "span": list(made.span(t))}
+            )
     rng.shuffle(queries)
     (folder / "corpus.jsonl").write_text("".join(json.dumps({"id": k, "text": v}) + "\n" for k, v in corpus.items()))
     (folder / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries))
@@ -470,14 +503,23 @@ def test_tune_evaluate_on_a_jsonl_folder_and_a_beir_general_set(this_process_on_
     model = reference(hub.snapshot(BGE_M3), "cls")
     documents = model.encode(list(corpus.values()))
     vectors = model.encode([q["text"] for q in queries])
-    gains = dict(zip([q["id"] for q in queries], ndcg10(vectors, documents, list(corpus), [q["relevant"][0] for q in queries])))
-    expected = figures(gains, {q["id"]: q["id"].split("-")[1] for q in queries}) | {"n_begin": 6, "n_middle": 6, "n_end": 6}
+    gains = dict(
+        zip([q["id"] for q in queries], ndcg10(vectors, documents, list(corpus), [q["relevant"][0] for q in queries]))
+    )
+    expected = figures(gains, {q["id"]: q["id"].split("-")[1] for q in queries}) | {
+        "n_begin": 6,
+        "n_middle": 6,
+        "n_end": 6,
+    }
     assert_figures(table["rows"][0]["metrics"], expected, "jsonl: no calibration")
 
     _, general_corpus, general_queries = general_set
     general_docs = model.encode(list(general_corpus.values()))
     general_gains = ndcg10(
-        model.encode([t for t, _ in general_queries.values()]), general_docs, list(general_corpus), [d for _, d in general_queries.values()]
+        model.encode([t for t, _ in general_queries.values()]),
+        general_docs,
+        list(general_corpus),
+        [d for _, d in general_queries.values()],
     )
     assert table["general"]["dataset"] == "beir:beir-general"
     assert table["general"]["rows"][0]["original"]["ndcg10"] == pytest.approx(sum(general_gains) / 8, abs=1e-6)
@@ -494,14 +536,18 @@ def jsonl_with_spans(folder: Path, documents: int, seed: int) -> tuple[dict[str,
         made = passages(1, 30, 45, seed=seed + d)[0]
         corpus[f"p{d}"] = made.text
         for t, label in enumerate(THIRDS):
-            queries.append({"id": f"p{d}-{label}", "text": made.questions[t], "relevant": [f"p{d}"], "span": list(made.span(t))})
+            queries.append(
+                {"id": f"p{d}-{label}", "text": made.questions[t], "relevant": [f"p{d}"], "span": list(made.span(t))}
+            )
     random.Random(seed).shuffle(queries)
     (folder / "corpus.jsonl").write_text("".join(json.dumps({"id": k, "text": v}) + "\n" for k, v in corpus.items()))
     (folder / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries))
     return corpus, queries
 
 
-def test_tune_evaluate_loads_a_local_model_folder_with_the_pooling_and_padding_given(this_process_on_the_hub: FakeHub) -> None:
+def test_tune_evaluate_loads_a_local_model_folder_with_the_pooling_and_padding_given(
+    this_process_on_the_hub: FakeHub,
+) -> None:
     """Models outside the registry, given as `tune run` takes them: a BERT folder pooled by the mean, and a Qwen3
     folder pooled by its last token but padded on the right (its default there would be the left)."""
     hub = this_process_on_the_hub
@@ -524,8 +570,17 @@ def test_tune_evaluate_loads_a_local_model_folder_with_the_pooling_and_padding_g
         vectors = model.encode([q["text"] for q in queries])
         for row, config in zip(table["rows"], (None, CalibrationConfig(pooling=pooling, **calibrated)), strict=True):
             documents = model.encode(list(corpus.values()), config)
-            gains = dict(zip([q["id"] for q in queries], ndcg10(vectors, documents, list(corpus), [q["relevant"][0] for q in queries])))
-            assert_figures(row["metrics"], figures(gains, groups) | {"n_begin": 6, "n_middle": 6, "n_end": 6}, f"{kind}: {row['name']}")
+            gains = dict(
+                zip(
+                    [q["id"] for q in queries],
+                    ndcg10(vectors, documents, list(corpus), [q["relevant"][0] for q in queries]),
+                )
+            )
+            assert_figures(
+                row["metrics"],
+                figures(gains, groups) | {"n_begin": 6, "n_middle": 6, "n_end": 6},
+                f"{kind}: {row['name']}",
+            )
 
 
 def posir_language(root: Path) -> dict[str, tuple[dict[str, str], list[dict]]]:
@@ -540,7 +595,13 @@ def posir_language(root: Path) -> dict[str, tuple[dict[str, str], list[dict]]]:
             for t in range(3):
                 tokens = rng.choice([300, 512, 513, 900, 2000, 0])
                 queries.append(
-                    {"_id": f"{name}{d}-{t}", "text": made.questions[t], "doc": f"{name}{d}", "span": made.span(t), "token_length": tokens}
+                    {
+                        "_id": f"{name}{d}-{t}",
+                        "text": made.questions[t],
+                        "doc": f"{name}{d}",
+                        "span": made.span(t),
+                        "token_length": tokens,
+                    }
                 )
         queries[0]["span"] = None
         write_posir(root / name, corpus, queries)
@@ -556,7 +617,17 @@ def posir_by_hand(records: list[tuple[tuple[int, int] | None, int, int, float]])
             continue
         relative = min((span[0] + span[1]) / 2, characters) / characters
         position = next(k for k in range(1, 21) if relative <= k / 20)  # (k-1)/20 < x <= k/20; 0 in the first
-        bucket = None if tokens <= 0 else "Q1" if tokens <= 512 else "Q2" if tokens <= 1024 else "Q3" if tokens <= 1536 else "Q4"
+        bucket = (
+            None
+            if tokens <= 0
+            else "Q1"
+            if tokens <= 512
+            else "Q2"
+            if tokens <= 1024
+            else "Q3"
+            if tokens <= 1536
+            else "Q4"
+        )
         cells.setdefault((bucket, position), []).append(gain)
     means = {cell: sum(v) / len(v) for cell, v in cells.items()}
     pooled: dict[int, list[float]] = {}
@@ -630,14 +701,17 @@ def test_tune_export_restores_revision_and_remote_code_and_logs_where_asked(this
             "--pooling",
             "cls",
             "--trust-remote-code",
-            "--padding-side",  # the tokenizer's own (another is refused): the study records it, the re-export loads it so
+            # the tokenizer's own (another is refused): the study records it, the re-export loads it so
+            "--padding-side",
             "right",
             "--dataset",
             f"jsonl:{data}",
             "--trials",
             "2",
             "--hm-floor=-50%",
-            "--no-bisect",  # a random model over-corrects at random; λ bisection would spend these few trials on it (tests/test_bisection.py)
+            # a random model over-corrects at random; λ bisection would spend these few trials on it
+            # (tests/test_bisection.py)
+            "--no-bisect",
             "--max-ndcg-drop",
             "none",
             "--space",
@@ -675,7 +749,10 @@ def test_tune_export_restores_revision_and_remote_code_and_logs_where_asked(this
     assert tuned["model"]["padding_side"] == again["model"]["padding_side"] == "right"
     assert again["metrics"]["tuning"] == pytest.approx(tuned["metrics"]["tuning"]), "the same weights, re-scored"
     assert str(work / "again.yaml") in output
-    assert f"study gte was tuned with --trust-remote-code, so {CUSTOM_CODE} runs its own code from its repository here too" in output
+    assert (
+        f"study gte was tuned with --trust-remote-code, so {CUSTOM_CODE} runs its own code from its repository here too"
+        in output
+    )
     client = MlflowClient(f"sqlite:///{work / 'exports.db'}")
     experiment = client.get_experiment_by_name("posfair")
     assert experiment is not None, "the export is logged to the store given by --tracking-uri"
@@ -690,7 +767,12 @@ def test_tune_export_restores_revision_and_remote_code_and_logs_where_asked(this
 @pytest.mark.parametrize(
     ("typed", "repo", "pooling", "options"),
     [
-        ("Alibaba-NLP/gte-multilingual-base", GTE_NATIVE, "cls", []),  # the id a user types; the registry's native checkpoint
+        (
+            "Alibaba-NLP/gte-multilingual-base",
+            GTE_NATIVE,
+            "cls",
+            [],
+        ),  # the id a user types; the registry's native checkpoint
         (MPNET, MPNET, "mean", ["--pooling", "mean"]),  # the hub id as any model: attention through its adapter
     ],
     ids=["gte-native", "mpnet"],
@@ -774,6 +856,8 @@ def test_tune_and_evaluate_gte_and_mpnet_score_as_computed_independently(
         "--json",
         str(work / "evaluate.json"),
     )
-    rows = {row["name"]: row["metrics"] for row in json.loads((work / "evaluate.json").read_text(encoding="utf-8"))["rows"]}
+    rows = {
+        row["name"]: row["metrics"] for row in json.loads((work / "evaluate.json").read_text(encoding="utf-8"))["rows"]
+    }
     assert_figures(rows["No calibration"], expected(None), "evaluate: no calibration")
     assert_figures(rows[next(n for n in rows if n.startswith("best.yaml"))], expected(winner), "evaluate: the winner")

@@ -127,10 +127,14 @@ def test_the_evaluators_of_a_process_share_one_ram_allowance_and_get_it_back(mon
     del first
     gc.collect()
     assert allowance.take(second, 200) is not None, "what a dropped holder took comes back"
-    assert store.ram_allowance(300) is not allowance and store.ram_allowance(300).left == 300  # an explicit limit: its own
+    assert (
+        store.ram_allowance(300) is not allowance and store.ram_allowance(300).left == 300
+    )  # an explicit limit: its own
 
 
-def test_an_evaluators_ram_limit_bounds_its_layer_inputs_and_shared_sums_together(tiny_model_dir, tmp_path: Path) -> None:
+def test_an_evaluators_ram_limit_bounds_its_layer_inputs_and_shared_sums_together(
+    tiny_model_dir, tmp_path: Path
+) -> None:
     """`ram_limit` is one allowance for what the evaluator holds in RAM: layer inputs that fill it leave no room
     for the first-layer sums, which are then recomputed by each trial."""
     kind, pooling = POOLING["bert-mean"]
@@ -145,7 +149,9 @@ def test_an_evaluators_ram_limit_bounds_its_layer_inputs_and_shared_sums_togethe
     sums = evaluator.first_layer_sums()
     assert sums is not None
     for strength in (0.8, 0.4):  # the second would reuse the first's sums, had they been kept
-        evaluator.document_vectors(model.default_config(variant="cls_soft", strength=strength, basket_size=8, layers="last:2"))
+        evaluator.document_vectors(
+            model.default_config(variant="cls_soft", strength=strength, basket_size=8, layers="last:2")
+        )
     assert sums.entries == {} and sums.hits == 0
 
 
@@ -219,7 +225,9 @@ def test_configs_that_resolve_to_the_same_calibration_share_one_pass(tiny: Loade
     last, _ = evaluator.document_vectors(tiny.default_config(strength=0.8, basket_size=8, layers="last"))
     explicit, _ = evaluator.document_vectors(tiny.default_config(strength=0.8, basket_size=8, layers=[2]))
     assert explicit is last and evaluator.counts.full == 1
-    by_size, _ = evaluator.document_vectors(tiny.default_config(strength=0.8, basket_size=8, layers=[2], basket_shares="by_size"))
+    by_size, _ = evaluator.document_vectors(
+        tiny.default_config(strength=0.8, basket_size=8, layers=[2], basket_shares="by_size")
+    )
     assert by_size is not last and evaluator.counts.full == 2  # another calibration: its own pass
 
 
@@ -238,7 +246,9 @@ def test_recording_only_stops_at_the_deepest_wanted_layer(tiny: LoadedModel) -> 
     batches = Batches.build(tiny, random_texts(5, 3, 30), BATCH)
     stack = LayerStack(tiny)
     reached: list[int] = []
-    handles = [layer.register_forward_pre_hook(lambda m, a, i=i: reached.append(i)) for i, layer in enumerate(stack.layers)]
+    handles = [
+        layer.register_forward_pre_hook(lambda m, a, i=i: reached.append(i)) for i, layer in enumerate(stack.layers)
+    ]
     try:
         seen: list[tuple[int, int, tuple[int, ...]]] = []
         record_layer_inputs(tiny, batches, stack, [1], lambda b, layer, h: seen.append((b, layer, tuple(h.shape))))
@@ -265,7 +275,8 @@ def test_a_model_whose_layers_share_state_is_not_resumed_there(tiny_model_dir, c
             assert LayerStack(model).resumable([1, 2]) == [2]
         assert [r.getMessage() for r in caplog.records] == [
             (
-                "layer 1: a pass resumed there on cpu does not reproduce the full forward bit for bit, so its inputs are not "
+                "layer 1: a pass resumed there on cpu does not reproduce the full forward bit for bit, "
+                "so its inputs are not "
                 "cached: trials calibrating from it run the full forward (slower)"
             )
         ]
@@ -280,9 +291,13 @@ def test_a_model_whose_layers_share_state_is_not_resumed_there(tiny_model_dir, c
             hook.remove()
 
 
-def test_a_model_without_a_recognisable_layer_list_falls_back_to_full_passes(tiny_model_dir, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_model_without_a_recognisable_layer_list_falls_back_to_full_passes(
+    tiny_model_dir, monkeypatch: pytest.MonkeyPatch
+) -> None:
     model = load_model(str(tiny_model_dir("bert")), pooling="cls")
-    monkeypatch.setattr("tuner.engine.prefix._find_layers", lambda *a: (_ for _ in ()).throw(ResumeUnsupportedError("no layer list")))
+    monkeypatch.setattr(
+        "tuner.engine.prefix._find_layers", lambda *a: (_ for _ in ()).throw(ResumeUnsupportedError("no layer list"))
+    )
     evaluator = Evaluator(model, tiny_dataset(), BATCH, disk_cache=False)
     config = configs(model)[0]
     got, _ = evaluator.document_vectors(config)
@@ -314,7 +329,9 @@ def test_a_budget_of_one_layer_caches_one_layer(tiny: LoadedModel, tmp_path: Pat
     probe.cache.plan_layer_inputs(probe.batches())
     layer_bytes = probe.cache.store.layer_bytes
     assert layer_bytes == sum(r * t for r, t in evaluator.batches().shapes) * 32 * 4
-    one = Evaluator(tiny, tiny_dataset(), BATCH, cache_dir=tmp_path / "one", cache_budget=layer_bytes, prefix_layers=(1, 2))
+    one = Evaluator(
+        tiny, tiny_dataset(), BATCH, cache_dir=tmp_path / "one", cache_budget=layer_bytes, prefix_layers=(1, 2)
+    )
     assert one.cached_layers() == (1,)
     none = Evaluator(tiny, tiny_dataset(), BATCH, cache_dir=tmp_path / "none", cache_budget=0, prefix_layers=(1, 2))
     none.document_vectors(configs(tiny)[0])
@@ -342,7 +359,9 @@ def test_trials_sharing_first_calibrated_layer_and_basket_size_share_its_sums(ti
     kind, pooling = POOLING["bert-mean"]
     model = load_model(str(tiny_model_dir(kind)), pooling=pooling)
     dataset = tiny_dataset()
-    evaluator = Evaluator(model, dataset, BATCH, cache_dir=tmp_path, prefix_layers=(1, 2), ram_limit=2**30)  # RAM for the sums
+    evaluator = Evaluator(
+        model, dataset, BATCH, cache_dir=tmp_path, prefix_layers=(1, 2), ram_limit=2**30
+    )  # RAM for the sums
     evaluator.run(None)
     trials = [
         model.default_config(variant="cls_soft", strength=0.8, basket_size=8, layers="last:2"),  # computes them
@@ -350,8 +369,12 @@ def test_trials_sharing_first_calibrated_layer_and_basket_size_share_its_sums(ti
         model.default_config(variant="cls_hard", strength=1.0, weight=0.2, basket_size=8, layers="last:2"),  # too
         model.default_config(variant="cls_soft", strength=0.8, basket_size=4, layers="last:2"),  # other baskets
         model.default_config(variant="cls_soft", strength=0.8, basket_size=8, layers="last"),  # other first layer
-        model.default_config(variant="cls_soft", strength=0.8, basket_size=8, layers="last:2", basket_shares="by_size"),  # other sums
-        model.default_config(variant="uniform", strength=0.4, basket_size=8, layers="last:2", basket_shares="by_size"),  # reuses those
+        model.default_config(
+            variant="cls_soft", strength=0.8, basket_size=8, layers="last:2", basket_shares="by_size"
+        ),  # other sums
+        model.default_config(
+            variant="uniform", strength=0.4, basket_size=8, layers="last:2", basket_shares="by_size"
+        ),  # reuses those
     ]
     sums = evaluator.first_layer_sums()
     assert sums is not None

@@ -77,10 +77,16 @@ def pruning_study(tiny_model_dir, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     """A tiny study with one extra structure (8 passages against the tuning passages' 12), scored first (a random
     model's bias decides no order worth testing here; the order has its own test), in which every non-reference
     trial is pruned at its first rung (the rule is the real one with a threshold nothing can beat)."""
-    structure = replace(load_benchmark(f"jsonl:{write_dataset(tmp_path / 'other', docs=8, seed=3)}"), name="tiny-openings")
+    structure = replace(
+        load_benchmark(f"jsonl:{write_dataset(tmp_path / 'other', docs=8, seed=3)}"), name="tiny-openings"
+    )
     monkeypatch.setattr(tuner.tuning.study_data, "load_structures", lambda name, tuning=None: [structure])
-    monkeypatch.setattr(tuner.tuning.trial.scoring, "corpus_rungs", lambda tuning, uncalibrated, structures: [*structures, None])
-    monkeypatch.setattr(tuner.tuning.trial.scoring, "selection_threshold", lambda study, rule: -1.0)  # nothing can beat it
+    monkeypatch.setattr(
+        tuner.tuning.trial.scoring, "corpus_rungs", lambda tuning, uncalibrated, structures: [*structures, None]
+    )
+    monkeypatch.setattr(
+        tuner.tuning.trial.scoring, "selection_threshold", lambda study, rule: -1.0
+    )  # nothing can beat it
     settings = tiny_study(tiny_model_dir("bert"), write_dataset(tmp_path / "data"), tmp_path, "pruning")
     caplog.set_level("INFO", logger="tuner")  # what the console says (a test reads the setup's records)
     return settings, tune(settings)
@@ -99,7 +105,10 @@ def test_pruned_trials_count_stay_out_of_selection_and_are_marked_in_both_stores
         assert record["rung"] == 0 and record["of"] == 2 and record["scored"] == ["tiny-openings"]
         assert "worst-case PSI" in record["reason"]
         assert trial.value is None and not trial.intermediate_values  # no partial figure in a complete one's place
-        assert trial.user_attrs["feasible"] == f"NO: pruned after tiny-openings (rung 0 of 2): {record['reason']}; never a candidate"
+        assert (
+            trial.user_attrs["feasible"]
+            == f"NO: pruned after tiny-openings (rung 0 of 2): {record['reason']}; never a candidate"
+        )
         assert "metrics" not in trial.user_attrs and "psi" not in trial.user_attrs  # nothing of the tuning split
         assert list(trial.user_attrs["structures"]) == ["tiny-openings"]
         assert 0 < trial.user_attrs["layer_tokens"] < references[0].user_attrs["layer_tokens"] / 2  # 8 passages of 20
@@ -110,10 +119,14 @@ def test_pruned_trials_count_stay_out_of_selection_and_are_marked_in_both_stores
     for trial in pruned:
         run = trial_run(settings, trial.number)
         assert run.info.status == "FINISHED" and run.info.run_name == f"trial-{trial.number} · pruned"
-        assert run.data.tags["posfair.state"] == "PRUNED" and run.data.tags["posfair.pruned"].startswith("rung 0 of 2: worst-case PSI")
+        assert run.data.tags["posfair.state"] == "PRUNED" and run.data.tags["posfair.pruned"].startswith(
+            "rung 0 of 2: worst-case PSI"
+        )
         assert run.data.metrics["cost/layer_tokens"] == trial.user_attrs["layer_tokens"]
         row = trial.user_attrs["structures"]["tiny-openings"]
-        assert run.data.metrics["pruned/structure/tiny-openings/psi"] == as_logged(row["psi"])  # complete, for that structure
+        assert run.data.metrics["pruned/structure/tiny-openings/psi"] == as_logged(
+            row["psi"]
+        )  # complete, for that structure
         assert run.data.metrics["pruned/worst_psi_of_the_structures_scored"] == as_logged(row["psi"])
 
 
@@ -122,10 +135,16 @@ def flattering_first_rung(tiny_model_dir, tmp_path: Path, monkeypatch: pytest.Mo
     """`pruning_study`'s study, with the first rung (an extra structure) scoring every calibrated trial at PSI 0.001:
     what a calibration that over-flattens a structure shows there. Each drawn trial is pruned after it, its worst case
     so far 0.001, far below any complete trial's value (the tuning passages' PSI counts for those)."""
-    structure = replace(load_benchmark(f"jsonl:{write_dataset(tmp_path / 'other', docs=8, seed=3)}"), name="tiny-openings")
+    structure = replace(
+        load_benchmark(f"jsonl:{write_dataset(tmp_path / 'other', docs=8, seed=3)}"), name="tiny-openings"
+    )
     monkeypatch.setattr(tuner.tuning.study_data, "load_structures", lambda name, tuning=None: [structure])
-    monkeypatch.setattr(tuner.tuning.trial.scoring, "corpus_rungs", lambda tuning, uncalibrated, structures: [*structures, None])
-    monkeypatch.setattr(tuner.tuning.trial.scoring, "selection_threshold", lambda study, rule: -1.0)  # nothing can beat it
+    monkeypatch.setattr(
+        tuner.tuning.trial.scoring, "corpus_rungs", lambda tuning, uncalibrated, structures: [*structures, None]
+    )
+    monkeypatch.setattr(
+        tuner.tuning.trial.scoring, "selection_threshold", lambda study, rule: -1.0
+    )  # nothing can beat it
     real, on_structure = tuner.tuning.trial.scoring.trial_evidence, len(structure.queries)
 
     def flattered(baseline, candidate, *args, **kwargs):  # type: ignore[no-untyped-def]
@@ -153,11 +172,15 @@ def test_a_pruned_trial_fairer_so_far_than_the_winner_is_ranked_above_it_nowhere
     assert all(t.value is None for t in pruned)
     assert study.best_trial.state == optuna.trial.TrialState.COMPLETE and study.best_value <= winner.value
     detail = dashboard_api(settings.storage, f"/api/studies/{study._study_id}")
-    plotted = [t for t in detail["trials"] if t["state"] in ("Complete", "Pruned") and "values" in t]  # the history's trials
+    plotted = [
+        t for t in detail["trials"] if t["state"] in ("Complete", "Pruned") and "values" in t
+    ]  # the history's trials
     assert {t["number"] for t in plotted}.isdisjoint(t.number for t in pruned)
     assert min(t["values"][0] for t in plotted) == study.best_value
     assert [t["number"] for t in detail["best_trials"]] == [study.best_trial.number]
-    for trial in (t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE and DUPLICATE_ATTR not in t.user_attrs):
+    for trial in (
+        t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE and DUPLICATE_ATTR not in t.user_attrs
+    ):
         steps = trial.intermediate_values
         assert steps[max(steps)] == trial.value, "a complete trial's intermediate values end at its value"
         assert list(steps.values()) == sorted(steps.values()), "a worst case over more structures never falls"
@@ -183,7 +206,9 @@ def test_a_trial_that_cannot_pass_the_pooled_screen_stops_there_at_a_fraction_of
     screen threshold nothing can beat, every trial but the references stops after the screen, PRUNED, its rung
     and reason recorded; the references run every rung and carry their screen figures."""
     monkeypatch.setattr(tuner.tuning.trial.scoring, "screen_threshold", lambda study: -1.0)
-    settings = tiny_study(tiny_model_dir("bert"), write_dataset(tmp_path / "data", docs=100), tmp_path, "screen", screen_queries=1)
+    settings = tiny_study(
+        tiny_model_dir("bert"), write_dataset(tmp_path / "data", docs=100), tmp_path, "screen", screen_queries=1
+    )
     with caplog.at_level("INFO"):
         tune(settings)
     screen_line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("pooled screen:"))
@@ -202,7 +227,9 @@ def test_a_trial_that_cannot_pass_the_pooled_screen_stops_there_at_a_fraction_of
         assert "pooled screen" in record["reason"] and SCREEN_ATTR in trial.user_attrs
         assert 0 < trial.user_attrs["layer_tokens"] < full_cost / 2  # the pool, not the corpus
     client = MlflowClient(settings.tracking_uri)
-    run = client.search_runs([client.get_experiment_by_name("posfair").experiment_id], f"tags.`posfair.trial` = '{pruned[0].number}'")[0]
+    run = client.search_runs(
+        [client.get_experiment_by_name("posfair").experiment_id], f"tags.`posfair.trial` = '{pruned[0].number}'"
+    )[0]
     screened = pruned[0].user_attrs[SCREEN_ATTR]
     assert "psi" not in pruned[0].user_attrs and "psi" not in run.data.metrics  # the pool's PSI is not the split's
     assert run.data.metrics["pruned/screen/psi"] == as_logged(screened["psi"])
@@ -218,21 +245,39 @@ def test_a_constraint_the_tuning_split_decides_prunes_the_trial_before_its_other
     loses nDCG@10 there is infeasible whatever its other structures show, so it stops after the tuning split, even
     when the upper end of its nDCG@10 interval is above the limit (not "beyond noise", but decided). A trial that
     keeps nDCG@10 goes on (no PSI threshold prunes here). The tuning passages are the first rung here."""
-    structure = replace(load_benchmark(f"jsonl:{write_dataset(tmp_path / 'other', docs=16, seed=3)}"), name="tiny-openings")
+    structure = replace(
+        load_benchmark(f"jsonl:{write_dataset(tmp_path / 'other', docs=16, seed=3)}"), name="tiny-openings"
+    )
     monkeypatch.setattr(tuner.tuning.study_data, "load_structures", lambda name, tuning=None: [structure])
-    monkeypatch.setattr(tuner.tuning.trial.scoring, "corpus_rungs", lambda tuning, uncalibrated, structures: [None, *structures])
-    monkeypatch.setattr(tuner.tuning.trial.scoring, "selection_threshold", lambda study, rule: None)  # nothing to beat: PSI never prunes
+    monkeypatch.setattr(
+        tuner.tuning.trial.scoring, "corpus_rungs", lambda tuning, uncalibrated, structures: [None, *structures]
+    )
+    monkeypatch.setattr(
+        tuner.tuning.trial.scoring, "selection_threshold", lambda study, rule: None
+    )  # nothing to beat: PSI never prunes
     settings = tiny_study(
-        tiny_model_dir("bert"), write_dataset(tmp_path / "data"), tmp_path, "decided", trials=8, max_ndcg_drop=0.0, bisect=False
+        tiny_model_dir("bert"),
+        write_dataset(tmp_path / "data"),
+        tmp_path,
+        "decided",
+        trials=8,
+        max_ndcg_drop=0.0,
+        bisect=False,
     )  # without λ bisection, whose chains after an nDCG@10 loss would fill the study (tests/test_bisection.py)
     judged = []  # the resamples each trial's evidence drew: one seed for all, so a config is judged alike in any trial
     real = tuner.tuning.trial.scoring.trial_evidence
     monkeypatch.setattr(
-        tuner.tuning.trial.scoring, "trial_evidence", lambda *args, **kwargs: judged.append(kwargs) or real(*args, **kwargs)
+        tuner.tuning.trial.scoring,
+        "trial_evidence",
+        lambda *args, **kwargs: judged.append(kwargs) or real(*args, **kwargs),
     )
     tune(settings)
     assert judged and all(kwargs == {} for kwargs in judged), "trial_evidence's own fixed seed, not one per trial"
-    trials = [t for t in optuna.load_study(study_name="decided", storage=settings.storage).trials if counted(t) and t.number > 1]
+    trials = [
+        t
+        for t in optuna.load_study(study_name="decided", storage=settings.storage).trials
+        if counted(t) and t.number > 1
+    ]
     lost = [t for t in trials if t.user_attrs["structures"]["jsonl:data"]["ndcg10_delta"] < 0]
     kept = [t for t in trials if t.user_attrs["structures"]["jsonl:data"]["ndcg10_delta"] >= 0]
     assert lost and kept, "the tiny study must draw both kinds for this test to say anything"
@@ -241,11 +286,14 @@ def test_a_constraint_the_tuning_split_decides_prunes_the_trial_before_its_other
         record = trial.user_attrs[PRUNED_ATTR]
         delta = trial.user_attrs["structures"]["jsonl:data"]["ndcg10_delta"]
         assert record["scored"] == ["jsonl:data"] and record["reason"] == (
-            f"loses nDCG@10 on the tuning passages (nDCG@10 {100 * delta + 0.0:+.2f} vs uncalibrated, < +0.00 allowed), "
+            f"loses nDCG@10 on the tuning passages (nDCG@10 {100 * delta + 0.0:+.2f} vs uncalibrated, "
+            "< +0.00 allowed), "
             "which no remaining structure can undo"
         )
         assert named_constraints(trial)["ndcg_drop"] > 0  # filed as infeasible for TPE
-    assert all(t.state == optuna.trial.TrialState.COMPLETE and "tiny-openings" in t.user_attrs["structures"] for t in kept)
+    assert all(
+        t.state == optuna.trial.TrialState.COMPLETE and "tiny-openings" in t.user_attrs["structures"] for t in kept
+    )
 
 
 def test_a_trial_that_moves_the_vectors_further_than_the_drift_limit_stops_on_its_first_rung(
@@ -255,38 +303,61 @@ def test_a_trial_that_moves_the_vectors_further_than_the_drift_limit_stops_on_it
     times the paper default's there. Drift needs no bootstrap, and the largest ratio over the structures can only
     grow, so a trial over the limit on its first rung is pruned there, filed infeasible for TPE; the paper default's
     own value is 1 − k (itself its yardstick); a trial within the limit on every structure completes."""
-    structure = replace(load_benchmark(f"jsonl:{write_dataset(tmp_path / 'other', docs=16, seed=3)}"), name="tiny-openings")
+    structure = replace(
+        load_benchmark(f"jsonl:{write_dataset(tmp_path / 'other', docs=16, seed=3)}"), name="tiny-openings"
+    )
     monkeypatch.setattr(tuner.tuning.study_data, "load_structures", lambda name, tuning=None: [structure])
-    monkeypatch.setattr(tuner.tuning.trial.scoring, "corpus_rungs", lambda tuning, uncalibrated, structures: [*structures, None])
-    monkeypatch.setattr(tuner.tuning.trial.scoring, "selection_threshold", lambda study, rule: None)  # nothing to beat: PSI never prunes
+    monkeypatch.setattr(
+        tuner.tuning.trial.scoring, "corpus_rungs", lambda tuning, uncalibrated, structures: [*structures, None]
+    )
+    monkeypatch.setattr(
+        tuner.tuning.trial.scoring, "selection_threshold", lambda study, rule: None
+    )  # nothing to beat: PSI never prunes
     settings = tiny_study(
-        tiny_model_dir("bert"), write_dataset(tmp_path / "data"), tmp_path, "drift", trials=10, max_drift=1.0, bisect=False
+        tiny_model_dir("bert"),
+        write_dataset(tmp_path / "data"),
+        tmp_path,
+        "drift",
+        trials=10,
+        max_drift=1.0,
+        bisect=False,
     )
     tune(settings)
     trials = optuna.load_study(study_name="drift", storage=settings.storage).trials
     reference = {name: row["drift"] for name, row in trials[1].user_attrs["structures"].items()}
-    assert all(value > 0 for value in reference.values()) and named_constraints(trials[1])["drift"] == pytest.approx(0.0)
+    assert all(value > 0 for value in reference.values()) and named_constraints(trials[1])["drift"] == pytest.approx(
+        0.0
+    )
     drawn = [t for t in trials if counted(t) and t.number > 1]
     over = [t for t in drawn if t.user_attrs["structures"]["tiny-openings"]["drift"] > reference["tiny-openings"]]
     within = [t for t in drawn if t not in over]
     assert over and within, "the tiny study must draw both kinds for this test to say anything"
     for trial in over:
-        assert trial.state == optuna.trial.TrialState.PRUNED and list(trial.user_attrs["structures"]) == ["tiny-openings"]
+        assert trial.state == optuna.trial.TrialState.PRUNED and list(trial.user_attrs["structures"]) == [
+            "tiny-openings"
+        ]
         ratio = trial.user_attrs["structures"]["tiny-openings"]["drift"] / reference["tiny-openings"]
         assert trial.user_attrs[PRUNED_ATTR]["reason"] == (
-            f"is over the drift limit (tiny-openings: {ratio:.2f}× the paper default's drift, > 1×), which no remaining structure can undo"
+            f"is over the drift limit (tiny-openings: {ratio:.2f}× the paper default's drift, > 1×), "
+            "which no remaining structure can undo"
         )
         assert named_constraints(trial)["drift"] == pytest.approx(ratio - 1.0)
     assert_logged_apart(settings, over, within[0])  # the margins so far, never under a complete trial's names
     for trial in within:
         assert trial.state == optuna.trial.TrialState.COMPLETE
         rows = trial.user_attrs["structures"]
-        assert rows["jsonl:data"]["drift"] == pytest.approx(trial.user_attrs["drift"])  # the tuning passages' drift, as selection reads it
+        assert rows["jsonl:data"]["drift"] == pytest.approx(
+            trial.user_attrs["drift"]
+        )  # the tuning passages' drift, as selection reads it
         worst = max(rows[name]["drift"] / reference[name] for name in reference)
         assert named_constraints(trial)["drift"] == pytest.approx(worst - 1.0)
         assert (worst <= 1.0) == (
             trial.number
-            in {c.trial_number for c in candidates(optuna.load_study(study_name="drift", storage=settings.storage)) if c.feasible}
+            in {
+                c.trial_number
+                for c in candidates(optuna.load_study(study_name="drift", storage=settings.storage))
+                if c.feasible
+            }
         )
 
 
@@ -300,7 +371,9 @@ def test_rungs_go_from_the_least_biased_structure_to_the_most_and_free_sets_last
     from tuner.tuning.trial.scoring import corpus_rungs
 
     def side(name: str, tokens: int, psi: float, shares: object = None) -> SimpleNamespace:
-        return SimpleNamespace(name=name, evaluator=SimpleNamespace(tokens=tokens), report=SimpleNamespace(psi=psi), shares=shares)
+        return SimpleNamespace(
+            name=name, evaluator=SimpleNamespace(tokens=tokens), report=SimpleNamespace(psi=psi), shares=shares
+        )
 
     openings, crops, flat = side("openings", 41_000, 0.188), side("crops", 90_000, 0.161), side("flat", 1_000, 0.0)
     half = side("shorter", 144_000, 0.9, shares=object())
@@ -335,7 +408,9 @@ def test_the_drift_yardstick_is_the_paper_default_s_complete_trial_and_without_o
     study.enqueue_trial(*SearchSpace().reference_trial(PAPER_DEFAULT_PARAMS))
     reference = study.ask()
     SearchSpace().suggest(reference, "mean", "right")
-    reference.set_user_attr("structures", {"dev": {"psi": 0.2, "drift": 0.011}, "dev-crops": {"psi": 0.1, "drift": 0.009}})
+    reference.set_user_attr(
+        "structures", {"dev": {"psi": 0.2, "drift": 0.011}, "dev-crops": {"psi": 0.1, "drift": 0.009}}
+    )
     study.tell(reference, 0.2)
     with_reference = objective()
     with_reference.await_reference(study.ask())
@@ -362,7 +437,10 @@ def test_mlflow_s_compare_view_ranks_no_pruned_trial_by_a_partial_figure_and_plo
     assert pruned and complete
     client = MlflowClient(settings.tracking_uri)
     experiment = client.get_experiment_by_name("posfair")
-    runs = [client.search_runs([experiment.experiment_id], f"tags.`posfair.trial` = '{t.number}'")[0] for t in (*complete, *pruned)]
+    runs = [
+        client.search_runs([experiment.experiment_id], f"tags.`posfair.trial` = '{t.number}'")[0]
+        for t in (*complete, *pruned)
+    ]
     for first in (runs[0], runs[-1]):  # whichever run the view lists first
         shared = [name for name in first.data.metrics if all(name in run.data.metrics for run in runs)]
         assert shared == ["cost/layer_tokens"], shared

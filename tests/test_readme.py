@@ -40,7 +40,10 @@ VENV_BIN = str(Path(sys.executable).parent)
 def blocks(language: str) -> list[str]:
     """The fenced blocks of one language in the README and the Getting-started page, in order."""
     return [
-        match.group(2) for path in DOCUMENTS for match in FENCE.finditer(path.read_text(encoding="utf-8")) if match.group(1) == language
+        match.group(2)
+        for path in DOCUMENTS
+        for match in FENCE.finditer(path.read_text(encoding="utf-8"))
+        if match.group(1) == language
     ]
 
 
@@ -51,21 +54,35 @@ def command_lines() -> list[str]:
 
 
 def inline_commands() -> list[str]:
-    """The commands quoted in the prose of those pages: `tune …`, `make …`, `optuna-dashboard …` and lone `--option …`."""
-    spans = (" ".join(match.group(1).split()) for path in DOCUMENTS for match in INLINE.finditer(path.read_text(encoding="utf-8")))
+    """The commands quoted in the prose of those pages: `tune …`, `make …`, `optuna-dashboard …` and lone `--option
+    …`."""
+    spans = (
+        " ".join(match.group(1).split())
+        for path in DOCUMENTS
+        for match in INLINE.finditer(path.read_text(encoding="utf-8"))
+    )
     return list(
-        dict.fromkeys(span for span in spans if span.split(" ")[0] in ("tune", "make", "optuna-dashboard") or span.startswith("--"))
+        dict.fromkeys(
+            span
+            for span in spans
+            if span.split(" ")[0] in ("tune", "make", "optuna-dashboard") or span.startswith("--")
+        )
     )
 
 
 def activated() -> dict[str, str]:
     """The environment `source .venv/bin/activate` leaves: the venv's programs first on PATH."""
-    return {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}", "VIRTUAL_ENV": str(Path(VENV_BIN).parent)}
+    return {
+        **os.environ,
+        "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        "VIRTUAL_ENV": str(Path(VENV_BIN).parent),
+    }
 
 
 @pytest.fixture(scope="module")
 def readme_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A folder holding what `make tune` leaves, from a tiny study: the export at the README's path, `posfair-minilm`."""
+    """A folder holding what `make tune` leaves, from a tiny study: the export at the README's path,
+    `posfair-minilm`."""
     root = tmp_path_factory.mktemp("readme")
     model = save_tiny("bert", root / "minilm")
     data = write_dataset(root / "data")
@@ -100,7 +117,9 @@ def test_every_shell_line_is_one_this_file_runs() -> None:
 
 def test_the_venv_the_readme_activates_is_the_one_make_setup_makes() -> None:
     assert (ROOT / ".venv" / "bin" / "activate").exists() or "make setup" not in command_lines()
-    dry = subprocess.run(["make", "-n", "setup", "tune", "test"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    dry = subprocess.run(
+        ["make", "-n", "setup", "tune", "test"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
     assert re.search(r"^\.venv/bin/tune\s*$", dry, re.MULTILINE), dry  # `make tune` is `tune` with no arguments
     assert ".venv/bin/pytest" in dry and "mkdocs build --strict" in dry
 
@@ -112,14 +131,18 @@ def test_every_command_quoted_in_the_prose_parses_as_written() -> None:
     group = typer.main.get_group(app)
     run_options = {name for param in group.commands["run"].params for name in param.opts}
     commands = inline_commands()
-    assert any(span.startswith("tune ") for span in commands) and any(span.startswith("--") for span in commands), commands
+    assert any(span.startswith("tune ") for span in commands) and any(span.startswith("--") for span in commands), (
+        commands
+    )
     for span in commands:
         words = shlex.split(span)
         if words[0] == "make":
             assignments = dict(word.split("=", 1) for word in words[1:] if "=" in word)
             dry = subprocess.run(["make", "-n", "-B", *words[1:]], cwd=ROOT, capture_output=True, text=True)
             assert dry.returncode == 0, f"{span}: {dry.stderr}"
-            assert all(value in dry.stdout for value in assignments.values()), f"{span}: its variables reach no command\n{dry.stdout}"
+            assert all(value in dry.stdout for value in assignments.values()), (
+                f"{span}: its variables reach no command\n{dry.stdout}"
+            )
             if "ARGS" in assignments:
                 words = ["tune", *shlex.split(assignments["ARGS"])]
             else:
@@ -131,7 +154,9 @@ def test_every_command_quoted_in_the_prose_parses_as_written() -> None:
         elif len(words) == 2 and words[1] in group.commands:  # a command named, not run: `tune ui`
             continue
         else:
-            args = words[1:] if words[1:2] and words[1] in group.commands else ["run", *words[1:]]  # `tune` is `tune run`
+            args = (
+                words[1:] if words[1:2] and words[1] in group.commands else ["run", *words[1:]]
+            )  # `tune` is `tune run`
             group.commands[args[0]].make_context(args[0], args[1:])  # raises on an unknown option or a bad value
 
 
@@ -187,7 +212,12 @@ def served(readme_project: Path) -> Iterator[str]:
     port = int(re.search(r"-p (\d+)", line).group(1))  # type: ignore[union-attr]
     log = (readme_project.parent / "serve.log").open("w")
     server = subprocess.Popen(
-        ["bash", "-c", line], cwd=readme_project, env=activated(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        ["bash", "-c", line],
+        cwd=readme_project,
+        env=activated(),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     try:
         deadline = time.monotonic() + 300
@@ -197,7 +227,9 @@ def served(readme_project: Path) -> Iterator[str]:
                     break
             except requests.RequestException:
                 pass
-            assert server.poll() is None and time.monotonic() < deadline, (readme_project.parent / "serve.log").read_text()[-3000:]
+            assert server.poll() is None and time.monotonic() < deadline, (
+                readme_project.parent / "serve.log"
+            ).read_text()[-3000:]
             time.sleep(1)
         yield line
     finally:
@@ -209,7 +241,9 @@ def served(readme_project: Path) -> Iterator[str]:
 def test_the_serving_lines_run_as_written(served: str, readme_project: Path) -> None:
     for line in command_lines():
         if line.startswith("curl "):
-            done = subprocess.run(["bash", "-c", line], cwd=readme_project, env=activated(), capture_output=True, text=True, timeout=120)
+            done = subprocess.run(
+                ["bash", "-c", line], cwd=readme_project, env=activated(), capture_output=True, text=True, timeout=120
+            )
             assert done.returncode == 0, done.stderr
             predictions = json.loads(done.stdout)["predictions"]
             assert len(predictions) == 1 and len(predictions[0]) > 1

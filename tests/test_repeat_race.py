@@ -29,7 +29,14 @@ from tuner.tuning.storage import make_storage
 from tuner.tuning.trial.repeats import RepeatCheck
 
 # one resolved calibration as `TrialObjective.__call__` logs it (a parameter or fixed by the space)
-X = {"strength": 0.55, "variant": "cls_soft", "depth": "50%", "basket_size": 128, "layers": [2, 3], "basket_shares": "equal"}
+X = {
+    "strength": 0.55,
+    "variant": "cls_soft",
+    "depth": "50%",
+    "basket_size": 128,
+    "layers": [2, 3],
+    "basket_shares": "equal",
+}
 OTHER = {**X, "strength": 0.7}
 
 pytestmark = pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used with Study.optimize")
@@ -56,7 +63,9 @@ def check(poll: float = 0.05, wait: float = 120.0, repeat_limit: int = 12) -> Re
 @pytest.fixture(params=["sqlite", "journal"])
 def storage(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A SQLite study database, or an Optuna journal (each handle replays what the others appended)."""
-    return f"sqlite:///{tmp_path / 'optuna.db'}" if request.param == "sqlite" else f"journal:{tmp_path / 'study.journal'}"
+    return (
+        f"sqlite:///{tmp_path / 'optuna.db'}" if request.param == "sqlite" else f"journal:{tmp_path / 'study.journal'}"
+    )
 
 
 def study_on(storage: str) -> optuna.Study:
@@ -79,7 +88,9 @@ def ends_elsewhere(storage: str, number: int, state: TrialState, after: float) -
     return thread
 
 
-def test_a_trial_drawing_a_config_an_earlier_trial_is_running_waits_and_repeats_it(storage: str, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_trial_drawing_a_config_an_earlier_trial_is_running_waits_and_repeats_it(
+    storage: str, caplog: pytest.LogCaptureFixture
+) -> None:
     study = study_on(storage)
     first = drawing(study_on(storage), X)  # drawn by another process, through its own handle on the storage
     second = drawing(study, X)
@@ -89,7 +100,9 @@ def test_a_trial_drawing_a_config_an_earlier_trial_is_running_waits_and_repeats_
         repeated = check().repeat_of(second, calibration_key(X))
     ended.join()
     said = [r.getMessage() for r in caplog.records if "waiting for it" in r.getMessage()]
-    assert said == [f"trial {second.number} drew the calibration trial {first.number} is running: waiting for it"], "said once"
+    assert said == [f"trial {second.number} drew the calibration trial {first.number} is running: waiting for it"], (
+        "said once"
+    )
     assert repeated is not None, "the second trial ran the config the first one was running (the race)"
     assert repeated.number == first.number and repeated.state == TrialState.COMPLETE and repeated.values == [0.123]
 
@@ -114,7 +127,9 @@ def test_two_workers_drawing_one_config_at_once_run_it_once_however_their_steps_
     handles = [study_on(storage), study_on(storage)]
     rng = random.Random(0)
 
-    def worker(handle: optuna.Study, params: dict[str, object], jitter: float, start: threading.Barrier, out: dict) -> None:
+    def worker(
+        handle: optuna.Study, params: dict[str, object], jitter: float, start: threading.Barrier, out: dict
+    ) -> None:
         trial = handle.ask()
         start.wait()
         time.sleep(jitter)
@@ -132,7 +147,8 @@ def test_two_workers_drawing_one_config_at_once_run_it_once_however_their_steps_
         params = {**X, "strength": round(0.05 + 0.05 * round_, 2)}
         start, out = threading.Barrier(2), {}
         threads = [
-            threading.Thread(target=worker, args=(handle, params, rng.uniform(0, 0.15), start, out), daemon=True) for handle in handles
+            threading.Thread(target=worker, args=(handle, params, rng.uniform(0, 0.15), start, out), daemon=True)
+            for handle in handles
         ]
         for thread in threads:
             thread.start()
@@ -145,7 +161,9 @@ def test_two_workers_drawing_one_config_at_once_run_it_once_however_their_steps_
 
 
 @pytest.mark.parametrize("state", [TrialState.FAIL, TrialState.PRUNED])
-def test_when_the_running_trial_fails_or_is_pruned_the_waiting_one_runs_the_config(storage: str, state: TrialState) -> None:
+def test_when_the_running_trial_fails_or_is_pruned_the_waiting_one_runs_the_config(
+    storage: str, state: TrialState
+) -> None:
     study = study_on(storage)
     first = drawing(study, X)
     second = drawing(study, X)
@@ -182,7 +200,9 @@ def test_the_wait_is_bounded_and_then_the_trial_runs_the_config(storage: str, ca
     ]
 
 
-def test_of_two_trials_that_see_each_other_the_lower_numbered_runs_once_the_other_has_decided_to_wait(storage: str) -> None:
+def test_of_two_trials_that_see_each_other_the_lower_numbered_runs_once_the_other_has_decided_to_wait(
+    storage: str,
+) -> None:
     """Both recorded the key before either looked: the higher-numbered one waits for the lower-numbered one, which
     runs as soon as it sees that decision (until then it cannot tell whether the other one is running it)."""
     study = study_on(storage)
@@ -216,6 +236,8 @@ def test_a_complete_trial_of_the_config_is_repeated_at_once_and_the_repeat_limit
     running = drawing(study, OTHER)
     later = drawing(study, OTHER)
     started = time.monotonic()
-    assert check(repeat_limit=0, wait=600).repeat_of(third, calibration_key(X)) is None  # the space is as good as exhausted
+    assert (
+        check(repeat_limit=0, wait=600).repeat_of(third, calibration_key(X)) is None
+    )  # the space is as good as exhausted
     assert check(repeat_limit=0, wait=600).repeat_of(later, calibration_key(OTHER)) is None  # not even waited for
     assert time.monotonic() - started < 60 and running.number < later.number

@@ -23,7 +23,9 @@ from tuner.report.tables import (
 
 GROUPS = ("begin", "middle", "end")
 
-pytestmark = pytest.mark.usefixtures("module_cache")  # run_evaluation caches as `tune evaluate` does: not in the checkout
+pytestmark = pytest.mark.usefixtures(
+    "module_cache"
+)  # run_evaluation caches as `tune evaluate` does: not in the checkout
 
 
 def passage(seed: int) -> str:
@@ -114,7 +116,10 @@ def test_row_names_must_be_unique(tiny: LoadedModel) -> None:
 
 def test_markdown_has_the_paper_columns_and_every_row(table: EvaluationTable) -> None:
     markdown = to_markdown(table)
-    assert "| Indexing method | begin | middle | end | HM | PSI ↓ | nDCG@10 | Recall@10 | ΔHM | ΔPSI | ΔnDCG@10 | truncated |" in markdown
+    assert (
+        "| Indexing method | begin | middle | end | HM | PSI ↓ | nDCG@10 | Recall@10 | ΔHM | ΔPSI | ΔnDCG@10 | "
+        "truncated |" in markdown
+    )
     assert "| nDCG@10 Original | nDCG@10 Shuffled | Recall@10 Original | Recall@10 Shuffled |" in markdown
     assert "| λ0 |" in markdown and f"| {SEA} |" in markdown
     assert "+0.00 [+0.00, +0.00]" in markdown and "+0.000 [+0.000, +0.000]" in markdown

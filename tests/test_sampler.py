@@ -52,7 +52,10 @@ def test_without_a_budget_it_is_posfairs_tpe_draw_for_draw() -> None:
 
 def test_under_an_unspent_budget_it_draws_cheap_depths_more_often() -> None:
     budget = UNSPENT
-    plain = Counter(p["depth"] for p in draws(optuna.samplers.TPESampler(seed=3, multivariate=True, group=True, n_startup_trials=5), None))
+    plain = Counter(
+        p["depth"]
+        for p in draws(optuna.samplers.TPESampler(seed=3, multivariate=True, group=True, n_startup_trials=5), None)
+    )
     cooled = Counter(p["depth"] for p in draws(CostCooledTPESampler(seed=3), budget))
     assert cooled["last"] > plain["last"] and cooled["50%"] < plain["50%"], (plain, cooled)
 
@@ -87,7 +90,9 @@ def test_a_depth_that_no_longer_fits_the_rest_of_the_budget_is_not_drawn_while_a
     budget = {"trials": 500, "depth_cost": COST}
     late = draws(CostCooledTPESampler(seed=0), budget, trials=40, spend=10)[30:]
     assert {p["depth"] for p in late} <= {"last", "25%"}
-    assert any(p["depth"] == "50%" for p in draws(CostCooledTPESampler(seed=0), None, trials=40)[30:])  # unbudgeted, it is drawn
+    assert any(
+        p["depth"] == "50%" for p in draws(CostCooledTPESampler(seed=0), None, trials=40)[30:]
+    )  # unbudgeted, it is drawn
 
 
 def constrained(trial: optuna.Trial, limit: float | None) -> float:
@@ -197,8 +202,12 @@ def test_tune_runs_and_exports_with_each_sampler(name: str, tmp_path: Path, monk
     assert type(samplers[outcome.study]) is {"tpe": optuna.samplers.TPESampler, "gp": optuna.samplers.GPSampler}[name]
     complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     assert named_constraints(complete[0])["drift"] == -settings.max_drift  # the baseline moved nothing
-    assert {tuple(named_constraints(t)) for t in complete} == {("drift", "hm_floor", "ndcg_drop", "reversal", "structure_ndcg")}
-    assert sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials) >= STARTUP_TRIALS + 3  # some drawn by its model
+    assert {tuple(named_constraints(t)) for t in complete} == {
+        ("drift", "hm_floor", "ndcg_drop", "reversal", "structure_ndcg")
+    }
+    assert (
+        sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials) >= STARTUP_TRIALS + 3
+    )  # some drawn by its model
     assert study.trials[outcome.winner_trial].params["strength"] == pytest.approx(outcome.config.strength)
     assert (tmp_path / "best.yaml").exists()
 

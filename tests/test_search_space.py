@@ -14,7 +14,13 @@ import pytest
 
 from tuner.calibration import ConfigError
 from tuner.tuning.heldout import trial_with
-from tuner.tuning.search_space import BASELINE_PARAMS, PAPER_DEFAULT_PARAMS, SearchSpace, trial_basket_shares, trial_config
+from tuner.tuning.search_space import (
+    BASELINE_PARAMS,
+    PAPER_DEFAULT_PARAMS,
+    SearchSpace,
+    trial_basket_shares,
+    trial_config,
+)
 from tuner.tuning.study import enqueue_once
 
 FOUR_KNOBS = {"strength", "depth", "basket_size", "variant"}
@@ -138,9 +144,14 @@ def test_a_finished_trial_gives_back_the_config_it_drew() -> None:
         trial.set_user_attr("layers", layers)
         back = trial_config(trial, "mean", "right")
         assert back == drawn.model_copy(update={"layers": layers})
-        assert back.strength == round(trial.params["strength"], 6) and back.strength in {round(0.05 * i, 6) for i in range(21)}
+        assert back.strength == round(trial.params["strength"], 6) and back.strength in {
+            round(0.05 * i, 6) for i in range(21)
+        }
         assert (back.variant == "cls_hard") == ("weight" in trial.params)
-    assert {c.variant for c in configs} == {"cls_hard", "uniform"} and {c.basket_shares for c in configs} == {"equal", "by_size"}
+    assert {c.variant for c in configs} == {"cls_hard", "uniform"} and {c.basket_shares for c in configs} == {
+        "equal",
+        "by_size",
+    }
 
 
 @pytest.mark.parametrize("num_layers", [6, 12, 24])

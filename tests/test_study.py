@@ -62,7 +62,8 @@ TRIAL_METRICS = {
 
 
 def write_dataset(folder: Path, docs: int = 12, seed: int = 0, words: int = 45) -> Path:
-    """Documents of three `words`-word parts (45: content of ~135 tokens, basket 128 fits); each part's first words are a query for its third."""
+    """Documents of three `words`-word parts (45: content of ~135 tokens, basket 128 fits); each part's first words are
+    a query for its third."""
     rng = random.Random(seed)
     folder.mkdir(parents=True, exist_ok=True)
     corpus, queries = [], []
@@ -70,7 +71,9 @@ def write_dataset(folder: Path, docs: int = 12, seed: int = 0, words: int = 45) 
         parts = [" ".join(rng.choice(WORDS) for _ in range(words)) for _ in range(3)]
         corpus.append({"id": f"d{d}", "text": " ".join(parts)})
         for group, part in zip(("begin", "middle", "end"), parts):
-            queries.append({"id": f"q{d}-{group}", "text": " ".join(part.split()[:5]), "relevant": [f"d{d}"], "group": group})
+            queries.append(
+                {"id": f"q{d}-{group}", "text": " ".join(part.split()[:5]), "relevant": [f"d{d}"], "group": group}
+            )
     (folder / "corpus.jsonl").write_text("\n".join(json.dumps(x) for x in corpus), encoding="utf-8")
     (folder / "queries.jsonl").write_text("\n".join(json.dumps(x) for x in queries), encoding="utf-8")
     return folder
@@ -128,7 +131,9 @@ def test_the_cache_keeps_layer_inputs_for_the_tuning_passages_and_only_vectors_f
     assert list(tuning.glob("layer-input-*")) and list(held.glob("baseline*")) and not list(held.glob("layer-input-*"))
 
 
-def test_a_six_trial_study_logs_six_nested_runs_with_params_metrics_and_profiles(workspace: dict, tmp_path: Path) -> None:
+def test_a_six_trial_study_logs_six_nested_runs_with_params_metrics_and_profiles(
+    workspace: dict, tmp_path: Path
+) -> None:
     """Each trial's run holds what Optuna recorded for it, and its metrics obey the paper's definitions."""
     settings, outcome = workspace["settings"], workspace["outcome"]
     runs = trial_runs(settings)
@@ -145,7 +150,10 @@ def test_a_six_trial_study_logs_six_nested_runs_with_params_metrics_and_profiles
         if DUPLICATE_ATTR in trial.user_attrs:  # λ 0 or a repeated draw: marked, not run, not counted
             earlier = study.trials[trial.user_attrs[DUPLICATE_ATTR]]
             assert trial.value == earlier.value and trial.user_attrs["calibration"] == earlier.user_attrs["calibration"]
-            assert run.data.tags["posfair.duplicate_of"] == str(earlier.number) and run.data.metrics["cost/layer_tokens"] == 0
+            assert (
+                run.data.tags["posfair.duplicate_of"] == str(earlier.number)
+                and run.data.metrics["cost/layer_tokens"] == 0
+            )
             assert "duplicate" in run.info.run_name
             continue
         params, metrics = run.data.params, run.data.metrics
@@ -161,33 +169,50 @@ def test_a_six_trial_study_logs_six_nested_runs_with_params_metrics_and_profiles
         begin, middle, end = (metrics[f"ndcg10_{g}_x100"] for g in ("begin", "middle", "end"))
         hm = metrics["hm_x100"]
         # MLflow's figures are rounded to four digits, so those derived from others carry their rounding too
-        assert hm == as_logged(3 / (1 / begin + 1 / middle + 1 / end), abs=0.01) and hm == as_logged(100 * trial.user_attrs["hm"])
+        assert hm == as_logged(3 / (1 / begin + 1 / middle + 1 / end), abs=0.01) and hm == as_logged(
+            100 * trial.user_attrs["hm"]
+        )
         assert metrics["psi"] == as_logged(1 - min(begin, middle, end) / max(begin, middle, end), abs=1e-3)
         # the objective is the worst PSI over the tuning structures (here the set and its length halves)
         structures = trial.user_attrs["structures"]
-        assert set(structures) == {held_name(settings), f"{held_name(settings)}-shorter", f"{held_name(settings)}-longer"}
+        assert set(structures) == {
+            held_name(settings),
+            f"{held_name(settings)}-shorter",
+            f"{held_name(settings)}-longer",
+        }
         assert metrics["psi"] == as_logged(structures[held_name(settings)]["psi"])
         assert trial.value == pytest.approx(max(s["psi"] for s in structures.values()))
         assert metrics["worst_structure_psi"] == as_logged(trial.value)
         # a relative floor is met by the point estimate (no interval): the margin is HM − floor, in points
         assert metrics["hm_margin_over_floor_x100"] == as_logged(hm - 100 * floor, abs=0.01)
-        assert metrics["ndcg10_drop_allowance_left_x100"] == metrics["ndcg10_change_vs_uncalibrated_x100"]  # no drop allowed
-        # feasible: every margin met — the HM floor, no nDCG@10 loss, and no structure of the tuning passages with its bias reversed
+        assert (
+            metrics["ndcg10_drop_allowance_left_x100"] == metrics["ndcg10_change_vs_uncalibrated_x100"]
+        )  # no drop allowed
+        # feasible: every margin met — the HM floor, no nDCG@10 loss, and no structure of the tuning passages with its
+        # bias reversed
         reversal = [
             metrics[f"structure/{s}/tilt_reversal_x100"]
             for s in trial.user_attrs["structures"]
             if f"structure/{s}/tilt_reversal_x100" in metrics
         ]
-        assert metrics.get("tilt_reversal_allowance_left_x100", 0) == as_logged(-max(reversal, default=0)) or not reversal
+        assert (
+            metrics.get("tilt_reversal_allowance_left_x100", 0) == as_logged(-max(reversal, default=0)) or not reversal
+        )
         # no other structure loses nDCG@10 significantly: the upper ends of their intervals of the change
-        others = [metrics[f"structure/{s}/ndcg10_change_upper_bound_x100"] for s in structures if s != held_name(settings)]
+        others = [
+            metrics[f"structure/{s}/ndcg10_change_upper_bound_x100"] for s in structures if s != held_name(settings)
+        ]
         assert metrics["structure_ndcg10_drop_allowance_left_x100"] == pytest.approx(min(others), abs=2e-3)
         # drift: on every structure, at most --max-drift (2) times the paper default's there; the baseline, which runs
-        # before the paper default, moved nothing: 0 times it. The halves are scored from the set's own vectors: the set's drift
+        # before the paper default, moved nothing: 0 times it. The halves are scored from the set's own vectors: the
+        # set's drift
         halves = [row["drift"] for s, row in structures.items() if s != held_name(settings)]
         assert halves == pytest.approx([structures[held_name(settings)]["drift"]] * 2)
         reference = study.trials[1].user_attrs["structures"]
-        ratio = max((row["drift"] / reference[s]["drift"] for s, row in structures.items() if reference[s]["drift"] > 0), default=0.0)
+        ratio = max(
+            (row["drift"] / reference[s]["drift"] for s, row in structures.items() if reference[s]["drift"] > 0),
+            default=0.0,
+        )
         assert metrics["drift_allowance_left_x_paper_default"] == as_logged(2 - ratio)
         assert metrics["feasible"] == float(
             trial.user_attrs["hm"] >= floor
@@ -215,7 +240,10 @@ def test_a_six_trial_study_logs_six_nested_runs_with_params_metrics_and_profiles
     assert summary[-1]["tuning"]["psi"] == pytest.approx(study.trials[outcome.winner_trial].user_attrs["psi"])
     for held in summary[-1]["heldout"].values():  # each change as numbers too (the docs render them), the summary's own
         estimate, low, high = held["intervals"]["hm"]
-        assert low <= estimate <= high and f"ΔHM {100 * estimate:+.2f} [{100 * low:+.2f}, {100 * high:+.2f}]" in held["delta"]
+        assert (
+            low <= estimate <= high
+            and f"ΔHM {100 * estimate:+.2f} [{100 * low:+.2f}, {100 * high:+.2f}]" in held["delta"]
+        )
     assert (folder / "pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -226,7 +254,9 @@ def test_baseline_and_paper_default_are_the_first_trials(workspace: dict) -> Non
     # the default space fixes the paper's equal (no parameter); the paper's default calibrates as the paper does
     assert PAPER_DEFAULT_PARAMS["basket_shares"] == trial_basket_shares(study.trials[1]) == "equal"
     assert {trial_basket_shares(t) for t in study.trials[2:]} == {"equal"}
-    runs = {int(r.data.tags["posfair.trial"]): r.data.params["basket_shares"] for r in trial_runs(workspace["settings"])}
+    runs = {
+        int(r.data.tags["posfair.trial"]): r.data.params["basket_shares"] for r in trial_runs(workspace["settings"])
+    }
     assert set(runs.values()) == {"equal"}
 
 
@@ -234,7 +264,9 @@ def test_every_complete_trial_keeps_its_worst_case_per_common_resample_and_one_s
     """The resamples are what selection pairs two trials on: one row per common resample for every trial that
     ran (the same count for all), the point worst case among their range, and the one-SE rule judges by them."""
     study = optuna.load_study(study_name="tiny", storage=workspace["settings"].storage)
-    ran = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE and DUPLICATE_ATTR not in t.user_attrs]
+    ran = [
+        t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE and DUPLICATE_ATTR not in t.user_attrs
+    ]
     rows = {t.number: np.array(objective_resamples(t), dtype=float) for t in ran}
     assert len({len(r) for r in rows.values()}) == 1 and len(next(iter(rows.values()))) == EVIDENCE_RESAMPLES
     for t in ran:
@@ -288,14 +320,18 @@ def test_an_exported_trial_loads_back_and_encodes_as_the_trial_scored(workspace:
     evaluator = Evaluator(model, load_benchmark(settings.dataset), disk_cache=False)
     trial_vectors, _ = evaluator.document_vectors(drawn)
     baseline_vectors, _ = evaluator.document_vectors(None)
-    assert np.abs(trial_vectors - baseline_vectors).max() > 1e-4  # the trial does calibrate: the check below means something
+    assert (
+        np.abs(trial_vectors - baseline_vectors).max() > 1e-4
+    )  # the trial does calibrate: the check below means something
     texts = [evaluator.dataset.corpus[d] for d in evaluator.doc_ids]
     assert np.abs(CalibratedEncoder.from_yaml(path).encode(texts) - trial_vectors).max() < 1e-6
 
 
 def test_exporting_a_trial_that_is_not_complete_names_the_complete_ones(workspace: dict, tmp_path: Path) -> None:
     settings = workspace["settings"]
-    with pytest.raises(ValueError, match=r"--trial 99: study 'tiny' has no complete trial 99; complete trials: \[0, 1, 2"):
+    with pytest.raises(
+        ValueError, match=r"--trial 99: study 'tiny' has no complete trial 99; complete trials: \[0, 1, 2"
+    ):
         reexport("tiny", settings.storage, tmp_path / "none.yaml", settings.tracking_uri, trial=99)
     assert not (tmp_path / "none.yaml").exists()
 
@@ -334,7 +370,8 @@ def test_a_floor_no_trial_reaches_ends_without_an_export(workspace: dict, tmp_pa
     )
     with pytest.raises(
         NoFeasibleTrialError,
-        match=r"no trial met the constraints; nothing exported. every trial misses the HM floor \(the closest, trial \d: HM [\d.]+ < 99.90\)",
+        match=r"no trial met the constraints; nothing exported. every trial misses the HM floor \(the closest, "
+        r"trial \d: HM [\d.]+ < 99.90\)",
     ):
         tune(settings)
     assert not (tmp_path / "none.yaml").exists()
@@ -342,7 +379,9 @@ def test_a_floor_no_trial_reaches_ends_without_an_export(workspace: dict, tmp_pa
     assert said.startswith("none: no trial met the constraints; nothing exported. every trial misses the HM floor")
 
 
-def add_trial(study: optuna.Study, psi: float, hm: float, floor_gap: float, screen: dict[str, float] | None = None) -> None:
+def add_trial(
+    study: optuna.Study, psi: float, hm: float, floor_gap: float, screen: dict[str, float] | None = None
+) -> None:
     """A complete trial; `screen`: its figures on the pooled screen (None: not screened)."""
     user_attrs: dict[str, object] = {"psi": psi, "hm": hm} | ({SCREEN_ATTR: screen} if screen is not None else {})
     trial = optuna.trial.create_trial(
@@ -450,7 +489,9 @@ def test_a_trial_whose_process_died_before_its_first_heartbeat_is_rerun_not_wait
     older than the grace period it is failed and re-queued, instead of being waited for forever (CI hung
     600 s on this when the kill landed in that window)."""
     study = open_study("orphan", storage, seed=0, pareto=False, identity={"k": 1}, heartbeat=1)
-    started = datetime.datetime.now() - datetime.timedelta(seconds=grace_seconds(study._storage) + 7)  # past the grace period
+    started = datetime.datetime.now() - datetime.timedelta(
+        seconds=grace_seconds(study._storage) + 7
+    )  # past the grace period
     template = optuna.trial.FrozenTrial(
         number=0,
         state=optuna.trial.TrialState.RUNNING,
@@ -477,7 +518,10 @@ def test_a_trial_whose_process_died_before_its_first_heartbeat_is_rerun_not_wait
     assert end.complete == 1
     states = [t.state for t in load_stored_study("orphan", storage).trials]
     assert states == [optuna.trial.TrialState.FAIL, optuna.trial.TrialState.COMPLETE]
-    assert "trial 0 was left RUNNING by a process that stopped as it began the trial, which is gone; it is re-run" in caplog.text
+    assert (
+        "trial 0 was left RUNNING by a process that stopped as it began the trial, which is gone; it is re-run"
+        in caplog.text
+    )
 
 
 def test_a_trial_just_created_by_a_live_process_is_not_taken_for_an_orphan(storage: str) -> None:
@@ -520,7 +564,9 @@ def test_basket_sizes_no_passage_fills_leave_the_search(workspace: dict) -> None
         SearchSpace().fitting(50)
     settings = workspace["settings"]
     model = load_model(settings.model, pooling="cls")
-    longest = Evaluator(model, load_benchmark(settings.dataset), 4, disk_cache=False).batches().longest - 1  # less [CLS]
+    longest = (
+        Evaluator(model, load_benchmark(settings.dataset), 4, disk_cache=False).batches().longest - 1
+    )  # less [CLS]
     study = optuna.load_study(study_name="tiny", storage=settings.storage)
     drawn = {t.params["basket_size"] for t in study.trials if not never_ran(t)}
     assert drawn <= {b for b in (8, 16, 128) if b <= longest} and drawn
@@ -571,7 +617,9 @@ def test_each_trial_is_constrained_by_its_psi_on_the_crops_against_the_uncalibra
             **({"weight": trial.params["weight"]} if "weight" in trial.params else {}),
         )
         psi = evaluator.run(config).report.psi
-        assert trial.user_attrs["structures"]["tiny-crops"]["psi"] == pytest.approx(psi, rel=1e-5)  # the crops are a structure
+        assert trial.user_attrs["structures"]["tiny-crops"]["psi"] == pytest.approx(
+            psi, rel=1e-5
+        )  # the crops are a structure
         assert named_constraints(trial)["crops_psi"] == pytest.approx(psi - uncalibrated, abs=1e-9)
 
 

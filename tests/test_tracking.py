@@ -115,7 +115,9 @@ def runs_of(client: MlflowClient) -> tuple[object, list]:
     experiment = client.get_experiment_by_name("posfair")
     runs = client.search_runs([experiment.experiment_id], "", max_results=100)
     parent = next(r for r in runs if r.data.tags.get("posfair.role") == "study")
-    trials = sorted((r for r in runs if r.data.tags.get("posfair.role") == "trial"), key=lambda r: int(r.data.tags["posfair.trial"]))
+    trials = sorted(
+        (r for r in runs if r.data.tags.get("posfair.role") == "trial"), key=lambda r: int(r.data.tags["posfair.trial"])
+    )
     return parent, trials
 
 
@@ -128,13 +130,17 @@ def test_the_log_file_shows_each_trial_with_progress_and_every_phase(default_run
     """No terminal: after each trial, under Optuna's own number, a line with its config (pruned or not) and a progress
     line (done of --trials, best feasible so far, elapsed, ETA), and a line per phase."""
     log = default_run["log"]
-    messages = [" ".join(m.split()) for m in re.split(r"\s(?:INFO|WARNING|ERROR)\s", log)]  # a long one wraps in the file
+    messages = [
+        " ".join(m.split()) for m in re.split(r"\s(?:INFO|WARNING|ERROR)\s", log)
+    ]  # a long one wraps in the file
     study = the_study(default_run["work"])
     ran = [t for t in study.trials if counted(t)]
     for k, trial in enumerate(ran, 1):
         line = re.compile(
-            rf"after trial {trial.number}: {k} of {TRIALS} trials done · (best feasible so far: trial \d+ \(worst-case PSI [\d.]+, "
-            rf"HM [\d.]+\)|no feasible trial yet) · elapsed [\dhms ]+ · (ETA [\dhms ]+|ETA after the first calibrating trial|trials done)"
+            rf"after trial {trial.number}: {k} of {TRIALS} trials done · (best feasible so far: "
+            r"trial \d+ \(worst-case PSI [\d.]+, "
+            r"HM [\d.]+\)|no feasible trial yet) · elapsed [\dhms ]+ · (ETA [\dhms ]+|ETA after the first calibrating "
+            r"trial|trials done)"
         )
         assert any(line.match(m) for m in messages), f"no progress line after trial {trial.number}:\n{log[-3000:]}"
         params = {**trial.params, "layers": trial.user_attrs["layers"], "basket_shares": trial_basket_shares(trial)}
@@ -160,8 +166,8 @@ def test_the_settings_table_shows_the_defaults_in_force(default_run: dict) -> No
     assert "None" not in settings and "SearchSpace(" not in settings, "an unset option says what it means"
     assert rows["general"] == "none: no general-retrieval check"
     assert (
-        rows["space"]
-        == "λ 0–1 in steps of 0.05; layers last, 25%, 50%; baskets 8, 16, 128; uniform, cls_soft, cls_hard (w 0.1–0.5); basket shares equal"
+        rows["space"] == "λ 0–1 in steps of 0.05; layers last, 25%, 50%; baskets 8, 16, 128; uniform, cls_soft, "
+        "cls_hard (w 0.1–0.5); basket shares equal"
     )
 
 
@@ -196,7 +202,9 @@ def test_the_run_list_view_tune_ui_links_to_shows_columns_every_finished_run_has
     )
 
 
-def test_runs_mark_baseline_paper_default_infeasible_trials_and_the_winner(client: MlflowClient, default_run: dict) -> None:
+def test_runs_mark_baseline_paper_default_infeasible_trials_and_the_winner(
+    client: MlflowClient, default_run: dict
+) -> None:
     parent, trials = runs_of(client)
     study = the_study(default_run["work"])
     assert [int(r.data.tags["posfair.trial"]) for r in trials] == list(range(TRIALS))
@@ -207,17 +215,23 @@ def test_runs_mark_baseline_paper_default_infeasible_trials_and_the_winner(clien
         assert feasible == all(c <= 0 for c in study.trials[number].constraints.values())
         assert (" · infeasible" in name) == (not feasible) == (run.data.tags["posfair.feasible"] == "no")
         # the role first: the run list cuts long names ("trial-2 · paper d…" hid it)
-        assert name.startswith("winner · trial-") == (number == winner) == (run.data.tags.get("posfair.winner") == "yes")
+        assert (
+            name.startswith("winner · trial-") == (number == winner) == (run.data.tags.get("posfair.winner") == "yes")
+        )
         description = run.data.tags[NOTE]
         attrs = study.trials[number].user_attrs  # the figures the sentence was written from (MLflow's are rounded)
         assert f"PSI {attrs['psi']:.3f} and HM {100 * attrs['hm']:.2f} on the tuning passages" in description
         assert f"worst-case PSI {attrs['robust_psi']:.3f} (on {attrs['worst_structure']}" in description
         assert metrics["psi"] == as_logged(attrs["psi"]) and metrics["hm_x100"] == as_logged(100 * attrs["hm"])
         assert metrics["worst_structure_psi"] == as_logged(study.trials[number].value)
-        assert list(metrics)[:2] == ["worst_structure_psi", "psi"], "logged first: what MLflow's compare view plots first"
+        assert list(metrics)[:2] == ["worst_structure_psi", "psi"], (
+            "logged first: what MLflow's compare view plots first"
+        )
         assert ("; infeasible: " in description) == (not feasible) == ("; feasible: " not in description), description
         checked = set(named_constraints(study.trials[number]))
-        assert named(description) == checked and named(attrs["feasible"]) == checked, "every constraint checked, no other"
+        assert named(description) == checked and named(attrs["feasible"]) == checked, (
+            "every constraint checked, no other"
+        )
     names = [run.info.run_name.removeprefix("winner · ") for run in trials]
     assert names[0].startswith("trial-0 · baseline") and "no calibration (λ 0)" in trials[0].data.tags[NOTE]
     assert names[1].startswith("trial-1 · paper default") and "CLS-Soft, λ 0.50" in trials[1].data.tags[NOTE]
@@ -236,7 +250,11 @@ def test_every_stored_metric_is_rounded_to_what_is_worth_reading(client: MlflowC
 def test_a_whole_number_keeps_every_digit_and_a_fraction_four_significant_ones() -> None:
     assert significant(123456.0) == 123456.0 and significant(2_147_483_648.0) == 2_147_483_648.0  # layer-tokens
     assert significant(123456.7) == 123457.0  # past four significant digits, the integer part is kept whole
-    assert significant(57.171079012) == 57.17 and significant(0.26543) == 0.2654 and significant(-0.000123456) == -0.0001235
+    assert (
+        significant(57.171079012) == 57.17
+        and significant(0.26543) == 0.2654
+        and significant(-0.000123456) == -0.0001235
+    )
     assert significant(0.0) == 0.0 and np.isnan(significant(float("nan")))
 
 
@@ -249,7 +267,9 @@ def test_trial_runs_open_when_the_trial_starts_and_last_as_long_as_it(client: Ml
         assert run.info.status == "FINISHED"
         assert abs(run.info.start_time / 1000 - trial.datetime_start.timestamp()) < 1.0
         assert abs(run.info.end_time / 1000 - trial.datetime_complete.timestamp()) < 1.0
-        assert (run.info.end_time - run.info.start_time) / 1000 == pytest.approx(trial.duration.total_seconds(), abs=1.0)
+        assert (run.info.end_time - run.info.start_time) / 1000 == pytest.approx(
+            trial.duration.total_seconds(), abs=1.0
+        )
         assert trial.user_attrs["mlflow_run_id"] == run.info.run_id  # Optuna points at the run
 
 
@@ -257,8 +277,14 @@ def test_optuna_names_the_objective_and_explains_the_study(default_run: dict) ->
     study = the_study(default_run["work"])
     assert study.metric_names == ["worst-case PSI"]  # the objective: the worst PSI over the tuning structures
     assert study.user_attrs["objective"].startswith("minimise the worst PSI over the tuning structures")
-    checked = {name for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE for name in named_constraints(t)}
-    assert named(study.user_attrs["constraints"]) == checked == {"hm_floor", "ndcg_drop", "structure_ndcg", "reversal", "drift"}
+    checked = {
+        name for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE for name in named_constraints(t)
+    }
+    assert (
+        named(study.user_attrs["constraints"])
+        == checked
+        == {"hm_floor", "ndcg_drop", "structure_ndcg", "reversal", "drift"}
+    )
     importance = study.user_attrs.get("psi_importance (parameters every trial drew)", {})
     assert "weight" not in importance  # CLS-Hard's w is conditional: never ranked
 
@@ -277,11 +303,15 @@ def test_the_parent_run_holds_held_out_figures_with_their_intervals(client: Mlfl
         estimate, low, high = intervals[metric]
         prefix = f"Winner held out/{name}/change_{shown}"
         assert metrics[prefix] == as_logged(scale * estimate)
-        assert metrics[f"{prefix}_ci_low"] == as_logged(scale * low) and metrics[f"{prefix}_ci_high"] == as_logged(scale * high)
+        assert metrics[f"{prefix}_ci_low"] == as_logged(scale * low) and metrics[f"{prefix}_ci_high"] == as_logged(
+            scale * high
+        )
         assert low <= estimate <= high
     held = exported.metrics[f"heldout/{name}"]
     assert metrics[f"Winner held out/{name}/hm_x100"] == as_logged(100 * held["hm"])
-    assert metrics[f"heldout/{name}/uncalibrated/hm_x100"] == as_logged(100 * exported.metrics[f"heldout_baseline/{name}"]["hm"])
+    assert metrics[f"heldout/{name}/uncalibrated/hm_x100"] == as_logged(
+        100 * exported.metrics[f"heldout_baseline/{name}"]["hm"]
+    )
     assert metrics["tuning/winner/psi"] == as_logged(exported.metrics["tuning"]["psi"])
 
 
@@ -292,19 +322,35 @@ def test_the_parent_run_names_the_winner_and_its_held_out_result(client: MlflowC
     winner = exported.provenance.trial
     ((name, intervals),) = exported.provenance.intervals.items()
     description = parent.data.tags[NOTE]
-    assert description.startswith(f"Winner: trial {winner}, ") and f"chosen by the {exported.provenance.selection_rule} rule" in description
-    assert ". Held out, against no calibration (95% paired-bootstrap intervals): " in description and description.endswith(".")
+    assert (
+        description.startswith(f"Winner: trial {winner}, ")
+        and f"chosen by the {exported.provenance.selection_rule} rule" in description
+    )
+    assert (
+        ". Held out, against no calibration (95% paired-bootstrap intervals): " in description
+        and description.endswith(".")
+    )
     hm, psi = intervals["hm"], intervals["psi"]
     assert f"{name} ΔHM {100 * hm[0]:+.2f} [{100 * hm[1]:+.2f}, {100 * hm[2]:+.2f}], ΔPSI {psi[0]:+.3f}" in description
     metrics, winner_metrics = parent.data.metrics, trials[winner].data.metrics
-    for column in ("worst_structure_psi", "psi", "hm_x100", "feasible", "ndcg10_change_vs_uncalibrated_x100"):  # the trials' columns
+    for column in (
+        "worst_structure_psi",
+        "psi",
+        "hm_x100",
+        "feasible",
+        "ndcg10_change_vs_uncalibrated_x100",
+    ):  # the trials' columns
         assert metrics[column] == pytest.approx(winner_metrics[column], abs=1e-4)
     assert metrics["heldout_winner_change_hm_x100"] == as_logged(100 * hm[0])
-    table = (Path(client.download_artifacts(parent.info.run_id, "heldout.md", str(default_run["work"] / "dl")))).read_text()
+    table = (
+        Path(client.download_artifacts(parent.info.run_id, "heldout.md", str(default_run["work"] / "dl")))
+    ).read_text()
     assert f"| {name} | Winner (trial {winner}) | {100 * exported.metrics[f'heldout/{name}']['hm']:.2f} |" in table
 
 
-def test_the_parent_run_shows_how_each_config_does_along_the_passage_on_the_held_out_sets(client: MlflowClient, default_run: dict) -> None:
+def test_the_parent_run_shows_how_each_config_does_along_the_passage_on_the_held_out_sets(
+    client: MlflowClient, default_run: dict
+) -> None:
     """heldout.md's profile table (and heldout.png, its picture): per held-out set, each config's nDCG@10 in each
     position group with its interval and its tilt, the winner's figures the YAML's own."""
     parent, _ = runs_of(client)
@@ -312,12 +358,16 @@ def test_the_parent_run_shows_how_each_config_does_along_the_passage_on_the_held
     ((name, _),) = exported.provenance.intervals.items()
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert {"heldout.png", "heldout.md"} <= artifacts
-    table = Path(client.download_artifacts(parent.info.run_id, "heldout.md", str(default_run["work"] / "dl-profile"))).read_text()
+    table = Path(
+        client.download_artifacts(parent.info.run_id, "heldout.md", str(default_run["work"] / "dl-profile"))
+    ).read_text()
     section = table.split(f"### {name}\n", 1)[1]
     held = exported.metrics[f"heldout/{name}"]
     groups = [k.removeprefix("ndcg10_") for k in held if k.startswith("ndcg10_") and not k.startswith("ndcg10_fifth")]
     assert section.splitlines()[1] == "| config | " + " | ".join([*groups, "tilt"]) + " |"
-    winner = next(line for line in section.splitlines() if line.startswith(f"| Winner (trial {exported.provenance.trial}) |"))
+    winner = next(
+        line for line in section.splitlines() if line.startswith(f"| Winner (trial {exported.provenance.trial}) |")
+    )
     cells = [cell.strip() for cell in winner.strip("|").split("|")][1:]
     for group, cell in zip(groups, cells):
         assert cell.startswith(f"{100 * held[f'ndcg10_{group}']:.2f} [") and cell.endswith("]"), (group, cell)
@@ -348,9 +398,13 @@ def test_optuna_dashboard_greys_infeasible_trials_and_the_study_names_the_winner
         "feasible or not" in study_attrs["best trial in optuna-dashboard"]
         and "`winner` above" in study_attrs["best trial in optuna-dashboard"]
     )
-    assert [a["key"] for a in detail["user_attrs"]][:2] == ["winner", "best trial in optuna-dashboard"], "the winner first"
+    assert [a["key"] for a in detail["user_attrs"]][:2] == ["winner", "best trial in optuna-dashboard"], (
+        "the winner first"
+    )
     studies = dashboard_api(storage, "/api/studies")["study_summaries"]
-    assert [s["study_name"] for s in studies] == [study.study_name], "no study beside the real one (the export's election)"
+    assert [s["study_name"] for s in studies] == [study.study_name], (
+        "no study beside the real one (the export's election)"
+    )
     lowest = min((t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE), key=lambda t: t.value)
     assert [t["number"] for t in detail["best_trials"]] == [lowest.number], "what the README says the dashboard shows"
     # the notes, where the dashboard shows them: the study's and the winner's say which won and why
@@ -360,7 +414,10 @@ def test_optuna_dashboard_greys_infeasible_trials_and_the_study_names_the_winner
     notes = {t["number"]: t["note"]["body"] for t in detail["trials"]}
     assert notes[winner].startswith(f"## Winner of study {study.study_name}") and why in notes[winner]
     if lowest.number != winner:  # the Best Trial card's trial says why it did not win
-        assert notes[lowest.number].startswith("## Lowest objective, not the winner") and f"Trial {winner} won" in notes[lowest.number]
+        assert (
+            notes[lowest.number].startswith("## Lowest objective, not the winner")
+            and f"Trial {winner} won" in notes[lowest.number]
+        )
 
 
 def test_the_yaml_records_its_provenance(client: MlflowClient, default_run: dict) -> None:
@@ -373,9 +430,13 @@ def test_the_yaml_records_its_provenance(client: MlflowClient, default_run: dict
     assert provenance.registered_version == int(version.version)
     assert provenance.heldout == ["jsonl:held"]
     assert provenance.hm_floor == pytest.approx(the_study(default_run["work"]).user_attrs["floor_value"])
-    assert provenance.hm_floor_rule == "-50%" and provenance.objective.startswith("minimise the worst PSI over the tuning structures")
+    assert provenance.hm_floor_rule == "-50%" and provenance.objective.startswith(
+        "minimise the worst PSI over the tuning structures"
+    )
     study = the_study(default_run["work"])
-    checked = {name for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE for name in named_constraints(t)}
+    checked = {
+        name for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE for name in named_constraints(t)
+    }
     assert named(provenance.objective) == checked and "at most 2 times as far" in provenance.objective
     winner = study.trials[provenance.trial]
     assert provenance.structures == winner.user_attrs["structures"]  # per structure: the winner's PSI and direction
@@ -391,7 +452,9 @@ def test_the_yaml_records_its_provenance(client: MlflowClient, default_run: dict
     assert ("weight" in calibration) == (calibration["variant"] == "cls_hard")
 
 
-def test_the_registered_version_comes_from_the_winner_s_trial_run_and_says_why_once(client: MlflowClient, default_run: dict) -> None:
+def test_the_registered_version_comes_from_the_winner_s_trial_run_and_says_why_once(
+    client: MlflowClient, default_run: dict
+) -> None:
     """The winner's run is the version's source (its Registered models panel shows it), as its description says."""
     _, trials = runs_of(client)
     provenance = load_exported(default_run["yaml"]).provenance
@@ -403,7 +466,9 @@ def test_the_registered_version_comes_from_the_winner_s_trial_run_and_says_why_o
     assert version.description.count(f"trial {provenance.trial}") == 1, version.description
     # its config and held-out result, as the winner's run and the parent run say them, and what the pyfunc takes
     config = winner_run.data.tags[NOTE].removeprefix(f"Winner (trial {provenance.trial}): ").split(":")[0]
-    assert version.description.startswith(f"Study {provenance.study}, trial {provenance.trial}: {config}. Held out, against")
+    assert version.description.startswith(
+        f"Study {provenance.study}, trial {provenance.trial}: {config}. Held out, against"
+    )
     parent, _ = runs_of(client)
     note = parent.data.tags[NOTE]
     held = note[note.index("Held out, against no calibration") :]  # the parent run's second sentence
@@ -428,7 +493,9 @@ def test_the_winner_is_registered_and_loads_as_the_calibrated_encoder(client: Ml
     assert np.abs(queries - encoder.encode_query(TEXTS[:2])).max() < 1e-6
 
 
-def test_a_copied_store_keeps_its_artifacts_and_models(default_run: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_copied_store_keeps_its_artifacts_and_models(
+    default_run: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Copy the project folder, take the original away, and read artifacts and the model from the copy."""
     copy = tmp_path / "moved"
     shutil.copytree(default_run["work"], copy)
@@ -458,7 +525,9 @@ def test_tune_ui_names_the_store_and_refuses_to_invent_one(tmp_path: Path, monke
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(app, ["ui"])
     assert result.exit_code == 2
-    assert "no MLflow store at" in result.output and str(tmp_path / "mlruns" / "mlflow.db") in result.output.replace("\n", "")
+    assert "no MLflow store at" in result.output and str(tmp_path / "mlruns" / "mlflow.db") in result.output.replace(
+        "\n", ""
+    )
     assert not (tmp_path / "mlruns").exists()
 
 
@@ -482,7 +551,9 @@ def test_tune_ui_checks_the_store_s_schema_before_it_prints_a_link(
         optuna.storages.RDBStorage(f"sqlite:///{store}")
     else:
         MlflowClient(f"sqlite:///{store}").search_experiments()
-        version = "451aebb31d03" if written_by == "an older MLflow" else "ffffffffffff"  # MLflow 1.0's first; none of its
+        version = (
+            "451aebb31d03" if written_by == "an older MLflow" else "ffffffffffff"
+        )  # MLflow 1.0's first; none of its
         with sqlite3.connect(store) as connection:
             connection.execute("UPDATE alembic_version SET version_num = ?", (version,))
     before = store.read_bytes()
@@ -514,7 +585,11 @@ def test_a_failed_start_leaves_no_store_behind(tiny_model_dir, tmp_path: Path, m
     work.mkdir()
     monkeypatch.chdir(work)
     with pytest.raises(ValueError):
-        tune(TuneSettings(model=str(tiny_model_dir("bert")), pooling="cls", dataset=f"jsonl:{data}", heldout=None, trials=2))
+        tune(
+            TuneSettings(
+                model=str(tiny_model_dir("bert")), pooling="cls", dataset=f"jsonl:{data}", heldout=None, trials=2
+            )
+        )
     assert list(work.iterdir()) == []
 
 
@@ -579,7 +654,9 @@ def server_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir) -> dict
         yield run(server.uri)
 
 
-def test_the_champion_loads_from_the_server_and_is_served_over_rest(server_run: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_champion_loads_from_the_server_and_is_served_over_rest(
+    server_run: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """models:/NAME@champion through the tracking server, then `mlflow models serve` answering a real POST."""
     monkeypatch.setenv("MLFLOW_TRACKING_URI", server_run["uri"])
     name = registered_name(str(server_run["model"]))
@@ -624,7 +701,9 @@ def test_the_champion_loads_from_the_server_and_is_served_over_rest(server_run: 
                     break
             except requests.RequestException:
                 pass
-            assert serve.poll() is None and time.monotonic() < deadline, (server_run["root"] / "serve.log").read_text()[-3000:]
+            assert serve.poll() is None and time.monotonic() < deadline, (server_run["root"] / "serve.log").read_text()[
+                -3000:
+            ]
             time.sleep(1)
         answer = requests.post(f"http://127.0.0.1:{port}/invocations", json={"inputs": TEXTS}, timeout=120)
         assert answer.ok, answer.text
@@ -676,11 +755,15 @@ def test_two_runs_in_two_folders_of_one_process_log_to_their_own_stores(
     forget_cached_stores()
     for folder in ("a", "b"):
         client = MlflowClient(f"sqlite:///{tmp_path / folder / 'mlruns' / 'mlflow.db'}")
-        runs = client.search_runs([client.get_experiment_by_name("posfair").experiment_id], "tags.`posfair.role` = 'study'")
+        runs = client.search_runs(
+            [client.get_experiment_by_name("posfair").experiment_id], "tags.`posfair.role` = 'study'"
+        )
         assert [r.info.run_name for r in runs] == [f"study-{folder}"]
 
 
-def test_a_refused_log_is_dropped_with_its_error_and_the_later_logs_go_on(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_refused_log_is_dropped_with_its_error_and_the_later_logs_go_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """One log MLflow refuses (here: a param on a run that does not exist) would fail the same way at every retry;
     it must not hold back the logs behind it."""
     tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "refusals")
@@ -688,11 +771,16 @@ def test_a_refused_log_is_dropped_with_its_error_and_the_later_logs_go_on(tmp_pa
     tracker._submit("a param", lambda: tracker.client.log_param("0" * 32, "strength", "0.5"))
     tracker._submit("the next log", lambda: done.append("the next log"))
     assert done == ["the next log"] and tracker.flush()
-    assert "MLflow refused a param, dropped (MlflowException: Run with id=00000000000000000000000000000000 not found" in caplog.text
+    assert (
+        "MLflow refused a param, dropped (MlflowException: Run with id=00000000000000000000000000000000 not found"
+        in caplog.text
+    )
 
 
 @pytest.mark.parametrize("outage", ["connection refused", "connection cut mid-answer", "database locked"])
-def test_an_outage_keeps_the_logs_in_order_until_the_store_answers(outage: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_an_outage_keeps_the_logs_in_order_until_the_store_answers(
+    outage: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """What MLflow raises when the server is gone (a wrapped ConnectionError), is killed while it answers (the
     request may have been carried out: a wrapped ChunkedEncodingError, seen when a trial's run was created and
     its params were then never logged) or its database is locked (503)."""
@@ -702,7 +790,9 @@ def test_an_outage_keeps_the_logs_in_order_until_the_store_answers(outage: str, 
     def first() -> None:
         if not up[0]:
             if outage == "database locked":
-                raise MlflowException("(sqlite3.OperationalError) database is locked", error_code=TEMPORARILY_UNAVAILABLE)
+                raise MlflowException(
+                    "(sqlite3.OperationalError) database is locked", error_code=TEMPORARILY_UNAVAILABLE
+                )
             cut = "Connection broken: IncompleteRead(0 bytes read, 1189 more expected)"
             try:
                 if outage == "connection cut mid-answer":
@@ -715,7 +805,9 @@ def test_an_outage_keeps_the_logs_in_order_until_the_store_answers(outage: str, 
     tracker._submit("first", first)
     tracker._submit("second", lambda: done.append("second"))
     assert done == [] and not tracker.flush()
-    said = f"MLflow's store sqlite:///{tmp_path}/mlflow.db" if outage == "database locked" else "MLflow still unreachable"
+    said = (
+        f"MLflow's store sqlite:///{tmp_path}/mlflow.db" if outage == "database locked" else "MLflow still unreachable"
+    )
     assert said in caplog.text and ("is locked by another process" in caplog.text) == (outage == "database locked")
     up[0] = True
     assert tracker.flush() and done == ["first", "second"]
@@ -758,14 +850,18 @@ def test_one_refused_log_of_a_trial_s_close_drops_only_that_log(
         raise refusal()
 
     monkeypatch.setattr(tracker.client, refused, refuse)
-    record = TrialRecord(2, "COMPLETE", {"strength": 0.5}, {"psi": 0.25}, {"posfair.verdict": "feasible"}, [profile], "done", ["winner"])
+    record = TrialRecord(
+        2, "COMPLETE", {"strength": 0.5}, {"psi": 0.25}, {"posfair.verdict": "feasible"}, [profile], "done", ["winner"]
+    )
     tracker.finish_trial("closes", record)
     assert tracker.flush()
     run = tracker.client.get_run(tracker.trial_run_id(2))
     assert run.info.status == "FINISHED" and run.info.run_name == "winner · trial-2"
     assert run.data.tags["posfair.verdict"] == "feasible" and run.data.tags["posfair.state"] == "COMPLETE"
     assert ("psi" in run.data.metrics) == (refused != "log_batch")
-    assert [a.path for a in tracker.client.list_artifacts(run.info.run_id)] == ([] if refused == "log_artifact" else [profile.name])
+    assert [a.path for a in tracker.client.list_artifacts(run.info.run_id)] == (
+        [] if refused == "log_artifact" else [profile.name]
+    )
     assert "simulated refusal" in caplog.text
 
 
@@ -796,14 +892,27 @@ def test_a_permanent_store_error_is_reported_once_and_holds_back_no_later_log(
     ("error", "kind"),
     [
         (lambda: store_error("database is locked"), "outage"),
-        (lambda: MlflowException("(sqlite3.OperationalError) database is locked", error_code=TEMPORARILY_UNAVAILABLE), "outage"),
-        (lambda: MlflowException("API request to http://h:5000 failed: 502 Bad Gateway", error_code=TEMPORARILY_UNAVAILABLE), "outage"),
+        (
+            lambda: MlflowException(
+                "(sqlite3.OperationalError) database is locked", error_code=TEMPORARILY_UNAVAILABLE
+            ),
+            "outage",
+        ),
+        (
+            lambda: MlflowException(
+                "API request to http://h:5000 failed: 502 Bad Gateway", error_code=TEMPORARILY_UNAVAILABLE
+            ),
+            "outage",
+        ),
         (lambda: MlflowException("Internal server error", error_code=INTERNAL_ERROR), "outage"),
         (lambda: requests.ConnectionError("[Errno 111] Connection refused"), "outage"),
         (lambda: store_error("no such column: runs.lifecycle_stage"), "refused"),
         (lambda: store_error("no such table: metrics"), "refused"),
         (lambda: store_error("attempt to write a readonly database"), "refused"),
-        (lambda: MlflowException("(sqlite3.OperationalError) no such column: x", error_code=TEMPORARILY_UNAVAILABLE), "refused"),
+        (
+            lambda: MlflowException("(sqlite3.OperationalError) no such column: x", error_code=TEMPORARILY_UNAVAILABLE),
+            "refused",
+        ),
         (lambda: refusal(), "refused"),
         (lambda: store_error("database or disk is full"), "disk full"),
         (lambda: OSError(28, "No space left on device"), "disk full"),
@@ -842,7 +951,8 @@ def full_sqlite_disk(engine: sqlalchemy.engine.Engine) -> Iterator[None]:
 def test_a_full_disk_under_the_mlflow_store_keeps_the_logs_says_so_with_the_file_and_they_land_once_space_is_freed(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A full disk under MLflow's store was an "outage" ("MLflow still unreachable"), naming neither the file nor the fix."""
+    """A full disk under MLflow's store was an "outage" ("MLflow still unreachable"), naming neither the file nor the
+    fix."""
     tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "full")
     tracker.start_study("full", {}, {})
     engine = tracker.client._tracking_client.store.engine
@@ -852,7 +962,11 @@ def test_a_full_disk_under_the_mlflow_store_keeps_the_logs_says_so_with_the_file
             tracker.finish_trial("full", TrialRecord(number, "COMPLETE", {"strength": 0.5}, {"psi": 0.25}))
         assert not tracker.flush()
     assert f"MLflow cannot write sqlite:///{tmp_path}/mlflow.db" in caplog.text
-    assert "the disk is full (" in caplog.text and "database or disk is full" in caplog.text and "free space on that disk" in caplog.text
+    assert (
+        "the disk is full (" in caplog.text
+        and "database or disk is full" in caplog.text
+        and "free space on that disk" in caplog.text
+    )
     assert "unreachable" not in caplog.text
     assert tracker.flush()  # space freed: every kept log lands, in order
     for number in range(3):
@@ -867,7 +981,12 @@ def test_a_trial_run_logged_late_keeps_the_trial_s_own_start_and_end(tmp_path: P
     tracker.start_study("late-study", {}, {})
     hour_ago = int(time.time() * 1000) - 3_600_000
     record = TrialRecord(
-        number=3, state="COMPLETE", params={"strength": 0.5}, metrics={"psi": 0.1}, start_ms=hour_ago, end_ms=hour_ago + 90_000
+        number=3,
+        state="COMPLETE",
+        params={"strength": 0.5},
+        metrics={"psi": 0.1},
+        start_ms=hour_ago,
+        end_ms=hour_ago + 90_000,
     )
     tracker.finish_trial("late-study", record)
     run = tracker.client.get_run(tracker.trial_run_id(3))
@@ -905,7 +1024,9 @@ def test_a_complete_trial_logs_each_figure_once_on_one_scale() -> None:
         ("jsonl:my data (v2)-longer", "jsonl:my data _v2_-longer"),
     ],
 )
-def test_a_structure_named_by_any_dataset_name_logs_under_a_name_mlflow_accepts(tmp_path: Path, structure: str, as_stored: str) -> None:
+def test_a_structure_named_by_any_dataset_name_logs_under_a_name_mlflow_accepts(
+    tmp_path: Path, structure: str, as_stored: str
+) -> None:
     """A set's name reaches metric names (`structure/<name>/psi`); MLflow refuses some characters (`+`), and a refused
     batch drops the trial's every figure. Each character MLflow refuses is stored as `_`, the rest as it is."""
     from tuner.tracking.display import stored_metrics

@@ -50,10 +50,15 @@ def test_tune_ui_stops_its_whole_process_group_on_a_signal(tmp_path: Path, signu
         ui.send_signal(signum)
         output, _ = ui.communicate(timeout=60)
         assert ui.returncode == 128 + signum, output
-        assert output.splitlines()[0].startswith("MLflow UI: http://127.0.0.1:") and "workflowType=machine_learning" in output
+        assert (
+            output.splitlines()[0].startswith("MLflow UI: http://127.0.0.1:")
+            and "workflowType=machine_learning" in output
+        )
         with pytest.raises(requests.RequestException):
             requests.get(f"http://127.0.0.1:{port}/health", timeout=2)
-        assert [p.pid for p in served if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == [], "a server process outlived tune ui"
+        assert [p.pid for p in served if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == [], (
+            "a server process outlived tune ui"
+        )
     finally:
         if ui.poll() is None:
             ui.kill()

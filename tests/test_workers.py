@@ -47,7 +47,14 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def command(
-    model: Path, data: Path, storage: str, tracking: str, trials: int, *extra: str, name: str = "shared", heartbeat: int = 1
+    model: Path,
+    data: Path,
+    storage: str,
+    tracking: str,
+    trials: int,
+    *extra: str,
+    name: str = "shared",
+    heartbeat: int = 1,
 ) -> list[str]:
     """`tune run` on the tiny model; a 1-second heartbeat lets a killed worker's trial be found in 3 s."""
     return [
@@ -78,7 +85,9 @@ def finished_trial_numbers(tracking: str, name: str = "shared") -> list[int]:
     PRUNED): a trial logged twice shows up twice."""
     runs = trial_runs(tracking, name)
     return sorted(
-        int(r.data.tags["posfair.trial"]) for r in runs if r.info.status == "FINISHED" and r.data.tags.get("posfair.state") != "PRUNED"
+        int(r.data.tags["posfair.trial"])
+        for r in runs
+        if r.info.status == "FINISHED" and r.data.tags.get("posfair.state") != "PRUNED"
     )
 
 
@@ -92,7 +101,9 @@ def study_backend(backend: str, tmp_path: Path) -> tuple[str, str, str]:
     return require_postgres(), require_mlflow_server(), f"shared-{os.getpid()}-{time.time_ns()}"
 
 
-def coordinator_and_second_machine(base: list[str], folder: Path, timeout: float, env: dict[str, str] | None = None) -> None:
+def coordinator_and_second_machine(
+    base: list[str], folder: Path, timeout: float, env: dict[str, str] | None = None
+) -> None:
     """`base --workers 2` (exporting to best.yaml) beside a second machine's `base --worker`, both run to their end
     from the fork server; each must exit 0 (its log's tail says why not)."""
     logs = {role: folder / f"{role}.log" for role in ("coordinator", "other")}
@@ -105,7 +116,9 @@ def coordinator_and_second_machine(base: list[str], folder: Path, timeout: float
                 stdout=coordinator_log,
                 stderr=subprocess.STDOUT,
             ),
-            "other": forkserver.popen([*base, "--worker"], cwd=folder, env=env, stdout=other_log, stderr=subprocess.STDOUT),
+            "other": forkserver.popen(
+                [*base, "--worker"], cwd=folder, env=env, stdout=other_log, stderr=subprocess.STDOUT
+            ),
         }
         for process in processes.values():
             process.wait(timeout=timeout)
@@ -131,7 +144,9 @@ def polled(url: str) -> optuna.storages.BaseStorage:
 
 def complete_count(storage: str, name: str = "shared") -> int:
     try:
-        return len(optuna.load_study(study_name=name, storage=polled(storage)).get_trials(deepcopy=False, states=(COMPLETE,)))
+        return len(
+            optuna.load_study(study_name=name, storage=polled(storage)).get_trials(deepcopy=False, states=(COMPLETE,))
+        )
     except KeyError:  # the study does not exist yet
         return 0
 
@@ -145,7 +160,9 @@ def wait_until(condition: Callable[[], bool], process: subprocess.Popen, log: Pa
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql+server"])
-def test_two_workers_on_one_study_finish_exactly_the_requested_trials(backend: str, tiny_model_dir, data: Path, tmp_path: Path) -> None:
+def test_two_workers_on_one_study_finish_exactly_the_requested_trials(
+    backend: str, tiny_model_dir, data: Path, tmp_path: Path
+) -> None:
     """A coordinator with --workers 2 plus a second machine's --worker: 12 trials, once each, one MLflow run each."""
     storage, tracking, name = study_backend(backend, tmp_path)
     # Nobody is killed here: a heartbeat of 10 s keeps a worker that a busy machine stalls for 3 s from being
@@ -159,12 +176,16 @@ def test_two_workers_on_one_study_finish_exactly_the_requested_trials(backend: s
     assert len({t.user_attrs["worker"] for t in complete}) >= 2  # the trials really were shared
     logged = sorted(int(r.data.tags["posfair.trial"]) for r in trial_runs(tracking, name))
     ran = [t for t in study.trials if t.state in (COMPLETE, optuna.trial.TrialState.PRUNED) and not never_ran(t)]
-    assert logged == sorted(t.number for t in ran)  # exactly one run per trial (repeats and pruned ones too), none twice
+    assert logged == sorted(
+        t.number for t in ran
+    )  # exactly one run per trial (repeats and pruned ones too), none twice
     assert (tmp_path / "best.yaml").exists()
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql+server"])
-def test_a_worker_killed_mid_trial_is_detected_and_its_trial_rerun(backend: str, tiny_model_dir, data: Path, tmp_path: Path) -> None:
+def test_a_worker_killed_mid_trial_is_detected_and_its_trial_rerun(
+    backend: str, tiny_model_dir, data: Path, tmp_path: Path
+) -> None:
     """SIGKILL the only worker while trial >= 2 runs; after 3 missed heartbeats the same command resumes."""
     storage, tracking, name = study_backend(backend, tmp_path)
     cmd = command(tiny_model_dir("bert"), data, storage, tracking, 6, name=name)
@@ -174,7 +195,9 @@ def test_a_worker_killed_mid_trial_is_detected_and_its_trial_rerun(backend: str,
     while killed is None and time.monotonic() < deadline and victim.poll() is None:
         time.sleep(0.05)
         try:
-            running = optuna.load_study(study_name=name, storage=polled(storage)).get_trials(states=(optuna.trial.TrialState.RUNNING,))
+            running = optuna.load_study(study_name=name, storage=polled(storage)).get_trials(
+                states=(optuna.trial.TrialState.RUNNING,)
+            )
         except KeyError:
             continue
         if running and running[0].number >= 2:
@@ -250,7 +273,9 @@ def test_an_unreachable_tracking_server_fails_before_any_work(tiny_settings: Tun
     assert not (tmp_path / "o.db").exists()  # no study was started
 
 
-def test_a_tracking_server_killed_mid_study_and_restarted_loses_no_trial_log(tiny_model_dir, data: Path, tmp_path: Path) -> None:
+def test_a_tracking_server_killed_mid_study_and_restarted_loses_no_trial_log(
+    tiny_model_dir, data: Path, tmp_path: Path
+) -> None:
     """SIGKILL a real MLflow server (backed by a fresh PostgreSQL database) after two trials, let two more
     trials finish while it is down, start it again on the same port and store: the study completes, and
     every trial is in MLflow exactly once, FINISHED, with its metrics and attention profile.
@@ -260,8 +285,13 @@ def test_a_tracking_server_killed_mid_study_and_restarted_loses_no_trial_log(tin
     """
     trials = 8
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
-    with fresh_postgres_database(require_postgres(), "mlflow_outage") as backend, running_mlflow_server(backend, tmp_path) as server:
-        cmd = command(tiny_model_dir("bert"), data, storage, server.uri, trials, heartbeat=20)  # held below: must not look dead
+    with (
+        fresh_postgres_database(require_postgres(), "mlflow_outage") as backend,
+        running_mlflow_server(backend, tmp_path) as server,
+    ):
+        cmd = command(
+            tiny_model_dir("bert"), data, storage, server.uri, trials, heartbeat=20
+        )  # held below: must not look dead
         log = tmp_path / "tune.log"
         with log.open("w") as out:
             study = forkserver.popen(cmd, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT)
@@ -299,7 +329,9 @@ def test_a_tracking_server_killed_mid_study_and_restarted_loses_no_trial_log(tin
             assert run.data.metrics["hm_x100"] == as_logged(100 * trial.user_attrs["hm"])
             assert float(run.data.params["lambda_strength"]) == pytest.approx(trial.params["strength"])
             if DUPLICATE_ATTR not in trial.user_attrs:  # a repeat was not run: it has no profile of its own
-                assert {"attention_profile.json", "attention_profile.png"} <= {a.path for a in client.list_artifacts(run.info.run_id)}
+                assert {"attention_profile.json", "attention_profile.png"} <= {
+                    a.path for a in client.list_artifacts(run.info.run_id)
+                }
         parent = client.get_run(runs[0].data.tags["mlflow.parentRunId"])
         assert parent.info.status == "FINISHED" and parent.data.tags["posfair.outcome"] == "exported"
         assert "summary.json" in {a.path for a in client.list_artifacts(parent.info.run_id)}
