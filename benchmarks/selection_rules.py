@@ -3,7 +3,7 @@
 Run from the repository root, over the studies `benchmarks.search_cost --keep KEEP` left (one folder per study);
 several KEEP folders (one per tuning design, named by the folder) are compared in one run:
 
-    .venv/bin/python -m benchmarks.selection_rules --model minilm --keep KEEP [KEEP2 ...] \
+    .venv/bin/python -m benchmarks.selection_rules --model minilm --keep KEEP [KEEP2 ...] \\
         --json docs/results/selection-rules-minilm.json
 
 Per study (read from its Optuna store, nothing re-tuned):
