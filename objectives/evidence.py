@@ -58,17 +58,22 @@ def trial_evidence(
         raise ValueError("a dataset without position groups has no PSI or HM to tune")
     weights = evidence_weights(len(candidate.query_ids), n_resamples, seed)
     base, cand = aggregate(baseline, weights), aggregate(candidate, weights)
+    # the point figures from one row of weights, as the report computes them: a matrix product over a thousand rows
+    # may round its first row an ulp apart, and the 'significant' HM floor is the report's HM, which the uncalibrated
+    # trial (a zero change) must meet exactly
+    base_point, cand_point = aggregate(baseline, weights[:1]), aggregate(candidate, weights[:1])
     assert base.hm is not None and cand.hm is not None and cand.psi is not None
+    assert base_point.hm is not None and cand_point.hm is not None and cand_point.psi is not None
     psi, hm_change, ndcg_change = cand.psi[1:], (cand.hm - base.hm)[1:], (cand.ndcg10 - base.ndcg10)[1:]
     tilt = cand.tilt if cand.tilt is not None and np.isfinite(cand.tilt[0]) else None
     base_tilt = base.tilt if base.tilt is not None and np.isfinite(base.tilt[0]) else None
     return TrialEvidence(
-        objective=float(cand.psi[0]),
+        objective=float(cand_point.psi[0]),
         objective_se=float(np.nanstd(psi)),
-        hm=float(cand.hm[0]),
-        hm_low=float(base.hm[0] + np.nanpercentile(hm_change, 2.5)),
-        ndcg_delta=float(cand.ndcg10[0] - base.ndcg10[0]),
-        hm_high=float(base.hm[0] + np.nanpercentile(hm_change, 97.5)),
+        hm=float(cand_point.hm[0]),
+        hm_low=float(base_point.hm[0] + np.nanpercentile(hm_change, 2.5)),
+        ndcg_delta=float(cand_point.ndcg10[0] - base_point.ndcg10[0]),
+        hm_high=float(base_point.hm[0] + np.nanpercentile(hm_change, 97.5)),
         ndcg_delta_high=float(np.nanpercentile(ndcg_change, 97.5)),
         tilt=None if tilt is None else float(tilt[0]),
         tilt_se=0.0 if tilt is None else float(np.nanstd(tilt[1:])),

@@ -217,3 +217,17 @@ def test_trial_evidence_needs_the_same_queries_and_position_groups():
     )
     with pytest.raises(ValueError, match="different queries"):
         trial_evidence(base, other)
+
+
+@pytest.mark.parametrize("size", [90, 301, 1277, 4000])
+def test_the_uncalibrated_trial_meets_its_own_hm_floor_exactly(size: int) -> None:
+    """The 'significant' floor is the uncalibrated HM as the report gives it; the baseline trial's lower HM bound is
+    that HM plus a zero change. Both must come from one computation, or float rounding between two matrix products
+    (one row against a thousand) can put the baseline an ulp under its own floor and leave no feasible trial."""
+    rng = np.random.default_rng(size)
+    for _ in range(10):
+        groups = list(rng.integers(0, 3, size))
+        base = per_query(list(rng.uniform(0, 1, size) * np.array([1.0, 0.8, 0.5])[groups]), groups)
+        floor = float(aggregate(base, np.ones((1, size))).hm[0])  # what the report and `HmFloor.resolve` read
+        evidence = trial_evidence(base, base)
+        assert evidence.hm_low == floor and evidence.hm == floor
