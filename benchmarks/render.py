@@ -51,6 +51,7 @@ FIGURES: dict[str, Figure] = {
     "footprint": Figure("footprint", costs.footprint),
     "trial-cost": Figure("trial-cost", costs.trial_cost),
     "baseline-direction": Figure("baseline-direction", studies.baseline_direction),
+    "baseline-direction-embeddinggemma": Figure("baseline-direction-embeddinggemma", studies.baseline_direction),
     "mpnet-studies": Figure("search-cost-mpnet", studies.studies),
     "minilm-studies": Figure("search-cost-minilm", studies.studies),
     "samplers": Figure("search-cost-minilm", studies.samplers),
@@ -81,9 +82,13 @@ def rendered(text: str, results: Path = record.RESULTS) -> str:
         if figure.source not in loaded:
             path = results / f"{figure.source}.json"
             if not path.exists():
-                raise FileNotFoundError(
-                    f"{path} is missing: run `python -m benchmarks.{figure.source.replace('-', '_')}` to measure it"
+                module = figure.source.replace("-", "_")
+                writer = (
+                    f"`python -m benchmarks.{module}`"
+                    if (ROOT / "benchmarks" / f"{module}.py").is_file()
+                    else "the benchmark that writes it (benchmarks/README.md gives each one's command)"
                 )
+                raise FileNotFoundError(f"{path} is missing: run {writer}, then render again")
             loaded[figure.source] = record.read(path)
         return f"{match.group(1)}{figure.render(loaded[figure.source]).rstrip()}\n{match.group(4)}"
 

@@ -130,6 +130,6 @@ def test_the_reading_names_the_sets_where_a_rule_keeps_every_promise_and_where_n
     }
     assert rules_reading(results) == [
         "- On `d`, every seed's winner beats the paper default, the seeds agree and none reverses on WikiPos-test "
-        "(one-SE, the mildest, the lowest objective); no rule does on `squad-test`, `mixed`.",
+        "(`one-se`, `lowest`); no rule does on `squad-test`, `mixed`.",
         "- On `e`, no rule meets all three tests on any set.",
     ]

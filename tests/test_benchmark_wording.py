@@ -21,3 +21,14 @@ def test_a_whole_runnable_job_beyond_the_cores_is_said_to_be_another_process() -
     assert measured_on(record_at(3.0)).endswith("load average 3: other jobs shared the machine.")
     assert measured_on(record_at(9.5, cores=8)).endswith("load average 9.5: other jobs shared the machine.")
     assert not measured_on(record_at(8.9, cores=8)).endswith("shared the machine.")
+
+
+def test_a_missing_record_names_where_its_command_is_not_a_module_guessed_from_its_name(tmp_path) -> None:
+    import pytest
+
+    from benchmarks.render import rendered
+
+    with pytest.raises(FileNotFoundError) as refused:
+        rendered("<!-- figure: minilm-studies -->\n<!-- /figure -->\n", results=tmp_path)
+    assert "search-cost-minilm.json is missing" in str(refused.value)
+    assert "benchmarks/README.md" in str(refused.value) and "search_cost_minilm" not in str(refused.value)

@@ -76,8 +76,8 @@ def rules_held_out(data: dict[str, Any]) -> str:
         out.append("")
     legend = (
         "Each cell: seeds whose winner is fairer than the paper default by more than the SE of their PSI difference, "
-        "with ΔHM and ΔnDCG@10 within the paper default's 95% intervals or above · the winners' mean PSI − the paper "
-        "default's · ✓ where the seeds' PSI spreads no wider than one bootstrap SE."
+        "with ΔHM and ΔnDCG@10 no lower than the low ends of the paper default's 95% intervals · the winners' "
+        "mean PSI − the paper default's · ✓ where the seeds' PSI spreads no wider than one bootstrap SE."
     )
     return "\n".join([*out, legend, "", *rules_reading(results), "", measured_on(data)])
 
@@ -89,7 +89,7 @@ def rules_reading(results: dict[str, Any]) -> list[str]:
     for design, rules in results["verdicts"].items():
         met = {
             name: [
-                RULE_NAMES.get(rule, rule)
+                f"`{rule}`"
                 for rule, verdict in rules.items()
                 if verdict[name]["beat_paper"] == verdict[name]["seeds"]
                 and verdict[name]["agree"]
