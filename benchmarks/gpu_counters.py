@@ -25,7 +25,22 @@ SYNC_OPS = {
 SYNC_METHODS = {"tolist", "numpy"}  # read a tensor's data on the host without passing through the dispatcher
 
 
-class HostSyncs:
+class _Counting:
+    """Enters the counter's torch modes in order and leaves them in reverse, as one context."""
+
+    _modes: tuple[Any, ...]
+
+    def __enter__(self) -> Self:
+        for mode in self._modes:
+            mode.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for mode in reversed(self._modes):
+            mode.__exit__(*exc)
+
+
+class HostSyncs(_Counting):
     """Count the device-to-host syncs of the code run inside (`with HostSyncs() as syncs: ...; syncs.total`).
 
     A dispatch mode sees every aten op, also on CPU where nothing waits: what would sync on a GPU is counted
@@ -57,15 +72,6 @@ class HostSyncs:
     def total(self) -> int:
         return sum(self.counts.values())
 
-    def __enter__(self) -> Self:
-        for mode in self._modes:
-            mode.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for mode in reversed(self._modes):
-            mode.__exit__(*exc)
-
 
 def _bool_index(args: tuple) -> bool:
     """Whether an index / index_put call indexes with a boolean mask (its output size is the mask's count)."""
@@ -82,7 +88,7 @@ DIRECT_KERNELS = {
 }
 
 
-class AttentionKernels:
+class AttentionKernels(_Counting):
     """Count the attention kernels of the code run inside, by SDPA backend: `sdpa` for the calls of
     `scaled_dot_product_attention` (the backend torch's dispatcher picks for each, `torch._fused_sdp_choice`,
     which honours `sdpa_kernel`), `direct` for the fused kernels the engine calls itself.
@@ -122,15 +128,6 @@ class AttentionKernels:
 
     def as_dict(self) -> dict[str, dict[str, int]]:
         return {"sdpa": dict(sorted(self.sdpa.items())), "direct": dict(sorted(self.direct.items()))}
-
-    def __enter__(self) -> Self:
-        for mode in self._modes:
-            mode.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for mode in reversed(self._modes):
-            mode.__exit__(*exc)
 
 
 def _chosen_backend(args: tuple, kwargs: dict[str, Any]) -> str:
