@@ -78,7 +78,7 @@ def test_a_trial_runs_only_the_layers_after_its_resume_point_and_its_profile_run
     assert cost.study_seconds(10) == pytest.approx((full + held) / 6 / 2000)  # the probe timed all 6 layers
     assert "(it runs 2 of 6 layers on average)" in cost.describe(10, 16)[2]
     slow = StudyCost(Probe("cpu", 4, 1000, 200.0), 100, 100_000, 0, 1000, 0, 0)
-    assert "run it on a GPU, with fewer --trials, or on --dataset wikipos-dev" in slow.describe(16, 16)[-1]
+    assert "run it on a GPU, with fewer --trials, or on --dataset wikipos-dev+titles" in slow.describe(16, 16)[-1]
 
 
 def test_the_pruned_estimate_is_a_floor_a_trial_stopped_after_the_cheapest_corpus_when_that_is_another_structure() -> (

@@ -118,7 +118,7 @@ def test_without_the_model_or_the_data_it_fails_at_once_naming_both_downloads(tm
     assert result.returncode == 2, output
     assert f"hf download {BGE_M3}" in output
     assert f"hf download {FINEWEB_POSQ} --repo-type dataset" in output
-    assert "add --dataset wikipos-dev" in output
+    assert "add --dataset wikipos-dev+titles" in output
     assert list(work.iterdir()) == [], "nothing loaded, nothing written: no mlruns/, no study"
 
 
@@ -129,7 +129,7 @@ def test_with_one_of_them_missing_the_error_names_only_that_one(tmp_path, monkey
     use_in_this_process(model_only, monkeypatch)
     output = tune_here("--model", "bge-m3", "--trials", "2", expect=2)
     assert f"hf download {FINEWEB_POSQ} --repo-type dataset" in output and f"hf download {BGE_M3}" not in output
-    assert "add --dataset wikipos-dev" in output
+    assert "add --dataset wikipos-dev+titles" in output
 
     data_only = FakeHub(tmp_path / "data-only")
     data_only.add_fineweb_posq(fineweb_posq_rows(corpus[0][:2]))

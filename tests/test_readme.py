@@ -1,10 +1,11 @@
 """Every command and snippet of the README and the Getting-started page, run as written.
 
-The snippets use the default run's export, `mlruns/exports/minilm--wikipos-dev--seed0.yaml`, and its registered model
-`posfair-minilm@champion`. `make tune` itself takes minutes, so a tiny study stands in for it: a tiny model saved in a
-folder named `minilm`, tuned under the default study's name, leaves the same paths and the same model name; the
-snippets then run unchanged in that folder, with the venv on PATH as `source .venv/bin/activate` puts it. `make tune`
-is checked for what it would run and for the path it prints; `make setup` and `make test` are this very run.
+The snippets use the default run's export, `mlruns/exports/minilm--wikipos-dev_titles--seed0.yaml`, and its
+registered model `posfair-minilm@champion`. `make tune` itself takes minutes, so a tiny study stands in for it: a
+tiny model saved in a folder named `minilm`, tuned under the default study's name, leaves the same paths and the
+same model name; the snippets then run unchanged in that folder, with the venv on PATH as `source
+.venv/bin/activate` puts it. `make tune` is checked for what it would run and for the path it prints; `make setup`
+and `make test` are this very run.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCUMENTS = (ROOT / "README.md", ROOT / "docs" / "index.md")
 FENCE = re.compile(r"^```(\w+)\n(.*?)^```", re.DOTALL | re.MULTILINE)
 INLINE = re.compile(r"(?<!`)`([^`]+)`(?!`)")
-EXPORT = "mlruns/exports/minilm--wikipos-dev--seed0.yaml"
+EXPORT = "mlruns/exports/minilm--wikipos-dev_titles--seed0.yaml"
 VENV_BIN = str(Path(sys.executable).parent)
 
 
@@ -90,7 +91,7 @@ def readme_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     project.mkdir()
     options = [*tiny_tune_options(model, data, trials=2, hm_floor="-50%"), "--selection", "lowest"]
     done = forkserver.run(
-        [*forkserver.TUNE_COMMAND, *options, "--study-name", "minilm--wikipos-dev--seed0"],
+        [*forkserver.TUNE_COMMAND, *options, "--study-name", "minilm--wikipos-dev_titles--seed0"],
         cwd=project,
         capture_output=True,
         text=True,
@@ -172,7 +173,11 @@ def test_make_tune_parses_and_prints_the_path_the_readme_uses(monkeypatch: pytes
     finally:
         signal.signal(signal.SIGTERM, before)
     assert result.exit_code == 0 and len(called) == 1, result.output
-    assert f"output {EXPORT}" in " ".join(result.output.split())
+    said = " ".join(result.output.split())
+    assert f"output {EXPORT}" in said
+    # the default design: WikiPos-dev asked by descriptions and titles, with half a point of nDCG@10 as the margin
+    assert "dataset wikipos-dev+titles (default: WikiPos-dev, embedded in posfair" in said
+    assert "max-ndcg-drop 0.005" in said
     for path in DOCUMENTS:
         assert EXPORT in path.read_text(encoding="utf-8")
 

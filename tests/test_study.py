@@ -185,11 +185,12 @@ def test_a_six_trial_study_logs_six_nested_runs_with_params_metrics_and_profiles
         assert metrics["worst_structure_psi"] == as_logged(trial.value)
         # a relative floor is met by the point estimate (no interval): the margin is HM − floor, in points
         assert metrics["hm_margin_over_floor_x100"] == as_logged(hm - 100 * floor, abs=0.01)
-        assert (
-            metrics["ndcg10_drop_allowance_left_x100"] == metrics["ndcg10_change_vs_uncalibrated_x100"]
-        )  # no drop allowed
-        # feasible: every margin met — the HM floor, no nDCG@10 loss, and no structure of the tuning passages with its
-        # bias reversed
+        # the allowance left is the change against the uncalibrated plus the half point `--max-ndcg-drop` allows
+        assert metrics["ndcg10_drop_allowance_left_x100"] == as_logged(
+            metrics["ndcg10_change_vs_uncalibrated_x100"] + 100 * settings.max_ndcg_drop, abs=0.002
+        )
+        # feasible: every margin met — the HM floor, nDCG@10 within the allowance, and no structure of the tuning
+        # passages with its bias reversed
         reversal = [
             metrics[f"structure/{s}/tilt_reversal_x100"]
             for s in trial.user_attrs["structures"]
@@ -198,11 +199,14 @@ def test_a_six_trial_study_logs_six_nested_runs_with_params_metrics_and_profiles
         assert (
             metrics.get("tilt_reversal_allowance_left_x100", 0) == as_logged(-max(reversal, default=0)) or not reversal
         )
-        # no other structure loses nDCG@10 significantly: the upper ends of their intervals of the change
+        # no other structure loses more than the allowance significantly: the upper ends of their intervals of the
+        # change, plus the allowance
         others = [
             metrics[f"structure/{s}/ndcg10_change_upper_bound_x100"] for s in structures if s != held_name(settings)
         ]
-        assert metrics["structure_ndcg10_drop_allowance_left_x100"] == pytest.approx(min(others), abs=2e-3)
+        assert metrics["structure_ndcg10_drop_allowance_left_x100"] == pytest.approx(
+            min(others) + 100 * settings.max_ndcg_drop, abs=2e-3
+        )
         # drift: on every structure, at most --max-drift (2) times the paper default's there; the baseline, which runs
         # before the paper default, moved nothing: 0 times it. The halves are scored from the set's own vectors: the
         # set's drift

@@ -106,14 +106,15 @@ def rules_transfer(data: dict[str, Any]) -> str:
 
 
 SIGNAL_DESIGNS = {
-    "descriptions": "WikiPos-dev, the default tuning set: a summary's short description asks for it",
+    "descriptions": "`wikipos-dev`: a summary's short description asks for it",
     "titles": "the article titles as the queries instead",
-    "both": "descriptions and titles over the same passages",
+    "both": "`wikipos-dev+titles`, the default tuning set: descriptions and titles over the same passages",
 }
 
 
 def default_study_layer_tokens(model: str) -> float:
-    """The mean layer-tokens of the model's default studies (setup and trials), as `search_cost` recorded them."""
+    """The mean layer-tokens of the model's studies on `wikipos-dev` (setup and trials), as `search_cost` recorded
+    them in `search-cost-{model}.json`."""
     studies = [
         s
         for s in record.read(record.RESULTS / f"search-cost-{model}.json")["results"]["studies"]
@@ -123,19 +124,20 @@ def default_study_layer_tokens(model: str) -> float:
 
 
 def tuning_signal(data: dict[str, Any]) -> str:
-    """Per design: queries, the median paired SE between candidates beside today's, and what the design costs."""
+    """Per design: queries, the median paired SE between candidates beside `wikipos-dev`'s, and what the design
+    costs."""
     r = data["results"]
     designs = r["designs"]
-    today = designs.get("descriptions")
+    plain = designs.get("descriptions")
     study = default_study_layer_tokens(r["model"])
     lines = [
-        "| tuning design | queries | median paired SE | ÷ the default set's | setup layer-tokens "
-        "| paper default's trial layer-tokens | a default study's layer-tokens ÷ the default set's |",
+        "| tuning design | queries | median paired SE | ÷ `wikipos-dev`'s | setup layer-tokens "
+        "| paper default's trial layer-tokens | a study's layer-tokens ÷ on `wikipos-dev` |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for name, d in designs.items():
-        ratio = f"{d['median_paired_se'] / today['median_paired_se']:.2f}×" if today else "—"
-        cost = f"{(study + d['setup_layer_tokens'] - today['setup_layer_tokens']) / study:.2f}×" if today else "—"
+        ratio = f"{d['median_paired_se'] / plain['median_paired_se']:.2f}×" if plain else "—"
+        cost = f"{(study + d['setup_layer_tokens'] - plain['setup_layer_tokens']) / study:.2f}×" if plain else "—"
         title = SIGNAL_DESIGNS.get(name, f"`{name.removeprefix('squad:')}` (natural questions, with its length halves)")
         lines.append(
             f"| {title} | {d['queries']:,} | {d['median_paired_se']:.4f} | {ratio} | {d['setup_layer_tokens']:,} "

@@ -51,7 +51,7 @@ def export(
 
     The model is loaded at the revision the study tuned, with remote code if the study allowed it.
 
-    Example: tune export --study-name minilm--wikipos-dev--seed0 --output best.yaml"""
+    Example: tune export --study-name minilm--wikipos-dev_titles--seed0 --output best.yaml"""
     setup_logging()
     with friendly_errors():
         from tuner.tuning.run import reexport

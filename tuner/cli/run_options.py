@@ -34,9 +34,11 @@ from tuner.cli.options import (
 from tuner.common.options import (
     DEFAULT_CACHE_BYTES,
     DEFAULT_MAX_DRIFT,
+    DEFAULT_MAX_NDCG_DROP,
     DEFAULT_PROFILE_DOCS,
     DEFAULT_TRIALS,
     HEARTBEAT_SECONDS,
+    WIKIPOS_TUNING_SET,
     Budget,
     parse_bytes,
     parse_limit,
@@ -61,7 +63,8 @@ class RunOptions:
         str | None,
         typer.Option(
             help="Benchmark to tune on (see `tune evaluate --help`); default: fineweb-posq for bge-m3, "
-            "qwen3-embedding-* and gte-multilingual-base, wikipos-dev otherwise.",
+            f"qwen3-embedding-* and gte-multilingual-base, {WIKIPOS_TUNING_SET} otherwise (WikiPos-dev, its article "
+            "titles as queries too).",
             rich_help_panel=DATA,
         ),
     ] = None
@@ -168,11 +171,12 @@ class RunOptions:
     max_ndcg_drop: Annotated[
         str,
         typer.Option(
-            help="How far aggregate nDCG@10 may fall below the uncalibrated model's (0–1 scale, e.g. 0.005): on the "
-            "tuning split, and significantly on each other tuning structure; 'none' lifts the constraint.",
+            help="How far aggregate nDCG@10 may fall below the uncalibrated model's (0–1 scale; 0.005 is half a point, "
+            "0 no loss at all): on the tuning split, and significantly on each other tuning structure; 'none' "
+            "lifts the constraint.",
             rich_help_panel=CONSTRAINTS,
         ),
-    ] = "0"
+    ] = f"{DEFAULT_MAX_NDCG_DROP:g}"
     max_crops_psi: Annotated[
         str,
         typer.Option(

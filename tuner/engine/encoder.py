@@ -114,7 +114,7 @@ class CalibratedEncoder:
 
     Example:
         ```python
-        encoder = CalibratedEncoder.from_yaml("mlruns/exports/minilm--wikipos-dev--seed0.yaml")
+        encoder = CalibratedEncoder.from_yaml("mlruns/exports/minilm--wikipos-dev_titles--seed0.yaml")
         passages = encoder.encode_document(["The first passage to index.", "The second one."])
         question = encoder.encode_query("Which passage answers this?")
         scores = passages @ question  # unit vectors: cosine similarities

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tuner.common.options import WIKIPOS_TUNING_SET
 from tuner.engine.batching import Batches, to_device
 from tuner.engine.models import LoadedModel
 
@@ -244,7 +245,7 @@ class StudyCost:
         if self.budgeted_seconds(trials) > SLOW_STUDY_SECONDS:
             lines.append(
                 f"that is long on {p.device}: stop now (Ctrl-C; the same command resumes) and run it on a GPU, "
-                "with fewer --trials, or on --dataset wikipos-dev"
+                f"with fewer --trials, or on --dataset {WIKIPOS_TUNING_SET}"
             )
         return lines
 

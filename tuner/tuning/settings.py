@@ -17,12 +17,14 @@ from tuner.common.options import (
     DEFAULT_BUDGET,
     DEFAULT_CACHE_BYTES,
     DEFAULT_MAX_DRIFT,
+    DEFAULT_MAX_NDCG_DROP,
     DEFAULT_PROFILE_DOCS,
     DEFAULT_TRIALS,
     GRID_NAMES,
     HEARTBEAT_SECONDS,
     SAMPLERS,
     SCREEN_QUERIES,
+    WIKIPOS_TUNING_SET,
     ArrayTask,
     Budget,
     check_tracking_uri,
@@ -54,7 +56,9 @@ class TuneSettings:
     trials: int = DEFAULT_TRIALS
     seed: int = 0
     hm_floor: str = "significant"
-    max_ndcg_drop: float | None = 0.0  # aggregate nDCG@10 may fall this much below the uncalibrated (None: any)
+    max_ndcg_drop: float | None = (
+        DEFAULT_MAX_NDCG_DROP  # aggregate nDCG@10 may fall this much below the uncalibrated (None: any)
+    )
     max_crops_psi: float | None = (
         None  # PSI on the tuning set's crops, as a multiple of the uncalibrated (None: off, the default)
     )
@@ -360,9 +364,10 @@ def run_inputs(settings: TuneSettings, spec: ModelSpec) -> list[Protected]:
 
 
 def default_dataset(model: str) -> str:
-    """FineWeb-PosQ for the registry's long-passage models (as the paper tunes them), else WikiPos-dev."""
+    """FineWeb-PosQ for the registry's long-passage models (as the paper tunes them), else WikiPos-dev with its
+    titles as queries too (`WIKIPOS_TUNING_SET`)."""
     spec = REGISTRY.get(HUB_ALIASES.get(model, model))
-    return "fineweb-posq" if spec is not None and spec.long_passages else "wikipos-dev"
+    return "fineweb-posq" if spec is not None and spec.long_passages else WIKIPOS_TUNING_SET
 
 
 def dataset_reason(settings: TuneSettings) -> str:
@@ -373,6 +378,9 @@ def dataset_reason(settings: TuneSettings) -> str:
         return (
             f"default for {settings.model}, a long-passage model: FineWeb-PosQ's web passages of 500-1,024 words, "
             "as the paper tunes; the authors' sampling (1,000 questions per position group, seed 42), tuned on "
-            "half the passages, reported on the other half. Offline alternative: --dataset wikipos-dev"
+            f"half the passages, reported on the other half. Offline alternative: --dataset {WIKIPOS_TUNING_SET}"
         )
-    return "default: WikiPos-dev, embedded in posfair (passages of <= 512 tokens); reported on WikiPos-test"
+    return (
+        "default: WikiPos-dev, embedded in posfair (passages of <= 512 tokens), each passage asked for by its "
+        "summaries' descriptions and their article titles; reported on WikiPos-test"
+    )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 
 from tuner.common.messages import UserError
+from tuner.common.options import WIKIPOS_TUNING_SET
 from tuner.data import (
     DatasetUnavailableError,
     PositionalDataset,
@@ -49,7 +50,7 @@ def check_available(settings: TuneSettings) -> None:
             if name == settings.dataset and settings.dataset_defaulted:
                 problems.append(
                     f"{name} is {settings.model}'s default dataset; to tune offline on the embedded "
-                    "WikiPos instead, add --dataset wikipos-dev"
+                    f"WikiPos instead, add --dataset {WIKIPOS_TUNING_SET}"
                 )
     if problems:
         raise UnavailableError("\n".join(problems))
