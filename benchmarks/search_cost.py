@@ -238,9 +238,15 @@ def reread(path: Path, keep: Path) -> None:
 
 def table(results: list[dict[str, Any]]) -> str:
     """The docs' tables, each narrow enough to read at a laptop's width: one row per arm and seed (what it spent and
-    pruned, its winner), then per held-out set each winner's and the paper default's change against no calibration."""
+    pruned, the wall time it took on the machine that ran it, its winner), then per held-out set each winner's and
+    the paper default's change against no calibration."""
+    from tuner.evaluation.cost import duration
+
     sets = sorted({name for r in results for name in r["heldout"]})
-    lines = ["| arm | seed | layer-tokens on a fresh machine (× grid) | pruned | winner |", "|---|---:|---:|---:|---|"]
+    lines = [
+        "| arm | seed | layer-tokens on a fresh machine (× grid) | pruned | time here | winner |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
     setup = fresh_setup(results)
     ran = grid_as_run(results, setup)
     for r in results:
@@ -248,13 +254,13 @@ def table(results: list[dict[str, Any]]) -> str:
         grid = ran or r.get("grid_layer_tokens")  # the grid as run, else as priced by the study's budget
         share = f" ({cost / grid:.2f}×)" if grid else ""
         lines.append(
-            f"| {r['arm']} | {r['seed']} | {cost:,}{share} | {r['pruned']} "
+            f"| {r['arm']} | {r['seed']} | {cost:,}{share} | {r['pruned']} | {duration(r['seconds'])} "
             f"| trial {r['winner']}: {_named(r['config'])} |"
         )
     # the same config and sets in every study: the first study that ran it beside its winner speaks for all
     default = next((r["paper_default"] for r in results if r.get("paper_default")), None)
     if default:
-        lines.append(f"| paper default | | | | {_named(default['config'])} |")
+        lines.append(f"| paper default | | | | | {_named(default['config'])} |")
     for name in sets:
         lines += [
             "",

@@ -67,6 +67,7 @@ def study(strength: float, layer_tokens: int, grid: int | None) -> dict[str, obj
         "setup_layer_tokens": 100,
         "grid_layer_tokens": grid,
         "trials": 6,
+        "seconds": 5400.0,
         "pruned": 3,
         "winner": 5 if strength else 0,
         "config": config,
@@ -86,6 +87,7 @@ def test_the_table_compares_a_study_with_the_grid_as_priced_when_the_grid_did_no
 
     rows = table([study(0.5, 900, 3000), study(0.0, 400, 3000)]).splitlines()[2:]
     assert "| 1,000 (0.33×) |" in rows[0] and "trial 5: cls_soft λ 0.50 Llast:3 B128" in rows[0]
+    assert "| 3 | 1.5 h |" in rows[0]  # pruned, then the study's wall time on the machine that ran it
     assert "| 500 (0.17×) |" in rows[1] and "trial 0: no calibration" in rows[1]  # λ 0 is the uncalibrated reference
     held = table([study(0.5, 900, 3000)]).split("Held out, test:", 1)[1].splitlines()
     # a column each
@@ -139,7 +141,7 @@ def test_the_held_out_rows_are_read_from_the_parent_runs_summary_in_the_kept_sto
     }
 
     lines = table([study(0.0, 400, 3000) | cells]).splitlines()
-    assert "| paper default | | | | cls_soft λ 0.50 L[6, 7] B128 |" in lines
+    assert "| paper default | | | | | cls_soft λ 0.50 L[6, 7] B128 |" in lines
     assert lines[-1] == "| paper default | | 1.50× | -2.00 [-3.00, -1.00] | +1.00 [+0.00, +2.00] | +30.0 |"
 
 
