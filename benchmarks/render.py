@@ -66,6 +66,8 @@ FIGURES: dict[str, Figure] = {
     "natural-mpnet-reverse": Figure("natural-mpnet", natural.natural_reverse),
     "study-noise-minilm": Figure("selection-rules-minilm", rules.study_noise),
     "selection-rules-minilm": Figure("selection-rules-minilm", rules.rules_held_out),
+    "study-noise-mpnet": Figure("selection-rules-mpnet", rules.study_noise),
+    "selection-rules-mpnet": Figure("selection-rules-mpnet", rules.rules_held_out),
     "tuning-signal-minilm": Figure("tuning-signal-minilm", studies.tuning_signal),
     "tuning-signal-squad": Figure("tuning-signal-squad", studies.tuning_signal),
     **{name: Figure(plot.source, plots.plot_block(name)) for name, plot in plots.PLOTS.items()},

@@ -30,5 +30,5 @@ def test_a_missing_record_names_where_its_command_is_not_a_module_guessed_from_i
 
     with pytest.raises(FileNotFoundError) as refused:
         rendered("<!-- figure: minilm-studies -->\n<!-- /figure -->\n", results=tmp_path)
-    assert "search-cost-minilm.json is missing" in str(refused.value)
-    assert "benchmarks/README.md" in str(refused.value) and "search_cost_minilm" not in str(refused.value)
+    assert "search-cost-minilm-titles.json is missing" in str(refused.value)
+    assert "benchmarks/README.md" in str(refused.value) and "search_cost_minilm_titles" not in str(refused.value)
