@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import sys
 import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -89,6 +90,16 @@ def tiny_export(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir) -> Tin
 def _mlflow_store_template(tmp_path_factory: pytest.TempPathFactory) -> None:
     """New SQLite MLflow stores in this process start as a copy of a migrated one (tests/mlflow_template.py)."""
     mlflow_template.install(tmp_path_factory.mktemp("mlflow-template"))
+
+
+@pytest.fixture(autouse=True)
+def _no_tracking_uri_left_behind():
+    """A test that points MLflow at its own store with `mlflow.set_tracking_uri` would leave it there for the next
+    test in the same worker, and that global URI outranks the next test's `MLFLOW_TRACKING_URI`."""
+    yield
+    mlflow = sys.modules.get("mlflow")
+    if mlflow is not None:
+        mlflow.set_tracking_uri(None)
 
 
 @pytest.fixture(autouse=True, scope="session")
