@@ -1055,11 +1055,8 @@ def test_a_study_tuned_with_remote_code_registers_a_model_that_loads(tiny_data: 
     succeeds(
         *tiny_run(folder, tiny_data, "--trust-remote-code", "--trials", "1", "--output", str(in_tmp / "best.yaml"))
     )
-    mlflow.set_tracking_uri(f"sqlite:///{in_tmp / 'mlruns' / 'mlflow.db'}")
-    try:
-        champion = mlflow.pyfunc.load_model(f"models:/{registered_name(str(folder))}@champion")
-    finally:
-        mlflow.set_tracking_uri(None)
+    mlflow.set_tracking_uri(f"sqlite:///{in_tmp / 'mlruns' / 'mlflow.db'}")  # reset after the test (conftest)
+    champion = mlflow.pyfunc.load_model(f"models:/{registered_name(str(folder))}@champion")
     encoder = CalibratedEncoder.from_yaml(in_tmp / "best.yaml", trust_remote_code=True)
     assert same_vectors(champion.predict(PASSAGES), encoder.encode_document(PASSAGES))
 

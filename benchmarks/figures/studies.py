@@ -112,7 +112,7 @@ SIGNAL_DESIGNS = {
 }
 
 
-def default_study_layer_tokens(model: str) -> float:
+def wikipos_dev_study_layer_tokens(model: str) -> float:
     """The mean layer-tokens of the model's studies on `wikipos-dev` (setup and trials), as `search_cost` recorded
     them in `search-cost-{model}.json`."""
     studies = [
@@ -129,7 +129,7 @@ def tuning_signal(data: dict[str, Any]) -> str:
     r = data["results"]
     designs = r["designs"]
     plain = designs.get("descriptions")
-    study = default_study_layer_tokens(r["model"])
+    study = wikipos_dev_study_layer_tokens(r["model"])
     lines = [
         "| tuning design | queries | median paired SE | ÷ `wikipos-dev`'s | setup layer-tokens "
         "| paper default's trial layer-tokens | a study's layer-tokens ÷ on `wikipos-dev` |",
