@@ -35,6 +35,7 @@ class HeldOutCell:
     hm_delta: tuple[float, float, float]  # against no calibration: estimate, 95% interval
     ndcg_delta: tuple[float, float, float]
     end_minus_begin: tuple[float, float, float]  # last group − first group, points; > 0: the end favoured
+    gap_delta: tuple[float, float, float]  # end − begin minus no calibration's, paired: how far the gap moved
     tilt: float
     tilt_se: float
     reversed: bool  # tilt on the other side of zero from the uncalibrated tilt, beyond noise
@@ -55,12 +56,14 @@ def cells(
     aggregates = {name: aggregate(per_query, weights) for name, per_query in runs.items()}
     ref = aggregates[reference]
     assert ref.psi is not None
+    base_gap = base.group_ndcg10[:, -1] - base.group_ndcg10[:, 0]
     out = {}
     for name, per_query in runs.items():
         agg = aggregates[name]
         assert agg.psi is not None and agg.hm is not None
         deltas = paired_bootstrap(baseline, per_query, n_resamples, seed)
         first, last = agg.group_ndcg10[:, 0], agg.group_ndcg10[:, -1]
+        gap_delta = (last - first) - base_gap
         tilt = agg.tilt if agg.tilt is not None else np.full(len(weights), np.nan)
         base_tilt = float(base.tilt[0]) if base.tilt is not None else float("nan")
         tilt_se = float(np.nanstd(tilt[1:]))
@@ -74,6 +77,7 @@ def cells(
             hm_delta=_as_points(deltas.hm),
             ndcg_delta=_as_points(deltas.ndcg10),
             end_minus_begin=_as_points(percentile_interval(float(last[0] - first[0]), (last - first)[1:], 0.95)),
+            gap_delta=_as_points(percentile_interval(float(gap_delta[0]), gap_delta[1:], 0.95)),
             tilt=float(tilt[0]),
             tilt_se=tilt_se,
             reversed=bool(np.sign(tilt[0]) == -np.sign(base_tilt) and abs(tilt[0]) > REVERSAL_Z * tilt_se),

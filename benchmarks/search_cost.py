@@ -39,8 +39,8 @@ import contextlib
 import json
 import sys
 import tempfile
-import time
 from dataclasses import replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -156,12 +156,12 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace) -> dict[str, object]:
         else:
             folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=f"posfair-search-cost-{arm}-")))
         settings = settings_for(arm, seed, folder, args)
-        start = time.perf_counter()
+        started = datetime.now()
         outcome = tune(settings)
-        seconds = time.perf_counter() - start
         if outcome is None:  # another process concluded it: what it measured is in its record, not this one's
             raise SystemExit(f"{folder}: this study was concluded by another run; fill a record from it with --reread")
         study = optuna.load_study(study_name=outcome.study, storage=settings.storage)
+        seconds = study_seconds(study, started)
         states = [t.state.name for t in study.trials]
         setup = setup_layer_tokens(study)
         return {
@@ -179,6 +179,13 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace) -> dict[str, object]:
             "config": _knobs(outcome.config.model_dump()),
             **heldout_cells(folder),
         }
+
+
+def study_seconds(study, started: datetime) -> float:
+    """The study's wall time to now: from this run's start or, for a study resumed from a store an earlier run was
+    stopped in, from its first trial's start (Optuna's naive local times, as `datetime.now()` gives)."""
+    first = min((t.datetime_start for t in study.trials if t.datetime_start is not None), default=started)
+    return (datetime.now() - min(first, started)).total_seconds()
 
 
 def model_draws(study, arm: str) -> int:

@@ -21,7 +21,8 @@ sets (`benchmarks.heldout_scoring`): PSI against the paper default's with the SE
 **verdicts**: per design and rule, what the tuner promises of its winners held out, judged set by set: every
 seed's winner is fairer than the paper default by more than the SE of their PSI difference, with ΔHM and
 ΔnDCG@10 no lower than the paper default's 95% intervals allow; the seeds' winners agree (the spread of their
-PSI is at most one bootstrap SE); no winner reverses the bias.
+PSI is at most one bootstrap SE); no winner reverses the bias. Against no calibration: how many seeds' winners
+narrow the begin-to-end gap beyond noise, and how many lose nDCG@10 beyond noise.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ import json
 import sys
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from benchmarks import record
 from benchmarks.heldout_scoring import score
@@ -87,6 +90,7 @@ def study_rows(folder: Path, model: Any) -> dict[str, Any]:
         "feasible": len(feasible),
         "best": best.trial_number,
         "winner": default.winner.trial_number,
+        "winner_config": label(default.winner.trial_number),
         "band": list(default.eligible),
         "tie_break_decided": default.winner.trial_number != best.trial_number,
         "top": top,
@@ -99,7 +103,7 @@ def study_rows(folder: Path, model: Any) -> dict[str, Any]:
             label(s.winner.trial_number): trial_config(
                 study.trials[s.winner.trial_number], model.spec.pooling, model.spec.padding_side
             )
-            for s in choices.values()
+            for s in [default, *choices.values()]
             if s
         },
     }
@@ -113,7 +117,21 @@ def verdicts(studies: list[dict[str, Any]], scores: dict[str, dict[str, Any]]) -
         out[design] = {}
         for rule in dict.fromkeys(r for s in seeds for r in s["choices"]):
             winners = [s["choices"][rule]["config"] for s in seeds if rule in s["choices"]]
-            out[design][rule] = {name: judge(winners, row) for name, row in scores.items()}
+            out[design][rule] = {
+                name: {**judge(winners, row), **narrowing(winners, row)} for name, row in scores.items()
+            }
+    return out
+
+
+def exported(studies: list[dict[str, Any]], scores: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """design → held-out set → the winners the studies exported against no calibration (`narrowing`)."""
+    out: dict[str, dict[str, Any]] = {}
+    for design in dict.fromkeys(s["design"] for s in studies):
+        winners = [s["winner_config"] for s in studies if s["design"] == design and "winner_config" in s]
+        out[design] = {
+            name: {"seeds": len(winners), **narrowing(winners, row), "paper_default": narrowing([PAPER], row)}
+            for name, row in scores.items()
+        }
     return out
 
 
@@ -137,6 +155,21 @@ def judge(winners: list[str], row: dict[str, Any]) -> dict[str, Any]:
         "agree": max(psis) - min(psis) <= se,
         "reversed": sum(c["reversed"] for c in cells),
         "mean_psi_minus_paper": sum(c["psi_minus_reference"] for c in cells) / len(cells),
+    }
+
+
+def narrowing(winners: list[str], row: dict[str, Any]) -> dict[str, int]:
+    """The seeds' winners on one held-out set against no calibration: how many move the begin-to-end gap towards
+    zero beyond noise (the paired 95% interval of the change wholly on that side, and no reversal), and how many
+    lose nDCG@10 beyond noise (the whole interval of ΔnDCG@10 below zero)."""
+    towards = -np.sign(row[NONE]["end_minus_begin"][0])  # a beginning-favoured model's gap narrows upwards
+    cells = [row[w] for w in winners]
+    return {
+        "narrowed": sum(
+            bool(towards * c["gap_delta"][1] > 0 and towards * c["gap_delta"][2] > 0 and not c["reversed"])
+            for c in cells
+        ),
+        "ndcg_lost": sum(c["ndcg_delta"][2] < 0 for c in cells),
     }
 
 
@@ -175,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         "scores": {name: {label: cell.as_dict() for label, cell in row.items()} for name, row in table.items()},
     }
     results["verdicts"] = verdicts(studies, results["scores"])
+    results["exported"] = exported(studies, results["scores"])
     if args.json:
         record.write(
             args.json,

@@ -4,14 +4,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchmarks.selection_rules import PAPER, judge, verdicts
+from benchmarks.selection_rules import NONE, PAPER, exported, judge, narrowing, verdicts
 
 
 def cell(
-    psi: float, vs_paper: float, se: float, hm: float = 2.0, ndcg: float = 1.0, reversed_: bool = False
+    psi: float,
+    vs_paper: float,
+    se: float,
+    hm: float = 2.0,
+    ndcg: float = 1.0,
+    reversed_: bool = False,
+    gap: tuple[float, float, float] = (4.0, 2.0, 6.0),
 ) -> dict[str, Any]:
     """A held-out cell as `HeldOutCell.as_dict` writes it: PSI, its difference from the paper default's and the SE
-    of that difference, ΔHM and ΔnDCG@10 (estimate, low, high) against no calibration."""
+    of that difference, ΔHM and ΔnDCG@10 (estimate, low, high) against no calibration, and how far the
+    begin-to-end gap moved against no calibration's (estimate, low, high)."""
     return {
         "psi": psi,
         "psi_se": 0.02,
@@ -20,10 +27,12 @@ def cell(
         "hm_delta": (hm, hm - 0.8, hm + 0.8),
         "ndcg_delta": (ndcg, ndcg - 0.6, ndcg + 0.6),
         "reversed": reversed_,
+        "gap_delta": gap,
     }
 
 
 PAPER_CELL = cell(0.27, 0.0, 0.0)  # ΔHM 2.0 [1.2, 2.8], ΔnDCG@10 1.0 [0.4, 1.6]
+BEGINNING_FAVOURED = {"end_minus_begin": (-12.0, -15.0, -9.0)}  # no calibration's own gap: the end found less
 
 
 def test_a_winner_beats_the_paper_default_only_beyond_the_se_of_their_difference() -> None:
@@ -68,11 +77,39 @@ def test_verdicts_judge_each_design_and_rule_on_its_own_seeds() -> None:
         {"design": "d1", "choices": {"one-se": {"config": "b"}}},
         {"design": "d1", "feasible": 0},  # a study with no feasible trial has no choices
     ]
-    scores = {"set": {PAPER: PAPER_CELL, "a": cell(0.2, -0.07, 0.01), "b": cell(0.26, -0.01, 0.02)}}
+    scores = {
+        "set": {NONE: BEGINNING_FAVOURED, PAPER: PAPER_CELL, "a": cell(0.2, -0.07, 0.01), "b": cell(0.26, -0.01, 0.02)}
+    }
     found = verdicts(studies, scores)
     assert found["d0"]["one-se"]["set"]["beat_paper"] == 2 and found["d0"]["one-se"]["set"]["seeds"] == 2
     assert found["d0"]["lowest"]["set"]["beat_paper"] == 1
-    assert found["d1"]["one-se"]["set"] == judge(["b"], scores["set"])
+    assert found["d1"]["one-se"]["set"] == {**judge(["b"], scores["set"]), **narrowing(["b"], scores["set"])}
+
+
+def test_a_winner_narrows_the_gap_only_when_its_whole_interval_moves_towards_zero() -> None:
+    row = {
+        NONE: BEGINNING_FAVOURED,
+        "clear": cell(0.2, -0.07, 0.01, gap=(4.0, 1.5, 6.5)),
+        "within noise": cell(0.2, -0.07, 0.01, gap=(2.0, -0.5, 4.5)),
+        "widened": cell(0.3, 0.03, 0.01, gap=(-3.0, -5.0, -1.0)),
+        "overshot": cell(0.2, -0.07, 0.01, gap=(20.0, 16.0, 24.0), reversed_=True),
+    }
+    assert narrowing(["clear"], row)["narrowed"] == 1
+    assert narrowing(["within noise", "widened", "overshot"], row)["narrowed"] == 0
+    end_favoured = {**row, NONE: {"end_minus_begin": (6.0, 3.0, 9.0)}}  # here the gap narrows downwards
+    assert narrowing(["clear"], end_favoured)["narrowed"] == 0
+    assert narrowing(["widened"], end_favoured)["narrowed"] == 1
+
+
+def test_a_winner_loses_ndcg_only_when_its_whole_interval_lies_below_zero() -> None:
+    row = {
+        NONE: BEGINNING_FAVOURED,
+        "lost": cell(0.2, -0.07, 0.01, ndcg=-0.7),
+        "level": cell(0.2, -0.07, 0.01, ndcg=-0.5),
+    }
+    assert (
+        narrowing(["lost", "level", "lost"], row)["ndcg_lost"] == 2
+    )  # ΔnDCG@10 −0.7 [−1.3, −0.1] and −0.5 [−1.1, +0.1]
 
 
 def test_the_noise_table_counts_the_studies_whose_winner_the_tie_break_chose() -> None:
@@ -133,3 +170,34 @@ def test_the_reading_names_the_sets_where_a_rule_keeps_every_promise_and_where_n
         "(`one-se`, `lowest`); no rule does on `squad-test`, `mixed`.",
         "- On `e`, no rule meets all three tests on any set.",
     ]
+
+
+def test_the_gap_figure_shows_each_exported_winner_and_counts_what_it_did_to_the_gap_and_to_ndcg() -> None:
+    from benchmarks.figures.rules import gaps_held_out
+
+    studies = [
+        {"design": "titles", "study": "robust-third-seed0", "winner_config": "a"},
+        {"design": "titles", "study": "robust-third-seed1", "winner_config": "b"},
+        {"design": "titles", "study": "robust-third-seed2", "feasible": 0},  # nothing feasible: nothing exported
+    ]
+    shown = {"psi_ratio": 0.5, "end_minus_begin": (-6.0, -8.0, -4.0)}
+    row = {
+        NONE: {
+            **cell(0.3, 0.02, 0.01, ndcg=0.0, gap=(0.0, 0.0, 0.0)),
+            **shown,
+            "end_minus_begin": (-12.0, -15.0, -9.0),
+        },
+        PAPER: {**cell(0.27, 0.0, 0.0, ndcg=-0.9, gap=(1.0, -1.0, 3.0)), **shown},
+        "a": {**cell(0.2, -0.07, 0.01, gap=(6.0, 4.0, 8.0)), **shown},
+        "b": {**cell(0.2, -0.07, 0.01, ndcg=-0.7, gap=(6.0, 4.0, 8.0)), **shown},
+    }
+    results = {"heldout": ["wikipos-test"], "studies": studies, "scores": {"wikipos-test": row}}
+    results["exported"] = exported(studies, results["scores"])
+    device = {"cpu": "c", "cores": 2, "memory_gib": 1, "gpu": None, "load_average": [1.0, 1.0, 1.0]}
+    text = gaps_held_out({"command": "x", "commit": "0" * 12, "device": device, "results": results})
+    assert "| `titles` seed 1: b | 0.50× | -6.0 [-8.0, -4.0] | +6.0 [+4.0, +8.0] | -0.7 [-1.3, -0.1] |" in text
+    assert "seed 2" not in text
+    assert (
+        "- WikiPos-test, `titles`: the winner narrows the gap beyond noise in 2 of 2 studies and loses nDCG@10 beyond "
+        "noise in 1; the paper default does not narrow it beyond noise and loses nDCG@10 beyond noise."
+    ) in text
