@@ -242,21 +242,9 @@ def test_a_resumed_study_is_timed_from_its_first_trial_in_the_earlier_run() -> N
 
     study = optuna.create_study()
     hour_ago = dt.datetime.now() - dt.timedelta(hours=1)  # the run that was stopped began its first trial then
-    study.add_trial(
-        optuna.trial.FrozenTrial(
-            number=0,
-            state=optuna.trial.TrialState.COMPLETE,
-            value=0.3,
-            datetime_start=hour_ago,
-            datetime_complete=hour_ago + dt.timedelta(seconds=20),
-            params={},
-            distributions={},
-            user_attrs={},
-            system_attrs={},
-            intermediate_values={},
-            trial_id=0,
-        )
-    )
+    first = optuna.trial.create_trial(value=0.3)
+    first.datetime_start = hour_ago
+    study.add_trial(first)
     resumed = dt.datetime.now() - dt.timedelta(minutes=5)
     assert 3600 <= study_seconds(study, resumed) < 3660
     assert 300 <= study_seconds(optuna.create_study(), resumed) < 360  # a fresh study: this run's own time

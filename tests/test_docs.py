@@ -233,7 +233,7 @@ def test_what_the_models_page_says_of_mpnet_is_what_its_records_hold() -> None:
     assert "what the grid spent equals what\nthose studies' budget priced it at" in page
     priced = [s for s in studies if s["arm"] != "grid"]
     assert {grid["layer_tokens"] + s["setup_priced"] for s in priced} == {s["grid_layer_tokens"] for s in priced}
-    assert "in every default study of both models, on both tuning sets, the exponents lie inside the bounds" in page
+    assert "in every default study of MiniLM and MPNet, on both tuning sets, the exponents lie inside the bounds" in page
     assert all(r[m]["exponents"]["outside"] == 0 for r in rules for m in ("minilm", "mpnet"))
     assert "On MPNet's grid (on `wikipos-dev`) one pair falls just below the lower bound" in page
     low, _ = transfers[1]["drift_exponent_bounds"]
@@ -244,6 +244,26 @@ def test_what_the_models_page_says_of_mpnet_is_what_its_records_hold() -> None:
     # the limit
     assert "moves by a fraction of a percent" in page
     assert 20 ** (1 / plain["mpnet-grid"]["exponents"]["low"] - 1 / low) < 1.01
+
+
+def test_what_the_models_page_says_of_the_rules_on_embeddinggemma_is_what_its_record_holds() -> None:
+    """docs/models.md reads EmbeddingGemma's column of the rules table in words; the words must stay true of it."""
+    page = " ".join((ROOT / "docs" / "models.md").read_text(encoding="utf-8").split())
+    transfer = json.loads((ROOT / "docs" / "results" / "rules-transfer-titles.json").read_text(encoding="utf-8"))
+    gemma = {m["model"]: m for m in transfer["results"]["models"]}["embeddinggemma"]
+    low, high = transfer["results"]["drift_exponent_bounds"]
+    assert "On EmbeddingGemma it is the constraint its trials missed most often" in page
+    assert max(gemma["missed"], key=gemma["missed"].get) == "drift"
+    assert "about half of its pairs fall below the lower bound and none above it" in page
+    exponents = gemma["exponents"]
+    assert 0.35 <= exponents["outside"] / exponents["pairs"] <= 0.65 and exponents["low"] < low
+    assert exponents["high"] <= high
+    assert f"bisection puts the ceiling at λ·(limit/drift)^(1/{low:g})" in page
+    assert "in EmbeddingGemma's the openings (its most biased structure) set it for every complete trial" in page
+    assert gemma["worst_structure"] == {"wikipos-dev+titles-openings": gemma["complete"]}
+    assert gemma["rung_order"][-1] == "wikipos-dev+titles-openings"
+    assert "feasible on MiniLM and EmbeddingGemma, infeasible and less fair than no calibration on MPNet" in page
+    assert gemma["paper_default_feasible"] == gemma["studies"]
 
 
 def test_what_the_search_page_says_of_the_default_tuning_set_is_what_its_record_holds() -> None:

@@ -7,6 +7,7 @@ from typing import Any
 
 HELD_OUT_NAMES = {  # as the pages name the held-out sets
     "wikipos-test": "WikiPos-test",
+    "wikipos-test-packed": "WikiPos-test packed",
     "wikipos-sentences": "`sentences`",
     "wikipos-mixed": "`mixed`",
     "wikipos-lengths": "`lengths`",
