@@ -179,6 +179,8 @@ def test_the_gap_figure_shows_each_exported_winner_and_counts_what_it_did_to_the
         {"design": "titles", "study": "robust-third-seed0", "winner_config": "a"},
         {"design": "titles", "study": "robust-third-seed1", "winner_config": "b"},
         {"design": "titles", "study": "robust-third-seed2", "feasible": 0},  # nothing feasible: nothing exported
+        {"design": "titles", "study": "robust-third-seed3", "winner_config": "cls_soft λ0.5 L[3, 4, 5] B128"},
+        {"design": "titles", "study": "robust-third-seed4", "winner_config": "cls_soft λ0.5 L[3, 4, 5] B128"},
     ]
     shown = {"psi_ratio": 0.5, "end_minus_begin": (-6.0, -8.0, -4.0)}
     row = {
@@ -191,13 +193,15 @@ def test_the_gap_figure_shows_each_exported_winner_and_counts_what_it_did_to_the
         "a": {**cell(0.2, -0.07, 0.01, gap=(6.0, 4.0, 8.0)), **shown},
         "b": {**cell(0.2, -0.07, 0.01, ndcg=-0.7, gap=(6.0, 4.0, 8.0)), **shown},
     }
+    row["cls_soft λ0.5 L[3, 4, 5] B128"] = row[PAPER]  # two seeds exported the paper default's config
     results = {"heldout": ["wikipos-test"], "studies": studies, "scores": {"wikipos-test": row}}
     results["exported"] = exported(studies, results["scores"])
     device = {"cpu": "c", "cores": 2, "memory_gib": 1, "gpu": None, "load_average": [1.0, 1.0, 1.0]}
     text = gaps_held_out({"command": "x", "commit": "0" * 12, "device": device, "results": results})
     assert "| `titles` seed 1: b | 0.50× | -6.0 [-8.0, -4.0] | +6.0 [+4.0, +8.0] | -0.7 [-1.3, -0.1] |" in text
     assert "seed 2" not in text
+    assert "| `titles` seeds 3, 4: cls_soft λ0.5 L[3–5] B128 (the paper default) | 0.50× |" in text
     assert (
-        "- WikiPos-test, `titles`: the winner narrows the gap beyond noise in 2 of 2 studies and loses nDCG@10 beyond "
-        "noise in 1; the paper default does not narrow it beyond noise and loses nDCG@10 beyond noise."
+        "- WikiPos-test, `titles`: the winner narrows the gap beyond noise in 2 of 4 studies and loses nDCG@10 beyond "
+        "noise in 3; the paper default does not narrow it beyond noise and loses nDCG@10 beyond noise."
     ) in text

@@ -233,7 +233,9 @@ def test_what_the_models_page_says_of_mpnet_is_what_its_records_hold() -> None:
     assert "what the grid spent equals what\nthose studies' budget priced it at" in page
     priced = [s for s in studies if s["arm"] != "grid"]
     assert {grid["layer_tokens"] + s["setup_priced"] for s in priced} == {s["grid_layer_tokens"] for s in priced}
-    assert "in every default study of MiniLM and MPNet, on both tuning sets, the exponents lie inside the bounds" in page
+    assert (
+        "in every default study of MiniLM and MPNet, on both tuning sets, the exponents lie inside the bounds" in page
+    )
     assert all(r[m]["exponents"]["outside"] == 0 for r in rules for m in ("minilm", "mpnet"))
     assert "On MPNet's grid (on `wikipos-dev`) one pair falls just below the lower bound" in page
     low, _ = transfers[1]["drift_exponent_bounds"]
@@ -264,6 +266,57 @@ def test_what_the_models_page_says_of_the_rules_on_embeddinggemma_is_what_its_re
     assert gemma["rung_order"][-1] == "wikipos-dev+titles-openings"
     assert "feasible on MiniLM and EmbeddingGemma, infeasible and less fair than no calibration on MPNet" in page
     assert gemma["paper_default_feasible"] == gemma["studies"]
+
+
+def test_what_the_models_page_says_of_embeddinggemmas_studies_is_what_their_records_hold() -> None:
+    """docs/models.md reads EmbeddingGemma's default studies and their winners held out in words; the words must stay
+    true of the records they rest on."""
+    from tuner.tuning.search_space import depth_layers
+
+    page = " ".join((ROOT / "docs" / "models.md").read_text(encoding="utf-8").split())
+
+    def read(name: str) -> dict:
+        return json.loads((ROOT / "docs" / "results" / name).read_text(encoding="utf-8"))
+
+    studies = read("search-cost-embeddinggemma.json")
+    rules = read("selection-rules-embeddinggemma.json")["results"]
+    transfer = {m["model"]: m for m in read("rules-transfer-titles.json")["results"]["models"]}["embeddinggemma"]
+    bias = read("baseline-direction-embeddinggemma.json")["results"]["models"]["embeddinggemma"]
+    paper = "cls_soft λ0.5 L[12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23] B128"
+    assert "each was stopped when it reached its held-out scoring and resumed without it, `--heldout none`" in page
+    assert studies["command"].count("--heldout none") == len(studies["results"]["studies"]) == 3
+    assert "Every study exports the paper default (trial 1)" in page
+    assert {s["winner"] for s in studies["results"]["studies"]} == {1}
+    assert {s["winner_config"] for s in rules["studies"]} == {paper} and paper.endswith(
+        f"L{list(depth_layers('50%', 24))} B128"
+    )
+    assert (
+        "three trials met every constraint: no calibration, the paper default and the same calibration on the last"
+        in page
+    )
+    last_quarter = f"cls_soft λ0.5 L{list(depth_layers('25%', 24))} B128"
+    for study in rules["studies"]:
+        assert study["feasible"] == 3 and study["best"] == study["winner"] == 1 and study["band"] == [1]
+        assert [t["config"] for t in study["top"]] == [paper, last_quarter, "cls_soft λ0 L[23] B128"]
+        runner = study["top"][1]
+        assert runner["gap"] > runner["paired_se"]
+    assert "Most other calibrated trials missed the drift limit or the HM floor" in page
+    assert sorted(transfer["missed"], key=transfer["missed"].get)[-2:] == ["hm_floor", "drift"]
+    assert "which favours the beginning on every structure" in page
+    assert all(row["beyond_noise"] and row["tilt"] < 0 for row in bias)
+    assert "narrows the begin-to-end gap beyond noise on every held-out set" in page
+    assert "and loses no nDCG@10 beyond noise on any" in page
+    exported = rules["exported"]["wikipos-dev+titles+margin"]
+    assert {name: (v["narrowed"], v["ndcg_lost"]) for name, v in exported.items()} == {
+        name: (3, 0) for name in rules["heldout"]
+    }
+    assert {"wikipos-test", "wikipos-test-packed", "squad-test"} <= set(rules["heldout"])
+    assert "the studies found no calibration that met the constraints and was fairer" in page
+    assert "on every set the end is still found less often than the beginning beyond noise" in page
+    assert "moves the gap by less than half its uncalibrated size" in page
+    for name, row in rules["scores"].items():
+        assert row["paper default"]["end_minus_begin"][2] < 0, name
+        assert 0 < row["paper default"]["gap_delta"][0] < -row["no calibration"]["end_minus_begin"][0] / 2, name
 
 
 def test_what_the_search_page_says_of_the_default_tuning_set_is_what_its_record_holds() -> None:

@@ -3,6 +3,7 @@ and what each rule's winners do held out against the paper default."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from benchmarks.figures.common import HELD_OUT_NAMES, measured_on
@@ -43,8 +44,8 @@ def study_noise(data: dict[str, Any]) -> str:
 
         lines.append(
             f"| `{study['design']}` | {_seed(study)} | {study['feasible']} "
-            f"| {best['config']} ({best['objective']:.3f}) "
-            f"| {winner['config'] if winner else study['winner']} | {gap(winner)} | {gap(runner)} "
+            f"| {_short_layers(best['config'])} ({best['objective']:.3f}) "
+            f"| {_short_layers(winner['config']) if winner else study['winner']} | {gap(winner)} | {gap(runner)} "
             f"| {'yes' if study['tie_break_decided'] else 'no'} |"
         )
     counts = []
@@ -107,6 +108,17 @@ def rules_reading(results: dict[str, Any]) -> list[str]:
     return said
 
 
+def _short_layers(label: str) -> str:
+    """A config's label with a run of consecutive layers written as its ends: L[12–23] for L[12, 13, …, 23]."""
+
+    def short(match: re.Match[str]) -> str:
+        layers = [int(n) for n in match.group(1).split(",")]
+        consecutive = len(layers) > 2 and layers == list(range(layers[0], layers[-1] + 1))
+        return f"L[{layers[0]}–{layers[-1]}]" if consecutive else match.group(0)
+
+    return re.sub(r"L\[([\d, ]+)\]", short, label)
+
+
 def _points(interval: list[float]) -> str:
     estimate, low, high = interval
     return f"{estimate:+.1f} [{low:+.1f}, {high:+.1f}]"
@@ -117,9 +129,15 @@ def gaps_held_out(data: dict[str, Any]) -> str:
     gap, how far it moved that gap against no calibration and its ΔnDCG@10 (95% intervals); then, per set, how
     many winners narrowed the gap beyond noise and how many lost nDCG@10 beyond noise."""
     results = data["results"]
-    studies = [s for s in results["studies"] if "winner_config" in s]
+    seeds: dict[tuple[str, str], list[str]] = {}  # (design, winner) → the seeds that exported it
+    for s in results["studies"]:
+        if "winner_config" in s:
+            seeds.setdefault((s["design"], s["winner_config"]), []).append(_seed(s))
     rows = [("no calibration", "no calibration"), ("paper default", "paper default")]  # the record's own labels
-    rows += [(s["winner_config"], f"`{s['design']}` seed {_seed(s)}: {s['winner_config']}") for s in studies]
+    for (design, config), numbers in seeds.items():
+        same = all(scores[config] == scores["paper default"] for scores in results["scores"].values())
+        shown = f"{_short_layers(config)}{' (the paper default)' if same else ''}"
+        rows.append((config, f"`{design}` seed{'s' * (len(numbers) > 1)} {', '.join(numbers)}: {shown}"))
     out = []
     for name in results["heldout"]:
         scores = results["scores"][name]
