@@ -35,7 +35,7 @@ from optuna.trial import FrozenTrial, TrialState
 from benchmarks import record
 from benchmarks.drift_law import pairs
 from tuner.common.trials import PRUNED_ATTR, counted, named_constraints
-from tuner.tuning.bisection import DRIFT_EXPONENTS
+from tuner.tuning.bisection import DRIFT_EXPONENTS, family
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,7 @@ class Exponents:
     median: float | None
     high: float | None
     outside: int  # pairs outside λ bisection's bounds
+    outside_where_feasible: int  # of those, pairs in a family with a feasible λ: only there can a ceiling cut it
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,8 @@ def rules(model: str, studies: Sequence[optuna.Study]) -> ModelRules:
     found = pairs(trials)
     exponents = sorted(p.exponent for p in found)
     low, high = DRIFT_EXPONENTS
+    outside = [p for p in found if not low <= p.exponent <= high]
+    feasible_families = {family(t) for t in complete if not any(value > 0 for value in named_constraints(t).values())}
     ratios, feasible = [], 0
     for study in studies:
         by_number = {t.number: t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
@@ -119,7 +122,8 @@ def rules(model: str, studies: Sequence[optuna.Study]) -> ModelRules:
             exponents[0] if exponents else None,
             statistics.median(exponents) if exponents else None,
             exponents[-1] if exponents else None,
-            sum(not low <= p <= high for p in exponents),
+            len(outside),
+            sum(p.family in feasible_families for p in outside),
         ),
         paper_default_feasible=feasible,
         paper_default_psi_ratio=ratios,

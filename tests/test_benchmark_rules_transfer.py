@@ -20,6 +20,7 @@ def trial(
     value: float | None,
     structures: dict[str, tuple[float, float]],
     state=TrialState.COMPLETE,
+    depth: str = "last",
     **constraints: float,
 ):
     rows = {name: {"psi": psi, "drift": drift} for name, (psi, drift) in structures.items()}
@@ -31,7 +32,7 @@ def trial(
     return create_trial(
         state=state,
         value=value,
-        params={"strength": strength, "depth": "last"},
+        params={"strength": strength, "depth": depth},
         distributions=DISTRIBUTIONS,
         user_attrs=attrs,
         constraints={"hm_floor": -0.01, **constraints},
@@ -73,3 +74,20 @@ def test_each_rule_is_counted_from_the_trials_that_met_or_missed_it() -> None:
         ]
     ]
     assert e.outside == sum(not 1.75 <= p <= 3.25 for p in exponents) == 4
+    assert e.outside_where_feasible == 4, "trial 2 (λ 0.25) is feasible in the one family"
+
+
+def test_pairs_outside_the_bounds_are_told_apart_by_whether_their_family_has_a_feasible_strength() -> None:
+    # drift doubling from λ 0.25 to 0.5, and × 1.6 from 0.5 to 0.8: p = 1 in both families, below the bound 1.75
+    study = optuna.create_study()
+    for t in [
+        trial(0.0, 0.10, {"dev": (0.10, 0.0)}),
+        trial(0.25, 0.08, {"dev": (0.08, 0.01)}),  # feasible: its family can be cut by a ceiling drawn up from it
+        trial(0.5, 0.09, {"dev": (0.09, 0.02)}, drift=0.01),
+        trial(0.5, 0.09, {"dev": (0.09, 0.02)}, depth="25%", drift=0.01),  # a family whose every λ is too strong
+        trial(0.8, 0.12, {"dev": (0.12, 0.032)}, depth="25%", drift=0.02),
+    ]:
+        study.add_trial(t)
+    e = rules("m", [study]).exponents
+    assert (e.pairs, e.outside, e.outside_where_feasible) == (2, 2, 1)
+    assert e.low == pytest.approx(1.0) and e.high == pytest.approx(1.0)

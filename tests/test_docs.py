@@ -260,6 +260,8 @@ def test_what_the_models_page_says_of_the_rules_on_embeddinggemma_is_what_its_re
     exponents = gemma["exponents"]
     assert 0.35 <= exponents["outside"] / exponents["pairs"] <= 0.65 and exponents["low"] < low
     assert exponents["high"] <= high
+    assert "In these studies none of the pairs outside the bounds is in such a family" in page
+    assert exponents["outside_where_feasible"] == 0
     assert f"bisection puts the ceiling at λ·(limit/drift)^(1/{low:g})" in page
     assert "in EmbeddingGemma's the openings (its most biased structure) set it for every complete trial" in page
     assert gemma["worst_structure"] == {"wikipos-dev+titles-openings": gemma["complete"]}

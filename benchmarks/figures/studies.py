@@ -74,9 +74,14 @@ def rules_transfer(data: dict[str, Any]) -> str:
         e = m["exponents"]
         if not e["pairs"]:
             return "no family measured at two λ"
+        where_feasible = (
+            f" ({e['outside_where_feasible']} in a family with a feasible λ)"
+            if e["outside"] and "outside_where_feasible" in e  # records made before it was counted lack it
+            else ""
+        )
         return (
             f"{e['pairs']} pairs: {e['low']:.2f} to {e['high']:.2f}, median {e['median']:.2f}; "
-            f"{e['outside']} outside [{low:g}, {high:g}]"
+            f"{e['outside']} outside [{low:g}, {high:g}]{where_feasible}"
         )
 
     def paper(m: dict[str, Any]) -> str:

@@ -52,8 +52,9 @@ the calibrated attention, so the pooled vector, moves linearly in λ, and 1 − 
 move: p = 2 for a mild calibration. The bounds widen the range measured on real models' studies
 (`benchmarks/drift_law.py`, `benchmarks/rules_transfer.py`), so a λ `drift_ceiling` rules out is over the limit
 unless the law bends further than it did there. On EmbeddingGemma it does: drift grows more slowly than λ^1.75 in
-some families, so the ceiling may rule out λ still under the limit there. docs/models.md (*The rules on three
-models*) shows the exponents measured against these bounds, and what the pairs outside them change."""
+some families, so in such a family with a feasible λ the ceiling could rule out λ still under the limit (in its
+default studies those families had none). docs/models.md (*The rules on three models*) shows the exponents
+measured against these bounds, and what the pairs outside them change."""
 
 
 @dataclass(frozen=True)
