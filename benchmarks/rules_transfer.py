@@ -87,11 +87,14 @@ def rules(model: str, studies: Sequence[optuna.Study]) -> ModelRules:
     calibrated = [t for t in trials if float(t.params.get("strength", 0.0)) > 0]
     missed: Counter[str] = Counter()
     worse = feasible_trials = 0
+    feasible_families: set[str] = set()
     for t in calibrated:
         names = [name for name, value in named_constraints(t).items() if value > 0]
         missed.update(names)
         worse += t.state == TrialState.PRUNED and PRUNED_ATTR in t.user_attrs and not names
-        feasible_trials += t.state == TrialState.COMPLETE and not names
+        if t.state == TrialState.COMPLETE and not names:
+            feasible_trials += 1
+            feasible_families.add(family(t))
     complete = [t for t in calibrated if t.state == TrialState.COMPLETE]
     worst = Counter(w for t in complete if (w := _worst(t)) is not None)
     order = next((list(t.user_attrs["structures"]) for t in complete if t.user_attrs.get("structures")), [])
@@ -99,7 +102,6 @@ def rules(model: str, studies: Sequence[optuna.Study]) -> ModelRules:
     exponents = sorted(p.exponent for p in found)
     low, high = DRIFT_EXPONENTS
     outside = [p for p in found if not low <= p.exponent <= high]
-    feasible_families = {family(t) for t in complete if not any(value > 0 for value in named_constraints(t).values())}
     ratios, feasible = [], 0
     for study in studies:
         by_number = {t.number: t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}

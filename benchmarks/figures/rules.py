@@ -128,14 +128,16 @@ def gaps_held_out(data: dict[str, Any]) -> str:
     """Per held-out set: no calibration, the paper default and each study's exported winner, with its begin-to-end
     gap, how far it moved that gap against no calibration and its ΔnDCG@10 (95% intervals); then, per set, how
     many winners narrowed the gap beyond noise and how many lost nDCG@10 beyond noise."""
+    from benchmarks.selection_rules import NONE, PAPER
+
     results = data["results"]
     seeds: dict[tuple[str, str], list[str]] = {}  # (design, winner) → the seeds that exported it
     for s in results["studies"]:
         if "winner_config" in s:
             seeds.setdefault((s["design"], s["winner_config"]), []).append(_seed(s))
-    rows = [("no calibration", "no calibration"), ("paper default", "paper default")]  # the record's own labels
+    rows = [(NONE, NONE), (PAPER, PAPER)]
     for (design, config), numbers in seeds.items():
-        same = all(scores[config] == scores["paper default"] for scores in results["scores"].values())
+        same = all(scores[config] == scores[PAPER] for scores in results["scores"].values())
         shown = f"{_short_layers(config)}{' (the paper default)' if same else ''}"
         rows.append((config, f"`{design}` seed{'s' * (len(numbers) > 1)} {', '.join(numbers)}: {shown}"))
     out = []
